@@ -1,0 +1,190 @@
+package streamstore
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Header is one record header: string metadata carried with a record (not an
+// HTTP header). Order is preserved.
+type Header struct {
+	Name  string
+	Value string
+}
+
+// Record is one stored record. Seq is consecutive from 0 within a stream;
+// Timestamp is milliseconds since the Unix epoch, assigned by the engine and
+// never decreasing within a stream.
+type Record struct {
+	Seq       uint64
+	Timestamp int64
+	Headers   []Header
+	Body      []byte
+}
+
+// NewRecord is a record to append; the engine assigns Seq and Timestamp.
+type NewRecord struct {
+	Headers []Header
+	Body    []byte
+}
+
+// Expiry is a stream's lifetime setting: a sliding TTL, an absolute deadline,
+// or neither. At most one of the two is set.
+type Expiry struct {
+	TTL       time.Duration // sliding idle window; 0 means none
+	ExpiresAt time.Time     // absolute deadline; zero means none
+}
+
+// IsZero reports whether the stream never expires.
+func (x Expiry) IsZero() bool { return x.TTL == 0 && x.ExpiresAt.IsZero() }
+
+// CreateRequest creates a stream. Create is idempotent: an existing stream with
+// the same ContentType, Expiry and Closed answers Created=false; a different
+// one fails with ErrConflict.
+type CreateRequest struct {
+	ContentType string
+	Expiry      Expiry
+	Closed      bool        // create the stream already closed
+	Records     []NewRecord // initial records, possibly none
+}
+
+// Producer is an idempotent producer's claim on an append.
+type Producer struct {
+	ID    string
+	Epoch uint64
+	Seq   uint64
+}
+
+// AppendRequest appends zero or more records atomically, on consecutive seqs.
+// Zero records with Close set is a close-only request.
+type AppendRequest struct {
+	// ContentType, when not empty, must equal the stream's (ErrContentType).
+	ContentType string
+	Records     []NewRecord
+	// Close seals the stream after the records.
+	Close bool
+	// Producer, when set, makes the append idempotent per (ID, Epoch, Seq).
+	Producer *Producer
+	// StreamSeq, when not empty, must sort after the last one accepted on
+	// this stream (ErrStreamSeq). Durable Streams' Stream-Seq.
+	StreamSeq string
+	// MatchSeq, when set, requires the stream's next seq to equal it
+	// (ErrMatchFailed). Pico-Match-Seq.
+	MatchSeq *uint64
+}
+
+// AppendResult describes an acknowledged append. It is returned only after
+// the append, and every earlier append on the stream, is durable.
+type AppendResult struct {
+	FirstSeq  uint64 // seq of the first record appended (== NextSeq when none)
+	NextSeq   uint64 // the stream's next seq after this append
+	Timestamp int64  // timestamp given to the records
+	Closed    bool   // the stream is closed now
+	// Duplicate is true when a producer retry was recognised and nothing was
+	// written; FirstSeq/NextSeq then describe the current tail.
+	Duplicate bool
+	// ProducerEpoch and ProducerSeq echo the producer state after the append
+	// (the highest accepted seq for that epoch).
+	ProducerEpoch uint64
+	ProducerSeq   uint64
+}
+
+// Info is a snapshot of a stream's state, bounded by the durable tail.
+type Info struct {
+	Name        string
+	ID          string // internal id, fresh at every create
+	ContentType string
+	Expiry      Expiry
+	StartSeq    uint64 // first readable seq (above any trim)
+	NextSeq     uint64 // durable tail: the seq the next record will get
+	Closed      bool
+	CreatedAt   time.Time
+}
+
+// ReadRequest asks for records from Seq on. Reads never return records past
+// the durable tail.
+type ReadRequest struct {
+	Seq        uint64
+	MaxRecords int // 0 means no limit
+	MaxBytes   int // body bytes; 0 means no limit. At least one record is returned when any exists.
+}
+
+// ReadResult holds the records read and the stream state at the time of the
+// read. UpToDate is true when the result reaches the durable tail.
+type ReadResult struct {
+	Records  []Record
+	Info     Info
+	NextSeq  uint64 // seq after the last record returned (the resume point)
+	UpToDate bool
+}
+
+// Errors. Each is matched with errors.Is / errors.As.
+var (
+	ErrNotFound    = errors.New("stream not found")
+	ErrGone        = errors.New("stream is gone") // soft-deleted, or data below the retained start
+	ErrConflict    = errors.New("stream exists with a different configuration")
+	ErrContentType = errors.New("content type does not match the stream")
+	ErrStreamSeq   = errors.New("stream-seq is not greater than the last one")
+	ErrBadRequest  = errors.New("bad request")
+	// ErrUnavailable wraps object-storage failures: nothing was acknowledged
+	// and a retry is safe.
+	ErrUnavailable = errors.New("storage unavailable")
+	// ErrShuttingDown is returned by waits when the engine or the server is stopping.
+	ErrShuttingDown = errors.New("shutting down")
+)
+
+// ClosedError: the stream is closed and the append cannot be applied.
+type ClosedError struct{ NextSeq uint64 }
+
+func (e *ClosedError) Error() string { return fmt.Sprintf("stream is closed at seq %d", e.NextSeq) }
+
+// MatchError: MatchSeq did not equal the stream's next seq.
+type MatchError struct{ NextSeq uint64 }
+
+func (e *MatchError) Error() string {
+	return fmt.Sprintf("match seq failed: stream is at seq %d", e.NextSeq)
+}
+
+// FencedError: the producer epoch is older than the stream's current one.
+type FencedError struct{ CurrentEpoch uint64 }
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("producer epoch is stale; current epoch is %d", e.CurrentEpoch)
+}
+
+// SequenceGapError: the producer seq skipped ahead of the expected one.
+type SequenceGapError struct{ Expected, Received uint64 }
+
+func (e *SequenceGapError) Error() string {
+	return fmt.Sprintf("producer seq gap: expected %d, received %d", e.Expected, e.Received)
+}
+
+// MaxNameLength is the longest stream name, in bytes, that the engine stores.
+const MaxNameLength = 256
+
+// ReadFromTail may be set as ReadRequest.Seq to read nothing and answer the
+// tail (offset=now); it renews the TTL like any read.
+const ReadFromTail = ^uint64(0)
+
+// ValidateName checks a stream name before any I/O: it must start with '/',
+// be at most MaxNameLength bytes, and hold no NUL byte and no empty, "." or
+// ".." segment.
+func ValidateName(name string) error {
+	if len(name) < 2 || name[0] != '/' {
+		return fmt.Errorf("%w: stream name must be a path below /", ErrBadRequest)
+	}
+	if len(name) > MaxNameLength {
+		return fmt.Errorf("%w: stream name is %d bytes; the limit is %d", ErrBadRequest, len(name), MaxNameLength)
+	}
+	for _, seg := range strings.Split(name[1:], "/") {
+		switch {
+		case seg == "" || seg == "." || seg == "..":
+			return fmt.Errorf("%w: stream name has an empty, '.' or '..' segment", ErrBadRequest)
+		case strings.IndexByte(seg, 0) >= 0:
+			return fmt.Errorf("%w: stream name contains a NUL byte", ErrBadRequest)
+		}
+	}
+	return nil
+}
