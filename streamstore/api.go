@@ -5,24 +5,18 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/picomq/caddy-picomq/segment"
 )
 
 // Header is one record header: string metadata carried with a record (not an
 // HTTP header). Order is preserved.
-type Header struct {
-	Name  string
-	Value string
-}
+type Header = segment.Header
 
 // Record is one stored record. Seq is consecutive from 0 within a stream;
 // Timestamp is milliseconds since the Unix epoch, assigned by the engine and
 // never decreasing within a stream.
-type Record struct {
-	Seq       uint64
-	Timestamp int64
-	Headers   []Header
-	Body      []byte
-}
+type Record = segment.Record
 
 // NewRecord is a record to append; the engine assigns Seq and Timestamp.
 type NewRecord struct {

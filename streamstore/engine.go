@@ -2,7 +2,12 @@ package streamstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"sort"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -12,62 +17,499 @@ import (
 
 // Config holds the engine settings. Zero values take the defaults.
 type Config struct {
-	FlushInterval time.Duration // longest an append waits for its batch to be uploaded
-	FlushSize     int           // bytes that start an upload at once
-	MaxInFlight   int           // WAL uploads in flight at once
-	CacheBytes    int64         // recent-record and block cache budget
-	NodeID        string        // identity of this node for the storage lease
+	FlushInterval   time.Duration // longest an append waits for its batch to be uploaded (default 10ms)
+	FlushSize       int           // bytes that start an upload at once (default 1 MiB)
+	MaxInFlight     int           // WAL uploads in flight at once (default 4)
+	CacheBytes      int64         // block cache budget (default 64 MiB)
+	NodeID          string        // identity of this node for the storage lease
+	AppendTimeout   time.Duration // longest an append waits for durability before 503 (default 30s)
+	CompactInterval time.Duration // how often WAL data is compacted (default 30s)
+	LeaseTTL        time.Duration // storage lease lifetime without renewal (default 30s)
+	MaxStreams      int           // idle streams kept in memory (default 10,000)
+}
+
+func (c Config) withDefaults() Config {
+	if c.FlushInterval <= 0 {
+		c.FlushInterval = 10 * time.Millisecond
+	}
+	if c.FlushSize <= 0 {
+		c.FlushSize = 1 << 20
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = 4
+	}
+	if c.CacheBytes <= 0 {
+		c.CacheBytes = 64 << 20
+	}
+	if c.AppendTimeout <= 0 {
+		c.AppendTimeout = 30 * time.Second
+	}
+	if c.CompactInterval <= 0 {
+		c.CompactInterval = 30 * time.Second
+	}
+	if c.LeaseTTL <= 0 {
+		c.LeaseTTL = 30 * time.Second
+	}
+	if c.MaxStreams <= 0 {
+		c.MaxStreams = 10000
+	}
+	return c
 }
 
 // Engine owns the streams of one storage location. It knows nothing of HTTP.
 type Engine struct {
 	store segment.Store
-	cfg   Config
 	log   *zap.Logger
-}
+	man   *segment.Manifests
+	cache *blockCache
 
-var errNotImplemented = errors.New("not implemented yet")
+	cfgMu sync.RWMutex
+	cfg   Config
+
+	startMu sync.Mutex
+	started bool
+	w       *segment.Writer
+	lease   *segment.Lease
+
+	mu        sync.Mutex
+	streams   map[string]*stream
+	loading   map[string]*loadCall
+	nameLocks map[string]*nameLock
+	creating  map[*stream]struct{} // creates whose metadata is not written yet
+	commitEnd walPos               // just after the last committed WAL position; zero before any
+
+	compactMu sync.Mutex // one compaction at a time
+	gcKick    chan struct{}
+	closing   chan struct{}
+	bg        sync.WaitGroup
+}
 
 // New builds an engine over store. It does no I/O; Start opens the storage.
 func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
-	return &Engine{store: store, cfg: cfg, log: log}
+	cfg = cfg.withDefaults()
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Engine{
+		store:     store,
+		log:       log,
+		man:       segment.NewManifests(store),
+		cache:     newBlockCache(cfg.CacheBytes),
+		cfg:       cfg,
+		streams:   map[string]*stream{},
+		loading:   map[string]*loadCall{},
+		nameLocks: map[string]*nameLock{},
+		creating:  map[*stream]struct{}{},
+		gcKick:    make(chan struct{}, 1),
+		closing:   make(chan struct{}),
+	}
+}
+
+func (e *Engine) config() Config {
+	e.cfgMu.RLock()
+	defer e.cfgMu.RUnlock()
+	return e.cfg
+}
+
+// Reconfigure applies new settings to a running engine (a config reload).
+func (e *Engine) Reconfigure(cfg Config) {
+	cfg = cfg.withDefaults()
+	e.cfgMu.Lock()
+	cfg.NodeID = e.cfg.NodeID
+	e.cfg = cfg
+	e.cfgMu.Unlock()
+	e.cache.setBudget(cfg.CacheBytes)
+	e.startMu.Lock()
+	if e.w != nil {
+		e.w.SetConfig(segment.WriterConfig{FlushInterval: cfg.FlushInterval, FlushSize: cfg.FlushSize, MaxInFlight: cfg.MaxInFlight})
+	}
+	e.startMu.Unlock()
 }
 
 // Start takes the storage lease, checks the format version and replays the
-// write-ahead log. It must succeed before any other call.
-func (e *Engine) Start(ctx context.Context) error { return errNotImplemented }
-
-// Close flushes pending batches, waits for their uploads and releases the lease.
-func (e *Engine) Close(ctx context.Context) error { return nil }
-
-// Create creates the stream name, or confirms an identical existing one.
-func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (info Info, created bool, err error) {
-	return Info{}, false, errNotImplemented
+// write-ahead log. Calling it again after success does nothing; after a
+// failure it tries again.
+func (e *Engine) Start(ctx context.Context) error {
+	e.startMu.Lock()
+	defer e.startMu.Unlock()
+	if e.started {
+		return nil
+	}
+	cfg := e.config()
+	if cfg.NodeID == "" {
+		return errors.New("start engine: no node id configured")
+	}
+	lease, err := segment.AcquireLease(ctx, e.store, cfg.NodeID, cfg.LeaseTTL)
+	if err != nil {
+		return fmt.Errorf("start engine: %w", err)
+	}
+	if err := segment.CheckFormat(ctx, e.store); err != nil {
+		return fmt.Errorf("start engine: %w", err)
+	}
+	began := time.Now()
+	var objects, entries int
+	ns, err := segment.Replay(ctx, e.store, e.man, func(key string, obj *segment.WALObject) error {
+		objects++
+		entries += len(obj.Entries)
+		return e.replayObject(ctx, key, obj)
+	})
+	if err != nil {
+		return fmt.Errorf("start engine: replay: %w", err)
+	}
+	e.log.Info("storage opened", zap.Int("wal_objects", objects), zap.Int("wal_entries", entries),
+		zap.Int("active_streams", len(e.streams)), zap.Uint64("namespace", ns), zap.Duration("took", time.Since(began)))
+	e.lease = lease
+	e.w = segment.NewWriter(e.store, ns, 0,
+		segment.WriterConfig{FlushInterval: cfg.FlushInterval, FlushSize: cfg.FlushSize, MaxInFlight: cfg.MaxInFlight},
+		hooks{e}, e.man.RegisterNamespace)
+	e.started = true
+	e.bg.Add(3)
+	go e.renewLease()
+	go e.compactLoop()
+	go e.gcLoop()
+	e.kickGC()
+	return nil
 }
 
-// Append appends to the stream and returns once the append is durable.
-func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (AppendResult, error) {
-	return AppendResult{}, errNotImplemented
+// Close flushes pending batches, waits for their uploads and releases the
+// lease. Live waits end with ErrShuttingDown.
+func (e *Engine) Close(ctx context.Context) error {
+	e.startMu.Lock()
+	defer e.startMu.Unlock()
+	select {
+	case <-e.closing:
+		return nil
+	default:
+	}
+	close(e.closing)
+	if !e.started {
+		return nil
+	}
+	err := e.w.Close(ctx)
+	e.bg.Wait()
+	if rerr := e.lease.Release(ctx); rerr != nil && err == nil {
+		err = fmt.Errorf("release lease: %w", rerr)
+	}
+	return err
 }
 
-// Read returns records from req.Seq, bounded by the durable tail. It renews a
-// sliding TTL.
-func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadResult, error) {
-	return ReadResult{}, errNotImplemented
+func (e *Engine) writer() (*segment.Writer, error) {
+	e.startMu.Lock()
+	defer e.startMu.Unlock()
+	if !e.started {
+		return nil, fmt.Errorf("%w: storage is not open yet", ErrUnavailable)
+	}
+	return e.w, nil
 }
 
-// Head returns the stream's state without renewing its TTL.
-func (e *Engine) Head(ctx context.Context, name string) (Info, error) {
-	return Info{}, errNotImplemented
+func (e *Engine) renewLease() {
+	defer e.bg.Done()
+	ttl := e.lease.TTL()
+	t := time.NewTicker(ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.closing:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
+		err := e.lease.Renew(ctx)
+		cancel()
+		if errors.Is(err, segment.ErrPreconditionFailed) {
+			// Another node took the storage: stop writing at once, so two
+			// writers never interleave.
+			e.log.Error("storage lease lost to another node; no more writes")
+			go e.w.Close(context.Background())
+			return
+		}
+		if err != nil {
+			e.log.Warn("renew storage lease", zap.Error(err))
+		}
+	}
 }
 
-// Wait blocks until the stream identified by name and id has a durable record
-// at seq (NextSeq > seq), is closed, or is deleted or recreated. It returns the
-// stream's state then, ctx.Err() when ctx ends first, or ErrShuttingDown when
-// the engine closes.
-func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, error) {
-	return Info{}, errNotImplemented
+// stream is the in-memory state of one stream. durable is what readers see
+// and what is in the bucket; pend runs ahead of it by the appends whose
+// batches are not committed yet.
+type stream struct {
+	mu      sync.Mutex
+	name    string
+	meta    *metaObject // last written metadata object (config + checkpoint)
+	etag    string
+	durable writerState
+	pend    writerState
+	pending int      // entries in flight
+	runs    []walRun // committed entries not yet in data objects, by seq
+	changed chan struct{}
+	gone    bool // deleted or expired: the handle is dead
+	waiters int
+	touched int64 // last access (ms), for a sliding TTL
+	used    time.Time
 }
 
-// Delete removes the stream; its data leaves the bucket in the background.
-func (e *Engine) Delete(ctx context.Context, name string) error { return errNotImplemented }
+// walRun is a committed entry: where its records are in the WAL, and what
+// it changed, for the next checkpoint.
+type walRun struct {
+	pos  walPos
+	key  string
+	span segment.Span
+	ch   change
+}
+
+func (s *stream) info() Info {
+	return Info{
+		Name:        s.name,
+		ID:          s.meta.ID,
+		ContentType: s.meta.ContentType,
+		Expiry:      s.meta.expiry(),
+		StartSeq:    s.durable.StartSeq,
+		NextSeq:     s.durable.NextSeq,
+		Closed:      s.durable.Closed,
+		CreatedAt:   time.UnixMilli(s.meta.CreatedAt).UTC(),
+	}
+}
+
+// notifyLocked wakes every waiter of the stream.
+func (s *stream) notifyLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// expiredLocked reports whether the stream's TTL or deadline has passed.
+func (s *stream) expiredLocked(now time.Time) bool {
+	if s.meta.ExpiresAt != 0 && now.UnixMilli() >= s.meta.ExpiresAt {
+		return true
+	}
+	if s.meta.TTLSeconds > 0 {
+		last := max(s.touched, s.durable.AccessedAt, s.meta.CreatedAt)
+		return now.UnixMilli() >= last+s.meta.TTLSeconds*1000
+	}
+	return false
+}
+
+func newStream(name string, m *metaObject, etag string) *stream {
+	return &stream{
+		name:    name,
+		meta:    m,
+		etag:    etag,
+		durable: m.State,
+		pend:    m.State,
+		changed: make(chan struct{}),
+		touched: max(m.State.AccessedAt, m.CreatedAt),
+		used:    time.Now(),
+	}
+}
+
+type loadCall struct {
+	done chan struct{}
+	s    *stream
+	err  error
+}
+
+// stream returns the live handle of name, loading its metadata object when
+// it is not in memory. Streams not in memory have no uncompacted WAL data,
+// so the metadata object alone describes them.
+func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
+	if _, err := e.writer(); err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	if s, ok := e.streams[name]; ok {
+		s.used = time.Now()
+		e.mu.Unlock()
+		return s, nil
+	}
+	if c, ok := e.loading[name]; ok {
+		e.mu.Unlock()
+		select {
+		case <-c.done:
+			return c.s, c.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	c := &loadCall{done: make(chan struct{})}
+	e.loading[name] = c
+	e.mu.Unlock()
+
+	c.s, c.err = e.loadMeta(ctx, name)
+	e.mu.Lock()
+	delete(e.loading, name)
+	if c.err == nil {
+		if s, ok := e.streams[name]; ok { // created meanwhile
+			c.s = s
+		} else {
+			e.streams[name] = c.s
+			e.evictLocked()
+		}
+	}
+	e.mu.Unlock()
+	close(c.done)
+	return c.s, c.err
+}
+
+func (e *Engine) loadMeta(ctx context.Context, name string) (*stream, error) {
+	data, etag, err := e.store.Get(ctx, metaKey(name), 0, -1)
+	if errors.Is(err, segment.ErrNotFound) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: read metadata of %s: %v", ErrUnavailable, name, err)
+	}
+	m, err := decodeMeta(data)
+	if err != nil {
+		return nil, err
+	}
+	return newStream(name, m, etag), nil
+}
+
+// evictLocked drops idle streams past the configured count, oldest use
+// first: memory is bounded by configuration, not by how many streams exist.
+func (e *Engine) evictLocked() {
+	limit := e.config().MaxStreams
+	if len(e.streams) <= limit {
+		return
+	}
+	type cand struct {
+		name string
+		used time.Time
+	}
+	var cands []cand
+	for name, s := range e.streams {
+		if s.mu.TryLock() {
+			if s.pending == 0 && len(s.runs) == 0 && s.waiters == 0 {
+				cands = append(cands, cand{name, s.used})
+			}
+			s.mu.Unlock()
+		}
+	}
+	sort.Slice(cands, func(i, j int) bool { return cands[i].used.Before(cands[j].used) })
+	// Evict a tenth beyond the limit at once so the scan is not paid on
+	// every load.
+	n := len(e.streams) - limit + limit/10
+	for i := 0; i < n && i < len(cands); i++ {
+		delete(e.streams, cands[i].name)
+	}
+}
+
+type nameLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// lockName serialises creates and deletes of one name.
+func (e *Engine) lockName(name string) func() {
+	e.mu.Lock()
+	l, ok := e.nameLocks[name]
+	if !ok {
+		l = &nameLock{}
+		e.nameLocks[name] = l
+	}
+	l.refs++
+	e.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		e.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(e.nameLocks, name)
+		}
+		e.mu.Unlock()
+	}
+}
+
+func newID() string {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// hooks receives WAL batch outcomes, in WAL order.
+type hooks struct{ e *Engine }
+
+func (h hooks) Committed(b *segment.Batch) {
+	e := h.e
+	pos := walPos{b.Namespace, b.Seq}
+	for i, ent := range b.Entries {
+		s := ent.Ref.(*stream)
+		if len(ent.Records) > 0 {
+			e.cache.put(runCacheKey(b.Key, b.Spans[i]), ent.Records)
+		}
+		ch := changeOf(ent)
+		s.mu.Lock()
+		s.durable.apply(ch)
+		s.pending--
+		if s.pending == 0 {
+			// Nothing is in flight: the pending view is the durable one.
+			s.pend = s.durable
+		}
+		s.runs = append(s.runs, walRun{pos: pos, key: b.Key, span: b.Spans[i], ch: ch})
+		s.notifyLocked()
+		s.mu.Unlock()
+	}
+	e.mu.Lock()
+	e.commitEnd = pos.next()
+	e.mu.Unlock()
+}
+
+func (h hooks) Aborted(b *segment.Batch, err error) {
+	for _, ent := range b.Entries {
+		s := ent.Ref.(*stream)
+		s.mu.Lock()
+		s.pending--
+		// Every later entry of this stream is aborted too (acks are in
+		// order), so the tail rolls back to the durable one.
+		s.pend = s.durable
+		s.mu.Unlock()
+	}
+	h.e.log.Warn("WAL batch aborted; its appends were not acknowledged",
+		zap.String("key", b.Key), zap.Int("entries", len(b.Entries)), zap.Error(err))
+}
+
+func runCacheKey(key string, sp segment.Span) string {
+	return fmt.Sprintf("%s@%d", key, sp.Off)
+}
+
+// replayObject applies one replayed WAL object to the streams it touches.
+func (e *Engine) replayObject(ctx context.Context, key string, obj *segment.WALObject) error {
+	pos := walPos{obj.Namespace, obj.Seq}
+	for i, ent := range obj.Entries {
+		s, err := e.replayStream(ctx, ent)
+		if err != nil {
+			return err
+		}
+		if s == nil || s.meta.Upto.after(pos) {
+			continue // orphaned by a crashed create, deleted, or already checkpointed
+		}
+		ch := changeOf(ent)
+		s.durable.apply(ch)
+		s.pend = s.durable
+		s.runs = append(s.runs, walRun{pos: pos, key: key, span: obj.Spans[i], ch: ch})
+		e.commitEnd = pos.next()
+	}
+	return nil
+}
+
+func (e *Engine) replayStream(ctx context.Context, ent *segment.Entry) (*stream, error) {
+	if s, ok := e.streams[ent.Name]; ok {
+		if s.meta.ID != ent.StreamID {
+			return nil, nil
+		}
+		return s, nil
+	}
+	s, err := e.loadMeta(ctx, ent.Name)
+	if errors.Is(err, ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	e.streams[ent.Name] = s
+	if s.meta.ID != ent.StreamID {
+		return nil, nil
+	}
+	return s, nil
+}

@@ -1,0 +1,317 @@
+package segment
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// FormatVersion is the bucket layout this build reads and writes.
+const FormatVersion = 1
+
+const (
+	formatKey   = "format"
+	manifestKey = "manifest"
+	leaseKey    = "lease"
+)
+
+// CheckFormat creates the format version object in an empty bucket, or
+// verifies that an existing one names a version this build knows.
+func CheckFormat(ctx context.Context, store Store) error {
+	want := fmt.Sprintf(`{"picomq_format":%d}`, FormatVersion)
+	data, _, err := store.Get(ctx, formatKey, 0, -1)
+	if errors.Is(err, ErrNotFound) {
+		_, err = store.Put(ctx, formatKey, []byte(want), PutOptions{IfNoneMatch: true})
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ErrPreconditionFailed) {
+			return fmt.Errorf("create format object: %w", err)
+		}
+		data, _, err = store.Get(ctx, formatKey, 0, -1)
+	}
+	if err != nil {
+		return fmt.Errorf("read format object: %w", err)
+	}
+	var f struct {
+		Format int `json:"picomq_format"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return fmt.Errorf("format object is not PicoMQ's: %w", err)
+	}
+	if f.Format != FormatVersion {
+		return fmt.Errorf("storage has PicoMQ format version %d; this build reads version %d only", f.Format, FormatVersion)
+	}
+	return nil
+}
+
+// Manifest says where replay starts: which WAL namespaces may still hold
+// data that is not compacted, and where each was sealed.
+type Manifest struct {
+	Version       int         `json:"version"`
+	NextNamespace uint64      `json:"next_namespace"`
+	Namespaces    []Namespace `json:"namespaces"`
+}
+
+// Namespace is one writer namespace (one process start) in the manifest.
+type Namespace struct {
+	ID uint64 `json:"id"`
+	// ReplayFrom: WAL objects below this sequence are compacted.
+	ReplayFrom uint64 `json:"replay_from"`
+	// SealedAt, once set, is the first sequence that was never committed;
+	// objects at or above it are ignored for good.
+	SealedAt *uint64 `json:"sealed_at,omitempty"`
+}
+
+// Manifests loads and updates the manifest with compare-and-swap.
+type Manifests struct {
+	store Store
+}
+
+// NewManifests returns the manifest accessor of store.
+func NewManifests(store Store) *Manifests { return &Manifests{store: store} }
+
+// Update applies fn to the current manifest and writes it back with
+// if-match (or if-none-match when there is none yet), retrying on a lost race.
+func (m *Manifests) Update(ctx context.Context, fn func(*Manifest) error) (Manifest, error) {
+	for attempt := 0; ; attempt++ {
+		cur, etag, err := m.Load(ctx)
+		if err != nil {
+			return Manifest{}, err
+		}
+		if err := fn(&cur); err != nil {
+			return Manifest{}, err
+		}
+		data, err := json.Marshal(cur)
+		if err != nil {
+			return Manifest{}, fmt.Errorf("encode manifest: %w", err)
+		}
+		opts := PutOptions{IfMatch: etag, IfNoneMatch: etag == ""}
+		if _, err = m.store.Put(ctx, manifestKey, data, opts); err == nil {
+			return cur, nil
+		}
+		if !errors.Is(err, ErrPreconditionFailed) || attempt >= 8 {
+			return Manifest{}, fmt.Errorf("write manifest: %w", err)
+		}
+	}
+}
+
+// Load returns the manifest and its ETag ("" when there is none yet).
+func (m *Manifests) Load(ctx context.Context) (Manifest, string, error) {
+	data, etag, err := m.store.Get(ctx, manifestKey, 0, -1)
+	if errors.Is(err, ErrNotFound) {
+		return Manifest{Version: 1}, "", nil
+	}
+	if err != nil {
+		return Manifest{}, "", fmt.Errorf("read manifest: %w", err)
+	}
+	var man Manifest
+	if err := json.Unmarshal(data, &man); err != nil {
+		return Manifest{}, "", fmt.Errorf("%w: manifest: %v", ErrCorrupt, err)
+	}
+	return man, etag, nil
+}
+
+// RegisterNamespace adds a fresh namespace to the manifest and returns it.
+func (m *Manifests) RegisterNamespace(ctx context.Context) (uint64, error) {
+	var id uint64
+	_, err := m.Update(ctx, func(man *Manifest) error {
+		id = man.NextNamespace
+		man.NextNamespace++
+		// A namespace being replaced is sealed by whoever replaces it; the
+		// live one of this process is the only unsealed entry it adds.
+		man.Namespaces = append(man.Namespaces, Namespace{ID: id})
+		return nil
+	})
+	return id, err
+}
+
+// Lease is the single-writer lock on a storage: an object naming its holder
+// that expires unless renewed.
+type Lease struct {
+	store Store
+	node  string
+	ttl   time.Duration
+	etag  string
+}
+
+type leaseBody struct {
+	Node      string `json:"node"`
+	ExpiresAt int64  `json:"expires_at_ms"`
+}
+
+// ErrLeaseHeld is returned when another node holds the storage lease.
+var ErrLeaseHeld = errors.New("storage is in use by another PicoMQ node")
+
+// AcquireLease takes the storage lease for node. The same node takes it back
+// at once (a restart); another node only after it expires.
+func AcquireLease(ctx context.Context, store Store, node string, ttl time.Duration) (*Lease, error) {
+	l := &Lease{store: store, node: node, ttl: ttl}
+	for attempt := 0; attempt < 8; attempt++ {
+		data, etag, err := store.Get(ctx, leaseKey, 0, -1)
+		var opts PutOptions
+		switch {
+		case errors.Is(err, ErrNotFound):
+			opts.IfNoneMatch = true
+		case err != nil:
+			return nil, fmt.Errorf("read lease: %w", err)
+		default:
+			var cur leaseBody
+			if jerr := json.Unmarshal(data, &cur); jerr == nil && cur.Node != node && time.Now().UnixMilli() < cur.ExpiresAt {
+				return nil, fmt.Errorf("%w: node %s holds it until %s", ErrLeaseHeld, cur.Node,
+					time.UnixMilli(cur.ExpiresAt).UTC().Format(time.RFC3339))
+			}
+			opts.IfMatch = etag
+		}
+		if err := l.put(ctx, opts); err == nil {
+			return l, nil
+		} else if !errors.Is(err, ErrPreconditionFailed) {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("%w: lost the race for it", ErrLeaseHeld)
+}
+
+func (l *Lease) put(ctx context.Context, opts PutOptions) error {
+	data, _ := json.Marshal(leaseBody{Node: l.node, ExpiresAt: time.Now().Add(l.ttl).UnixMilli()})
+	etag, err := l.store.Put(ctx, leaseKey, data, opts)
+	if err != nil {
+		return fmt.Errorf("write lease: %w", err)
+	}
+	l.etag = etag
+	return nil
+}
+
+// Renew extends the lease. ErrPreconditionFailed means another node took it.
+func (l *Lease) Renew(ctx context.Context) error {
+	return l.put(ctx, PutOptions{IfMatch: l.etag})
+}
+
+// Release gives the lease up so another node may take it at once.
+func (l *Lease) Release(ctx context.Context) error {
+	data, _ := json.Marshal(leaseBody{Node: l.node, ExpiresAt: 0})
+	_, err := l.store.Put(ctx, leaseKey, data, PutOptions{IfMatch: l.etag})
+	return err
+}
+
+// TTL is the lease's lifetime without renewal.
+func (l *Lease) TTL() time.Duration { return l.ttl }
+
+// parseWALKey splits "wal/<ns>/<seq>" (relative to the namespace prefix).
+func parseWALSeq(key, prefix string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(key, prefix)
+	if !ok || len(rest) != 16 {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(rest, 16, 64)
+	return v, err == nil
+}
+
+// Replay reads the WAL after a restart. For every namespace in the manifest
+// it seals the first missing sequence (if the seal loses, that object
+// landed: it is replayed and the next missing one is sealed), then hands
+// every committed object below the seal to apply, in WAL order. Finally it
+// records the seals and registers a fresh namespace for this process, which
+// it returns.
+func Replay(ctx context.Context, store Store, m *Manifests, apply func(key string, obj *WALObject) error) (ns uint64, err error) {
+	man, _, err := m.Load(ctx)
+	if err != nil {
+		return 0, err
+	}
+	sort.Slice(man.Namespaces, func(i, j int) bool { return man.Namespaces[i].ID < man.Namespaces[j].ID })
+	seals := map[uint64]uint64{}
+	for _, n := range man.Namespaces {
+		end, err := replayNamespace(ctx, store, n, apply)
+		if err != nil {
+			return 0, err
+		}
+		seals[n.ID] = end
+	}
+	_, err = m.Update(ctx, func(cur *Manifest) error {
+		for i := range cur.Namespaces {
+			if end, ok := seals[cur.Namespaces[i].ID]; ok && cur.Namespaces[i].SealedAt == nil {
+				cur.Namespaces[i].SealedAt = &end
+			}
+		}
+		ns = cur.NextNamespace
+		cur.NextNamespace++
+		cur.Namespaces = append(cur.Namespaces, Namespace{ID: ns})
+		return nil
+	})
+	return ns, err
+}
+
+func replayNamespace(ctx context.Context, store Store, n Namespace, apply func(string, *WALObject) error) (uint64, error) {
+	prefix := WALPrefix(n.ID)
+	present := map[uint64]bool{}
+	after := ""
+	if n.ReplayFrom > 0 {
+		after = WALKey(n.ID, n.ReplayFrom-1)
+	}
+	for {
+		objs, more, err := store.List(ctx, prefix, after, 1000)
+		if err != nil {
+			return 0, fmt.Errorf("list %s: %w", prefix, err)
+		}
+		for _, o := range objs {
+			if seq, ok := parseWALSeq(o.Key, prefix); ok {
+				present[seq] = true
+			}
+			after = o.Key
+		}
+		if !more || len(objs) == 0 {
+			break
+		}
+	}
+	for seq := n.ReplayFrom; ; seq++ {
+		if n.SealedAt != nil && seq >= *n.SealedAt {
+			return *n.SealedAt, nil
+		}
+		key := WALKey(n.ID, seq)
+		if !present[seq] {
+			landed, err := sealOnce(ctx, store, n.ID, seq)
+			if err != nil {
+				return 0, err
+			}
+			if !landed {
+				return seq, nil
+			}
+		}
+		data, _, err := store.Get(ctx, key, 0, -1)
+		if err != nil {
+			return 0, fmt.Errorf("get %s: %w", key, err)
+		}
+		obj, err := DecodeWAL(data)
+		if err != nil {
+			return 0, fmt.Errorf("decode %s: %w", key, err)
+		}
+		if obj.Sealed {
+			return seq, nil
+		}
+		if err := apply(key, obj); err != nil {
+			return 0, err
+		}
+	}
+}
+
+func sealOnce(ctx context.Context, store Store, ns, seq uint64) (landed bool, err error) {
+	for attempt := 0; ; attempt++ {
+		_, err := store.Put(ctx, WALKey(ns, seq), EncodeSeal(ns, seq), PutOptions{IfNoneMatch: true})
+		switch {
+		case err == nil:
+			return false, nil
+		case errors.Is(err, ErrPreconditionFailed):
+			return true, nil
+		case attempt >= 5:
+			return false, fmt.Errorf("seal %s: %w", WALKey(ns, seq), err)
+		}
+		if err := sleepBackoff(ctx, attempt); err != nil {
+			return false, err
+		}
+	}
+}

@@ -1,0 +1,332 @@
+package segment
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+)
+
+// Header is one record header: a name and value carried with a record.
+type Header struct {
+	Name  string
+	Value string
+}
+
+// Record is one record of a stream. Seq is implied by its position in an
+// entry or data object and is filled in on decode.
+type Record struct {
+	Seq       uint64
+	Timestamp int64 // milliseconds since the Unix epoch
+	Headers   []Header
+	Body      []byte
+}
+
+// ProducerState is an idempotent producer's last accepted (epoch, seq).
+type ProducerState struct {
+	ID    string
+	Epoch uint64
+	Seq   uint64
+}
+
+// Entry is one change to one stream: records appended at FirstSeq and the
+// writer state the stream has after them. State rides with data, so a
+// close, a producer's progress or a trim is atomic with its records.
+type Entry struct {
+	StreamID string
+	Name     string
+	FirstSeq uint64
+	Records  []Record
+
+	Closed     bool           // the stream is closed after this entry
+	Producer   *ProducerState // the producer this entry advanced, if any
+	StreamSeq  string         // last accepted Stream-Seq, if it changed
+	AccessedAt int64          // TTL renewal, ms; 0 when not renewed
+
+	// Ref is the caller's own handle for the entry; it is not stored.
+	Ref any
+}
+
+// EndSeq is the seq after the entry's last record.
+func (e *Entry) EndSeq() uint64 { return e.FirstSeq + uint64(len(e.Records)) }
+
+// ErrCorrupt reports a WAL or data object whose checksum or framing is wrong.
+// Such an object is never served.
+var ErrCorrupt = errors.New("corrupt object")
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+const (
+	walMagic   = "PMQW"
+	sealMagic  = "PMQS"
+	walVersion = 1
+	flagClosed = 1 << 1
+	flagProd   = 1 << 2
+	flagSSeq   = 1 << 3
+)
+
+// WALObject is the decoded form of one WAL object.
+type WALObject struct {
+	Namespace uint64
+	Seq       uint64
+	Sealed    bool // a seal marker, not a batch
+	Entries   []*Entry
+	// Spans[i] is the byte range of Entries[i] in the object, so that one
+	// entry can be read back with a ranged GET.
+	Spans []Span
+}
+
+// Span is a byte range in an object.
+type Span struct{ Off, Len int64 }
+
+// EncodeSeal returns the body of a seal marker for (ns, seq).
+func EncodeSeal(ns, seq uint64) []byte {
+	b := append([]byte(sealMagic), walVersion)
+	b = binary.BigEndian.AppendUint64(b, ns)
+	return binary.BigEndian.AppendUint64(b, seq)
+}
+
+// EncodeWAL encodes a batch of entries as one WAL object and returns the
+// span of every entry in it.
+func EncodeWAL(ns, seq uint64, entries []*Entry) ([]byte, []Span) {
+	size := 32
+	for _, e := range entries {
+		size += entrySize(e)
+	}
+	b := make([]byte, 0, size)
+	b = append(b, walMagic...)
+	b = append(b, walVersion)
+	b = binary.BigEndian.AppendUint64(b, ns)
+	b = binary.BigEndian.AppendUint64(b, seq)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(entries)))
+	spans := make([]Span, len(entries))
+	for i, e := range entries {
+		start := len(b)
+		b = AppendEntry(b, e)
+		spans[i] = Span{int64(start), int64(len(b) - start)}
+	}
+	return b, spans
+}
+
+// AppendEntry appends one framed entry: u32 payload length, u32 CRC-32C of
+// the payload, payload.
+func AppendEntry(b []byte, e *Entry) []byte {
+	hdr := len(b)
+	b = append(b, 0, 0, 0, 0, 0, 0, 0, 0)
+	var flags byte
+	if e.Closed {
+		flags |= flagClosed
+	}
+	if e.Producer != nil {
+		flags |= flagProd
+	}
+	if e.StreamSeq != "" {
+		flags |= flagSSeq
+	}
+	b = append(b, flags)
+	b = appendString(b, e.StreamID)
+	b = appendString(b, e.Name)
+	b = binary.BigEndian.AppendUint64(b, e.FirstSeq)
+	b = binary.BigEndian.AppendUint64(b, uint64(e.AccessedAt))
+	if e.Producer != nil {
+		b = appendString(b, e.Producer.ID)
+		b = binary.BigEndian.AppendUint64(b, e.Producer.Epoch)
+		b = binary.BigEndian.AppendUint64(b, e.Producer.Seq)
+	}
+	if e.StreamSeq != "" {
+		b = appendString(b, e.StreamSeq)
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(e.Records)))
+	for i := range e.Records {
+		b = AppendRecord(b, &e.Records[i])
+	}
+	payload := b[hdr+8:]
+	binary.BigEndian.PutUint32(b[hdr:], uint32(len(payload)))
+	binary.BigEndian.PutUint32(b[hdr+4:], crc32.Checksum(payload, castagnoli))
+	return b
+}
+
+// AppendRecord appends a record's timestamp, headers and body.
+func AppendRecord(b []byte, r *Record) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(r.Timestamp))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers)))
+	for _, h := range r.Headers {
+		b = appendString(b, h.Name)
+		b = appendString(b, h.Value)
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(r.Body)))
+	return append(b, r.Body...)
+}
+
+func entrySize(e *Entry) int {
+	n := 8 + 1 + 8 + len(e.StreamID) + len(e.Name) + 16 + 4 + 16
+	if e.Producer != nil {
+		n += 20 + len(e.Producer.ID)
+	}
+	n += 4 + len(e.StreamSeq)
+	for i := range e.Records {
+		n += RecordSize(&e.Records[i])
+	}
+	return n
+}
+
+// RecordSize is the encoded size of a record.
+func RecordSize(r *Record) int {
+	n := 16 + len(r.Body)
+	for _, h := range r.Headers {
+		n += 8 + len(h.Name) + len(h.Value)
+	}
+	return n
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
+	return append(b, s...)
+}
+
+// DecodeWAL decodes a WAL object or seal marker. Record bodies alias data.
+func DecodeWAL(data []byte) (*WALObject, error) {
+	if len(data) >= 21 && string(data[:4]) == sealMagic {
+		if data[4] != walVersion {
+			return nil, fmt.Errorf("%w: seal version %d", ErrCorrupt, data[4])
+		}
+		return &WALObject{
+			Namespace: binary.BigEndian.Uint64(data[5:]),
+			Seq:       binary.BigEndian.Uint64(data[13:]),
+			Sealed:    true,
+		}, nil
+	}
+	if len(data) < 25 || string(data[:4]) != walMagic {
+		return nil, fmt.Errorf("%w: not a WAL object", ErrCorrupt)
+	}
+	if data[4] != walVersion {
+		return nil, fmt.Errorf("%w: WAL version %d", ErrCorrupt, data[4])
+	}
+	obj := &WALObject{
+		Namespace: binary.BigEndian.Uint64(data[5:]),
+		Seq:       binary.BigEndian.Uint64(data[13:]),
+	}
+	n := binary.BigEndian.Uint32(data[21:])
+	off := 25
+	for i := uint32(0); i < n; i++ {
+		e, used, err := DecodeEntry(data[off:])
+		if err != nil {
+			return nil, fmt.Errorf("entry %d: %w", i, err)
+		}
+		obj.Entries = append(obj.Entries, e)
+		obj.Spans = append(obj.Spans, Span{int64(off), int64(used)})
+		off += used
+	}
+	if off != len(data) {
+		return nil, fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(data)-off)
+	}
+	return obj, nil
+}
+
+// DecodeEntry decodes one framed entry from the start of data and returns
+// the bytes it used. Record bodies alias data.
+func DecodeEntry(data []byte) (*Entry, int, error) {
+	if len(data) < 8 {
+		return nil, 0, fmt.Errorf("%w: truncated entry header", ErrCorrupt)
+	}
+	size := int(binary.BigEndian.Uint32(data))
+	sum := binary.BigEndian.Uint32(data[4:])
+	if size > len(data)-8 {
+		return nil, 0, fmt.Errorf("%w: truncated entry", ErrCorrupt)
+	}
+	payload := data[8 : 8+size]
+	if crc32.Checksum(payload, castagnoli) != sum {
+		return nil, 0, fmt.Errorf("%w: entry checksum mismatch", ErrCorrupt)
+	}
+	d := decoder{b: payload}
+	flags := d.u8()
+	e := &Entry{Closed: flags&flagClosed != 0}
+	e.StreamID = d.str()
+	e.Name = d.str()
+	e.FirstSeq = d.u64()
+	e.AccessedAt = int64(d.u64())
+	if flags&flagProd != 0 {
+		e.Producer = &ProducerState{ID: d.str(), Epoch: d.u64(), Seq: d.u64()}
+	}
+	if flags&flagSSeq != 0 {
+		e.StreamSeq = d.str()
+	}
+	n := d.u32()
+	if d.err == nil && uint64(n) > uint64(len(payload)) {
+		d.err = errTruncated
+	}
+	if d.err == nil {
+		e.Records = make([]Record, n)
+		for i := range e.Records {
+			d.record(&e.Records[i])
+			e.Records[i].Seq = e.FirstSeq + uint64(i)
+		}
+	}
+	if d.err == nil && len(d.b) != 0 {
+		d.err = fmt.Errorf("%d bytes left in entry", len(d.b))
+	}
+	if d.err != nil {
+		return nil, 0, fmt.Errorf("%w: %v", ErrCorrupt, d.err)
+	}
+	return e, 8 + size, nil
+}
+
+var errTruncated = errors.New("truncated")
+
+// decoder reads big-endian fields; the first error sticks and later reads
+// return zero values.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) take(n int) []byte {
+	if d.err != nil || n < 0 || n > len(d.b) {
+		d.err = errTruncated
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) u8() byte {
+	if v := d.take(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (d *decoder) u32() uint32 {
+	if v := d.take(4); v != nil {
+		return binary.BigEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (d *decoder) u64() uint64 {
+	if v := d.take(8); v != nil {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}
+
+func (d *decoder) bytes() []byte { return d.take(int(d.u32())) }
+
+func (d *decoder) str() string { return string(d.bytes()) }
+
+func (d *decoder) record(r *Record) {
+	r.Timestamp = int64(d.u64())
+	nh := d.u32()
+	if d.err == nil && uint64(nh)*8 > uint64(len(d.b)) {
+		d.err = errTruncated
+		return
+	}
+	if nh > 0 {
+		r.Headers = make([]Header, nh)
+		for i := range r.Headers {
+			r.Headers[i] = Header{Name: d.str(), Value: d.str()}
+		}
+	}
+	r.Body = d.bytes()
+}

@@ -1,0 +1,399 @@
+package segment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// ErrWriterUnavailable is returned by Writer.Add while the writer cannot
+// accept entries: an upload failed and its outcome is being settled, or the
+// writer is closed.
+var ErrWriterUnavailable = errors.New("WAL writer unavailable")
+
+// WriterConfig tunes group commit.
+type WriterConfig struct {
+	FlushInterval time.Duration // longest an entry waits before its batch is uploaded
+	FlushSize     int           // encoded bytes that start an upload at once
+	MaxInFlight   int           // uploads in flight at once
+}
+
+// Hooks receive batch outcomes strictly in WAL order, from one goroutine at
+// a time, before the batch's waiters are released.
+type Hooks interface {
+	// Committed: every entry of b is durable.
+	Committed(b *Batch)
+	// Aborted: no entry of b will ever be durable or replayed.
+	Aborted(b *Batch, err error)
+}
+
+// NamespaceFunc registers a fresh WAL namespace (in the manifest) and
+// returns it. The writer calls it when it must abandon its namespace.
+type NamespaceFunc func(ctx context.Context) (uint64, error)
+
+// Batch is a group of entries uploaded as one WAL object.
+type Batch struct {
+	Namespace uint64
+	Seq       uint64
+	Key       string
+	Entries   []*Entry
+	Spans     []Span // filled once encoded
+
+	size     int
+	uploaded bool // the PUT returned success
+	failed   error
+	finished bool // upload attempt over (success or failure)
+	doomed   bool // never uploaded: it was open when an earlier upload failed
+
+	done chan struct{}
+	err  error
+}
+
+// Done is closed when the batch's outcome is known; Err then tells it.
+func (b *Batch) Done() <-chan struct{} { return b.done }
+
+// Err is nil once the batch is committed, or the reason it was aborted.
+func (b *Batch) Err() error { return b.err }
+
+// WALKey is the object key of WAL object seq in namespace ns.
+func WALKey(ns, seq uint64) string { return fmt.Sprintf("wal/%016x/%016x", ns, seq) }
+
+// WALPrefix is the key prefix of namespace ns.
+func WALPrefix(ns uint64) string { return fmt.Sprintf("wal/%016x/", ns) }
+
+// Writer batches entries from all streams into WAL objects: group commit.
+// Several uploads may be in flight; outcomes are released strictly in order.
+type Writer struct {
+	store Store
+	hooks Hooks
+	newNS NamespaceFunc
+	cfg   WriterConfig
+
+	mu        sync.Mutex
+	ns        uint64
+	nextSeq   uint64
+	open      *Batch
+	queue     []*Batch // sealed batches in WAL order, not yet released
+	inFlight  int
+	timer     *time.Timer
+	wantFlush bool
+	broken    bool // an upload failed; Add refuses until it is settled
+	closed    bool
+	idle      *sync.Cond // signalled when queue empties
+
+	releaseMu sync.Mutex // serialises hook calls so they stay in order
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// NewWriter starts a writer in namespace ns at WAL sequence seq.
+func NewWriter(store Store, ns, seq uint64, cfg WriterConfig, hooks Hooks, newNS NamespaceFunc) *Writer {
+	if cfg.FlushInterval <= 0 {
+		cfg.FlushInterval = 10 * time.Millisecond
+	}
+	if cfg.FlushSize <= 0 {
+		cfg.FlushSize = 1 << 20
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 4
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &Writer{store: store, hooks: hooks, newNS: newNS, cfg: cfg, ns: ns, nextSeq: seq, ctx: ctx, cancel: cancel}
+	w.idle = sync.NewCond(&w.mu)
+	return w
+}
+
+// SetConfig changes the flush settings; it takes effect from the next batch.
+func (w *Writer) SetConfig(cfg WriterConfig) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if cfg.FlushInterval > 0 {
+		w.cfg.FlushInterval = cfg.FlushInterval
+	}
+	if cfg.FlushSize > 0 {
+		w.cfg.FlushSize = cfg.FlushSize
+	}
+	if cfg.MaxInFlight > 0 {
+		w.cfg.MaxInFlight = cfg.MaxInFlight
+	}
+}
+
+// Position returns the namespace and the next WAL sequence to be assigned.
+func (w *Writer) Position() (ns, seq uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ns, w.nextSeq
+}
+
+// Add puts e into the open batch and returns that batch. The caller must add
+// a stream's entries in that stream's order; batches preserve it.
+func (w *Writer) Add(e *Entry) (*Batch, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.broken || w.closed {
+		return nil, ErrWriterUnavailable
+	}
+	if w.open == nil {
+		w.open = &Batch{done: make(chan struct{})}
+	}
+	b := w.open
+	b.Entries = append(b.Entries, e)
+	b.size += entrySize(e)
+	if b.size >= w.cfg.FlushSize {
+		w.wantFlush = true
+		w.sealLocked()
+	} else if len(b.Entries) == 1 {
+		w.armTimerLocked()
+	}
+	return b, nil
+}
+
+func (w *Writer) armTimerLocked() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	w.timer = time.AfterFunc(w.cfg.FlushInterval, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.wantFlush = true
+		w.sealLocked()
+	})
+}
+
+// sealLocked turns the open batch into an upload when a flush is wanted and
+// an upload slot is free. A batch that cannot start yet keeps growing, so a
+// saturated store sees fewer, larger PUTs.
+func (w *Writer) sealLocked() {
+	if !w.wantFlush || w.open == nil || len(w.open.Entries) == 0 || w.broken {
+		return
+	}
+	if w.inFlight >= w.cfg.MaxInFlight {
+		return
+	}
+	b := w.open
+	w.open = nil
+	w.wantFlush = false
+	if w.timer != nil {
+		w.timer.Stop()
+		w.timer = nil
+	}
+	b.Namespace, b.Seq = w.ns, w.nextSeq
+	b.Key = WALKey(b.Namespace, b.Seq)
+	w.nextSeq++
+	w.queue = append(w.queue, b)
+	w.inFlight++
+	w.wg.Add(1)
+	go w.upload(b)
+}
+
+func (w *Writer) upload(b *Batch) {
+	defer w.wg.Done()
+	data, spans := EncodeWAL(b.Namespace, b.Seq, b.Entries)
+	_, err := w.store.Put(w.ctx, b.Key, data, PutOptions{IfNoneMatch: true})
+	w.mu.Lock()
+	b.Spans = spans
+	b.finished = true
+	w.inFlight--
+	if err == nil {
+		b.uploaded = true
+	} else {
+		b.failed = fmt.Errorf("put wal %s: %w", b.Key, err)
+		if !w.broken {
+			w.broken = true
+			// Entries still open would get seqs above a batch whose fate
+			// is unknown; they are doomed with it and released in order.
+			if w.open != nil && len(w.open.Entries) > 0 {
+				w.open.doomed = true
+				w.open.finished = true
+				w.queue = append(w.queue, w.open)
+			}
+			w.open = nil
+		}
+	}
+	if !w.broken {
+		w.sealLocked()
+	}
+	w.mu.Unlock()
+	w.release()
+}
+
+// release hands finished batches at the head of the queue to the hooks, in
+// order. A failed head starts settlement once nothing is in flight.
+func (w *Writer) release() {
+	w.releaseMu.Lock()
+	defer w.releaseMu.Unlock()
+	for {
+		w.mu.Lock()
+		if len(w.queue) == 0 {
+			w.idle.Broadcast()
+			w.mu.Unlock()
+			return
+		}
+		head := w.queue[0]
+		if !head.finished {
+			w.mu.Unlock()
+			return
+		}
+		if !head.uploaded {
+			// Settle only when every upload has returned, so the fate of
+			// each batch is fixed before we seal.
+			if w.inFlight > 0 {
+				w.mu.Unlock()
+				return
+			}
+			queue := w.queue
+			w.queue = nil
+			w.mu.Unlock()
+			w.settle(queue)
+			continue
+		}
+		w.queue = w.queue[1:]
+		w.mu.Unlock()
+		w.hooks.Committed(head)
+		close(head.done)
+	}
+}
+
+// settle decides the fate of queue, whose first unuploaded batch failed.
+// Batches that were uploaded before the first failure are committed. At a
+// failure we seal the namespace at that sequence with if-none-match: if the
+// seal wins, the upload can never land, so that batch and all after it are
+// aborted and the writer moves to a new namespace. If the seal loses, the
+// upload did land: the batch rolls forward and we go on to the next one.
+func (w *Writer) settle(queue []*Batch) {
+	for i, b := range queue {
+		if b.uploaded {
+			w.hooks.Committed(b)
+			close(b.done)
+			continue
+		}
+		// A doomed batch was never given a WAL sequence, so only a batch
+		// whose upload failed needs a seal to fix its fate.
+		if !b.doomed {
+			landed, err := w.sealAt(b.Namespace, b.Seq)
+			if err != nil { // writer closed while the store was unreachable
+				w.abort(queue[i:], err)
+				return
+			}
+			if landed {
+				w.hooks.Committed(b)
+				close(b.done)
+				continue
+			}
+		}
+		cause := b.failed
+		if cause == nil {
+			cause = errors.New("an earlier WAL upload failed")
+		}
+		w.abort(queue[i:], cause)
+		w.switchNamespace()
+		return
+	}
+	// Every batch landed after all: carry on in the same namespace.
+	w.mu.Lock()
+	w.broken = false
+	w.mu.Unlock()
+}
+
+func (w *Writer) abort(batches []*Batch, cause error) {
+	err := fmt.Errorf("%w: %v", ErrWriterUnavailable, cause)
+	for _, b := range batches {
+		b.err = err
+		w.hooks.Aborted(b, err)
+		close(b.done)
+	}
+}
+
+// sealAt writes a seal at (ns, seq), retrying with backoff until the store
+// answers or the writer closes. landed reports that the key already held
+// the upload.
+func (w *Writer) sealAt(ns, seq uint64) (landed bool, err error) {
+	for attempt := 0; ; attempt++ {
+		_, err := w.store.Put(w.ctx, WALKey(ns, seq), EncodeSeal(ns, seq), PutOptions{IfNoneMatch: true})
+		switch {
+		case err == nil:
+			return false, nil
+		case errors.Is(err, ErrPreconditionFailed):
+			return true, nil
+		}
+		if werr := sleepBackoff(w.ctx, attempt); werr != nil {
+			return false, fmt.Errorf("seal wal %s: %w", WALKey(ns, seq), err)
+		}
+	}
+}
+
+func (w *Writer) switchNamespace() {
+	for attempt := 0; ; attempt++ {
+		ns, err := w.newNS(w.ctx)
+		if err == nil {
+			w.mu.Lock()
+			w.ns, w.nextSeq, w.broken = ns, 0, false
+			w.mu.Unlock()
+			return
+		}
+		if sleepBackoff(w.ctx, attempt) != nil {
+			return
+		}
+	}
+}
+
+// sleepBackoff waits an exponentially growing, jittered delay (50 ms up to
+// 5 s) or until ctx ends.
+func sleepBackoff(ctx context.Context, attempt int) error {
+	d := 50 * time.Millisecond << min(attempt, 7)
+	d = min(d, 5*time.Second)
+	d = d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Flush uploads the open batch now, whatever its size.
+func (w *Writer) Flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.wantFlush = true
+	w.sealLocked()
+}
+
+// Close stops accepting entries, uploads what is open and waits for every
+// outcome to be released, or for ctx to end; then it stops background work.
+func (w *Writer) Close(ctx context.Context) error {
+	w.mu.Lock()
+	w.closed = true
+	w.wantFlush = true
+	w.sealLocked()
+	done := make(chan struct{})
+	go func() {
+		w.mu.Lock()
+		for len(w.queue) > 0 || (w.open != nil && len(w.open.Entries) > 0 && !w.broken) {
+			w.idle.Wait()
+		}
+		w.mu.Unlock()
+		close(done)
+	}()
+	w.mu.Unlock()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("close wal writer: %w", ctx.Err())
+	}
+	w.cancel()
+	w.wg.Wait()
+	if err != nil {
+		w.mu.Lock()
+		w.idle.Broadcast()
+		w.mu.Unlock()
+	}
+	return err
+}

@@ -1,0 +1,72 @@
+package streamstore
+
+import (
+	"container/list"
+	"sync"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// blockCache keeps decoded record runs (one WAL entry or one data object
+// each) under a byte budget, least recently used out first. Fresh appends
+// go in at commit, so tail readers are served from memory; with a tiny
+// budget every read goes to the bucket.
+type blockCache struct {
+	mu     sync.Mutex
+	budget int64
+	used   int64
+	ll     *list.List
+	items  map[string]*list.Element
+}
+
+type cacheItem struct {
+	key  string
+	recs []segment.Record
+	size int64
+}
+
+func newBlockCache(budget int64) *blockCache {
+	return &blockCache{budget: budget, ll: list.New(), items: map[string]*list.Element{}}
+}
+
+func (c *blockCache) get(key string) ([]segment.Record, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.items[key]
+	if !ok {
+		return nil, false
+	}
+	c.ll.MoveToFront(el)
+	return el.Value.(*cacheItem).recs, true
+}
+
+func (c *blockCache) put(key string, recs []segment.Record) {
+	var size int64 = 64
+	for i := range recs {
+		size += int64(segment.RecordSize(&recs[i]))
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if size > c.budget {
+		return
+	}
+	if el, ok := c.items[key]; ok {
+		c.used -= el.Value.(*cacheItem).size
+		c.ll.Remove(el)
+	}
+	c.items[key] = c.ll.PushFront(&cacheItem{key: key, recs: recs, size: size})
+	c.used += size
+	for c.used > c.budget {
+		el := c.ll.Back()
+		it := el.Value.(*cacheItem)
+		c.ll.Remove(el)
+		delete(c.items, it.key)
+		c.used -= it.size
+	}
+}
+
+func (c *blockCache) setBudget(b int64) {
+	c.mu.Lock()
+	c.budget = b
+	c.mu.Unlock()
+}

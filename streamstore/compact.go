@@ -1,0 +1,283 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// maxDataObject caps a data object, so a cold read fetches a bounded block.
+const maxDataObject = 4 << 20
+
+func (e *Engine) compactLoop() {
+	defer e.bg.Done()
+	for {
+		t := time.NewTimer(e.config().CompactInterval)
+		select {
+		case <-e.closing:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		if err := e.Compact(ctx); err != nil {
+			e.log.Warn("compaction failed; will retry", zap.Error(err))
+		}
+		cancel()
+	}
+}
+
+// Compact folds every committed WAL entry into data objects and metadata
+// checkpoints, then retires the WAL objects that no longer hold anything
+// unique: the manifest moves first, the deletes follow.
+func (e *Engine) Compact(ctx context.Context) error {
+	if _, err := e.writer(); err != nil {
+		return err
+	}
+	e.compactMu.Lock()
+	defer e.compactMu.Unlock()
+	e.mu.Lock()
+	if e.commitEnd == (walPos{}) {
+		e.mu.Unlock()
+		return nil
+	}
+	// Entries before end are compacted. A create still writing its metadata
+	// holds back the cut: its stream cannot be checkpointed yet, and its
+	// WAL entries must not be retired.
+	end := e.commitEnd
+	for s := range e.creating {
+		s.mu.Lock()
+		if len(s.runs) > 0 && end.after(s.runs[0].pos) {
+			end = s.runs[0].pos
+		}
+		s.mu.Unlock()
+	}
+	var todo []*stream
+	for _, s := range e.streams {
+		s.mu.Lock()
+		if len(s.runs) > 0 && end.after(s.runs[0].pos) {
+			todo = append(todo, s)
+		}
+		s.mu.Unlock()
+	}
+	e.mu.Unlock()
+
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	var errMu sync.Mutex
+	var firstErr error
+	for _, s := range todo {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := e.compactStream(ctx, s, end); err != nil {
+				errMu.Lock()
+				firstErr = errors.Join(firstErr, err)
+				errMu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	return e.retireWAL(ctx, end)
+}
+
+// compactStream writes the stream's committed entries before end as data
+// objects and checkpoints its state into its metadata object.
+func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error {
+	s.mu.Lock()
+	n := 0
+	for n < len(s.runs) && end.after(s.runs[n].pos) {
+		n++
+	}
+	runs := append([]walRun(nil), s.runs[:n]...)
+	meta := *s.meta
+	etag, gone := s.etag, s.gone
+	s.mu.Unlock()
+	if gone || n == 0 {
+		return nil
+	}
+
+	var chunk []Record
+	size := 0
+	flush := func() error {
+		if len(chunk) == 0 {
+			return nil
+		}
+		key := dataKey(meta.ID, chunk[0].Seq, chunk[len(chunk)-1].Seq+1)
+		if _, err := e.store.Put(ctx, key, segment.EncodeData(chunk), segment.PutOptions{}); err != nil {
+			return fmt.Errorf("put data %s: %w", key, err)
+		}
+		e.cache.put(key, chunk)
+		chunk, size = nil, 0
+		return nil
+	}
+	for _, r := range runs {
+		if r.ch.End == r.ch.First {
+			meta.State.apply(r.ch)
+			meta.Upto = r.pos.next()
+			continue
+		}
+		recs, err := e.recordsAt(ctx, s, meta.ID, r.ch.First)
+		if err != nil {
+			return fmt.Errorf("compact %s: %w", s.name, err)
+		}
+		for _, rec := range recs {
+			if rec.Seq < r.ch.First || rec.Seq >= r.ch.End {
+				continue
+			}
+			if size > 0 && size+len(rec.Body) > maxDataObject {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+			chunk = append(chunk, rec)
+			size += segment.RecordSize(&rec)
+		}
+		meta.State.apply(r.ch)
+		meta.Upto = r.pos.next()
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	newTag, err := e.store.Put(ctx, metaKey(s.name), encodeMeta(&meta), segment.PutOptions{IfMatch: etag})
+	if errors.Is(err, segment.ErrPreconditionFailed) || errors.Is(err, segment.ErrNotFound) {
+		return nil // deleted meanwhile; its data goes with the gc tombstone
+	}
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", s.name, err)
+	}
+	s.mu.Lock()
+	s.runs = s.runs[n:]
+	s.meta = &meta
+	s.etag = newTag
+	s.mu.Unlock()
+	return nil
+}
+
+// retireWAL moves the manifest to end and deletes the WAL objects before it.
+func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
+	var drop []string // whole namespaces
+	var trimNS, trimTo uint64
+	_, err := e.man.Update(ctx, func(m *segment.Manifest) error {
+		drop, trimTo = nil, 0
+		kept := m.Namespaces[:0:0]
+		for _, n := range m.Namespaces {
+			if n.ID < end.NS {
+				drop = append(drop, segment.WALPrefix(n.ID))
+				continue
+			}
+			if n.ID == end.NS {
+				n.ReplayFrom = max(n.ReplayFrom, end.Seq)
+				if n.SealedAt != nil && n.ReplayFrom >= *n.SealedAt {
+					drop = append(drop, segment.WALPrefix(n.ID))
+					continue
+				}
+				trimNS, trimTo = n.ID, n.ReplayFrom
+			}
+			kept = append(kept, n)
+		}
+		m.Namespaces = kept
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("advance manifest: %w", err)
+	}
+	for _, p := range drop {
+		if err := e.deleteUnder(ctx, p, ""); err != nil {
+			return err
+		}
+	}
+	if trimTo > 0 {
+		return e.deleteUnder(ctx, segment.WALPrefix(trimNS), segment.WALKey(trimNS, trimTo))
+	}
+	return nil
+}
+
+// deleteUnder deletes every key under prefix that sorts before stop (all
+// of them when stop is empty), a list page and one batched delete at a time.
+func (e *Engine) deleteUnder(ctx context.Context, prefix, stop string) error {
+	after := ""
+	for {
+		objs, more, err := e.store.List(ctx, prefix, after, 1000)
+		if err != nil {
+			return fmt.Errorf("list %s: %w", prefix, err)
+		}
+		var keys []string
+		done := !more
+		for _, o := range objs {
+			if stop != "" && o.Key >= stop {
+				done = true
+				break
+			}
+			keys = append(keys, o.Key)
+			after = o.Key
+		}
+		if len(keys) > 0 {
+			if err := e.store.Delete(ctx, keys); err != nil {
+				return fmt.Errorf("delete under %s: %w", prefix, err)
+			}
+		}
+		if done || len(objs) == 0 {
+			return nil
+		}
+	}
+}
+
+func (e *Engine) kickGC() {
+	select {
+	case e.gcKick <- struct{}{}:
+	default:
+	}
+}
+
+// gcLoop removes the data of deleted streams, as their tombstones say.
+func (e *Engine) gcLoop() {
+	defer e.bg.Done()
+	for {
+		select {
+		case <-e.closing:
+			return
+		case <-e.gcKick:
+		case <-time.After(5 * time.Minute):
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		if err := e.collectGarbage(ctx); err != nil {
+			e.log.Warn("removing deleted streams' data failed; will retry", zap.Error(err))
+		}
+		cancel()
+	}
+}
+
+func (e *Engine) collectGarbage(ctx context.Context) error {
+	after := ""
+	for {
+		objs, more, err := e.store.List(ctx, "gc/", after, 1000)
+		if err != nil {
+			return fmt.Errorf("list gc tombstones: %w", err)
+		}
+		for _, o := range objs {
+			id := strings.TrimPrefix(o.Key, "gc/")
+			if err := e.deleteUnder(ctx, dataPrefix(id), ""); err != nil {
+				return err
+			}
+			if err := e.store.Delete(ctx, []string{o.Key}); err != nil {
+				return fmt.Errorf("delete tombstone %s: %w", o.Key, err)
+			}
+			after = o.Key
+		}
+		if !more || len(objs) == 0 {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,280 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+func startEngine(t *testing.T, st segment.Store, cfg Config) *Engine {
+	t.Helper()
+	if cfg.NodeID == "" {
+		cfg.NodeID = "node-a"
+	}
+	if cfg.FlushInterval == 0 {
+		cfg.FlushInterval = time.Millisecond
+	}
+	if cfg.CompactInterval == 0 {
+		cfg.CompactInterval = time.Hour
+	}
+	e := New(st, cfg, nil)
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	return e
+}
+
+func recs(bodies ...string) []NewRecord {
+	out := make([]NewRecord, len(bodies))
+	for i, b := range bodies {
+		out[i] = NewRecord{Body: []byte(b)}
+	}
+	return out
+}
+
+func readAll(t *testing.T, e *Engine, name string) []string {
+	t.Helper()
+	res, err := e.Read(context.Background(), name, ReadRequest{})
+	if err != nil {
+		t.Fatalf("read %s: %v", name, err)
+	}
+	var out []string
+	for i, r := range res.Records {
+		if r.Seq != uint64(i) {
+			t.Fatalf("record %d has seq %d", i, r.Seq)
+		}
+		out = append(out, string(r.Body))
+	}
+	return out
+}
+
+func TestCreateAppendRead(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	info, created, err := e.Create(ctx, "/a/b", CreateRequest{ContentType: "text/plain", Records: recs("x")})
+	if err != nil || !created || info.NextSeq != 1 {
+		t.Fatalf("create: %+v %v %v", info, created, err)
+	}
+	if _, created, err := e.Create(ctx, "/a/b", CreateRequest{ContentType: "text/plain"}); err != nil || created {
+		t.Fatalf("idempotent create: %v %v", created, err)
+	}
+	if _, _, err := e.Create(ctx, "/a/b", CreateRequest{ContentType: "application/json"}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("conflicting create: %v", err)
+	}
+	res, err := e.Append(ctx, "/a/b", AppendRequest{ContentType: "text/plain", Records: recs("y", "z")})
+	if err != nil || res.FirstSeq != 1 || res.NextSeq != 3 {
+		t.Fatalf("append: %+v %v", res, err)
+	}
+	if _, err := e.Append(ctx, "/a/b", AppendRequest{ContentType: "text/html", Records: recs("w")}); !errors.Is(err, ErrContentType) {
+		t.Fatalf("content type mismatch: %v", err)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/a/b")); got != "[x y z]" {
+		t.Fatalf("read %s", got)
+	}
+	if _, err := e.Append(ctx, "/missing", AppendRequest{Records: recs("w")}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("append to missing: %v", err)
+	}
+}
+
+func TestReplayAfterCrashAndCompaction(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	for i := 0; i < 5; i++ {
+		name := fmt.Sprintf("/s%d", i)
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+		for j := 0; j < 10; j++ {
+			if _, err := e.Append(ctx, name, AppendRequest{Records: recs(fmt.Sprintf("%d-%d", i, j))}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Crash: a second engine with the same node id takes over without Close.
+	e2 := startEngine(t, st, Config{})
+	if got := len(readAll(t, e2, "/s3")); got != 10 {
+		t.Fatalf("after replay: %d records", got)
+	}
+	if err := e2.Compact(ctx); err != nil {
+		t.Fatalf("compact: %v", err)
+	}
+	if wal := st.Keys("wal/"); len(wal) != 0 {
+		t.Fatalf("WAL objects left after compaction: %v", wal)
+	}
+	if data := st.Keys("data/"); len(data) != 5 {
+		t.Fatalf("data objects: %v", data)
+	}
+	if _, err := e2.Append(ctx, "/s3", AppendRequest{Records: recs("more")}); err != nil {
+		t.Fatal(err)
+	}
+	e3 := startEngine(t, st, Config{CacheBytes: 1})
+	got := readAll(t, e3, "/s3")
+	if len(got) != 11 || got[0] != "3-0" || got[10] != "more" {
+		t.Fatalf("after compaction and restart: %v", got)
+	}
+}
+
+func TestProducerDedupAndFencing(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	if _, _, err := e.Create(ctx, "/p", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	app := func(epoch, seq uint64, body string) (AppendResult, error) {
+		return e.Append(ctx, "/p", AppendRequest{Records: recs(body), Producer: &Producer{ID: "w", Epoch: epoch, Seq: seq}})
+	}
+	if r, err := app(0, 0, "a"); err != nil || r.Duplicate {
+		t.Fatalf("first: %+v %v", r, err)
+	}
+	if r, err := app(0, 0, "a"); err != nil || !r.Duplicate {
+		t.Fatalf("retry: %+v %v", r, err)
+	}
+	var gap *SequenceGapError
+	if _, err := app(0, 5, "x"); !errors.As(err, &gap) || gap.Expected != 1 {
+		t.Fatalf("gap: %v", err)
+	}
+	if _, err := app(1, 0, "b"); err != nil {
+		t.Fatal(err)
+	}
+	var fenced *FencedError
+	if _, err := app(0, 1, "c"); !errors.As(err, &fenced) || fenced.CurrentEpoch != 1 {
+		t.Fatalf("fenced: %v", err)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/p")); got != "[a b]" {
+		t.Fatalf("records: %s", got)
+	}
+}
+
+func TestFailedUploadRollsBackAndRecovers(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var mu sync.Mutex
+	failing := false
+	st.Fail = func(op, key string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing && op == "PUT" && len(key) > 4 && key[:4] == "wal/" {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{AppendTimeout: 5 * time.Second})
+	if _, _, err := e.Create(ctx, "/f", CreateRequest{ContentType: "text/plain", Records: recs("ok")}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	failing = true
+	mu.Unlock()
+	// The WAL put fails, and so does the seal: the append must not be
+	// acknowledged; it waits until the store answers or times out.
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Append(ctx, "/f", AppendRequest{Records: recs("lost")})
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	mu.Lock()
+	failing = false // the seal can now land; the batch is aborted
+	mu.Unlock()
+	if err := <-done; !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("append during fault: %v", err)
+	}
+	var err error
+	for i := 0; i < 100; i++ {
+		if _, err = e.Append(ctx, "/f", AppendRequest{Records: recs("after")}); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("no recovery: %v", err)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/f")); got != "[ok after]" {
+		t.Fatalf("records: %s", got)
+	}
+	e2 := startEngine(t, st, Config{})
+	t.Logf("keys: %v", st.Keys(""))
+	if got := fmt.Sprint(readAll(t, e2, "/f")); got != "[ok after]" {
+		t.Fatalf("after restart: %s", got)
+	}
+}
+
+func TestDeleteAndRecreate(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/d", CreateRequest{ContentType: "text/plain", Records: recs("old")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Delete(ctx, "/d"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Head(ctx, "/d"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("head after delete: %v", err)
+	}
+	if _, _, err := e.Create(ctx, "/d", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, e, "/d"); len(got) != 0 {
+		t.Fatalf("old data shows through: %v", got)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for len(st.Keys("data/")) > 0 || len(st.Keys("gc/")) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("deleted data still in the bucket: %v %v", st.Keys("data/"), st.Keys("gc/"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestWaitWakesOnDurableAppend(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	info, _, err := e.Create(ctx, "/w", CreateRequest{ContentType: "text/plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan Info, 1)
+	go func() {
+		i, _ := e.Wait(ctx, "/w", info.ID, 0)
+		got <- i
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if _, err := e.Append(ctx, "/w", AppendRequest{Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case i := <-got:
+		if i.NextSeq != 1 {
+			t.Fatalf("woke with %+v", i)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("waiter not woken")
+	}
+}
+
+func TestMetaKeyOrderAndRoundTrip(t *testing.T) {
+	names := []string{"/a", "/a.c", "/a/b", "/a0", "/" + string(make([]byte, 100)) + "x", "/" + string(make([]byte, 100)) + "xy"}
+	for i, n := range names {
+		back, err := nameFromMetaKey(metaKey(n))
+		if err != nil || back != n {
+			t.Fatalf("round trip %q: %q %v", n, back, err)
+		}
+		for _, m := range names[i+1:] {
+			if (n < m) != (metaKey(n) < metaKey(m)) {
+				t.Fatalf("order of %q and %q not kept", n, m)
+			}
+		}
+	}
+}

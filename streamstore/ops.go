@@ -1,0 +1,433 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// Create creates the stream name, or confirms an identical existing one.
+// Initial records are made durable under a fresh internal id first and the
+// metadata object is written second, with if-none-match: a crash between
+// the two leaves only records nothing references.
+func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (Info, bool, error) {
+	if err := ValidateName(name); err != nil {
+		return Info{}, false, err
+	}
+	unlock := e.lockName(name)
+	defer unlock()
+	s, err := e.stream(ctx, name)
+	if err == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if !s.gone && !s.expiredLocked(time.Now()) {
+			if !sameConfig(s, req) {
+				return s.info(), false, ErrConflict
+			}
+			s.touched = time.Now().UnixMilli()
+			return s.info(), false, nil
+		}
+	} else if !errors.Is(err, ErrNotFound) {
+		return Info{}, false, err
+	}
+	if s != nil {
+		// Expired: it goes now, and the name is free for the new stream.
+		if err := e.remove(ctx, s); err != nil {
+			return Info{}, false, err
+		}
+	}
+	return e.create(ctx, name, req)
+}
+
+func sameConfig(s *stream, req CreateRequest) bool {
+	return s.meta.ContentType == req.ContentType &&
+		s.meta.expiry().TTL == req.Expiry.TTL &&
+		s.meta.expiry().ExpiresAt.Equal(req.Expiry.ExpiresAt) &&
+		s.pend.Closed == req.Closed
+}
+
+func (e *Engine) create(ctx context.Context, name string, req CreateRequest) (Info, bool, error) {
+	w, err := e.writer()
+	if err != nil {
+		return Info{}, false, err
+	}
+	now := time.Now()
+	m := &metaObject{
+		Version:     1,
+		Name:        name,
+		ID:          newID(),
+		ContentType: req.ContentType,
+		TTLSeconds:  int64(req.Expiry.TTL / time.Second),
+		CreatedAt:   now.UnixMilli(),
+	}
+	if !req.Expiry.ExpiresAt.IsZero() {
+		m.ExpiresAt = req.Expiry.ExpiresAt.UnixMilli()
+	}
+	if len(req.Records) == 0 {
+		m.State.Closed = req.Closed
+	}
+	s := newStream(name, m, "")
+	e.mu.Lock()
+	e.creating[s] = struct{}{}
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		delete(e.creating, s)
+		e.mu.Unlock()
+	}()
+	if len(req.Records) > 0 {
+		ent := &segment.Entry{
+			StreamID:   m.ID,
+			Name:       name,
+			Records:    stamp(req.Records, 0, now.UnixMilli()),
+			Closed:     req.Closed,
+			AccessedAt: now.UnixMilli(),
+			Ref:        s,
+		}
+		s.mu.Lock()
+		b, err := w.Add(ent)
+		if err != nil {
+			s.mu.Unlock()
+			return Info{}, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		s.pending++
+		s.pend.apply(changeOf(ent))
+		s.mu.Unlock()
+		if err := e.awaitBatch(ctx, b); err != nil {
+			return Info{}, false, err
+		}
+	}
+	etag, err := e.store.Put(ctx, metaKey(name), encodeMeta(m), segment.PutOptions{IfNoneMatch: true})
+	if err != nil {
+		if errors.Is(err, segment.ErrPreconditionFailed) {
+			return Info{}, false, ErrConflict
+		}
+		return Info{}, false, fmt.Errorf("%w: write metadata of %s: %v", ErrUnavailable, name, err)
+	}
+	s.mu.Lock()
+	s.etag = etag
+	info := s.info()
+	s.mu.Unlock()
+	e.mu.Lock()
+	e.streams[name] = s
+	e.evictLocked()
+	e.mu.Unlock()
+	return info, true, nil
+}
+
+// stamp turns new records into records at seq first on, all with the
+// timestamp ts.
+func stamp(in []NewRecord, first uint64, ts int64) []segment.Record {
+	out := make([]segment.Record, len(in))
+	for i, r := range in {
+		out[i] = segment.Record{Seq: first + uint64(i), Timestamp: ts, Headers: r.Headers, Body: r.Body}
+	}
+	return out
+}
+
+// awaitBatch waits for b's outcome, at most the append timeout. A timeout
+// answers "unavailable" but leaves the entry in the writer: its fate is
+// settled in order, and the stream's tail moves only when it is.
+func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
+	t := time.NewTimer(e.config().AppendTimeout)
+	defer t.Stop()
+	select {
+	case <-b.Done():
+		if err := b.Err(); err != nil {
+			return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+		return nil
+	case <-t.C:
+		return fmt.Errorf("%w: object storage did not confirm the write in time", ErrUnavailable)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// live returns the stream if it exists and has not expired. An expired
+// stream is removed on the spot.
+func (e *Engine) live(ctx context.Context, name string) (*stream, error) {
+	if err := ValidateName(name); err != nil {
+		return nil, err
+	}
+	s, err := e.stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	expired := !s.gone && s.expiredLocked(time.Now())
+	gone := s.gone
+	s.mu.Unlock()
+	if expired {
+		unlock := e.lockName(name)
+		err := e.remove(ctx, s)
+		unlock()
+		if err != nil {
+			return nil, err
+		}
+		return nil, ErrNotFound
+	}
+	if gone {
+		return nil, ErrNotFound
+	}
+	return s, nil
+}
+
+// Append appends to the stream and returns once the append is durable.
+func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (AppendResult, error) {
+	for {
+		s, err := e.live(ctx, name)
+		if err != nil {
+			return AppendResult{}, err
+		}
+		res, wait, err := e.appendTo(ctx, s, req)
+		if wait == nil {
+			return res, err
+		}
+		// A producer retry of an append still in flight: answer once the
+		// original's fate is known (it may roll back and need applying).
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return AppendResult{}, ctx.Err()
+		case <-e.closing:
+			return AppendResult{}, ErrShuttingDown
+		}
+	}
+}
+
+// appendTo validates req against the pending state, in the protocol's
+// precedence (closed, content type, producer, Stream-Seq, match), assigns
+// seqs and joins the open WAL batch, all under the stream lock; then it
+// waits for durability without the lock. A non-nil wait asks the caller to
+// retry once it fires.
+func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (AppendResult, <-chan struct{}, error) {
+	w, err := e.writer()
+	if err != nil {
+		return AppendResult{}, nil, err
+	}
+	now := time.Now().UnixMilli()
+	s.mu.Lock()
+	if s.gone {
+		s.mu.Unlock()
+		return AppendResult{}, nil, ErrNotFound
+	}
+	st := &s.pend
+	s.touched = now
+
+	if p := req.Producer; p != nil {
+		cur, known := st.Producers[p.ID]
+		if known && p.Epoch < cur.Epoch {
+			s.mu.Unlock()
+			return AppendResult{}, nil, &FencedError{CurrentEpoch: cur.Epoch}
+		}
+		if st.Closed {
+			if cb := st.ClosedBy; cb != nil && cb.ID == p.ID && cb.Epoch == p.Epoch && cb.Seq == p.Seq {
+				return e.duplicateLocked(s, p)
+			}
+			s.mu.Unlock()
+			return AppendResult{}, nil, &ClosedError{NextSeq: st.NextSeq}
+		}
+		if known && p.Epoch == cur.Epoch && p.Seq <= cur.Seq {
+			return e.duplicateLocked(s, p)
+		}
+	}
+	if st.Closed {
+		next := st.NextSeq
+		closeOnly := len(req.Records) == 0 && req.Close
+		s.mu.Unlock()
+		if closeOnly {
+			return AppendResult{FirstSeq: next, NextSeq: next, Closed: true, Duplicate: true}, nil, nil
+		}
+		return AppendResult{}, nil, &ClosedError{NextSeq: next}
+	}
+	if req.ContentType != "" && len(req.Records) > 0 && !sameMediaType(req.ContentType, s.meta.ContentType) {
+		s.mu.Unlock()
+		return AppendResult{}, nil, ErrContentType
+	}
+	if p := req.Producer; p != nil {
+		cur, known := st.Producers[p.ID]
+		switch {
+		case known && p.Epoch > cur.Epoch && p.Seq != 0:
+			s.mu.Unlock()
+			return AppendResult{}, nil, fmt.Errorf("%w: a new producer epoch must start at seq 0", ErrBadRequest)
+		case known && p.Epoch == cur.Epoch && p.Seq > cur.Seq+1:
+			s.mu.Unlock()
+			return AppendResult{}, nil, &SequenceGapError{Expected: cur.Seq + 1, Received: p.Seq}
+		case !known && p.Seq != 0:
+			s.mu.Unlock()
+			return AppendResult{}, nil, &SequenceGapError{Expected: 0, Received: p.Seq}
+		}
+	}
+	if req.StreamSeq != "" && st.StreamSeq != "" && req.StreamSeq <= st.StreamSeq {
+		s.mu.Unlock()
+		return AppendResult{}, nil, fmt.Errorf("%w: %q is not after %q", ErrStreamSeq, req.StreamSeq, st.StreamSeq)
+	}
+	if req.MatchSeq != nil && *req.MatchSeq != st.NextSeq {
+		s.mu.Unlock()
+		return AppendResult{}, nil, &MatchError{NextSeq: st.NextSeq}
+	}
+
+	ts := max(now, st.LastTS+1)
+	ent := &segment.Entry{
+		StreamID:   s.meta.ID,
+		Name:       s.name,
+		FirstSeq:   st.NextSeq,
+		Records:    stamp(req.Records, st.NextSeq, ts),
+		Closed:     req.Close,
+		StreamSeq:  req.StreamSeq,
+		AccessedAt: now,
+		Ref:        s,
+	}
+	if p := req.Producer; p != nil {
+		ent.Producer = &segment.ProducerState{ID: p.ID, Epoch: p.Epoch, Seq: p.Seq}
+	}
+	b, err := w.Add(ent)
+	if err != nil {
+		s.mu.Unlock()
+		return AppendResult{}, nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	s.pending++
+	st.apply(changeOf(ent))
+	res := AppendResult{FirstSeq: ent.FirstSeq, NextSeq: ent.EndSeq(), Timestamp: ts, Closed: st.Closed}
+	if p := req.Producer; p != nil {
+		res.ProducerEpoch, res.ProducerSeq = p.Epoch, p.Seq
+	}
+	s.mu.Unlock()
+	return res, nil, e.awaitBatch(ctx, b)
+}
+
+// duplicateLocked answers a producer retry of an accepted append. It is
+// acknowledged only once durable; while the original is in flight the
+// caller waits and retries. It unlocks s.
+func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, <-chan struct{}, error) {
+	d := s.durable.Producers[p.ID]
+	durable := d.Epoch > p.Epoch || (d.Epoch == p.Epoch && d.Seq >= p.Seq && s.durable.Producers != nil)
+	if cb := s.durable.ClosedBy; cb != nil && *cb == (segment.ProducerState{ID: p.ID, Epoch: p.Epoch, Seq: p.Seq}) {
+		durable = true
+	}
+	if !durable {
+		ch := s.changed
+		s.mu.Unlock()
+		return AppendResult{}, ch, nil
+	}
+	cur := s.durable.Producers[p.ID]
+	res := AppendResult{
+		FirstSeq:      s.durable.NextSeq,
+		NextSeq:       s.durable.NextSeq,
+		Closed:        s.durable.Closed,
+		Duplicate:     true,
+		ProducerEpoch: cur.Epoch,
+		ProducerSeq:   cur.Seq,
+	}
+	s.mu.Unlock()
+	return res, nil, nil
+}
+
+// sameMediaType compares the media types of two Content-Type values,
+// ignoring case, spacing and parameters.
+func sameMediaType(a, b string) bool {
+	return mediaType(a) == mediaType(b)
+}
+
+func mediaType(ct string) string {
+	if i := strings.IndexByte(ct, ';'); i >= 0 {
+		ct = ct[:i]
+	}
+	return strings.ToLower(strings.TrimSpace(ct))
+}
+
+// Head returns the stream's state without renewing its TTL.
+func (e *Engine) Head(ctx context.Context, name string) (Info, error) {
+	s, err := e.live(ctx, name)
+	if err != nil {
+		return Info{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.info(), nil
+}
+
+// Wait blocks until the stream identified by name and id has a durable record
+// at seq (NextSeq > seq), is closed, or is deleted or recreated. It returns the
+// stream's state then, ctx.Err() when ctx ends first, or ErrShuttingDown when
+// the engine closes.
+func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, error) {
+	for {
+		s, err := e.live(ctx, name)
+		if err != nil {
+			return Info{}, err
+		}
+		s.mu.Lock()
+		if s.gone || s.meta.ID != id {
+			s.mu.Unlock()
+			return Info{}, ErrNotFound
+		}
+		if s.durable.NextSeq > seq || s.durable.Closed {
+			info := s.info()
+			s.mu.Unlock()
+			return info, nil
+		}
+		ch := s.changed
+		s.waiters++
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-e.closing:
+			err = ErrShuttingDown
+		}
+		s.mu.Lock()
+		s.waiters--
+		s.mu.Unlock()
+		if err != nil {
+			return Info{}, err
+		}
+	}
+}
+
+// Delete removes the stream; its data leaves the bucket in the background.
+func (e *Engine) Delete(ctx context.Context, name string) error {
+	s, err := e.live(ctx, name)
+	if err != nil {
+		return err
+	}
+	unlock := e.lockName(name)
+	defer unlock()
+	return e.remove(ctx, s)
+}
+
+// remove deletes a stream: a gc tombstone for its id first (so its data
+// objects are collected even after a crash), then the metadata object. The
+// caller holds the name lock.
+func (e *Engine) remove(ctx context.Context, s *stream) error {
+	s.mu.Lock()
+	if s.gone {
+		s.mu.Unlock()
+		return ErrNotFound
+	}
+	id, name := s.meta.ID, s.name
+	s.mu.Unlock()
+	if _, err := e.store.Put(ctx, gcKey(id), []byte(name), segment.PutOptions{}); err != nil {
+		return fmt.Errorf("%w: record deletion of %s: %v", ErrUnavailable, name, err)
+	}
+	if err := e.store.Delete(ctx, []string{metaKey(name)}); err != nil {
+		return fmt.Errorf("%w: delete metadata of %s: %v", ErrUnavailable, name, err)
+	}
+	s.mu.Lock()
+	s.gone = true
+	s.notifyLocked()
+	s.mu.Unlock()
+	e.mu.Lock()
+	if e.streams[name] == s {
+		delete(e.streams, name)
+	}
+	e.mu.Unlock()
+	e.kickGC()
+	return nil
+}

@@ -1,0 +1,162 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// Read returns records from req.Seq, bounded by the durable tail. It renews a
+// sliding TTL.
+func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadResult, error) {
+	s, err := e.live(ctx, name)
+	if err != nil {
+		return ReadResult{}, err
+	}
+	s.mu.Lock()
+	s.touched = time.Now().UnixMilli()
+	info := s.info()
+	s.mu.Unlock()
+	e.renew(s)
+
+	res := ReadResult{Info: info, NextSeq: info.NextSeq, UpToDate: true}
+	switch {
+	case req.Seq == ReadFromTail || req.Seq == info.NextSeq:
+		return res, nil
+	case req.Seq > info.NextSeq:
+		return ReadResult{}, fmt.Errorf("%w: position %d is beyond the tail %d", ErrBadRequest, req.Seq, info.NextSeq)
+	case req.Seq < info.StartSeq:
+		return ReadResult{}, fmt.Errorf("%w: position %d is below the first retained one %d", ErrGone, req.Seq, info.StartSeq)
+	}
+	res.Records, err = e.collect(ctx, s, info.ID, req, info.NextSeq)
+	if err != nil {
+		return ReadResult{}, err
+	}
+	res.NextSeq = req.Seq + uint64(len(res.Records))
+	res.UpToDate = res.NextSeq == info.NextSeq
+	return res, nil
+}
+
+// renew persists a sliding-TTL renewal lazily: at most every quarter of the
+// TTL, as a record-less WAL entry, so tail readers cost no S3 requests.
+func (e *Engine) renew(s *stream) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ttl := s.meta.TTLSeconds * 1000
+	if ttl == 0 || s.gone || s.touched-s.pend.AccessedAt < ttl/4 {
+		return
+	}
+	w, err := e.writer()
+	if err != nil {
+		return
+	}
+	ent := &segment.Entry{StreamID: s.meta.ID, Name: s.name, FirstSeq: s.pend.NextSeq, AccessedAt: s.touched, Ref: s}
+	if _, err := w.Add(ent); err != nil {
+		return // not persisted now; the next access tries again
+	}
+	s.pending++
+	s.pend.apply(changeOf(ent))
+}
+
+// collect gathers records [req.Seq, end) within the request's limits: from
+// uncompacted WAL entries when the seq is still there, otherwise from data
+// objects, each through the block cache.
+func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequest, end uint64) ([]Record, error) {
+	var out []Record
+	bytes := 0
+	seq := req.Seq
+	for seq < end {
+		recs, err := e.recordsAt(ctx, s, id, seq)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range recs {
+			if r.Seq < seq {
+				continue
+			}
+			if r.Seq >= end ||
+				(req.MaxRecords > 0 && len(out) >= req.MaxRecords) ||
+				(req.MaxBytes > 0 && len(out) > 0 && bytes+len(r.Body) > req.MaxBytes) {
+				return out, nil
+			}
+			out = append(out, r)
+			bytes += len(r.Body)
+			seq = r.Seq + 1
+		}
+	}
+	return out, nil
+}
+
+// recordsAt returns a run of records that holds seq.
+func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64) ([]Record, error) {
+	for attempt := 0; ; attempt++ {
+		s.mu.Lock()
+		run, ok := findRun(s.runs, seq)
+		s.mu.Unlock()
+		if !ok {
+			return e.dataRecords(ctx, id, seq)
+		}
+		ck := runCacheKey(run.key, run.span)
+		if recs, ok := e.cache.get(ck); ok {
+			return recs, nil
+		}
+		data, _, err := e.store.Get(ctx, run.key, run.span.Off, run.span.Len)
+		if errors.Is(err, segment.ErrNotFound) && attempt == 0 {
+			continue // compacted meanwhile: look again
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, run.key, err)
+		}
+		ent, _, err := segment.DecodeEntry(data)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", run.key, err)
+		}
+		if ent.StreamID != id || ent.FirstSeq != run.ch.First {
+			return nil, fmt.Errorf("read %s: %w: entry is not the expected one", run.key, segment.ErrCorrupt)
+		}
+		e.cache.put(ck, ent.Records)
+		return ent.Records, nil
+	}
+}
+
+// findRun finds the committed entry with records that holds seq.
+func findRun(runs []walRun, seq uint64) (walRun, bool) {
+	i := sort.Search(len(runs), func(i int) bool { return runs[i].ch.End > seq })
+	if i < len(runs) && runs[i].ch.First <= seq {
+		return runs[i], true
+	}
+	return walRun{}, false
+}
+
+// dataRecords reads the data object holding seq: a one-key list after the
+// seq finds it, since data keys sort by end seq.
+func (e *Engine) dataRecords(ctx context.Context, id string, seq uint64) ([]Record, error) {
+	objs, _, err := e.store.List(ctx, dataPrefix(id), dataKeyAfter(id, seq), 1)
+	if err != nil {
+		return nil, fmt.Errorf("%w: find data of %s at %d: %v", ErrUnavailable, id, seq, err)
+	}
+	if len(objs) == 0 {
+		return nil, fmt.Errorf("%w: no data object holds seq %d of %s", segment.ErrCorrupt, seq, id)
+	}
+	key := objs[0].Key
+	if first, _, ok := parseDataKey(key); !ok || first > seq {
+		return nil, fmt.Errorf("%w: data object %s does not hold seq %d", segment.ErrCorrupt, key, seq)
+	}
+	if recs, ok := e.cache.get(key); ok {
+		return recs, nil
+	}
+	data, _, err := e.store.Get(ctx, key, 0, -1)
+	if err != nil {
+		return nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, key, err)
+	}
+	recs, err := segment.DecodeData(data)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	e.cache.put(key, recs)
+	return recs, nil
+}
