@@ -1,0 +1,136 @@
+package caddytest
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigGenerated(t *testing.T) {
+	c := &Caddy{port: 8080, admin: "127.0.0.1:9090"}
+	got := c.Config(Options{
+		Storage:    "s3://b/p?region=us-east-1&endpoint=http://127.0.0.1:1&path_style=true",
+		Directives: []string{"long_poll_timeout 500ms"},
+		PathPrefix: "/ds/",
+	})
+	want := `{
+	admin 127.0.0.1:9090
+	persist_config off
+}
+
+http://:8080 {
+	bind 127.0.0.1
+	handle_path /ds/* {
+		route {
+			picomq {
+				storage s3://b/p?region=us-east-1&endpoint=http://127.0.0.1:1&path_style=true
+				long_poll_timeout 500ms
+			}
+		}
+	}
+}
+`
+	if got != want {
+		t.Errorf("Config() =\n%s\nwant\n%s", got, want)
+	}
+	if got := c.Config(Options{}); !strings.Contains(got, "\troute {\n\t\tpicomq\n\t}\n") {
+		t.Errorf("Config() with no options =\n%s", got)
+	}
+	if got := quote(`a b"c`); got != `"a b\"c"` {
+		t.Errorf("quote = %s", got)
+	}
+}
+
+// respondCaddyfile answers every request with body, so the lifecycle test
+// exercises the harness with nothing but Caddy's standard modules.
+func respondCaddyfile(body string) string {
+	return "{\n\tpersist_config off\n}\n\nhttp://:{$" + PortEnv + "} {\n\tbind 127.0.0.1\n\trespond \"" + body + "\"\n}\n"
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return string(b)
+}
+
+func TestLifecycle(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy")
+	}
+	c := Start(t, Options{Caddyfile: respondCaddyfile("one")})
+	if got := get(t, c.URL()+"/x"); got != "one" {
+		t.Fatalf("body = %q, want one", got)
+	}
+	port := c.Port()
+
+	// A second instance gets its own ports and data directory.
+	other := Start(t, Options{Caddyfile: respondCaddyfile("other")})
+	if other.Port() == port || other.AdminAddr() == c.AdminAddr() || other.DataDir() == c.DataDir() {
+		t.Fatalf("instances share ports or data: %d/%s/%s and %d/%s/%s", port, c.AdminAddr(), c.DataDir(),
+			other.Port(), other.AdminAddr(), other.DataDir())
+	}
+
+	if err := c.Reload(respondCaddyfile("two")); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	if got := get(t, c.URL()+"/x"); got != "two" {
+		t.Fatalf("after reload body = %q, want two", got)
+	}
+	if err := c.Reload("http://:{$" + PortEnv + "} {\n\tnot_a_directive\n}\n"); err == nil {
+		t.Fatal("reload of a bad Caddyfile succeeded")
+	}
+	if got := get(t, c.URL()+"/x"); got != "two" {
+		t.Fatalf("after failed reload body = %q, want two", got)
+	}
+
+	// A crash, then the same node comes back on the same port with the
+	// configuration it last ran.
+	c.Kill()
+	if c.Running() {
+		t.Fatal("running after Kill")
+	}
+	c.Restart()
+	if c.Port() != port {
+		t.Fatalf("port changed across restart: %d -> %d", port, c.Port())
+	}
+	if got := get(t, c.URL()+"/x"); got != "two" {
+		t.Fatalf("after restart body = %q, want two", got)
+	}
+
+	if err := c.Stop(); err != nil {
+		t.Fatalf("graceful stop: %v", err)
+	}
+	if c.Running() {
+		t.Fatal("running after Stop")
+	}
+	if logs := c.Logs(); strings.Count(logs, "=== caddytest:") != 2 || !strings.Contains(logs, "SIGTERM") {
+		t.Errorf("log misses a run marker or the SIGTERM shutdown:\n%s", logs)
+	}
+}
+
+func TestLaunchFailureReportsLog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy")
+	}
+	c, err := Launch(t, Options{Caddyfile: "http://:{$" + PortEnv + "} {\n\tnot_a_directive\n}\n", ReadyTimeout: 20 * time.Second})
+	if err == nil {
+		t.Fatal("Launch with a bad Caddyfile succeeded")
+	}
+	if !strings.Contains(err.Error(), "not_a_directive") {
+		t.Errorf("error does not carry Caddy's reason: %v", err)
+	}
+	if c.Running() {
+		t.Error("process still running after a failed launch")
+	}
+}
