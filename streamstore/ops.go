@@ -305,8 +305,8 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 // acknowledged only once durable; while the original is in flight the
 // caller waits and retries. It unlocks s.
 func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, <-chan struct{}, error) {
-	d := s.durable.Producers[p.ID]
-	durable := d.Epoch > p.Epoch || (d.Epoch == p.Epoch && d.Seq >= p.Seq && s.durable.Producers != nil)
+	d, known := s.durable.Producers[p.ID]
+	durable := known && (d.Epoch > p.Epoch || (d.Epoch == p.Epoch && d.Seq >= p.Seq))
 	if cb := s.durable.ClosedBy; cb != nil && *cb == (segment.ProducerState{ID: p.ID, Epoch: p.Epoch, Seq: p.Seq}) {
 		durable = true
 	}
