@@ -1,17 +1,19 @@
 import { defineConfig } from "vitest/config"
 
 // Sized for a 2-core CI box: there is one test file and the suite's tests
-// run one after another inside it, so a single worker is all that is useful.
-// Several tests create streams and poll with their own timeouts; the default
-// timeout below only bounds tests that do not set one.
+// run one after another inside it, so a single worker is all that is useful
+// (and keeps timing-sensitive long-poll tests from competing for the CPU).
+// The suite's slowest tests (TTL expiry) take about 4s and the few that need
+// more set their own timeout; 10s bounds the rest, so a server that hangs
+// fails each test in 10s instead of holding the run.
 export default defineConfig({
   test: {
     include: ["durable-streams.test.ts"],
-    pool: "forks",
+    pool: "threads",
     maxWorkers: 1,
     fileParallelism: false,
-    testTimeout: 20_000,
-    hookTimeout: 20_000,
+    testTimeout: 10_000,
+    hookTimeout: 10_000,
     teardownTimeout: 5_000,
     passWithNoTests: false,
     watch: false,
