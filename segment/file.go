@@ -1,0 +1,595 @@
+package segment
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// fileTmpDir is the folder, directly under the root, where a FileStore
+// stages writes. Keys never start with '.', so it can never be a key's
+// first component.
+const fileTmpDir = ".picomq-tmp"
+
+// etagXattr caches an object's ETag on its inode. Objects are never
+// modified in place (every write is a new inode moved into place), so the
+// cached value cannot go stale. Without xattr support the ETag is
+// computed from the content when needed.
+const etagXattr = "user.picomq.etag"
+
+const fileLockStripes = 64
+
+// FileStore is a Store on a local directory with S3's semantics: writes are
+// atomic and durable (temp file, fsync, link or rename into place, fsync of
+// the directory), IfNoneMatch uses link(2), which fails if the name
+// exists, and IfMatch compares and swaps under a lock. A key's '/'
+// separated components are folders. One process owns a directory at a
+// time; the locks are in memory.
+//
+// ETags are quoted hex MD5 digests of the content, like S3's for single
+// part uploads.
+type FileStore struct {
+	root  string
+	seed  maphash.Seed
+	locks [fileLockStripes]sync.Mutex
+
+	tmpOnce sync.Once
+}
+
+// NewFileStore returns a FileStore rooted at dir, which must be absolute.
+// It does no I/O: the directory is created by the first Put.
+func NewFileStore(dir string) (*FileStore, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("segment: file store directory %q is not absolute", dir)
+	}
+	return &FileStore{root: filepath.Clean(dir), seed: maphash.MakeSeed()}, nil
+}
+
+// String returns the store's location, file:///dir.
+func (s *FileStore) String() string { return "file://" + s.root }
+
+// Dir returns the root directory.
+func (s *FileStore) Dir() string { return s.root }
+
+// Close implements io.Closer; there is nothing to release.
+func (s *FileStore) Close() error { return nil }
+
+// lock serialises the writes of one key: the check and the swap of an
+// IfMatch Put must not interleave with another write or delete of it.
+func (s *FileStore) lock(key string) func() {
+	m := &s.locks[maphash.String(s.seed, key)%fileLockStripes]
+	m.Lock()
+	return m.Unlock
+}
+
+// checkKey enforces the key rules of the Store interface, and those a
+// file system adds.
+func checkKey(key string) error {
+	switch {
+	case key == "":
+		return errors.New("segment: empty key")
+	case len(key) > 1024:
+		return fmt.Errorf("segment: key of %d bytes (limit 1024)", len(key))
+	case key[0] == '.':
+		return fmt.Errorf("segment: key %q starts with '.'", key)
+	case strings.IndexByte(key, 0) >= 0:
+		return fmt.Errorf("segment: key %q contains NUL", key)
+	}
+	for c := range strings.SplitSeq(key, "/") {
+		switch {
+		case c == "":
+			return fmt.Errorf("segment: key %q has an empty path component", key)
+		case c == "." || c == "..":
+			return fmt.Errorf("segment: key %q has a %q path component", key, c)
+		case len(c) > 255:
+			return fmt.Errorf("segment: key %q has a path component over 255 bytes", key)
+		}
+	}
+	return nil
+}
+
+func (s *FileStore) path(key string) string {
+	return s.root + "/" + key
+}
+
+func quoteETag(sum []byte) string { return `"` + hex.EncodeToString(sum) + `"` }
+
+func etagOf(data []byte) string {
+	sum := md5.Sum(data)
+	return quoteETag(sum[:])
+}
+
+// Put implements Store.
+func (s *FileStore) Put(ctx context.Context, key string, data []byte, opts PutOptions) (string, error) {
+	if err := checkKey(key); err != nil {
+		return "", err
+	}
+	if opts.IfNoneMatch && opts.IfMatch != "" {
+		return "", errors.New("segment: IfNoneMatch and IfMatch together")
+	}
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	etag := etagOf(data)
+	tmp, err := s.writeTemp(data, etag)
+	if err != nil {
+		return "", fmt.Errorf("segment: put %s: %w", key, err)
+	}
+	consumed := false // renamed into place: the name may be reused
+	defer func() {
+		if !consumed {
+			os.Remove(tmp)
+		}
+	}()
+
+	target := s.path(key)
+	var synced []string
+	// Folders can be pruned by a concurrent Delete between being made and
+	// being used; start over when that happens.
+	for attempt := 0; ; attempt++ {
+		created, err := s.mkdirs(filepath.Dir(target))
+		if err != nil {
+			return "", fmt.Errorf("segment: put %s: %w", key, err)
+		}
+		for _, d := range created {
+			synced = append(synced, filepath.Dir(d))
+		}
+		consumed, err = s.place(key, tmp, target, opts)
+		if errors.Is(err, fs.ErrNotExist) && attempt < 100 {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		break
+	}
+	// Make the new name, and any folders made for it, durable.
+	synced = append(synced, filepath.Dir(target))
+	if err := syncDirs(synced); err != nil {
+		return "", fmt.Errorf("segment: put %s: %w", key, err)
+	}
+	return etag, nil
+}
+
+// place moves the staged file tmp to target under the key's lock, subject
+// to opts. consumed reports that tmp was renamed away. An error matching
+// fs.ErrNotExist means a folder on the way was pruned: try again.
+func (s *FileStore) place(key, tmp, target string, opts PutOptions) (consumed bool, err error) {
+	unlock := s.lock(key)
+	defer unlock()
+	switch {
+	case opts.IfNoneMatch:
+		// link(2) fails with EEXIST if the name exists: an atomic
+		// create-only write.
+		err := os.Link(tmp, target)
+		if errors.Is(err, fs.ErrExist) {
+			if st, serr := os.Lstat(target); serr == nil && st.IsDir() {
+				return false, fmt.Errorf("segment: put %s: the key is a folder of other keys", key)
+			}
+			return false, ErrPreconditionFailed
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return false, fmt.Errorf("segment: put %s: %w", key, err)
+		}
+		return false, err
+	case opts.IfMatch != "":
+		cur, err := s.currentETag(target)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			return false, ErrPreconditionFailed
+		}
+		if err != nil {
+			return false, fmt.Errorf("segment: put %s: %w", key, err)
+		}
+		if !etagEqual(cur, opts.IfMatch) {
+			return false, ErrPreconditionFailed
+		}
+	}
+	err = os.Rename(tmp, target)
+	if err == nil {
+		return true, nil
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, err
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) && (errors.Is(err, syscall.EISDIR) || errors.Is(err, syscall.EEXIST) || errors.Is(err, syscall.ENOTEMPTY)) {
+		return false, fmt.Errorf("segment: put %s: the key is a folder of other keys", key)
+	}
+	return false, fmt.Errorf("segment: put %s: %w", key, err)
+}
+
+// etagEqual compares ETags, ignoring quotes and a weak marker.
+func etagEqual(a, b string) bool {
+	norm := func(s string) string {
+		s = strings.TrimPrefix(strings.TrimSpace(s), "W/")
+		return strings.Trim(s, `"`)
+	}
+	return norm(a) == norm(b)
+}
+
+// writeTemp writes data to a new file in the staging folder, with its ETag
+// cached in an xattr, and fsyncs it.
+func (s *FileStore) writeTemp(data []byte, etag string) (string, error) {
+	dir := filepath.Join(s.root, fileTmpDir)
+	s.tmpOnce.Do(func() { s.sweepTemp(dir) })
+	f, err := os.CreateTemp(dir, "put-*")
+	if errors.Is(err, fs.ErrNotExist) {
+		if err = os.MkdirAll(dir, 0o755); err == nil {
+			f, err = os.CreateTemp(dir, "put-*")
+		}
+	}
+	if err != nil {
+		return "", err
+	}
+	name := f.Name()
+	fail := func(err error) (string, error) {
+		f.Close()
+		os.Remove(name)
+		return "", err
+	}
+	if _, err := f.Write(data); err != nil {
+		return fail(err)
+	}
+	// Best effort: without xattrs the ETag is computed when needed.
+	_ = unix.Fsetxattr(int(f.Fd()), etagXattr, []byte(etag), 0)
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(name)
+		return "", err
+	}
+	return name, nil
+}
+
+// sweepTemp removes staging files left by a crash of an earlier process.
+// Only old ones: this process's own writes may already be in flight.
+func (s *FileStore) sweepTemp(dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	cutoff := time.Now().Add(-time.Hour)
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && info.ModTime().Before(cutoff) {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// mkdirs makes dir and its missing parents below the root, returning the
+// folders it made, outermost first.
+func (s *FileStore) mkdirs(dir string) ([]string, error) {
+	var missing []string
+	for d := dir; ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err == nil {
+			if !st.IsDir() {
+				return nil, fmt.Errorf("%s is an object, not a folder", strings.TrimPrefix(d, s.root+"/"))
+			}
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			if errors.Is(err, syscall.ENOTDIR) {
+				return nil, fmt.Errorf("a parent of %s is an object, not a folder", strings.TrimPrefix(d, s.root+"/"))
+			}
+			return nil, err
+		}
+		missing = append(missing, d)
+		if d == s.root || len(d) <= len(s.root) {
+			if err := os.MkdirAll(filepath.Dir(s.root), 0o755); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
+	var created []string
+	for i := len(missing) - 1; i >= 0; i-- {
+		err := os.Mkdir(missing[i], 0o755)
+		if err != nil && !errors.Is(err, fs.ErrExist) {
+			return created, err
+		}
+		if err == nil {
+			created = append(created, missing[i])
+		}
+	}
+	return created, nil
+}
+
+func syncDirs(dirs []string) error {
+	seen := make(map[string]bool, len(dirs))
+	for _, d := range dirs {
+		if seen[d] {
+			continue
+		}
+		seen[d] = true
+		if err := syncDir(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// currentETag returns the ETag of the object at path.
+func (s *FileStore) currentETag(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	return fileETag(f)
+}
+
+// fileETag reads the cached ETag of an open object, or computes it.
+func fileETag(f *os.File) (string, error) {
+	buf := make([]byte, 64)
+	if n, err := unix.Fgetxattr(int(f.Fd()), etagXattr, buf); err == nil && n > 2 {
+		return string(buf[:n]), nil
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	if st.IsDir() {
+		return "", fs.ErrNotExist
+	}
+	h := md5.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, 0, st.Size())); err != nil {
+		return "", err
+	}
+	return quoteETag(h.Sum(nil)), nil
+}
+
+// Get implements Store.
+func (s *FileStore) Get(ctx context.Context, key string, offset, length int64) ([]byte, string, error) {
+	if err := checkKey(key); err != nil {
+		return nil, "", err
+	}
+	if offset < 0 {
+		return nil, "", fmt.Errorf("segment: get %s: negative offset %d", key, offset)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, "", err
+	}
+	f, err := os.Open(s.path(key))
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return nil, "", ErrNotFound
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("segment: get %s: %w", key, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, "", fmt.Errorf("segment: get %s: %w", key, err)
+	}
+	if st.IsDir() {
+		return nil, "", ErrNotFound
+	}
+	etag, err := fileETag(f)
+	if err != nil {
+		return nil, "", fmt.Errorf("segment: get %s: %w", key, err)
+	}
+	n := max(st.Size()-offset, 0)
+	if length >= 0 && length < n {
+		n = length
+	}
+	data := make([]byte, n)
+	if n > 0 {
+		if _, err := f.ReadAt(data, offset); err != nil {
+			return nil, "", fmt.Errorf("segment: get %s: %w", key, err)
+		}
+	}
+	return data, etag, nil
+}
+
+// List implements Store. max <= 0 means 1,000. Only the folders that can
+// hold keys in range are read: the walk starts at the deepest folder the
+// prefix names, and skips folders wholly before startAfter.
+func (s *FileStore) List(ctx context.Context, prefix, startAfter string, max int) ([]ObjectInfo, bool, error) {
+	if max <= 0 {
+		max = 1000
+	}
+	w := &fileLister{
+		ctx:        ctx,
+		root:       s.root,
+		prefix:     prefix,
+		startAfter: startAfter,
+		max:        max,
+	}
+	base := ""
+	if i := strings.LastIndexByte(prefix, '/'); i >= 0 {
+		base = prefix[:i+1]
+	}
+	err := w.walk(base)
+	if errors.Is(err, errListFull) {
+		err = nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("segment: list %s: %w", prefix, err)
+	}
+	return w.objs, w.more, nil
+}
+
+var errListFull = errors.New("listing full")
+
+type fileLister struct {
+	ctx                context.Context
+	root               string
+	prefix, startAfter string
+	max                int
+	objs               []ObjectInfo
+	more               bool
+}
+
+type listEntry struct {
+	name  string // as sorted: folders end in '/'
+	isDir bool
+}
+
+// walk visits the folder dir ("" for the root, else ending in '/') in key
+// order.
+func (w *fileLister) walk(dir string) error {
+	if err := w.ctx.Err(); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(filepath.Join(w.root, dir), os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return nil // folder pruned meanwhile, never made, or an object
+	}
+	if err != nil {
+		return err
+	}
+	des, err := f.ReadDir(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	entries := make([]listEntry, 0, len(des))
+	for _, de := range des {
+		name := de.Name()
+		if dir == "" && name[0] == '.' {
+			continue // the staging folder, or anything else not a key
+		}
+		switch {
+		case de.IsDir():
+			entries = append(entries, listEntry{name: name + "/", isDir: true})
+		case de.Type().IsRegular():
+			entries = append(entries, listEntry{name: name})
+		}
+	}
+	// Byte order of full keys: a folder sorts as its name plus '/'.
+	sort.Slice(entries, func(i, j int) bool { return entries[i].name < entries[j].name })
+	for _, e := range entries {
+		full := dir + e.name
+		if e.isDir {
+			// Keys under full all start with it.
+			if !strings.HasPrefix(full, w.prefix) && !strings.HasPrefix(w.prefix, full) {
+				continue
+			}
+			if full <= w.startAfter && !strings.HasPrefix(w.startAfter, full) {
+				continue // every key in it is before startAfter
+			}
+			if err := w.walk(full); err != nil {
+				return err
+			}
+			continue
+		}
+		if !strings.HasPrefix(full, w.prefix) || full <= w.startAfter {
+			continue
+		}
+		if len(w.objs) == w.max {
+			w.more = true
+			return errListFull
+		}
+		info, err := w.info(full)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		w.objs = append(w.objs, info)
+	}
+	return nil
+}
+
+func (w *fileLister) info(key string) (ObjectInfo, error) {
+	f, err := os.Open(filepath.Join(w.root, key))
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	etag, err := fileETag(f)
+	if err != nil {
+		return ObjectInfo{}, err
+	}
+	return ObjectInfo{Key: key, Size: st.Size(), ETag: etag}, nil
+}
+
+// Delete implements Store. Folders left empty are removed, up to (not
+// including) the root.
+func (s *FileStore) Delete(ctx context.Context, keys []string) error {
+	var errs []error
+	dirty := make(map[string]bool)
+	for _, key := range keys {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if err := checkKey(key); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := s.deleteOne(key, dirty); err != nil {
+			errs = append(errs, fmt.Errorf("segment: delete %s: %w", key, err))
+		}
+	}
+	dirs := make([]string, 0, len(dirty))
+	for d := range dirty {
+		dirs = append(dirs, d)
+	}
+	if err := syncDirs(dirs); err != nil {
+		errs = append(errs, fmt.Errorf("segment: delete: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+func (s *FileStore) deleteOne(key string, dirty map[string]bool) error {
+	path := s.path(key)
+	unlock := s.lock(key)
+	// unlink, not os.Remove: a key never names a folder, even an empty one.
+	err := unix.Unlink(path)
+	unlock()
+	switch {
+	case err == nil:
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR):
+		return nil
+	default:
+		return err
+	}
+	dir := filepath.Dir(path)
+	dirty[dir] = true
+	// Prune folders that became empty. rmdir fails on a folder that a
+	// concurrent Put has just written into, which is what keeps this
+	// safe; a Put that made a folder we then remove starts over.
+	for dir != s.root && strings.HasPrefix(dir, s.root+"/") {
+		if err := unix.Rmdir(dir); err != nil {
+			break
+		}
+		delete(dirty, dir)
+		dir = filepath.Dir(dir)
+		dirty[dir] = true
+	}
+	return nil
+}

@@ -1,0 +1,188 @@
+package segment
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// OpenOptions tune a Store opened by Open. The zero value gives the
+// defaults.
+type OpenOptions struct {
+	// RequestTimeout bounds each attempt of an S3 request, including
+	// reading the response body (default 10 s). A stalled attempt ends
+	// at the timeout and is retried.
+	RequestTimeout time.Duration
+	// MaxAttempts is how many times an S3 request is tried before its
+	// error is returned (default 5; 1 disables retries).
+	MaxAttempts int
+	// MinBackoff and MaxBackoff bound the exponential backoff with full
+	// jitter between attempts (defaults 50 ms and 5 s).
+	MinBackoff, MaxBackoff time.Duration
+	// MaxConns is the number of concurrent connections to keep open to
+	// the S3 endpoint (default 64).
+	MaxConns int
+	// AccessKeyID and SecretAccessKey, when set, are used instead of the
+	// standard AWS credential chain (environment, shared config files,
+	// container and instance roles). Mostly for tests.
+	AccessKeyID, SecretAccessKey, SessionToken string
+}
+
+func (o OpenOptions) withDefaults() OpenOptions {
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = 10 * time.Second
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 5
+	}
+	if o.MinBackoff <= 0 {
+		o.MinBackoff = 50 * time.Millisecond
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = 5 * time.Second
+	}
+	if o.MaxBackoff < o.MinBackoff {
+		o.MaxBackoff = o.MinBackoff
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = 64
+	}
+	return o
+}
+
+// Location is a parsed storage URL.
+type Location struct {
+	// Scheme is "s3" or "file".
+	Scheme string
+	// Bucket and Prefix (without surrounding slashes) for s3.
+	Bucket, Prefix string
+	// Region, Endpoint and PathStyle from the s3 URL's query; Region may
+	// be empty (then the AWS configuration decides, else us-east-1).
+	Region, Endpoint string
+	PathStyle        bool
+	// Dir is the absolute, cleaned directory for file.
+	Dir string
+}
+
+// String returns the location in URL form, without credentials.
+func (l Location) String() string {
+	if l.Scheme == "file" {
+		return "file://" + l.Dir
+	}
+	s := "s3://" + l.Bucket
+	if l.Prefix != "" {
+		s += "/" + l.Prefix
+	}
+	return s
+}
+
+// ParseLocation parses a storage URL:
+//
+//	s3://BUCKET[/PREFIX][?region=R][&endpoint=URL][&path_style=true]
+//	file:///ABSOLUTE/DIR
+//
+// It does no I/O.
+func ParseLocation(rawURL string) (Location, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return Location{}, fmt.Errorf("storage URL: %w", err)
+	}
+	switch u.Scheme {
+	case "s3":
+		return parseS3Location(u)
+	case "file":
+		if u.Host != "" && u.Host != "localhost" {
+			return Location{}, fmt.Errorf("storage URL %q: file URLs take no host (file:///abs/dir)", rawURL)
+		}
+		if len(u.Query()) > 0 {
+			return Location{}, fmt.Errorf("storage URL %q: file URLs take no parameters", rawURL)
+		}
+		p := u.Path
+		if p == "" || !filepath.IsAbs(p) {
+			return Location{}, fmt.Errorf("storage URL %q: the directory must be absolute (file:///abs/dir)", rawURL)
+		}
+		return Location{Scheme: "file", Dir: filepath.Clean(p)}, nil
+	case "":
+		return Location{}, fmt.Errorf("storage URL %q: no scheme (want s3://bucket/prefix or file:///dir)", rawURL)
+	default:
+		return Location{}, fmt.Errorf("storage URL %q: unsupported scheme %q (want s3 or file)", rawURL, u.Scheme)
+	}
+}
+
+func parseS3Location(u *url.URL) (Location, error) {
+	l := Location{Scheme: "s3", Bucket: u.Host}
+	if l.Bucket == "" {
+		return Location{}, fmt.Errorf("storage URL %q: no bucket", u.Redacted())
+	}
+	if u.User != nil {
+		return Location{}, fmt.Errorf("storage URL %q: credentials do not belong in the URL; use the AWS credential chain", u.Redacted())
+	}
+	if !validBucketName(l.Bucket) {
+		return Location{}, fmt.Errorf("storage URL: invalid bucket name %q", l.Bucket)
+	}
+	l.Prefix = strings.Trim(u.Path, "/")
+	if strings.Contains(l.Prefix, "//") {
+		return Location{}, fmt.Errorf("storage URL: prefix %q has an empty path component", l.Prefix)
+	}
+	for k, vs := range u.Query() {
+		if len(vs) != 1 {
+			return Location{}, fmt.Errorf("storage URL: parameter %q given %d times", k, len(vs))
+		}
+		v := vs[0]
+		switch k {
+		case "region":
+			l.Region = v
+		case "endpoint":
+			e, err := url.Parse(v)
+			if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
+				return Location{}, fmt.Errorf("storage URL: endpoint %q must be an http(s) URL", v)
+			}
+			l.Endpoint = strings.TrimRight(v, "/")
+		case "path_style":
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return Location{}, fmt.Errorf("storage URL: path_style=%q: want true or false", v)
+			}
+			l.PathStyle = b
+		default:
+			return Location{}, fmt.Errorf("storage URL: unknown parameter %q (known: region, endpoint, path_style)", k)
+		}
+	}
+	return l, nil
+}
+
+// validBucketName accepts what S3-compatible stores accept in practice:
+// 3 to 63 characters of lowercase letters, digits, '.', '-' and '_'.
+func validBucketName(b string) bool {
+	if len(b) < 3 || len(b) > 63 {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// Open returns the Store for a storage URL (see ParseLocation). It does no
+// network I/O: S3 credentials are resolved and the bucket is reached only
+// by the first request, so Caddy can validate configs offline. Nor does it
+// touch the directory of a file URL; that is created by the first Put.
+func Open(rawURL string, opts OpenOptions) (Store, error) {
+	loc, err := ParseLocation(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	switch loc.Scheme {
+	case "file":
+		return NewFileStore(loc.Dir)
+	default:
+		return NewS3Store(context.Background(), loc, opts)
+	}
+}

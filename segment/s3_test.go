@@ -1,0 +1,384 @@
+package segment_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
+	"github.com/picomq/caddy-picomq/segment"
+	"github.com/picomq/caddy-picomq/segment/storetest"
+)
+
+var prefixSeq atomic.Int64
+
+// openS3 opens a store under a fresh prefix of bucket, through endpoint.
+func openS3(t *testing.T, v *testenv.Versity, endpoint, bucket string, opts segment.OpenOptions) *segment.S3Store {
+	t.Helper()
+	opts.AccessKeyID, opts.SecretAccessKey = v.AccessKey, v.SecretKey
+	prefix := fmt.Sprintf("t%d/store", prefixSeq.Add(1))
+	s, err := segment.Open(testenv.StoreURL(endpoint, bucket, prefix), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.(*segment.S3Store).Close() })
+	return s.(*segment.S3Store)
+}
+
+func TestS3StoreContract(t *testing.T) {
+	v := testenv.NewVersity(t)
+	bucket := v.NewBucket(t)
+	storetest.Run(t, func(t *testing.T) segment.Store {
+		return openS3(t, v, v.Endpoint, bucket, segment.OpenOptions{})
+	})
+}
+
+// TestS3StorePrefixIsolation checks that keys live under the URL's prefix
+// and that stores on neighbouring prefixes do not see each other.
+func TestS3StorePrefixIsolation(t *testing.T) {
+	ctx := context.Background()
+	v := testenv.NewVersity(t)
+	bucket := v.NewBucket(t)
+	p, err := testenv.NewProxy(v.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	open := func(prefix string) segment.Store {
+		s, err := segment.Open(testenv.StoreURL(p.URL(), bucket, prefix), segment.OpenOptions{
+			AccessKeyID: v.AccessKey, SecretAccessKey: v.SecretKey,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a, ab, root := open("pre/a"), open("pre/ab"), open("")
+	if _, err := a.Put(ctx, "k/1", []byte("a"), segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ab.Put(ctx, "k/1", []byte("ab"), segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.Counts().PutsUnder("pre/a/k/1"); n != 1 {
+		t.Fatalf("PUTs of pre/a/k/1 = %d, want 1", n)
+	}
+	objs, more, err := a.List(ctx, "", "", 10)
+	if err != nil || more || len(objs) != 1 || objs[0].Key != "k/1" {
+		t.Fatalf("List(a) = %+v, %v, %v", objs, more, err)
+	}
+	got, _, err := ab.Get(ctx, "k/1", 0, -1)
+	if err != nil || string(got) != "ab" {
+		t.Fatalf("Get(ab) = %q, %v", got, err)
+	}
+	objs, _, err = root.List(ctx, "pre/", "", 10)
+	if err != nil || len(objs) != 2 || objs[0].Key != "pre/a/k/1" || objs[1].Key != "pre/ab/k/1" {
+		t.Fatalf("List(root, pre/) = %+v, %v", objs, err)
+	}
+	if err := a.Delete(ctx, []string{"k/1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ab.Get(ctx, "k/1", 0, -1); err != nil {
+		t.Fatalf("delete in a removed ab's key: %v", err)
+	}
+}
+
+// TestS3StoreRetries drives the backend through the fault proxy: transient
+// errors are retried with backoff, stalls end at the attempt timeout, final
+// errors are not retried, and a conditional write whose answer was lost is
+// resolved correctly.
+func TestS3StoreRetries(t *testing.T) {
+	v := testenv.NewVersity(t)
+	bucket := v.NewBucket(t)
+	p, err := testenv.NewProxy(v.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	opts := segment.OpenOptions{
+		RequestTimeout: 300 * time.Millisecond,
+		MaxAttempts:    4,
+		MinBackoff:     time.Millisecond,
+		MaxBackoff:     20 * time.Millisecond,
+	}
+	ctx := context.Background()
+
+	cases := []struct {
+		name     string
+		fault    testenv.Fault
+		op       func(s segment.Store) error
+		wantErr  error // nil: success; errAny: any error
+		attempts int   // requests of the op seen by the proxy
+	}{
+		{
+			name:  "503 then success",
+			fault: testenv.Fault{Op: testenv.OpPut, Status: 503, Times: 2},
+			op: func(s segment.Store) error {
+				_, err := s.Put(ctx, "k", []byte("v"), segment.PutOptions{})
+				return err
+			},
+			attempts: 3,
+		},
+		{
+			name:  "500 on get",
+			fault: testenv.Fault{Op: testenv.OpGet, Status: 500, Times: 1},
+			op: func(s segment.Store) error {
+				_, _, err := s.Get(ctx, "seed", 1, 2)
+				return err
+			},
+			attempts: 2,
+		},
+		{
+			name:  "throttled list",
+			fault: testenv.Fault{Op: testenv.OpList, Status: 429, Times: 2},
+			op: func(s segment.Store) error {
+				_, _, err := s.List(ctx, "", "", 10)
+				return err
+			},
+			attempts: 3,
+		},
+		{
+			name:  "409 conditional conflict is transient",
+			fault: testenv.Fault{Op: testenv.OpPut, Status: 409, Times: 1},
+			op: func(s segment.Store) error {
+				_, err := s.Put(ctx, "cond", []byte("v"), segment.PutOptions{IfNoneMatch: true})
+				return err
+			},
+			attempts: 2,
+		},
+		{
+			name:  "connection reset",
+			fault: testenv.Fault{Op: testenv.OpPut, Reset: true, Times: 1},
+			op: func(s segment.Store) error {
+				_, err := s.Put(ctx, "reset", []byte("v"), segment.PutOptions{})
+				return err
+			},
+			attempts: 2,
+		},
+		{
+			name:  "stall ends at the timeout and is retried",
+			fault: testenv.Fault{Op: testenv.OpGet, Stall: 10 * time.Second, Times: 1},
+			op: func(s segment.Store) error {
+				_, _, err := s.Get(ctx, "seed", 0, -1)
+				return err
+			},
+			attempts: 2,
+		},
+		{
+			name:  "delete retried",
+			fault: testenv.Fault{Op: testenv.OpDelete, Status: 503, Times: 1},
+			op: func(s segment.Store) error {
+				return s.Delete(ctx, []string{"seed", "nothing"})
+			},
+			attempts: 2,
+		},
+		{
+			name:  "gives up after MaxAttempts",
+			fault: testenv.Fault{Op: testenv.OpPut, Status: 503},
+			op: func(s segment.Store) error {
+				_, err := s.Put(ctx, "k", []byte("v"), segment.PutOptions{})
+				return err
+			},
+			wantErr:  errAny,
+			attempts: 4,
+		},
+		{
+			name:  "403 is final",
+			fault: testenv.Fault{Op: testenv.OpGet, Status: 403},
+			op: func(s segment.Store) error {
+				_, _, err := s.Get(ctx, "seed", 0, -1)
+				return err
+			},
+			wantErr:  errAny,
+			attempts: 1,
+		},
+		{
+			name:  "412 is final",
+			fault: testenv.Fault{Op: testenv.OpPut, Status: 412},
+			op: func(s segment.Store) error {
+				_, err := s.Put(ctx, "k", []byte("v"), segment.PutOptions{IfNoneMatch: true})
+				return err
+			},
+			wantErr:  segment.ErrPreconditionFailed,
+			attempts: 1,
+		},
+		{
+			// The create lands, its answer is lost, the retry finds
+			// the key taken: by our own bytes, so it succeeded.
+			name:  "lost answer of a create",
+			fault: testenv.Fault{Op: testenv.OpPut, Status: 500, AfterForward: true, Times: 1},
+			op: func(s segment.Store) error {
+				_, err := s.Put(ctx, "lost", []byte("mine"), segment.PutOptions{IfNoneMatch: true})
+				return err
+			},
+			attempts: 2,
+		},
+		{
+			name:  "lost answer of a compare-and-swap",
+			fault: testenv.Fault{Op: testenv.OpPut, Reset: true, AfterForward: true, Times: 1},
+			op: func(s segment.Store) error {
+				_, etag, err := s.Get(ctx, "seed", 0, -1)
+				if err != nil {
+					return err
+				}
+				_, err = s.Put(ctx, "seed", []byte("swapped"), segment.PutOptions{IfMatch: etag})
+				return err
+			},
+			attempts: 2,
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := openS3(t, v, p.URL(), bucket, opts)
+			if _, err := s.Put(ctx, "seed", []byte("seed data"), segment.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			p.Reset()
+			remove := p.AddFault(c.fault)
+			defer remove()
+			start := time.Now()
+			err := c.op(s)
+			switch {
+			case c.wantErr == nil && err != nil:
+				t.Fatalf("error: %v", err)
+			case c.wantErr == errAny && err == nil:
+				t.Fatal("no error")
+			case c.wantErr != nil && c.wantErr != errAny && !errors.Is(err, c.wantErr):
+				t.Fatalf("error = %v, want %v", err, c.wantErr)
+			}
+			n := p.Counts()
+			got := map[string]int{testenv.OpPut: n.Put, testenv.OpGet: n.Get, testenv.OpList: n.List, testenv.OpDelete: n.Delete}[c.fault.Op]
+			if c.name == "lost answer of a create" || c.name == "lost answer of a compare-and-swap" {
+				got = n.Put // plus the GET that resolved it
+			}
+			if got != c.attempts {
+				t.Fatalf("%s requests = %d, want %d (counts %+v)", c.fault.Op, got, c.attempts, n)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Fatalf("took %v", d)
+			}
+		})
+	}
+}
+
+var errAny = errors.New("any error")
+
+// TestS3StoreContextCancel checks that a caller's deadline ends a stalled
+// request at once, without retries.
+func TestS3StoreContextCancel(t *testing.T) {
+	v := testenv.NewVersity(t)
+	bucket := v.NewBucket(t)
+	p, err := testenv.NewProxy(v.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	s := openS3(t, v, p.URL(), bucket, segment.OpenOptions{RequestTimeout: 5 * time.Second})
+	p.AddFault(testenv.Fault{Op: testenv.OpPut, Stall: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = s.Put(ctx, "k", []byte("v"), segment.PutOptions{})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("error = %v, want DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("took %v", d)
+	}
+	if n := p.Counts().Put; n != 1 {
+		t.Fatalf("PUTs = %d, want 1", n)
+	}
+}
+
+func TestS3StoreServerDown(t *testing.T) {
+	v := testenv.NewVersity(t)
+	bucket := v.NewBucket(t)
+	p, err := testenv.NewProxy(v.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	s := openS3(t, v, p.URL(), bucket, segment.OpenOptions{
+		MaxAttempts: 20, MinBackoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
+	})
+	ctx := context.Background()
+	if _, err := s.Put(ctx, "k", []byte("v1"), segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p.Down()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Put(ctx, "k", []byte("v2"), segment.PutOptions{})
+		done <- err
+	}()
+	time.Sleep(150 * time.Millisecond)
+	if err := p.Up(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("Put across a restart: %v", err)
+	}
+	if got, _, err := s.Get(ctx, "k", 0, -1); err != nil || string(got) != "v2" {
+		t.Fatalf("Get = %q, %v", got, err)
+	}
+}
+
+func TestOpenS3Offline(t *testing.T) {
+	// Open must not reach the network: an endpoint nobody listens on, no
+	// credentials anywhere, and it still succeeds.
+	t.Setenv("AWS_ACCESS_KEY_ID", "")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "")
+	t.Setenv("AWS_REGION", "")
+	t.Setenv("AWS_DEFAULT_REGION", "")
+	t.Setenv("AWS_CONFIG_FILE", "/nonexistent")
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	s, err := segment.Open("s3://my-bucket/some/prefix?endpoint=http://127.0.0.1:1", segment.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.(fmt.Stringer).String() != "s3://my-bucket/some/prefix" {
+		t.Fatalf("String() = %q", s.(fmt.Stringer).String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, _, err := s.Get(ctx, "k", 0, -1); err == nil {
+		t.Fatal("Get against nothing succeeded")
+	}
+}
+
+func TestParseS3Location(t *testing.T) {
+	good := []struct {
+		url  string
+		want segment.Location
+	}{
+		{"s3://bkt", segment.Location{Scheme: "s3", Bucket: "bkt"}},
+		{"s3://bkt/", segment.Location{Scheme: "s3", Bucket: "bkt"}},
+		{"s3://bkt/a/b/", segment.Location{Scheme: "s3", Bucket: "bkt", Prefix: "a/b"}},
+		{"s3://bkt/p?region=eu-west-1", segment.Location{Scheme: "s3", Bucket: "bkt", Prefix: "p", Region: "eu-west-1"}},
+		{"s3://my.bkt/p?endpoint=http://127.0.0.1:7070/&path_style=true&region=us-east-1",
+			segment.Location{Scheme: "s3", Bucket: "my.bkt", Prefix: "p", Region: "us-east-1", Endpoint: "http://127.0.0.1:7070", PathStyle: true}},
+	}
+	for _, g := range good {
+		got, err := segment.ParseLocation(g.url)
+		if err != nil || got != g.want {
+			t.Errorf("ParseLocation(%q) = %+v, %v; want %+v", g.url, got, err, g.want)
+		}
+	}
+	bad := []string{
+		"s3://", "s3:///prefix", "s3://b", "s3://UPPER/p", "s3://bkt/a//b",
+		"s3://bkt?endpoint=ftp://x", "s3://bkt?endpoint=nohost", "s3://bkt?path_style=maybe",
+		"s3://bkt?regoin=x", "s3://bkt?region=a&region=b", "s3://key:secret@bkt/p",
+	}
+	for _, b := range bad {
+		if _, err := segment.ParseLocation(b); err == nil {
+			t.Errorf("ParseLocation(%q) succeeded", b)
+		} else if strings.Contains(err.Error(), "secret") {
+			t.Errorf("ParseLocation(%q) error shows the secret: %v", b, err)
+		}
+	}
+}
