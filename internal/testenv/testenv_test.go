@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
+	"github.com/picomq/caddy-picomq/segment"
 )
 
 // rawClient talks to endpoint with the SDK directly and without retries,
@@ -375,5 +376,107 @@ func TestStoreURL(t *testing.T) {
 	}
 	if !bytes.HasPrefix([]byte(StoreURL("http://x", "b", "")), []byte("s3://b?")) {
 		t.Fatal("empty prefix")
+	}
+}
+
+// TestProxyThroughS3Store drives the proxy with the module's own S3 store,
+// as the integration tests do: counts by operation and key prefix, a fault
+// the store retries through, a held upload, and a server restart.
+func TestProxyThroughS3Store(t *testing.T) {
+	ctx := context.Background()
+	v := NewVersity(t)
+	bucket := v.NewBucket(t)
+	p := newProxy(t, v)
+	open := func(opts segment.OpenOptions) segment.Store {
+		opts.AccessKeyID, opts.SecretAccessKey = v.AccessKey, v.SecretKey
+		s, err := segment.Open(StoreURL(p.URL(), bucket, "pfx"), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := open(segment.OpenOptions{MaxAttempts: 3, MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+
+	// Counts.
+	for _, k := range []string{"wal/1", "wal/2", "meta/a"} {
+		if _, err := s.Put(ctx, k, []byte("0123456789"), segment.PutOptions{IfNoneMatch: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := s.Get(ctx, "wal/1", 2, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.List(ctx, "wal/", "", 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(ctx, []string{"wal/1", "wal/2"}); err != nil {
+		t.Fatal(err)
+	}
+	n := p.Counts()
+	if n.Put != 3 || n.Get != 1 || n.List != 1 || n.Delete != 1 || n.Head != 0 || n.Other != 0 || n.BytesPut != 30 {
+		t.Fatalf("counts = %+v", n)
+	}
+	if n.PutsUnder("pfx/wal/") != 2 || n.Under(OpDelete, "pfx/wal/") != 2 || n.Under(OpList, "pfx/wal/") != 1 || n.GetsUnder("pfx/meta/") != 0 {
+		t.Fatalf("per-prefix counts wrong: %+v", n)
+	}
+	p.Reset()
+
+	// A transient fault is retried by the store; a permanent one is not
+	// hidden.
+	remove := p.AddFault(Fault{Op: OpPut, KeyContains: "wal/3", Status: 503, Times: 1})
+	if _, err := s.Put(ctx, "wal/3", []byte("x"), segment.PutOptions{}); err != nil {
+		t.Fatalf("put through one 503: %v", err)
+	}
+	remove()
+	if n := p.Counts(); n.PutsUnder("pfx/wal/3") != 2 || n.Faults != 1 {
+		t.Fatalf("counts = %+v", n)
+	}
+	remove = p.AddFault(Fault{Op: OpGet, Status: 500})
+	if _, _, err := s.Get(ctx, "wal/3", 0, -1); err == nil {
+		t.Fatal("get succeeded through a permanent 500")
+	}
+	remove()
+
+	// Hold an upload; it lands only when released.
+	release := p.Hold(Fault{Op: OpPut, KeyContains: "wal/4"})
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Put(ctx, "wal/4", []byte("held"), segment.PutOptions{IfNoneMatch: true})
+		done <- err
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := p.WaitHeld(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get(ctx, "wal/4", 0, -1); !errors.Is(err, segment.ErrNotFound) {
+		t.Fatalf("held upload visible: %v", err)
+	}
+	release()
+	if err := <-done; err != nil {
+		t.Fatalf("released upload: %v", err)
+	}
+
+	// Server down: a store without retries fails at once; one with
+	// retries rides over a restart.
+	once := open(segment.OpenOptions{MaxAttempts: 1})
+	patient := open(segment.OpenOptions{MaxAttempts: 100, MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+	p.Down()
+	if _, _, err := once.Get(ctx, "wal/4", 0, -1); err == nil || errors.Is(err, segment.ErrNotFound) {
+		t.Fatalf("get while down: %v", err)
+	}
+	go func() {
+		_, err := patient.Put(ctx, "wal/5", []byte("after restart"), segment.PutOptions{IfNoneMatch: true})
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	if err := p.Up(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("put across the restart: %v", err)
+	}
+	if got, _, err := once.Get(ctx, "wal/5", 0, -1); err != nil || string(got) != "after restart" {
+		t.Fatalf("get after Up = %q, %v", got, err)
 	}
 }
