@@ -1,0 +1,379 @@
+// Package picowire encodes and decodes the Pico protocol's record batches:
+// the binary batch (application/vnd.picomq.batch) and the JSON batch
+// (application/vnd.picomq.batch+json), for appends and for reads. It knows
+// records and bytes only; HTTP and storage are elsewhere.
+package picowire
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// Media types of the batch formats.
+const (
+	BinaryBatch = "application/vnd.picomq.batch"
+	JSONBatch   = "application/vnd.picomq.batch+json"
+)
+
+// Version is the only binary batch version there is.
+const Version = 1
+
+// ErrMalformed wraps every decoding error: the batch is rejected whole.
+var ErrMalformed = errors.New("malformed batch")
+
+// Record is a record to append: headers and body.
+type Record struct {
+	Headers []segment.Header
+	Body    []byte
+}
+
+func malformed(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
+}
+
+// reader reads big-endian fields from a batch; the first error sticks.
+type reader struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (r *reader) take(n uint64, what string) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n > uint64(len(r.b)-r.off) {
+		r.err = malformed("truncated %s at byte %d", what, r.off)
+		return nil
+	}
+	v := r.b[r.off : r.off+int(n)]
+	r.off += int(n)
+	return v
+}
+
+func (r *reader) u32(what string) uint32 {
+	if v := r.take(4, what); v != nil {
+		return binary.BigEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (r *reader) text(what string) string {
+	v := r.take(uint64(r.u32(what+" length")), what)
+	if r.err == nil && !utf8.Valid(v) {
+		r.err = malformed("%s is not valid UTF-8", what)
+	}
+	return string(v)
+}
+
+func (r *reader) headers() []segment.Header {
+	n := r.u32("header count")
+	// Each header needs at least 8 bytes: a count beyond that is a lie.
+	if r.err == nil && uint64(n)*8 > uint64(len(r.b)-r.off) {
+		r.err = malformed("header count %d exceeds the batch", n)
+	}
+	if r.err != nil || n == 0 {
+		return nil
+	}
+	hs := make([]segment.Header, n)
+	for i := range hs {
+		hs[i] = segment.Header{Name: r.text("header name"), Value: r.text("header value")}
+	}
+	return hs
+}
+
+// DecodeBinary decodes a binary append batch. Bodies alias data.
+func DecodeBinary(data []byte) ([]Record, error) {
+	r := &reader{b: data}
+	if v := r.take(1, "version"); v != nil && v[0] != Version {
+		return nil, malformed("unknown batch version %d", v[0])
+	}
+	n := r.u32("record count")
+	if r.err == nil && n == 0 {
+		return nil, malformed("batch has no records")
+	}
+	// Each record needs at least 8 bytes.
+	if r.err == nil && uint64(n)*8 > uint64(len(data)-r.off) {
+		return nil, malformed("record count %d exceeds the batch", n)
+	}
+	var recs []Record
+	if r.err == nil {
+		recs = make([]Record, n)
+	}
+	for i := range recs {
+		recs[i].Headers = r.headers()
+		recs[i].Body = r.take(uint64(r.u32("body length")), "body")
+		if r.err != nil {
+			break
+		}
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	if r.off != len(data) {
+		return nil, malformed("%d bytes after the last record", len(data)-r.off)
+	}
+	return recs, nil
+}
+
+// EncodeBinary encodes records to append as a binary batch.
+func EncodeBinary(recs []Record) []byte {
+	b := []byte{Version}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(recs)))
+	for _, r := range recs {
+		b = appendHeaders(b, r.Headers)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(r.Body)))
+		b = append(b, r.Body...)
+	}
+	return b
+}
+
+func appendHeaders(b []byte, hs []segment.Header) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(len(hs)))
+	for _, h := range hs {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(h.Name)))
+		b = append(b, h.Name...)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(h.Value)))
+		b = append(b, h.Value...)
+	}
+	return b
+}
+
+// AppendBinaryRead appends the binary read form of stored records: version,
+// count, then per record seq, timestamp, headers and body.
+func AppendBinaryRead(b []byte, recs []segment.Record) []byte {
+	b = append(b, Version)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(recs)))
+	for i := range recs {
+		r := &recs[i]
+		b = binary.BigEndian.AppendUint64(b, r.Seq)
+		b = binary.BigEndian.AppendUint64(b, uint64(r.Timestamp))
+		b = appendHeaders(b, r.Headers)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(r.Body)))
+		b = append(b, r.Body...)
+	}
+	return b
+}
+
+// DecodeBinaryRead decodes the binary read form (used by clients and tests).
+func DecodeBinaryRead(data []byte) ([]segment.Record, error) {
+	r := &reader{b: data}
+	if v := r.take(1, "version"); v != nil && v[0] != Version {
+		return nil, malformed("unknown batch version %d", v[0])
+	}
+	n := r.u32("record count")
+	if r.err == nil && uint64(n)*24 > uint64(len(data)-r.off) {
+		return nil, malformed("record count %d exceeds the batch", n)
+	}
+	var recs []segment.Record
+	for i := uint32(0); r.err == nil && i < n; i++ {
+		var rec segment.Record
+		if v := r.take(16, "seq and timestamp"); v != nil {
+			rec.Seq = binary.BigEndian.Uint64(v)
+			rec.Timestamp = int64(binary.BigEndian.Uint64(v[8:]))
+		}
+		rec.Headers = r.headers()
+		rec.Body = r.take(uint64(r.u32("body length")), "body")
+		recs = append(recs, rec)
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	if r.off != len(data) {
+		return nil, malformed("%d bytes after the last record", len(data)-r.off)
+	}
+	return recs, nil
+}
+
+// DecodeJSON decodes a JSON append batch:
+// {"records":[{"body":"text","headers":{"k":"v"}},{"body_b64":"AAEC"}]}.
+// Header order is kept as written.
+func DecodeJSON(data []byte) ([]Record, error) {
+	if !utf8.Valid(data) {
+		return nil, malformed("batch is not valid UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	var recs []Record
+	seen := false
+	err := object(dec, func(key string) error {
+		if key != "records" {
+			return skipValue(dec)
+		}
+		seen = true
+		if err := expectDelim(dec, '['); err != nil {
+			return malformed("records must be an array")
+		}
+		for dec.More() {
+			rec, err := jsonRecord(dec)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, rec)
+		}
+		_, err := dec.Token() // ']'
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, ErrMalformed) {
+			return nil, err
+		}
+		return nil, malformed("%v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, malformed("data after the batch object")
+	}
+	if !seen || len(recs) == 0 {
+		return nil, malformed("records must be a non-empty array")
+	}
+	return recs, nil
+}
+
+func jsonRecord(dec *json.Decoder) (Record, error) {
+	var rec Record
+	var hasBody, hasB64 bool
+	err := object(dec, func(key string) error {
+		switch key {
+		case "body":
+			s, err := stringValue(dec, "body")
+			rec.Body, hasBody = []byte(s), true
+			return err
+		case "body_b64":
+			s, err := stringValue(dec, "body_b64")
+			if err != nil {
+				return err
+			}
+			b, err := base64.StdEncoding.DecodeString(s)
+			if err != nil {
+				return malformed("body_b64 is not valid base64: %v", err)
+			}
+			rec.Body, hasB64 = b, true
+			return nil
+		case "headers":
+			return object(dec, func(name string) error {
+				v, err := stringValue(dec, "header "+strconv.Quote(name))
+				rec.Headers = append(rec.Headers, segment.Header{Name: name, Value: v})
+				return err
+			})
+		default:
+			return skipValue(dec)
+		}
+	})
+	switch {
+	case err != nil:
+		return Record{}, err
+	case hasBody && hasB64:
+		return Record{}, malformed("a record has both body and body_b64")
+	case !hasBody && !hasB64:
+		return Record{}, malformed("a record needs body or body_b64")
+	}
+	return rec, nil
+}
+
+// object walks a JSON object, calling fn with the decoder positioned at
+// each key's value; fn must consume the value.
+func object(dec *json.Decoder, fn func(key string) error) error {
+	if err := expectDelim(dec, '{'); err != nil {
+		return err
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		key, ok := tok.(string)
+		if !ok {
+			return malformed("object key expected")
+		}
+		if err := fn(key); err != nil {
+			return err
+		}
+	}
+	_, err := dec.Token() // '}'
+	return err
+}
+
+func expectDelim(dec *json.Decoder, want json.Delim) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != want {
+		return malformed("expected %q", string(want))
+	}
+	return nil
+}
+
+func stringValue(dec *json.Decoder, what string) (string, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return "", err
+	}
+	s, ok := tok.(string)
+	if !ok {
+		return "", malformed("%s must be a string", what)
+	}
+	return s, nil
+}
+
+func skipValue(dec *json.Decoder) error {
+	var v json.RawMessage
+	return dec.Decode(&v)
+}
+
+// AppendJSONRead appends the JSON read form of stored records: an array of
+// {"seq","timestamp","headers"?,"body"|"body_b64"}. headers is omitted when
+// empty; a body that is valid UTF-8 is "body", otherwise "body_b64".
+func AppendJSONRead(b []byte, recs []segment.Record) []byte {
+	b = append(b, '[')
+	for i := range recs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = AppendJSONRecord(b, &recs[i])
+	}
+	return append(b, ']')
+}
+
+// AppendJSONRecord appends one record in the JSON read form.
+func AppendJSONRecord(b []byte, r *segment.Record) []byte {
+	b = append(b, `{"seq":`...)
+	b = strconv.AppendUint(b, r.Seq, 10)
+	b = append(b, `,"timestamp":`...)
+	b = strconv.AppendInt(b, r.Timestamp, 10)
+	if len(r.Headers) > 0 {
+		b = append(b, `,"headers":{`...)
+		for i, h := range r.Headers {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, h.Name)
+			b = append(b, ':')
+			b = appendJSONString(b, h.Value)
+		}
+		b = append(b, '}')
+	}
+	if utf8.Valid(r.Body) {
+		b = append(b, `,"body":`...)
+		b = appendJSONString(b, string(r.Body))
+	} else {
+		b = append(b, `,"body_b64":"`...)
+		b = base64.StdEncoding.AppendEncode(b, r.Body)
+		b = append(b, '"')
+	}
+	return append(b, '}')
+}
+
+func appendJSONString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always marshals
+	return append(b, q...)
+}

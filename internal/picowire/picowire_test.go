@@ -1,0 +1,156 @@
+package picowire
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"reflect"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+func TestBinaryRoundTrip(t *testing.T) {
+	in := []Record{
+		{Headers: []segment.Header{{Name: "k", Value: "v"}, {Name: "ü", Value: ""}}, Body: []byte{0, 1, 0xff}},
+		{Body: []byte("text")},
+		{Body: []byte{}},
+	}
+	out, err := DecodeBinary(EncodeBinary(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != len(in) {
+		t.Fatalf("got %d records", len(out))
+	}
+	for i := range in {
+		if !reflect.DeepEqual(in[i].Headers, out[i].Headers) || !bytes.Equal(in[i].Body, out[i].Body) {
+			t.Fatalf("record %d: %+v != %+v", i, out[i], in[i])
+		}
+	}
+}
+
+func TestBinaryReadRoundTrip(t *testing.T) {
+	in := []segment.Record{
+		{Seq: 7, Timestamp: 1767225600000, Headers: []segment.Header{{Name: "a", Value: "b"}}, Body: []byte{0xfe}},
+		{Seq: 8, Timestamp: 1767225600001, Body: []byte("x")},
+	}
+	out, err := DecodeBinaryRead(AppendBinaryRead(nil, in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("%+v != %+v", out, in)
+	}
+}
+
+func TestDecodeBinaryMalformed(t *testing.T) {
+	good := EncodeBinary([]Record{{Headers: []segment.Header{{Name: "k", Value: "v"}}, Body: []byte("b")}})
+	badUTF8 := EncodeBinary([]Record{{Headers: []segment.Header{{Name: "\xff", Value: "v"}}}})
+	cases := map[string][]byte{
+		"empty":            {},
+		"bad version":      append([]byte{2}, good[1:]...),
+		"no records":       {1, 0, 0, 0, 0},
+		"truncated":        good[:len(good)-1],
+		"trailing bytes":   append(append([]byte{}, good...), 0),
+		"huge count":       {1, 0xff, 0xff, 0xff, 0xff},
+		"invalid utf8 hdr": badUTF8,
+	}
+	for name, data := range cases {
+		t.Run(name, func(t *testing.T) {
+			if _, err := DecodeBinary(data); !errors.Is(err, ErrMalformed) {
+				t.Fatalf("got %v, want ErrMalformed", err)
+			}
+		})
+	}
+}
+
+func TestDecodeJSON(t *testing.T) {
+	recs, err := DecodeJSON([]byte(`{"records":[{"body":"text","headers":{"z":"1","a":"2"}},{"body_b64":"AAEC"}],"extra":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Record{
+		{Headers: []segment.Header{{Name: "z", Value: "1"}, {Name: "a", Value: "2"}}, Body: []byte("text")},
+		{Body: []byte{0, 1, 2}},
+	}
+	if !reflect.DeepEqual(recs, want) {
+		t.Fatalf("%+v", recs)
+	}
+}
+
+func TestDecodeJSONMalformed(t *testing.T) {
+	cases := map[string]string{
+		"not json":        `{`,
+		"no records":      `{}`,
+		"empty records":   `{"records":[]}`,
+		"records object":  `{"records":{}}`,
+		"bad base64":      `{"records":[{"body_b64":"@@"}]}`,
+		"body not string": `{"records":[{"body":1}]}`,
+		"header number":   `{"records":[{"body":"x","headers":{"k":1}}]}`,
+		"no body":         `{"records":[{"headers":{}}]}`,
+		"both bodies":     `{"records":[{"body":"a","body_b64":"AA=="}]}`,
+		"invalid utf8":    "{\"records\":[{\"body\":\"\xff\"}]}",
+		"trailing":        `{"records":[{"body":"a"}]} {}`,
+	}
+	for name, data := range cases {
+		t.Run(name, func(t *testing.T) {
+			if _, err := DecodeJSON([]byte(data)); !errors.Is(err, ErrMalformed) {
+				t.Fatalf("got %v, want ErrMalformed", err)
+			}
+		})
+	}
+}
+
+func TestJSONRead(t *testing.T) {
+	got := AppendJSONRead(nil, []segment.Record{
+		{Seq: 0, Timestamp: 5, Headers: []segment.Header{{Name: "k", Value: "v"}}, Body: []byte("t\"x")},
+		{Seq: 1, Timestamp: 6, Body: []byte{0, 1, 0xff}},
+	})
+	want := `[{"seq":0,"timestamp":5,"headers":{"k":"v"},"body":"t\"x"},{"seq":1,"timestamp":6,"body_b64":"AAH/"}]`
+	if string(got) != want {
+		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+	if !json.Valid(got) {
+		t.Fatal("not valid JSON")
+	}
+}
+
+func FuzzDecodeBinary(f *testing.F) {
+	f.Add(EncodeBinary([]Record{{Headers: []segment.Header{{Name: "k", Value: "v"}}, Body: []byte("b")}}))
+	f.Add([]byte{1, 0, 0, 0, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		recs, err := DecodeBinary(data)
+		if err != nil {
+			return
+		}
+		// What decodes must encode back to the same bytes.
+		if !bytes.Equal(EncodeBinary(recs), data) {
+			t.Fatalf("re-encoding differs")
+		}
+	})
+}
+
+func FuzzDecodeJSON(f *testing.F) {
+	f.Add([]byte(`{"records":[{"body":"text","headers":{"k":"v"}},{"body_b64":"AAEC"}]}`))
+	f.Add([]byte(`{"records":[]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		recs, err := DecodeJSON(data)
+		if err != nil {
+			return
+		}
+		if len(recs) == 0 {
+			t.Fatal("decoded an empty batch")
+		}
+		for _, r := range recs {
+			for _, h := range r.Headers {
+				if !utf8ValidString(h.Name) || !utf8ValidString(h.Value) {
+					t.Fatal("invalid UTF-8 header accepted")
+				}
+			}
+		}
+	})
+}
+
+func utf8ValidString(s string) bool { return utf8.ValidString(s) }
