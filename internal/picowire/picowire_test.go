@@ -145,7 +145,7 @@ func FuzzDecodeJSON(f *testing.F) {
 		}
 		for _, r := range recs {
 			for _, h := range r.Headers {
-				if !utf8ValidString(h.Name) || !utf8ValidString(h.Value) {
+				if !utf8.ValidString(h.Name) || !utf8.ValidString(h.Value) {
 					t.Fatal("invalid UTF-8 header accepted")
 				}
 			}
@@ -153,4 +153,3 @@ func FuzzDecodeJSON(f *testing.F) {
 	})
 }
 
-func utf8ValidString(s string) bool { return utf8.ValidString(s) }
