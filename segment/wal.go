@@ -42,6 +42,7 @@ type Entry struct {
 	Producer   *ProducerState // the producer this entry advanced, if any
 	StreamSeq  string         // last accepted Stream-Seq, if it changed
 	AccessedAt int64          // TTL renewal, ms; 0 when not renewed
+	TrimTo     uint64         // records below this seq are gone for good; 0 when unchanged
 
 	// Ref is the caller's own handle for the entry; it is not stored.
 	Ref any
@@ -63,6 +64,7 @@ const (
 	flagClosed = 1 << 1
 	flagProd   = 1 << 2
 	flagSSeq   = 1 << 3
+	flagTrim   = 1 << 4
 )
 
 // WALObject is the decoded form of one WAL object.
@@ -123,6 +125,9 @@ func AppendEntry(b []byte, e *Entry) []byte {
 	if e.StreamSeq != "" {
 		flags |= flagSSeq
 	}
+	if e.TrimTo != 0 {
+		flags |= flagTrim
+	}
 	b = append(b, flags)
 	b = appendString(b, e.StreamID)
 	b = appendString(b, e.Name)
@@ -135,6 +140,9 @@ func AppendEntry(b []byte, e *Entry) []byte {
 	}
 	if e.StreamSeq != "" {
 		b = appendString(b, e.StreamSeq)
+	}
+	if e.TrimTo != 0 {
+		b = binary.BigEndian.AppendUint64(b, e.TrimTo)
 	}
 	b = binary.BigEndian.AppendUint32(b, uint32(len(e.Records)))
 	for i := range e.Records {
@@ -159,7 +167,7 @@ func AppendRecord(b []byte, r *Record) []byte {
 }
 
 func entrySize(e *Entry) int {
-	n := 8 + 1 + 8 + len(e.StreamID) + len(e.Name) + 16 + 4 + 16
+	n := 8 + 1 + 8 + len(e.StreamID) + len(e.Name) + 16 + 4 + 16 + 8
 	if e.Producer != nil {
 		n += 20 + len(e.Producer.ID)
 	}
@@ -250,6 +258,9 @@ func DecodeEntry(data []byte) (*Entry, int, error) {
 	}
 	if flags&flagSSeq != 0 {
 		e.StreamSeq = d.str()
+	}
+	if flags&flagTrim != 0 {
+		e.TrimTo = d.u64()
 	}
 	n := d.u32()
 	if d.err == nil && uint64(n) > uint64(len(payload)) {

@@ -133,7 +133,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 			return fmt.Errorf("compact %s: %w", s.name, err)
 		}
 		for _, rec := range recs {
-			if rec.Seq < r.ch.First || rec.Seq >= r.ch.End {
+			if rec.Seq < r.ch.First || rec.Seq >= r.ch.End || rec.Seq < meta.State.StartSeq {
 				continue
 			}
 			if size > 0 && size+len(rec.Body) > maxDataObject {
@@ -150,6 +150,14 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 	if err := flush(); err != nil {
 		return err
 	}
+	// A trim is in the WAL until the checkpoint below is written, so the
+	// data can go first: a crash in between replays the trim.
+	if meta.State.StartSeq > meta.Cleaned {
+		if err := e.dropBelow(ctx, meta.ID, meta.State.StartSeq); err != nil {
+			return fmt.Errorf("trim %s: %w", s.name, err)
+		}
+		meta.Cleaned = meta.State.StartSeq
+	}
 	newTag, err := e.store.Put(ctx, metaKey(s.name), encodeMeta(&meta), segment.PutOptions{IfMatch: etag})
 	if errors.Is(err, segment.ErrPreconditionFailed) || errors.Is(err, segment.ErrNotFound) {
 		return nil // deleted meanwhile; its data goes with the gc tombstone
@@ -162,6 +170,66 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 	s.meta = &meta
 	s.etag = newTag
 	s.mu.Unlock()
+	return nil
+}
+
+// dropBelow deletes the data objects of id that hold only seqs below start,
+// and rewrites the one that straddles it without the trimmed records.
+func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) error {
+	after := ""
+	for {
+		objs, more, err := e.store.List(ctx, dataPrefix(id), after, 1000)
+		if err != nil {
+			return fmt.Errorf("list data of %s: %w", id, err)
+		}
+		var dead []string
+		for _, o := range objs {
+			first, end, ok := parseDataKey(o.Key)
+			if !ok || first >= start {
+				more = false
+				break
+			}
+			if end > start {
+				if err := e.rewriteFrom(ctx, id, o.Key, start); err != nil {
+					return err
+				}
+			}
+			dead = append(dead, o.Key)
+			after = o.Key
+		}
+		if len(dead) > 0 {
+			if err := e.store.Delete(ctx, dead); err != nil {
+				return fmt.Errorf("delete trimmed data of %s: %w", id, err)
+			}
+		}
+		if !more || len(objs) == 0 {
+			return nil
+		}
+	}
+}
+
+func (e *Engine) rewriteFrom(ctx context.Context, id, key string, start uint64) error {
+	data, _, err := e.store.Get(ctx, key, 0, -1)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", key, err)
+	}
+	recs, err := segment.DecodeData(data)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", key, err)
+	}
+	var keep []Record
+	for _, r := range recs {
+		if r.Seq >= start {
+			keep = append(keep, r)
+		}
+	}
+	if len(keep) == 0 {
+		return nil
+	}
+	nk := dataKey(id, keep[0].Seq, keep[len(keep)-1].Seq+1)
+	if _, err := e.store.Put(ctx, nk, segment.EncodeData(keep), segment.PutOptions{}); err != nil {
+		return fmt.Errorf("put data %s: %w", nk, err)
+	}
 	return nil
 }
 

@@ -278,3 +278,57 @@ func TestMetaKeyOrderAndRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+func TestTrimRemovesBytesAfterCompaction(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/t", CreateRequest{ContentType: "text/plain", Records: recs("a", "b", "c")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/t", AppendRequest{Records: recs("d", "e")}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.Trim(ctx, "/t", 4)
+	if err != nil || info.StartSeq != 4 {
+		t.Fatalf("trim: %+v %v", info, err)
+	}
+	if _, err := e.Read(ctx, "/t", ReadRequest{Seq: 1}); !errors.Is(err, ErrGone) {
+		t.Fatalf("read below start: %v", err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range st.Keys("data/") {
+		first, _, _ := parseDataKey(k)
+		if first < 4 {
+			t.Fatalf("trimmed data still in the bucket: %s", k)
+		}
+	}
+	e2 := startEngine(t, st, Config{CacheBytes: 1})
+	res, err := e2.Read(ctx, "/t", ReadRequest{Seq: 4})
+	if err != nil || len(res.Records) != 1 || string(res.Records[0].Body) != "e" || res.Info.StartSeq != 4 {
+		t.Fatalf("after restart: %+v %v", res, err)
+	}
+}
+
+func TestListStreams(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	for _, n := range []string{"/logs/b", "/logs/a", "/other", "/logs/a/x"} {
+		if _, _, err := e.Create(ctx, n, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page, more, err := e.List(ctx, "/logs/", "", 2)
+	if err != nil || !more || len(page) != 2 || page[0].Name != "/logs/a" || page[1].Name != "/logs/a/x" {
+		t.Fatalf("page 1: %+v %v %v", page, more, err)
+	}
+	page, more, err = e.List(ctx, "/logs/", page[1].Name, 2)
+	if err != nil || more || len(page) != 1 || page[0].Name != "/logs/b" {
+		t.Fatalf("page 2: %+v %v %v", page, more, err)
+	}
+}

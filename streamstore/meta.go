@@ -43,6 +43,7 @@ type change struct {
 	Producer   *segment.ProducerState
 	StreamSeq  string
 	AccessedAt int64
+	TrimTo     uint64
 }
 
 func changeOf(e *segment.Entry) change {
@@ -53,6 +54,7 @@ func changeOf(e *segment.Entry) change {
 		Producer:   e.Producer,
 		StreamSeq:  e.StreamSeq,
 		AccessedAt: e.AccessedAt,
+		TrimTo:     e.TrimTo,
 	}
 	if n := len(e.Records); n > 0 {
 		c.LastTS = e.Records[n-1].Timestamp
@@ -81,6 +83,7 @@ func (w *writerState) apply(c change) {
 		w.StreamSeq = c.StreamSeq
 	}
 	w.AccessedAt = max(w.AccessedAt, c.AccessedAt)
+	w.StartSeq = max(w.StartSeq, min(c.TrimTo, w.NextSeq))
 }
 
 // metaObject is a stream's metadata object: its fixed configuration, and a
@@ -95,6 +98,8 @@ type metaObject struct {
 	ExpiresAt   int64       `json:"expires_at_ms,omitempty"`
 	CreatedAt   int64       `json:"created_at_ms"`
 	Upto        walPos      `json:"upto"`
+	// Cleaned: data objects holding only seqs below it are deleted.
+	Cleaned uint64 `json:"cleaned,omitempty"`
 	State       writerState `json:"state"`
 }
 

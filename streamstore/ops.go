@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/picomq/caddy-picomq/segment"
@@ -430,4 +431,114 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 	e.mu.Unlock()
 	e.kickGC()
 	return nil
+}
+
+// Trim drops the records below seq for good: reads below it answer
+// ErrGone at once, and the bytes leave the bucket at the next compaction.
+// The trim is a WAL entry, durable before Trim returns.
+func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error) {
+	s, err := e.live(ctx, name)
+	if err != nil {
+		return Info{}, err
+	}
+	w, err := e.writer()
+	if err != nil {
+		return Info{}, err
+	}
+	s.mu.Lock()
+	if s.gone {
+		s.mu.Unlock()
+		return Info{}, ErrNotFound
+	}
+	if seq > s.pend.NextSeq {
+		next := s.pend.NextSeq
+		s.mu.Unlock()
+		return Info{}, fmt.Errorf("%w: trim seq %d is beyond the tail %d", ErrBadRequest, seq, next)
+	}
+	if seq <= s.pend.StartSeq {
+		info := s.info()
+		s.mu.Unlock()
+		return info, nil
+	}
+	now := time.Now().UnixMilli()
+	s.touched = now
+	ent := &segment.Entry{StreamID: s.meta.ID, Name: s.name, FirstSeq: s.pend.NextSeq, TrimTo: seq, AccessedAt: now, Ref: s}
+	b, err := w.Add(ent)
+	if err != nil {
+		s.mu.Unlock()
+		return Info{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	s.pending++
+	s.pend.apply(changeOf(ent))
+	s.mu.Unlock()
+	if err := e.awaitBatch(ctx, b); err != nil {
+		return Info{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.info(), nil
+}
+
+// List returns up to limit streams whose names start with prefix and sort
+// after startAfter, in name order, and whether more follow. The names come
+// from one listing of metadata keys; a stream not in memory costs a GET of
+// its metadata object.
+func (e *Engine) List(ctx context.Context, prefix, startAfter string, limit int) ([]Info, bool, error) {
+	if _, err := e.writer(); err != nil {
+		return nil, false, err
+	}
+	if limit <= 0 || limit > 1000 {
+		limit = 1000
+	}
+	after := ""
+	if startAfter != "" {
+		after = metaKey(startAfter)
+	}
+	objs, more, err := e.store.List(ctx, metaListPrefix(prefix), after, limit)
+	if err != nil {
+		return nil, false, fmt.Errorf("%w: list streams: %v", ErrUnavailable, err)
+	}
+	infos := make([]Info, len(objs))
+	keep := make([]bool, len(objs))
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	var errMu sync.Mutex
+	var firstErr error
+	for i, o := range objs {
+		name, err := nameFromMetaKey(o.Key)
+		if err != nil || !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			s, err := e.stream(ctx, name)
+			if errors.Is(err, ErrNotFound) {
+				return // deleted since the listing
+			}
+			if err != nil {
+				errMu.Lock()
+				firstErr = err
+				errMu.Unlock()
+				return
+			}
+			s.mu.Lock()
+			if !s.gone && !s.expiredLocked(time.Now()) {
+				infos[i], keep[i] = s.info(), true
+			}
+			s.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return nil, false, firstErr
+	}
+	out := infos[:0]
+	for i := range infos {
+		if keep[i] {
+			out = append(out, infos[i])
+		}
+	}
+	return out, more, nil
 }
