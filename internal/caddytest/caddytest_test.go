@@ -134,3 +134,34 @@ func TestLaunchFailureReportsLog(t *testing.T) {
 		t.Error("process still running after a failed launch")
 	}
 }
+
+// TestGeneratedConfigSameNode runs the module from a generated Caddyfile
+// under a path prefix on its default storage, and checks that a restart
+// after a crash is the same node: same port, same data directory, so the
+// stream created before the crash is still there.
+func TestGeneratedConfigSameNode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs Caddy")
+	}
+	c := Start(t, Options{PathPrefix: "/ds", Directives: []string{"long_poll_timeout 500ms"}})
+	stream := c.BaseURL() + "/v1/stream/same-node"
+	req, err := http.NewRequest(http.MethodPut, stream, strings.NewReader("hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "text/plain")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("PUT %s: %s", stream, resp.Status)
+	}
+
+	c.Kill()
+	c.Restart()
+	if got := get(t, stream); got != "hello" {
+		t.Fatalf("GET %s after restart = %q, want hello", stream, got)
+	}
+}
