@@ -1,0 +1,281 @@
+package picomq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/picomq/caddy-picomq/segment"
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+func init() {
+	caddy.RegisterModule(new(App))
+}
+
+// engines holds one engine per storage location across config reloads. Caddy
+// provisions a new config before it cleans up the old one, so the new config's
+// reference keeps the engine (its in-flight appends and subscribers) alive.
+var engines = caddy.NewUsagePool()
+
+// App is the "picomq" app. It has no configuration of its own: handlers
+// obtain it with ctx.App("picomq") and register the storage they use. It
+// exists to give the engines a start-up hook, because provisioning must not
+// touch the network (caddy adapt --validate provisions every module) while a
+// storage that cannot be opened (lease held by another node, bucket missing,
+// unknown format version) should fail "caddy run" or a reload with a clear
+// error rather than surface later as 503s. Start runs once the whole config
+// is provisioned; requests that arrive before it finished wait for it (apps
+// start in no fixed order).
+type App struct {
+	mu   sync.Mutex
+	refs map[string]*appEngine // by storage key, the engines this config uses
+	log  *zap.Logger
+}
+
+// appEngine is one storage used by this config and the engine settings its
+// handlers asked for.
+type appEngine struct {
+	ref      *engineRef
+	settings engineSettings
+}
+
+// CaddyModule returns the Caddy module information.
+func (*App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "picomq",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// Provision sets up the app.
+func (a *App) Provision(ctx caddy.Context) error {
+	a.log = ctx.Logger()
+	a.refs = make(map[string]*appEngine)
+	return nil
+}
+
+// Start opens every storage this config uses that is not already running
+// from an earlier config.
+func (a *App) Start() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for key, e := range a.refs {
+		if err := e.ref.start(); err != nil {
+			return fmt.Errorf("starting storage %s: %w", key, err)
+		}
+	}
+	return nil
+}
+
+// Stop does nothing: engines outlive a config across a reload. The last
+// config to release an engine closes it in Cleanup.
+func (a *App) Stop() error { return nil }
+
+// Cleanup releases this config's references; an engine no config uses any
+// more is flushed and closed.
+func (a *App) Cleanup() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var errs []error
+	for key := range a.refs {
+		if _, err := engines.Delete(key); err != nil {
+			errs = append(errs, fmt.Errorf("closing storage %s: %w", key, err))
+		}
+	}
+	a.refs = nil
+	return errors.Join(errs...)
+}
+
+// engineSettings are the engine-wide settings of a storage. Handlers of one
+// config that share a storage must agree on them.
+type engineSettings struct {
+	FlushInterval time.Duration
+	FlushSize     int64
+	CacheBytes    int64
+	S3Timeout     time.Duration
+}
+
+// acquire returns the engine for the storage at rawURL (placeholders already
+// replaced), building it on first use. It does no I/O beyond opening the
+// store object, which segment.Open promises is offline.
+func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
+	key, err := storageKey(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.refs == nil {
+		return nil, errors.New("picomq app is not provisioned")
+	}
+	if e, ok := a.refs[key]; ok {
+		if e.settings != s {
+			return nil, fmt.Errorf("handlers using storage %s disagree on engine settings (%+v vs %+v); "+
+				"flush_interval, flush_size, cache_size and s3_timeout must match", key, e.settings, s)
+		}
+		return e.ref, nil
+	}
+	val, loaded, err := engines.LoadOrNew(key, func() (caddy.Destructor, error) {
+		store, err := openStore(rawURL, s.S3Timeout)
+		if err != nil {
+			return nil, err
+		}
+		return newEngineRef(key, store, s, a.log), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	ref := val.(*engineRef)
+	if loaded {
+		ref.reconfigure(s)
+	}
+	a.refs[key] = &appEngine{ref: ref, settings: s}
+	return ref, nil
+}
+
+// engineRef is a shared engine and its start-up state.
+type engineRef struct {
+	key   string
+	store segment.Store
+	log   *zap.Logger
+
+	startOnce sync.Once
+	ready     chan struct{} // closed when the start attempt has finished
+	eng       *streamstore.Engine
+	startErr  error
+
+	mu       sync.Mutex
+	settings engineSettings // the settings the engine runs with
+}
+
+func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Logger) *engineRef {
+	return &engineRef{
+		key:      key,
+		store:    store,
+		log:      log.With(zap.String("storage", key)),
+		ready:    make(chan struct{}),
+		settings: s,
+	}
+}
+
+// engineStartTimeout bounds taking the lease and replaying the log, so a
+// wedged store fails the config load instead of hanging it.
+const engineStartTimeout = 5 * time.Minute
+
+// start starts the engine once; later calls return the first result.
+func (r *engineRef) start() error {
+	r.startOnce.Do(func() {
+		defer close(r.ready)
+		r.startErr = r.doStart()
+	})
+	return r.startErr
+}
+
+func (r *engineRef) doStart() error {
+	nodeID, err := loadNodeID(nodeIDPath())
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	cfg := r.engineConfig(nodeID)
+	r.mu.Unlock()
+	eng := streamstore.New(r.store, cfg, r.log)
+	// Start's context bounds the start only; the engine's background work
+	// lives until Close.
+	ctx, cancel := context.WithTimeout(context.Background(), engineStartTimeout)
+	defer cancel()
+	began := time.Now()
+	if err := eng.Start(ctx); err != nil {
+		return fmt.Errorf("starting engine: %w", err)
+	}
+	r.eng = eng
+	r.log.Info("storage opened", zap.String("node_id", nodeID), zap.Duration("took", time.Since(began)))
+	return nil
+}
+
+func (r *engineRef) engineConfig(nodeID string) streamstore.Config {
+	return streamstore.Config{
+		FlushInterval: r.settings.FlushInterval,
+		FlushSize:     int(r.settings.FlushSize),
+		CacheBytes:    r.settings.CacheBytes,
+		NodeID:        nodeID,
+	}
+}
+
+// reconfigure applies a newer config's settings to a running engine. The
+// engine API has no way to change settings in place yet, so until it grows
+// one the running values stay, and the operator is told.
+func (r *engineRef) reconfigure(s engineSettings) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s == r.settings {
+		return
+	}
+	r.log.Warn("engine settings changed; they take effect when the storage is next opened (restart)",
+		zap.Any("running", r.settings), zap.Any("configured", s))
+}
+
+// engine returns the started engine, waiting for the start if it is still
+// running. It gives up when ctx ends or stop is closed.
+func (r *engineRef) engine(ctx context.Context, stop <-chan struct{}) (*streamstore.Engine, error) {
+	select {
+	case <-r.ready:
+	default:
+		select {
+		case <-r.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-stop:
+			return nil, streamstore.ErrShuttingDown
+		}
+	}
+	if r.startErr != nil {
+		return nil, fmt.Errorf("%w: %v", streamstore.ErrUnavailable, r.startErr)
+	}
+	return r.eng, nil
+}
+
+// engineCloseTimeout bounds the final flush when the last config lets go.
+const engineCloseTimeout = time.Minute
+
+// Destruct is called by the usage pool when no config uses the engine any
+// more: it flushes pending appends, waits for their uploads and releases the
+// lease.
+func (r *engineRef) Destruct() error {
+	var errs []error
+	// Mark the ref as finished so a start that never ran cannot begin now.
+	r.startOnce.Do(func() {
+		r.startErr = errors.New("storage closed before it was started")
+		close(r.ready)
+	})
+	if r.eng != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), engineCloseTimeout)
+		defer cancel()
+		if err := r.eng.Close(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("closing engine: %w", err))
+		} else {
+			r.log.Info("storage closed")
+		}
+	}
+	if c, ok := r.store.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("closing store: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Interface guards.
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+	_ caddy.Destructor   = (*engineRef)(nil)
+)

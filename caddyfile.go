@@ -1,0 +1,107 @@
+package picomq
+
+import (
+	"fmt"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("picomq", parseCaddyfile)
+	// A terminal handler, like respond: running it before respond lets a
+	// site answer streams under one path and static replies elsewhere
+	// without an explicit order option.
+	httpcaddyfile.RegisterDirectiveOrder("picomq", httpcaddyfile.Before, "respond")
+}
+
+// parseCaddyfile builds a Handler from the picomq directive.
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	var handler Handler
+	if err := handler.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	return &handler, nil
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. The syntax is
+// shown on Handler.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // the directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := make(map[string]bool)
+	for d.NextBlock(0) {
+		opt := d.Val()
+		if seen[opt] {
+			return d.Errf("%s given more than once", opt)
+		}
+		seen[opt] = true
+		var arg string
+		if !d.Args(&arg) {
+			return d.ArgErr()
+		}
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		var err error
+		switch opt {
+		case "protocol":
+			h.Protocol = arg
+		case "storage":
+			h.Storage = arg
+		case "flush_interval":
+			h.FlushInterval, err = parseDuration(arg)
+		case "flush_size":
+			h.FlushSize, err = parseSize(arg)
+		case "long_poll_timeout":
+			h.LongPollTimeout, err = parseDuration(arg)
+		case "sse_reconnect_interval":
+			h.SSEReconnectInterval, err = parseDuration(arg)
+		case "max_append_size":
+			h.MaxAppendSize, err = parseSize(arg)
+		case "cache_size":
+			h.CacheSize, err = parseSize(arg)
+		case "s3_timeout":
+			h.S3Timeout, err = parseDuration(arg)
+		default:
+			return d.Errf("unrecognized picomq option %q", opt)
+		}
+		if err != nil {
+			return d.Errf("%s: %v", opt, err)
+		}
+	}
+	return nil
+}
+
+// parseDuration parses a Caddyfile duration; zero is refused because the
+// JSON config reads zero as "use the default".
+func parseDuration(s string) (caddy.Duration, error) {
+	d, err := caddy.ParseDuration(s)
+	if err != nil {
+		return 0, err
+	}
+	if d <= 0 {
+		return 0, fmt.Errorf("must be positive, got %s", s)
+	}
+	return caddy.Duration(d), nil
+}
+
+// parseSize parses a size such as 1MiB, 64KB or 1048576.
+func parseSize(s string) (int64, error) {
+	n, err := humanize.ParseBytes(s)
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 || n > 1<<40 {
+		return 0, fmt.Errorf("must be between 1B and 1TiB, got %s", s)
+	}
+	return int64(n), nil
+}
+
+// Interface guard.
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

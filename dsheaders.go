@@ -1,0 +1,225 @@
+package picomq
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+// Durable Streams header names.
+const (
+	hdrStreamNextOffset   = "Stream-Next-Offset"
+	hdrStreamUpToDate     = "Stream-Up-To-Date"
+	hdrStreamCursor       = "Stream-Cursor"
+	hdrStreamClosed       = "Stream-Closed"
+	hdrStreamTTL          = "Stream-Ttl"
+	hdrStreamExpiresAt    = "Stream-Expires-At"
+	hdrStreamSeq          = "Stream-Seq"
+	hdrSSEDataEncoding    = "Stream-Sse-Data-Encoding"
+	hdrProducerID         = "Producer-Id"
+	hdrProducerEpoch      = "Producer-Epoch"
+	hdrProducerSeq        = "Producer-Seq"
+	hdrProducerExpected   = "Producer-Expected-Seq"
+	hdrProducerReceived   = "Producer-Received-Seq"
+	hdrForkedFrom         = "Stream-Forked-From"
+	hdrForkOffset         = "Stream-Fork-Offset"
+	hdrForkSubOffset      = "Stream-Fork-Sub-Offset"
+	defaultContentType    = "application/octet-stream"
+	maxSafeInteger        = 1<<53 - 1 // producer epochs and seqs must survive JavaScript numbers
+	maxTTLSeconds         = int64(100 * 365 * 24 * 3600)
+	cacheControlCatchUp   = "public, max-age=60, stale-while-revalidate=300"
+	cacheControlNoStore   = "no-store"
+	cacheControlEventFeed = "no-cache"
+)
+
+// isTrue implements the protocol's Stream-Closed rule: the header counts only
+// when its value is exactly "true", ignoring case; anything else is absent.
+func isTrue(v string) bool { return strings.EqualFold(v, "true") }
+
+// parseTTL parses Stream-TTL strictly: a decimal integer of seconds with no
+// sign, no leading zeros, no fraction and no exponent.
+func parseTTL(v string) (time.Duration, error) {
+	n, ok := parseDigits(v)
+	if !ok || (len(v) > 1 && v[0] == '0') {
+		return 0, fmt.Errorf("Stream-TTL must be a whole number of seconds without sign or leading zeros, got %q", v)
+	}
+	if n == 0 {
+		// The engine reads a zero TTL as "no TTL"; refusing it beats
+		// silently creating a stream that never expires.
+		return 0, errors.New("Stream-TTL must be at least 1 second")
+	}
+	if n > uint64(maxTTLSeconds) {
+		return 0, fmt.Errorf("Stream-TTL %s is too large; the limit is %d seconds", v, maxTTLSeconds)
+	}
+	return time.Duration(n) * time.Second, nil
+}
+
+// parseExpiry reads Stream-TTL and Stream-Expires-At; giving both is an error.
+func parseExpiry(h http.Header) (streamstore.Expiry, error) {
+	ttl, hasTTL := headerValue(h, hdrStreamTTL)
+	at, hasAt := headerValue(h, hdrStreamExpiresAt)
+	var x streamstore.Expiry
+	if hasTTL && hasAt {
+		return x, errors.New("Stream-TTL and Stream-Expires-At are mutually exclusive")
+	}
+	if hasTTL {
+		d, err := parseTTL(ttl)
+		if err != nil {
+			return x, err
+		}
+		x.TTL = d
+	}
+	if hasAt {
+		t, err := time.Parse(time.RFC3339Nano, at)
+		if err != nil {
+			return x, fmt.Errorf("Stream-Expires-At must be an RFC 3339 timestamp, got %q", at)
+		}
+		x.ExpiresAt = t.UTC()
+	}
+	return x, nil
+}
+
+// headerValue returns a header's first value and whether it was sent at all,
+// so that an empty value is told apart from an absent header.
+func headerValue(h http.Header, name string) (string, bool) {
+	vs, ok := h[http.CanonicalHeaderKey(name)]
+	if !ok || len(vs) == 0 {
+		return "", false
+	}
+	return vs[0], true
+}
+
+// normalizeContentType canonicalises a media type (lower-case type and
+// parameter names) so that "TEXT/PLAIN" and "text/plain" name one stream type.
+func normalizeContentType(v string) (string, error) {
+	mt, params, err := mime.ParseMediaType(v)
+	if err != nil {
+		return "", fmt.Errorf("invalid Content-Type %q: %v", v, err)
+	}
+	if typ, sub, ok := strings.Cut(mt, "/"); !ok || typ == "" || sub == "" {
+		return "", fmt.Errorf("invalid Content-Type %q: want type/subtype", v)
+	}
+	out := mime.FormatMediaType(mt, params)
+	if out == "" {
+		return "", fmt.Errorf("invalid Content-Type %q", v)
+	}
+	return out, nil
+}
+
+// mediaType returns the lower-case type/subtype of a content type, without
+// parameters.
+func mediaType(ct string) string {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.ToLower(strings.TrimSpace(mt))
+}
+
+// sameMediaType reports whether an append's content type matches the
+// stream's. Parameters such as charset are not compared.
+func sameMediaType(a, b string) bool { return mediaType(a) == mediaType(b) }
+
+// isJSON reports whether a content type selects JSON mode (section 9.1).
+func isJSON(ct string) bool { return mediaType(ct) == "application/json" }
+
+// isTextual reports whether SSE may carry the stream's bytes as text; every
+// other type is base64-encoded (section 5.8).
+func isTextual(ct string) bool {
+	mt := mediaType(ct)
+	return strings.HasPrefix(mt, "text/") || mt == "application/json"
+}
+
+// parseProducer reads the idempotent-producer headers. All three or none.
+func parseProducer(h http.Header) (*streamstore.Producer, error) {
+	id, hasID := headerValue(h, hdrProducerID)
+	epoch, hasEpoch := headerValue(h, hdrProducerEpoch)
+	seq, hasSeq := headerValue(h, hdrProducerSeq)
+	if !hasID && !hasEpoch && !hasSeq {
+		return nil, nil
+	}
+	if !hasID || !hasEpoch || !hasSeq {
+		return nil, errors.New("Producer-Id, Producer-Epoch and Producer-Seq must be sent together")
+	}
+	if id == "" {
+		return nil, errors.New("Producer-Id must not be empty")
+	}
+	e, ok := parseDigits(epoch)
+	if !ok || e > maxSafeInteger {
+		return nil, fmt.Errorf("Producer-Epoch must be an integer from 0 to 2^53-1, got %q", epoch)
+	}
+	s, ok := parseDigits(seq)
+	if !ok || s > maxSafeInteger {
+		return nil, fmt.Errorf("Producer-Seq must be an integer from 0 to 2^53-1, got %q", seq)
+	}
+	return &streamstore.Producer{ID: id, Epoch: e, Seq: s}, nil
+}
+
+// errBodyTooLarge reports a request body over max_append_size.
+var errBodyTooLarge = errors.New("request body too large")
+
+// readBody reads the whole request body, but never more than max+1 bytes, so
+// an oversized body costs at most that much memory before it is refused.
+func readBody(r *http.Request, max int64) ([]byte, error) {
+	if r.ContentLength > max {
+		return nil, errBodyTooLarge
+	}
+	if r.Body == nil {
+		return nil, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, max+1))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, errBodyTooLarge
+		}
+		return nil, fmt.Errorf("reading request body: %w", err)
+	}
+	if int64(len(b)) > max {
+		return nil, errBodyTooLarge
+	}
+	return b, nil
+}
+
+// jsonMessages splits a JSON-mode body into messages (section 9.1): a
+// top-level array is flattened one level, one message per element; any other
+// value is one message. Messages are stored compacted, which keeps the JSON
+// value while dropping the raw newlines that would otherwise split SSE lines.
+// An empty array yields no messages; the caller decides whether that is
+// allowed (PUT) or not (POST).
+func jsonMessages(body []byte) ([][]byte, error) {
+	if !json.Valid(body) {
+		return nil, errors.New("body is not valid JSON")
+	}
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 || trimmed[0] != '[' {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, trimmed); err != nil {
+			return nil, fmt.Errorf("compacting JSON: %w", err)
+		}
+		return [][]byte{buf.Bytes()}, nil
+	}
+	var elems []json.RawMessage
+	if err := json.Unmarshal(trimmed, &elems); err != nil {
+		return nil, fmt.Errorf("decoding JSON array: %w", err)
+	}
+	out := make([][]byte, len(elems))
+	for i, e := range elems {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, e); err != nil {
+			return nil, fmt.Errorf("compacting JSON element %d: %w", i, err)
+		}
+		out[i] = buf.Bytes()
+	}
+	return out, nil
+}
+
+// ttlSeconds formats a TTL for the Stream-TTL response header.
+func ttlSeconds(d time.Duration) string {
+	return fmt.Sprintf("%d", int64(d/time.Second))
+}

@@ -1,0 +1,213 @@
+package picomq
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseTTL(t *testing.T) {
+	for _, ok := range []struct {
+		in   string
+		want time.Duration
+	}{{"1", time.Second}, {"3600", time.Hour}, {"10", 10 * time.Second}} {
+		got, err := parseTTL(ok.in)
+		if err != nil || got != ok.want {
+			t.Errorf("parseTTL(%q) = %v, %v; want %v", ok.in, got, err, ok.want)
+		}
+	}
+	for _, bad := range []string{"", "0", "00060", "060", "+60", "-1", "60.5", "1e3", "abc", " 60", "60 ", "0x10",
+		"99999999999999999999", "3153600001"} {
+		if got, err := parseTTL(bad); err == nil {
+			t.Errorf("parseTTL(%q) = %v, want an error", bad, got)
+		}
+	}
+}
+
+func TestParseExpiry(t *testing.T) {
+	h := http.Header{}
+	if x, err := parseExpiry(h); err != nil || !x.IsZero() {
+		t.Errorf("no headers: %+v %v", x, err)
+	}
+	h.Set("Stream-TTL", "60")
+	if x, err := parseExpiry(h); err != nil || x.TTL != time.Minute {
+		t.Errorf("TTL: %+v %v", x, err)
+	}
+	h.Set("Stream-Expires-At", "2030-01-02T03:04:05Z")
+	if _, err := parseExpiry(h); err == nil {
+		t.Error("TTL and Expires-At together were accepted")
+	}
+	h.Del("Stream-TTL")
+	for in, want := range map[string]time.Time{
+		"2030-01-02T03:04:05Z":          time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC),
+		"2030-01-02T03:04:05.123Z":      time.Date(2030, 1, 2, 3, 4, 5, 123e6, time.UTC),
+		"2030-01-02T05:04:05+02:00":     time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC),
+		"2030-01-02T03:04:05.123+00:00": time.Date(2030, 1, 2, 3, 4, 5, 123e6, time.UTC),
+	} {
+		h.Set("Stream-Expires-At", in)
+		x, err := parseExpiry(h)
+		if err != nil || !x.ExpiresAt.Equal(want) || x.ExpiresAt.Location() != time.UTC {
+			t.Errorf("%s: %+v %v", in, x, err)
+		}
+	}
+	for _, bad := range []string{"not-a-timestamp", "2030-01-02", "2030-01-02 03:04:05Z", "1767225600", ""} {
+		h.Set("Stream-Expires-At", bad)
+		if x, err := parseExpiry(h); err == nil {
+			t.Errorf("Expires-At %q accepted: %+v", bad, x)
+		}
+	}
+}
+
+func TestIsTrue(t *testing.T) {
+	for in, want := range map[string]bool{"true": true, "TRUE": true, "True": true, "": false, "false": false,
+		"yes": false, "1": false, "true ": false} {
+		if isTrue(in) != want {
+			t.Errorf("isTrue(%q) != %v", in, want)
+		}
+	}
+}
+
+func TestContentTypes(t *testing.T) {
+	for in, want := range map[string]string{
+		"text/plain":                      "text/plain",
+		"TEXT/PLAIN":                      "text/plain",
+		"application/json; charset=utf-8": "application/json; charset=utf-8",
+		"Application/JSON;Charset=UTF-8":  "application/json; charset=UTF-8",
+	} {
+		got, err := normalizeContentType(in)
+		if err != nil || got != want {
+			t.Errorf("normalizeContentType(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "text", "/plain", "text/plain; charset"} {
+		if got, err := normalizeContentType(bad); err == nil {
+			t.Errorf("normalizeContentType(%q) = %q, want an error", bad, got)
+		}
+	}
+	if !sameMediaType("application/json; charset=utf-8", "APPLICATION/JSON") || sameMediaType("text/plain", "text/html") {
+		t.Error("sameMediaType")
+	}
+	if !isJSON("application/json; charset=utf-8") || isJSON("application/ndjson") {
+		t.Error("isJSON")
+	}
+	for ct, want := range map[string]bool{"text/plain": true, "text/csv; charset=utf-8": true, "application/json": true,
+		"application/octet-stream": false, "application/x-protobuf": false, "image/png": false, "application/ndjson": false} {
+		if isTextual(ct) != want {
+			t.Errorf("isTextual(%q) != %v", ct, want)
+		}
+	}
+}
+
+func TestParseProducer(t *testing.T) {
+	mk := func(kv ...string) http.Header {
+		h := http.Header{}
+		for i := 0; i < len(kv); i += 2 {
+			h[http.CanonicalHeaderKey(kv[i])] = []string{kv[i+1]}
+		}
+		return h
+	}
+	if p, err := parseProducer(mk()); p != nil || err != nil {
+		t.Errorf("no headers: %v %v", p, err)
+	}
+	p, err := parseProducer(mk("Producer-Id", "a", "Producer-Epoch", "2", "Producer-Seq", "9007199254740991"))
+	if err != nil || p.ID != "a" || p.Epoch != 2 || p.Seq != 1<<53-1 {
+		t.Errorf("valid: %+v %v", p, err)
+	}
+	for _, bad := range []http.Header{
+		mk("Producer-Id", "a"),
+		mk("Producer-Id", "a", "Producer-Epoch", "0"),
+		mk("Producer-Epoch", "0", "Producer-Seq", "0"),
+		mk("Producer-Id", "", "Producer-Epoch", "0", "Producer-Seq", "0"),
+		mk("Producer-Id", "a", "Producer-Epoch", "0", "Producer-Seq", "1abc"),
+		mk("Producer-Id", "a", "Producer-Epoch", "0xyz", "Producer-Seq", "0"),
+		mk("Producer-Id", "a", "Producer-Epoch", "1e3", "Producer-Seq", "0"),
+		mk("Producer-Id", "a", "Producer-Epoch", "-1", "Producer-Seq", "0"),
+		mk("Producer-Id", "a", "Producer-Epoch", "0", "Producer-Seq", "9007199254740992"),
+	} {
+		if p, err := parseProducer(bad); err == nil {
+			t.Errorf("%v accepted: %+v", bad, p)
+		}
+	}
+}
+
+func TestJSONMessages(t *testing.T) {
+	for in, want := range map[string][]string{
+		`{"event": "created"}`:               {`{"event":"created"}`},
+		`[{"event": "a"}, {"event": "b"}]`:   {`{"event":"a"}`, `{"event":"b"}`},
+		`[[1,2], [3,4]]`:                     {`[1,2]`, `[3,4]`},
+		`[[[1,2,3]]]`:                        {`[[1,2,3]]`},
+		` 42 `:                               {`42`},
+		`"a\nb"`:                             {`"a\nb"`},
+		"{\n  \"multi\":\n  \"line\"\n}\n":   {`{"multi":"line"}`},
+		`[]`:                                 {},
+		` [ ] `:                              {},
+		`[null, true, "x", 1.50e3]`:          {`null`, `true`, `"x"`, `1.50e3`},
+		`[{"big": 12345678901234567890123}]`: {`{"big":12345678901234567890123}`},
+	} {
+		got, err := jsonMessages([]byte(in))
+		if err != nil {
+			t.Errorf("%q: %v", in, err)
+			continue
+		}
+		if len(got) != len(want) {
+			t.Errorf("%q: %d messages, want %d", in, len(got), len(want))
+			continue
+		}
+		for i := range got {
+			if string(got[i]) != want[i] {
+				t.Errorf("%q message %d = %s, want %s", in, i, got[i], want[i])
+			}
+		}
+	}
+	for _, bad := range []string{``, `{ invalid json }`, `[1,`, `{"a":1}{"b":2}`, `[1] [2]`} {
+		if got, err := jsonMessages([]byte(bad)); err == nil {
+			t.Errorf("%q accepted: %q", bad, got)
+		}
+	}
+}
+
+func TestReadBodyLimit(t *testing.T) {
+	for _, tc := range []struct {
+		body    string
+		length  int64 // -1: chunked, length unknown
+		wantErr error
+	}{
+		{"12345", 5, nil},
+		{"123456", 6, errBodyTooLarge},
+		{"123456", -1, errBodyTooLarge},
+		{"12345", -1, nil},
+		{"", 0, nil},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/s", strings.NewReader(tc.body))
+		r.ContentLength = tc.length
+		got, err := readBody(r, 5)
+		if !errors.Is(err, tc.wantErr) || (err == nil && string(got) != tc.body) {
+			t.Errorf("%q (length %d): %q, %v", tc.body, tc.length, got, err)
+		}
+	}
+	// An oversized chunked body is read no further than limit+1 bytes.
+	src := &countingReader{r: bytes.NewReader(make([]byte, 1<<20))}
+	r := httptest.NewRequest(http.MethodPost, "/s", src)
+	r.ContentLength = -1
+	if _, err := readBody(r, 100); !errors.Is(err, errBodyTooLarge) {
+		t.Fatalf("err = %v", err)
+	}
+	if src.n > 101 {
+		t.Errorf("read %d bytes of an oversized body", src.n)
+	}
+}
+
+type countingReader struct {
+	r interface{ Read([]byte) (int, error) }
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
+}

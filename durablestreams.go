@@ -1,0 +1,895 @@
+package picomq
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+// defaultChunkBytes is the most stream bytes one read response (or one SSE
+// data event) carries; longer reads continue at the returned offset.
+const defaultChunkBytes = 1 << 20
+
+// durableStreams serves the Durable Streams protocol
+// (reference/durable-streams-PROTOCOL.md) on top of the engine. It knows
+// nothing of storage: every stream operation is one engine call.
+type durableStreams struct {
+	engine          func(context.Context) (*streamstore.Engine, error)
+	shutdown        context.Context // done when the server begins to shut down
+	log             *zap.Logger
+	longPollTimeout time.Duration
+	sseInterval     time.Duration
+	maxAppend       int64
+	chunkBytes      int
+	jitter          func() int // cursor jitter in seconds
+}
+
+// ServeHTTP dispatches on the method. The stream name is the request path as
+// this handler sees it, checked before any I/O.
+func (d *durableStreams) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Path
+	if err := streamstore.ValidateName(name); err != nil {
+		fail(w, http.StatusBadRequest, fmt.Sprintf("invalid stream name: %v", err))
+		return
+	}
+	switch r.Method {
+	case http.MethodGet:
+		d.get(w, r, name)
+	case http.MethodHead:
+		d.head(w, r, name)
+	case http.MethodPut:
+		d.create(w, r, name)
+	case http.MethodPost:
+		d.append(w, r, name)
+	case http.MethodDelete:
+		d.delete(w, r, name)
+	default:
+		w.Header().Set("Allow", allowedMethods)
+		fail(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s is not allowed on a stream", r.Method))
+	}
+}
+
+// create handles PUT: create a stream, or confirm an identical one.
+func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name string) {
+	for _, f := range []string{hdrForkedFrom, hdrForkOffset, hdrForkSubOffset} {
+		if _, ok := headerValue(r.Header, f); ok {
+			fail(w, http.StatusNotImplemented, "stream forking is not supported yet")
+			return
+		}
+	}
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		ct = defaultContentType
+	}
+	ct, err := normalizeContentType(ct)
+	if err != nil {
+		fail(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	expiry, err := parseExpiry(r.Header)
+	if err != nil {
+		fail(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	body, ok := d.readBody(w, r)
+	if !ok {
+		return
+	}
+	req := streamstore.CreateRequest{
+		ContentType: ct,
+		Expiry:      expiry,
+		Closed:      isTrue(r.Header.Get(hdrStreamClosed)),
+	}
+	if len(body) > 0 {
+		if isJSON(ct) {
+			msgs, err := jsonMessages(body)
+			if err != nil {
+				fail(w, http.StatusBadRequest, err.Error())
+				return
+			}
+			req.Records = toRecords(msgs) // "[]" creates an empty stream
+		} else {
+			req.Records = []streamstore.NewRecord{{Body: body}}
+		}
+	}
+
+	eng, ok := d.engineFor(w, r)
+	if !ok {
+		return
+	}
+	info, created, err := eng.Create(r.Context(), name, req)
+	if err != nil {
+		if errors.Is(err, streamstore.ErrGone) {
+			// A soft-deleted stream keeps its name reserved (section 4.2).
+			fail(w, http.StatusConflict, "a deleted stream still holds this name")
+			return
+		}
+		d.engineError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", info.ContentType)
+	h.Set(hdrStreamNextOffset, tailOf(info).String())
+	if info.Closed {
+		h.Set(hdrStreamClosed, "true")
+	}
+	h.Set("Cache-Control", cacheControlNoStore)
+	if !created {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	h.Set("Location", publicURL(r, name))
+	w.WriteHeader(http.StatusCreated)
+}
+
+// append handles POST: append, close, or append and close.
+func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name string) {
+	closeReq := isTrue(r.Header.Get(hdrStreamClosed))
+	producer, err := parseProducer(r.Header)
+	if err != nil {
+		fail(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	body, ok := d.readBody(w, r)
+	if !ok {
+		return
+	}
+	req := streamstore.AppendRequest{
+		Close:     closeReq,
+		Producer:  producer,
+		StreamSeq: r.Header.Get(hdrStreamSeq),
+	}
+	var ct string
+	if len(body) == 0 {
+		if !closeReq {
+			fail(w, http.StatusBadRequest, "empty body: an append needs data (or Stream-Closed: true to close the stream)")
+			return
+		}
+		// Close-only: the content type is ignored, whatever a client
+		// library attached.
+	} else {
+		raw := r.Header.Get("Content-Type")
+		if raw == "" {
+			fail(w, http.StatusBadRequest, "Content-Type is required when appending data")
+			return
+		}
+		if ct, err = normalizeContentType(raw); err != nil {
+			fail(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		if isJSON(ct) {
+			msgs, err := jsonMessages(body)
+			if err != nil {
+				fail(w, http.StatusBadRequest, err.Error())
+				return
+			}
+			if len(msgs) == 0 {
+				fail(w, http.StatusBadRequest, "empty JSON array: an append needs at least one message")
+				return
+			}
+			req.Records = toRecords(msgs)
+		} else {
+			req.Records = []streamstore.NewRecord{{Body: body}}
+		}
+	}
+
+	eng, ok := d.engineFor(w, r)
+	if !ok {
+		return
+	}
+	if len(req.Records) > 0 {
+		// The engine compares content types byte for byte; the protocol
+		// compares media types (TEXT/PLAIN matches text/plain; charset
+		// parameters are not compared), so the check is done here. A closed
+		// stream skips it: "closed" takes precedence over a type mismatch.
+		info, err := eng.Head(r.Context(), name)
+		if err != nil {
+			d.engineError(w, r, err)
+			return
+		}
+		if !info.Closed && !sameMediaType(ct, info.ContentType) {
+			fail(w, http.StatusConflict, fmt.Sprintf("Content-Type %s does not match the stream's %s", ct, info.ContentType))
+			return
+		}
+	}
+
+	res, err := eng.Append(r.Context(), name, req)
+	if err != nil {
+		var closed *streamstore.ClosedError
+		if errors.As(err, &closed) && len(req.Records) == 0 {
+			// Closing a closed stream is idempotent (section 5.2).
+			h := w.Header()
+			h.Set(hdrStreamNextOffset, position{seq: closed.NextSeq}.String())
+			h.Set(hdrStreamClosed, "true")
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		d.engineError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set(hdrStreamNextOffset, position{seq: res.NextSeq}.String())
+	if res.Closed {
+		h.Set(hdrStreamClosed, "true")
+	}
+	status := http.StatusNoContent
+	if producer != nil {
+		h.Set(hdrProducerEpoch, strconv.FormatUint(res.ProducerEpoch, 10))
+		h.Set(hdrProducerSeq, strconv.FormatUint(res.ProducerSeq, 10))
+		// With producer headers, 200 means "new data written" and 204 a
+		// recognised retry or a close without data (section 5.2.1).
+		if !res.Duplicate && len(req.Records) > 0 {
+			status = http.StatusOK
+		}
+	}
+	w.WriteHeader(status)
+}
+
+// head handles HEAD: the stream's metadata, without renewing its TTL.
+func (d *durableStreams) head(w http.ResponseWriter, r *http.Request, name string) {
+	eng, ok := d.engineFor(w, r)
+	if !ok {
+		return
+	}
+	info, err := eng.Head(r.Context(), name)
+	if err != nil {
+		d.engineError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", info.ContentType)
+	h.Set(hdrStreamNextOffset, tailOf(info).String())
+	if info.Expiry.TTL > 0 {
+		h.Set(hdrStreamTTL, ttlSeconds(info.Expiry.TTL))
+	}
+	if !info.Expiry.ExpiresAt.IsZero() {
+		h.Set(hdrStreamExpiresAt, info.Expiry.ExpiresAt.UTC().Format(time.RFC3339Nano))
+	}
+	if info.Closed {
+		h.Set(hdrStreamClosed, "true")
+	}
+	h.Set("Cache-Control", cacheControlNoStore)
+	w.WriteHeader(http.StatusOK)
+}
+
+// delete handles DELETE.
+func (d *durableStreams) delete(w http.ResponseWriter, r *http.Request, name string) {
+	eng, ok := d.engineFor(w, r)
+	if !ok {
+		return
+	}
+	if err := eng.Delete(r.Context(), name); err != nil {
+		d.engineError(w, r, err)
+		return
+	}
+	w.Header().Set("Cache-Control", cacheControlNoStore)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// get handles GET: catch-up, long-poll or SSE reads.
+func (d *durableStreams) get(w http.ResponseWriter, r *http.Request, name string) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		fail(w, http.StatusBadRequest, fmt.Sprintf("malformed query string: %v", err))
+		return
+	}
+	off := readOffset{kind: offsetStart}
+	offs, hasOffset := q["offset"]
+	if hasOffset {
+		if len(offs) != 1 {
+			fail(w, http.StatusBadRequest, "offset given more than once")
+			return
+		}
+		if off, err = parseOffset(offs[0]); err != nil {
+			fail(w, http.StatusBadRequest, fmt.Sprintf("malformed offset %q", offs[0]))
+			return
+		}
+	}
+	live := q.Get("live")
+	if live != "" && !hasOffset {
+		fail(w, http.StatusBadRequest, fmt.Sprintf("live=%s needs an offset (use offset=-1 for the start or offset=now for the tail)", live))
+		return
+	}
+	switch live {
+	case "":
+	case "long-poll", "sse":
+	default:
+		fail(w, http.StatusBadRequest, fmt.Sprintf("unknown live mode %q (use long-poll or sse)", live))
+		return
+	}
+
+	eng, ok := d.engineFor(w, r)
+	if !ok {
+		return
+	}
+	switch live {
+	case "long-poll":
+		d.longPoll(w, r, eng, name, off, q.Get("cursor"))
+	case "sse":
+		d.sse(w, r, eng, name, off, q.Get("cursor"))
+	default:
+		d.catchUp(w, r, eng, name, off)
+	}
+}
+
+// catchUp answers a plain GET with at most one chunk.
+func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, off readOffset) {
+	c, err := d.read(r.Context(), eng, name, off)
+	if err != nil {
+		d.readError(w, r, err)
+		return
+	}
+	if off.kind == offsetNow {
+		// The tail moves, so an offset=now answer must not be cached.
+		d.writeChunk(w, r, c, "", cacheControlNoStore, false)
+		return
+	}
+	d.writeChunk(w, r, c, "", cacheControlCatchUp, true)
+}
+
+// longPoll answers at once when data is there, else waits up to the
+// long-poll timeout for some.
+func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, off readOffset, clientCursor string) {
+	c, err := d.read(r.Context(), eng, name, off)
+	if err != nil {
+		d.readError(w, r, err)
+		return
+	}
+	cursor := nextCursor(time.Now(), clientCursor, d.jitter)
+	for {
+		if c.hasData() {
+			d.writeChunk(w, r, c, cursor, cacheControlCatchUp, true)
+			return
+		}
+		if c.closed {
+			d.writeNoContent(w, c.next, true, "")
+			return
+		}
+		if !c.upToDate {
+			// Behind the tail yet nothing read: waiting would spin.
+			d.engineError(w, r, errNoProgress)
+			return
+		}
+		info, err := d.wait(r, eng, name, c.info.ID, c.next, d.longPollTimeout)
+		switch {
+		case errors.Is(err, errWaitOver):
+			// Timeout or server shutdown: tell the client where the tail is.
+			d.writeNoContent(w, c.next, false, cursor)
+			return
+		case err != nil:
+			d.engineError(w, r, err)
+			return
+		case info.ID != c.info.ID:
+			fail(w, http.StatusNotFound, "stream was deleted")
+			return
+		}
+		if c, err = d.read(r.Context(), eng, name, readOffset{kind: offsetAt, pos: c.next}); err != nil {
+			d.readError(w, r, err)
+			return
+		}
+	}
+}
+
+// errNoProgress reports a read below the tail that returned nothing, which
+// the engine promises never happens; live reads stop rather than spin.
+var errNoProgress = errors.New("read below the tail returned no records")
+
+// errWaitOver means a live read should end normally: its time is up or the
+// server is shutting down.
+var errWaitOver = errors.New("wait over")
+
+// wait waits up to limit for the stream to move past pos. It returns
+// errWaitOver when limit passes or the server shuts down, the client's
+// context error when the client left, or the engine's error.
+func (d *durableStreams) wait(r *http.Request, eng *streamstore.Engine, name, id string, pos position, limit time.Duration) (streamstore.Info, error) {
+	ctx, cancel := context.WithTimeout(r.Context(), limit)
+	defer cancel()
+	stop := context.AfterFunc(d.shutdown, cancel)
+	defer stop()
+	info, err := eng.Wait(ctx, name, id, pos.seq)
+	if err == nil {
+		return info, nil
+	}
+	if cerr := r.Context().Err(); cerr != nil {
+		return info, cerr
+	}
+	if ctx.Err() != nil || errors.Is(err, streamstore.ErrShuttingDown) {
+		return info, errWaitOver
+	}
+	return info, err
+}
+
+// sse streams the stream as Server-Sent Events until the reconnect interval
+// passes, the stream is closed, the client leaves or the server shuts down.
+func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, off readOffset, clientCursor string) {
+	c, err := d.read(r.Context(), eng, name, off)
+	if err != nil {
+		d.readError(w, r, err)
+		return
+	}
+	id := c.info.ID
+	encode := !isTextual(c.info.ContentType)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", cacheControlEventFeed)
+	if encode {
+		h.Set(hdrSSEDataEncoding, "base64")
+	}
+	rc := http.NewResponseController(w)
+	// A server write timeout would cut the feed short; the reconnect
+	// interval bounds it instead.
+	_ = rc.SetWriteDeadline(time.Time{})
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 32<<10)
+	flush := func() bool {
+		if err := bw.Flush(); err != nil {
+			return false
+		}
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return false
+		}
+		return true
+	}
+	if !flush() { // let the client see the response start at once
+		return
+	}
+
+	deadline := time.Now().Add(d.sseInterval)
+	cursor := nextCursor(time.Now(), clientCursor, d.jitter)
+	announced := false // a control event with upToDate has been sent for c.next
+	for {
+		switch {
+		case c.hasData():
+			var err error
+			switch {
+			case c.json:
+				err = writeSSEEvent(bw, "data", c.payload())
+			case encode:
+				err = writeSSEBase64(bw, c.body)
+			default:
+				err = writeSSEEvent(bw, "data", c.body)
+			}
+			if err != nil {
+				return
+			}
+			ctl := sseControl{StreamNextOffset: c.next.String(), UpToDate: c.upToDate}
+			if c.closed {
+				ctl.StreamClosed = true
+			} else {
+				ctl.StreamCursor = cursor
+			}
+			if writeSSEControl(bw, ctl) != nil || !flush() || c.closed {
+				return
+			}
+			announced = c.upToDate
+		case c.closed:
+			// At the end of a closed stream: the final control event, then
+			// the connection closes (section 5.8).
+			writeSSEControl(bw, sseControl{StreamNextOffset: c.next.String(), UpToDate: true, StreamClosed: true})
+			flush()
+			return
+		case !c.upToDate:
+			d.log.Error("SSE read made no progress", zap.String("stream", name), zap.Error(errNoProgress))
+			return
+		case !announced:
+			if writeSSEControl(bw, sseControl{StreamNextOffset: c.next.String(), StreamCursor: cursor, UpToDate: true}) != nil || !flush() {
+				return
+			}
+			announced = true
+		}
+
+		if d.shutdown.Err() != nil {
+			d.finalControl(bw, c.next, cursor, c.upToDate)
+			flush()
+			return
+		}
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
+			return // recycle: the client reconnects from its last offset
+		}
+		if c.upToDate {
+			info, err := d.wait(r, eng, name, id, c.next, remaining)
+			switch {
+			case errors.Is(err, errWaitOver):
+				if d.shutdown.Err() != nil {
+					d.finalControl(bw, c.next, cursor, true)
+					flush()
+				}
+				return
+			case err != nil:
+				if r.Context().Err() == nil {
+					d.log.Warn("SSE wait failed", zap.String("stream", name), zap.Error(err))
+				}
+				return
+			case info.ID != id:
+				return // deleted or recreated; a reconnect reports it
+			}
+		}
+		next := c.next
+		if c, err = d.read(r.Context(), eng, name, readOffset{kind: offsetAt, pos: next}); err != nil {
+			if r.Context().Err() == nil {
+				d.log.Warn("SSE read failed", zap.String("stream", name), zap.Error(err))
+			}
+			return
+		}
+		if c.info.ID != id {
+			return
+		}
+		if c.hasData() {
+			announced = false
+		}
+	}
+}
+
+// finalControl tells an SSE client where to resume when the server ends the
+// feed early (shutdown or reload).
+func (d *durableStreams) finalControl(bw *bufio.Writer, next position, cursor string, upToDate bool) {
+	writeSSEControl(bw, sseControl{StreamNextOffset: next.String(), StreamCursor: cursor, UpToDate: upToDate})
+}
+
+// chunk is the result of one read, shaped for the protocol.
+type chunk struct {
+	info     streamstore.Info
+	start    position // where the chunk begins
+	next     position // where the next read begins
+	json     bool     // JSON mode: msgs holds whole messages
+	body     []byte   // bytes mode: the stream bytes
+	msgs     [][]byte
+	upToDate bool // the chunk reaches the tail as of the read
+	closed   bool // ... and the stream is closed: EOF
+}
+
+// hasData reports whether the chunk moves the reader forward.
+func (c *chunk) hasData() bool { return c.next != c.start }
+
+// payload is the response body: the bytes, or in JSON mode an array of the
+// messages (an empty array when there are none).
+func (c *chunk) payload() []byte {
+	if !c.json {
+		return c.body
+	}
+	n := 2
+	for _, m := range c.msgs {
+		n += len(m) + 1
+	}
+	out := make([]byte, 0, n)
+	out = append(out, '[')
+	for i, m := range c.msgs {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, m...)
+	}
+	return append(out, ']')
+}
+
+// etag identifies the chunk's content: stream id, range and, once the chunk
+// carries the EOF signal, the closure (so a 304 can never hide it).
+func (c *chunk) etag() string {
+	tag := c.info.ID + ":" + c.start.String() + ":" + c.next.String()
+	if c.closed {
+		tag += ":c"
+	}
+	return `"` + tag + `"`
+}
+
+// offsetError is a read offset the stream cannot serve; it is the client's
+// fault (400).
+type offsetError struct{ msg string }
+
+func (e *offsetError) Error() string { return e.msg }
+
+// read reads one chunk at off.
+func (d *durableStreams) read(ctx context.Context, eng *streamstore.Engine, name string, off readOffset) (chunk, error) {
+	if off.kind == offsetNow {
+		res, err := eng.Read(ctx, name, streamstore.ReadRequest{Seq: streamstore.ReadFromTail})
+		if err != nil {
+			return chunk{}, err
+		}
+		tail := tailOf(res.Info)
+		return chunk{
+			info:     res.Info,
+			start:    tail,
+			next:     tail,
+			json:     isJSON(res.Info.ContentType),
+			upToDate: true,
+			closed:   res.Info.Closed,
+		}, nil
+	}
+	var from position
+	if off.kind == offsetAt {
+		from = off.pos
+	}
+	req := streamstore.ReadRequest{Seq: from.seq, MaxBytes: d.chunkBytes + int(min(from.off, uint64(d.chunkBytes)))}
+	res, err := eng.Read(ctx, name, req)
+	if err != nil && off.kind == offsetStart && errors.Is(err, streamstore.ErrGone) {
+		// "-1" means the first retained record, wherever trims left it.
+		if info, herr := eng.Head(ctx, name); herr == nil && info.StartSeq > 0 {
+			from.seq = info.StartSeq
+			req.Seq = from.seq
+			res, err = eng.Read(ctx, name, req)
+		}
+	}
+	if err != nil {
+		return chunk{}, err
+	}
+	return assemble(res, from, d.chunkBytes)
+}
+
+// assemble turns an engine read into a chunk of at most limit stream bytes.
+// In bytes mode a record that does not fit is left for the next read, unless
+// it is the first, which is then split (text at a UTF-8 boundary). JSON
+// messages are never split.
+func assemble(res streamstore.ReadResult, from position, limit int) (chunk, error) {
+	info := res.Info
+	c := chunk{info: info, start: from, next: from, json: isJSON(info.ContentType)}
+	tail := tailOf(info)
+	if from.seq > tail.seq || (from.seq == tail.seq && from.off > 0) {
+		return chunk{}, &offsetError{"offset is beyond the end of the stream"}
+	}
+	if c.json && from.off > 0 {
+		return chunk{}, &offsetError{"offset points inside a JSON message"}
+	}
+	textual := isTextual(info.ContentType)
+	complete := true // every record the engine returned is in the chunk
+	size := 0
+	for _, rec := range res.Records {
+		if rec.Seq < c.next.seq {
+			continue
+		}
+		if rec.Seq != c.next.seq {
+			complete = false // a gap would be an engine bug; never skip data
+			break
+		}
+		if c.json {
+			if len(c.msgs) > 0 && size+len(rec.Body)+1 > limit {
+				complete = false
+				break
+			}
+			c.msgs = append(c.msgs, rec.Body)
+			size += len(rec.Body) + 1
+			c.next = position{seq: rec.Seq + 1}
+			continue
+		}
+		skip := uint64(0)
+		if rec.Seq == from.seq {
+			skip = from.off
+			if skip > 0 && skip >= uint64(len(rec.Body)) {
+				return chunk{}, &offsetError{"offset is beyond the end of its record"}
+			}
+		}
+		rest := rec.Body[skip:]
+		room := limit - len(c.body)
+		if len(rest) > room {
+			complete = false
+			if len(c.body) > 0 {
+				break
+			}
+			cut := room
+			if textual {
+				cut = runeCut(rest, room)
+			}
+			c.body = append(c.body, rest[:cut]...)
+			c.next = position{seq: rec.Seq, off: skip + uint64(cut)}
+			break
+		}
+		c.body = append(c.body, rest...)
+		c.next = position{seq: rec.Seq + 1}
+	}
+	c.upToDate = complete && c.next.off == 0 && c.next.seq >= tail.seq
+	c.closed = c.upToDate && info.Closed
+	return c, nil
+}
+
+// runeCut returns a cut point at most n bytes into b that does not split a
+// UTF-8 sequence, so that text split over two reads decodes piece by piece.
+// It never returns 0 when n > 0: binary junk in a text stream is cut at n.
+func runeCut(b []byte, n int) int {
+	for i := n; i > 0 && i > n-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			return i
+		}
+	}
+	return n
+}
+
+// writeChunk writes a 200 read response. cursor is set on live responses.
+func (d *durableStreams) writeChunk(w http.ResponseWriter, r *http.Request, c chunk, cursor, cacheControl string, withETag bool) {
+	h := w.Header()
+	h.Set("Content-Type", c.info.ContentType)
+	h.Set(hdrStreamNextOffset, c.next.String())
+	if c.upToDate {
+		h.Set(hdrStreamUpToDate, "true")
+	}
+	if c.closed {
+		h.Set(hdrStreamClosed, "true")
+	} else if cursor != "" {
+		h.Set(hdrStreamCursor, cursor)
+	}
+	h.Set("Cache-Control", cacheControl)
+	if withETag {
+		tag := c.etag()
+		h.Set("ETag", tag)
+		if etagMatches(r.Header.Get("If-None-Match"), tag) {
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
+	}
+	body := c.payload()
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
+
+// writeNoContent writes a long-poll 204: the client is at the tail.
+func (d *durableStreams) writeNoContent(w http.ResponseWriter, tail position, closed bool, cursor string) {
+	h := w.Header()
+	h.Set(hdrStreamNextOffset, tail.String())
+	h.Set(hdrStreamUpToDate, "true")
+	if closed {
+		h.Set(hdrStreamClosed, "true")
+	} else {
+		h.Set(hdrStreamCursor, cursor)
+	}
+	// CDNs should not cache an empty long-poll answer (section 10.1).
+	h.Set("Cache-Control", cacheControlNoStore)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// etagMatches implements If-None-Match for our strong tags.
+func etagMatches(header, tag string) bool {
+	if header == "" {
+		return false
+	}
+	for _, t := range strings.Split(header, ",") {
+		t = strings.TrimSpace(t)
+		if t == "*" || strings.TrimPrefix(t, "W/") == tag {
+			return true
+		}
+	}
+	return false
+}
+
+// tailOf is the offset after the last durable record.
+func tailOf(info streamstore.Info) position { return position{seq: info.NextSeq} }
+
+// toRecords wraps message bodies as records.
+func toRecords(msgs [][]byte) []streamstore.NewRecord {
+	recs := make([]streamstore.NewRecord, len(msgs))
+	for i, m := range msgs {
+		recs[i] = streamstore.NewRecord{Body: m}
+	}
+	return recs
+}
+
+// readBody reads an append or create body, answering 413 or 400 itself.
+func (d *durableStreams) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := readBody(r, d.maxAppend)
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		fail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is larger than the %d-byte limit", d.maxAppend))
+		return nil, false
+	case err != nil:
+		fail(w, http.StatusBadRequest, err.Error())
+		return nil, false
+	}
+	return body, true
+}
+
+// engineFor returns the engine, answering 503 itself while it is not
+// available.
+func (d *durableStreams) engineFor(w http.ResponseWriter, r *http.Request) (*streamstore.Engine, bool) {
+	eng, err := d.engine(r.Context())
+	if err != nil {
+		d.engineError(w, r, err)
+		return nil, false
+	}
+	return eng, true
+}
+
+// readError answers a failed read.
+func (d *durableStreams) readError(w http.ResponseWriter, r *http.Request, err error) {
+	var oe *offsetError
+	if errors.As(err, &oe) {
+		fail(w, http.StatusBadRequest, oe.msg)
+		return
+	}
+	d.engineError(w, r, err)
+}
+
+// engineError maps an engine error to a response.
+func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err error) {
+	h := w.Header()
+	var (
+		closed *streamstore.ClosedError
+		fenced *streamstore.FencedError
+		gap    *streamstore.SequenceGapError
+	)
+	switch {
+	case errors.As(err, &closed):
+		h.Set(hdrStreamClosed, "true")
+		h.Set(hdrStreamNextOffset, position{seq: closed.NextSeq}.String())
+		fail(w, http.StatusConflict, "stream is closed")
+	case errors.As(err, &fenced):
+		h.Set(hdrProducerEpoch, strconv.FormatUint(fenced.CurrentEpoch, 10))
+		fail(w, http.StatusForbidden, fmt.Sprintf("producer epoch is stale; the current epoch is %d", fenced.CurrentEpoch))
+	case errors.As(err, &gap):
+		h.Set(hdrProducerExpected, strconv.FormatUint(gap.Expected, 10))
+		h.Set(hdrProducerReceived, strconv.FormatUint(gap.Received, 10))
+		fail(w, http.StatusConflict, fmt.Sprintf("producer seq gap: expected %d, received %d", gap.Expected, gap.Received))
+	case errors.Is(err, streamstore.ErrNotFound):
+		fail(w, http.StatusNotFound, "stream not found")
+	case errors.Is(err, streamstore.ErrGone):
+		fail(w, http.StatusGone, "stream is gone, or the offset is before its retained data")
+	case errors.Is(err, streamstore.ErrConflict):
+		fail(w, http.StatusConflict, "stream exists with a different configuration")
+	case errors.Is(err, streamstore.ErrContentType):
+		fail(w, http.StatusConflict, "Content-Type does not match the stream's")
+	case errors.Is(err, streamstore.ErrStreamSeq):
+		fail(w, http.StatusConflict, "Stream-Seq is not greater than the last one")
+	case errors.Is(err, streamstore.ErrBadRequest):
+		fail(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, streamstore.ErrShuttingDown):
+		h.Set("Retry-After", "1")
+		fail(w, http.StatusServiceUnavailable, "server is shutting down; retry")
+	case errors.Is(err, streamstore.ErrUnavailable):
+		d.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		h.Set("Retry-After", "1")
+		fail(w, http.StatusServiceUnavailable, "storage unavailable; nothing was changed, retry")
+	case r.Context().Err() != nil:
+		// The client left; nobody reads the answer.
+	default:
+		d.log.Error("request failed", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		fail(w, http.StatusInternalServerError, "internal error")
+	}
+}
+
+// fail writes a short plain-text error. Headers already set (Stream-Closed,
+// producer state) are kept; read-response headers are not.
+func fail(w http.ResponseWriter, status int, msg string) {
+	h := w.Header()
+	h.Del("ETag")
+	h.Del(hdrStreamUpToDate)
+	h.Del(hdrStreamCursor)
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Cache-Control", cacheControlNoStore)
+	w.WriteHeader(status)
+	io.WriteString(w, msg+"\n")
+}
+
+// clientPrefix is the part of the client's URL path that Caddy stripped
+// before this handler (handle_path, uri strip_prefix), so that URLs written
+// back to clients stay in their URL space.
+func clientPrefix(r *http.Request) string {
+	orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request)
+	if !ok || orig.URL == nil {
+		return ""
+	}
+	if p, found := strings.CutSuffix(orig.URL.Path, r.URL.Path); found {
+		return p
+	}
+	return ""
+}
+
+// publicURL is the absolute URL clients use for the stream name.
+func publicURL(r *http.Request, name string) string {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	u := url.URL{Scheme: scheme, Host: r.Host, Path: clientPrefix(r) + name}
+	return u.String()
+}

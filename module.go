@@ -1,0 +1,316 @@
+// Package picomq is PicoMQ for Caddy: an HTTP handler that serves durable
+// streams, with S3-compatible object storage as its only durable state.
+package picomq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Protocol names accepted by the protocol option.
+const (
+	protocolDurableStreams = "durable-streams"
+	protocolPico           = "pico"
+)
+
+// Defaults of the Handler options.
+const (
+	defaultFlushInterval        = 10 * time.Millisecond
+	defaultFlushSize            = 1 << 20
+	defaultLongPollTimeout      = 30 * time.Second
+	defaultSSEReconnectInterval = 60 * time.Second
+	defaultMaxAppendSize        = 16 << 20
+	defaultCacheSize            = 64 << 20
+	defaultS3Timeout            = 10 * time.Second
+)
+
+// Handler serves durable streams: every request path below the handler is a
+// stream. Streams are stored in S3-compatible object storage (or a local
+// directory); the process holds caches only.
+//
+// Caddyfile syntax (all subdirectives optional):
+//
+//	picomq [<matcher>] {
+//	    protocol               durable-streams|pico
+//	    storage                <url>
+//	    flush_interval         <duration>
+//	    flush_size             <size>
+//	    long_poll_timeout      <duration>
+//	    sse_reconnect_interval <duration>
+//	    max_append_size        <size>
+//	    cache_size             <size>
+//	    s3_timeout             <duration>
+//	}
+//
+// Sizes take units (64KiB, 1MiB, 16MB). The directive is ordered before
+// respond; inside handle_path the stream name is the path after the stripped
+// prefix, and URLs written back to clients keep the prefix.
+type Handler struct {
+	// Wire protocol: "durable-streams" (default) or "pico" (not available
+	// yet).
+	Protocol string `json:"protocol,omitempty"`
+
+	// Where streams are stored: s3://BUCKET/PREFIX?region=R&endpoint=URL&path_style=true
+	// or file:///dir. Placeholders such as {env.BUCKET} are replaced when the
+	// config is loaded. Default: the "picomq/data" directory under Caddy's
+	// data directory. Handlers (and configs, across reloads) with the same
+	// storage share one engine.
+	Storage string `json:"storage,omitempty"`
+
+	// Longest an append waits for its batch to be uploaded. Default 10ms.
+	FlushInterval caddy.Duration `json:"flush_interval,omitempty"`
+
+	// Batch size in bytes that starts an upload at once. Default 1 MiB.
+	FlushSize int64 `json:"flush_size,omitempty"`
+
+	// Longest a long-poll read waits for data before answering 204.
+	// Default 30s.
+	LongPollTimeout caddy.Duration `json:"long_poll_timeout,omitempty"`
+
+	// How long an SSE response lasts before the server closes it so the
+	// client reconnects (which lets CDNs collapse readers). Default 60s.
+	SSEReconnectInterval caddy.Duration `json:"sse_reconnect_interval,omitempty"`
+
+	// Largest append body in bytes; larger bodies get 413. Default 16 MiB.
+	MaxAppendSize int64 `json:"max_append_size,omitempty"`
+
+	// Memory budget in bytes for the engine's record and block caches.
+	// Default 64 MiB.
+	CacheSize int64 `json:"cache_size,omitempty"`
+
+	// Timeout of each object-store request. Default 10s.
+	S3Timeout caddy.Duration `json:"s3_timeout,omitempty"`
+
+	log   *zap.Logger
+	ref   *engineRef
+	proto http.Handler
+
+	// shutdown ends when this handler's server begins to shut down (a reload
+	// or exit), so that long-poll and SSE responses end promptly instead of
+	// holding the server's graceful shutdown open.
+	shutdown       context.Context
+	cancelShutdown context.CancelFunc
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.picomq",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision applies defaults, resolves the storage and registers the shutdown
+// hook. It does no network I/O: the storage is opened when the picomq app
+// starts.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.log = ctx.Logger()
+	h.shutdown, h.cancelShutdown = context.WithCancel(context.Background())
+	h.applyDefaults()
+
+	storage := h.Storage
+	if storage == "" {
+		storage = defaultStorageURL()
+	}
+	storage, err := caddy.NewReplacer().ReplaceOrErr(storage, true, true)
+	if err != nil {
+		return fmt.Errorf("storage: %w", err)
+	}
+	if err := h.Validate(); err != nil {
+		return err
+	}
+
+	appIface, err := ctx.App("picomq")
+	if err != nil {
+		return fmt.Errorf("getting picomq app: %w", err)
+	}
+	h.ref, err = appIface.(*App).acquire(storage, engineSettings{
+		FlushInterval: time.Duration(h.FlushInterval),
+		FlushSize:     h.FlushSize,
+		CacheBytes:    h.CacheSize,
+		S3Timeout:     time.Duration(h.S3Timeout),
+	})
+	if err != nil {
+		return fmt.Errorf("storage: %w", err)
+	}
+
+	// Handlers are provisioned with their server in the context. Its
+	// shutdown hooks run as soon as http.Server.Shutdown begins, while
+	// Cleanup would only run after every connection has ended, which a
+	// live reader never does by itself.
+	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil {
+		srv.RegisterOnShutdown(h.cancelShutdown)
+	}
+
+	switch h.Protocol {
+	case protocolDurableStreams:
+		h.proto = &durableStreams{
+			engine:          h.engine,
+			shutdown:        h.shutdown,
+			log:             h.log,
+			longPollTimeout: time.Duration(h.LongPollTimeout),
+			sseInterval:     time.Duration(h.SSEReconnectInterval),
+			maxAppend:       h.MaxAppendSize,
+			chunkBytes:      defaultChunkBytes,
+			jitter:          randomJitter,
+		}
+	}
+	return nil
+}
+
+func (h *Handler) applyDefaults() {
+	if h.Protocol == "" {
+		h.Protocol = protocolDurableStreams
+	}
+	if h.FlushInterval == 0 {
+		h.FlushInterval = caddy.Duration(defaultFlushInterval)
+	}
+	if h.FlushSize == 0 {
+		h.FlushSize = defaultFlushSize
+	}
+	if h.LongPollTimeout == 0 {
+		h.LongPollTimeout = caddy.Duration(defaultLongPollTimeout)
+	}
+	if h.SSEReconnectInterval == 0 {
+		h.SSEReconnectInterval = caddy.Duration(defaultSSEReconnectInterval)
+	}
+	if h.MaxAppendSize == 0 {
+		h.MaxAppendSize = defaultMaxAppendSize
+	}
+	if h.CacheSize == 0 {
+		h.CacheSize = defaultCacheSize
+	}
+	if h.S3Timeout == 0 {
+		h.S3Timeout = caddy.Duration(defaultS3Timeout)
+	}
+}
+
+// Validate checks the options after defaults are applied.
+func (h *Handler) Validate() error {
+	switch h.Protocol {
+	case protocolDurableStreams:
+	case protocolPico:
+		return errors.New("protocol pico is not available yet; use durable-streams")
+	default:
+		return fmt.Errorf("unknown protocol %q (use durable-streams or pico)", h.Protocol)
+	}
+	for _, d := range []struct {
+		name string
+		v    caddy.Duration
+	}{
+		{"flush_interval", h.FlushInterval},
+		{"long_poll_timeout", h.LongPollTimeout},
+		{"sse_reconnect_interval", h.SSEReconnectInterval},
+		{"s3_timeout", h.S3Timeout},
+	} {
+		if d.v < 0 {
+			return fmt.Errorf("%s must not be negative", d.name)
+		}
+	}
+	for _, s := range []struct {
+		name string
+		v    int64
+	}{
+		{"flush_size", h.FlushSize},
+		{"max_append_size", h.MaxAppendSize},
+		{"cache_size", h.CacheSize},
+	} {
+		if s.v < 0 {
+			return fmt.Errorf("%s must not be negative", s.name)
+		}
+	}
+	if h.FlushSize > 1<<30 {
+		return errors.New("flush_size must be at most 1GiB")
+	}
+	if h.MaxAppendSize > 1<<30 {
+		// The whole body is held in memory until it is durable.
+		return errors.New("max_append_size must be at most 1GiB")
+	}
+	return nil
+}
+
+// Cleanup ends any live responses still open. The engine itself is released
+// by the picomq app.
+func (h *Handler) Cleanup() error {
+	if h.cancelShutdown != nil {
+		h.cancelShutdown()
+	}
+	return nil
+}
+
+// engine returns the handler's engine once the storage is open.
+func (h *Handler) engine(ctx context.Context) (*streamstore.Engine, error) {
+	return h.ref.engine(ctx, h.shutdown.Done())
+}
+
+// ServeHTTP serves a stream request. The handler is terminal: it answers
+// every request it gets and never calls next.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	setCommonHeaders(w.Header())
+	if r.Method == http.MethodOptions {
+		writePreflight(w, r)
+		return nil
+	}
+	h.proto.ServeHTTP(w, r)
+	return nil
+}
+
+// exposedHeaders are the response headers browser code may read.
+const exposedHeaders = "Stream-Next-Offset, Stream-Up-To-Date, Stream-Cursor, Stream-Closed, " +
+	"Stream-TTL, Stream-Expires-At, Stream-SSE-Data-Encoding, " +
+	"Producer-Epoch, Producer-Seq, Producer-Expected-Seq, Producer-Received-Seq, " +
+	"ETag, Content-Type, Location, Retry-After"
+
+// allowedRequestHeaders are the request headers a preflight allows when the
+// browser does not list the ones it wants.
+const allowedRequestHeaders = "Content-Type, If-None-Match, Authorization, " +
+	"Stream-TTL, Stream-Expires-At, Stream-Closed, Stream-Seq, " +
+	"Producer-Id, Producer-Epoch, Producer-Seq, " +
+	"Stream-Forked-From, Stream-Fork-Offset, Stream-Fork-Sub-Offset"
+
+const allowedMethods = "GET, HEAD, PUT, POST, DELETE, OPTIONS"
+
+// setCommonHeaders sets the browser-safety and CORS headers every response
+// carries (protocol section 12.7).
+func setCommonHeaders(h http.Header) {
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cross-Origin-Resource-Policy", "cross-origin")
+	h.Set("Access-Control-Allow-Origin", "*")
+	h.Set("Access-Control-Expose-Headers", exposedHeaders)
+}
+
+// writePreflight answers an OPTIONS request (a CORS preflight or not).
+func writePreflight(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Allow", allowedMethods)
+	h.Set("Access-Control-Allow-Methods", allowedMethods)
+	if req := r.Header.Get("Access-Control-Request-Headers"); req != "" {
+		h.Set("Access-Control-Allow-Headers", req)
+	} else {
+		h.Set("Access-Control-Allow-Headers", allowedRequestHeaders)
+	}
+	h.Set("Access-Control-Max-Age", "86400")
+	h.Set("Cache-Control", cacheControlNoStore)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

@@ -1,0 +1,122 @@
+package picomq
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"time"
+)
+
+// position is a Durable Streams offset decoded: a record seq and a byte
+// position inside that record. The tail of a stream is (NextSeq, 0); a read
+// that stops inside a large record resumes at (seq, bytes already sent).
+type position struct {
+	seq uint64
+	off uint64
+}
+
+// offsetDigits is the width of each zero-padded half of an offset. Fixed
+// width keeps offsets lexicographically sortable, as the protocol requires;
+// 16 digits cover 10^16 records per stream and 10^16 bytes per record.
+const offsetDigits = 16
+
+// offsetLen is the length of an encoded offset: two halves and a '_'.
+const offsetLen = 2*offsetDigits + 1
+
+// String encodes p as the opaque offset token clients see.
+func (p position) String() string {
+	return fmt.Sprintf("%0*d_%0*d", offsetDigits, p.seq, offsetDigits, p.off)
+}
+
+// offsetKind tells the sentinels apart from a real position.
+type offsetKind int
+
+const (
+	offsetStart offsetKind = iota // "-1" or no offset: the stream's first retained byte
+	offsetNow                     // "now": the current tail
+	offsetAt                      // a position the server handed out
+)
+
+// readOffset is a parsed offset query parameter.
+type readOffset struct {
+	kind offsetKind
+	pos  position // when kind == offsetAt
+}
+
+var errBadOffset = errors.New("malformed offset")
+
+// parseOffset decodes an offset query value. Anything but the two sentinels
+// and the exact shape String produces is rejected, so junk (spaces, commas,
+// path segments, signs) never reaches the engine.
+func parseOffset(s string) (readOffset, error) {
+	switch s {
+	case "-1":
+		return readOffset{kind: offsetStart}, nil
+	case "now":
+		return readOffset{kind: offsetNow}, nil
+	}
+	if len(s) != offsetLen || s[offsetDigits] != '_' {
+		return readOffset{}, errBadOffset
+	}
+	seq, ok := parseDigits(s[:offsetDigits])
+	if !ok {
+		return readOffset{}, errBadOffset
+	}
+	off, ok := parseDigits(s[offsetDigits+1:])
+	if !ok {
+		return readOffset{}, errBadOffset
+	}
+	return readOffset{kind: offsetAt, pos: position{seq: seq, off: off}}, nil
+}
+
+// parseDigits parses a run of ASCII digits; strconv alone would also take a
+// sign or underscores.
+func parseDigits(s string) (uint64, bool) {
+	if s == "" {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	return n, err == nil
+}
+
+// Cursors (protocol section 10.1): the number of 20-second intervals since
+// 2024-10-09T00:00:00Z. They only exist so that CDN cache keys change over
+// time; a client echoing a cursor that is not behind the clock gets a larger
+// one, so a cached response can never be served to it again.
+const (
+	cursorEpochUnix = 1728432000 // 2024-10-09T00:00:00Z
+	cursorInterval  = 20 * time.Second
+	cursorMaxJitter = 3600 // seconds
+)
+
+// cursorAt returns the interval number at t.
+func cursorAt(t time.Time) uint64 {
+	d := t.Sub(time.Unix(cursorEpochUnix, 0))
+	if d < 0 {
+		return 0
+	}
+	return uint64(d / cursorInterval)
+}
+
+// nextCursor returns the cursor for a live response at now. clientCursor is
+// the client's cursor query parameter ("" when absent); jitterSeconds picks a
+// value in [1, cursorMaxJitter] (randomJitter in production).
+func nextCursor(now time.Time, clientCursor string, jitterSeconds func() int) string {
+	cur := cursorAt(now)
+	if c, ok := parseDigits(clientCursor); ok && c >= cur {
+		// Stay strictly ahead of the client so its next request has a new
+		// cache key; the jitter spreads clients over several keys.
+		step := uint64(jitterSeconds()) / uint64(cursorInterval/time.Second)
+		cur = c + max(step, 1)
+	}
+	return strconv.FormatUint(cur, 10)
+}
+
+// randomJitter is the production jitter source for nextCursor.
+func randomJitter() int { return 1 + rand.IntN(cursorMaxJitter) }

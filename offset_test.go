@@ -1,0 +1,118 @@
+package picomq
+
+import (
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestOffsetRoundTrip(t *testing.T) {
+	for _, p := range []position{
+		{0, 0}, {1, 0}, {0, 7}, {42, 1 << 20}, {9999999999999999, 9999999999999999},
+	} {
+		s := p.String()
+		if len(s) != offsetLen {
+			t.Errorf("%v encodes to %q (%d bytes), want %d", p, s, len(s), offsetLen)
+		}
+		if strings.ContainsAny(s, ",&=?/") {
+			t.Errorf("%q holds a character the protocol forbids", s)
+		}
+		got, err := parseOffset(s)
+		if err != nil || got.kind != offsetAt || got.pos != p {
+			t.Errorf("parseOffset(%q) = %+v, %v; want %v", s, got, err, p)
+		}
+	}
+}
+
+func TestOffsetsSortLikePositions(t *testing.T) {
+	ps := []position{{10, 0}, {2, 5}, {2, 0}, {0, 0}, {1, 100}, {1, 99}, {100, 0}}
+	strs := make([]string, len(ps))
+	for i, p := range ps {
+		strs[i] = p.String()
+	}
+	sort.Slice(ps, func(i, j int) bool {
+		return ps[i].seq < ps[j].seq || (ps[i].seq == ps[j].seq && ps[i].off < ps[j].off)
+	})
+	sort.Strings(strs)
+	for i := range ps {
+		if ps[i].String() != strs[i] {
+			t.Fatalf("string order differs from position order at %d: %s vs %s", i, strs[i], ps[i])
+		}
+	}
+}
+
+func TestParseOffsetSentinels(t *testing.T) {
+	if o, err := parseOffset("-1"); err != nil || o.kind != offsetStart {
+		t.Errorf("-1: %+v %v", o, err)
+	}
+	if o, err := parseOffset("now"); err != nil || o.kind != offsetNow {
+		t.Errorf("now: %+v %v", o, err)
+	}
+}
+
+func TestParseOffsetRejects(t *testing.T) {
+	good := position{3, 4}.String()
+	for _, s := range []string{
+		"", " ", "0", "-2", "NOW", "Now", "now ", "0 1", "0,1", "../x", "x/..", "a\x00", "a\n", "a\r\n",
+		good + "0", good[1:], strings.Replace(good, "_", "-", 1), strings.Replace(good, "0", " ", 1),
+		strings.Replace(good, "0", "+", 1), strings.Replace(good, "0", "a", 1),
+		"+000000000000003_0000000000000004", "0000000000000003_000000000000000x",
+	} {
+		if o, err := parseOffset(s); err == nil {
+			t.Errorf("parseOffset(%q) = %+v, want an error", s, o)
+		}
+	}
+}
+
+func TestCursorAt(t *testing.T) {
+	epoch := time.Date(2024, 10, 9, 0, 0, 0, 0, time.UTC)
+	if got := cursorAt(epoch); got != 0 {
+		t.Errorf("at the epoch: %d", got)
+	}
+	if got := cursorAt(epoch.Add(19 * time.Second)); got != 0 {
+		t.Errorf("19s in: %d", got)
+	}
+	if got := cursorAt(epoch.Add(20 * time.Second)); got != 1 {
+		t.Errorf("20s in: %d", got)
+	}
+	if got := cursorAt(epoch.Add(-time.Hour)); got != 0 {
+		t.Errorf("before the epoch: %d", got)
+	}
+}
+
+func TestNextCursor(t *testing.T) {
+	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	cur := cursorAt(now)
+	curS := itoa(cur)
+	noJitter := func() int { t.Fatal("jitter used"); return 0 }
+
+	if got := nextCursor(now, "", noJitter); got != curS {
+		t.Errorf("no client cursor: %s, want %s", got, curS)
+	}
+	if got := nextCursor(now, itoa(cur-5), noJitter); got != curS {
+		t.Errorf("old client cursor: %s, want %s", got, curS)
+	}
+	if got := nextCursor(now, "garbage", noJitter); got != curS {
+		t.Errorf("junk client cursor: %s, want %s", got, curS)
+	}
+	// A client at or ahead of the clock gets a strictly larger cursor.
+	for _, jitter := range []int{1, 19, 20, 59, 3600} {
+		j := jitter
+		for _, client := range []uint64{cur, cur + 100} {
+			got := nextCursor(now, itoa(client), func() int { return j })
+			want := client + max(uint64(j/20), 1)
+			if got != itoa(want) {
+				t.Errorf("client %d, jitter %d: %s, want %d", client, j, got, want)
+			}
+		}
+	}
+	for range 1000 {
+		if j := randomJitter(); j < 1 || j > cursorMaxJitter {
+			t.Fatalf("jitter %d out of range", j)
+		}
+	}
+}
+
+func itoa(n uint64) string { return strconv.FormatUint(n, 10) }

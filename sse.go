@@ -1,0 +1,83 @@
+package picomq
+
+import (
+	"bufio"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+)
+
+// sseControl is the payload of a Durable Streams "control" event.
+type sseControl struct {
+	StreamNextOffset string `json:"streamNextOffset"`
+	StreamCursor     string `json:"streamCursor,omitempty"`
+	UpToDate         bool   `json:"upToDate,omitempty"`
+	StreamClosed     bool   `json:"streamClosed,omitempty"`
+}
+
+// base64LineLen is how many base64 characters go on one "data:" line; a
+// multiple of 4 so that every line decodes on its own too.
+const base64LineLen = 4096
+
+// writeSSEEvent writes one event. Every line of payload becomes its own
+// "data:" line; CR, LF and CRLF all end a line, so bytes in the payload can
+// never end the event or start a forged one.
+func writeSSEEvent(w *bufio.Writer, event string, payload []byte) error {
+	if _, err := fmt.Fprintf(w, "event: %s\n", event); err != nil {
+		return err
+	}
+	for {
+		line, rest, more := cutLine(payload)
+		w.WriteString("data:")
+		w.Write(line)
+		w.WriteByte('\n')
+		if !more {
+			break
+		}
+		payload = rest
+	}
+	return w.WriteByte('\n')
+}
+
+// cutLine splits b at its first line ending (CRLF, CR or LF).
+func cutLine(b []byte) (line, rest []byte, found bool) {
+	for i, c := range b {
+		switch c {
+		case '\n':
+			return b[:i], b[i+1:], true
+		case '\r':
+			if i+1 < len(b) && b[i+1] == '\n' {
+				return b[:i], b[i+2:], true
+			}
+			return b[:i], b[i+1:], true
+		}
+	}
+	return b, nil, false
+}
+
+// writeSSEBase64 writes a data event whose payload is data in standard
+// base64, split into lines of base64LineLen characters.
+func writeSSEBase64(w *bufio.Writer, data []byte) error {
+	enc := make([]byte, base64.StdEncoding.EncodedLen(len(data)))
+	base64.StdEncoding.Encode(enc, data)
+	w.WriteString("event: data\n")
+	for len(enc) > base64LineLen {
+		w.WriteString("data:")
+		w.Write(enc[:base64LineLen])
+		w.WriteByte('\n')
+		enc = enc[base64LineLen:]
+	}
+	w.WriteString("data:")
+	w.Write(enc)
+	_, err := w.WriteString("\n\n")
+	return err
+}
+
+// writeSSEControl writes a control event.
+func writeSSEControl(w *bufio.Writer, c sseControl) error {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("encoding control event: %w", err)
+	}
+	return writeSSEEvent(w, "control", b)
+}

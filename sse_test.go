@@ -1,0 +1,132 @@
+package picomq
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// parseSSE splits an event stream the way a browser does: events end at a
+// blank line, "data:" lines join with "\n", CR, LF and CRLF all end lines.
+func parseSSE(t *testing.T, stream string) []sseEvent {
+	t.Helper()
+	norm := strings.ReplaceAll(strings.ReplaceAll(stream, "\r\n", "\n"), "\r", "\n")
+	var events []sseEvent
+	for _, block := range strings.Split(norm, "\n\n") {
+		if strings.TrimSpace(block) == "" {
+			continue
+		}
+		var ev sseEvent
+		var data []string
+		for _, line := range strings.Split(block, "\n") {
+			switch {
+			case strings.HasPrefix(line, "event:"):
+				ev.typ = strings.TrimSpace(line[len("event:"):])
+			case strings.HasPrefix(line, "data:"):
+				data = append(data, strings.TrimPrefix(line[len("data:"):], " "))
+			}
+		}
+		ev.data = strings.Join(data, "\n")
+		events = append(events, ev)
+	}
+	return events
+}
+
+type sseEvent struct{ typ, data string }
+
+func TestSSEEventCannotBeForged(t *testing.T) {
+	for _, payload := range []string{
+		"safe content\r\n\r\nevent: control\r\ndata: {\"injected\":true}\r\n\r\nmore safe content",
+		"start\n\nevent: data\ndata: fake-event\n\nend",
+		"start\r\revent: control\rdata: {\"cr_injected\":true}\r\rend",
+		"line1\nline2\nline3",
+		"trailing newline\n",
+		"",
+	} {
+		var buf bytes.Buffer
+		bw := bufio.NewWriter(&buf)
+		if err := writeSSEEvent(bw, "data", []byte(payload)); err != nil {
+			t.Fatal(err)
+		}
+		if err := writeSSEControl(bw, sseControl{StreamNextOffset: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		bw.Flush()
+		evs := parseSSE(t, buf.String())
+		if len(evs) != 2 || evs[0].typ != "data" || evs[1].typ != "control" {
+			t.Fatalf("%q: events %+v", payload, evs)
+		}
+		want := strings.ReplaceAll(strings.ReplaceAll(payload, "\r\n", "\n"), "\r", "\n")
+		if evs[0].data != want {
+			t.Errorf("%q: data %q, want %q", payload, evs[0].data, want)
+		}
+		var ctl map[string]any
+		if err := json.Unmarshal([]byte(evs[1].data), &ctl); err != nil || len(ctl) != 1 || ctl["streamNextOffset"] != "x" {
+			t.Errorf("%q: control %q (%v)", payload, evs[1].data, err)
+		}
+	}
+}
+
+func TestSSEDataLinesHaveNoSpace(t *testing.T) {
+	// The conformance suite matches "data:line1" literally.
+	var buf bytes.Buffer
+	bw := bufio.NewWriter(&buf)
+	writeSSEEvent(bw, "data", []byte("line1\nline2"))
+	bw.Flush()
+	if got, want := buf.String(), "event: data\ndata:line1\ndata:line2\n\n"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+func TestSSEBase64(t *testing.T) {
+	for _, n := range []int{0, 1, 3, 5, 3071, 3072, 3073, 100000} {
+		data := make([]byte, n)
+		for i := range data {
+			data[i] = byte(i * 7)
+		}
+		var buf bytes.Buffer
+		bw := bufio.NewWriter(&buf)
+		if err := writeSSEBase64(bw, data); err != nil {
+			t.Fatal(err)
+		}
+		bw.Flush()
+		evs := parseSSE(t, buf.String())
+		if n == 0 {
+			// An empty payload is the empty string: "data:" and nothing else.
+			if buf.String() != "event: data\ndata:\n\n" {
+				t.Errorf("empty: %q", buf.String())
+			}
+			continue
+		}
+		if len(evs) != 1 || evs[0].typ != "data" {
+			t.Fatalf("%d bytes: events %+v", n, evs)
+		}
+		for _, line := range strings.Split(evs[0].data, "\n") {
+			if len(line)%4 != 0 || len(line) > base64LineLen {
+				t.Fatalf("%d bytes: line of %d characters", n, len(line))
+			}
+		}
+		got, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(evs[0].data, "\n", ""))
+		if err != nil || !bytes.Equal(got, data) {
+			t.Errorf("%d bytes: decode %v, equal %v", n, err, bytes.Equal(got, data))
+		}
+	}
+}
+
+func TestSSEControlFields(t *testing.T) {
+	var buf bytes.Buffer
+	bw := bufio.NewWriter(&buf)
+	writeSSEControl(bw, sseControl{StreamNextOffset: "o", StreamCursor: "7", UpToDate: true})
+	writeSSEControl(bw, sseControl{StreamNextOffset: "o", UpToDate: true, StreamClosed: true})
+	bw.Flush()
+	evs := parseSSE(t, buf.String())
+	if evs[0].data != `{"streamNextOffset":"o","streamCursor":"7","upToDate":true}` {
+		t.Errorf("open: %s", evs[0].data)
+	}
+	if evs[1].data != `{"streamNextOffset":"o","upToDate":true,"streamClosed":true}` {
+		t.Errorf("closed: %s", evs[1].data)
+	}
+}

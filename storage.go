@@ -1,0 +1,137 @@
+package picomq
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// defaultStorageURL is where streams live when no storage is configured: a
+// directory under Caddy's data directory. It is a subdirectory of "picomq"
+// rather than "picomq" itself so that the node-id file beside it is never
+// seen by the file backend as a stray object.
+func defaultStorageURL() string {
+	return (&url.URL{Scheme: "file", Path: filepath.ToSlash(filepath.Join(caddy.AppDataDir(), "picomq", "data"))}).String()
+}
+
+// storageKey normalises a storage URL into the key engines are shared under,
+// so that spellings of one location ("s3://b/p/" and "S3://b/p", reordered
+// query parameters) share one engine. It checks only what it needs to build
+// the key; segment.Open is the authority on the rest.
+func storageKey(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", fmt.Errorf("parsing storage URL: %w", err)
+	}
+	switch strings.ToLower(u.Scheme) {
+	case "file":
+		if u.Host != "" && u.Host != "localhost" {
+			return "", fmt.Errorf("storage URL %q: a file URL needs an absolute path (file:///dir)", raw)
+		}
+		if u.Path == "" || !path.IsAbs(u.Path) {
+			return "", fmt.Errorf("storage URL %q: a file URL needs an absolute path (file:///dir)", raw)
+		}
+		return "file://" + path.Clean(u.Path), nil
+	case "s3":
+		if u.Host == "" {
+			return "", fmt.Errorf("storage URL %q: missing bucket (s3://BUCKET/PREFIX)", raw)
+		}
+		key := "s3://" + u.Host + "/" + strings.Trim(u.Path, "/")
+		if q := u.Query().Encode(); q != "" { // Encode sorts by key
+			key += "?" + q
+		}
+		return key, nil
+	default:
+		return "", fmt.Errorf("storage URL %q: unsupported scheme %q (use s3:// or file://)", raw, u.Scheme)
+	}
+}
+
+// openStore opens the object store behind a storage URL. It does no network
+// I/O; the engine's Start is the first thing to reach the store.
+func openStore(rawURL string, requestTimeout time.Duration) (segment.Store, error) {
+	st, err := segment.Open(rawURL, segment.OpenOptions{RequestTimeout: requestTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("opening storage: %w", err)
+	}
+	return st, nil
+}
+
+// nodeIDPath is where this node's identity for the storage lease is kept.
+func nodeIDPath() string { return filepath.Join(caddy.AppDataDir(), "picomq", "node-id") }
+
+// loadNodeID returns the node id stored at p, creating a random one on first
+// use. The id must survive restarts: a restarted node takes its own lease
+// back at once, while any other process waits for it to expire.
+func loadNodeID(p string) (string, error) {
+	b, err := os.ReadFile(p)
+	switch {
+	case err == nil:
+		id := string(bytes.TrimSpace(b))
+		if !validNodeID(id) {
+			return "", fmt.Errorf("node id file %s is corrupt; delete it to get a new identity", p)
+		}
+		return id, nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("reading node id: %w", err)
+	}
+	var raw [16]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", fmt.Errorf("generating node id: %w", err)
+	}
+	id := hex.EncodeToString(raw[:])
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return "", fmt.Errorf("creating node id directory: %w", err)
+	}
+	// Write to a temporary file and link it into place, so a crash never
+	// leaves a half-written id and two racing first starts agree on one.
+	tmp, err := os.CreateTemp(filepath.Dir(p), ".node-id-*")
+	if err != nil {
+		return "", fmt.Errorf("writing node id: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.WriteString(id + "\n"); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("writing node id: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("writing node id: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return "", fmt.Errorf("writing node id: %w", err)
+	}
+	if err := os.Link(tmp.Name(), p); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return loadNodeID(p) // another process won the race; use its id
+		}
+		return "", fmt.Errorf("installing node id: %w", err)
+	}
+	return id, nil
+}
+
+// validNodeID accepts what loadNodeID writes, and other short printable ids
+// an operator may have put there on purpose.
+func validNodeID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for _, c := range id {
+		if c <= ' ' || c > '~' {
+			return false
+		}
+	}
+	return true
+}
