@@ -38,10 +38,21 @@ func (x Expiry) IsZero() bool { return x.TTL == 0 && x.ExpiresAt.IsZero() }
 // the same ContentType, Expiry and Closed answers Created=false; a different
 // one fails with ErrConflict.
 type CreateRequest struct {
-	ContentType string
+	ContentType string // empty on a fork: inherit the source's
 	Expiry      Expiry
 	Closed      bool        // create the stream already closed
 	Records     []NewRecord // initial records, possibly none
+	Fork        *ForkFrom   // create a fork of another stream
+}
+
+// ForkFrom names a fork's source and divergence point. The fork inherits
+// the source's records below Seq, then Bytes bytes of what follows (which
+// may end inside a record, or reach over several). The fork references the
+// source's data; nothing is copied.
+type ForkFrom struct {
+	Source string
+	Seq    uint64
+	Bytes  uint64
 }
 
 // Producer is an idempotent producer's claim on an append.
@@ -95,6 +106,9 @@ type Info struct {
 	NextSeq     uint64 // durable tail: the seq the next record will get
 	Closed      bool
 	CreatedAt   time.Time
+	// ForkBase is the first seq of the fork's own records (0 for a stream
+	// that is not a fork); records below it are inherited.
+	ForkBase uint64
 }
 
 // ReadRequest asks for records from Seq on. Reads never return records past

@@ -95,6 +95,8 @@ func (e *Engine) Compact(ctx context.Context) error {
 // compactStream writes the stream's committed entries before end as data
 // objects and checkpoints its state into its metadata object.
 func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error {
+	s.metaMu.Lock()
+	defer s.metaMu.Unlock()
 	s.mu.Lock()
 	n := 0
 	for n < len(s.runs) && end.after(s.runs[n].pos) {
@@ -133,7 +135,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 			return fmt.Errorf("compact %s: %w", s.name, err)
 		}
 		for _, rec := range recs {
-			if rec.Seq < r.ch.First || rec.Seq >= r.ch.End || rec.Seq < meta.State.StartSeq {
+			if rec.Seq < r.ch.First || rec.Seq >= r.ch.End || (rec.Seq < meta.State.StartSeq && meta.Forks == 0) {
 				continue
 			}
 			if size > 0 && size+len(rec.Body) > maxDataObject {
@@ -152,7 +154,8 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 	}
 	// A trim is in the WAL until the checkpoint below is written, so the
 	// data can go first: a crash in between replays the trim.
-	if meta.State.StartSeq > meta.Cleaned {
+	// Trimmed bytes stay while forks may still read them.
+	if meta.State.StartSeq > meta.Cleaned && meta.Forks == 0 {
 		if err := e.dropBelow(ctx, meta.ID, meta.State.StartSeq); err != nil {
 			return fmt.Errorf("trim %s: %w", s.name, err)
 		}

@@ -234,6 +234,7 @@ func (e *Engine) renewLease() {
 // batches are not committed yet.
 type stream struct {
 	mu      sync.Mutex
+	metaMu  sync.Mutex // serialises metadata object writes
 	name    string
 	meta    *metaObject // last written metadata object (config + checkpoint)
 	etag    string
@@ -267,7 +268,15 @@ func (s *stream) info() Info {
 		NextSeq:     s.durable.NextSeq,
 		Closed:      s.durable.Closed,
 		CreatedAt:   time.UnixMilli(s.meta.CreatedAt).UTC(),
+		ForkBase:    s.forkBase(),
 	}
+}
+
+func (s *stream) forkBase() uint64 {
+	if s.meta.Fork != nil {
+		return s.meta.Fork.base()
+	}
+	return 0
 }
 
 // notifyLocked wakes every waiter of the stream.

@@ -332,3 +332,58 @@ func TestListStreams(t *testing.T) {
 		t.Fatalf("page 2: %+v %v %v", page, more, err)
 	}
 }
+
+func TestForkReadsSourceAndCascadesDeletes(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("ab", "cd", "ef")}); err != nil {
+		t.Fatal(err)
+	}
+	// Fork one byte into record 1: inherits "ab", "c".
+	info, created, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 0, Bytes: 3}})
+	if err != nil || !created || info.ForkBase != 2 || info.NextSeq != 2 || info.ContentType != "text/plain" {
+		t.Fatalf("fork: %+v %v %v", info, created, err)
+	}
+	if _, created, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1, Bytes: 1}}); err != nil || created {
+		t.Fatalf("idempotent fork: %v %v", created, err)
+	}
+	if _, err := e.Append(ctx, "/fork", AppendRequest{Records: recs("X")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/src", AppendRequest{Records: recs("gh")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/fork")); got != "[ab c X]" {
+		t.Fatalf("fork reads %s", got)
+	}
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Head(ctx, "/src"); !errors.Is(err, ErrGone) {
+		t.Fatalf("soft-deleted source: %v", err)
+	}
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain"}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("recreate soft-deleted: %v", err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e2 := startEngine(t, st, Config{CacheBytes: 1})
+	if got := fmt.Sprint(readAll(t, e2, "/fork")); got != "[ab c X]" {
+		t.Fatalf("fork after restart reads %s", got)
+	}
+	if err := e2.Delete(ctx, "/fork"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e2.Head(ctx, "/src"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("source after last fork went: %v", err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for len(st.Keys("data/")) > 0 || len(st.Keys("streams/")) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("left in the bucket: %v %v", st.Keys("data/"), st.Keys("streams/"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

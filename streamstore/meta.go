@@ -90,17 +90,44 @@ func (w *writerState) apply(c change) {
 // checkpoint of its writer state: entries before WAL position Upto are
 // folded in; replay applies only the others.
 type metaObject struct {
-	Version     int         `json:"v"`
-	Name        string      `json:"name"`
-	ID          string      `json:"id"`
-	ContentType string      `json:"content_type"`
-	TTLSeconds  int64       `json:"ttl_s,omitempty"`
-	ExpiresAt   int64       `json:"expires_at_ms,omitempty"`
-	CreatedAt   int64       `json:"created_at_ms"`
-	Upto        walPos      `json:"upto"`
+	Version     int    `json:"v"`
+	Name        string `json:"name"`
+	ID          string `json:"id"`
+	ContentType string `json:"content_type"`
+	TTLSeconds  int64  `json:"ttl_s,omitempty"`
+	ExpiresAt   int64  `json:"expires_at_ms,omitempty"`
+	CreatedAt   int64  `json:"created_at_ms"`
+	Upto        walPos `json:"upto"`
 	// Cleaned: data objects holding only seqs below it are deleted.
 	Cleaned uint64 `json:"cleaned,omitempty"`
-	State       writerState `json:"state"`
+	// Fork, on a fork, references the source's data: by internal id (the
+	// name only locates its state), never by object keys, so the source's
+	// compaction stays free.
+	Fork *forkRef `json:"fork,omitempty"`
+	// Forks counts the live forks that reference this stream's data.
+	Forks int `json:"forks,omitempty"`
+	// Deleted marks a soft-deleted stream: gone for clients, kept for its
+	// forks until the last one goes.
+	Deleted bool        `json:"deleted,omitempty"`
+	State   writerState `json:"state"`
+}
+
+// forkRef is a fork's inherited range: the source's records below Seq, and
+// Bytes bytes of record Seq when Bytes > 0 (the fork's own records then
+// start at Seq+1).
+type forkRef struct {
+	SourceName string `json:"source_name"`
+	SourceID   string `json:"source_id"`
+	Seq        uint64 `json:"seq"`
+	Bytes      uint64 `json:"bytes,omitempty"`
+}
+
+// base is the first seq of the fork's own records.
+func (f *forkRef) base() uint64 {
+	if f.Bytes > 0 {
+		return f.Seq + 1
+	}
+	return f.Seq
 }
 
 func (m *metaObject) expiry() Expiry {

@@ -22,36 +22,68 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 	unlock := e.lockName(name)
 	defer unlock()
 	s, err := e.stream(ctx, name)
-	if err == nil {
+	switch {
+	case errors.Is(err, ErrNotFound):
+	case err != nil:
+		return Info{}, false, err
+	default:
 		s.mu.Lock()
-		defer s.mu.Unlock()
-		if !s.gone && !s.expiredLocked(time.Now()) {
-			if !sameConfig(s, req) {
+		deleted, expired := s.meta.Deleted, s.expiredLocked(time.Now())
+		if !deleted && !expired {
+			defer s.mu.Unlock()
+			if !e.sameConfig(ctx, s, req) {
 				return s.info(), false, ErrConflict
 			}
 			s.touched = time.Now().UnixMilli()
 			return s.info(), false, nil
 		}
-	} else if !errors.Is(err, ErrNotFound) {
-		return Info{}, false, err
-	}
-	if s != nil {
-		// Expired: it goes now, and the name is free for the new stream.
-		if err := e.remove(ctx, s); err != nil {
+		s.mu.Unlock()
+		if deleted {
+			return Info{}, false, fmt.Errorf("%w: the stream was deleted but its forks still use it", ErrConflict)
+		}
+		if err := e.deleteStream(ctx, s); err != nil {
 			return Info{}, false, err
 		}
+		if s.meta.Deleted { // expired, but forks keep it
+			return Info{}, false, fmt.Errorf("%w: the stream expired but its forks still use it", ErrConflict)
+		}
 	}
-	return e.create(ctx, name, req)
+	if req.Fork != nil {
+		return e.createFork(ctx, name, req)
+	}
+	return e.create(ctx, name, req, nil)
 }
 
-func sameConfig(s *stream, req CreateRequest) bool {
-	return s.meta.ContentType == req.ContentType &&
-		s.meta.expiry().TTL == req.Expiry.TTL &&
-		s.meta.expiry().ExpiresAt.Equal(req.Expiry.ExpiresAt) &&
-		s.pend.Closed == req.Closed
+// sameConfig reports whether an existing stream matches a create request:
+// content type, expiry, closure, and for a fork its source and point. The
+// caller holds s.mu.
+func (e *Engine) sameConfig(ctx context.Context, s *stream, req CreateRequest) bool {
+	m := s.meta
+	if (req.Fork != nil) != (m.Fork != nil) || s.pend.Closed != req.Closed {
+		return false
+	}
+	if req.Fork != nil {
+		f := m.Fork
+		if req.Fork.Source != f.SourceName || (req.Fork.Seq != f.Seq || req.Fork.Bytes != f.Bytes) &&
+			!e.sameForkPoint(ctx, f, req.Fork) {
+			return false
+		}
+		// An omitted content type or expiry on a fork means "inherited".
+		if req.ContentType == "" {
+			req.ContentType = m.ContentType
+		}
+		if req.Expiry.IsZero() {
+			req.Expiry = m.expiry()
+		}
+	}
+	return sameMediaType(m.ContentType, req.ContentType) &&
+		m.expiry().TTL == req.Expiry.TTL &&
+		m.expiry().ExpiresAt.Equal(req.Expiry.ExpiresAt)
 }
 
-func (e *Engine) create(ctx context.Context, name string, req CreateRequest) (Info, bool, error) {
+// create writes a new stream; fork, when set, makes it a fork whose own
+// records start after the inherited range.
+func (e *Engine) create(ctx context.Context, name string, req CreateRequest, fork *forkRef) (Info, bool, error) {
 	w, err := e.writer()
 	if err != nil {
 		return Info{}, false, err
@@ -64,6 +96,11 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest) (In
 		ContentType: req.ContentType,
 		TTLSeconds:  int64(req.Expiry.TTL / time.Second),
 		CreatedAt:   now.UnixMilli(),
+		Fork:        fork,
+	}
+	if fork != nil {
+		m.State.NextSeq = fork.base()
+		m.State.StartSeq = 0
 	}
 	if !req.Expiry.ExpiresAt.IsZero() {
 		m.ExpiresAt = req.Expiry.ExpiresAt.UnixMilli()
@@ -84,7 +121,8 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest) (In
 		ent := &segment.Entry{
 			StreamID:   m.ID,
 			Name:       name,
-			Records:    stamp(req.Records, 0, now.UnixMilli()),
+			FirstSeq:   m.State.NextSeq,
+			Records:    stamp(req.Records, m.State.NextSeq, now.UnixMilli()),
 			Closed:     req.Closed,
 			AccessedAt: now.UnixMilli(),
 			Ref:        s,
@@ -149,8 +187,8 @@ func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
 	}
 }
 
-// live returns the stream if it exists and has not expired. An expired
-// stream is removed on the spot.
+// live returns the stream if it exists for clients: ErrGone when it is
+// soft-deleted. An expired stream is deleted on the spot.
 func (e *Engine) live(ctx context.Context, name string) (*stream, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
@@ -160,20 +198,22 @@ func (e *Engine) live(ctx context.Context, name string) (*stream, error) {
 		return nil, err
 	}
 	s.mu.Lock()
-	expired := !s.gone && s.expiredLocked(time.Now())
-	gone := s.gone
+	expired := !s.gone && !s.meta.Deleted && s.expiredLocked(time.Now())
+	gone, deleted := s.gone, s.meta.Deleted
 	s.mu.Unlock()
-	if expired {
+	switch {
+	case expired:
 		unlock := e.lockName(name)
-		err := e.remove(ctx, s)
+		err := e.deleteStream(ctx, s)
 		unlock()
-		if err != nil {
+		if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrGone) {
 			return nil, err
 		}
 		return nil, ErrNotFound
-	}
-	if gone {
+	case gone:
 		return nil, ErrNotFound
+	case deleted:
+		return nil, ErrGone
 	}
 	return s, nil
 }
@@ -393,6 +433,8 @@ func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, e
 }
 
 // Delete removes the stream; its data leaves the bucket in the background.
+// A stream that forks still read is soft-deleted instead: ErrGone to
+// clients until its last fork goes.
 func (e *Engine) Delete(ctx context.Context, name string) error {
 	s, err := e.live(ctx, name)
 	if err != nil {
@@ -400,7 +442,7 @@ func (e *Engine) Delete(ctx context.Context, name string) error {
 	}
 	unlock := e.lockName(name)
 	defer unlock()
-	return e.remove(ctx, s)
+	return e.deleteStream(ctx, s)
 }
 
 // remove deletes a stream: a gc tombstone for its id first (so its data

@@ -64,11 +64,50 @@ func (e *Engine) renew(s *stream) {
 
 // collect gathers records [req.Seq, end) within the request's limits: from
 // uncompacted WAL entries when the seq is still there, otherwise from data
-// objects, each through the block cache.
+// objects, each through the block cache. A fork's inherited records come
+// from its source (by internal id, through the source's state), the last of
+// them cut to the fork point.
 func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequest, end uint64) ([]Record, error) {
 	var out []Record
 	bytes := 0
+	full := func() bool {
+		return (req.MaxRecords > 0 && len(out) >= req.MaxRecords) ||
+			(req.MaxBytes > 0 && len(out) > 0 && bytes >= req.MaxBytes)
+	}
+	add := func(r Record) bool {
+		if req.MaxBytes > 0 && len(out) > 0 && bytes+len(r.Body) > req.MaxBytes {
+			return false
+		}
+		out = append(out, r)
+		bytes += len(r.Body)
+		return !full()
+	}
+	s.mu.Lock()
+	fork := s.meta.Fork
+	s.mu.Unlock()
 	seq := req.Seq
+	if fork != nil && seq < fork.base() {
+		src, err := e.stream(ctx, fork.SourceName)
+		if err != nil {
+			return nil, fmt.Errorf("fork source %s: %w", fork.SourceName, err)
+		}
+		inherited, err := e.collect(ctx, src, fork.SourceID, ReadRequest{Seq: seq, MaxRecords: req.MaxRecords, MaxBytes: req.MaxBytes}, min(end, fork.base()))
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range inherited {
+			if fork.Bytes > 0 && r.Seq == fork.Seq {
+				r.Body = r.Body[:min(uint64(len(r.Body)), fork.Bytes)]
+			}
+			if !add(r) {
+				return out, nil
+			}
+			seq = r.Seq + 1
+		}
+		if seq < fork.base() {
+			return out, nil
+		}
+	}
 	for seq < end {
 		recs, err := e.recordsAt(ctx, s, id, seq)
 		if err != nil {
@@ -78,13 +117,9 @@ func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequ
 			if r.Seq < seq {
 				continue
 			}
-			if r.Seq >= end ||
-				(req.MaxRecords > 0 && len(out) >= req.MaxRecords) ||
-				(req.MaxBytes > 0 && len(out) > 0 && bytes+len(r.Body) > req.MaxBytes) {
+			if r.Seq >= end || !add(r) {
 				return out, nil
 			}
-			out = append(out, r)
-			bytes += len(r.Body)
 			seq = r.Seq + 1
 		}
 	}

@@ -1,0 +1,160 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// createFork creates name as a fork of req.Fork.Source. The source's fork
+// count goes up before the fork's metadata exists, so a crash between the
+// two can only keep the source's data too long, never free it too soon.
+// The caller holds the fork's name lock; the source's is taken here (child
+// before parent, as deletes cascade).
+func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest) (Info, bool, error) {
+	unlock := e.lockName(req.Fork.Source)
+	defer unlock()
+	src, err := e.live(ctx, req.Fork.Source)
+	if errors.Is(err, ErrGone) {
+		return Info{}, false, fmt.Errorf("%w: the source stream was deleted", ErrConflict)
+	}
+	if err != nil {
+		return Info{}, false, err
+	}
+	src.mu.Lock()
+	srcMeta := *src.meta
+	src.mu.Unlock()
+	if req.ContentType == "" {
+		req.ContentType = srcMeta.ContentType
+	} else if !sameMediaType(req.ContentType, srcMeta.ContentType) {
+		return Info{}, false, fmt.Errorf("%w: a fork has its source's content type %q", ErrConflict, srcMeta.ContentType)
+	}
+	if req.Expiry.IsZero() {
+		req.Expiry = srcMeta.expiry()
+	}
+	seq, bytes, err := e.resolveForkPoint(ctx, src, req.Fork.Seq, req.Fork.Bytes)
+	if err != nil {
+		return Info{}, false, err
+	}
+	if err := e.updateMeta(ctx, src, func(m *metaObject) { m.Forks++ }); err != nil {
+		return Info{}, false, err
+	}
+	ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes}
+	info, created, err := e.create(ctx, name, req, ref)
+	if err != nil {
+		// Best effort: a failed decrement only keeps the source's data longer.
+		_ = e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.Forks-- })
+	}
+	return info, created, err
+}
+
+// resolveForkPoint turns (seq, bytes) into a point inside one record: it
+// skips whole records while bytes reach past them. The point must not be
+// beyond the source's durable tail.
+func (e *Engine) resolveForkPoint(ctx context.Context, src *stream, seq, bytes uint64) (uint64, uint64, error) {
+	src.mu.Lock()
+	next, id := src.durable.NextSeq, src.meta.ID
+	src.mu.Unlock()
+	for {
+		if seq > next || (seq == next && bytes > 0) {
+			return 0, 0, fmt.Errorf("%w: fork offset is beyond the source's tail", ErrBadRequest)
+		}
+		if bytes == 0 {
+			return seq, 0, nil
+		}
+		recs, err := e.collect(ctx, src, id, ReadRequest{Seq: seq, MaxRecords: 1}, next)
+		if err != nil {
+			return 0, 0, err
+		}
+		n := uint64(len(recs[0].Body))
+		if bytes < n {
+			return seq, bytes, nil
+		}
+		bytes -= n
+		seq++
+	}
+}
+
+func (e *Engine) sameForkPoint(ctx context.Context, f *forkRef, want *ForkFrom) bool {
+	src, err := e.stream(ctx, f.SourceName)
+	if err != nil {
+		return false
+	}
+	seq, bytes, err := e.resolveForkPoint(ctx, src, want.Seq, want.Bytes)
+	return err == nil && seq == f.Seq && bytes == f.Bytes
+}
+
+// updateMeta rewrites the stream's metadata object with fn applied, by
+// compare-and-swap. metaMu keeps it from racing compaction's checkpoints.
+func (e *Engine) updateMeta(ctx context.Context, s *stream, fn func(*metaObject)) error {
+	s.metaMu.Lock()
+	defer s.metaMu.Unlock()
+	s.mu.Lock()
+	m, etag := *s.meta, s.etag
+	s.mu.Unlock()
+	fn(&m)
+	tag, err := e.store.Put(ctx, metaKey(s.name), encodeMeta(&m), segment.PutOptions{IfMatch: etag})
+	if err != nil {
+		return fmt.Errorf("%w: update metadata of %s: %v", ErrUnavailable, s.name, err)
+	}
+	s.mu.Lock()
+	s.meta, s.etag = &m, tag
+	s.notifyLocked()
+	s.mu.Unlock()
+	return nil
+}
+
+// deleteStream deletes s for clients: soft when forks still read it, hard
+// otherwise, and then releases its own source. The caller holds its name
+// lock.
+func (e *Engine) deleteStream(ctx context.Context, s *stream) error {
+	s.mu.Lock()
+	forks, deleted, fork := s.meta.Forks, s.meta.Deleted, s.meta.Fork
+	s.mu.Unlock()
+	if deleted {
+		return ErrGone
+	}
+	if forks > 0 {
+		return e.updateMeta(ctx, s, func(m *metaObject) { m.Deleted = true })
+	}
+	if err := e.remove(ctx, s); err != nil {
+		return err
+	}
+	if fork != nil {
+		e.releaseSource(ctx, fork)
+	}
+	return nil
+}
+
+// releaseSource drops a fork's reference to its source; a soft-deleted
+// source whose last fork went is removed, and so on up the chain.
+func (e *Engine) releaseSource(ctx context.Context, f *forkRef) {
+	for f != nil {
+		unlock := e.lockName(f.SourceName)
+		src, err := e.stream(ctx, f.SourceName)
+		if err != nil || src.meta.ID != f.SourceID {
+			unlock()
+			return
+		}
+		err = e.updateMeta(ctx, src, func(m *metaObject) { m.Forks = max(m.Forks-1, 0) })
+		src.mu.Lock()
+		last := src.meta.Deleted && src.meta.Forks == 0
+		next := src.meta.Fork
+		src.mu.Unlock()
+		if err != nil || !last {
+			unlock()
+			if err != nil {
+				e.log.Warn("release fork source failed; its data is kept")
+			}
+			return
+		}
+		err = e.remove(ctx, src)
+		unlock()
+		if err != nil {
+			return
+		}
+		f = next
+	}
+}
