@@ -142,11 +142,14 @@ func (s *FileStore) Put(ctx context.Context, key string, data []byte, opts PutOp
 	// being used; start over when that happens.
 	for attempt := 0; ; attempt++ {
 		created, err := s.mkdirs(filepath.Dir(target))
-		if err != nil {
-			return "", fmt.Errorf("segment: put %s: %w", key, err)
-		}
 		for _, d := range created {
 			synced = append(synced, filepath.Dir(d))
+		}
+		if errors.Is(err, fs.ErrNotExist) && attempt < 100 {
+			continue // a parent was pruned under us
+		}
+		if err != nil {
+			return "", fmt.Errorf("segment: put %s: %w", key, err)
 		}
 		consumed, err = s.place(key, tmp, target, opts)
 		if errors.Is(err, fs.ErrNotExist) && attempt < 100 {

@@ -558,7 +558,11 @@ func classify(err error) (retry, maybeApplied bool) {
 		case status == http.StatusTooManyRequests, status == http.StatusServiceUnavailable:
 			return true, false
 		case status == http.StatusConflict:
-			return true, false
+			// Only the conflict codes above are transient: versitygw
+			// also answers 409 for a key that collides with a folder
+			// (ExistingObjectIsDirectory, ObjectParentIsFile), which
+			// no retry can fix.
+			return errorCode(err) == "", false
 		case status >= 500:
 			return true, true
 		default:

@@ -100,7 +100,9 @@ func TestS3StoreRetries(t *testing.T) {
 	}
 	defer p.Close()
 	opts := segment.OpenOptions{
-		RequestTimeout: 300 * time.Millisecond,
+		// Long enough that a slow answer on a loaded machine is not
+		// taken for a stall, which would add attempts.
+		RequestTimeout: 2 * time.Second,
 		MaxAttempts:    4,
 		MinBackoff:     time.Millisecond,
 		MaxBackoff:     20 * time.Millisecond,
@@ -258,7 +260,7 @@ func TestS3StoreRetries(t *testing.T) {
 			if got != c.attempts {
 				t.Fatalf("%s requests = %d, want %d (counts %+v)", c.fault.Op, got, c.attempts, n)
 			}
-			if d := time.Since(start); d > 5*time.Second {
+			if d := time.Since(start); d > 8*time.Second {
 				t.Fatalf("took %v", d)
 			}
 		})
@@ -380,5 +382,41 @@ func TestParseS3Location(t *testing.T) {
 		} else if strings.Contains(err.Error(), "secret") {
 			t.Errorf("ParseLocation(%q) error shows the secret: %v", b, err)
 		}
+	}
+}
+
+// TestS3StoreFolderCollision checks that versitygw's answer to a key that
+// collides with a folder (409 ExistingObjectIsDirectory or
+// ObjectParentIsFile) is reported at once, not retried like a transient
+// 409 ConditionalRequestConflict.
+func TestS3StoreFolderCollision(t *testing.T) {
+	ctx := context.Background()
+	v := testenv.NewVersity(t)
+	bucket := v.NewBucket(t)
+	p, err := testenv.NewProxy(v.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	s := openS3(t, v, p.URL(), bucket, segment.OpenOptions{MaxAttempts: 5, MinBackoff: time.Millisecond})
+	if _, err := s.Put(ctx, "d/x", []byte("x"), segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p.Reset()
+	for _, c := range []struct {
+		key  string
+		opts segment.PutOptions
+	}{
+		{"d", segment.PutOptions{}},
+		{"d", segment.PutOptions{IfNoneMatch: true}},
+		{"d/x/y", segment.PutOptions{}},
+	} {
+		_, err := s.Put(ctx, c.key, []byte("y"), c.opts)
+		if err == nil || errors.Is(err, segment.ErrPreconditionFailed) {
+			t.Errorf("Put(%q, %+v) error = %v, want a collision error", c.key, c.opts, err)
+		}
+	}
+	if n := p.Counts().Put; n != 3 {
+		t.Fatalf("PUTs = %d, want 3 (no retries)", n)
 	}
 }
