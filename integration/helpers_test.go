@@ -245,13 +245,37 @@ type writer struct {
 	acked    map[int]string // n -> Stream-Next-Offset of its 2xx
 	failed   map[int]string // n -> why it failed
 	statuses map[int]int    // HTTP status -> failed appends answered with it
+	spans    map[int]span   // n -> when its request was sent and answered
 	lastAck  string         // highest Stream-Next-Offset acknowledged
 	ackOrder []string       // problems with the acknowledged offsets
 }
 
+// span is the life of one append request.
+type span struct {
+	sent, done time.Time
+	ok         bool // answered 2xx
+}
+
+// inFlightAt returns how many of the writer's appends were in flight at t,
+// and how many of those were acknowledged.
+func (w *writer) inFlightAt(t time.Time) (inFlight, acked int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, sp := range w.spans {
+		if sp.sent.Before(t) && sp.done.After(t) {
+			inFlight++
+			if sp.ok {
+				acked++
+			}
+		}
+	}
+	return inFlight, acked
+}
+
 func newWriter(abort context.Context, c *dsClient, idx int, name string, pause time.Duration) *writer {
 	return &writer{abort: abort, c: c, idx: idx, name: name, pause: pause, reqTimeout: 45 * time.Second,
-		acked: map[int]string{}, failed: map[int]string{}, statuses: map[int]int{}}
+		acked: map[int]string{}, failed: map[int]string{}, statuses: map[int]int{},
+		spans: map[int]span{}}
 }
 
 func (w *writer) body(n int) []byte { return []byte(fmt.Sprintf("w%02d-%d\n", w.idx, n)) }
@@ -270,9 +294,11 @@ func (w *writer) run(stop <-chan struct{}) {
 		w.next++
 		w.mu.Unlock()
 		ctx, cancel := context.WithTimeout(w.abort, w.reqTimeout)
+		sent := time.Now()
 		r, err := w.c.appendBody(ctx, w.name, w.body(n))
 		cancel()
 		w.mu.Lock()
+		w.spans[n] = span{sent: sent, done: time.Now(), ok: err == nil && r.status/100 == 2}
 		switch {
 		case err != nil:
 			w.failed[n] = err.Error()
