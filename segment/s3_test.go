@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -418,5 +421,57 @@ func TestS3StoreFolderCollision(t *testing.T) {
 	}
 	if n := p.Counts().Put; n != 3 {
 		t.Fatalf("PUTs = %d, want 3 (no retries)", n)
+	}
+}
+
+// TestS3StoreAgainstFakeServer covers answers versitygw never gives:
+// per-key DeleteObjects errors, and a server that ignores Range.
+func TestS3StoreAgainstFakeServer(t *testing.T) {
+	var deleteBodies []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost && r.URL.Query().Has("delete"):
+			b, _ := io.ReadAll(r.Body)
+			deleteBodies = append(deleteBodies, string(b))
+			w.Header().Set("Content-Type", "application/xml")
+			io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?>
+<DeleteResult>
+<Error><Key>pfx/locked</Key><Code>AccessDenied</Code><Message>Access Denied</Message></Error>
+<Error><Key>pfx/gone</Key><Code>NoSuchKey</Code><Message>no such key</Message></Error>
+</DeleteResult>`)
+		case r.Method == http.MethodGet && r.URL.Path == "/bkt/pfx/whole":
+			// Ignores the Range header: 200 with the whole object.
+			w.Header().Set("ETag", `"abc"`)
+			io.WriteString(w, "0123456789")
+		default:
+			http.Error(w, "unexpected", http.StatusBadRequest)
+		}
+	}))
+	defer srv.Close()
+	s, err := segment.Open("s3://bkt/pfx?path_style=true&endpoint="+srv.URL, segment.OpenOptions{
+		AccessKeyID: "k", SecretAccessKey: "s", MaxAttempts: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	keys := make([]string, 1001)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%04d", i)
+	}
+	keys[3], keys[4] = "locked", "gone"
+	err = s.Delete(ctx, keys)
+	if err == nil || !strings.Contains(err.Error(), "locked") || !strings.Contains(err.Error(), "AccessDenied") {
+		t.Fatalf("Delete error = %v, want the AccessDenied of key locked", err)
+	}
+	if strings.Contains(err.Error(), "gone") || strings.Contains(err.Error(), "pfx/") {
+		t.Fatalf("Delete error = %v: NoSuchKey is no error, and keys are relative", err)
+	}
+	if len(deleteBodies) != 2 || strings.Count(deleteBodies[0], "<Key>") != 1000 || strings.Count(deleteBodies[1], "<Key>") != 1 {
+		t.Fatalf("DeleteObjects requests: %d, want batches of 1000 and 1", len(deleteBodies))
+	}
+	got, etag, err := s.Get(ctx, "whole", 3, 4)
+	if err != nil || string(got) != "3456" || etag != `"abc"` {
+		t.Fatalf("Get(whole, 3, 4) = %q %s %v", got, etag, err)
 	}
 }

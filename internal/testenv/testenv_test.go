@@ -457,6 +457,19 @@ func TestProxyThroughS3Store(t *testing.T) {
 		t.Fatalf("released upload: %v", err)
 	}
 
+	// A body large enough for the SDK to send Expect: 100-continue.
+	big := bytes.Repeat([]byte("picomq!!"), 3<<17) // 3 MiB
+	p.Reset()
+	if _, err := s.Put(ctx, "data/big", big, segment.PutOptions{IfNoneMatch: true}); err != nil {
+		t.Fatalf("big put: %v", err)
+	}
+	if got, _, err := s.Get(ctx, "data/big", 1<<20, 8); err != nil || string(got) != "picomq!!" {
+		t.Fatalf("big get = %q, %v", got, err)
+	}
+	if n := p.Counts(); n.BytesPut != int64(len(big)) {
+		t.Fatalf("BytesPut = %d, want %d", n.BytesPut, len(big))
+	}
+
 	// Server down: a store without retries fails at once; one with
 	// retries rides over a restart.
 	once := open(segment.OpenOptions{MaxAttempts: 1})
