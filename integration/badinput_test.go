@@ -1,0 +1,216 @@
+package integration
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// fhBadCase is one request the module must refuse.
+type fhBadCase struct {
+	name   string
+	req    fhReq
+	status int
+	// reason: the body must mention one of these (ignoring case).
+	reason []string
+	// absent, when set, is a stream that must not exist afterwards.
+	absent string
+}
+
+// fhMaxAppend is the max_append_size the bad-input test runs with.
+const fhMaxAppend = 1024
+
+// TestBadInputChangesNothing sends malformed and refused requests and checks
+// that each gets a clear 4xx with a reason in the body and makes no write
+// to the object store (invariant 6), and that the streams it aimed at are
+// unchanged.
+func TestBadInputChangesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	began := time.Now()
+	e := fhStart(t, fhOptions{
+		Directives: []string{"max_append_size 1KiB"},
+		// No compaction pass during the test: its writes are not the
+		// requests' (the counting below copes without it too).
+		Optional: []string{"compact_interval 1h"},
+	})
+	const (
+		jsonPath = "/bi/json"
+		textPath = "/bi/text"
+	)
+	e.create(jsonPath, "application/json")
+	e.append(jsonPath, "application/json", []byte(`{"k":1}`))
+	e.create(textPath, "text/plain")
+	e.append(textPath, "text/plain", []byte("hello"))
+	jsonBefore, jsonTail, err := e.readBytes(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	textBefore, textTail, err := e.readBytes(textPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A stream name exactly at the documented maximum is accepted; one
+	// byte more is not (below).
+	maxName := "/" + strings.Repeat("m", 255)
+	e.create(maxName, "text/plain")
+
+	hdr := func(kv ...string) map[string]string {
+		m := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	get := func(query string) fhReq { return fhReq{Method: http.MethodGet, Path: textPath + "?" + query} }
+	put := func(path string, kv ...string) fhReq {
+		return fhReq{Method: http.MethodPut, Path: path, Header: hdr(append([]string{"Content-Type", "text/plain"}, kv...)...)}
+	}
+	post := func(path string, body []byte, kv ...string) fhReq {
+		return fhReq{Method: http.MethodPost, Path: path, Header: hdr(kv...), Body: body}
+	}
+	tooBig := bytes.Repeat([]byte("x"), 2*fhMaxAppend)
+	badOffset := []string{"offset"}
+	badTTL := []string{"ttl"}
+	badAt := []string{"expires"}
+	badName := []string{"name", "path", "segment"}
+	badJSON := []string{"json"}
+	badCT := []string{"content-type", "content type"}
+	tooLarge := []string{"large", "size", "limit", "exceed", "max"}
+	cases := []fhBadCase{
+		{name: "offset/letters", req: get("offset=abc"), status: 400, reason: badOffset},
+		{name: "offset/bare-number", req: get("offset=12"), status: 400, reason: badOffset},
+		{name: "offset/minus-two", req: get("offset=-2"), status: 400, reason: badOffset},
+		{name: "offset/fraction", req: get("offset=1.5"), status: 400, reason: badOffset},
+		{name: "offset/trailing-junk", req: get("offset=" + textTail + "x"), status: 400, reason: badOffset},
+		{name: "offset/slash", req: get("offset=0%2F1"), status: 400, reason: badOffset},
+		{name: "offset/comma", req: get("offset=1%2C2"), status: 400, reason: badOffset},
+		{name: "offset/long-poll-bad", req: get("live=long-poll&offset=zz"), status: 400, reason: badOffset},
+		{name: "offset/long-poll-missing", req: get("live=long-poll"), status: 400, reason: badOffset},
+		{name: "offset/sse-missing", req: get("live=sse"), status: 400, reason: badOffset},
+
+		{name: "ttl/plus", req: put("/bi/new-ttl", "Stream-TTL", "+3600"), status: 400, reason: badTTL, absent: "/bi/new-ttl"},
+		{name: "ttl/leading-zero", req: put("/bi/new-ttl", "Stream-TTL", "03600"), status: 400, reason: badTTL, absent: "/bi/new-ttl"},
+		{name: "ttl/exponent", req: put("/bi/new-ttl", "Stream-TTL", "3.6e3"), status: 400, reason: badTTL, absent: "/bi/new-ttl"},
+		{name: "ttl/decimal", req: put("/bi/new-ttl", "Stream-TTL", "3600.0"), status: 400, reason: badTTL, absent: "/bi/new-ttl"},
+		{name: "ttl/negative", req: put("/bi/new-ttl", "Stream-TTL", "-1"), status: 400, reason: badTTL, absent: "/bi/new-ttl"},
+		{name: "ttl/letters", req: put("/bi/new-ttl", "Stream-TTL", "abc"), status: 400, reason: badTTL, absent: "/bi/new-ttl"},
+		{name: "expires/words", req: put("/bi/new-exp", "Stream-Expires-At", "tomorrow"), status: 400, reason: badAt, absent: "/bi/new-exp"},
+		{name: "expires/month-13", req: put("/bi/new-exp", "Stream-Expires-At", "2030-13-01T00:00:00Z"), status: 400, reason: badAt, absent: "/bi/new-exp"},
+		{name: "expires/unix-seconds", req: put("/bi/new-exp", "Stream-Expires-At", "1900000000"), status: 400, reason: badAt, absent: "/bi/new-exp"},
+		{name: "expires/no-zone", req: put("/bi/new-exp", "Stream-Expires-At", "2030-01-01T00:00:00"), status: 400, reason: badAt, absent: "/bi/new-exp"},
+		{
+			name:   "ttl-and-expires",
+			req:    put("/bi/new-both", "Stream-TTL", "60", "Stream-Expires-At", time.Now().Add(time.Hour).UTC().Format(time.RFC3339)),
+			status: 400, reason: append(badTTL, badAt...), absent: "/bi/new-both",
+		},
+
+		{name: "content-type/mismatch", req: post(jsonPath, []byte("x"), "Content-Type", "text/plain"), status: 409, reason: badCT},
+		{name: "content-type/missing", req: post(textPath, []byte("x")), status: 400, reason: badCT},
+		{name: "post/empty-without-close", req: post(textPath, nil, "Content-Type", "text/plain"), status: 400, reason: []string{"empty", "body"}},
+		{name: "post/over-max-append-size", req: post(textPath, tooBig, "Content-Type", "text/plain"), status: 413, reason: tooLarge},
+		{
+			name:   "post/over-max-append-size-chunked",
+			req:    fhReq{Method: http.MethodPost, Path: textPath, Header: hdr("Content-Type", "text/plain"), Body: tooBig, Chunked: true},
+			status: 413, reason: tooLarge,
+		},
+		{
+			name:   "put/initial-body-over-max",
+			req:    fhReq{Method: http.MethodPut, Path: "/bi/new-big", Header: hdr("Content-Type", "text/plain"), Body: tooBig},
+			status: 413, reason: tooLarge, absent: "/bi/new-big",
+		},
+
+		{name: "name/dot-dot", req: put("/bi/../escape"), status: 400, reason: badName},
+		{name: "name/dot-dot-escaped", req: put("/bi/%2E%2E/escape"), status: 400, reason: badName},
+		{name: "name/dot-dot-last", req: put("/bi/x/.."), status: 400, reason: badName},
+		{name: "name/nul", req: put("/bi/a%00b"), status: 400, reason: badName},
+		{name: "name/empty-segment", req: put("/bi//x"), status: 400, reason: badName},
+		{name: "name/257-bytes", req: put(maxName + "m"), status: 400, reason: badName},
+		{name: "name/257-bytes-append", req: post(maxName+"m", []byte("x"), "Content-Type", "text/plain"), status: 400, reason: badName},
+
+		{name: "json/invalid", req: post(jsonPath, []byte(`{"k":`), "Content-Type", "application/json"), status: 400, reason: badJSON},
+		{name: "json/trailing-garbage", req: post(jsonPath, []byte(`{"k":1} x`), "Content-Type", "application/json"), status: 400, reason: badJSON},
+		{name: "json/empty-array", req: post(jsonPath, []byte(`[]`), "Content-Type", "application/json"), status: 400, reason: []string{"empty", "array"}},
+		{
+			name:   "json/invalid-initial-body",
+			req:    fhReq{Method: http.MethodPut, Path: "/bi/new-json", Header: hdr("Content-Type", "application/json"), Body: []byte(`[1,`)},
+			status: 400, reason: badJSON, absent: "/bi/new-json",
+		},
+
+		{name: "producer/partial", req: post(textPath, []byte("x"), "Content-Type", "text/plain", "Producer-Id", "p1"), status: 400, reason: []string{"producer"}},
+		{
+			name:   "producer/bad-epoch",
+			req:    post(textPath, []byte("x"), "Content-Type", "text/plain", "Producer-Id", "p1", "Producer-Epoch", "x", "Producer-Seq", "0"),
+			status: 400, reason: []string{"producer-epoch", "epoch"},
+		},
+	}
+
+	// Let the set-up's writes and the start-up's settle.
+	time.Sleep(500 * time.Millisecond)
+	t.Logf("set-up took %s", time.Since(began).Round(time.Millisecond))
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, writes := fhExpectNoWrites(t, e, tc.req)
+			t.Logf("%s %s → %s", tc.req.Method, fhClip(tc.req.Path, 40), resp)
+			if resp.Status != tc.status {
+				t.Errorf("%s %s: %s, want %d", tc.req.Method, tc.req.Path, resp, tc.status)
+			}
+			if !fhContainsAny(string(resp.Body), tc.reason...) {
+				t.Errorf("%s %s: %d body %q does not say why (want it to mention one of %q)",
+					tc.req.Method, tc.req.Path, resp.Status, fhClip(string(resp.Body), 300), tc.reason)
+			}
+			if len(writes) > 0 {
+				t.Errorf("%s %s (%d) wrote to the object store:%s", tc.req.Method, tc.req.Path, resp.Status, fhSortedKeys(writes))
+			}
+			if tc.absent != "" {
+				if h := e.must(fhReq{Method: http.MethodHead, Path: tc.absent}); h.Status != http.StatusNotFound {
+					t.Errorf("HEAD %s after the refused create: %d, want 404", tc.absent, h.Status)
+				}
+			}
+		})
+	}
+
+	// The streams the requests aimed at are unchanged.
+	for _, s := range []struct {
+		path       string
+		body, tail string
+	}{{jsonPath, string(jsonBefore), jsonTail}, {textPath, string(textBefore), textTail}} {
+		got, tail, err := e.readBytes(s.path)
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		if string(got) != s.body || tail != s.tail {
+			t.Errorf("%s changed: %q (tail %s), was %q (tail %s)", s.path, got, tail, s.body, s.tail)
+		}
+	}
+}
+
+// fhExpectNoWrites sends r and returns its answer and the object-store
+// writes seen meanwhile (and shortly after, for anything the request set
+// off asynchronously). A window in which a background compaction pass ran
+// (its signature is a manifest write) is not conclusive: the request is sent
+// again, up to three times.
+func fhExpectNoWrites(t *testing.T, e *fhEnv, r fhReq) (fhResp, map[string]int) {
+	t.Helper()
+	var resp fhResp
+	var writes map[string]int
+	for attempt := 0; attempt < 3; attempt++ {
+		before := e.proxy.Counts()
+		resp = e.must(r)
+		// Twenty flush intervals: an append wrongly let through would
+		// be uploaded by then.
+		time.Sleep(200 * time.Millisecond)
+		writes = fhWrites(before, e.proxy.Counts())
+		if writes[testenv.OpPut+" "+fhManifestKey] == 0 {
+			return resp, writes
+		}
+		t.Logf("a compaction pass ran during the request (%s); sending it again", fhSortedKeys(writes))
+	}
+	return resp, writes
+}

@@ -1,0 +1,163 @@
+package integration
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// fhRandomRecords returns n records of size random bytes each.
+func fhRandomRecords(seed uint64, n, size int) [][]byte {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = make([]byte, size)
+		for j := range out[i] {
+			out[i][j] = byte(rng.UintN(256))
+		}
+	}
+	return out
+}
+
+// TestCacheColdReadGoesToBucket: with a 4 KiB cache, a catch-up read of a
+// stream written earlier cannot be served from memory; it must go to the
+// bucket, and still return every byte.
+func TestCacheColdReadGoesToBucket(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"cache_size 4KiB"}})
+	const path = "/cache/cold"
+	const ct = "application/octet-stream"
+	e.create(path, ct)
+	// 48 KiB in 48 records: twelve times the cache.
+	recs := fhRandomRecords(1, 48, 1024)
+	for _, r := range recs {
+		e.append(path, ct, r)
+	}
+	want := bytes.Join(recs, nil)
+
+	before := e.proxy.Counts()
+	got, _, err := e.readBytes(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := e.proxy.Counts()
+	if !bytes.Equal(got, want) {
+		t.Fatalf("catch-up read returned %d bytes, want the %d written (equal prefix %d)", len(got), len(want), fhCommonPrefix(got, want))
+	}
+	gets := after.Get - before.Get
+	t.Logf("catch-up read of %d bytes with cache_size 4KiB: %d GETs, %d LISTs (%d on the read path)",
+		len(want), gets, after.List-before.List, fhReadPathRequests(after)-fhReadPathRequests(before))
+	if gets == 0 {
+		t.Errorf("catch-up read of %d bytes with a 4 KiB cache made no GET: it cannot have come from the bucket", len(want))
+	}
+}
+
+// TestCacheTailReadCostsNoGets: with the default cache, readers at the tail
+// get fresh appends from memory, by catch-up read and by long-poll, without
+// a single GET.
+func TestCacheTailReadCostsNoGets(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{
+		Directives: []string{"long_poll_timeout 20s"},
+		Optional:   []string{"compact_interval 1h"},
+	})
+	const path = "/cache/hot"
+	const ct = "application/octet-stream"
+	e.create(path, ct)
+	for _, r := range fhRandomRecords(2, 5, 512) {
+		e.append(path, ct, r)
+	}
+	_, tail, err := e.readBytes(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("catch-up", func(t *testing.T) {
+		fresh := fhRandomRecords(3, 10, 512)
+		for _, r := range fresh {
+			e.append(path, ct, r)
+		}
+		before := e.proxy.Counts()
+		chunks, next, err := e.readFrom(path, tail)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := e.proxy.Counts()
+		if got, want := bytes.Join(chunks, nil), bytes.Join(fresh, nil); !bytes.Equal(got, want) {
+			t.Fatalf("tail read returned %d bytes, want the %d just appended", len(got), len(want))
+		}
+		fhExpectNoReadCost(t, "catch-up read of fresh data", before, after)
+		tail = next
+	})
+
+	t.Run("long-poll", func(t *testing.T) {
+		fresh := fhRandomRecords(4, 1, 512)[0]
+		before := e.proxy.Counts()
+		type result struct {
+			resp fhResp
+			err  error
+		}
+		done := make(chan result, 1)
+		go func() {
+			resp, err := e.send(fhReq{Method: http.MethodGet, Path: path + "?live=long-poll&offset=" + url.QueryEscape(tail)})
+			done <- result{resp, err}
+		}()
+		// Let the reader park, then append.
+		time.Sleep(300 * time.Millisecond)
+		e.append(path, ct, fresh)
+		var r result
+		select {
+		case r = <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("long-poll did not answer within 30s of the append")
+		}
+		after := e.proxy.Counts()
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.resp.Status != http.StatusOK || !bytes.Equal(r.resp.Body, fresh) {
+			t.Fatalf("long-poll: %d with %d bytes, want 200 with the %d appended", r.resp.Status, len(r.resp.Body), len(fresh))
+		}
+		fhExpectNoReadCost(t, "long-poll wake-up with fresh data", before, after)
+	})
+}
+
+// fhExpectNoReadCost fails the test if any GET, or any listing of data
+// objects, reached the store between the two snapshots. Background reads of
+// the manifest, lease or format object are reported but not counted against
+// the read.
+func fhExpectNoReadCost(t *testing.T, what string, before, after testenv.Counts) {
+	t.Helper()
+	readPath := fhReadPathRequests(after) - fhReadPathRequests(before)
+	gets := after.Get - before.Get
+	t.Logf("%s: %d GETs in all, %d on the read path", what, gets, readPath)
+	if readPath != 0 {
+		diff := map[string]int{}
+		for _, op := range []string{testenv.OpGet, testenv.OpList} {
+			b := before.Keys(op)
+			for k, n := range after.Keys(op) {
+				if d := n - b[k]; d > 0 {
+					diff[op+" "+k] = d
+				}
+			}
+		}
+		t.Errorf("%s went to the bucket:%s", what, fhSortedKeys(diff))
+	}
+}
+
+func fhCommonPrefix(a, b []byte) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
