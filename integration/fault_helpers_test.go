@@ -359,9 +359,6 @@ func fhReadPathRequests(c testenv.Counts) int {
 	return n
 }
 
-// fhDelta subtracts two request totals of one kind.
-func fhDelta(before, after testenv.Counts, f func(testenv.Counts) int) int { return f(after) - f(before) }
-
 // fhSortedKeys renders a count map in key order.
 func fhSortedKeys(m map[string]int) string {
 	keys := make([]string, 0, len(m))

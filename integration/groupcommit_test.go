@@ -1,0 +1,220 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Group commit under load: 64 concurrent writers over 100 streams, with the
+// module's default flush settings.
+const (
+	fhGCWriters = 64
+	fhGCStreams = 100
+	// fhGCMaxWALPuts is the most WAL PUTs per 1,000 appends the issue
+	// allows; with 64 appends in flight the floor is 1000/64 ≈ 16.
+	fhGCMaxWALPuts = 25
+	// fhGCRecord is the size of each append's body.
+	fhGCRecord = 64
+)
+
+// fhGCResult is the outcome of one group-commit run.
+type fhGCResult struct {
+	appends  int
+	failures []string
+	elapsed  time.Duration
+	walPuts  int // PUTs of keys containing "/wal/"
+	s3       int // every request to the store
+	latency  []time.Duration
+	sent     [fhGCStreams][][]byte // bodies acknowledged, per stream
+}
+
+func (r *fhGCResult) perThousand(n int) float64 {
+	if r.appends == 0 {
+		return 0
+	}
+	return float64(n) * 1000 / float64(r.appends)
+}
+
+func (r *fhGCResult) String() string {
+	return fmt.Sprintf("%d appends in %s: %.0f appends/s, %d WAL PUTs (%.1f per 1,000 appends), "+
+		"%d S3 requests (%.1f per 1,000 appends), latency p50 %s p99 %s",
+		r.appends, r.elapsed.Round(time.Millisecond), float64(r.appends)/r.elapsed.Seconds(),
+		r.walPuts, r.perThousand(r.walPuts), r.s3, r.perThousand(r.s3),
+		fhPercentile(r.latency, 50).Round(time.Microsecond), fhPercentile(r.latency, 99).Round(time.Microsecond))
+}
+
+// fhGCStream is the path of stream i.
+func fhGCStream(i int) string { return fmt.Sprintf("/gc/stream-%03d", i) }
+
+// fhGCSetup starts Caddy with default settings (storage only) and creates
+// the streams.
+func fhGCSetup(tb testing.TB) *fhEnv {
+	tb.Helper()
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns = 2 * fhGCWriters
+	tr.MaxIdleConnsPerHost = 2 * fhGCWriters
+	e := fhStart(tb, fhOptions{Client: &http.Client{Transport: tr, Timeout: time.Minute}})
+	tb.Cleanup(tr.CloseIdleConnections)
+	for i := range fhGCStreams {
+		e.create(fhGCStream(i), "application/octet-stream")
+	}
+	return e
+}
+
+// fhGCBody is the body of append n to stream s: fhGCRecord bytes, the last
+// a newline, so a stream's content splits back into its appends.
+func fhGCBody(n, s int) []byte {
+	b := fmt.Appendf(nil, "append %012d to stream %03d ", n, s)
+	b = append(b, bytes.Repeat([]byte("."), fhGCRecord-1-len(b))...)
+	return append(b, '\n')
+}
+
+// fhGCRun makes total appends with fhGCWriters closed-loop writers (each
+// sends its next append when the previous one is answered), counting the
+// store requests at the proxy meanwhile. first numbers the appends, so
+// that runs on one instance never repeat a body.
+func fhGCRun(e *fhEnv, first, total int) *fhGCResult {
+	r := &fhGCResult{appends: total}
+	var next atomic.Int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	before := e.proxy.Counts()
+	start := time.Now()
+	for range fhGCWriters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lat := make([]time.Duration, 0, total/fhGCWriters+1)
+			var fails []string
+			var acked [fhGCStreams][][]byte
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= total {
+					break
+				}
+				n := first + i
+				s := n % fhGCStreams
+				body := fhGCBody(n, s)
+				resp, err := e.send(fhReq{
+					Method: http.MethodPost, Path: fhGCStream(s),
+					Header: map[string]string{"Content-Type": "application/octet-stream"}, Body: body,
+				})
+				lat = append(lat, resp.Took)
+				switch {
+				case err != nil:
+					fails = append(fails, fmt.Sprintf("append %d: %v", n, err))
+				case resp.Status/100 != 2:
+					fails = append(fails, fmt.Sprintf("append %d: %s", n, resp))
+				default:
+					acked[s] = append(acked[s], body)
+				}
+			}
+			mu.Lock()
+			r.latency = append(r.latency, lat...)
+			r.failures = append(r.failures, fails...)
+			for s := range acked {
+				r.sent[s] = append(r.sent[s], acked[s]...)
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	r.elapsed = time.Since(start)
+	after := e.proxy.Counts()
+	r.walPuts = after.Containing("PUT", "/wal/") - before.Containing("PUT", "/wal/")
+	r.s3 = after.Total() - before.Total()
+	slices.Sort(r.latency)
+	return r
+}
+
+// BenchmarkGroupCommit measures appends through Caddy on versitygw with 64
+// concurrent writers over 100 streams and default flush settings. One
+// benchmark op is one append. Run it with e.g.
+//
+//	go test ./integration -run '^$' -bench GroupCommit -benchtime 20000x
+func BenchmarkGroupCommit(b *testing.B) {
+	e := fhGCSetup(b)
+	// A warm-up round opens the writers' connections.
+	if r := fhGCRun(e, 0, fhGCWriters); len(r.failures) > 0 {
+		b.Fatalf("warm-up: %d appends failed, first: %s", len(r.failures), r.failures[0])
+	}
+	first := fhGCWriters
+	b.Run(fmt.Sprintf("writers=%d/streams=%d", fhGCWriters, fhGCStreams), func(b *testing.B) {
+		b.ResetTimer()
+		r := fhGCRun(e, first, b.N)
+		b.StopTimer()
+		first += b.N
+		if len(r.failures) > 0 {
+			b.Fatalf("%d of %d appends failed, first: %s", len(r.failures), r.appends, r.failures[0])
+		}
+		b.ReportMetric(float64(r.appends)/r.elapsed.Seconds(), "appends/s")
+		b.ReportMetric(r.perThousand(r.walPuts), "walPUTs/1000appends")
+		b.ReportMetric(r.perThousand(r.s3), "s3req/1000appends")
+		b.ReportMetric(float64(fhPercentile(r.latency, 50))/1e6, "p50-ms")
+		b.ReportMetric(float64(fhPercentile(r.latency, 99))/1e6, "p99-ms")
+		b.Logf("%s", r)
+	})
+}
+
+// TestGroupCommitWALPutBound is the short companion of BenchmarkGroupCommit:
+// its bound is a count, not a speed, so it holds on a slow machine too. It
+// also checks that every acknowledged append is stored exactly once.
+func TestGroupCommitWALPutBound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhGCSetup(t)
+	if r := fhGCRun(e, 0, fhGCWriters); len(r.failures) > 0 {
+		t.Fatalf("warm-up: %d appends failed, first: %s", len(r.failures), r.failures[0])
+	}
+	const total = 50 * fhGCWriters
+	r := fhGCRun(e, fhGCWriters, total)
+	t.Logf("group commit, %d writers over %d streams, default settings: %s", fhGCWriters, fhGCStreams, r)
+	if len(r.failures) > 0 {
+		t.Fatalf("%d of %d appends failed, first: %s", len(r.failures), total, r.failures[0])
+	}
+	if got := r.perThousand(r.walPuts); got > fhGCMaxWALPuts {
+		t.Errorf("%.1f WAL PUTs per 1,000 appends (%d for %d), want at most %d",
+			got, r.walPuts, r.appends, fhGCMaxWALPuts)
+	}
+
+	// Every acknowledged append is in its stream once; nothing else is.
+	for s := range fhGCStreams {
+		got, _, err := e.readBytes(fhGCStream(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stored [][]byte
+		for _, line := range bytes.SplitAfter(got, []byte("\n")) {
+			if len(line) > 0 {
+				stored = append(stored, line)
+			}
+		}
+		// The warm-up's appends are stored too.
+		var want [][]byte
+		for n := s; n < fhGCWriters; n += fhGCStreams {
+			want = append(want, fhGCBody(n, s))
+		}
+		want = append(want, r.sent[s]...)
+		sortBytes := func(x [][]byte) { sort.Slice(x, func(i, j int) bool { return bytes.Compare(x[i], x[j]) < 0 }) }
+		sortBytes(stored)
+		sortBytes(want)
+		if len(stored) != len(want) {
+			t.Errorf("%s holds %d appends, want %d", fhGCStream(s), len(stored), len(want))
+			continue
+		}
+		for i := range want {
+			if !bytes.Equal(stored[i], want[i]) {
+				t.Errorf("%s: stored %q, want %q", fhGCStream(s), stored[i], want[i])
+				break
+			}
+		}
+	}
+}
