@@ -111,6 +111,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 		},
 
 		{name: "content-type/mismatch", req: post(jsonPath, []byte("x"), "Content-Type", "text/plain"), status: 409, reason: badCT},
+		{
+			name:   "content-type/mismatch-on-create",
+			req:    fhReq{Method: http.MethodPut, Path: jsonPath, Header: hdr("Content-Type", "text/plain")},
+			status: 409, reason: append(badCT, "configuration", "exists"),
+		},
 		{name: "content-type/missing", req: post(textPath, []byte("x")), status: 400, reason: badCT},
 		{name: "post/empty-without-close", req: post(textPath, nil, "Content-Type", "text/plain"), status: 400, reason: []string{"empty", "body"}},
 		{name: "post/over-max-append-size", req: post(textPath, tooBig, "Content-Type", "text/plain"), status: 413, reason: tooLarge},

@@ -356,14 +356,15 @@ func fhCheckStream(t *testing.T, e *fhEnv, path string, w int, sent []fhOutcome)
 	if h := head.Header.Get("Stream-Next-Offset"); head.Status != http.StatusOK || h != tail {
 		t.Errorf("stream %d: HEAD %d with Stream-Next-Offset %q; the read ended at %q", w, head.Status, h, tail)
 	}
-	unacked := 0
+	var landed []string
 	for _, o := range sent {
 		if !o.acked() && present[o.msg.N] == 1 {
-			unacked++
+			landed = append(landed, fmt.Sprintf("%+v (%v %s)", o.msg, o.err, o.resp))
 		}
 	}
-	if unacked > 0 {
-		t.Logf("stream %d: %d appends that got an error are stored (their writes landed)", w, unacked)
+	if len(landed) > 0 {
+		t.Logf("stream %d: %d appends that got an error are stored (their writes landed): %s",
+			w, len(landed), strings.Join(landed, "; "))
 	}
 	if t.Failed() {
 		var b strings.Builder

@@ -174,7 +174,7 @@ func TestGroupCommitWALPutBound(t *testing.T) {
 	if r := fhGCRun(e, 0, fhGCWriters); len(r.failures) > 0 {
 		t.Fatalf("warm-up: %d appends failed, first: %s", len(r.failures), r.failures[0])
 	}
-	const total = 50 * fhGCWriters
+	const total = 100 * fhGCWriters
 	r := fhGCRun(e, fhGCWriters, total)
 	t.Logf("group commit, %d writers over %d streams, default settings: %s", fhGCWriters, fhGCStreams, r)
 	if len(r.failures) > 0 {
