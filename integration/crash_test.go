@@ -28,6 +28,8 @@ func TestCrashRecovery(t *testing.T) {
 		heldKills  = 3 // of the kills, how many happen while WAL uploads are held
 		minBetween = 2 * time.Second
 		maxBetween = 6 * time.Second
+		// Before this kill the process lives long enough to compact.
+		compactKill = 2
 	)
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, seed>>7))
@@ -66,7 +68,7 @@ func TestCrashRecovery(t *testing.T) {
 	writers := make([]*writer, streams)
 	tailers := make([]*tailer, streams)
 	for i, name := range names {
-		writers[i] = newWriter(abort, cl, i, name, 40*time.Millisecond)
+		writers[i] = newWriter(abort, cl, i, name, 150*time.Millisecond)
 		tailers[i] = newTailer(cl, name, func() int { return int(epoch.Load()) })
 		writersWG.Add(1)
 		go func() { defer writersWG.Done(); writers[i].run(stopWriters) }()
@@ -81,7 +83,13 @@ func TestCrashRecovery(t *testing.T) {
 	var restarts []time.Duration
 	held := 0
 	for k := 0; k < kills; k++ {
-		time.Sleep(minBetween + rand.N(maxBetween-minBetween))
+		gap := minBetween + rand.N(maxBetween-minBetween)
+		if k == compactKill {
+			// Long enough for the engine's first compaction pass (every
+			// 30s), with the kill landing after or during it.
+			gap = 30*time.Second + rand.N(4*time.Second)
+		}
+		time.Sleep(gap)
 		wantHold := k%2 == 1 && held < heldKills
 		var release func()
 		if wantHold {
@@ -126,15 +134,11 @@ func TestCrashRecovery(t *testing.T) {
 	// Final state: every stream read from its start, and every reader
 	// caught up with it.
 	verifyBegan := time.Now()
-	contents := make([][]byte, streams)
-	tails := make([]string, streams)
-	for i, name := range names {
-		var err error
-		contents[i], tails[i], err = cl.readAll(name, time.Minute)
-		if err != nil {
-			t.Fatalf("final read: %v", err)
-		}
+	contents, tails, err := readAllParallel(cl, names, 4, 2*time.Minute)
+	if err != nil {
+		t.Fatalf("final read: %v", err)
 	}
+	finalReadTook := time.Since(verifyBegan)
 	caughtUp := waitFor(30*time.Second, func() bool {
 		for i := range tailers {
 			if tailers[i].at() != tails[i] {
@@ -145,8 +149,9 @@ func TestCrashRecovery(t *testing.T) {
 	})
 	stopReaders()
 	readersWG.Wait()
+	catchUpTook := time.Since(verifyBegan) - finalReadTook
 
-	var acked, failed, answered, served, chunks, polls int
+	var acked, failed, answered, served, chunks, polls, ackOffsetsChecked int
 	statuses := map[int]int{}
 	for i := range names {
 		a, f := writers[i].counts()
@@ -166,6 +171,14 @@ func TestCrashRecovery(t *testing.T) {
 		served += len(tl.content)
 		chunks += len(tl.chunks)
 		polls += tl.polls
+		// Offsets from acknowledgements and from reads must agree: where
+		// an acknowledged append's Stream-Next-Offset was also a read
+		// offset, it must sit right after that append's bytes.
+		checked, probs := ackOffsetsAgree(writers[i], tl, contents[i], tails[i])
+		ackOffsetsChecked += checked
+		for _, pr := range probs {
+			t.Error(pr)
+		}
 		if !bytes.HasPrefix(contents[i], tl.content) {
 			d := firstDiff(contents[i], tl.content)
 			t.Errorf("%s: the long-poll reader was served bytes the stream does not hold: first difference at byte %d: "+
@@ -185,8 +198,10 @@ func TestCrashRecovery(t *testing.T) {
 
 	// Re-read from the offsets readers were served at: the riskiest ones
 	// (served shortly before a kill) all, the others sampled.
-	toCheck := pickChunks(rng, tailers, killTimes, 1500*time.Millisecond, 1500)
+	toCheck := pickChunks(rng, tailers, killTimes, 500*time.Millisecond, 500)
+	rereadBegan := time.Now()
 	rereadProblems, rereadBytes := rereadChunks(cl, toCheck, 4)
+	rereadTook := time.Since(rereadBegan)
 	for _, pr := range rereadProblems {
 		t.Error(pr)
 	}
@@ -194,16 +209,63 @@ func TestCrashRecovery(t *testing.T) {
 	for i := range contents {
 		verified += len(contents[i])
 	}
-	t.Logf("streams %d, kills %d (%d while WAL uploads were held) in %s, restarts took %v; verification took %s",
-		streams, kills, held, chaosTook.Round(time.Millisecond), restarts, time.Since(verifyBegan).Round(time.Millisecond))
+	t.Logf("streams %d, kills %d (%d while WAL uploads were held) in %s, restarts took %v; verification took %s (final reads %s, readers catching up %s, re-reads %s)",
+		streams, kills, held, chaosTook.Round(time.Millisecond), roundAll(restarts),
+		time.Since(verifyBegan).Round(time.Millisecond), finalReadTook.Round(time.Millisecond),
+		catchUpTook.Round(time.Millisecond), rereadTook.Round(time.Millisecond))
 	t.Logf("appends acknowledged %d, failed %d (%d with an HTTP status, the others without an answer); bytes verified %d; long-poll polls %d, chunks served %d (%d bytes); "+
-		"offsets re-read %d (%d bytes)", acked, failed, answered, verified, polls, chunks, served, len(toCheck), rereadBytes)
+		"offsets re-read %d (%d bytes); acknowledged offsets matched to read offsets %d",
+		acked, failed, answered, verified, polls, chunks, served, len(toCheck), rereadBytes, ackOffsetsChecked)
 	if len(statuses) > 0 {
 		t.Logf("failed appends by HTTP status: %v", statuses)
 	}
 	counts := p.Counts()
+	dataPuts := counts.PutsUnder(caddytest.S3Prefix + "/data/")
+	if dataPuts == 0 {
+		t.Errorf("no data object was written: compaction never ran, so its interplay with crashes went untested")
+	}
+	t.Logf("data objects written by compaction: %d", dataPuts)
 	t.Logf("S3 requests through the proxy: PUT %d, GET %d, LIST %d, DELETE %d, HEAD %d, other %d",
 		counts.Put, counts.Get, counts.List, counts.Delete, counts.Head, counts.Other)
+}
+
+// ackOffsetsAgree compares the Stream-Next-Offset of each acknowledged
+// append with the offsets the reader was served at (and the final tail):
+// when the same token shows up in both, it must name the byte position just
+// after the append's line in the final content.
+func ackOffsetsAgree(w *writer, tl *tailer, content []byte, tail string) (checked int, problems []string) {
+	posOf := map[string]int{tail: len(content)}
+	for _, ch := range tl.chunks {
+		posOf[ch.offset] = ch.pos
+	}
+	lineEnd := map[int]int{}
+	prefix := fmt.Sprintf("w%02d-", w.idx)
+	for pos := 0; pos < len(content); {
+		i := bytes.IndexByte(content[pos:], '\n')
+		if i < 0 {
+			break
+		}
+		var n int
+		if _, err := fmt.Sscanf(string(content[pos:pos+i]), prefix+"%d", &n); err == nil {
+			lineEnd[n] = pos + i + 1
+		}
+		pos += i + 1
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for n, off := range w.acked {
+		pos, ok := posOf[off]
+		end, present := lineEnd[n]
+		if !ok || !present {
+			continue
+		}
+		checked++
+		if pos != end && len(problems) < 10 {
+			problems = append(problems, fmt.Sprintf("%s: append %d was acknowledged with Stream-Next-Offset %s, "+
+				"which reads start at byte %d, but the append ends at byte %d", w.name, n, off, pos, end))
+		}
+	}
+	return checked, problems
 }
 
 // checkChunk is a chunk a reader was served, to be re-read.

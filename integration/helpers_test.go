@@ -200,6 +200,31 @@ func (c *dsClient) readRange(name, offset string, limit int, timeout time.Durati
 	}
 }
 
+// readAllParallel reads every stream in names with readAll, workers at a
+// time, and returns their contents and tails in the order of names.
+func readAllParallel(c *dsClient, names []string, workers int, timeout time.Duration) ([][]byte, []string, error) {
+	contents := make([][]byte, len(names))
+	tails := make([]string, len(names))
+	errs := make([]error, len(names))
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				contents[i], tails[i], errs[i] = c.readAll(names[i], timeout)
+			}
+		}()
+	}
+	for i := range names {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	return contents, tails, errors.Join(errs...)
+}
+
 // tail returns the stream's tail offset (HEAD), retrying errors and 5xx.
 func (c *dsClient) tail(name string, timeout time.Duration) (string, error) {
 	deadline := time.Now().Add(timeout)
