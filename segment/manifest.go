@@ -274,7 +274,7 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, apply func(s
 		}
 		key := WALKey(n.ID, seq)
 		if !present[seq] {
-			landed, err := sealOnce(ctx, store, n.ID, seq)
+			landed, err := seal(ctx, store, n.ID, seq, 6)
 			if err != nil {
 				return 0, err
 			}
@@ -299,19 +299,30 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, apply func(s
 	}
 }
 
-func sealOnce(ctx context.Context, store Store, ns, seq uint64) (landed bool, err error) {
+// seal writes a seal marker at (ns, seq) with if-none-match and reports
+// whether the key already held a WAL object (it landed) instead. An answer
+// that leaves the outcome open (a lost response, or a write the store
+// could not confirm) is settled by reading the key back. It tries at most
+// attempts times (0: until ctx ends), with backoff.
+func seal(ctx context.Context, store Store, ns, seq uint64, attempts int) (landed bool, err error) {
+	key := WALKey(ns, seq)
 	for attempt := 0; ; attempt++ {
-		_, err := store.Put(ctx, WALKey(ns, seq), EncodeSeal(ns, seq), PutOptions{IfNoneMatch: true})
-		switch {
-		case err == nil:
+		_, err = store.Put(ctx, key, EncodeSeal(ns, seq), PutOptions{IfNoneMatch: true})
+		if err == nil {
 			return false, nil
-		case errors.Is(err, ErrPreconditionFailed):
-			return true, nil
-		case attempt >= 5:
-			return false, fmt.Errorf("seal %s: %w", WALKey(ns, seq), err)
 		}
-		if err := sleepBackoff(ctx, attempt); err != nil {
-			return false, err
+		if data, _, gerr := store.Get(ctx, key, 0, -1); gerr == nil {
+			obj, derr := DecodeWAL(data)
+			if derr != nil {
+				return false, fmt.Errorf("seal %s: %w", key, derr)
+			}
+			return !obj.Sealed, nil
+		}
+		if attempts > 0 && attempt+1 >= attempts {
+			return false, fmt.Errorf("seal %s: %w", key, err)
+		}
+		if werr := sleepBackoff(ctx, attempt); werr != nil {
+			return false, fmt.Errorf("seal %s: %w", key, err)
 		}
 	}
 }

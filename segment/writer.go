@@ -274,7 +274,7 @@ func (w *Writer) settle(queue []*Batch) {
 		// A doomed batch was never given a WAL sequence, so only a batch
 		// whose upload failed needs a seal to fix its fate.
 		if !b.doomed {
-			landed, err := w.sealAt(b.Namespace, b.Seq)
+			landed, err := seal(w.ctx, w.store, b.Namespace, b.Seq, 0)
 			if err != nil { // writer closed while the store was unreachable
 				w.abort(queue[i:], err)
 				return
@@ -305,24 +305,6 @@ func (w *Writer) abort(batches []*Batch, cause error) {
 		b.err = err
 		w.hooks.Aborted(b, err)
 		close(b.done)
-	}
-}
-
-// sealAt writes a seal at (ns, seq), retrying with backoff until the store
-// answers or the writer closes. landed reports that the key already held
-// the upload.
-func (w *Writer) sealAt(ns, seq uint64) (landed bool, err error) {
-	for attempt := 0; ; attempt++ {
-		_, err := w.store.Put(w.ctx, WALKey(ns, seq), EncodeSeal(ns, seq), PutOptions{IfNoneMatch: true})
-		switch {
-		case err == nil:
-			return false, nil
-		case errors.Is(err, ErrPreconditionFailed):
-			return true, nil
-		}
-		if werr := sleepBackoff(w.ctx, attempt); werr != nil {
-			return false, fmt.Errorf("seal wal %s: %w", WALKey(ns, seq), err)
-		}
 	}
 }
 
