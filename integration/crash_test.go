@@ -30,6 +30,8 @@ func TestCrashRecovery(t *testing.T) {
 		maxBetween = 6 * time.Second
 		// Before this kill the process lives long enough to compact.
 		compactKill = 2
+		// This kill comes right after the restart before it.
+		recoveryKill = 4
 	)
 	seed := uint64(time.Now().UnixNano())
 	rng := rand.New(rand.NewPCG(seed, seed>>7))
@@ -84,13 +86,18 @@ func TestCrashRecovery(t *testing.T) {
 	held := 0
 	for k := 0; k < kills; k++ {
 		gap := minBetween + rand.N(maxBetween-minBetween)
-		if k == compactKill {
+		switch k {
+		case compactKill:
 			// Long enough for the engine's first compaction pass (every
 			// 30s), with the kill landing after or during it.
 			gap = 30*time.Second + rand.N(4*time.Second)
+		case recoveryKill:
+			// Right after the restart: likely while the new process is
+			// still sealing and replaying the WAL of the ones before.
+			gap = rand.N(300 * time.Millisecond)
 		}
 		time.Sleep(gap)
-		wantHold := k%2 == 1 && held < heldKills
+		wantHold := k%2 == 1 && held < heldKills && k != recoveryKill
 		var release func()
 		if wantHold {
 			// Park the next WAL upload (Times 1: later ones may land
@@ -198,7 +205,7 @@ func TestCrashRecovery(t *testing.T) {
 
 	// Re-read from the offsets readers were served at: the riskiest ones
 	// (served shortly before a kill) all, the others sampled.
-	toCheck := pickChunks(rng, tailers, killTimes, 500*time.Millisecond, 500)
+	toCheck := pickChunks(rng, tailers, killTimes, 500*time.Millisecond, 300)
 	rereadBegan := time.Now()
 	rereadProblems, rereadBytes := rereadChunks(cl, toCheck, 4)
 	rereadTook := time.Since(rereadBegan)

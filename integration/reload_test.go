@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -88,6 +89,14 @@ func TestReloadUnderLoad(t *testing.T) {
 		t.Fatal("SSE subscribers did not all connect and receive data within 20s")
 	}
 
+	// The engine is shared across reloads, never rebuilt: the storage is
+	// opened once per process.
+	const opened = `"msg":"storage opened"`
+	openedBefore := strings.Count(c.Logs(), opened)
+	if openedBefore == 0 {
+		t.Fatalf("Caddy's log does not say the storage was opened (%s)", opened)
+	}
+
 	type reloadFigures struct {
 		flush     string
 		took      time.Duration
@@ -155,6 +164,10 @@ func TestReloadUnderLoad(t *testing.T) {
 		if fig.unclean > 0 {
 			t.Errorf("reload %d: %d SSE responses were cut inside an event instead of ending cleanly", k, fig.unclean)
 		}
+	}
+	if n := strings.Count(c.Logs(), opened); n != openedBefore {
+		t.Errorf("the storage was opened again by the reloads (%d log lines %s before, %d after): "+
+			"the engine must be shared across a reload, not rebuilt", openedBefore, opened, n)
 	}
 	time.Sleep(time.Second)
 	stopOnce.Do(func() { close(stopWriters) })
