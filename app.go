@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -148,11 +149,13 @@ type engineRef struct {
 
 	startOnce sync.Once
 	ready     chan struct{} // closed when the start attempt has finished
-	eng       *streamstore.Engine
 	startErr  error
 
+	eng atomic.Pointer[streamstore.Engine] // set once started
+
 	mu       sync.Mutex
-	settings engineSettings // the settings the engine runs with
+	nodeID   string
+	settings engineSettings // the latest settings asked for
 }
 
 func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Logger) *engineRef {
@@ -184,42 +187,56 @@ func (r *engineRef) doStart() error {
 		return err
 	}
 	r.mu.Lock()
-	cfg := r.engineConfig(nodeID)
+	r.nodeID = nodeID
+	eng := streamstore.New(r.store, r.engineConfig(), r.log)
 	r.mu.Unlock()
-	eng := streamstore.New(r.store, cfg, r.log)
 	// Start's context bounds the start only; the engine's background work
 	// lives until Close.
 	ctx, cancel := context.WithTimeout(context.Background(), engineStartTimeout)
 	defer cancel()
-	began := time.Now()
 	if err := eng.Start(ctx); err != nil {
 		return fmt.Errorf("starting engine: %w", err)
 	}
-	r.eng = eng
-	r.log.Info("storage opened", zap.String("node_id", nodeID), zap.Duration("took", time.Since(began)))
+	r.mu.Lock()
+	r.eng.Store(eng)
+	// A reload may have changed the settings while the engine started.
+	eng.Reconfigure(r.engineConfig())
+	r.mu.Unlock()
+	r.log.Debug("engine started", zap.String("node_id", nodeID))
 	return nil
 }
 
-func (r *engineRef) engineConfig(nodeID string) streamstore.Config {
+// engineConfig is the engine's Config for the current settings; r.mu held.
+func (r *engineRef) engineConfig() streamstore.Config {
 	return streamstore.Config{
 		FlushInterval: r.settings.FlushInterval,
 		FlushSize:     int(r.settings.FlushSize),
 		CacheBytes:    r.settings.CacheBytes,
-		NodeID:        nodeID,
+		NodeID:        r.nodeID,
 	}
 }
 
-// reconfigure applies a newer config's settings to a running engine. The
-// engine API has no way to change settings in place yet, so until it grows
-// one the running values stay, and the operator is told.
+// reconfigure applies a newer config's settings to the shared engine: across
+// a reload the new config's settings win. The object-store timeout belongs
+// to the store opened with the first config and stays until a restart.
 func (r *engineRef) reconfigure(s engineSettings) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s == r.settings {
 		return
 	}
-	r.log.Warn("engine settings changed; they take effect when the storage is next opened (restart)",
-		zap.Any("running", r.settings), zap.Any("configured", s))
+	if s.S3Timeout != r.settings.S3Timeout {
+		r.log.Warn("s3_timeout changed; it takes effect when Caddy restarts",
+			zap.Duration("running", r.settings.S3Timeout), zap.Duration("configured", s.S3Timeout))
+		s.S3Timeout = r.settings.S3Timeout
+	}
+	r.settings = s
+	if eng := r.eng.Load(); eng != nil {
+		eng.Reconfigure(r.engineConfig())
+	}
+	r.log.Info("engine settings changed by a config reload",
+		zap.Duration("flush_interval", s.FlushInterval), zap.Int64("flush_size", s.FlushSize),
+		zap.Int64("cache_size", s.CacheBytes))
 }
 
 // engine returns the started engine, waiting for the start if it is still
@@ -239,7 +256,7 @@ func (r *engineRef) engine(ctx context.Context, stop <-chan struct{}) (*streamst
 	if r.startErr != nil {
 		return nil, fmt.Errorf("%w: %v", streamstore.ErrUnavailable, r.startErr)
 	}
-	return r.eng, nil
+	return r.eng.Load(), nil
 }
 
 // engineCloseTimeout bounds the final flush when the last config lets go.
@@ -255,10 +272,10 @@ func (r *engineRef) Destruct() error {
 		r.startErr = errors.New("storage closed before it was started")
 		close(r.ready)
 	})
-	if r.eng != nil {
+	if eng := r.eng.Load(); eng != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), engineCloseTimeout)
 		defer cancel()
-		if err := r.eng.Close(ctx); err != nil {
+		if err := eng.Close(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("closing engine: %w", err))
 		} else {
 			r.log.Info("storage closed")

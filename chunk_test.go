@@ -146,15 +146,24 @@ func TestAssembleRejectsOffsetsPastTheData(t *testing.T) {
 	}{
 		{readResult("text/plain", 3, 3, false), position{4, 0}},
 		{readResult("text/plain", 3, 3, false), position{3, 1}},
-		{readResult("text/plain", 1, 2, false, "abc"), position{1, 3}},
 		{readResult("text/plain", 1, 2, false, "abc"), position{1, 99}},
 	} {
 		if _, err := assemble(tc.res, tc.from, 10); !errors.As(err, &oe) {
 			t.Errorf("from %v: err = %v", tc.from, err)
 		}
 	}
+	// The end of a record reads on from the next one (a fork cut inside a
+	// source record ends that record there).
+	c, err := assemble(readResult("text/plain", 1, 3, false, "abc", "de"), position{1, 3}, 10)
+	if err != nil || string(c.body) != "de" || c.start != (position{2, 0}) || c.next != (position{3, 0}) {
+		t.Errorf("end of record: %+v %v", c, err)
+	}
+	c, err = assemble(readResult("text/plain", 1, 2, false, "abc"), position{1, 3}, 10)
+	if err != nil || c.hasData() || !c.upToDate || c.next != (position{2, 0}) {
+		t.Errorf("end of the last record: %+v %v", c, err)
+	}
 	// A byte offset inside a record resumes there.
-	c, err := assemble(readResult("text/plain", 1, 2, false, "abc"), position{1, 2}, 10)
+	c, err = assemble(readResult("text/plain", 1, 2, false, "abc"), position{1, 2}, 10)
 	if err != nil || string(c.body) != "c" || c.next != (position{2, 0}) {
 		t.Errorf("mid-record: %+v %v", c, err)
 	}

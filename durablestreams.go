@@ -62,22 +62,23 @@ func (d *durableStreams) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// create handles PUT: create a stream, or confirm an identical one.
+// create handles PUT: create a stream (or a fork of one), or confirm an
+// identical one.
 func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name string) {
-	for _, f := range []string{hdrForkedFrom, hdrForkOffset, hdrForkSubOffset} {
-		if _, ok := headerValue(r.Header, f); ok {
-			fail(w, http.StatusNotImplemented, "stream forking is not supported yet")
-			return
-		}
-	}
-	ct := r.Header.Get("Content-Type")
-	if ct == "" {
-		ct = defaultContentType
-	}
-	ct, err := normalizeContentType(ct)
+	fork, err := parseForkHeaders(r)
 	if err != nil {
 		fail(w, http.StatusBadRequest, err.Error())
 		return
+	}
+	ct := r.Header.Get("Content-Type")
+	if ct == "" && fork == nil {
+		ct = defaultContentType // a fork without one inherits its source's
+	}
+	if ct != "" {
+		if ct, err = normalizeContentType(ct); err != nil {
+			fail(w, http.StatusBadRequest, err.Error())
+			return
+		}
 	}
 	expiry, err := parseExpiry(r.Header)
 	if err != nil {
@@ -93,6 +94,21 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 		Expiry:      expiry,
 		Closed:      isTrue(r.Header.Get(hdrStreamClosed)),
 	}
+
+	eng, ok := d.engineFor(w, r)
+	if !ok {
+		return
+	}
+	if fork != nil {
+		srcCT, ok := d.resolveFork(w, r, eng, fork)
+		if !ok {
+			return
+		}
+		req.Fork = &fork.from
+		if ct == "" {
+			ct = srcCT // the initial body is read as the inherited type
+		}
+	}
 	if len(body) > 0 {
 		if isJSON(ct) {
 			msgs, err := jsonMessages(body)
@@ -106,10 +122,6 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 		}
 	}
 
-	eng, ok := d.engineFor(w, r)
-	if !ok {
-		return
-	}
 	info, created, err := eng.Create(r.Context(), name, req)
 	if err != nil {
 		if errors.Is(err, streamstore.ErrGone) {
@@ -135,6 +147,121 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 	w.WriteHeader(http.StatusCreated)
 }
 
+// forkRequest is a parsed fork: the source's name and the divergence point
+// as the client gave it. from is completed by resolveFork.
+type forkRequest struct {
+	from      streamstore.ForkFrom
+	offset    *position // nil: the source's tail
+	subOffset uint64    // bytes, or messages on a JSON source
+}
+
+// parseForkHeaders reads the fork headers of a PUT (section 4.2) without any
+// I/O. It returns nil for a plain create.
+func parseForkHeaders(r *http.Request) (*forkRequest, error) {
+	src, hasSrc := headerValue(r.Header, hdrForkedFrom)
+	off, hasOff := headerValue(r.Header, hdrForkOffset)
+	sub, hasSub := headerValue(r.Header, hdrForkSubOffset)
+	if !hasSrc {
+		if hasOff || hasSub {
+			return nil, errors.New("Stream-Fork-Offset and Stream-Fork-Sub-Offset need Stream-Forked-From")
+		}
+		return nil, nil
+	}
+	f := &forkRequest{}
+	name, err := forkSourceName(r, src)
+	if err != nil {
+		return nil, err
+	}
+	f.from.Source = name
+	if hasOff {
+		o, err := parseOffset(off)
+		if err != nil {
+			return nil, fmt.Errorf("malformed Stream-Fork-Offset %q", off)
+		}
+		switch o.kind {
+		case offsetStart:
+			f.offset = &position{}
+		case offsetAt:
+			f.offset = &o.pos
+		}
+	}
+	if hasSub {
+		n, ok := parseDigits(sub)
+		if !ok || (len(sub) > 1 && sub[0] == '0') || n > maxSafeInteger {
+			return nil, fmt.Errorf("Stream-Fork-Sub-Offset must be a non-negative integer, got %q", sub)
+		}
+		if n > 0 && !hasOff {
+			return nil, errors.New("Stream-Fork-Sub-Offset needs Stream-Fork-Offset")
+		}
+		f.subOffset = n
+	}
+	return f, nil
+}
+
+// forkSourceName maps Stream-Forked-From, a path in the client's URL space,
+// back to a stream name: the prefix Caddy stripped before this handler is
+// removed, so only streams this handler serves can be forked.
+func forkSourceName(r *http.Request, v string) (string, error) {
+	u, err := url.Parse(v)
+	if err != nil {
+		return "", fmt.Errorf("malformed Stream-Forked-From %q", v)
+	}
+	if u.Host != "" && !strings.EqualFold(u.Host, r.Host) {
+		return "", errors.New("Stream-Forked-From must name a stream on this server")
+	}
+	p := u.Path
+	if prefix := clientPrefix(r); prefix != "" {
+		rest, ok := strings.CutPrefix(p, prefix)
+		if !ok || !strings.HasPrefix(rest, "/") {
+			return "", fmt.Errorf("Stream-Forked-From must name a stream under %s", prefix)
+		}
+		p = rest
+	}
+	if err := streamstore.ValidateName(p); err != nil {
+		return "", fmt.Errorf("Stream-Forked-From: %v", err)
+	}
+	return p, nil
+}
+
+// resolveFork turns the fork offset and sub-offset into the engine's
+// (seq, bytes) form, which needs the source's tail and content type. It
+// answers errors itself and returns the source's content type.
+func (d *durableStreams) resolveFork(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, f *forkRequest) (string, bool) {
+	src, err := eng.Head(r.Context(), f.from.Source)
+	switch {
+	case errors.Is(err, streamstore.ErrNotFound):
+		fail(w, http.StatusNotFound, "the Stream-Forked-From stream does not exist")
+		return "", false
+	case errors.Is(err, streamstore.ErrGone):
+		fail(w, http.StatusConflict, "the Stream-Forked-From stream was deleted")
+		return "", false
+	case err != nil:
+		d.engineError(w, r, err)
+		return "", false
+	}
+	at := tailOf(src)
+	if f.offset != nil {
+		at = *f.offset
+	}
+	if isJSON(src.ContentType) {
+		// Sub-offsets count messages, and each message is one record.
+		if at.off > 0 {
+			fail(w, http.StatusBadRequest, "Stream-Fork-Offset points inside a JSON message")
+			return "", false
+		}
+		if f.subOffset > src.NextSeq || at.seq > src.NextSeq-f.subOffset {
+			fail(w, http.StatusBadRequest, "the fork point is beyond the source's tail")
+			return "", false
+		}
+		f.from.Seq, f.from.Bytes = at.seq+f.subOffset, 0
+	} else {
+		// Byte sub-offsets may reach past the anchor's record; the engine
+		// resolves them against the records that follow.
+		f.from.Seq, f.from.Bytes = at.seq, at.off+f.subOffset
+	}
+	return src.ContentType, true
+}
+
 // append handles POST: append, close, or append and close.
 func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name string) {
 	closeReq := isTrue(r.Header.Get(hdrStreamClosed))
@@ -152,7 +279,6 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 		Producer:  producer,
 		StreamSeq: r.Header.Get(hdrStreamSeq),
 	}
-	var ct string
 	if len(body) == 0 {
 		if !closeReq {
 			fail(w, http.StatusBadRequest, "empty body: an append needs data (or Stream-Closed: true to close the stream)")
@@ -166,10 +292,14 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 			fail(w, http.StatusBadRequest, "Content-Type is required when appending data")
 			return
 		}
-		if ct, err = normalizeContentType(raw); err != nil {
+		ct, err := normalizeContentType(raw)
+		if err != nil {
 			fail(w, http.StatusBadRequest, err.Error())
 			return
 		}
+		// The engine compares media types, ignoring case and parameters,
+		// and only after checking closure, as the protocol orders them.
+		req.ContentType = ct
 		if isJSON(ct) {
 			msgs, err := jsonMessages(body)
 			if err != nil {
@@ -190,22 +320,6 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 	if !ok {
 		return
 	}
-	if len(req.Records) > 0 {
-		// The engine compares content types byte for byte; the protocol
-		// compares media types (TEXT/PLAIN matches text/plain; charset
-		// parameters are not compared), so the check is done here. A closed
-		// stream skips it: "closed" takes precedence over a type mismatch.
-		info, err := eng.Head(r.Context(), name)
-		if err != nil {
-			d.engineError(w, r, err)
-			return
-		}
-		if !info.Closed && !sameMediaType(ct, info.ContentType) {
-			fail(w, http.StatusConflict, fmt.Sprintf("Content-Type %s does not match the stream's %s", ct, info.ContentType))
-			return
-		}
-	}
-
 	res, err := eng.Append(r.Context(), name, req)
 	if err != nil {
 		var closed *streamstore.ClosedError
@@ -665,10 +779,18 @@ func assemble(res streamstore.ReadResult, from position, limit int) (chunk, erro
 			continue
 		}
 		skip := uint64(0)
-		if rec.Seq == from.seq {
+		if rec.Seq == from.seq && from.off > 0 {
 			skip = from.off
-			if skip > 0 && skip >= uint64(len(rec.Body)) {
+			switch {
+			case skip > uint64(len(rec.Body)):
 				return chunk{}, &offsetError{"offset is beyond the end of its record"}
+			case skip == uint64(len(rec.Body)):
+				// The end of a record is where the next one starts: a fork
+				// cut at a source offset inside a record ends that record
+				// there, and reading the fork from that offset reads on.
+				c.start = position{seq: rec.Seq + 1}
+				c.next = c.start
+				continue
 			}
 		}
 		rest := rec.Body[skip:]

@@ -1,0 +1,825 @@
+package picomq
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/picomq/caddy-picomq/segment"
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+// dsServer is a Durable Streams handler on a real engine over a file store,
+// served by httptest. Paths under /api/ reach it with "/api" stripped, as
+// handle_path would, so URL-space tests can use them.
+type dsServer struct {
+	*httptest.Server
+	eng      *streamstore.Engine
+	proto    *durableStreams
+	shutdown context.CancelFunc
+}
+
+func newDSServer(t *testing.T, tweak ...func(*durableStreams)) *dsServer {
+	t.Helper()
+	store, err := segment.Open("file://"+t.TempDir(), segment.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := streamstore.New(store, streamstore.Config{NodeID: "test-node", FlushInterval: time.Millisecond}, zaptest.NewLogger(t))
+	if err := eng.Start(context.Background()); err != nil {
+		t.Fatalf("starting engine: %v", err)
+	}
+	shutdown, cancel := context.WithCancel(context.Background())
+	d := &durableStreams{
+		engine:          func(context.Context) (*streamstore.Engine, error) { return eng, nil },
+		shutdown:        shutdown,
+		log:             zaptest.NewLogger(t),
+		longPollTimeout: 300 * time.Millisecond,
+		sseInterval:     5 * time.Second,
+		maxAppend:       1 << 20,
+		chunkBytes:      defaultChunkBytes,
+		jitter:          randomJitter,
+	}
+	for _, f := range tweak {
+		f(d)
+	}
+	h := &Handler{proto: d, shutdown: shutdown, cancelShutdown: cancel}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// What Caddy does for every request, and what handle_path adds.
+		orig := *r.Clone(r.Context())
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.OriginalRequestCtxKey, orig))
+		if rest, ok := strings.CutPrefix(r.URL.Path, "/api"); ok {
+			r.URL.Path = rest
+		}
+		if err := h.ServeHTTP(w, r, nil); err != nil {
+			t.Errorf("ServeHTTP returned %v", err)
+		}
+	}))
+	s := &dsServer{Server: srv, eng: eng, proto: d, shutdown: cancel}
+	t.Cleanup(func() {
+		cancel()
+		srv.Close()
+		if err := eng.Close(context.Background()); err != nil {
+			t.Errorf("closing engine: %v", err)
+		}
+	})
+	return s
+}
+
+// resp is a finished response.
+type resp struct {
+	status int
+	h      http.Header
+	body   string
+}
+
+func (s *dsServer) do(t *testing.T, method, path string, body string, hdr ...string) resp {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, s.URL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading body: %v", method, path, err)
+	}
+	return resp{status: res.StatusCode, h: res.Header, body: string(b)}
+}
+
+func (r resp) want(t *testing.T, status int) resp {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("status %d, want %d; body %q; headers %v", r.status, status, r.body, r.h)
+	}
+	return r
+}
+
+func (r resp) header(t *testing.T, name, want string) resp {
+	t.Helper()
+	if got := r.h.Get(name); got != want {
+		t.Errorf("%s = %q, want %q", name, got, want)
+	}
+	return r
+}
+
+const ct = "Content-Type"
+
+func TestCreateAppendRead(t *testing.T) {
+	s := newDSServer(t)
+	r := s.do(t, "PUT", "/s", "hello", ct, "text/plain").want(t, 201)
+	r.header(t, ct, "text/plain").header(t, hdrStreamNextOffset, position{1, 0}.String())
+	if loc := r.h.Get("Location"); loc != s.URL+"/s" {
+		t.Errorf("Location %q", loc)
+	}
+	s.do(t, "POST", "/s", " world", ct, "TEXT/PLAIN").want(t, 204).header(t, hdrStreamNextOffset, position{2, 0}.String())
+	r = s.do(t, "GET", "/s", "").want(t, 200)
+	if r.body != "hello world" {
+		t.Errorf("body %q", r.body)
+	}
+	r.header(t, hdrStreamUpToDate, "true").header(t, hdrStreamNextOffset, position{2, 0}.String()).
+		header(t, "Cache-Control", cacheControlCatchUp).header(t, ct, "text/plain")
+	if r.h.Get(hdrStreamClosed) != "" || r.h.Get("ETag") == "" {
+		t.Errorf("headers %v", r.h)
+	}
+	// Resume from an offset handed out earlier.
+	r = s.do(t, "GET", "/s?offset="+position{1, 0}.String(), "").want(t, 200)
+	if r.body != " world" {
+		t.Errorf("resumed body %q", r.body)
+	}
+	// At the tail: empty, up to date.
+	r = s.do(t, "GET", "/s?offset="+position{2, 0}.String(), "").want(t, 200)
+	if r.body != "" || r.h.Get(hdrStreamUpToDate) != "true" {
+		t.Errorf("tail read %q %v", r.body, r.h)
+	}
+}
+
+func TestLocationKeepsTheStrippedPrefix(t *testing.T) {
+	s := newDSServer(t)
+	r := s.do(t, "PUT", "/api/v1/a%20b", "", ct, "text/plain").want(t, 201)
+	if loc := r.h.Get("Location"); loc != s.URL+"/api/v1/a%20b" {
+		t.Errorf("Location %q", loc)
+	}
+	// The stream's name is the stripped path.
+	if _, err := s.eng.Head(context.Background(), "/v1/a b"); err != nil {
+		t.Errorf("head: %v", err)
+	}
+}
+
+func TestCreateIdempotence(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "", ct, "application/json", "Stream-TTL", "3600").want(t, 201)
+	s.do(t, "PUT", "/s", "", ct, "APPLICATION/JSON", "Stream-TTL", "3600").want(t, 200)
+	s.do(t, "PUT", "/s", "", ct, "text/plain", "Stream-TTL", "3600").want(t, 409)
+	s.do(t, "PUT", "/s", "", ct, "application/json", "Stream-TTL", "60").want(t, 409)
+	s.do(t, "PUT", "/s", "", ct, "application/json").want(t, 409)
+	s.do(t, "PUT", "/s", "", ct, "application/json", "Stream-TTL", "3600", "Stream-Closed", "true").want(t, 409)
+	// No Content-Type: application/octet-stream.
+	s.do(t, "PUT", "/raw", "").want(t, 201).header(t, ct, "application/octet-stream")
+}
+
+func TestCreateRejectsBadHeadersWithoutCreating(t *testing.T) {
+	s := newDSServer(t)
+	for _, hdr := range [][]string{
+		{"Stream-TTL", "00060"},
+		{"Stream-TTL", "+60"},
+		{"Stream-TTL", "1e3"},
+		{"Stream-TTL", "abc"},
+		{"Stream-Expires-At", "not-a-timestamp"},
+		{"Stream-TTL", "60", "Stream-Expires-At", "2099-01-01T00:00:00Z"},
+		{ct, "not a type"},
+		{"Stream-Fork-Offset", position{}.String()},
+		{"Stream-Fork-Sub-Offset", "0"},
+	} {
+		r := s.do(t, "PUT", "/s", "", hdr...)
+		if r.status != 400 || r.body == "" {
+			t.Errorf("%v: %d %q", hdr, r.status, r.body)
+		}
+	}
+	s.do(t, "HEAD", "/s", "").want(t, 404)
+}
+
+func TestInvalidNames(t *testing.T) {
+	s := newDSServer(t)
+	for _, p := range []string{"/", "/a//b", "/a/./b", "/a/../b", "/a/", "/" + strings.Repeat("x", 300)} {
+		req, _ := http.NewRequest("PUT", s.URL, nil)
+		req.URL.Opaque = p // keep dots and slashes as they are
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != 400 {
+			t.Errorf("PUT %q: %d", p, res.StatusCode)
+		}
+	}
+}
+
+func TestAppendErrors(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.maxAppend = 10 })
+	s.do(t, "POST", "/missing", "x", ct, "text/plain").want(t, 404)
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	s.do(t, "POST", "/s", "").want(t, 400)
+	s.do(t, "POST", "/s", "", ct, "text/plain").want(t, 400)
+	s.do(t, "POST", "/s", "data").want(t, 400) // no Content-Type
+	s.do(t, "POST", "/s", "{}", ct, "application/json").want(t, 409)
+	s.do(t, "POST", "/s", "12345678901", ct, "text/plain").want(t, 413)
+	s.do(t, "POST", "/s", "1234567890", ct, "text/plain").want(t, 204)
+
+	// A chunked body over the limit is refused too.
+	req, _ := http.NewRequest("POST", s.URL+"/s", io.MultiReader(strings.NewReader("123456"), strings.NewReader("789012")))
+	req.Header.Set(ct, "text/plain")
+	req.ContentLength = -1
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 413 {
+		t.Errorf("chunked oversized body: %d", res.StatusCode)
+	}
+	if got := s.do(t, "GET", "/s", "").body; got != "1234567890" {
+		t.Errorf("rejected appends changed the stream: %q", got)
+	}
+}
+
+func TestStreamSeq(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	s.do(t, "POST", "/s", "a", ct, "text/plain", "Stream-Seq", "09").want(t, 204)
+	s.do(t, "POST", "/s", "b", ct, "text/plain", "Stream-Seq", "10").want(t, 204)
+	s.do(t, "POST", "/s", "c", ct, "text/plain", "Stream-Seq", "10").want(t, 409)
+	s.do(t, "POST", "/s", "d", ct, "text/plain", "Stream-Seq", "2").want(t, 204)
+	s.do(t, "POST", "/s", "e", ct, "text/plain", "Stream-Seq", "10").want(t, 409)
+}
+
+func TestClose(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "content", ct, "text/plain").want(t, 201)
+	tail := position{1, 0}.String()
+	// Close-only ignores the content type.
+	s.do(t, "POST", "/s", "", ct, "application/json", "Stream-Closed", "true").want(t, 204).
+		header(t, hdrStreamClosed, "true").header(t, hdrStreamNextOffset, tail)
+	s.do(t, "POST", "/s", "", "Stream-Closed", "TRUE").want(t, 204).header(t, hdrStreamClosed, "true")
+	s.do(t, "POST", "/s", "more", ct, "text/plain").want(t, 409).
+		header(t, hdrStreamClosed, "true").header(t, hdrStreamNextOffset, tail)
+	s.do(t, "POST", "/s", "more", ct, "text/plain", "Stream-Closed", "true").want(t, 409).header(t, hdrStreamClosed, "true")
+	// Closed and mismatched: closed wins.
+	s.do(t, "POST", "/s", "{}", ct, "application/json").want(t, 409).header(t, hdrStreamClosed, "true")
+	s.do(t, "HEAD", "/s", "").want(t, 200).header(t, hdrStreamClosed, "true")
+	r := s.do(t, "GET", "/s", "").want(t, 200)
+	if r.body != "content" || r.h.Get(hdrStreamClosed) != "true" || !strings.HasSuffix(r.h.Get("ETag"), `:c"`) {
+		t.Errorf("read of closed stream: %q %v", r.body, r.h)
+	}
+	s.do(t, "GET", "/s?offset="+tail, "").want(t, 200).header(t, hdrStreamClosed, "true").header(t, hdrStreamUpToDate, "true")
+	s.do(t, "GET", "/s?offset=now", "").want(t, 200).header(t, hdrStreamClosed, "true").header(t, hdrStreamNextOffset, tail)
+
+	// "Stream-Closed: yes" is no close.
+	s.do(t, "PUT", "/t", "", ct, "text/plain").want(t, 201)
+	s.do(t, "POST", "/t", "x", ct, "text/plain", "Stream-Closed", "yes").want(t, 204)
+	if s.do(t, "HEAD", "/t", "").h.Get(hdrStreamClosed) != "" {
+		t.Error("Stream-Closed: yes closed the stream")
+	}
+	// Append and close in one request.
+	s.do(t, "POST", "/t", "final", ct, "text/plain", "Stream-Closed", "true").want(t, 204).header(t, hdrStreamClosed, "true")
+	if got := s.do(t, "GET", "/t", "").body; got != "xfinal" {
+		t.Errorf("body %q", got)
+	}
+	// Created closed.
+	s.do(t, "PUT", "/u", "only", ct, "text/plain", "Stream-Closed", "true").want(t, 201).header(t, hdrStreamClosed, "true")
+	s.do(t, "PUT", "/u", "", ct, "text/plain", "Stream-Closed", "true").want(t, 200)
+}
+
+func TestProducers(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	p := func(epoch, seq string) []string {
+		return []string{ct, "text/plain", "Producer-Id", "p1", "Producer-Epoch", epoch, "Producer-Seq", seq}
+	}
+	s.do(t, "POST", "/s", "a", p("0", "0")...).want(t, 200).header(t, hdrProducerEpoch, "0").header(t, hdrProducerSeq, "0")
+	s.do(t, "POST", "/s", "b", p("0", "1")...).want(t, 200).header(t, hdrProducerSeq, "1")
+	s.do(t, "POST", "/s", "a", p("0", "0")...).want(t, 204).header(t, hdrProducerSeq, "1")
+	s.do(t, "POST", "/s", "x", p("0", "5")...).want(t, 409).
+		header(t, hdrProducerExpected, "2").header(t, hdrProducerReceived, "5")
+	s.do(t, "POST", "/s", "x", p("1", "3")...).want(t, 400)
+	s.do(t, "POST", "/s", "c", p("1", "0")...).want(t, 200).header(t, hdrProducerEpoch, "1")
+	s.do(t, "POST", "/s", "z", p("0", "2")...).want(t, 403).header(t, hdrProducerEpoch, "1")
+	s.do(t, "POST", "/s", "x", ct, "text/plain", "Producer-Id", "p1").want(t, 400)
+	s.do(t, "POST", "/s", "x", ct, "text/plain", "Producer-Id", "", "Producer-Epoch", "0", "Producer-Seq", "0").want(t, 400)
+	// Close with a final append, then its retry.
+	s.do(t, "POST", "/s", "end", append(p("1", "1"), "Stream-Closed", "true")...).want(t, 200).header(t, hdrStreamClosed, "true")
+	s.do(t, "POST", "/s", "END", append(p("1", "1"), "Stream-Closed", "true")...).want(t, 204).header(t, hdrStreamClosed, "true")
+	s.do(t, "POST", "/s", "no", append(p("1", "2"), "Stream-Closed", "true")...).want(t, 409).header(t, hdrStreamClosed, "true")
+	if got := s.do(t, "GET", "/s", "").body; got != "abcend" {
+		t.Errorf("body %q", got)
+	}
+}
+
+func TestCatchUpChunking(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.chunkBytes = 10 })
+	parts := []string{"0123", strings.Repeat("L", 25), "ab", "é€😀é€😀", "z"}
+	s.do(t, "PUT", "/s", "", ct, "text/plain; charset=utf-8").want(t, 201)
+	for _, p := range parts {
+		s.do(t, "POST", "/s", p, ct, "text/plain; charset=utf-8").want(t, 204)
+	}
+	want := strings.Join(parts, "")
+	var got strings.Builder
+	off, prev := "-1", ""
+	for i := 0; ; i++ {
+		if i > 50 {
+			t.Fatal("no end in sight")
+		}
+		r := s.do(t, "GET", "/s?offset="+off, "").want(t, 200)
+		if len(r.body) > 10 {
+			t.Errorf("chunk of %d bytes", len(r.body))
+		}
+		got.WriteString(r.body)
+		next := r.h.Get(hdrStreamNextOffset)
+		if next <= prev {
+			t.Fatalf("offset %s after %s", next, prev)
+		}
+		if r.h.Get(hdrStreamUpToDate) == "true" {
+			if next != (position{uint64(len(parts)), 0}).String() {
+				t.Errorf("final offset %s", next)
+			}
+			break
+		}
+		prev, off = next, next
+	}
+	if got.String() != want {
+		t.Errorf("got %q, want %q", got.String(), want)
+	}
+}
+
+func TestETag(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "data", ct, "text/plain").want(t, 201)
+	tag := s.do(t, "GET", "/s", "").want(t, 200).h.Get("ETag")
+	r := s.do(t, "GET", "/s", "", "If-None-Match", tag).want(t, 304)
+	if r.body != "" {
+		t.Errorf("304 with body %q", r.body)
+	}
+	s.do(t, "GET", "/s", "", "If-None-Match", `"wrong-etag"`).want(t, 200)
+	// Closing changes the tag of the final chunk.
+	s.do(t, "POST", "/s", "", "Stream-Closed", "true").want(t, 204)
+	r = s.do(t, "GET", "/s", "", "If-None-Match", tag).want(t, 200)
+	if r.h.Get(hdrStreamClosed) != "true" || r.h.Get("ETag") == tag {
+		t.Errorf("after close: %v", r.h)
+	}
+	// offset=now answers carry no ETag and are not cached.
+	r = s.do(t, "GET", "/s?offset=now", "").want(t, 200)
+	if r.h.Get("ETag") != "" || r.h.Get("Cache-Control") != "no-store" {
+		t.Errorf("offset=now: %v", r.h)
+	}
+}
+
+func TestReadOffsets(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "abc", ct, "text/plain").want(t, 201)
+	for _, q := range []string{"offset=", "offset=a&offset=b", "offset=0%2C1", "offset=0%201", "offset=..%2Fx",
+		"offset=" + position{2, 0}.String(), "offset=" + position{1, 1}.String(), "offset=" + position{0, 4}.String(),
+		"live=long-poll", "live=sse", "offset=-1&live=bogus", "offset=%zz"} {
+		r := s.do(t, "GET", "/s?"+q, "")
+		if r.status != 400 || r.body == "" {
+			t.Errorf("%s: %d %q", q, r.status, r.body)
+		}
+	}
+	r := s.do(t, "GET", "/s?offset=-1&foo=bar", "").want(t, 200)
+	if r.body != "abc" {
+		t.Errorf("body %q", r.body)
+	}
+	r = s.do(t, "GET", "/s?offset="+position{0, 1}.String(), "").want(t, 200)
+	if r.body != "bc" {
+		t.Errorf("mid-record body %q", r.body)
+	}
+	r = s.do(t, "GET", "/s?offset=now", "").want(t, 200)
+	if r.body != "" || r.h.Get(hdrStreamNextOffset) != (position{1, 0}).String() || r.h.Get(hdrStreamUpToDate) != "true" {
+		t.Errorf("offset=now: %q %v", r.body, r.h)
+	}
+	s.do(t, "GET", "/missing?offset=now", "").want(t, 404)
+}
+
+func TestHeadAndDelete(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/ttl", "", ct, "text/plain", "Stream-TTL", "3600").want(t, 201)
+	s.do(t, "HEAD", "/ttl", "").want(t, 200).header(t, hdrStreamTTL, "3600").header(t, "Cache-Control", "no-store").
+		header(t, hdrStreamNextOffset, position{}.String()).header(t, ct, "text/plain")
+	at := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
+	s.do(t, "PUT", "/exp", "", ct, "text/plain", "Stream-Expires-At", at.Format(time.RFC3339Nano)).want(t, 201)
+	r := s.do(t, "HEAD", "/exp", "").want(t, 200)
+	if got, err := time.Parse(time.RFC3339Nano, r.h.Get(hdrStreamExpiresAt)); err != nil || !got.Equal(at) {
+		t.Errorf("Stream-Expires-At %q (%v), want %v", r.h.Get(hdrStreamExpiresAt), err, at)
+	}
+	if r.h.Get(hdrStreamClosed) != "" {
+		t.Error("open stream says closed")
+	}
+	s.do(t, "DELETE", "/ttl", "").want(t, 204)
+	s.do(t, "DELETE", "/ttl", "").want(t, 404)
+	s.do(t, "HEAD", "/ttl", "").want(t, 404)
+	s.do(t, "GET", "/ttl", "").want(t, 404)
+	// A new stream under the name starts empty.
+	s.do(t, "PUT", "/ttl", "new", ct, "text/plain").want(t, 201)
+	if got := s.do(t, "GET", "/ttl", "").body; got != "new" {
+		t.Errorf("recreated stream reads %q", got)
+	}
+	s.do(t, "PATCH", "/ttl", "").want(t, 405)
+}
+
+func TestCommonHeadersAndPreflight(t *testing.T) {
+	s := newDSServer(t)
+	for _, r := range []resp{
+		s.do(t, "GET", "/missing", "").want(t, 404),
+		s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201),
+		s.do(t, "GET", "/s", "").want(t, 200),
+	} {
+		r.header(t, "X-Content-Type-Options", "nosniff").header(t, "Cross-Origin-Resource-Policy", "cross-origin").
+			header(t, "Access-Control-Allow-Origin", "*")
+		if !strings.Contains(r.h.Get("Access-Control-Expose-Headers"), "Stream-Next-Offset") {
+			t.Errorf("expose headers %q", r.h.Get("Access-Control-Expose-Headers"))
+		}
+	}
+	r := s.do(t, "OPTIONS", "/s", "", "Origin", "https://example.com", "Access-Control-Request-Method", "GET",
+		"Access-Control-Request-Headers", "if-none-match").want(t, 204)
+	r.header(t, "Access-Control-Allow-Headers", "if-none-match")
+	if !strings.Contains(r.h.Get("Access-Control-Allow-Methods"), "POST") {
+		t.Errorf("allow methods %q", r.h.Get("Access-Control-Allow-Methods"))
+	}
+}
+
+func TestJSONMode(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.chunkBytes = 16 })
+	s.do(t, "PUT", "/j", "[]", ct, "application/json").want(t, 201).header(t, hdrStreamNextOffset, position{}.String())
+	if got := s.do(t, "GET", "/j", "").want(t, 200).body; got != "[]" {
+		t.Errorf("empty JSON stream reads %q", got)
+	}
+	s.do(t, "POST", "/j", "[]", ct, "application/json").want(t, 400)
+	s.do(t, "POST", "/j", "{ invalid json }", ct, "application/json").want(t, 400)
+	s.do(t, "POST", "/j", `{"a": 1}`, ct, "application/json; charset=utf-8").want(t, 204)
+	s.do(t, "POST", "/j", `[[1,2], {"b": "a long string value"}, 3]`, ct, "application/json").want(t, 204).
+		header(t, hdrStreamNextOffset, position{4, 0}.String())
+	// Pages never split a message, even one larger than the chunk limit.
+	var all []any
+	off := "-1"
+	for i := 0; i < 10; i++ {
+		r := s.do(t, "GET", "/j?offset="+off, "").want(t, 200)
+		var page []any
+		if err := json.Unmarshal([]byte(r.body), &page); err != nil {
+			t.Fatalf("page %q: %v", r.body, err)
+		}
+		all = append(all, page...)
+		if r.h.Get(hdrStreamUpToDate) == "true" {
+			break
+		}
+		off = r.h.Get(hdrStreamNextOffset)
+	}
+	if b, _ := json.Marshal(all); string(b) != `[{"a":1},[1,2],{"b":"a long string value"},3]` {
+		t.Errorf("messages %s", b)
+	}
+	if got := s.do(t, "GET", "/j?offset=now", "").body; got != "[]" {
+		t.Errorf("offset=now on JSON reads %q", got)
+	}
+	s.do(t, "GET", "/j?offset="+position{0, 1}.String(), "").want(t, 400)
+}
+
+func TestLongPoll(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "old", ct, "text/plain").want(t, 201)
+	tail := position{1, 0}.String()
+
+	// Data already there: at once, with a cursor.
+	r := s.do(t, "GET", "/s?offset=-1&live=long-poll", "").want(t, 200)
+	if r.body != "old" || r.h.Get(hdrStreamUpToDate) != "true" || r.h.Get(hdrStreamCursor) == "" {
+		t.Errorf("immediate: %q %v", r.body, r.h)
+	}
+	// Cursor collision: strictly larger.
+	c1 := r.h.Get(hdrStreamCursor)
+	c2 := s.do(t, "GET", "/s?offset=-1&live=long-poll&cursor="+c1, "").want(t, 200).h.Get(hdrStreamCursor)
+	if !(len(c2) > len(c1) || (len(c2) == len(c1) && c2 > c1)) {
+		t.Errorf("cursor %s after %s", c2, c1)
+	}
+	// Timeout: 204 with the tail.
+	start := time.Now()
+	r = s.do(t, "GET", "/s?offset="+tail+"&live=long-poll", "").want(t, 204)
+	r.header(t, hdrStreamNextOffset, tail).header(t, hdrStreamUpToDate, "true")
+	if r.h.Get(hdrStreamCursor) == "" {
+		t.Error("204 without a cursor")
+	}
+	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {
+		t.Errorf("long-poll timeout took %v", d)
+	}
+	// offset=now waits too.
+	s.do(t, "GET", "/s?offset=now&live=long-poll", "").want(t, 204).header(t, hdrStreamNextOffset, tail)
+
+	// Data arriving during the wait.
+	s.proto.longPollTimeout = 5 * time.Second
+	done := make(chan resp, 1)
+	go func() { done <- s.do(t, "GET", "/s?offset=now&live=long-poll", "") }()
+	time.Sleep(100 * time.Millisecond)
+	s.do(t, "POST", "/s", "new", ct, "text/plain").want(t, 204)
+	select {
+	case r = <-done:
+	case <-time.After(4 * time.Second):
+		t.Fatal("long-poll did not answer the append")
+	}
+	if r.status != 200 || r.body != "new" || r.h.Get(hdrStreamNextOffset) != (position{2, 0}).String() {
+		t.Errorf("woken long-poll: %d %q %v", r.status, r.body, r.h)
+	}
+
+	// Closed at the tail: at once, 204 closed.
+	s.do(t, "POST", "/s", "", "Stream-Closed", "true").want(t, 204)
+	start = time.Now()
+	s.do(t, "GET", "/s?offset="+position{2, 0}.String()+"&live=long-poll", "").want(t, 204).
+		header(t, hdrStreamClosed, "true").header(t, hdrStreamUpToDate, "true")
+	s.do(t, "GET", "/s?offset=now&live=long-poll", "").want(t, 204).header(t, hdrStreamClosed, "true")
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("closed long-polls took %v", d)
+	}
+	s.do(t, "GET", "/missing?offset=now&live=long-poll", "").want(t, 404)
+}
+
+func TestLongPollEndsAtShutdown(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.longPollTimeout = time.Minute })
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	done := make(chan resp, 1)
+	go func() { done <- s.do(t, "GET", "/s?offset=now&live=long-poll", "") }()
+	time.Sleep(100 * time.Millisecond)
+	s.shutdown()
+	select {
+	case r := <-done:
+		r.want(t, 204).header(t, hdrStreamNextOffset, position{}.String()).header(t, hdrStreamUpToDate, "true")
+	case <-time.After(3 * time.Second):
+		t.Fatal("long-poll outlived the shutdown")
+	}
+}
+
+// sseReader reads events from a live SSE response.
+type sseReader struct {
+	res    *http.Response
+	events chan sseEvent
+	done   chan struct{} // closed when the server ends the response
+}
+
+func (s *dsServer) sse(t *testing.T, query string) *sseReader {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", s.URL+query, nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &sseReader{res: res, events: make(chan sseEvent, 100), done: make(chan struct{})}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(r.done)
+		sc := bufio.NewScanner(res.Body)
+		sc.Buffer(nil, 4<<20)
+		var ev sseEvent
+		var data []string
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case line == "":
+				ev.data = strings.Join(data, "\n")
+				r.events <- ev
+				ev, data = sseEvent{}, nil
+			case strings.HasPrefix(line, "event: "):
+				ev.typ = line[len("event: "):]
+			case strings.HasPrefix(line, "data:"):
+				data = append(data, line[len("data:"):])
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		res.Body.Close()
+		wg.Wait()
+	})
+	return r
+}
+
+func (r *sseReader) next(t *testing.T) sseEvent {
+	t.Helper()
+	select {
+	case ev := <-r.events:
+		return ev
+	case <-r.done:
+		select {
+		case ev := <-r.events:
+			return ev
+		default:
+		}
+		t.Fatal("SSE response ended")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no SSE event in 5s")
+	}
+	return sseEvent{}
+}
+
+func (r *sseReader) control(t *testing.T) sseControl {
+	t.Helper()
+	ev := r.next(t)
+	if ev.typ != "control" {
+		t.Fatalf("got a %s event (%q), want control", ev.typ, ev.data)
+	}
+	var c sseControl
+	if err := json.Unmarshal([]byte(ev.data), &c); err != nil {
+		t.Fatalf("control %q: %v", ev.data, err)
+	}
+	return c
+}
+
+func (r *sseReader) ends(t *testing.T, within time.Duration) {
+	t.Helper()
+	select {
+	case <-r.done:
+	case <-time.After(within):
+		t.Fatalf("SSE response still open after %v", within)
+	}
+}
+
+func TestSSEText(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "line1\nline2", ct, "text/plain").want(t, 201)
+	r := s.sse(t, "/s?offset=-1&live=sse")
+	if r.res.StatusCode != 200 || r.res.Header.Get(ct) != "text/event-stream" ||
+		!strings.Contains(r.res.Header.Get("Cache-Control"), "no-cache") || r.res.Header.Get(hdrSSEDataEncoding) != "" {
+		t.Fatalf("SSE response %d %v", r.res.StatusCode, r.res.Header)
+	}
+	if ev := r.next(t); ev.typ != "data" || ev.data != "line1\nline2" {
+		t.Errorf("data event %+v", ev)
+	}
+	c := r.control(t)
+	if c.StreamNextOffset != (position{1, 0}).String() || !c.UpToDate || c.StreamCursor == "" || c.StreamClosed {
+		t.Errorf("control %+v", c)
+	}
+	// Live data, then a close carrying a final append.
+	s.do(t, "POST", "/s", "live", ct, "text/plain").want(t, 204)
+	if ev := r.next(t); ev.data != "live" {
+		t.Errorf("live event %+v", ev)
+	}
+	if c := r.control(t); c.StreamNextOffset != (position{2, 0}).String() || !c.UpToDate {
+		t.Errorf("control %+v", c)
+	}
+	s.do(t, "POST", "/s", "bye", ct, "text/plain", "Stream-Closed", "true").want(t, 204)
+	if ev := r.next(t); ev.data != "bye" {
+		t.Errorf("final event %+v", ev)
+	}
+	if c := r.control(t); !c.StreamClosed || c.StreamCursor != "" || c.StreamNextOffset != (position{3, 0}).String() {
+		t.Errorf("final control %+v", c)
+	}
+	r.ends(t, 2*time.Second)
+}
+
+func TestSSEBinaryAndJSON(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/b", "\x00\x01\xff", ct, "application/octet-stream").want(t, 201)
+	s.do(t, "POST", "/b", "\n\r", ct, "application/octet-stream").want(t, 204)
+	r := s.sse(t, "/b?offset=-1&live=sse")
+	if r.res.Header.Get(hdrSSEDataEncoding) != "base64" {
+		t.Errorf("headers %v", r.res.Header)
+	}
+	ev := r.next(t)
+	if got, err := base64.StdEncoding.DecodeString(ev.data); err != nil || !bytes.Equal(got, []byte("\x00\x01\xff\n\r")) {
+		t.Errorf("binary event %q: %q %v", ev.data, got, err)
+	}
+	r.control(t)
+
+	s.do(t, "PUT", "/j", `[{"n":1},{"n":2}]`, ct, "application/json").want(t, 201)
+	r = s.sse(t, "/j?offset=-1&live=sse")
+	if r.res.Header.Get(hdrSSEDataEncoding) != "" {
+		t.Errorf("JSON stream is base64: %v", r.res.Header)
+	}
+	if ev := r.next(t); ev.data != `[{"n":1},{"n":2}]` {
+		t.Errorf("JSON event %q", ev.data)
+	}
+	r.control(t)
+}
+
+func TestSSEAtTail(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "history", ct, "text/plain").want(t, 201)
+	r := s.sse(t, "/s?offset=now&live=sse")
+	if c := r.control(t); c.StreamNextOffset != (position{1, 0}).String() || !c.UpToDate {
+		t.Errorf("first control %+v", c)
+	}
+	s.do(t, "POST", "/s", "", "Stream-Closed", "true").want(t, 204)
+	if c := r.control(t); !c.StreamClosed || c.StreamNextOffset != (position{1, 0}).String() {
+		t.Errorf("close control %+v", c)
+	}
+	r.ends(t, 2*time.Second)
+
+	// Already closed at the tail: one control event, then the end.
+	r = s.sse(t, "/s?offset="+position{1, 0}.String()+"&live=sse")
+	if c := r.control(t); !c.StreamClosed || !c.UpToDate || c.StreamCursor != "" {
+		t.Errorf("closed control %+v", c)
+	}
+	r.ends(t, 2*time.Second)
+	s.do(t, "GET", "/missing?offset=now&live=sse", "").want(t, 404)
+}
+
+func TestSSERecyclesAndEndsAtShutdown(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.sseInterval = 300 * time.Millisecond })
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	r := s.sse(t, "/s?offset=-1&live=sse")
+	r.control(t)
+	r.ends(t, 2*time.Second)
+
+	s.proto.sseInterval = time.Minute
+	r = s.sse(t, "/s?offset=-1&live=sse")
+	r.control(t)
+	s.shutdown()
+	if c := r.control(t); c.StreamNextOffset != (position{}).String() {
+		t.Errorf("shutdown control %+v", c)
+	}
+	r.ends(t, 2*time.Second)
+}
+
+func TestForks(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/api/src", "hello", ct, "text/plain").want(t, 201)
+	s.do(t, "POST", "/api/src", " world", ct, "text/plain").want(t, 204)
+	// At the tail by default; the source path is in the client's URL space.
+	s.do(t, "PUT", "/api/f1", "", "Stream-Forked-From", "/api/src").want(t, 201).header(t, ct, "text/plain")
+	s.do(t, "POST", "/api/f1", "!", ct, "text/plain").want(t, 204)
+	if got := s.do(t, "GET", "/api/f1", "").body; got != "hello world!" {
+		t.Errorf("fork reads %q", got)
+	}
+	s.do(t, "PUT", "/api/f1", "", "Stream-Forked-From", "/api/src").want(t, 200)
+	// At an offset plus a byte sub-offset.
+	r := s.do(t, "PUT", "/api/f2", "", ct, "text/plain", "Stream-Forked-From", "/api/src",
+		"Stream-Fork-Offset", position{1, 0}.String(), "Stream-Fork-Sub-Offset", "3").want(t, 201)
+	if got := s.do(t, "GET", "/api/f2", "").body; got != "hello wo" {
+		t.Errorf("sub-offset fork reads %q", got)
+	}
+	tail := r.h.Get(hdrStreamNextOffset)
+	s.do(t, "GET", "/api/f2?offset="+tail, "").want(t, 200).header(t, hdrStreamUpToDate, "true")
+	// A fork cut inside a record reads on from the source offset there.
+	s.do(t, "PUT", "/api/f3", "", "Stream-Forked-From", "/api/src", "Stream-Fork-Offset", position{1, 2}.String()).want(t, 201)
+	s.do(t, "POST", "/api/f3", "X", ct, "text/plain").want(t, 204)
+	if got := s.do(t, "GET", "/api/f3?offset="+(position{1, 2}).String(), "").body; got != "X" {
+		t.Errorf("reading the fork from its fork offset: %q", got)
+	}
+	// Errors.
+	s.do(t, "PUT", "/api/f4", "", "Stream-Forked-From", "/api/nope").want(t, 404)
+	s.do(t, "PUT", "/api/f4", "", "Stream-Forked-From", "/src").want(t, 400) // outside /api
+	s.do(t, "PUT", "/api/f4", "", "Stream-Forked-From", "/api/src", "Stream-Fork-Offset", "9999999999999999_9999999999999999").want(t, 400)
+	s.do(t, "PUT", "/api/f4", "", "Stream-Forked-From", "/api/src", "Stream-Fork-Offset", position{0, 0}.String(),
+		"Stream-Fork-Sub-Offset", "05").want(t, 400)
+	s.do(t, "PUT", "/api/f4", "", "Stream-Forked-From", "/api/src", "Stream-Fork-Sub-Offset", "1").want(t, 400)
+	s.do(t, "PUT", "/api/f4", "", ct, "application/json", "Stream-Forked-From", "/api/src").want(t, 409)
+
+	// JSON sub-offsets count messages.
+	s.do(t, "PUT", "/api/j", `[1,2,3]`, ct, "application/json").want(t, 201)
+	s.do(t, "PUT", "/api/jf", "", "Stream-Forked-From", "/api/j", "Stream-Fork-Offset", position{}.String(),
+		"Stream-Fork-Sub-Offset", "2").want(t, 201)
+	if got := s.do(t, "GET", "/api/jf", "").body; got != "[1,2]" {
+		t.Errorf("JSON fork reads %q", got)
+	}
+	s.do(t, "PUT", "/api/jg", "", "Stream-Forked-From", "/api/j", "Stream-Fork-Offset", position{}.String(),
+		"Stream-Fork-Sub-Offset", "4").want(t, 400)
+
+	// Soft delete: the source is gone, the fork reads on.
+	s.do(t, "DELETE", "/api/src", "").want(t, 204)
+	s.do(t, "HEAD", "/api/src", "").want(t, 410)
+	s.do(t, "PUT", "/api/src", "", ct, "text/plain").want(t, 409)
+	s.do(t, "PUT", "/api/f5", "", "Stream-Forked-From", "/api/src").want(t, 409)
+	if got := s.do(t, "GET", "/api/f1", "").body; got != "hello world!" {
+		t.Errorf("fork of a deleted source reads %q", got)
+	}
+}
+
+// TestConcurrentAppends checks that parallel appends all land, in some
+// order, each acknowledged with a distinct offset.
+func TestConcurrentAppends(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	var wg sync.WaitGroup
+	offsets := make([]string, 20)
+	for i := range offsets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			offsets[i] = s.do(t, "POST", "/s", fmt.Sprintf("<%d>", i), ct, "text/plain").want(t, 204).h.Get(hdrStreamNextOffset)
+		}()
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for _, o := range offsets {
+		if seen[o] {
+			t.Errorf("offset %s acknowledged twice", o)
+		}
+		seen[o] = true
+	}
+	body := s.do(t, "GET", "/s", "").body
+	for i := range offsets {
+		if !strings.Contains(body, fmt.Sprintf("<%d>", i)) {
+			t.Errorf("append %d missing from %q", i, body)
+		}
+	}
+}
