@@ -80,7 +80,7 @@ func testShutdown(t *testing.T, hold time.Duration) {
 		streams = 16
 		idle    = 4 // idle streams with a long-poll and an SSE reader each
 		// Live responses open at SIGTERM must end within this.
-		promptEnd = 2 * time.Second
+		promptEnd = 3 * time.Second
 		// Caddy must have exited within this after SIGTERM.
 		exitLimit = 15 * time.Second // beyond any hold
 	)
