@@ -254,10 +254,22 @@ func (r *engineRef) engine(ctx context.Context, stop <-chan struct{}) (*streamst
 		}
 	}
 	if r.startErr != nil {
-		return nil, fmt.Errorf("%w: %v", streamstore.ErrUnavailable, r.startErr)
+		return nil, &storageStartError{r.startErr}
 	}
 	return r.eng.Load(), nil
 }
+
+// storageStartError is why a storage could not be opened. Requests can see
+// it in the moment between the http app starting and the config load failing
+// (apps start in no fixed order), so the reason goes to the client too: "in
+// use by another node" is something an operator must read.
+type storageStartError struct{ err error }
+
+func (e *storageStartError) Error() string { return "storage could not be opened: " + e.err.Error() }
+
+// Unwrap makes the error match streamstore.ErrUnavailable: nothing was done
+// and a retry is safe.
+func (e *storageStartError) Unwrap() []error { return []error{streamstore.ErrUnavailable, e.err} }
 
 // engineCloseTimeout bounds the final flush when the last config lets go.
 const engineCloseTimeout = time.Minute

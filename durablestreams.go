@@ -939,6 +939,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		closed *streamstore.ClosedError
 		fenced *streamstore.FencedError
 		gap    *streamstore.SequenceGapError
+		start  *storageStartError
 	)
 	switch {
 	case errors.As(err, &closed):
@@ -967,6 +968,9 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.Is(err, streamstore.ErrShuttingDown):
 		h.Set("Retry-After", "1")
 		fail(w, http.StatusServiceUnavailable, "server is shutting down; retry")
+	case errors.As(err, &start):
+		h.Set("Retry-After", "5")
+		fail(w, http.StatusServiceUnavailable, start.Error())
 	case errors.Is(err, streamstore.ErrUnavailable):
 		d.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -821,5 +822,20 @@ func TestConcurrentAppends(t *testing.T) {
 		if !strings.Contains(body, fmt.Sprintf("<%d>", i)) {
 			t.Errorf("append %d missing from %q", i, body)
 		}
+	}
+}
+
+func TestStorageThatFailedToOpen(t *testing.T) {
+	ref := &engineRef{ready: make(chan struct{})}
+	ref.startOnce.Do(func() {
+		ref.startErr = fmt.Errorf("start engine: %w", errors.New("storage is in use by another PicoMQ node"))
+		close(ref.ready)
+	})
+	s := newDSServer(t, func(d *durableStreams) {
+		d.engine = func(ctx context.Context) (*streamstore.Engine, error) { return ref.engine(ctx, nil) }
+	})
+	r := s.do(t, "POST", "/s", "x", ct, "text/plain").want(t, 503)
+	if !strings.Contains(r.body, "in use by another PicoMQ node") || r.h.Get("Retry-After") == "" {
+		t.Errorf("503 %q %v", r.body, r.h)
 	}
 }
