@@ -446,12 +446,18 @@ func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *st
 		d.readError(w, r, err)
 		return
 	}
-	if off.kind == offsetNow {
+	switch {
+	case off.kind == offsetNow:
 		// The tail moves, so an offset=now answer must not be cached.
 		d.writeChunk(w, r, c, "", cacheControlNoStore, false)
-		return
+	case !c.hasData() && !c.closed:
+		// "Nothing here yet" is true only until the next append (or the
+		// close, whose EOF answer a cached copy would hide); data and EOF
+		// answers never change, so only they are cacheable.
+		d.writeChunk(w, r, c, "", cacheControlNoStore, true)
+	default:
+		d.writeChunk(w, r, c, "", cacheControlCatchUp, true)
 	}
-	d.writeChunk(w, r, c, "", cacheControlCatchUp, true)
 }
 
 // longPoll answers at once when data is there, else waits up to the

@@ -154,7 +154,7 @@ func TestCreateAppendRead(t *testing.T) {
 	}
 	// At the tail: empty, up to date.
 	r = s.do(t, "GET", "/s?offset="+position{2, 0}.String(), "").want(t, 200)
-	if r.body != "" || r.h.Get(hdrStreamUpToDate) != "true" {
+	if r.body != "" || r.h.Get(hdrStreamUpToDate) != "true" || r.h.Get("Cache-Control") != "no-store" {
 		t.Errorf("tail read %q %v", r.body, r.h)
 	}
 }
