@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -33,9 +35,18 @@ func TestCrashRecovery(t *testing.T) {
 		// This kill comes right after the restart before it.
 		recoveryKill = 4
 	)
+	// The kill schedule follows from the seed; set PICOMQ_CRASH_SEED to
+	// replay a run's schedule (timing still varies with the machine).
 	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("PICOMQ_CRASH_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("PICOMQ_CRASH_SEED: %v", err)
+		}
+		seed = n
+	}
 	rng := rand.New(rand.NewPCG(seed, seed>>7))
-	t.Logf("random seed %d", seed)
+	t.Logf("random seed %d (PICOMQ_CRASH_SEED)", seed)
 
 	v := testenv.NewVersity(t)
 	p := newProxy(t, v)
@@ -85,16 +96,16 @@ func TestCrashRecovery(t *testing.T) {
 	var restarts []time.Duration
 	held := 0
 	for k := 0; k < kills; k++ {
-		gap := minBetween + rand.N(maxBetween-minBetween)
+		gap := minBetween + randDur(rng, maxBetween-minBetween)
 		switch k {
 		case compactKill:
 			// Long enough for the engine's first compaction pass (every
 			// 30s), with the kill landing after or during it.
-			gap = 30*time.Second + rand.N(4*time.Second)
+			gap = 30*time.Second + randDur(rng, 4*time.Second)
 		case recoveryKill:
 			// Right after the restart: likely while the new process is
 			// still sealing and replaying the WAL of the ones before.
-			gap = rand.N(300 * time.Millisecond)
+			gap = randDur(rng, 300*time.Millisecond)
 		}
 		time.Sleep(gap)
 		wantHold := k%2 == 1 && held < heldKills && k != recoveryKill
@@ -111,7 +122,7 @@ func TestCrashRecovery(t *testing.T) {
 				release()
 				t.Fatalf("kill %d: no WAL upload reached the proxy within 10s while writers were busy", k)
 			}
-			time.Sleep(rand.N(300 * time.Millisecond))
+			time.Sleep(randDur(rng, 300*time.Millisecond))
 			held++
 		}
 		killTimes = append(killTimes, time.Now())
@@ -123,11 +134,11 @@ func TestCrashRecovery(t *testing.T) {
 			if rng.IntN(2) == 0 {
 				release()
 			} else {
-				d := rand.N(500 * time.Millisecond)
+				d := randDur(rng, 500*time.Millisecond)
 				go func() { time.Sleep(d); release() }()
 			}
 		}
-		time.Sleep(rand.N(500 * time.Millisecond))
+		time.Sleep(randDur(rng, 500*time.Millisecond))
 		began := time.Now()
 		c.Restart()
 		restarts = append(restarts, time.Since(began))
@@ -205,7 +216,7 @@ func TestCrashRecovery(t *testing.T) {
 
 	// Re-read from the offsets readers were served at: the riskiest ones
 	// (served shortly before a kill) all, the others sampled.
-	toCheck := pickChunks(rng, tailers, killTimes, 500*time.Millisecond, 300)
+	toCheck := pickChunks(rng, tailers, killTimes, 500*time.Millisecond, 200)
 	rereadBegan := time.Now()
 	rereadProblems, rereadBytes := rereadChunks(cl, toCheck, 4)
 	rereadTook := time.Since(rereadBegan)
@@ -234,6 +245,12 @@ func TestCrashRecovery(t *testing.T) {
 	t.Logf("data objects written by compaction: %d", dataPuts)
 	t.Logf("S3 requests through the proxy: PUT %d, GET %d, LIST %d, DELETE %d, HEAD %d, other %d",
 		counts.Put, counts.Get, counts.List, counts.Delete, counts.Head, counts.Other)
+}
+
+// randDur returns a random duration in [0, d) from rng, so that a run's
+// schedule follows from its logged seed.
+func randDur(rng *rand.Rand, d time.Duration) time.Duration {
+	return time.Duration(rng.Int64N(int64(d)))
 }
 
 // ackOffsetsAgree compares the Stream-Next-Offset of each acknowledged
