@@ -244,6 +244,7 @@ type stream struct {
 	runs    []walRun // committed entries not yet in data objects, by seq
 	changed chan struct{}
 	gone    bool // deleted or expired: the handle is dead
+	evicted bool // dropped from memory: look the stream up again
 	waiters int
 	touched int64 // last access (ms), for a sliding TTL
 	used    time.Time
@@ -358,6 +359,42 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 	return c.s, c.err
 }
 
+// claimName makes lookups of name wait while a create or a delete changes
+// what the bucket says about it, so that no lookup loads a metadata object
+// that is about to change and keeps it in memory beside the real stream.
+// The caller holds the name lock. done publishes the outcome: the stream
+// that now exists, or nil and the error lookups should see.
+func (e *Engine) claimName(ctx context.Context, name string) (done func(*stream, error), err error) {
+	e.mu.Lock()
+	for {
+		c, ok := e.loading[name]
+		if !ok {
+			break
+		}
+		e.mu.Unlock()
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		e.mu.Lock()
+	}
+	c := &loadCall{done: make(chan struct{})}
+	e.loading[name] = c
+	e.mu.Unlock()
+	return func(s *stream, err error) {
+		e.mu.Lock()
+		delete(e.loading, name)
+		if s != nil {
+			e.streams[name] = s
+			e.evictLocked()
+		}
+		c.s, c.err = s, err
+		e.mu.Unlock()
+		close(c.done)
+	}, nil
+}
+
 func (e *Engine) loadMeta(ctx context.Context, name string) (*stream, error) {
 	data, etag, err := e.store.Get(ctx, metaKey(name), 0, -1)
 	if errors.Is(err, segment.ErrNotFound) {
@@ -385,7 +422,14 @@ func (e *Engine) evictLocked() {
 		used time.Time
 	}
 	var cands []cand
+	// A stream looked up in the last moments is probably held by a request
+	// about to use it; evicting it would only send that request to load it
+	// again (and, under pressure, keep doing so).
+	recent := time.Now().Add(-evictGrace)
 	for name, s := range e.streams {
+		if s.used.After(recent) {
+			continue
+		}
 		if s.mu.TryLock() {
 			if s.pending == 0 && len(s.runs) == 0 && s.waiters == 0 {
 				cands = append(cands, cand{name, s.used})
@@ -398,9 +442,22 @@ func (e *Engine) evictLocked() {
 	// every load.
 	n := len(e.streams) - limit + limit/10
 	for i := 0; i < n && i < len(cands); i++ {
-		delete(e.streams, cands[i].name)
+		s := e.streams[cands[i].name]
+		if !s.mu.TryLock() {
+			continue
+		}
+		// Re-check: a request may have added work since the scan. A
+		// request still holding the handle sees evicted and looks again.
+		if s.pending == 0 && len(s.runs) == 0 && s.waiters == 0 {
+			s.evicted = true
+			delete(e.streams, cands[i].name)
+		}
+		s.mu.Unlock()
 	}
 }
+
+// evictGrace is how long a looked-up stream is safe from eviction.
+const evictGrace = 2 * time.Second
 
 type nameLock struct {
 	mu   sync.Mutex

@@ -387,3 +387,51 @@ func TestForkReadsSourceAndCascadesDeletes(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+func TestEvictionKeepsSeqsConsistent(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{MaxStreams: 4})
+	const streams, per = 20, 15
+	for i := 0; i < streams; i++ {
+		if _, _, err := e.Create(ctx, fmt.Sprintf("/e%d", i), CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < per; j++ {
+				for i := w; i < streams; i += 4 {
+					if _, err := e.Append(ctx, fmt.Sprintf("/e%d", i), AppendRequest{Records: recs(fmt.Sprint(j))}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+				if err := e.Compact(ctx); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i := 0; i < streams; i++ {
+		got := readAll(t, e, fmt.Sprintf("/e%d", i))
+		if len(got) != per {
+			t.Fatalf("stream %d has %d records: %v", i, len(got), got)
+		}
+	}
+	// Past the grace period, one more stream in memory evicts idle ones.
+	time.Sleep(evictGrace + 100*time.Millisecond)
+	if _, _, err := e.Create(ctx, "/e-new", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	n := len(e.streams)
+	e.mu.Unlock()
+	if n > 4 {
+		t.Fatalf("%d streams in memory with MaxStreams 4", n)
+	}
+}

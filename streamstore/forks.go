@@ -16,7 +16,7 @@ import (
 func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest) (Info, bool, error) {
 	unlock := e.lockName(req.Fork.Source)
 	defer unlock()
-	src, err := e.live(ctx, req.Fork.Source)
+	src, err := e.liveLocked(ctx, req.Fork.Source, true)
 	if errors.Is(err, ErrGone) {
 		return Info{}, false, fmt.Errorf("%w: the source stream was deleted", ErrConflict)
 	}

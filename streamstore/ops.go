@@ -19,6 +19,14 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 	if err := ValidateName(name); err != nil {
 		return Info{}, false, err
 	}
+	if req.Fork != nil {
+		if err := ValidateName(req.Fork.Source); err != nil {
+			return Info{}, false, err
+		}
+		if req.Fork.Source == name {
+			return Info{}, false, fmt.Errorf("%w: a stream cannot fork itself", ErrBadRequest)
+		}
+	}
 	unlock := e.lockName(name)
 	defer unlock()
 	s, err := e.stream(ctx, name)
@@ -108,7 +116,14 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	if len(req.Records) == 0 {
 		m.State.Closed = req.Closed
 	}
+	publish, err := e.claimName(ctx, name)
+	if err != nil {
+		return Info{}, false, err
+	}
 	s := newStream(name, m, "")
+	var created *stream
+	createErr := ErrNotFound
+	defer func() { publish(created, createErr) }()
 	e.mu.Lock()
 	e.creating[s] = struct{}{}
 	e.mu.Unlock()
@@ -151,10 +166,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	s.etag = etag
 	info := s.info()
 	s.mu.Unlock()
-	e.mu.Lock()
-	e.streams[name] = s
-	e.evictLocked()
-	e.mu.Unlock()
+	created, createErr = s, nil
 	return info, true, nil
 }
 
@@ -190,6 +202,11 @@ func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
 // live returns the stream if it exists for clients: ErrGone when it is
 // soft-deleted. An expired stream is deleted on the spot.
 func (e *Engine) live(ctx context.Context, name string) (*stream, error) {
+	return e.liveLocked(ctx, name, false)
+}
+
+// liveLocked is live for a caller that may already hold name's lock.
+func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*stream, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -203,7 +220,10 @@ func (e *Engine) live(ctx context.Context, name string) (*stream, error) {
 	s.mu.Unlock()
 	switch {
 	case expired:
-		unlock := e.lockName(name)
+		unlock := func() {}
+		if !haveLock {
+			unlock = e.lockName(name)
+		}
 		err := e.deleteStream(ctx, s)
 		unlock()
 		if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrGone) {
@@ -226,6 +246,9 @@ func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (Ap
 			return AppendResult{}, err
 		}
 		res, wait, err := e.appendTo(ctx, s, req)
+		if errors.Is(err, errStale) {
+			continue
+		}
 		if wait == nil {
 			return res, err
 		}
@@ -256,6 +279,10 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 	if s.gone {
 		s.mu.Unlock()
 		return AppendResult{}, nil, ErrNotFound
+	}
+	if s.evicted {
+		s.mu.Unlock()
+		return AppendResult{}, nil, errStale
 	}
 	st := &s.pend
 	s.touched = now
@@ -369,6 +396,10 @@ func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, <-chan s
 	return res, nil, nil
 }
 
+// errStale: the handle was evicted while the request held it; look the
+// stream up again.
+var errStale = errors.New("stale stream handle")
+
 // sameMediaType compares the media types of two Content-Type values,
 // ignoring case, spacing and parameters.
 func sameMediaType(a, b string) bool {
@@ -456,6 +487,18 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 	}
 	id, name := s.meta.ID, s.name
 	s.mu.Unlock()
+	publish, err := e.claimName(ctx, name)
+	if err != nil {
+		return err
+	}
+	removed := false
+	defer func() {
+		if removed {
+			publish(nil, ErrNotFound)
+		} else {
+			publish(nil, fmt.Errorf("%w: deleting %s failed", ErrUnavailable, name))
+		}
+	}()
 	if _, err := e.store.Put(ctx, gcKey(id), []byte(name), segment.PutOptions{}); err != nil {
 		return fmt.Errorf("%w: record deletion of %s: %v", ErrUnavailable, name, err)
 	}
@@ -471,6 +514,7 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 		delete(e.streams, name)
 	}
 	e.mu.Unlock()
+	removed = true
 	e.kickGC()
 	return nil
 }
@@ -491,6 +535,10 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 	if s.gone {
 		s.mu.Unlock()
 		return Info{}, ErrNotFound
+	}
+	if s.evicted {
+		s.mu.Unlock()
+		return e.Trim(ctx, name, seq)
 	}
 	if seq > s.pend.NextSeq {
 		next := s.pend.NextSeq

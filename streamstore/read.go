@@ -47,7 +47,7 @@ func (e *Engine) renew(s *stream) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ttl := s.meta.TTLSeconds * 1000
-	if ttl == 0 || s.gone || s.touched-s.pend.AccessedAt < ttl/4 {
+	if ttl == 0 || s.gone || s.evicted || s.touched-s.pend.AccessedAt < ttl/4 {
 		return
 	}
 	w, err := e.writer()
