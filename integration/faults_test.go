@@ -242,8 +242,18 @@ func fhRunFault(t *testing.T, inject func(*testing.T, *testenv.Proxy) func(), ma
 			}
 		}
 	}
-	t.Logf("fault held %s; slowest failed append took %s (bound %s)",
-		faultHeld.Round(time.Millisecond), slowest.Round(time.Millisecond), fhFailBound)
+	statuses := map[string]int{}
+	for w := range fhFaultStreams {
+		for _, o := range outcomes[w][fhAppendsBefore:] {
+			if o.err != nil {
+				statuses["error"]++
+			} else {
+				statuses[fmt.Sprint(o.resp.Status)]++
+			}
+		}
+	}
+	t.Logf("fault held %s; appends during it got %v; slowest took %s (bound %s)",
+		faultHeld.Round(time.Millisecond), statuses, slowest.Round(time.Millisecond), fhFailBound)
 
 	// Recovery without a restart: each writer retries until acknowledged.
 	var recoverMu sync.Mutex
