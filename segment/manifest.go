@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -132,12 +133,17 @@ func (m *Manifests) RegisterNamespace(ctx context.Context) (uint64, error) {
 }
 
 // Lease is the single-writer lock on a storage: an object naming its holder
-// that expires unless renewed.
+// that expires unless renewed. The holder counts it valid for four fifths
+// of its lifetime from the moment a write of it began, so it stops writing
+// well before another node may take over, even with some clock skew.
 type Lease struct {
 	store Store
 	node  string
 	ttl   time.Duration
-	etag  string
+
+	mu         sync.Mutex
+	etag       string
+	validUntil time.Time
 }
 
 type leaseBody struct {
@@ -178,24 +184,62 @@ func AcquireLease(ctx context.Context, store Store, node string, ttl time.Durati
 }
 
 func (l *Lease) put(ctx context.Context, opts PutOptions) error {
-	data, _ := json.Marshal(leaseBody{Node: l.node, ExpiresAt: time.Now().Add(l.ttl).UnixMilli()})
+	began := time.Now()
+	data, _ := json.Marshal(leaseBody{Node: l.node, ExpiresAt: began.Add(l.ttl).UnixMilli()})
 	etag, err := l.store.Put(ctx, leaseKey, data, opts)
 	if err != nil {
 		return fmt.Errorf("write lease: %w", err)
 	}
-	l.etag = etag
+	l.mu.Lock()
+	l.etag, l.validUntil = etag, began.Add(l.ttl-l.ttl/5)
+	l.mu.Unlock()
 	return nil
 }
 
-// Renew extends the lease. ErrPreconditionFailed means another node took it.
+// Renew extends the lease. ErrFenced means another node took it.
 func (l *Lease) Renew(ctx context.Context) error {
-	return l.put(ctx, PutOptions{IfMatch: l.etag})
+	l.mu.Lock()
+	etag := l.etag
+	l.mu.Unlock()
+	err := l.put(ctx, PutOptions{IfMatch: etag})
+	if errors.Is(err, ErrPreconditionFailed) {
+		return fmt.Errorf("%w: %v", ErrFenced, err)
+	}
+	return err
+}
+
+// Valid reports whether the lease is certainly still this node's by its
+// own clock. Nothing may be written or acknowledged when it is not.
+func (l *Lease) Valid() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return time.Now().Before(l.validUntil)
+}
+
+// Confirm reads the lease object and checks that it is still this node's
+// (used before a new WAL namespace is registered).
+func (l *Lease) Confirm(ctx context.Context) error {
+	_, etag, err := l.store.Get(ctx, leaseKey, 0, -1)
+	if err != nil {
+		return fmt.Errorf("read lease: %w", err)
+	}
+	l.mu.Lock()
+	mine := etag == l.etag
+	l.mu.Unlock()
+	if !mine {
+		return ErrFenced
+	}
+	return nil
 }
 
 // Release gives the lease up so another node may take it at once.
 func (l *Lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	etag := l.etag
+	l.validUntil = time.Time{}
+	l.mu.Unlock()
 	data, _ := json.Marshal(leaseBody{Node: l.node, ExpiresAt: 0})
-	_, err := l.store.Put(ctx, leaseKey, data, PutOptions{IfMatch: l.etag})
+	_, err := l.store.Put(ctx, leaseKey, data, PutOptions{IfMatch: etag})
 	return err
 }
 
@@ -218,7 +262,8 @@ func parseWALSeq(key, prefix string) (uint64, bool) {
 // every committed object below the seal to apply, in WAL order. Finally it
 // records the seals and registers a fresh namespace for this process, which
 // it returns.
-func Replay(ctx context.Context, store Store, m *Manifests, apply func(key string, obj *WALObject) error) (ns uint64, err error) {
+// token identifies this process in the seals it writes.
+func Replay(ctx context.Context, store Store, m *Manifests, token string, apply func(key string, obj *WALObject) error) (ns uint64, err error) {
 	man, _, err := m.Load(ctx)
 	if err != nil {
 		return 0, err
@@ -226,7 +271,7 @@ func Replay(ctx context.Context, store Store, m *Manifests, apply func(key strin
 	sort.Slice(man.Namespaces, func(i, j int) bool { return man.Namespaces[i].ID < man.Namespaces[j].ID })
 	seals := map[uint64]uint64{}
 	for _, n := range man.Namespaces {
-		end, err := replayNamespace(ctx, store, n, apply)
+		end, err := replayNamespace(ctx, store, n, token, apply)
 		if err != nil {
 			return 0, err
 		}
@@ -246,7 +291,7 @@ func Replay(ctx context.Context, store Store, m *Manifests, apply func(key strin
 	return ns, err
 }
 
-func replayNamespace(ctx context.Context, store Store, n Namespace, apply func(string, *WALObject) error) (uint64, error) {
+func replayNamespace(ctx context.Context, store Store, n Namespace, token string, apply func(string, *WALObject) error) (uint64, error) {
 	prefix := WALPrefix(n.ID)
 	present := map[uint64]bool{}
 	after := ""
@@ -274,11 +319,11 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, apply func(s
 		}
 		key := WALKey(n.ID, seq)
 		if !present[seq] {
-			landed, err := seal(ctx, store, n.ID, seq, 6)
+			outcome, err := seal(ctx, store, n.ID, seq, token, 6)
 			if err != nil {
 				return 0, err
 			}
-			if !landed {
+			if outcome != sealLanded { // ours, or an earlier replay's
 				return seq, nil
 			}
 		}
@@ -299,30 +344,49 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, apply func(s
 	}
 }
 
-// seal writes a seal marker at (ns, seq) with if-none-match and reports
-// whether the key already held a WAL object (it landed) instead. An answer
+// ErrFenced means another process took this storage over: it holds the
+// lease, or sealed this writer's namespace. A fenced writer never writes
+// again.
+var ErrFenced = errors.New("storage was taken over by another node")
+
+// sealOutcome is what a seal attempt found.
+type sealOutcome int
+
+const (
+	sealWon     sealOutcome = iota // our seal is in place: the upload can never land
+	sealLanded                     // the key holds a WAL object: the upload landed
+	sealForeign                    // another process's seal is in place
+)
+
+// seal writes a seal marker at (ns, seq) with if-none-match. An answer
 // that leaves the outcome open (a lost response, or a write the store
 // could not confirm) is settled by reading the key back. It tries at most
 // attempts times (0: until ctx ends), with backoff.
-func seal(ctx context.Context, store Store, ns, seq uint64, attempts int) (landed bool, err error) {
+func seal(ctx context.Context, store Store, ns, seq uint64, token string, attempts int) (sealOutcome, error) {
 	key := WALKey(ns, seq)
 	for attempt := 0; ; attempt++ {
-		_, err = store.Put(ctx, key, EncodeSeal(ns, seq), PutOptions{IfNoneMatch: true})
+		_, err := store.Put(ctx, key, EncodeSeal(ns, seq, token), PutOptions{IfNoneMatch: true})
 		if err == nil {
-			return false, nil
+			return sealWon, nil
 		}
 		if data, _, gerr := store.Get(ctx, key, 0, -1); gerr == nil {
 			obj, derr := DecodeWAL(data)
-			if derr != nil {
-				return false, fmt.Errorf("seal %s: %w", key, derr)
+			switch {
+			case derr != nil:
+				return 0, fmt.Errorf("seal %s: %w", key, derr)
+			case !obj.Sealed:
+				return sealLanded, nil
+			case obj.SealToken == token:
+				return sealWon, nil
+			default:
+				return sealForeign, nil
 			}
-			return !obj.Sealed, nil
 		}
 		if attempts > 0 && attempt+1 >= attempts {
-			return false, fmt.Errorf("seal %s: %w", key, err)
+			return 0, fmt.Errorf("seal %s: %w", key, err)
 		}
 		if werr := sleepBackoff(ctx, attempt); werr != nil {
-			return false, fmt.Errorf("seal %s: %w", key, err)
+			return 0, fmt.Errorf("seal %s: %w", key, err)
 		}
 	}
 }

@@ -71,7 +71,8 @@ const (
 type WALObject struct {
 	Namespace uint64
 	Seq       uint64
-	Sealed    bool // a seal marker, not a batch
+	Sealed    bool   // a seal marker, not a batch
+	SealToken string // who wrote the seal
 	Entries   []*Entry
 	// Spans[i] is the byte range of Entries[i] in the object, so that one
 	// entry can be read back with a ranged GET.
@@ -81,11 +82,14 @@ type WALObject struct {
 // Span is a byte range in an object.
 type Span struct{ Off, Len int64 }
 
-// EncodeSeal returns the body of a seal marker for (ns, seq).
-func EncodeSeal(ns, seq uint64) []byte {
+// EncodeSeal returns the body of a seal marker for (ns, seq), written by
+// the holder of token, so that a writer can tell its own seal from one of
+// another process that replayed its namespace.
+func EncodeSeal(ns, seq uint64, token string) []byte {
 	b := append([]byte(sealMagic), walVersion)
 	b = binary.BigEndian.AppendUint64(b, ns)
-	return binary.BigEndian.AppendUint64(b, seq)
+	b = binary.BigEndian.AppendUint64(b, seq)
+	return append(b, token...)
 }
 
 // EncodeWAL encodes a batch of entries as one WAL object and returns the
@@ -202,6 +206,7 @@ func DecodeWAL(data []byte) (*WALObject, error) {
 			Namespace: binary.BigEndian.Uint64(data[5:]),
 			Seq:       binary.BigEndian.Uint64(data[13:]),
 			Sealed:    true,
+			SealToken: string(data[21:]),
 		}, nil
 	}
 	if len(data) < 25 || string(data[:4]) != walMagic {

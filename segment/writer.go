@@ -64,12 +64,23 @@ func WALKey(ns, seq uint64) string { return fmt.Sprintf("wal/%016x/%016x", ns, s
 // WALPrefix is the key prefix of namespace ns.
 func WALPrefix(ns uint64) string { return fmt.Sprintf("wal/%016x/", ns) }
 
+// WriterDeps are what a writer needs from its owner.
+type WriterDeps struct {
+	Hooks        Hooks
+	NewNamespace NamespaceFunc
+	// Token identifies this process in the seals it writes, so a seal of
+	// another process (one that took the storage over) is recognised.
+	Token string
+	// Check, when set, says why nothing may be written now (the storage
+	// lease is not certainly ours); nil means go ahead.
+	Check func() error
+}
+
 // Writer batches entries from all streams into WAL objects: group commit.
 // Several uploads may be in flight; outcomes are released strictly in order.
 type Writer struct {
 	store Store
-	hooks Hooks
-	newNS NamespaceFunc
+	deps  WriterDeps
 	cfg   WriterConfig
 
 	mu        sync.Mutex
@@ -80,7 +91,8 @@ type Writer struct {
 	inFlight  int
 	timer     *time.Timer
 	wantFlush bool
-	broken    bool // an upload failed; Add refuses until it is settled
+	broken    bool  // an upload failed; Add refuses until it is settled
+	fenced    error // another process took the storage over: for good
 	closed    bool
 	idle      *sync.Cond // signalled when queue empties
 
@@ -91,7 +103,7 @@ type Writer struct {
 }
 
 // NewWriter starts a writer in namespace ns at WAL sequence seq.
-func NewWriter(store Store, ns, seq uint64, cfg WriterConfig, hooks Hooks, newNS NamespaceFunc) *Writer {
+func NewWriter(store Store, ns, seq uint64, cfg WriterConfig, deps WriterDeps) *Writer {
 	if cfg.FlushInterval <= 0 {
 		cfg.FlushInterval = 10 * time.Millisecond
 	}
@@ -102,9 +114,26 @@ func NewWriter(store Store, ns, seq uint64, cfg WriterConfig, hooks Hooks, newNS
 		cfg.MaxInFlight = 4
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &Writer{store: store, hooks: hooks, newNS: newNS, cfg: cfg, ns: ns, nextSeq: seq, ctx: ctx, cancel: cancel}
+	w := &Writer{store: store, deps: deps, cfg: cfg, ns: ns, nextSeq: seq, ctx: ctx, cancel: cancel}
 	w.idle = sync.NewCond(&w.mu)
 	return w
+}
+
+func (w *Writer) check() error {
+	if w.deps.Check == nil {
+		return nil
+	}
+	return w.deps.Check()
+}
+
+// Fence stops the writer for good: another process owns the storage now.
+// Entries not yet released are aborted in order as their uploads end.
+func (w *Writer) Fence(cause error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.fenced == nil {
+		w.fenced = fmt.Errorf("%w: %v", ErrFenced, cause)
+	}
 }
 
 // SetConfig changes the flush settings; it takes effect from the next batch.
@@ -134,8 +163,14 @@ func (w *Writer) Position() (ns, seq uint64) {
 func (w *Writer) Add(e *Entry) (*Batch, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.fenced != nil {
+		return nil, w.fenced
+	}
 	if w.broken || w.closed {
 		return nil, ErrWriterUnavailable
+	}
+	if err := w.check(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrWriterUnavailable, err)
 	}
 	if w.open == nil {
 		w.open = &Batch{done: make(chan struct{})}
@@ -193,7 +228,17 @@ func (w *Writer) sealLocked() {
 func (w *Writer) upload(b *Batch) {
 	defer w.wg.Done()
 	data, spans := EncodeWAL(b.Namespace, b.Seq, b.Entries)
-	_, err := w.store.Put(w.ctx, b.Key, data, PutOptions{IfNoneMatch: true})
+	// Past the lease's certain validity nothing is uploaded: the batch
+	// fails and is settled by a seal like any failed upload.
+	err := w.check()
+	if err == nil {
+		w.mu.Lock()
+		err = w.fenced
+		w.mu.Unlock()
+	}
+	if err == nil {
+		_, err = w.store.Put(w.ctx, b.Key, data, PutOptions{IfNoneMatch: true})
+	}
 	w.mu.Lock()
 	b.Spans = spans
 	b.finished = true
@@ -253,7 +298,7 @@ func (w *Writer) release() {
 		}
 		w.queue = w.queue[1:]
 		w.mu.Unlock()
-		w.hooks.Committed(head)
+		w.deps.Hooks.Committed(head)
 		close(head.done)
 	}
 }
@@ -267,27 +312,33 @@ func (w *Writer) release() {
 func (w *Writer) settle(queue []*Batch) {
 	for i, b := range queue {
 		if b.uploaded {
-			w.hooks.Committed(b)
+			w.deps.Hooks.Committed(b)
 			close(b.done)
 			continue
-		}
-		// A doomed batch was never given a WAL sequence, so only a batch
-		// whose upload failed needs a seal to fix its fate.
-		if !b.doomed {
-			landed, err := seal(w.ctx, w.store, b.Namespace, b.Seq, 0)
-			if err != nil { // writer closed while the store was unreachable
-				w.abort(queue[i:], err)
-				return
-			}
-			if landed {
-				w.hooks.Committed(b)
-				close(b.done)
-				continue
-			}
 		}
 		cause := b.failed
 		if cause == nil {
 			cause = errors.New("an earlier WAL upload failed")
+		}
+		// A doomed batch was never given a WAL sequence, so only a batch
+		// whose upload failed needs a seal to fix its fate.
+		if !b.doomed {
+			outcome, err := seal(w.ctx, w.store, b.Namespace, b.Seq, w.deps.Token, 0)
+			switch {
+			case err != nil: // writer closed while the store was unreachable
+				w.abort(queue[i:], err)
+				return
+			case outcome == sealLanded:
+				w.deps.Hooks.Committed(b)
+				close(b.done)
+				continue
+			case outcome == sealForeign:
+				// Another process replayed our namespace and sealed it:
+				// it owns the storage now. Never write again.
+				w.Fence(fmt.Errorf("namespace %d sealed by another process at %d", b.Namespace, b.Seq))
+				w.abort(queue[i:], ErrFenced)
+				return
+			}
 		}
 		w.abort(queue[i:], cause)
 		w.switchNamespace()
@@ -303,18 +354,22 @@ func (w *Writer) abort(batches []*Batch, cause error) {
 	err := fmt.Errorf("%w: %v", ErrWriterUnavailable, cause)
 	for _, b := range batches {
 		b.err = err
-		w.hooks.Aborted(b, err)
+		w.deps.Hooks.Aborted(b, err)
 		close(b.done)
 	}
 }
 
 func (w *Writer) switchNamespace() {
 	for attempt := 0; ; attempt++ {
-		ns, err := w.newNS(w.ctx)
+		ns, err := w.deps.NewNamespace(w.ctx)
 		if err == nil {
 			w.mu.Lock()
 			w.ns, w.nextSeq, w.broken = ns, 0, false
 			w.mu.Unlock()
+			return
+		}
+		if errors.Is(err, ErrFenced) {
+			w.Fence(err)
 			return
 		}
 		if sleepBackoff(w.ctx, attempt) != nil {

@@ -148,7 +148,8 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	began := time.Now()
 	var objects, entries int
-	ns, err := segment.Replay(ctx, e.store, e.man, func(key string, obj *segment.WALObject) error {
+	token := newID()
+	ns, err := segment.Replay(ctx, e.store, e.man, token, func(key string, obj *segment.WALObject) error {
 		objects++
 		entries += len(obj.Entries)
 		return e.replayObject(ctx, key, obj)
@@ -161,7 +162,12 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.lease = lease
 	e.w = segment.NewWriter(e.store, ns, 0,
 		segment.WriterConfig{FlushInterval: cfg.FlushInterval, FlushSize: cfg.FlushSize, MaxInFlight: cfg.MaxInFlight},
-		hooks{e}, e.man.RegisterNamespace)
+		segment.WriterDeps{
+			Hooks:        hooks{e},
+			NewNamespace: e.registerNamespace,
+			Token:        token,
+			Check:        e.checkLease,
+		})
 	e.started = true
 	e.bg.Add(3)
 	go e.renewLease()
@@ -202,29 +208,59 @@ func (e *Engine) writer() (*segment.Writer, error) {
 	return e.w, nil
 }
 
+// errLeaseLapsed: the lease could not be renewed in time, so this node
+// may no longer be the only writer.
+var errLeaseLapsed = errors.New("the storage lease could not be renewed in time")
+
+func (e *Engine) checkLease() error {
+	if !e.lease.Valid() {
+		return errLeaseLapsed
+	}
+	return nil
+}
+
+// registerNamespace gives the writer a fresh namespace, but only while the
+// lease is certainly ours: a node that lost the storage must not add to
+// the manifest another node replays.
+func (e *Engine) registerNamespace(ctx context.Context) (uint64, error) {
+	if err := e.checkLease(); err != nil {
+		return 0, err
+	}
+	if err := e.lease.Confirm(ctx); err != nil {
+		return 0, err
+	}
+	return e.man.RegisterNamespace(ctx)
+}
+
+// renewLease renews the lease at a third of its lifetime, and retries
+// every second while the store does not answer. Past the lease's certain
+// validity the writer refuses work; if another node took the lease, the
+// writer is fenced for good.
 func (e *Engine) renewLease() {
 	defer e.bg.Done()
 	ttl := e.lease.TTL()
-	t := time.NewTicker(ttl / 3)
-	defer t.Stop()
+	wait := ttl / 3
 	for {
+		t := time.NewTimer(wait)
 		select {
 		case <-e.closing:
+			t.Stop()
 			return
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
 		err := e.lease.Renew(ctx)
 		cancel()
-		if errors.Is(err, segment.ErrPreconditionFailed) {
-			// Another node took the storage: stop writing at once, so two
-			// writers never interleave.
-			e.log.Error("storage lease lost to another node; no more writes")
-			go e.w.Close(context.Background())
+		switch {
+		case err == nil:
+			wait = ttl / 3
+		case errors.Is(err, segment.ErrFenced):
+			e.log.Error("storage lease taken by another node; this node writes no more", zap.Error(err))
+			e.w.Fence(err)
 			return
-		}
-		if err != nil {
+		default:
 			e.log.Warn("renew storage lease", zap.Error(err))
+			wait = time.Second
 		}
 	}
 }
@@ -551,6 +587,15 @@ func (e *Engine) replayObject(ctx context.Context, key string, obj *segment.WALO
 			continue // orphaned by a crashed create, deleted, or already checkpointed
 		}
 		ch := changeOf(ent)
+		if ch.First != s.durable.NextSeq {
+			// Entries of one stream follow each other exactly; one that
+			// does not can only come from a writer that had lost the
+			// storage. It must never move the tail.
+			e.log.Error("WAL entry does not continue its stream; ignored",
+				zap.String("key", key), zap.String("stream", ent.Name),
+				zap.Uint64("first", ch.First), zap.Uint64("tail", s.durable.NextSeq))
+			continue
+		}
 		s.durable.apply(ch)
 		s.pend = s.durable
 		s.runs = append(s.runs, walRun{pos: pos, key: key, span: obj.Spans[i], ch: ch})

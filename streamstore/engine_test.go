@@ -435,3 +435,50 @@ func TestEvictionKeepsSeqsConsistent(t *testing.T) {
 		t.Fatalf("%d streams in memory with MaxStreams 4", n)
 	}
 }
+
+func TestLeaseLossFencesTheOldWriter(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var mu sync.Mutex
+	cutOff := false
+	st.Fail = func(op, key string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if cutOff && key == "lease" {
+			return errors.New("partitioned")
+		}
+		return nil
+	}
+	a := startEngine(t, st, Config{NodeID: "node-a", LeaseTTL: 600 * time.Millisecond})
+	if _, _, err := a.Create(ctx, "/x", CreateRequest{ContentType: "text/plain", Records: recs("a0")}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	cutOff = true
+	mu.Unlock()
+	time.Sleep(700 * time.Millisecond) // a's lease lapses and expires
+	if _, err := a.Append(ctx, "/x", AppendRequest{Records: recs("lapsed")}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("append on a lapsed lease: %v", err)
+	}
+	mu.Lock()
+	cutOff = false
+	mu.Unlock()
+	b := startEngine(t, st, Config{NodeID: "node-b"})
+	if _, err := b.Append(ctx, "/x", AppendRequest{Records: recs("b1")}); err != nil {
+		t.Fatal(err)
+	}
+	// a is reconnected: its renewal finds b's lease and fences it.
+	time.Sleep(1500 * time.Millisecond)
+	for i := 0; i < 3; i++ {
+		if _, err := a.Append(ctx, "/x", AppendRequest{Records: recs("rogue")}); err == nil {
+			t.Fatal("a fenced node acknowledged an append")
+		}
+	}
+	if got := fmt.Sprint(readAll(t, b, "/x")); got != "[a0 b1]" {
+		t.Fatalf("b reads %s", got)
+	}
+	b2 := startEngine(t, st, Config{NodeID: "node-b"})
+	if got := fmt.Sprint(readAll(t, b2, "/x")); got != "[a0 b1]" {
+		t.Fatalf("after b's restart: %s", got)
+	}
+}
