@@ -2,6 +2,7 @@ package caddytest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -341,6 +342,10 @@ func (c *Caddy) start() error {
 	if err != nil {
 		return err
 	}
+	var logStart int64
+	if fi, err := logf.Stat(); err == nil {
+		logStart = fi.Size()
+	}
 	fmt.Fprintf(logf, "=== caddytest: %s run (port %d, admin %s, data %s)\n",
 		time.Now().Format(time.RFC3339Nano), c.port, c.admin, c.dataDir)
 	cmd := exec.Command(c.bin, "run", "--config", c.configPath(), "--adapter", "caddyfile")
@@ -365,7 +370,7 @@ func (c *Caddy) start() error {
 		close(done)
 	}()
 
-	if err := c.waitReady(done); err != nil {
+	if err := c.waitReady(done, logStart); err != nil {
 		c.kill()
 		return fmt.Errorf("%v\n--- caddy log (%s) ---\n%s", err, c.logPath(), tail(c.Logs(), 64<<10))
 	}
@@ -373,7 +378,11 @@ func (c *Caddy) start() error {
 }
 
 // waitReady polls the HTTP port until it answers any HTTP response.
-func (c *Caddy) waitReady(done <-chan struct{}) error {
+// waitReady waits until this run of Caddy answers on its port and has
+// logged that its whole configuration is serving: the HTTP app can answer
+// for a moment before another app (picomq, which opens the storage) fails
+// to start and the process exits.
+func (c *Caddy) waitReady(done <-chan struct{}, logStart int64) error {
 	client := &http.Client{Timeout: 2 * time.Second}
 	deadline := time.Now().Add(c.opts.ReadyTimeout)
 	for {
@@ -385,7 +394,11 @@ func (c *Caddy) waitReady(done <-chan struct{}) error {
 		resp, err := client.Get(c.URL() + "/")
 		if err == nil {
 			resp.Body.Close()
-			return nil
+			if logs := c.Logs(); int64(len(logs)) > logStart &&
+				strings.Contains(logs[logStart:], "serving initial configuration") {
+				return nil
+			}
+			err = errors.New("not serving its whole configuration yet")
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("caddy did not answer on port %d within %s: %v", c.port, c.opts.ReadyTimeout, err)
