@@ -97,10 +97,11 @@ func (a *App) Cleanup() error {
 // engineSettings are the engine-wide settings of a storage. Handlers of one
 // config that share a storage must agree on them.
 type engineSettings struct {
-	FlushInterval time.Duration
-	FlushSize     int64
-	CacheBytes    int64
-	S3Timeout     time.Duration
+	FlushInterval   time.Duration
+	FlushSize       int64
+	CacheBytes      int64
+	CompactInterval time.Duration
+	S3Timeout       time.Duration
 }
 
 // acquire returns the engine for the storage at rawURL (placeholders already
@@ -119,7 +120,7 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 	if e, ok := a.refs[key]; ok {
 		if e.settings != s {
 			return nil, fmt.Errorf("handlers using storage %s disagree on engine settings (%+v vs %+v); "+
-				"flush_interval, flush_size, cache_size and s3_timeout must match", key, e.settings, s)
+				"flush_interval, flush_size, cache_size, compact_interval and s3_timeout must match", key, e.settings, s)
 		}
 		return e.ref, nil
 	}
@@ -209,11 +210,33 @@ func (r *engineRef) doStart() error {
 // engineConfig is the engine's Config for the current settings; r.mu held.
 func (r *engineRef) engineConfig() streamstore.Config {
 	return streamstore.Config{
-		FlushInterval: r.settings.FlushInterval,
-		FlushSize:     int(r.settings.FlushSize),
-		CacheBytes:    r.settings.CacheBytes,
-		NodeID:        r.nodeID,
+		FlushInterval:   r.settings.FlushInterval,
+		FlushSize:       int(r.settings.FlushSize),
+		CacheBytes:      r.settings.CacheBytes,
+		CompactInterval: r.settings.CompactInterval,
+		AppendTimeout:   appendTimeout(r.settings),
+		NodeID:          r.nodeID,
 	}
+}
+
+// Object-store retries, as the module configures segment.Open: each request
+// is tried s3Attempts times, each attempt bounded by s3_timeout, with at most
+// s3BackoffTotal of backoff between them in all.
+const (
+	s3Attempts     = 5
+	s3MinBackoff   = 50 * time.Millisecond
+	s3MaxBackoff   = 400 * time.Millisecond
+	s3BackoffTotal = time.Second // 50+100+200+400ms, rounded up
+)
+
+// appendTimeout is how long an append may wait to become durable before it
+// is answered 503: its batch's flush interval, then the WAL upload and, when
+// that fails, the seal that settles its fate, each a full retried request.
+// Deriving it from s3_timeout makes a faulty store visible to clients within
+// a bound the operator controls.
+func appendTimeout(s engineSettings) time.Duration {
+	request := s3Attempts*s.S3Timeout + s3BackoffTotal
+	return s.FlushInterval + 2*request
 }
 
 // reconfigure applies a newer config's settings to the shared engine: across
@@ -236,7 +259,7 @@ func (r *engineRef) reconfigure(s engineSettings) {
 	}
 	r.log.Info("engine settings changed by a config reload",
 		zap.Duration("flush_interval", s.FlushInterval), zap.Int64("flush_size", s.FlushSize),
-		zap.Int64("cache_size", s.CacheBytes))
+		zap.Int64("cache_size", s.CacheBytes), zap.Duration("compact_interval", s.CompactInterval))
 }
 
 // engine returns the started engine, waiting for the start if it is still

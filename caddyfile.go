@@ -66,6 +66,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.MaxAppendSize, err = parseSize(arg)
 		case "cache_size":
 			h.CacheSize, err = parseSize(arg)
+		case "compact_interval":
+			h.CompactInterval, err = parseDuration(arg)
 		case "s3_timeout":
 			h.S3Timeout, err = parseDuration(arg)
 		default:

@@ -26,6 +26,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		sse_reconnect_interval 1m
 		max_append_size 8MB
 		cache_size 128MiB
+		compact_interval 1m
 		s3_timeout 3s
 	}`)
 	var h Handler
@@ -41,6 +42,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		SSEReconnectInterval: caddy.Duration(time.Minute),
 		MaxAppendSize:        8_000_000,
 		CacheSize:            128 << 20,
+		CompactInterval:      caddy.Duration(time.Minute),
 		S3Timeout:            caddy.Duration(3 * time.Second),
 	}
 	if got, _ := json.Marshal(h); string(got) != string(mustJSON(t, want)) {

@@ -35,6 +35,7 @@ const (
 	defaultMaxAppendSize        = 16 << 20
 	defaultCacheSize            = 64 << 20
 	defaultS3Timeout            = 10 * time.Second
+	defaultCompactInterval      = 30 * time.Second
 )
 
 // Handler serves durable streams: every request path below the handler is a
@@ -52,6 +53,7 @@ const (
 //	    sse_reconnect_interval <duration>
 //	    max_append_size        <size>
 //	    cache_size             <size>
+//	    compact_interval       <duration>
 //	    s3_timeout             <duration>
 //	}
 //
@@ -91,7 +93,13 @@ type Handler struct {
 	// Default 64 MiB.
 	CacheSize int64 `json:"cache_size,omitempty"`
 
-	// Timeout of each object-store request. Default 10s.
+	// How often the write-ahead log is compacted into data objects.
+	// Default 30s.
+	CompactInterval caddy.Duration `json:"compact_interval,omitempty"`
+
+	// Timeout of each object-store request attempt (a request is tried up
+	// to 5 times). An append that cannot be made durable is answered 503
+	// within about 10 times this. Default 10s.
 	S3Timeout caddy.Duration `json:"s3_timeout,omitempty"`
 
 	log   *zap.Logger
@@ -138,10 +146,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("getting picomq app: %w", err)
 	}
 	h.ref, err = appIface.(*App).acquire(storage, engineSettings{
-		FlushInterval: time.Duration(h.FlushInterval),
-		FlushSize:     h.FlushSize,
-		CacheBytes:    h.CacheSize,
-		S3Timeout:     time.Duration(h.S3Timeout),
+		FlushInterval:   time.Duration(h.FlushInterval),
+		FlushSize:       h.FlushSize,
+		CacheBytes:      h.CacheSize,
+		CompactInterval: time.Duration(h.CompactInterval),
+		S3Timeout:       time.Duration(h.S3Timeout),
 	})
 	if err != nil {
 		return fmt.Errorf("storage: %w", err)
@@ -196,6 +205,9 @@ func (h *Handler) applyDefaults() {
 	if h.S3Timeout == 0 {
 		h.S3Timeout = caddy.Duration(defaultS3Timeout)
 	}
+	if h.CompactInterval == 0 {
+		h.CompactInterval = caddy.Duration(defaultCompactInterval)
+	}
 }
 
 // Validate checks the options after defaults are applied.
@@ -215,6 +227,7 @@ func (h *Handler) Validate() error {
 		{"long_poll_timeout", h.LongPollTimeout},
 		{"sse_reconnect_interval", h.SSEReconnectInterval},
 		{"s3_timeout", h.S3Timeout},
+		{"compact_interval", h.CompactInterval},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("%s must not be negative", d.name)

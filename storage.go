@@ -62,7 +62,12 @@ func storageKey(raw string) (string, error) {
 // openStore opens the object store behind a storage URL. It does no network
 // I/O; the engine's Start is the first thing to reach the store.
 func openStore(rawURL string, requestTimeout time.Duration) (segment.Store, error) {
-	st, err := segment.Open(rawURL, segment.OpenOptions{RequestTimeout: requestTimeout})
+	st, err := segment.Open(rawURL, segment.OpenOptions{
+		RequestTimeout: requestTimeout,
+		MaxAttempts:    s3Attempts,
+		MinBackoff:     s3MinBackoff,
+		MaxBackoff:     s3MaxBackoff,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("opening storage: %w", err)
 	}
