@@ -291,6 +291,10 @@ func Replay(ctx context.Context, store Store, m *Manifests, token string, apply 
 	return ns, err
 }
 
+// replayFetchAhead is how many WAL objects replay reads ahead of the one
+// it applies (half of them at once).
+const replayFetchAhead = 32
+
 func replayNamespace(ctx context.Context, store Store, n Namespace, token string, apply func(string, *WALObject) error) (uint64, error) {
 	prefix := WALPrefix(n.ID)
 	present := map[uint64]bool{}
@@ -313,6 +317,38 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, token string
 			break
 		}
 	}
+	// WAL objects are small and many: fetch ahead, apply in order.
+	fctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	type fetch struct {
+		done chan struct{}
+		data []byte
+		err  error
+	}
+	fetches := map[uint64]*fetch{}
+	sem := make(chan struct{}, replayFetchAhead/2)
+	get := func(seq uint64) *fetch {
+		if f, ok := fetches[seq]; ok {
+			return f
+		}
+		f := &fetch{done: make(chan struct{})}
+		fetches[seq] = f
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer close(f.done)
+			select {
+			case sem <- struct{}{}:
+				defer func() { <-sem }()
+			case <-fctx.Done():
+				f.err = fctx.Err()
+				return
+			}
+			f.data, _, f.err = store.Get(fctx, WALKey(n.ID, seq), 0, -1)
+		}()
+		return f
+	}
 	for seq := n.ReplayFrom; ; seq++ {
 		if n.SealedAt != nil && seq >= *n.SealedAt {
 			return *n.SealedAt, nil
@@ -327,7 +363,13 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, token string
 				return seq, nil
 			}
 		}
-		data, _, err := store.Get(ctx, key, 0, -1)
+		for ahead := seq + 1; ahead < seq+replayFetchAhead && present[ahead]; ahead++ {
+			get(ahead)
+		}
+		f := get(seq)
+		<-f.done
+		delete(fetches, seq)
+		data, err := f.data, f.err
 		if err != nil {
 			return 0, fmt.Errorf("get %s: %w", key, err)
 		}

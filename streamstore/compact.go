@@ -25,6 +25,8 @@ func (e *Engine) compactLoop() {
 			t.Stop()
 			return
 		case <-t.C:
+		case <-e.compactKick:
+			t.Stop()
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		if err := e.Compact(ctx); err != nil {
@@ -52,6 +54,7 @@ func (e *Engine) Compact(ctx context.Context) error {
 	// holds back the cut: its stream cannot be checkpointed yet, and its
 	// WAL entries must not be retired.
 	end := e.commitEnd
+	e.walBacklog = 0
 	for s := range e.creating {
 		s.mu.Lock()
 		if len(s.runs) > 0 && end.after(s.runs[0].pos) {

@@ -78,10 +78,12 @@ type Engine struct {
 	creating  map[*stream]struct{} // creates whose metadata is not written yet
 	commitEnd walPos               // just after the last committed WAL position; zero before any
 
-	compactMu sync.Mutex // one compaction at a time
-	gcKick    chan struct{}
-	closing   chan struct{}
-	bg        sync.WaitGroup
+	compactMu   sync.Mutex // one compaction at a time
+	compactKick chan struct{}
+	walBacklog  int // WAL objects committed since the last compaction began
+	gcKick      chan struct{}
+	closing     chan struct{}
+	bg          sync.WaitGroup
 }
 
 // New builds an engine over store. It does no I/O; Start opens the storage.
@@ -91,17 +93,18 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 		log = zap.NewNop()
 	}
 	return &Engine{
-		store:     store,
-		log:       log,
-		man:       segment.NewManifests(store),
-		cache:     newBlockCache(cfg.CacheBytes),
-		cfg:       cfg,
-		streams:   map[string]*stream{},
-		loading:   map[string]*loadCall{},
-		nameLocks: map[string]*nameLock{},
-		creating:  map[*stream]struct{}{},
-		gcKick:    make(chan struct{}, 1),
-		closing:   make(chan struct{}),
+		store:       store,
+		log:         log,
+		man:         segment.NewManifests(store),
+		cache:       newBlockCache(cfg.CacheBytes),
+		cfg:         cfg,
+		streams:     map[string]*stream{},
+		loading:     map[string]*loadCall{},
+		nameLocks:   map[string]*nameLock{},
+		creating:    map[*stream]struct{}{},
+		gcKick:      make(chan struct{}, 1),
+		compactKick: make(chan struct{}, 1),
+		closing:     make(chan struct{}),
 	}
 }
 
@@ -492,6 +495,10 @@ func (e *Engine) evictLocked() {
 	}
 }
 
+// compactBacklog is the number of WAL objects that starts a compaction
+// before its interval is up.
+const compactBacklog = 1000
+
 // evictGrace is how long a looked-up stream is safe from eviction.
 const evictGrace = 2 * time.Second
 
@@ -554,7 +561,17 @@ func (h hooks) Committed(b *segment.Batch) {
 	}
 	e.mu.Lock()
 	e.commitEnd = pos.next()
+	e.walBacklog++
+	kick := e.walBacklog == compactBacklog
 	e.mu.Unlock()
+	if kick {
+		// Replay time is bounded by the WAL left to replay: a busy node
+		// compacts early rather than wait for the interval.
+		select {
+		case e.compactKick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (h hooks) Aborted(b *segment.Batch, err error) {
