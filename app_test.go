@@ -1,0 +1,199 @@
+package picomq
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+func TestStorageKey(t *testing.T) {
+	for _, group := range [][]string{
+		{"file:///var/lib/x", "file:///var/lib/x/", "file://localhost/var/lib/x", "file:///var/lib/./x", "FILE:///var/lib/x"},
+		{"s3://b/p?region=r&path_style=true", "s3://b/p/?path_style=true&region=r", "S3://b//p/?region=r&path_style=true"},
+	} {
+		want, err := storageKey(group[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, u := range group[1:] {
+			if got, err := storageKey(u); err != nil || got != want {
+				t.Errorf("storageKey(%q) = %q, %v; want %q", u, got, err, want)
+			}
+		}
+	}
+	a, _ := storageKey("s3://b/p?endpoint=http://one")
+	b, _ := storageKey("s3://b/p?endpoint=http://two")
+	if a == b {
+		t.Error("different endpoints share a key")
+	}
+	for _, bad := range []string{"", "b/p", "ftp://x/y", "s3:///p", "file://host/dir", "file:relative", "%zz"} {
+		if k, err := storageKey(bad); err == nil {
+			t.Errorf("storageKey(%q) = %q, want an error", bad, k)
+		}
+	}
+}
+
+func TestNodeID(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "deep", "node-id")
+	id, err := loadNodeID(p)
+	if err != nil || !validNodeID(id) || len(id) != 32 {
+		t.Fatalf("first load: %q %v", id, err)
+	}
+	again, err := loadNodeID(p)
+	if err != nil || again != id {
+		t.Errorf("second load: %q %v, want %q", again, err, id)
+	}
+	if err := os.WriteFile(p, []byte("two words\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadNodeID(p); err == nil {
+		t.Error("a corrupt node id was accepted")
+	}
+	if err := os.WriteFile(p, []byte("  operator-chosen-id \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if id, err := loadNodeID(p); err != nil || id != "operator-chosen-id" {
+		t.Errorf("operator id: %q %v", id, err)
+	}
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(p), ".node-id-*"))
+	if len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+}
+
+func newTestApp(t *testing.T) *App {
+	return &App{refs: make(map[string]*appEngine), log: zaptest.NewLogger(t)}
+}
+
+// TestEngineSharedAcrossReload walks the lifecycle Caddy drives: a config
+// provisions and starts, a reload provisions and starts a second config on
+// the same storage before the first is cleaned up, and only the last
+// cleanup closes the engine.
+func TestEngineSharedAcrossReload(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	storage := "file://" + t.TempDir()
+	s1 := engineSettings{FlushInterval: time.Millisecond, FlushSize: 1 << 20, CacheBytes: 1 << 20,
+		CompactInterval: time.Hour, S3Timeout: time.Second}
+	ctx := context.Background()
+
+	app1 := newTestApp(t)
+	ref, err := app1.acquire(storage, s1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := app1.acquire(storage+"/", s1); err != nil || again != ref {
+		t.Fatalf("second handler on the storage: %p %v (want %p)", again, err, ref)
+	}
+	s2 := s1
+	s2.FlushInterval = 5 * time.Millisecond
+	if _, err := app1.acquire(storage, s2); err == nil || !strings.Contains(err.Error(), "disagree") {
+		t.Errorf("mismatched settings in one config: %v", err)
+	}
+	// Before Start, requests wait; a cancelled wait gives up.
+	waitCtx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	if _, err := ref.engine(waitCtx, nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("engine before start: %v", err)
+	}
+	cancel()
+	if err := app1.Start(); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	eng, err := ref.engine(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := eng.Create(ctx, "/s", streamstore.CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(nodeIDPath()); err != nil {
+		t.Errorf("node id not written at start: %v", err)
+	}
+
+	// Reload: the new config gets the same engine, with its settings.
+	app2 := newTestApp(t)
+	ref2, err := app2.acquire(storage, s2)
+	if err != nil || ref2 != ref {
+		t.Fatalf("reload got %p, %v; want the running %p", ref2, err, ref)
+	}
+	if err := app2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if ref.settings != s2 {
+		t.Errorf("settings after reload %+v, want %+v", ref.settings, s2)
+	}
+	// A live waiter on the engine survives the old config's cleanup.
+	waited := make(chan error, 1)
+	go func() {
+		_, err := eng.Wait(ctx, "/s", mustHead(t, eng, "/s").ID, 0)
+		waited <- err
+	}()
+	if err := app1.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Append(ctx, "/s", streamstore.AppendRequest{Records: []streamstore.NewRecord{{Body: []byte("x")}}}); err != nil {
+		t.Fatalf("append after the old config's cleanup: %v", err)
+	}
+	if err := <-waited; err != nil {
+		t.Errorf("waiter: %v", err)
+	}
+	// The last cleanup closes it.
+	if err := app2.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eng.Wait(ctx, "/s", mustHead(t, eng, "/s").ID, 99); !errors.Is(err, streamstore.ErrShuttingDown) {
+		t.Errorf("wait on a closed engine: %v", err)
+	}
+	if _, loaded := engines.References(ref.key); loaded {
+		t.Error("the pool still holds the storage")
+	}
+}
+
+func mustHead(t *testing.T, eng *streamstore.Engine, name string) streamstore.Info {
+	t.Helper()
+	info, err := eng.Head(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+func TestFailedStartIsReported(t *testing.T) {
+	data := t.TempDir()
+	t.Setenv("XDG_DATA_HOME", data)
+	// A node id the start cannot read: a directory where the file goes.
+	if err := os.MkdirAll(filepath.Join(nodeIDPath(), "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	app := newTestApp(t)
+	ref, err := app.acquire("file://"+t.TempDir(), engineSettings{S3Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Start(); err == nil {
+		t.Fatal("start succeeded")
+	}
+	_, err = ref.engine(context.Background(), nil)
+	var se *storageStartError
+	if !errors.As(err, &se) || !errors.Is(err, streamstore.ErrUnavailable) {
+		t.Errorf("engine after a failed start: %v", err)
+	}
+	if err := app.Cleanup(); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+}
+
+func TestAppendTimeoutCoversRetries(t *testing.T) {
+	s := engineSettings{FlushInterval: 10 * time.Millisecond, S3Timeout: time.Second}
+	got := appendTimeout(s)
+	if got < 2*s3Attempts*time.Second || got > 14*time.Second {
+		t.Errorf("appendTimeout(1s) = %v", got)
+	}
+}
