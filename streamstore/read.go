@@ -126,45 +126,70 @@ func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequ
 	return out, nil
 }
 
-// recordsAt returns a run of records that holds seq.
+// recordsAt returns a run of records that holds seq. When the entry is not
+// cached, the stream's following entries in the same WAL object come with
+// it in one ranged GET (they sit close together: one batch's worth), so a
+// cold catch-up costs a GET per WAL object, not per append.
 func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64) ([]Record, error) {
 	for attempt := 0; ; attempt++ {
 		s.mu.Lock()
-		run, ok := findRun(s.runs, seq)
+		runs := sameObjectRuns(s.runs, seq)
 		s.mu.Unlock()
-		if !ok {
+		if len(runs) == 0 {
 			return e.dataRecords(ctx, id, seq)
 		}
-		ck := runCacheKey(run.key, run.span)
-		if recs, ok := e.cache.get(ck); ok {
+		if recs, ok := e.cache.get(runCacheKey(runs[0].key, runs[0].span)); ok {
 			return recs, nil
 		}
-		data, _, err := e.store.Get(ctx, run.key, run.span.Off, run.span.Len)
+		first, last := runs[0].span, runs[len(runs)-1].span
+		data, _, err := e.store.Get(ctx, runs[0].key, first.Off, last.Off+last.Len-first.Off)
 		if errors.Is(err, segment.ErrNotFound) && attempt == 0 {
 			continue // compacted meanwhile: look again
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, run.key, err)
+			return nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, runs[0].key, err)
 		}
-		ent, _, err := segment.DecodeEntry(data)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", run.key, err)
+		var out []Record
+		for _, r := range runs {
+			off := r.span.Off - first.Off
+			if off+r.span.Len > int64(len(data)) {
+				return nil, fmt.Errorf("read %s: %w: short range", r.key, segment.ErrCorrupt)
+			}
+			ent, _, err := segment.DecodeEntry(data[off : off+r.span.Len])
+			if err != nil {
+				return nil, fmt.Errorf("read %s: %w", r.key, err)
+			}
+			if ent.StreamID != id || ent.FirstSeq != r.ch.First {
+				return nil, fmt.Errorf("read %s: %w: entry is not the expected one", r.key, segment.ErrCorrupt)
+			}
+			e.cache.put(runCacheKey(r.key, r.span), ent.Records)
+			out = append(out, ent.Records...)
 		}
-		if ent.StreamID != id || ent.FirstSeq != run.ch.First {
-			return nil, fmt.Errorf("read %s: %w: entry is not the expected one", run.key, segment.ErrCorrupt)
-		}
-		e.cache.put(ck, ent.Records)
-		return ent.Records, nil
+		return out, nil
 	}
 }
 
-// findRun finds the committed entry with records that holds seq.
-func findRun(runs []walRun, seq uint64) (walRun, bool) {
+// maxRangeRead caps the bytes one ranged WAL read may span.
+const maxRangeRead = 1 << 20
+
+// sameObjectRuns returns the committed entry with records that holds seq,
+// followed by the stream's next entries with records in the same WAL
+// object, within maxRangeRead.
+func sameObjectRuns(runs []walRun, seq uint64) []walRun {
 	i := sort.Search(len(runs), func(i int) bool { return runs[i].ch.End > seq })
-	if i < len(runs) && runs[i].ch.First <= seq {
-		return runs[i], true
+	if i == len(runs) || runs[i].ch.First > seq {
+		return nil
 	}
-	return walRun{}, false
+	out := []walRun{runs[i]}
+	for j := i + 1; j < len(runs) && runs[j].key == runs[i].key; j++ {
+		if runs[j].span.Off+runs[j].span.Len-runs[i].span.Off > maxRangeRead {
+			break
+		}
+		if runs[j].ch.End > runs[j].ch.First {
+			out = append(out, runs[j])
+		}
+	}
+	return out
 }
 
 // dataRecords reads the data object holding seq: a one-key list after the
