@@ -35,9 +35,10 @@ var engines = caddy.NewUsagePool()
 // is provisioned; requests that arrive before it finished wait for it (apps
 // start in no fixed order).
 type App struct {
-	mu   sync.Mutex
-	refs map[string]*appEngine // by storage key, the engines this config uses
-	log  *zap.Logger
+	mu    sync.Mutex
+	refs  map[string]*appEngine // by storage key, the engines this config uses
+	stops []func()              // end this config's live responses
+	log   *zap.Logger
 }
 
 // appEngine is one storage used by this config and the engine settings its
@@ -75,9 +76,27 @@ func (a *App) Start() error {
 	return nil
 }
 
-// Stop does nothing: engines outlive a config across a reload. The last
-// config to release an engine closes it in Cleanup.
-func (a *App) Stop() error { return nil }
+// Stop ends the live responses (SSE, long-poll) of this config's handlers.
+// The HTTP server's shutdown hook does that too, but only for HTTP/1 and
+// HTTP/2; this covers HTTP/3 whenever Caddy stops this app first. Engines
+// outlive a config across a reload: the last config to release one closes
+// it in Cleanup.
+func (a *App) Stop() error {
+	a.mu.Lock()
+	stops := a.stops
+	a.mu.Unlock()
+	for _, f := range stops {
+		f()
+	}
+	return nil
+}
+
+// onStop registers f to run when this config stops.
+func (a *App) onStop(f func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.stops = append(a.stops, f)
+}
 
 // Cleanup releases this config's references; an engine no config uses any
 // more is flushed and closed.
@@ -91,6 +110,7 @@ func (a *App) Cleanup() error {
 		}
 	}
 	a.refs = nil
+	a.stops = nil
 	return errors.Join(errs...)
 }
 

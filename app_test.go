@@ -129,6 +129,17 @@ func TestEngineSharedAcrossReload(t *testing.T) {
 	if ref.settings != s2 {
 		t.Errorf("settings after reload %+v, want %+v", ref.settings, s2)
 	}
+	// Stopping the old config ends its live responses, not the engine.
+	stopped := make(chan struct{})
+	app1.onStop(func() { close(stopped) })
+	if err := app1.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stopped:
+	default:
+		t.Error("Stop did not end the config's live responses")
+	}
 	// A live waiter on the engine survives the old config's cleanup.
 	waited := make(chan error, 1)
 	go func() {

@@ -145,7 +145,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("getting picomq app: %w", err)
 	}
-	h.ref, err = appIface.(*App).acquire(storage, engineSettings{
+	app := appIface.(*App)
+	h.ref, err = app.acquire(storage, engineSettings{
 		FlushInterval:   time.Duration(h.FlushInterval),
 		FlushSize:       h.FlushSize,
 		CacheBytes:      h.CacheSize,
@@ -163,6 +164,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && srv != nil {
 		srv.RegisterOnShutdown(h.cancelShutdown)
 	}
+	app.onStop(h.cancelShutdown)
 
 	switch h.Protocol {
 	case protocolDurableStreams:
