@@ -306,6 +306,15 @@ func (e *fhEnv) mustList(prefix string) []fhObject {
 	return objs
 }
 
+// fhKeySet returns the keys of objs as a set.
+func fhKeySet(objs []fhObject) map[string]bool {
+	m := make(map[string]bool, len(objs))
+	for _, o := range objs {
+		m[o.Key] = true
+	}
+	return m
+}
+
 // get reads one object (key relative to the storage prefix) straight from
 // versitygw.
 func (e *fhEnv) get(key string) ([]byte, error) {

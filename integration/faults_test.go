@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -63,7 +65,7 @@ func TestObjectStoreFaults(t *testing.T) {
 	cases := []struct {
 		name string
 		// inject starts the fault and returns the function that ends it.
-		inject func(t *testing.T, p *testenv.Proxy) (heal func())
+		inject func(t *testing.T, e *fhEnv) (heal func())
 		// mayLand: the fault lets writes reach the bucket (only the
 		// answer is lost), so a 503'd append may still show up, and a
 		// 2xx is allowed while it holds as long as the record is durable.
@@ -71,19 +73,22 @@ func TestObjectStoreFaults(t *testing.T) {
 	}{
 		{
 			name: "wal-put-503",
-			inject: func(t *testing.T, p *testenv.Proxy) func() {
+			inject: func(t *testing.T, e *fhEnv) func() {
+				p := e.proxy
 				return p.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/", Status: http.StatusServiceUnavailable})
 			},
 		},
 		{
 			name: "wal-put-500",
-			inject: func(t *testing.T, p *testenv.Proxy) func() {
+			inject: func(t *testing.T, e *fhEnv) func() {
+				p := e.proxy
 				return p.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/", Status: http.StatusInternalServerError})
 			},
 		},
 		{
 			name: "connection-reset",
-			inject: func(t *testing.T, p *testenv.Proxy) func() {
+			inject: func(t *testing.T, e *fhEnv) func() {
+				p := e.proxy
 				// Every request of every kind has its connection dropped
 				// before it reaches the server.
 				return p.AddFault(testenv.Fault{Reset: true})
@@ -91,15 +96,59 @@ func TestObjectStoreFaults(t *testing.T) {
 		},
 		{
 			name: "reset-after-write-landed",
-			inject: func(t *testing.T, p *testenv.Proxy) func() {
+			inject: func(t *testing.T, e *fhEnv) func() {
+				p := e.proxy
 				// WAL PUTs land, but their answers are lost.
 				return p.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/", Reset: true, AfterForward: true})
 			},
 			mayLand: true,
 		},
 		{
+			name: "wal-upload-lands-after-its-503",
+			inject: func(t *testing.T, e *fhEnv) func() {
+				p := e.proxy
+				// The first WAL upload is parked; every later WAL PUT
+				// (its retries, the seals) fails with 503 until the
+				// fault ends. Then the parked upload is delivered
+				// first, and only after it has landed may the seal
+				// that settles it through: the append was answered 503
+				// long before, yet its record is stored.
+				var before map[string]bool
+				release := p.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/", Times: 1})
+				removed := make(chan func(), 1)
+				go func() {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					defer cancel()
+					if err := p.WaitHeld(ctx, 1); err != nil {
+						removed <- func() {}
+						return
+					}
+					before = fhKeySet(e.mustList("wal/"))
+					removed <- p.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/", Status: http.StatusServiceUnavailable})
+				}()
+				return func() {
+					remove := <-removed
+					release()
+					err := fhWaitFor(10*time.Second, 20*time.Millisecond, func() error {
+						for k := range fhKeySet(e.mustList("wal/")) {
+							if !before[k] {
+								return nil
+							}
+						}
+						return errors.New("the parked upload has not landed")
+					})
+					if err != nil {
+						t.Errorf("releasing the parked WAL upload: %v", err)
+					}
+					remove()
+				}
+			},
+			mayLand: true,
+		},
+		{
 			name: "stall-past-s3-timeout",
-			inject: func(t *testing.T, p *testenv.Proxy) func() {
+			inject: func(t *testing.T, e *fhEnv) func() {
+				p := e.proxy
 				// Held three timeouts long: the client gives up first,
 				// and a request whose client left is never forwarded.
 				return p.AddFault(testenv.Fault{Op: testenv.OpPut, Stall: 3 * fhS3Timeout})
@@ -107,7 +156,8 @@ func TestObjectStoreFaults(t *testing.T) {
 		},
 		{
 			name: "s3-down",
-			inject: func(t *testing.T, p *testenv.Proxy) func() {
+			inject: func(t *testing.T, e *fhEnv) func() {
+				p := e.proxy
 				p.Down()
 				return func() {
 					if err := p.Up(); err != nil {
@@ -125,7 +175,7 @@ func TestObjectStoreFaults(t *testing.T) {
 	}
 }
 
-func fhRunFault(t *testing.T, inject func(*testing.T, *testenv.Proxy) func(), mayLand bool) {
+func fhRunFault(t *testing.T, inject func(*testing.T, *fhEnv) func(), mayLand bool) {
 	e := fhStart(t, fhOptions{
 		Directives: []string{"s3_timeout " + fhS3Timeout.String()},
 		Client:     &http.Client{Timeout: 2 * time.Minute},
@@ -181,7 +231,7 @@ func fhRunFault(t *testing.T, inject func(*testing.T, *testenv.Proxy) func(), ma
 
 	// The fault holds while every writer sends its appends one after
 	// the other.
-	heal := inject(t, e.proxy)
+	heal := inject(t, e)
 	faultStart := time.Now()
 	each(func(w int) {
 		for range fhAppendsDuring {
@@ -370,6 +420,11 @@ func fhCheckStream(t *testing.T, e *fhEnv, path string, w int, sent []fhOutcome)
 	for _, o := range sent {
 		if !o.acked() && present[o.msg.N] == 1 {
 			landed = append(landed, fmt.Sprintf("%+v (%v %s)", o.msg, o.err, o.resp))
+			// A client told that nothing changed retries, and the
+			// record is then stored twice.
+			if fhContainsAny(string(o.resp.Body), "nothing was changed", "nothing changed", "not stored") {
+				t.Errorf("stream %d: %+v got %d %q, yet it is stored", w, o.msg, o.resp.Status, o.resp.Body)
+			}
 		}
 	}
 	if len(landed) > 0 {
