@@ -413,15 +413,12 @@ func (d *durableStreams) get(w http.ResponseWriter, r *http.Request, name string
 		}
 	}
 	live := q.Get("live")
-	if live != "" && !hasOffset {
-		fail(w, http.StatusBadRequest, fmt.Sprintf("live=%s needs an offset (use offset=-1 for the start or offset=now for the tail)", live))
+	if live != "" && live != "long-poll" && live != "sse" {
+		fail(w, http.StatusBadRequest, fmt.Sprintf("unknown live mode %q (use long-poll or sse)", live))
 		return
 	}
-	switch live {
-	case "":
-	case "long-poll", "sse":
-	default:
-		fail(w, http.StatusBadRequest, fmt.Sprintf("unknown live mode %q (use long-poll or sse)", live))
+	if live != "" && !hasOffset {
+		fail(w, http.StatusBadRequest, fmt.Sprintf("live=%s needs an offset (use offset=-1 for the start or offset=now for the tail)", live))
 		return
 	}
 
@@ -483,6 +480,9 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 			d.engineError(w, r, errNoProgress)
 			return
 		}
+		// A server write timeout shorter than the wait would lose the
+		// answer; the long-poll timeout bounds the response instead.
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 		info, err := d.wait(r, eng, name, c.info.ID, c.next, d.longPollTimeout)
 		switch {
 		case errors.Is(err, errWaitOver):
