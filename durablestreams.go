@@ -977,10 +977,14 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.As(err, &start):
 		h.Set("Retry-After", "5")
 		fail(w, http.StatusServiceUnavailable, start.Error())
+	case errors.Is(err, streamstore.ErrUnconfirmed):
+		d.log.Warn("write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		h.Set("Retry-After", "1")
+		fail(w, http.StatusServiceUnavailable, "storage did not confirm the write in time: it was not acknowledged but may still be stored; retry with producer headers to avoid a duplicate")
 	case errors.Is(err, streamstore.ErrUnavailable):
 		d.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
-		fail(w, http.StatusServiceUnavailable, "storage unavailable; nothing was changed, retry")
+		fail(w, http.StatusServiceUnavailable, "storage unavailable; nothing was acknowledged, retry")
 	case r.Context().Err() != nil:
 		// The client left; nobody reads the answer.
 	default:

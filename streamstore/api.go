@@ -139,6 +139,10 @@ var (
 	// ErrUnavailable wraps object-storage failures: nothing was acknowledged
 	// and a retry is safe.
 	ErrUnavailable = errors.New("storage unavailable")
+	// ErrUnconfirmed (always with ErrUnavailable) means the store did not
+	// confirm an append in time: it was not acknowledged, but it may still
+	// become durable. Only producer headers make a retry safe then.
+	ErrUnconfirmed = errors.New("the write was not confirmed in time and may still be stored")
 	// ErrShuttingDown is returned by waits when the engine or the server is stopping.
 	ErrShuttingDown = errors.New("shutting down")
 )

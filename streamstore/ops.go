@@ -193,7 +193,7 @@ func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
 		}
 		return nil
 	case <-t.C:
-		return fmt.Errorf("%w: object storage did not confirm the write in time", ErrUnavailable)
+		return fmt.Errorf("%w: %w", ErrUnavailable, ErrUnconfirmed)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
