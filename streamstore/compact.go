@@ -45,15 +45,17 @@ func (e *Engine) Compact(ctx context.Context) error {
 	}
 	e.compactMu.Lock()
 	defer e.compactMu.Unlock()
+	ns, _ := e.w.Position()
 	e.mu.Lock()
-	if e.commitEnd == (walPos{}) {
-		e.mu.Unlock()
-		return nil
-	}
-	// Entries before end are compacted. A create still writing its metadata
+	// Entries before end are compacted. With nothing committed yet, that is
+	// everything before this process's namespace (earlier namespaces may
+	// hold nothing but their seals). A create still writing its metadata
 	// holds back the cut: its stream cannot be checkpointed yet, and its
 	// WAL entries must not be retired.
 	end := e.commitEnd
+	if end == (walPos{}) {
+		end = walPos{NS: ns}
+	}
 	e.walBacklog = 0
 	for s := range e.creating {
 		s.mu.Lock()

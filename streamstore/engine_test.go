@@ -482,3 +482,30 @@ func TestLeaseLossFencesTheOldWriter(t *testing.T) {
 		t.Fatalf("after b's restart: %s", got)
 	}
 }
+
+func TestCompactionRetiresSealedNamespacesWithoutNewWrites(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain", Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A restart seals the old namespace; with no new writes, compaction
+	// must still retire the seal.
+	e2 := startEngine(t, st, Config{})
+	if len(st.Keys("wal/")) == 0 {
+		t.Fatal("expected a seal after restart")
+	}
+	if err := e2.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := st.Keys("wal/"); len(keys) != 0 {
+		t.Fatalf("WAL keys left: %v", keys)
+	}
+	if got := fmt.Sprint(readAll(t, e2, "/s")); got != "[a]" {
+		t.Fatalf("reads %s", got)
+	}
+}
