@@ -184,11 +184,6 @@ func TestValidateS3ConfigOffline(t *testing.T) {
 func TestValidateRejectsBadConfigs(t *testing.T) {
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
 	for name, tc := range map[string]struct{ src, want string }{
-		"pico not yet": {`:0 {
-			picomq {
-				protocol pico
-			}
-		}`, "pico is not available"},
 		"unknown protocol": {`:0 {
 			picomq {
 				protocol mqtt

@@ -61,8 +61,9 @@ const (
 // respond; inside handle_path the stream name is the path after the stripped
 // prefix, and URLs written back to clients keep the prefix.
 type Handler struct {
-	// Wire protocol: "durable-streams" (default) or "pico" (not available
-	// yet).
+	// Wire protocol: "durable-streams" (default) or "pico", PicoMQ's native
+	// record protocol. Handlers of both protocols on one storage serve the
+	// same streams.
 	Protocol string `json:"protocol,omitempty"`
 
 	// Where streams are stored: s3://BUCKET/PREFIX?region=R&endpoint=URL&path_style=true
@@ -178,6 +179,17 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			chunkBytes:      defaultChunkBytes,
 			jitter:          randomJitter,
 		}
+	case protocolPico:
+		h.proto = &picoProtocol{
+			engine:          h.engine,
+			shutdown:        h.shutdown,
+			log:             h.log,
+			longPollTimeout: time.Duration(h.LongPollTimeout),
+			sseInterval:     time.Duration(h.SSEReconnectInterval),
+			maxAppend:       h.MaxAppendSize,
+			chunkBytes:      defaultChunkBytes,
+			jitter:          randomJitter,
+		}
 	}
 	return nil
 }
@@ -215,9 +227,7 @@ func (h *Handler) applyDefaults() {
 // Validate checks the options after defaults are applied.
 func (h *Handler) Validate() error {
 	switch h.Protocol {
-	case protocolDurableStreams:
-	case protocolPico:
-		return errors.New("protocol pico is not available yet; use durable-streams")
+	case protocolDurableStreams, protocolPico:
 	default:
 		return fmt.Errorf("unknown protocol %q (use durable-streams or pico)", h.Protocol)
 	}

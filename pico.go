@@ -1,0 +1,750 @@
+package picomq
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/picomq/caddy-picomq/internal/picowire"
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+// Read limits of the Pico protocol. A read returns at most chunkBytes of
+// record bodies unless the client asks for a different cap with bytes=,
+// which may not exceed picoMaxReadBytes; and never more than
+// picoMaxReadRecords records, so that records with empty bodies cannot make
+// a response unbounded.
+const (
+	picoMaxReadBytes   = 4 << 20
+	picoMaxReadRecords = 10000
+	picoMaxListLimit   = 1000
+	picoMediaJSON      = "application/json"
+	picoMediaSSE       = "text/event-stream"
+)
+
+// picoProtocol serves the Pico protocol (pico-wire.md), PicoMQ's native
+// record API, on top of the engine: numeric seqs, batches, record headers
+// and timestamps, conditional appends, trims and listing. Like the Durable
+// Streams handler it knows nothing of storage, and both address the same
+// streams when they share a storage.
+type picoProtocol struct {
+	engine          func(context.Context) (*streamstore.Engine, error)
+	shutdown        context.Context // done when the server begins to shut down
+	log             *zap.Logger
+	longPollTimeout time.Duration
+	sseInterval     time.Duration
+	maxAppend       int64
+	chunkBytes      int        // default cap on the body bytes of one read or SSE event
+	jitter          func() int // cursor jitter in seconds
+}
+
+// ServeHTTP dispatches on the method. The handler's root lists streams; any
+// other path is a stream name, checked before any I/O.
+func (p *picoProtocol) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Access-Control-Expose-Headers", picoExposedHeaders)
+	name := r.URL.Path
+	if name == "/" || name == "" {
+		if r.Method == http.MethodGet {
+			p.list(w, r)
+			return
+		}
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, "no stream in the path; GET / lists streams", nil)
+		return
+	}
+	if err := streamstore.ValidateName(name); err != nil {
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, fmt.Sprintf("invalid stream name: %v", err), nil)
+		return
+	}
+	switch r.Method {
+	case http.MethodGet:
+		p.get(w, r, name)
+	case http.MethodHead:
+		p.head(w, r, name)
+	case http.MethodPut:
+		p.create(w, r, name)
+	case http.MethodPost:
+		p.post(w, r, name)
+	case http.MethodDelete:
+		p.delete(w, r, name)
+	default:
+		w.Header().Set("Allow", allowedMethods)
+		picoFail(w, http.StatusMethodNotAllowed, picoErrMethod, fmt.Sprintf("method %s is not allowed on a stream", r.Method), nil)
+	}
+}
+
+// engineFor returns the engine, answering itself while it is not available.
+func (p *picoProtocol) engineFor(w http.ResponseWriter, r *http.Request) (*streamstore.Engine, bool) {
+	eng, err := p.engine(r.Context())
+	if err != nil {
+		p.engineError(w, r, err)
+		return nil, false
+	}
+	return eng, true
+}
+
+// readBody reads a create or append body, answering 413 or 400 itself.
+func (p *picoProtocol) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := readBody(r, p.maxAppend)
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		picoFail(w, http.StatusRequestEntityTooLarge, picoErrTooLarge, fmt.Sprintf("body is larger than the %d-byte limit", p.maxAppend), nil)
+		return nil, false
+	case err != nil:
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+		return nil, false
+	}
+	return body, true
+}
+
+// create handles PUT: create a stream, or confirm an identical one. A body
+// becomes the first record, or the first records when its Content-Type is a
+// batch format; a batch-typed create makes an application/octet-stream
+// stream.
+func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name string) {
+	raw := r.Header.Get("Content-Type")
+	batch := raw != "" && isBatchType(raw)
+	ct := defaultContentType
+	if raw != "" && !batch {
+		var err error
+		if ct, err = normalizeContentType(raw); err != nil {
+			picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+			return
+		}
+	}
+	expiry, err := parsePicoExpiry(r.Header)
+	if err != nil {
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+		return
+	}
+	body, ok := p.readBody(w, r)
+	if !ok {
+		return
+	}
+	req := streamstore.CreateRequest{
+		ContentType: ct,
+		Expiry:      expiry,
+		Closed:      isTrue(r.Header.Get(hdrPicoClosed)),
+	}
+	switch {
+	case batch:
+		if req.Records, err = decodeBatch(raw, body); err != nil {
+			picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+			return
+		}
+	case len(body) > 0:
+		req.Records = []streamstore.NewRecord{{Body: body}}
+	}
+
+	eng, ok := p.engineFor(w, r)
+	if !ok {
+		return
+	}
+	info, created, err := eng.Create(r.Context(), name, req)
+	if err != nil {
+		if errors.Is(err, streamstore.ErrConflict) && info.ID != "" {
+			picoFail(w, http.StatusConflict, picoErrConflict,
+				fmt.Sprintf("stream exists with other settings (content type %s)", info.ContentType), &info.NextSeq)
+			return
+		}
+		p.engineError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", info.ContentType)
+	h.Set(hdrPicoNextSeq, strconv.FormatUint(info.NextSeq, 10))
+	if info.Closed {
+		h.Set(hdrPicoClosed, "true")
+	}
+	h.Set("Cache-Control", cacheControlNoStore)
+	if !created {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	h.Set("Location", picoLocation(r, name))
+	w.WriteHeader(http.StatusCreated)
+}
+
+// picoLocation is the stream's path in the client's URL space (with any
+// prefix Caddy stripped before this handler), as PicoMQ's Location carries
+// the path.
+func picoLocation(r *http.Request, name string) string {
+	u := url.URL{Path: clientPrefix(r) + name}
+	return u.EscapedPath()
+}
+
+// post handles POST: a trim when Pico-Trim-Seq is set, otherwise an append
+// (possibly of no records, to close the stream).
+func (p *picoProtocol) post(w http.ResponseWriter, r *http.Request, name string) {
+	trim, isTrim, err := parsePicoUint(r.Header, hdrPicoTrimSeq)
+	if err != nil {
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+		return
+	}
+	if isTrim {
+		p.trim(w, r, name, trim)
+		return
+	}
+	p.append(w, r, name)
+}
+
+// trim handles POST with Pico-Trim-Seq: records below it are gone for good.
+func (p *picoProtocol) trim(w http.ResponseWriter, r *http.Request, name string, seq uint64) {
+	body, ok := p.readBody(w, r)
+	if !ok {
+		return
+	}
+	if len(body) > 0 {
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, "a trim (Pico-Trim-Seq) takes no body", nil)
+		return
+	}
+	eng, ok := p.engineFor(w, r)
+	if !ok {
+		return
+	}
+	info, err := eng.Trim(r.Context(), name, seq)
+	if err != nil {
+		p.engineError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set(hdrPicoStartSeq, strconv.FormatUint(info.StartSeq, 10))
+	h.Set(hdrPicoNextSeq, strconv.FormatUint(info.NextSeq, 10))
+	if info.Closed {
+		h.Set(hdrPicoClosed, "true")
+	}
+	h.Set("Cache-Control", cacheControlNoStore)
+	w.WriteHeader(http.StatusOK)
+}
+
+// append handles POST: a single record in the stream's content type, or a
+// JSON or binary batch, atomically on consecutive seqs; with Pico-Closed it
+// closes the stream after them (or only closes it, without a body).
+func (p *picoProtocol) append(w http.ResponseWriter, r *http.Request, name string) {
+	closeReq := isTrue(r.Header.Get(hdrPicoClosed))
+	producer, err := parsePicoProducer(r.Header)
+	if err != nil {
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+		return
+	}
+	match, hasMatch, err := parsePicoUint(r.Header, hdrPicoMatchSeq)
+	if err != nil {
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+		return
+	}
+	body, ok := p.readBody(w, r)
+	if !ok {
+		return
+	}
+	req := streamstore.AppendRequest{Close: closeReq, Producer: producer}
+	if hasMatch {
+		req.MatchSeq = &match
+	}
+	if len(body) == 0 {
+		if !closeReq {
+			picoFail(w, http.StatusBadRequest, picoErrBadRequest,
+				"empty body: an append needs a record (or Pico-Closed: true to close the stream)", nil)
+			return
+		}
+	} else {
+		raw := r.Header.Get("Content-Type")
+		switch {
+		case raw != "" && isBatchType(raw):
+			if req.Records, err = decodeBatch(raw, body); err != nil {
+				picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+				return
+			}
+		default:
+			if raw != "" {
+				// One record in the stream's own type: the engine checks
+				// the type, after closure, as the protocol orders them.
+				if req.ContentType, err = normalizeContentType(raw); err != nil {
+					picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+					return
+				}
+			}
+			req.Records = []streamstore.NewRecord{{Body: body}}
+		}
+	}
+
+	eng, ok := p.engineFor(w, r)
+	if !ok {
+		return
+	}
+	res, err := eng.Append(r.Context(), name, req)
+	if err != nil {
+		p.engineError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set(hdrPicoNextSeq, strconv.FormatUint(res.NextSeq, 10))
+	// Pico-Start-Seq and Pico-Timestamp only when records were written now:
+	// PicoMQ clients tell a producer retry (nothing written) by their absence.
+	if !res.Duplicate && len(req.Records) > 0 {
+		h.Set(hdrPicoStartSeq, strconv.FormatUint(res.FirstSeq, 10))
+		h.Set(hdrPicoTimestamp, strconv.FormatInt(res.Timestamp, 10))
+	}
+	if res.Closed {
+		h.Set(hdrPicoClosed, "true")
+	}
+	if producer != nil {
+		h.Set(hdrPicoProducerEpoch, strconv.FormatUint(res.ProducerEpoch, 10))
+		h.Set(hdrPicoProducerSeq, strconv.FormatUint(res.ProducerSeq, 10))
+	}
+	h.Set("Cache-Control", cacheControlNoStore)
+	w.WriteHeader(http.StatusOK)
+}
+
+// head handles HEAD: the stream's metadata, without renewing its TTL.
+func (p *picoProtocol) head(w http.ResponseWriter, r *http.Request, name string) {
+	eng, ok := p.engineFor(w, r)
+	if !ok {
+		return
+	}
+	info, err := eng.Head(r.Context(), name)
+	if err != nil {
+		p.engineError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", info.ContentType)
+	h.Set(hdrPicoStartSeq, strconv.FormatUint(info.StartSeq, 10))
+	h.Set(hdrPicoNextSeq, strconv.FormatUint(info.NextSeq, 10))
+	if info.Expiry.TTL > 0 {
+		h.Set(hdrPicoTTL, ttlSeconds(info.Expiry.TTL))
+	}
+	if !info.Expiry.ExpiresAt.IsZero() {
+		h.Set(hdrPicoExpiresAt, formatInstant(info.Expiry.ExpiresAt))
+	}
+	if info.Closed {
+		h.Set(hdrPicoClosed, "true")
+	}
+	h.Set("Cache-Control", cacheControlNoStore)
+	w.WriteHeader(http.StatusOK)
+}
+
+// delete handles DELETE. A stream that forks still read is soft-deleted by
+// the engine: 410 through either protocol until its last fork goes.
+func (p *picoProtocol) delete(w http.ResponseWriter, r *http.Request, name string) {
+	eng, ok := p.engineFor(w, r)
+	if !ok {
+		return
+	}
+	if err := eng.Delete(r.Context(), name); err != nil {
+		p.engineError(w, r, err)
+		return
+	}
+	w.Header().Set("Cache-Control", cacheControlNoStore)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// picoListEntry is one stream of a listing.
+type picoListEntry struct {
+	Name        string `json:"name"`
+	ContentType string `json:"content_type"`
+	StartSeq    uint64 `json:"start_seq"`
+	NextSeq     uint64 `json:"next_seq"`
+	Closed      bool   `json:"closed"`
+	TTL         *int64 `json:"ttl,omitempty"`
+	ExpiresAt   string `json:"expires_at,omitempty"`
+}
+
+// picoListPage is the body of a listing.
+type picoListPage struct {
+	Streams []picoListEntry `json:"streams"`
+	HasMore bool            `json:"has_more"`
+}
+
+// list handles GET on the handler's root: the streams whose names start
+// with prefix and sort after start_after, in name order, at most limit.
+// One page is one listing of metadata keys in the bucket.
+func (p *picoProtocol) list(w http.ResponseWriter, r *http.Request) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, fmt.Sprintf("malformed query string: %v", err), nil)
+		return
+	}
+	prefix := q.Get("prefix")
+	if prefix == "" {
+		prefix = "/"
+	}
+	limit := picoMaxListLimit
+	if v := q.Get("limit"); v != "" {
+		n, ok := parseDigits(v)
+		if !ok {
+			picoFail(w, http.StatusBadRequest, picoErrBadRequest, fmt.Sprintf("limit must be a non-negative integer, got %q", v), nil)
+			return
+		}
+		if n > 0 && n < picoMaxListLimit {
+			limit = int(n)
+		}
+	}
+	eng, ok := p.engineFor(w, r)
+	if !ok {
+		return
+	}
+	infos, more, err := eng.List(r.Context(), prefix, q.Get("start_after"), limit)
+	if err != nil {
+		p.engineError(w, r, err)
+		return
+	}
+	page := picoListPage{Streams: make([]picoListEntry, 0, len(infos)), HasMore: more}
+	for _, info := range infos {
+		e := picoListEntry{
+			Name:        info.Name,
+			ContentType: info.ContentType,
+			StartSeq:    info.StartSeq,
+			NextSeq:     info.NextSeq,
+			Closed:      info.Closed,
+		}
+		if info.Expiry.TTL > 0 {
+			s := int64(info.Expiry.TTL / time.Second)
+			e.TTL = &s
+		}
+		if !info.Expiry.ExpiresAt.IsZero() {
+			e.ExpiresAt = formatInstant(info.Expiry.ExpiresAt)
+		}
+		page.Streams = append(page.Streams, e)
+	}
+	body, err := json.Marshal(page)
+	if err != nil {
+		p.engineError(w, r, fmt.Errorf("encoding the listing: %w", err))
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", picoMediaJSON)
+	h.Set("Cache-Control", cacheControlNoStore)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
+
+// Read formats.
+const (
+	picoFormatJSON   = "json"
+	picoFormatBinary = "binary"
+	picoFormatRaw    = "raw"
+)
+
+// picoReadQuery is a parsed read request.
+type picoReadQuery struct {
+	seq       uint64
+	now       bool // seq=now: start at the tail
+	fromStart bool // no seq, or 0: start at the first retained record
+	count     int
+	bytes     int
+	format    string
+	live      string
+	cursor    string
+}
+
+// parseReadQuery checks a read's query string (and Last-Event-ID) before
+// any I/O.
+func (p *picoProtocol) parseReadQuery(r *http.Request) (picoReadQuery, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return picoReadQuery{}, fmt.Errorf("malformed query string: %v", err)
+	}
+	rq := picoReadQuery{
+		format: q.Get("format"),
+		live:   q.Get("live"),
+		cursor: q.Get("cursor"),
+		count:  picoMaxReadRecords,
+		bytes:  p.chunkBytes,
+	}
+	switch rq.format {
+	case "":
+		rq.format = picoFormatJSON
+	case picoFormatJSON, picoFormatBinary, picoFormatRaw:
+	default:
+		return rq, fmt.Errorf("unknown format %q (use json, binary or raw)", rq.format)
+	}
+	switch rq.live {
+	case "", "long-poll", "sse":
+	default:
+		return rq, fmt.Errorf("unknown live mode %q (use long-poll or sse)", rq.live)
+	}
+	seq, hasSeq := q.Get("seq"), q.Has("seq")
+	if !hasSeq {
+		// An SSE reconnect resumes where its last event said.
+		if id, ok := headerValue(r.Header, hdrLastEventID); ok && id != "" {
+			seq, hasSeq = id, true
+		}
+	}
+	switch {
+	case !hasSeq:
+		rq.fromStart = true
+	case seq == "now":
+		rq.now = true
+	default:
+		n, ok := parseDigits(seq)
+		if !ok {
+			return rq, fmt.Errorf("seq must be a non-negative integer or now, got %q", seq)
+		}
+		rq.seq, rq.fromStart = n, n == 0
+	}
+	if v := q.Get("count"); v != "" {
+		n, ok := parseDigits(v)
+		if !ok {
+			return rq, fmt.Errorf("count must be a non-negative integer, got %q", v)
+		}
+		if n > 0 && n < picoMaxReadRecords {
+			rq.count = int(n)
+		}
+	}
+	if v := q.Get("bytes"); v != "" {
+		n, ok := parseDigits(v)
+		if !ok {
+			return rq, fmt.Errorf("bytes must be a non-negative integer, got %q", v)
+		}
+		if n > 0 {
+			rq.bytes = int(min(n, uint64(max(picoMaxReadBytes, p.chunkBytes))))
+		}
+	}
+	return rq, nil
+}
+
+// picoPage is the result of one read.
+type picoPage struct {
+	info     streamstore.Info
+	start    uint64 // seq the read started at
+	records  []streamstore.Record
+	next     uint64 // seq to resume from
+	upToDate bool   // the page reaches the durable tail
+	closed   bool   // ... and the stream is closed: nothing more will come
+}
+
+// belowStartError is a read below a stream's first retained record: those
+// records were trimmed for good. It matches streamstore.ErrGone (410).
+type belowStartError struct{ seq, start uint64 }
+
+func (e *belowStartError) Error() string {
+	return fmt.Sprintf("seq %d was trimmed; the stream's first retained seq is %d", e.seq, e.start)
+}
+
+// Is makes the error match streamstore.ErrGone.
+func (e *belowStartError) Is(target error) bool { return target == streamstore.ErrGone }
+
+// read reads one page for q from seq on (q.seq for the first page).
+func (p *picoProtocol) read(ctx context.Context, eng *streamstore.Engine, name string, q picoReadQuery) (picoPage, error) {
+	if q.now {
+		res, err := eng.Read(ctx, name, streamstore.ReadRequest{Seq: streamstore.ReadFromTail})
+		if err != nil {
+			return picoPage{}, err
+		}
+		i := res.Info
+		return picoPage{info: i, start: i.NextSeq, next: i.NextSeq, upToDate: true, closed: i.Closed}, nil
+	}
+	req := streamstore.ReadRequest{Seq: q.seq, MaxRecords: q.count, MaxBytes: q.bytes}
+	res, err := eng.Read(ctx, name, req)
+	if err != nil && errors.Is(err, streamstore.ErrGone) {
+		// Trimmed below seq, or soft-deleted: only a live stream has a
+		// retained start to report or to read from.
+		info, herr := eng.Head(ctx, name)
+		switch {
+		case herr != nil:
+		case q.fromStart:
+			// "From the beginning" means the first retained record.
+			req.Seq = info.StartSeq
+			res, err = eng.Read(ctx, name, req)
+		default:
+			err = &belowStartError{seq: q.seq, start: info.StartSeq}
+		}
+	}
+	if err != nil {
+		return picoPage{}, err
+	}
+	pg := picoPage{
+		info:     res.Info,
+		start:    req.Seq,
+		records:  res.Records,
+		next:     res.NextSeq,
+		upToDate: res.UpToDate,
+	}
+	pg.closed = pg.upToDate && pg.info.Closed
+	return pg, nil
+}
+
+// etag identifies a page's content: stream id, format, range and, once the
+// page carries the end of a closed stream, the closure.
+func (pg *picoPage) etag(format string) string {
+	tag := fmt.Sprintf("%s:%s:%d:%d", pg.info.ID, format, pg.start, pg.next)
+	if pg.closed {
+		tag += ":c"
+	}
+	return `"` + tag + `"`
+}
+
+// body encodes the page's records in format, with its content type.
+func (pg *picoPage) body(format string) ([]byte, string) {
+	switch format {
+	case picoFormatBinary:
+		return picowire.AppendBinaryRead(nil, pg.records), picowire.BinaryBatch
+	case picoFormatRaw:
+		n := 0
+		for i := range pg.records {
+			n += len(pg.records[i].Body)
+		}
+		out := make([]byte, 0, n)
+		for i := range pg.records {
+			out = append(out, pg.records[i].Body...)
+		}
+		return out, pg.info.ContentType
+	default:
+		return picowire.AppendJSONRead(nil, pg.records), picoMediaJSON
+	}
+}
+
+// get handles GET on a stream: catch-up, long-poll or SSE reads.
+func (p *picoProtocol) get(w http.ResponseWriter, r *http.Request, name string) {
+	q, err := p.parseReadQuery(r)
+	if err != nil {
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+		return
+	}
+	eng, ok := p.engineFor(w, r)
+	if !ok {
+		return
+	}
+	switch q.live {
+	case "long-poll":
+		p.longPoll(w, r, eng, name, q)
+	case "sse":
+		p.sse(w, r, eng, name, q)
+	default:
+		p.catchUp(w, r, eng, name, q)
+	}
+}
+
+// catchUp answers a plain read with one page.
+func (p *picoProtocol) catchUp(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, q picoReadQuery) {
+	pg, err := p.read(r.Context(), eng, name, q)
+	if err != nil {
+		p.engineError(w, r, err)
+		return
+	}
+	cc := cacheControlCatchUp
+	if q.now || (len(pg.records) == 0 && !pg.closed) {
+		// The tail moves: a cached "nothing here yet" would hide the next
+		// records from pollers for as long as it is kept.
+		cc = cacheControlNoStore
+	}
+	p.writePage(w, r, &pg, q.format, cc, "", true)
+}
+
+// writePage writes a 200 read response (or 304 when withETag and the
+// client's If-None-Match names the page).
+func (p *picoProtocol) writePage(w http.ResponseWriter, r *http.Request, pg *picoPage, format, cacheControl, cursor string, withETag bool) {
+	h := w.Header()
+	h.Set(hdrPicoNextSeq, strconv.FormatUint(pg.next, 10))
+	if pg.upToDate {
+		h.Set(hdrPicoUpToDate, "true")
+	}
+	if pg.closed {
+		h.Set(hdrPicoClosed, "true")
+	}
+	if cursor != "" {
+		h.Set(hdrPicoCursor, cursor)
+	}
+	h.Set("Cache-Control", cacheControl)
+	if withETag {
+		tag := pg.etag(format)
+		h.Set("ETag", tag)
+		if etagMatches(r.Header.Get("If-None-Match"), tag) {
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
+	}
+	body, ct := pg.body(format)
+	h.Set("Content-Type", ct)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(body)
+}
+
+// longPoll answers at once when there are records (or the stream is closed
+// and fully read), else waits up to the long-poll timeout for some: 204
+// with Pico-Up-To-Date and Pico-Cursor when none came.
+func (p *picoProtocol) longPoll(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, q picoReadQuery) {
+	pg, err := p.read(r.Context(), eng, name, q)
+	if err != nil {
+		p.engineError(w, r, err)
+		return
+	}
+	cursor := nextCursor(time.Now(), q.cursor, p.jitter)
+	for {
+		switch {
+		case len(pg.records) > 0:
+			p.writePage(w, r, &pg, q.format, cacheControlNoStore, cursor, false)
+			return
+		case pg.closed:
+			p.writeNoContent(w, pg.next, true, cursor)
+			return
+		case !pg.upToDate:
+			// Behind the tail yet nothing read: waiting would spin.
+			p.engineError(w, r, errNoProgress)
+			return
+		}
+		// A server write timeout shorter than the wait would lose the
+		// answer; the long-poll timeout bounds the response instead.
+		_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
+		info, err := p.wait(r, eng, name, pg.info.ID, pg.next, p.longPollTimeout)
+		switch {
+		case errors.Is(err, errWaitOver):
+			p.writeNoContent(w, pg.next, false, cursor)
+			return
+		case err != nil:
+			p.engineError(w, r, err)
+			return
+		case info.ID != pg.info.ID:
+			picoFail(w, http.StatusNotFound, picoErrNotFound, "stream was deleted", nil)
+			return
+		}
+		next := q
+		next.seq, next.now, next.fromStart = pg.next, false, false
+		if pg, err = p.read(r.Context(), eng, name, next); err != nil {
+			p.engineError(w, r, err)
+			return
+		}
+	}
+}
+
+// writeNoContent writes a long-poll 204: the client is at the tail.
+func (p *picoProtocol) writeNoContent(w http.ResponseWriter, next uint64, closed bool, cursor string) {
+	h := w.Header()
+	h.Set(hdrPicoNextSeq, strconv.FormatUint(next, 10))
+	h.Set(hdrPicoUpToDate, "true")
+	if closed {
+		h.Set(hdrPicoClosed, "true")
+	}
+	h.Set(hdrPicoCursor, cursor)
+	h.Set("Cache-Control", cacheControlNoStore)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// wait waits up to limit for the stream to move past seq. It returns
+// errWaitOver when limit passes or the server shuts down, the client's
+// context error when the client left, or the engine's error.
+func (p *picoProtocol) wait(r *http.Request, eng *streamstore.Engine, name, id string, seq uint64, limit time.Duration) (streamstore.Info, error) {
+	ctx, cancel := context.WithTimeout(r.Context(), limit)
+	defer cancel()
+	stop := context.AfterFunc(p.shutdown, cancel)
+	defer stop()
+	info, err := eng.Wait(ctx, name, id, seq)
+	if err == nil {
+		return info, nil
+	}
+	if cerr := r.Context().Err(); cerr != nil {
+		return info, cerr
+	}
+	if ctx.Err() != nil || errors.Is(err, streamstore.ErrShuttingDown) {
+		return info, errWaitOver
+	}
+	return info, err
+}

@@ -1,0 +1,1032 @@
+package picomq
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/picomq/caddy-picomq/internal/picowire"
+	"github.com/picomq/caddy-picomq/segment"
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+// picoServer serves one engine over a file store through both protocols,
+// as a Caddyfile with handle_path /pico/* { picomq { protocol pico } } and
+// handle_path /ds/* { picomq } would: the prefix is stripped before the
+// handler and kept in the original request.
+type picoServer struct {
+	*httptest.Server
+	eng      *streamstore.Engine
+	pico     *picoProtocol
+	shutdown context.CancelFunc
+}
+
+func newPicoServer(t *testing.T, tweak ...func(*picoProtocol)) *picoServer {
+	t.Helper()
+	store, err := segment.Open("file://"+t.TempDir(), segment.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := streamstore.New(store, streamstore.Config{NodeID: "test-node", FlushInterval: time.Millisecond}, zaptest.NewLogger(t))
+	if err := eng.Start(context.Background()); err != nil {
+		t.Fatalf("starting engine: %v", err)
+	}
+	shutdown, cancel := context.WithCancel(context.Background())
+	engine := func(context.Context) (*streamstore.Engine, error) { return eng, nil }
+	p := &picoProtocol{
+		engine:          engine,
+		shutdown:        shutdown,
+		log:             zaptest.NewLogger(t),
+		longPollTimeout: 300 * time.Millisecond,
+		sseInterval:     5 * time.Second,
+		maxAppend:       1 << 20,
+		chunkBytes:      defaultChunkBytes,
+		jitter:          randomJitter,
+	}
+	for _, f := range tweak {
+		f(p)
+	}
+	d := &durableStreams{
+		engine:          engine,
+		shutdown:        shutdown,
+		log:             zaptest.NewLogger(t),
+		longPollTimeout: 300 * time.Millisecond,
+		sseInterval:     5 * time.Second,
+		maxAppend:       1 << 20,
+		chunkBytes:      defaultChunkBytes,
+		jitter:          randomJitter,
+	}
+	handlers := map[string]*Handler{
+		"/pico": {proto: p, shutdown: shutdown, cancelShutdown: cancel},
+		"/ds":   {proto: d, shutdown: shutdown, cancelShutdown: cancel},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		orig := *r.Clone(r.Context())
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.OriginalRequestCtxKey, orig))
+		for prefix, h := range handlers {
+			if rest, ok := strings.CutPrefix(r.URL.Path, prefix+"/"); ok {
+				r.URL.Path = "/" + rest
+				r.URL.RawPath = ""
+				if err := h.ServeHTTP(w, r, nil); err != nil {
+					t.Errorf("ServeHTTP returned %v", err)
+				}
+				return
+			}
+		}
+		http.NotFound(w, r)
+	}))
+	s := &picoServer{Server: srv, eng: eng, pico: p, shutdown: cancel}
+	t.Cleanup(func() {
+		cancel()
+		srv.Close()
+		if err := eng.Close(context.Background()); err != nil {
+			t.Errorf("closing engine: %v", err)
+		}
+	})
+	return s
+}
+
+// picoResp is a finished response.
+type picoResp struct {
+	status int
+	h      http.Header
+	body   []byte
+}
+
+// do sends a request; hdr holds header name/value pairs.
+func (s *picoServer) do(t *testing.T, method, path string, body []byte, hdr ...string) picoResp {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequest(method, s.URL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading body: %v", method, path, err)
+	}
+	return picoResp{status: res.StatusCode, h: res.Header, body: b}
+}
+
+func (r picoResp) want(t *testing.T, status int) picoResp {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("status %d, want %d; body %q; headers %v", r.status, status, r.body, r.h)
+	}
+	return r
+}
+
+func (r picoResp) header(t *testing.T, name, want string) picoResp {
+	t.Helper()
+	if got := r.h.Get(name); got != want {
+		t.Errorf("%s = %q, want %q (status %d, body %q)", name, got, want, r.status, r.body)
+	}
+	return r
+}
+
+// wantError checks a JSON error body: its error name and, when next is not
+// negative, its next_seq.
+func (r picoResp) wantError(t *testing.T, status int, code string, next int64) picoResp {
+	t.Helper()
+	r.want(t, status)
+	var e struct {
+		Error   string  `json:"error"`
+		Message string  `json:"message"`
+		NextSeq *uint64 `json:"next_seq"`
+	}
+	if err := json.Unmarshal(r.body, &e); err != nil {
+		t.Fatalf("error body %q: %v", r.body, err)
+	}
+	if e.Error != code {
+		t.Errorf("error %q, want %q (body %q)", e.Error, code, r.body)
+	}
+	if r.h.Get("Content-Type") != "application/json" || r.h.Get("Cache-Control") != "no-store" {
+		t.Errorf("error headers %v", r.h)
+	}
+	switch {
+	case next >= 0 && (e.NextSeq == nil || *e.NextSeq != uint64(next)):
+		t.Errorf("next_seq %v, want %d (body %q)", e.NextSeq, next, r.body)
+	case next < 0 && e.NextSeq != nil:
+		t.Errorf("next_seq %d, want none", *e.NextSeq)
+	}
+	return r
+}
+
+// jsonRecord is a record of a JSON read.
+type jsonRecord struct {
+	Seq       uint64            `json:"seq"`
+	Timestamp int64             `json:"timestamp"`
+	Headers   map[string]string `json:"headers"`
+	Body      *string           `json:"body"`
+	BodyB64   []byte            `json:"body_b64"`
+}
+
+func (r jsonRecord) bytes() []byte {
+	if r.Body != nil {
+		return []byte(*r.Body)
+	}
+	return r.BodyB64
+}
+
+func (r picoResp) records(t *testing.T) []jsonRecord {
+	t.Helper()
+	var recs []jsonRecord
+	if err := json.Unmarshal(r.body, &recs); err != nil {
+		t.Fatalf("JSON read %q: %v", r.body, err)
+	}
+	return recs
+}
+
+const hCT = "Content-Type"
+
+func TestPicoCreate(t *testing.T) {
+	s := newPicoServer(t)
+	r := s.do(t, "PUT", "/pico/orders", nil, hCT, "text/plain").want(t, 201)
+	r.header(t, "Location", "/pico/orders").header(t, hdrPicoNextSeq, "0").header(t, hCT, "text/plain").
+		header(t, "Cache-Control", "no-store")
+	s.do(t, "PUT", "/pico/orders", nil, hCT, "Text/Plain").want(t, 200).header(t, hdrPicoNextSeq, "0").header(t, "Location", "")
+	s.do(t, "PUT", "/pico/orders", nil, hCT, "application/json").wantError(t, 409, picoErrConflict, 0)
+
+	// No Content-Type: application/octet-stream.
+	s.do(t, "PUT", "/pico/raw", nil).want(t, 201)
+	s.do(t, "HEAD", "/pico/raw", nil).want(t, 200).header(t, hCT, "application/octet-stream").
+		header(t, hdrPicoStartSeq, "0").header(t, hdrPicoNextSeq, "0").header(t, hdrPicoClosed, "")
+
+	// Names in the URL space: escapes and the stripped prefix.
+	s.do(t, "PUT", "/pico/a%20b/c", nil).want(t, 201).header(t, "Location", "/pico/a%20b/c")
+	if _, err := s.eng.Head(context.Background(), "/a b/c"); err != nil {
+		t.Errorf("stream named by the stripped path: %v", err)
+	}
+
+	// A body is the first record; a batch body the first records.
+	s.do(t, "PUT", "/pico/first", []byte("hello"), hCT, "text/plain").want(t, 201).header(t, hdrPicoNextSeq, "1")
+	recs := s.do(t, "GET", "/pico/first", nil).want(t, 200).records(t)
+	if len(recs) != 1 || string(recs[0].bytes()) != "hello" || recs[0].Seq != 0 || recs[0].Timestamp == 0 {
+		t.Errorf("first record %+v", recs)
+	}
+	batch := picowire.EncodeBinary([]picowire.Record{{Body: []byte("a")}, {Body: []byte("b")}})
+	s.do(t, "PUT", "/pico/firsts", batch, hCT, picowire.BinaryBatch).want(t, 201).header(t, hdrPicoNextSeq, "2").
+		header(t, hCT, "application/octet-stream")
+	s.do(t, "PUT", "/pico/firsts", batch, hCT, picowire.BinaryBatch).want(t, 200).header(t, hdrPicoNextSeq, "2")
+	s.do(t, "PUT", "/pico/badfirst", []byte{2, 0, 0, 0, 1}, hCT, picowire.BinaryBatch).wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "HEAD", "/pico/badfirst", nil).want(t, 404)
+
+	// Closed at creation.
+	s.do(t, "PUT", "/pico/sealed", nil, hdrPicoClosed, "true").want(t, 201).header(t, hdrPicoClosed, "true")
+	s.do(t, "HEAD", "/pico/sealed", nil).want(t, 200).header(t, hdrPicoClosed, "true")
+	s.do(t, "PUT", "/pico/sealed", nil).wantError(t, 409, picoErrConflict, 0)
+
+	// The root is not a stream.
+	s.do(t, "PUT", "/pico/", nil).wantError(t, 400, picoErrBadRequest, -1)
+}
+
+func TestPicoCreateExpiry(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/ttl", nil, hdrPicoTTL, "3600").want(t, 201)
+	s.do(t, "HEAD", "/pico/ttl", nil).want(t, 200).header(t, hdrPicoTTL, "3600").header(t, hdrPicoExpiresAt, "")
+	s.do(t, "PUT", "/pico/ttl", nil, hdrPicoTTL, "3600").want(t, 200)
+	s.do(t, "PUT", "/pico/ttl", nil, hdrPicoTTL, "60").wantError(t, 409, picoErrConflict, 0)
+	// The same setting as Durable Streams' Stream-TTL.
+	s.do(t, "HEAD", "/ds/ttl", nil).want(t, 200).header(t, hdrStreamTTL, "3600")
+
+	s.do(t, "PUT", "/pico/at-rfc", nil, hdrPicoExpiresAt, "2099-01-02T03:04:05.678Z").want(t, 201)
+	s.do(t, "HEAD", "/pico/at-rfc", nil).want(t, 200).header(t, hdrPicoExpiresAt, "2099-01-02T03:04:05.678Z").header(t, hdrPicoTTL, "")
+	at := time.Date(2099, 1, 2, 3, 4, 5, 678e6, time.UTC)
+	ms := strconv.FormatInt(at.UnixMilli(), 10)
+	// Unix milliseconds name the same instant: the create is idempotent.
+	s.do(t, "PUT", "/pico/at-rfc", nil, hdrPicoExpiresAt, ms).want(t, 200)
+	s.do(t, "PUT", "/pico/at-ms", nil, hdrPicoExpiresAt, ms).want(t, 201)
+	s.do(t, "HEAD", "/pico/at-ms", nil).want(t, 200).header(t, hdrPicoExpiresAt, "2099-01-02T03:04:05.678Z")
+	s.do(t, "HEAD", "/ds/at-ms", nil).want(t, 200).header(t, hdrStreamExpiresAt, "2099-01-02T03:04:05.678Z")
+
+	for _, hdr := range [][]string{
+		{hdrPicoTTL, "60", hdrPicoExpiresAt, "2099-01-01T00:00:00Z"},
+		{hdrPicoTTL, "-1"},
+		{hdrPicoTTL, "1.5"},
+		{hdrPicoTTL, "0"},
+		{hdrPicoTTL, ""},
+		{hdrPicoExpiresAt, "tomorrow"},
+		{hdrPicoExpiresAt, "99999999999999999999"},
+		{hCT, "not a type"},
+	} {
+		s.do(t, "PUT", "/pico/bad", nil, hdr...).wantError(t, 400, picoErrBadRequest, -1)
+	}
+	s.do(t, "HEAD", "/pico/bad", nil).want(t, 404)
+}
+
+// readAll reads a stream through the Pico handler in format json.
+func (s *picoServer) readAll(t *testing.T, name string) []jsonRecord {
+	t.Helper()
+	return s.do(t, "GET", "/pico"+name+"?seq=0", nil).want(t, 200).records(t)
+}
+
+func TestPicoAppendSingleAndBatches(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/s", nil, hCT, "text/plain").want(t, 201)
+	r := s.do(t, "POST", "/pico/s", []byte("one"), hCT, "text/plain; charset=utf-8").want(t, 200)
+	r.header(t, hdrPicoStartSeq, "0").header(t, hdrPicoNextSeq, "1").header(t, "Cache-Control", "no-store")
+	ts1, _ := strconv.ParseInt(r.h.Get(hdrPicoTimestamp), 10, 64)
+	if ts1 < time.Now().Add(-time.Minute).UnixMilli() {
+		t.Errorf("Pico-Timestamp %q", r.h.Get(hdrPicoTimestamp))
+	}
+	// Without a Content-Type a body is one record of the stream's type.
+	s.do(t, "POST", "/pico/s", []byte("two")).want(t, 200).header(t, hdrPicoStartSeq, "1")
+	// Another type is refused.
+	s.do(t, "POST", "/pico/s", []byte("x"), hCT, "application/json").wantError(t, 409, picoErrConflict, -1)
+
+	nonUTF8 := []byte{0, 0xff, 0xfe, '\n', 0x80}
+	jsonBatch := `{"records":[{"body":"three","headers":{"k":"v","ü":"ß"}},{"body_b64":"AP/+CoA="}]}`
+	r = s.do(t, "POST", "/pico/s", []byte(jsonBatch), hCT, picowire.JSONBatch).want(t, 200)
+	r.header(t, hdrPicoStartSeq, "2").header(t, hdrPicoNextSeq, "4")
+	tsJSON, _ := strconv.ParseInt(r.h.Get(hdrPicoTimestamp), 10, 64)
+	bin := picowire.EncodeBinary([]picowire.Record{
+		{Headers: []segment.Header{{Name: "trace", Value: "abc"}, {Name: "empty", Value: ""}}, Body: nonUTF8},
+		{Body: []byte{}},
+		{Body: []byte("six")},
+	})
+	r = s.do(t, "POST", "/pico/s", bin, hCT, picowire.BinaryBatch).want(t, 200)
+	r.header(t, hdrPicoStartSeq, "4").header(t, hdrPicoNextSeq, "7")
+	tsBin, _ := strconv.ParseInt(r.h.Get(hdrPicoTimestamp), 10, 64)
+	if !(ts1 < tsJSON && tsJSON < tsBin) {
+		t.Errorf("timestamps not increasing: %d %d %d", ts1, tsJSON, tsBin)
+	}
+
+	// JSON read: seqs, timestamps (one per append), headers, bodies.
+	recs := s.readAll(t, "/s")
+	if len(recs) != 7 {
+		t.Fatalf("%d records", len(recs))
+	}
+	want := [][]byte{[]byte("one"), []byte("two"), []byte("three"), nonUTF8, nonUTF8, {}, []byte("six")}
+	for i, rec := range recs {
+		if rec.Seq != uint64(i) || !bytes.Equal(rec.bytes(), want[i]) {
+			t.Errorf("record %d: seq %d body %q, want %q", i, rec.Seq, rec.bytes(), want[i])
+		}
+		if i > 0 && rec.Timestamp < recs[i-1].Timestamp {
+			t.Errorf("timestamp of %d goes back", i)
+		}
+	}
+	if recs[0].Timestamp != ts1 || recs[2].Timestamp != tsJSON || recs[3].Timestamp != tsJSON || recs[4].Timestamp != tsBin || recs[6].Timestamp != tsBin {
+		t.Errorf("timestamps %+v, appends answered %d %d %d", recs, ts1, tsJSON, tsBin)
+	}
+	if recs[2].Headers["k"] != "v" || recs[2].Headers["ü"] != "ß" || recs[4].Headers["trace"] != "abc" || recs[0].Headers != nil {
+		t.Errorf("headers %+v", recs)
+	}
+	if recs[3].Body != nil || recs[0].Body == nil {
+		t.Errorf("body vs body_b64: %s", s.do(t, "GET", "/pico/s", nil).body)
+	}
+
+	// Binary read: the same records, headers in order.
+	r = s.do(t, "GET", "/pico/s?format=binary", nil).want(t, 200).header(t, hCT, picowire.BinaryBatch)
+	brecs, err := picowire.DecodeBinaryRead(r.body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(brecs) != 7 || brecs[4].Seq != 4 || brecs[4].Timestamp != tsBin || !bytes.Equal(brecs[4].Body, nonUTF8) ||
+		len(brecs[4].Headers) != 2 || brecs[4].Headers[0] != (segment.Header{Name: "trace", Value: "abc"}) ||
+		brecs[4].Headers[1] != (segment.Header{Name: "empty", Value: ""}) {
+		t.Errorf("binary read %+v", brecs)
+	}
+
+	// Raw read: the bodies, in the stream's type.
+	r = s.do(t, "GET", "/pico/s?format=raw&seq=5", nil).want(t, 200).header(t, hCT, "text/plain")
+	if string(r.body) != "six" {
+		t.Errorf("raw body %q", r.body)
+	}
+	r = s.do(t, "GET", "/pico/s?format=raw", nil).want(t, 200)
+	if !bytes.Equal(r.body, bytes.Join(want, nil)) {
+		t.Errorf("raw body %q", r.body)
+	}
+}
+
+func TestPicoMalformedBatchesWriteNothing(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/s", []byte("keep"), hCT, "text/plain").want(t, 201)
+	good := picowire.EncodeBinary([]picowire.Record{{Headers: []segment.Header{{Name: "k", Value: "v"}}, Body: []byte("b")}})
+	badUTF8 := picowire.EncodeBinary([]picowire.Record{{Headers: []segment.Header{{Name: "k", Value: "\xff"}}, Body: []byte("b")}})
+	for name, c := range map[string]struct {
+		ct   string
+		body []byte
+	}{
+		"bad version":          {picowire.BinaryBatch, append([]byte{2}, good[1:]...)},
+		"truncated":            {picowire.BinaryBatch, good[:len(good)-1]},
+		"trailing bytes":       {picowire.BinaryBatch, append(append([]byte{}, good...), 0)},
+		"no records":           {picowire.BinaryBatch, []byte{1, 0, 0, 0, 0}},
+		"invalid UTF-8 header": {picowire.BinaryBatch, badUTF8},
+		"huge count":           {picowire.BinaryBatch, []byte{1, 0xff, 0xff, 0xff, 0xff}},
+		"json empty records":   {picowire.JSONBatch, []byte(`{"records":[]}`)},
+		"json no records":      {picowire.JSONBatch, []byte(`{}`)},
+		"json bad base64":      {picowire.JSONBatch, []byte(`{"records":[{"body_b64":"!!"}]}`)},
+		"json invalid UTF-8":   {picowire.JSONBatch, []byte("{\"records\":[{\"body\":\"\xff\"}]}")},
+		"json no body":         {picowire.JSONBatch, []byte(`{"records":[{"headers":{"k":"v"}}]}`)},
+		"json truncated":       {picowire.JSONBatch, []byte(`{"records":[{"body":"x"}`)},
+		"json not an object":   {picowire.JSONBatch, []byte(`[{"body":"x"}]`)},
+		"json header number":   {picowire.JSONBatch, []byte(`{"records":[{"body":"x","headers":{"k":1}}]}`)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s.do(t, "POST", "/pico/s", c.body, hCT, c.ct).wantError(t, 400, picoErrBadRequest, -1)
+		})
+	}
+	s.do(t, "HEAD", "/pico/s", nil).want(t, 200).header(t, hdrPicoNextSeq, "1")
+	if recs := s.readAll(t, "/s"); len(recs) != 1 || string(recs[0].bytes()) != "keep" {
+		t.Errorf("records %+v", recs)
+	}
+	// An empty body is no record.
+	s.do(t, "POST", "/pico/s", nil, hCT, "text/plain").wantError(t, 400, picoErrBadRequest, -1)
+	// A body over max_append_size.
+	s.do(t, "POST", "/pico/s", bytes.Repeat([]byte("x"), 1<<20+1), hCT, "text/plain").wantError(t, 413, picoErrTooLarge, -1)
+	s.do(t, "POST", "/pico/missing", []byte("x")).wantError(t, 404, picoErrNotFound, -1)
+}
+
+func TestPicoProducers(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/p", nil, hCT, "text/plain").want(t, 201)
+	prod := func(epoch, seq int) []string {
+		return []string{hCT, "text/plain", hdrPicoProducerID, "w1", hdrPicoProducerEpoch, strconv.Itoa(epoch), hdrPicoProducerSeq, strconv.Itoa(seq)}
+	}
+	s.do(t, "POST", "/pico/p", []byte("a"), prod(1, 0)...).want(t, 200).
+		header(t, hdrPicoProducerEpoch, "1").header(t, hdrPicoProducerSeq, "0").header(t, hdrPicoStartSeq, "0").header(t, hdrPicoNextSeq, "1")
+	s.do(t, "POST", "/pico/p", []byte("b"), prod(1, 1)...).want(t, 200).header(t, hdrPicoStartSeq, "1").header(t, hdrPicoNextSeq, "2")
+	// A retry: 200, nothing written, no Pico-Start-Seq.
+	r := s.do(t, "POST", "/pico/p", []byte("b"), prod(1, 1)...).want(t, 200).header(t, hdrPicoNextSeq, "2").
+		header(t, hdrPicoStartSeq, "").header(t, hdrPicoTimestamp, "").header(t, hdrPicoProducerSeq, "1")
+	_ = r
+	// A gap.
+	s.do(t, "POST", "/pico/p", []byte("d"), prod(1, 3)...).wantError(t, 409, picoErrSeqGap, -1).
+		header(t, hdrPicoExpectedSeq, "2").header(t, hdrPicoReceivedSeq, "3")
+	// A new epoch fences the old one.
+	s.do(t, "POST", "/pico/p", []byte("c"), prod(2, 0)...).want(t, 200).header(t, hdrPicoStartSeq, "2")
+	s.do(t, "POST", "/pico/p", []byte("x"), prod(1, 2)...).wantError(t, 403, picoErrFenced, -1).header(t, hdrPicoProducerEpoch, "2")
+	s.do(t, "POST", "/pico/p", []byte("x"), prod(3, 5)...).wantError(t, 400, picoErrBadRequest, -1)
+	// Producer headers come together.
+	s.do(t, "POST", "/pico/p", []byte("x"), hdrPicoProducerID, "w1").wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "POST", "/pico/p", []byte("x"), hdrPicoProducerID, "w1", hdrPicoProducerEpoch, "x", hdrPicoProducerSeq, "0").
+		wantError(t, 400, picoErrBadRequest, -1)
+	// A batch is one producer step.
+	batch := []byte(`{"records":[{"body":"d"},{"body":"e"}]}`)
+	h := append(prod(2, 1), hCT, picowire.JSONBatch)
+	s.do(t, "POST", "/pico/p", batch, h...).want(t, 200).header(t, hdrPicoStartSeq, "3").header(t, hdrPicoNextSeq, "5")
+	s.do(t, "POST", "/pico/p", batch, h...).want(t, 200).header(t, hdrPicoStartSeq, "").header(t, hdrPicoNextSeq, "5")
+	var got []string
+	for _, rec := range s.readAll(t, "/p") {
+		got = append(got, string(rec.bytes()))
+	}
+	if strings.Join(got, "") != "abcde" {
+		t.Errorf("records %q", got)
+	}
+}
+
+func TestPicoMatchSeq(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/m", []byte("a"), hCT, "text/plain").want(t, 201)
+	s.do(t, "POST", "/pico/m", []byte("b"), hdrPicoMatchSeq, "0").wantError(t, 412, picoErrMatchFailed, 1).header(t, hdrPicoNextSeq, "1")
+	s.do(t, "POST", "/pico/m", []byte("b"), hdrPicoMatchSeq, "1").want(t, 200).header(t, hdrPicoNextSeq, "2")
+	s.do(t, "POST", "/pico/m", []byte("c"), hdrPicoMatchSeq, "1").wantError(t, 412, picoErrMatchFailed, 2)
+	s.do(t, "POST", "/pico/m", []byte("c"), hdrPicoMatchSeq, "one").wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "HEAD", "/pico/m", nil).header(t, hdrPicoNextSeq, "2")
+}
+
+func TestPicoClose(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/c", []byte("a"), hCT, "text/plain").want(t, 201)
+	// Append and close in one request.
+	s.do(t, "PUT", "/pico/c2", nil, hCT, "text/plain").want(t, 201)
+	s.do(t, "POST", "/pico/c2", []byte("last"), hdrPicoClosed, "true").want(t, 200).
+		header(t, hdrPicoClosed, "true").header(t, hdrPicoStartSeq, "0").header(t, hdrPicoNextSeq, "1")
+	// Close only.
+	s.do(t, "POST", "/pico/c", nil, hdrPicoClosed, "true").want(t, 200).header(t, hdrPicoClosed, "true").
+		header(t, hdrPicoNextSeq, "1").header(t, hdrPicoStartSeq, "")
+	s.do(t, "POST", "/pico/c", nil, hdrPicoClosed, "true").want(t, 200).header(t, hdrPicoClosed, "true")
+	s.do(t, "POST", "/pico/c", []byte("b")).wantError(t, 409, picoErrClosed, 1).
+		header(t, hdrPicoClosed, "true").header(t, hdrPicoNextSeq, "1")
+	s.do(t, "POST", "/pico/c", []byte(`{"records":[{"body":"x"}]}`), hCT, picowire.JSONBatch).wantError(t, 409, picoErrClosed, 1)
+	s.do(t, "HEAD", "/pico/c", nil).want(t, 200).header(t, hdrPicoClosed, "true")
+	// A read to the end says so; one that stops before does not.
+	s.do(t, "GET", "/pico/c", nil).want(t, 200).header(t, hdrPicoClosed, "true").header(t, hdrPicoUpToDate, "true")
+	s.do(t, "POST", "/pico/c2", nil, hdrPicoClosed, "true").want(t, 200)
+	s.do(t, "POST", "/pico/c3", nil, hdrPicoClosed, "true").wantError(t, 404, picoErrNotFound, -1)
+	// Through Durable Streams: the one closure.
+	s.do(t, "HEAD", "/ds/c", nil).want(t, 200).header(t, hdrStreamClosed, "true")
+}
+
+func TestPicoTrim(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/t", nil, hCT, "text/plain").want(t, 201)
+	for i := range 5 {
+		s.do(t, "POST", "/pico/t", []byte{'a' + byte(i)}).want(t, 200)
+	}
+	s.do(t, "POST", "/pico/t", nil, hdrPicoTrimSeq, "2").want(t, 200).
+		header(t, hdrPicoStartSeq, "2").header(t, hdrPicoNextSeq, "5").header(t, "Cache-Control", "no-store")
+	s.do(t, "HEAD", "/pico/t", nil).header(t, hdrPicoStartSeq, "2")
+	// Trimming less than before changes nothing.
+	s.do(t, "POST", "/pico/t", nil, hdrPicoTrimSeq, "1").want(t, 200).header(t, hdrPicoStartSeq, "2")
+	// A read from the beginning starts at the first retained record; an
+	// explicit seq below it is gone.
+	for _, q := range []string{"", "?seq=0"} {
+		recs := s.do(t, "GET", "/pico/t"+q, nil).want(t, 200).records(t)
+		if len(recs) != 3 || recs[0].Seq != 2 || string(recs[0].bytes()) != "c" {
+			t.Errorf("read%s after trim: %+v", q, recs)
+		}
+	}
+	s.do(t, "GET", "/pico/t?seq=1", nil).wantError(t, 410, picoErrGone, -1)
+	s.do(t, "GET", "/pico/t?seq=1&live=sse", nil).wantError(t, 410, picoErrGone, -1)
+	s.do(t, "GET", "/pico/t?seq=2", nil).want(t, 200)
+	// Refused trims.
+	s.do(t, "POST", "/pico/t", nil, hdrPicoTrimSeq, "9").wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "POST", "/pico/t", []byte("x"), hdrPicoTrimSeq, "3").wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "POST", "/pico/t", nil, hdrPicoTrimSeq, "x").wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "POST", "/pico/none", nil, hdrPicoTrimSeq, "0").wantError(t, 404, picoErrNotFound, -1)
+	// Trim everything: the stream is empty but keeps its seqs.
+	s.do(t, "POST", "/pico/t", nil, hdrPicoTrimSeq, "5").want(t, 200).header(t, hdrPicoStartSeq, "5")
+	r := s.do(t, "GET", "/pico/t", nil).want(t, 200).header(t, hdrPicoNextSeq, "5").header(t, hdrPicoUpToDate, "true")
+	if string(r.body) != "[]" {
+		t.Errorf("body %q", r.body)
+	}
+	s.do(t, "POST", "/pico/t", []byte("f")).want(t, 200).header(t, hdrPicoStartSeq, "5")
+}
+
+func TestPicoReads(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/r", nil, hCT, "text/plain").want(t, 201)
+	for i := range 10 {
+		s.do(t, "POST", "/pico/r", []byte(strings.Repeat(strconv.Itoa(i), 10))).want(t, 200)
+	}
+	// count and bytes cap a read; Pico-Next-Seq continues it.
+	r := s.do(t, "GET", "/pico/r?seq=2&count=3", nil).want(t, 200).header(t, hdrPicoNextSeq, "5").header(t, hdrPicoUpToDate, "")
+	if recs := r.records(t); len(recs) != 3 || recs[0].Seq != 2 {
+		t.Errorf("count=3: %+v", recs)
+	}
+	r = s.do(t, "GET", "/pico/r?seq=5&bytes=25", nil).want(t, 200).header(t, hdrPicoNextSeq, "7")
+	// At least one record, whatever the byte cap.
+	s.do(t, "GET", "/pico/r?seq=9&bytes=1", nil).want(t, 200).header(t, hdrPicoNextSeq, "10").header(t, hdrPicoUpToDate, "true")
+
+	// Catch-up caching, ETag and 304.
+	r = s.do(t, "GET", "/pico/r?seq=0", nil).want(t, 200).header(t, hdrPicoUpToDate, "true").
+		header(t, "Cache-Control", cacheControlCatchUp).header(t, hCT, "application/json")
+	tag := r.h.Get("ETag")
+	if tag == "" {
+		t.Fatal("no ETag")
+	}
+	r = s.do(t, "GET", "/pico/r?seq=0", nil, "If-None-Match", tag).want(t, 304)
+	if len(r.body) != 0 {
+		t.Errorf("304 body %q", r.body)
+	}
+	binTag := s.do(t, "GET", "/pico/r?seq=0&format=binary", nil).want(t, 200).h.Get("ETag")
+	if binTag == tag {
+		t.Error("the JSON and binary pages share an ETag")
+	}
+	// At the tail: empty, up to date, an ETag, but not cacheable.
+	r = s.do(t, "GET", "/pico/r?seq=10", nil).want(t, 200).header(t, hdrPicoUpToDate, "true").
+		header(t, "Cache-Control", "no-store").header(t, hdrPicoNextSeq, "10")
+	tail := r.h.Get("ETag")
+	s.do(t, "GET", "/pico/r?seq=10", nil, "If-None-Match", tail).want(t, 304)
+	s.do(t, "POST", "/pico/r", []byte("x")).want(t, 200)
+	s.do(t, "GET", "/pico/r?seq=10", nil, "If-None-Match", tail).want(t, 200).header(t, hdrPicoNextSeq, "11")
+	s.do(t, "GET", "/pico/r?seq=0", nil, "If-None-Match", tag).want(t, 200)
+
+	// seq=now: the tail, no records.
+	r = s.do(t, "GET", "/pico/r?seq=now", nil).want(t, 200).header(t, hdrPicoNextSeq, "11").
+		header(t, hdrPicoUpToDate, "true").header(t, "Cache-Control", "no-store")
+	if string(r.body) != "[]" {
+		t.Errorf("seq=now body %q", r.body)
+	}
+	s.do(t, "GET", "/pico/missing?seq=now", nil).wantError(t, 404, picoErrNotFound, -1)
+	s.do(t, "GET", "/pico/missing", nil).wantError(t, 404, picoErrNotFound, -1)
+
+	// Refused reads.
+	for _, q := range []string{"?seq=-1", "?seq=x", "?seq=12", "?format=xml", "?live=poll", "?count=x", "?bytes=-5", "?seq=%zz"} {
+		s.do(t, "GET", "/pico/r"+q, nil).wantError(t, 400, picoErrBadRequest, -1)
+	}
+	s.do(t, "PATCH", "/pico/r", nil).wantError(t, 405, picoErrMethod, -1)
+}
+
+func TestPicoLongPoll(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/lp", []byte("a"), hCT, "text/plain").want(t, 201)
+	// Data there: at once.
+	r := s.do(t, "GET", "/pico/lp?seq=0&live=long-poll", nil).want(t, 200).header(t, hdrPicoNextSeq, "1").
+		header(t, "Cache-Control", "no-store")
+	if r.h.Get(hdrPicoCursor) == "" {
+		t.Error("no Pico-Cursor")
+	}
+	// Idle: 204 after the timeout.
+	start := time.Now()
+	r = s.do(t, "GET", "/pico/lp?seq=1&live=long-poll", nil).want(t, 204).header(t, hdrPicoUpToDate, "true").
+		header(t, hdrPicoNextSeq, "1").header(t, "Cache-Control", "no-store")
+	if r.h.Get(hdrPicoCursor) == "" || time.Since(start) < 250*time.Millisecond {
+		t.Errorf("idle long-poll: cursor %q after %v", r.h.Get(hdrPicoCursor), time.Since(start))
+	}
+	// A parked long-poll wakes on the next append.
+	s.pico.longPollTimeout = 10 * time.Second
+	done := make(chan picoResp, 1)
+	go func() { done <- s.do(t, "GET", "/pico/lp?seq=1&live=long-poll&format=binary", nil) }()
+	time.Sleep(100 * time.Millisecond)
+	s.do(t, "POST", "/pico/lp", []byte("b")).want(t, 200)
+	select {
+	case r := <-done:
+		r.want(t, 200).header(t, hdrPicoNextSeq, "2").header(t, hCT, picowire.BinaryBatch)
+		recs, err := picowire.DecodeBinaryRead(r.body)
+		if err != nil || len(recs) != 1 || string(recs[0].Body) != "b" || recs[0].Seq != 1 {
+			t.Errorf("woken long-poll: %+v %v", recs, err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("parked long-poll did not wake on the append")
+	}
+	// Closed and fully read: 204 with Pico-Closed at once.
+	s.do(t, "POST", "/pico/lp", nil, hdrPicoClosed, "true").want(t, 200)
+	s.do(t, "GET", "/pico/lp?seq=2&live=long-poll", nil).want(t, 204).header(t, hdrPicoClosed, "true")
+	// A shutdown ends a parked long-poll with 204.
+	s.do(t, "PUT", "/pico/lp2", nil).want(t, 201)
+	go func() { done <- s.do(t, "GET", "/pico/lp2?live=long-poll", nil) }()
+	time.Sleep(100 * time.Millisecond)
+	s.shutdown()
+	select {
+	case r := <-done:
+		r.want(t, 204).header(t, hdrPicoUpToDate, "true")
+	case <-time.After(2 * time.Second):
+		t.Fatal("long-poll still open after shutdown")
+	}
+}
+
+// picoEvent is one SSE event.
+type picoEvent struct{ typ, id, data string }
+
+// picoSSE reads events from a live SSE response.
+type picoSSE struct {
+	res    *http.Response
+	events chan picoEvent
+	done   chan struct{} // closed when the server ends the response
+}
+
+func (s *picoServer) sse(t *testing.T, path string, hdr ...string) *picoSSE {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", s.URL+path, nil)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	r := &picoSSE{res: res, events: make(chan picoEvent, 100), done: make(chan struct{})}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(r.done)
+		sc := bufio.NewScanner(res.Body)
+		sc.Buffer(nil, 4<<20)
+		var ev picoEvent
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case line == "":
+				r.events <- ev
+				ev = picoEvent{}
+			case strings.HasPrefix(line, "event: "):
+				ev.typ = line[len("event: "):]
+			case strings.HasPrefix(line, "id: "):
+				ev.id = line[len("id: "):]
+			case strings.HasPrefix(line, "data:"):
+				ev.data += line[len("data:"):]
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		res.Body.Close()
+		wg.Wait()
+	})
+	return r
+}
+
+func (r *picoSSE) next(t *testing.T) picoEvent {
+	t.Helper()
+	select {
+	case ev := <-r.events:
+		return ev
+	case <-r.done:
+		select {
+		case ev := <-r.events:
+			return ev
+		default:
+		}
+		t.Fatal("SSE response ended")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no SSE event in 5s")
+	}
+	return picoEvent{}
+}
+
+// data reads a data event and returns its records.
+func (r *picoSSE) data(t *testing.T, id string) []jsonRecord {
+	t.Helper()
+	ev := r.next(t)
+	if ev.typ != "data" || ev.id != id {
+		t.Fatalf("got %+v, want a data event with id %s", ev, id)
+	}
+	var recs []jsonRecord
+	if err := json.Unmarshal([]byte(ev.data), &recs); err != nil {
+		t.Fatalf("data event %q: %v", ev.data, err)
+	}
+	return recs
+}
+
+// control reads a control event and checks it.
+func (r *picoSSE) control(t *testing.T, next uint64, upToDate, closed bool) {
+	t.Helper()
+	ev := r.next(t)
+	if ev.typ != "control" || ev.id != strconv.FormatUint(next, 10) {
+		t.Fatalf("got %+v, want a control event with id %d", ev, next)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(ev.data), &raw); err != nil {
+		t.Fatalf("control %q: %v", ev.data, err)
+	}
+	want := map[string]any{"next_seq": float64(next), "up_to_date": upToDate}
+	if closed {
+		want["closed"] = true
+	}
+	if fmt.Sprint(raw) != fmt.Sprint(want) {
+		t.Errorf("control %s, want %v", ev.data, want)
+	}
+}
+
+func (r *picoSSE) ends(t *testing.T, within time.Duration) {
+	t.Helper()
+	select {
+	case <-r.done:
+	case <-time.After(within):
+		t.Fatalf("SSE response still open after %v", within)
+	}
+}
+
+func TestPicoSSE(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/e", nil, hCT, "application/octet-stream").want(t, 201)
+	bin := picowire.EncodeBinary([]picowire.Record{
+		{Headers: []segment.Header{{Name: "k", Value: "v"}}, Body: []byte{0xff, '\n', 0}},
+		{Body: []byte("line1\nline2\r\n")},
+	})
+	s.do(t, "POST", "/pico/e", bin, hCT, picowire.BinaryBatch).want(t, 200)
+
+	// Catch-up, then live.
+	r := s.sse(t, "/pico/e?seq=0&live=sse")
+	if r.res.StatusCode != 200 || r.res.Header.Get(hCT) != "text/event-stream" || r.res.Header.Get("Cache-Control") != "no-store" {
+		t.Fatalf("SSE response %d %v", r.res.StatusCode, r.res.Header)
+	}
+	recs := r.data(t, "2")
+	if len(recs) != 2 || !bytes.Equal(recs[0].bytes(), []byte{0xff, '\n', 0}) || recs[0].Headers["k"] != "v" ||
+		string(recs[1].bytes()) != "line1\nline2\r\n" || recs[1].Seq != 1 {
+		t.Errorf("catch-up records %+v", recs)
+	}
+	r.control(t, 2, true, false)
+	s.do(t, "POST", "/pico/e", []byte("live")).want(t, 200)
+	recs = r.data(t, "3")
+	if len(recs) != 1 || string(recs[0].bytes()) != "live" || recs[0].Seq != 2 {
+		t.Errorf("live records %+v", recs)
+	}
+	r.control(t, 3, true, false)
+
+	// A reconnect with Last-Event-ID and no seq resumes there.
+	s.do(t, "POST", "/pico/e", []byte("more"), hCT, "application/octet-stream").want(t, 200)
+	r2 := s.sse(t, "/pico/e?live=sse", "Last-Event-ID", "3")
+	recs = r2.data(t, "4")
+	if len(recs) != 1 || string(recs[0].bytes()) != "more" || recs[0].Seq != 3 {
+		t.Errorf("resumed records %+v", recs)
+	}
+	r2.control(t, 4, true, false)
+	if recs = r.data(t, "4"); len(recs) != 1 || recs[0].Seq != 3 {
+		t.Errorf("live records %+v", recs)
+	}
+	r.control(t, 4, true, false)
+	// A seq wins over Last-Event-ID.
+	r3 := s.sse(t, "/pico/e?live=sse&seq=1", "Last-Event-ID", "3")
+	if recs = r3.data(t, "4"); len(recs) != 3 || recs[0].Seq != 1 {
+		t.Errorf("seq beats Last-Event-ID: %+v", recs)
+	}
+	r3.control(t, 4, true, false)
+
+	// At the tail: one control event; seq=now starts there.
+	r4 := s.sse(t, "/pico/e?live=sse&seq=now")
+	r4.control(t, 4, true, false)
+
+	// Closing ends every feed with a closed control event.
+	s.do(t, "POST", "/pico/e", []byte("end"), hdrPicoClosed, "true").want(t, 200)
+	for _, rd := range []*picoSSE{r, r2, r3} {
+		recs = rd.data(t, "5")
+		if len(recs) != 1 || string(recs[0].bytes()) != "end" {
+			t.Errorf("final records %+v", recs)
+		}
+		rd.control(t, 5, true, true)
+		rd.ends(t, time.Second)
+	}
+	r4.data(t, "5")
+	r4.control(t, 5, true, true)
+	r4.ends(t, time.Second)
+	r5 := s.sse(t, "/pico/e?live=sse&seq=5")
+	r5.control(t, 5, true, true)
+	r5.ends(t, time.Second)
+
+	s.do(t, "GET", "/pico/missing?live=sse", nil).wantError(t, 404, picoErrNotFound, -1)
+	s.do(t, "GET", "/pico/e?live=sse", nil, "Last-Event-ID", "x").wantError(t, 400, picoErrBadRequest, -1)
+}
+
+func TestPicoSSERecyclesAndEndsAtShutdown(t *testing.T) {
+	s := newPicoServer(t, func(p *picoProtocol) { p.sseInterval = 300 * time.Millisecond })
+	s.do(t, "PUT", "/pico/e", []byte("a")).want(t, 201)
+	r := s.sse(t, "/pico/e?live=sse")
+	r.data(t, "1")
+	r.control(t, 1, true, false)
+	start := time.Now()
+	r.ends(t, 3*time.Second)
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Errorf("recycled after %v", d)
+	}
+
+	s.pico.sseInterval = time.Minute
+	r = s.sse(t, "/pico/e?live=sse&seq=1")
+	r.control(t, 1, true, false)
+	s.shutdown()
+	r.control(t, 1, true, false) // where to resume
+	r.ends(t, 2*time.Second)
+}
+
+func TestPicoDelete(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/d", []byte("a")).want(t, 201)
+	s.do(t, "DELETE", "/pico/d", nil).want(t, 204)
+	s.do(t, "DELETE", "/pico/d", nil).wantError(t, 404, picoErrNotFound, -1)
+	s.do(t, "HEAD", "/pico/d", nil).want(t, 404)
+	s.do(t, "GET", "/pico/d", nil).wantError(t, 404, picoErrNotFound, -1)
+	// The name is reusable at once, and starts empty.
+	s.do(t, "PUT", "/pico/d", nil).want(t, 201).header(t, hdrPicoNextSeq, "0")
+
+	// A stream with a fork is soft-deleted: 410 through both protocols
+	// until the fork goes.
+	s.do(t, "PUT", "/pico/src", []byte("shared"), hCT, "text/plain").want(t, 201)
+	s.do(t, "PUT", "/ds/fork", nil, hCT, "text/plain", hdrForkedFrom, "/ds/src").want(t, 201)
+	s.do(t, "DELETE", "/pico/src", nil).want(t, 204)
+	s.do(t, "GET", "/pico/src", nil).wantError(t, 410, picoErrGone, -1)
+	s.do(t, "HEAD", "/pico/src", nil).want(t, 410)
+	s.do(t, "POST", "/pico/src", []byte("x")).wantError(t, 410, picoErrGone, -1)
+	s.do(t, "DELETE", "/pico/src", nil).wantError(t, 410, picoErrGone, -1)
+	s.do(t, "GET", "/ds/src", nil).want(t, 410)
+	s.do(t, "PUT", "/pico/src", nil, hCT, "text/plain").wantError(t, 409, picoErrConflict, -1)
+	// The fork still reads its inherited record, through Pico too.
+	if recs := s.readAll(t, "/fork"); len(recs) != 1 || string(recs[0].bytes()) != "shared" {
+		t.Errorf("fork records %+v", recs)
+	}
+	s.do(t, "DELETE", "/pico/fork", nil).want(t, 204)
+	s.do(t, "GET", "/pico/src", nil).wantError(t, 404, picoErrNotFound, -1)
+}
+
+// listPage is a decoded listing.
+type listPage struct {
+	Streams []struct {
+		Name        string  `json:"name"`
+		ContentType string  `json:"content_type"`
+		StartSeq    uint64  `json:"start_seq"`
+		NextSeq     uint64  `json:"next_seq"`
+		Closed      bool    `json:"closed"`
+		TTL         *int64  `json:"ttl"`
+		ExpiresAt   *string `json:"expires_at"`
+	} `json:"streams"`
+	HasMore bool `json:"has_more"`
+}
+
+func (s *picoServer) list(t *testing.T, query string) listPage {
+	t.Helper()
+	r := s.do(t, "GET", "/pico/"+query, nil).want(t, 200).header(t, hCT, "application/json").header(t, "Cache-Control", "no-store")
+	var p listPage
+	if err := json.Unmarshal(r.body, &p); err != nil {
+		t.Fatalf("listing %q: %v", r.body, err)
+	}
+	if p.Streams == nil {
+		t.Fatalf("listing without a streams array: %q", r.body)
+	}
+	return p
+}
+
+func TestPicoList(t *testing.T) {
+	s := newPicoServer(t)
+	names := []string{"/logs/a", "/logs/b", "/logs/b/c", "/logs/c", "/logs0", "/other"}
+	for _, n := range names {
+		s.do(t, "PUT", "/pico"+n, nil, hCT, "text/plain").want(t, 201)
+	}
+	s.do(t, "POST", "/pico/logs/b", []byte("x")).want(t, 200)
+	s.do(t, "POST", "/pico/logs/b", nil, hdrPicoClosed, "true").want(t, 200)
+	s.do(t, "PUT", "/pico/logs/ttl", nil, hdrPicoTTL, "60").want(t, 201)
+	s.do(t, "PUT", "/pico/logs/exp", nil, hdrPicoExpiresAt, "2099-01-01T00:00:00Z").want(t, 201)
+
+	all := s.list(t, "")
+	if len(all.Streams) != 8 || all.HasMore {
+		t.Fatalf("list all: %+v", all)
+	}
+	var got []string
+	after := ""
+	for pages := 0; ; pages++ {
+		p := s.list(t, "?prefix=/logs/&limit=2&start_after="+after)
+		for _, st := range p.Streams {
+			got = append(got, st.Name)
+		}
+		if !p.HasMore {
+			break
+		}
+		if pages > 10 || len(p.Streams) == 0 {
+			t.Fatalf("paging does not end: %+v", p)
+		}
+		after = p.Streams[len(p.Streams)-1].Name
+	}
+	if want := "/logs/a /logs/b /logs/b/c /logs/c /logs/exp /logs/ttl"; strings.Join(got, " ") != want {
+		t.Errorf("paged listing %q, want %q", strings.Join(got, " "), want)
+	}
+	p := s.list(t, "?prefix=/logs/b&limit=1")
+	if len(p.Streams) != 1 || !p.HasMore {
+		t.Fatalf("prefix /logs/b: %+v", p)
+	}
+	b := p.Streams[0]
+	if b.Name != "/logs/b" || b.ContentType != "text/plain" || b.NextSeq != 1 || b.StartSeq != 0 || !b.Closed || b.TTL != nil || b.ExpiresAt != nil {
+		t.Errorf("entry %+v", b)
+	}
+	p = s.list(t, "?prefix=/logs/t")
+	if len(p.Streams) != 1 || p.Streams[0].TTL == nil || *p.Streams[0].TTL != 60 {
+		t.Errorf("ttl entry %+v", p)
+	}
+	p = s.list(t, "?prefix=/logs/e")
+	if len(p.Streams) != 1 || p.Streams[0].ExpiresAt == nil || *p.Streams[0].ExpiresAt != "2099-01-01T00:00:00Z" {
+		t.Errorf("expires entry %+v", p)
+	}
+	if p = s.list(t, "?prefix=/nothing"); len(p.Streams) != 0 || p.HasMore {
+		t.Errorf("empty listing %+v", p)
+	}
+	s.do(t, "GET", "/pico/?limit=x", nil).wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "POST", "/pico/", []byte("x")).wantError(t, 400, picoErrBadRequest, -1)
+}
+
+func TestPicoCrossProtocol(t *testing.T) {
+	s := newPicoServer(t)
+	// Pico writes, Durable Streams reads: seq n is offset (n, 0).
+	s.do(t, "PUT", "/pico/x", nil, hCT, "text/plain").want(t, 201)
+	s.do(t, "POST", "/pico/x", []byte(`{"records":[{"body":"ab"},{"body":"cd","headers":{"h":"1"}}]}`), hCT, picowire.JSONBatch).want(t, 200)
+	s.do(t, "POST", "/pico/x", []byte("ef")).want(t, 200).header(t, hdrPicoNextSeq, "3")
+	r := s.do(t, "GET", "/ds/x?offset=-1", nil).want(t, 200).header(t, hdrStreamNextOffset, position{3, 0}.String())
+	if string(r.body) != "abcdef" {
+		t.Errorf("DS read %q", r.body)
+	}
+	r = s.do(t, "GET", "/ds/x?offset="+position{1, 0}.String(), nil).want(t, 200)
+	if string(r.body) != "cdef" {
+		t.Errorf("DS read from seq 1: %q", r.body)
+	}
+	// Durable Streams writes, Pico reads: the next offset's seq is Pico's.
+	r = s.do(t, "POST", "/ds/x", []byte("gh"), hCT, "text/plain").want(t, 204)
+	if r.h.Get(hdrStreamNextOffset) != (position{4, 0}).String() {
+		t.Errorf("DS append next offset %q", r.h.Get(hdrStreamNextOffset))
+	}
+	recs := s.do(t, "GET", "/pico/x?seq=3", nil).want(t, 200).header(t, hdrPicoNextSeq, "4").records(t)
+	if len(recs) != 1 || recs[0].Seq != 3 || string(recs[0].bytes()) != "gh" || recs[0].Headers != nil || recs[0].Timestamp == 0 {
+		t.Errorf("Pico read of a DS append: %+v", recs)
+	}
+	// One closure, one TTL.
+	s.do(t, "PUT", "/ds/y", nil, hCT, "application/json", hdrStreamTTL, "120").want(t, 201)
+	s.do(t, "POST", "/ds/y", []byte(`[1,{"a":2}]`), hCT, "application/json").want(t, 204)
+	s.do(t, "HEAD", "/pico/y", nil).want(t, 200).header(t, hdrPicoTTL, "120").header(t, hdrPicoNextSeq, "2")
+	recs = s.readAll(t, "/y")
+	if len(recs) != 2 || string(recs[0].bytes()) != "1" || string(recs[1].bytes()) != `{"a":2}` {
+		t.Errorf("JSON messages as records: %+v", recs)
+	}
+	s.do(t, "POST", "/ds/y", nil, hdrStreamClosed, "true").want(t, 204)
+	s.do(t, "POST", "/pico/y", []byte("3")).wantError(t, 409, picoErrClosed, 2)
+	s.do(t, "PUT", "/pico/y", nil, hCT, "application/json", hdrPicoTTL, "120", hdrPicoClosed, "true").want(t, 200)
+}
+
+func TestPicoStorageUnavailable(t *testing.T) {
+	s := newPicoServer(t, func(p *picoProtocol) {
+		p.engine = func(context.Context) (*streamstore.Engine, error) {
+			return nil, fmt.Errorf("%w: the bucket is down", streamstore.ErrUnavailable)
+		}
+	})
+	for _, m := range []string{"GET", "PUT", "POST", "DELETE"} {
+		r := s.do(t, m, "/pico/s", []byte("x")).wantError(t, 503, picoErrDurability, -1)
+		if r.h.Get("Retry-After") == "" {
+			t.Errorf("%s: no Retry-After", m)
+		}
+	}
+	s.do(t, "GET", "/pico/", nil).wantError(t, 503, picoErrDurability, -1)
+	s = newPicoServer(t, func(p *picoProtocol) {
+		p.engine = func(context.Context) (*streamstore.Engine, error) {
+			return nil, &storageStartError{errors.New("lease held by node x")}
+		}
+	})
+	r := s.do(t, "GET", "/pico/s", nil).want(t, 503)
+	if !strings.Contains(string(r.body), "lease held by node x") {
+		t.Errorf("body %q", r.body)
+	}
+}
+
+func TestPicoCORS(t *testing.T) {
+	s := newPicoServer(t)
+	r := s.do(t, "PUT", "/pico/c", nil).want(t, 201)
+	exposed := r.h.Get("Access-Control-Expose-Headers")
+	for _, h := range []string{"Pico-Next-Seq", "Pico-Start-Seq", "Pico-Timestamp", "Pico-Up-To-Date", "Pico-Closed",
+		"Pico-Cursor", "Pico-Expected-Seq", "Pico-Received-Seq", "Pico-Producer-Epoch", "ETag", "Content-Type"} {
+		if !strings.Contains(exposed, h) {
+			t.Errorf("%s is not exposed: %q", h, exposed)
+		}
+	}
+	if r.h.Get("Access-Control-Allow-Origin") != "*" {
+		t.Errorf("headers %v", r.h)
+	}
+	s.do(t, "OPTIONS", "/pico/c", nil, "Access-Control-Request-Headers", "pico-match-seq").want(t, 204).
+		header(t, "Access-Control-Allow-Headers", "pico-match-seq")
+}
+
+func TestPicoConfigValidates(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	dir := t.TempDir()
+	js := adapt(t, `{
+		admin off
+	}
+	:0 {
+		handle_path /ds/* {
+			picomq {
+				storage file://`+dir+`
+			}
+		}
+		handle_path /pico/* {
+			picomq {
+				protocol pico
+				storage file://`+dir+`
+			}
+		}
+	}`)
+	if err := validate(t, js); err != nil {
+		t.Fatalf("two protocols on one storage: %v", err)
+	}
+}

@@ -1,0 +1,286 @@
+package picomq
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/picomq/caddy-picomq/internal/picowire"
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+// Pico protocol header names (pico-wire.md).
+const (
+	hdrPicoStartSeq      = "Pico-Start-Seq"
+	hdrPicoNextSeq       = "Pico-Next-Seq"
+	hdrPicoTimestamp     = "Pico-Timestamp"
+	hdrPicoMatchSeq      = "Pico-Match-Seq"
+	hdrPicoTrimSeq       = "Pico-Trim-Seq"
+	hdrPicoTTL           = "Pico-Ttl"
+	hdrPicoExpiresAt     = "Pico-Expires-At"
+	hdrPicoClosed        = "Pico-Closed"
+	hdrPicoUpToDate      = "Pico-Up-To-Date"
+	hdrPicoCursor        = "Pico-Cursor"
+	hdrPicoProducerID    = "Pico-Producer-Id"
+	hdrPicoProducerEpoch = "Pico-Producer-Epoch"
+	hdrPicoProducerSeq   = "Pico-Producer-Seq"
+	hdrPicoExpectedSeq   = "Pico-Expected-Seq"
+	hdrPicoReceivedSeq   = "Pico-Received-Seq"
+	hdrLastEventID       = "Last-Event-Id"
+)
+
+// picoExposedHeaders are the response headers browser code may read on a
+// Pico handler's responses.
+const picoExposedHeaders = "Pico-Start-Seq, Pico-Next-Seq, Pico-Timestamp, Pico-Cursor, " +
+	"Pico-Up-To-Date, Pico-Closed, Pico-TTL, Pico-Expires-At, " +
+	"Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Expected-Seq, Pico-Received-Seq, " +
+	"ETag, Content-Type, Location, Retry-After"
+
+// Pico error names (the "error" member of an error body).
+const (
+	picoErrBadRequest  = "bad_request"
+	picoErrFenced      = "fenced"
+	picoErrNotFound    = "not_found"
+	picoErrGone        = "gone"
+	picoErrSeqGap      = "sequence_gap"
+	picoErrConflict    = "conflict"
+	picoErrClosed      = "closed"
+	picoErrMatchFailed = "match_failed"
+	picoErrTooLarge    = "too_large"
+	picoErrMethod      = "method_not_allowed"
+	picoErrDurability  = "durability"
+	picoErrUnavailable = "unavailable"
+	picoErrInternal    = "internal"
+)
+
+// isBatchType reports whether a Content-Type names one of the Pico batch
+// formats, whose bodies are decoded into records rather than stored whole.
+func isBatchType(ct string) bool {
+	mt := mediaType(ct)
+	return mt == picowire.BinaryBatch || mt == picowire.JSONBatch
+}
+
+// decodeBatch decodes a batch body of content type ct into records to
+// append. Any malformation rejects the whole batch.
+func decodeBatch(ct string, body []byte) ([]streamstore.NewRecord, error) {
+	var recs []picowire.Record
+	var err error
+	switch mediaType(ct) {
+	case picowire.BinaryBatch:
+		recs, err = picowire.DecodeBinary(body)
+	case picowire.JSONBatch:
+		recs, err = picowire.DecodeJSON(body)
+	default:
+		return nil, fmt.Errorf("%s is not a batch content type", ct)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("decoding %s body: %w", mediaType(ct), err)
+	}
+	out := make([]streamstore.NewRecord, len(recs))
+	for i, r := range recs {
+		out[i] = streamstore.NewRecord{Headers: r.Headers, Body: r.Body}
+	}
+	return out, nil
+}
+
+// parsePicoUint reads an optional unsigned decimal header. ok is false when
+// the header is absent.
+func parsePicoUint(h http.Header, name string) (n uint64, ok bool, err error) {
+	v, present := headerValue(h, name)
+	if !present {
+		return 0, false, nil
+	}
+	n, valid := parseDigits(v)
+	if !valid {
+		return 0, false, fmt.Errorf("%s must be a non-negative integer, got %q", name, v)
+	}
+	return n, true, nil
+}
+
+// parsePicoExpiry reads Pico-TTL (seconds) and Pico-Expires-At (RFC 3339 or
+// Unix milliseconds); giving both is an error. They are the same settings
+// as Durable Streams' Stream-TTL and Stream-Expires-At.
+func parsePicoExpiry(h http.Header) (streamstore.Expiry, error) {
+	var x streamstore.Expiry
+	ttl, hasTTL := headerValue(h, hdrPicoTTL)
+	at, hasAt := headerValue(h, hdrPicoExpiresAt)
+	if hasTTL && hasAt {
+		return x, errors.New("Pico-TTL and Pico-Expires-At are mutually exclusive")
+	}
+	if hasTTL {
+		n, ok := parseDigits(ttl)
+		switch {
+		case !ok:
+			return x, fmt.Errorf("Pico-TTL must be a whole number of seconds, got %q", ttl)
+		case n == 0:
+			// The engine reads a zero TTL as "none"; refusing it beats
+			// silently creating a stream that never expires.
+			return x, errors.New("Pico-TTL must be at least 1 second")
+		case n > uint64(maxTTLSeconds):
+			return x, fmt.Errorf("Pico-TTL %s is too large; the limit is %d seconds", ttl, maxTTLSeconds)
+		}
+		x.TTL = time.Duration(n) * time.Second
+	}
+	if hasAt {
+		t, err := parseInstant(at)
+		if err != nil {
+			return x, err
+		}
+		x.ExpiresAt = t
+	}
+	return x, nil
+}
+
+// maxUnixMilli keeps Unix-millisecond instants inside time.Time's exact
+// range (year 9999).
+const maxUnixMilli = 253402300799999
+
+// parseInstant parses Pico-Expires-At: Unix milliseconds (digits only) or
+// RFC 3339. The engine keeps milliseconds, so the instant is truncated to
+// them, which keeps a retried create with the same header idempotent.
+func parseInstant(v string) (time.Time, error) {
+	if n, ok := parseDigits(v); ok {
+		if n > maxUnixMilli {
+			return time.Time{}, fmt.Errorf("Pico-Expires-At %s is too far in the future", v)
+		}
+		return time.UnixMilli(int64(n)).UTC(), nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("Pico-Expires-At must be an RFC 3339 timestamp or Unix milliseconds, got %q", v)
+	}
+	return t.UTC().Truncate(time.Millisecond), nil
+}
+
+// formatInstant formats an expiry for Pico-Expires-At and listings.
+func formatInstant(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// parsePicoProducer reads the idempotent-producer headers: all three or none.
+func parsePicoProducer(h http.Header) (*streamstore.Producer, error) {
+	id, hasID := headerValue(h, hdrPicoProducerID)
+	_, hasEpoch := headerValue(h, hdrPicoProducerEpoch)
+	_, hasSeq := headerValue(h, hdrPicoProducerSeq)
+	if !hasID && !hasEpoch && !hasSeq {
+		return nil, nil
+	}
+	if !hasID || !hasEpoch || !hasSeq {
+		return nil, errors.New("Pico-Producer-Id, Pico-Producer-Epoch and Pico-Producer-Seq must be sent together")
+	}
+	if id == "" {
+		return nil, errors.New("Pico-Producer-Id must not be empty")
+	}
+	epoch, _, err := parsePicoUint(h, hdrPicoProducerEpoch)
+	if err != nil {
+		return nil, err
+	}
+	seq, _, err := parsePicoUint(h, hdrPicoProducerSeq)
+	if err != nil {
+		return nil, err
+	}
+	return &streamstore.Producer{ID: id, Epoch: epoch, Seq: seq}, nil
+}
+
+// picoErrorBody is the JSON body of every Pico error response.
+type picoErrorBody struct {
+	Error   string  `json:"error"`
+	Message string  `json:"message,omitempty"`
+	NextSeq *uint64 `json:"next_seq,omitempty"`
+}
+
+// picoFail writes a JSON error. next, when set, goes into the body and into
+// Pico-Next-Seq. Headers already set for the error (Pico-Closed, producer
+// state) are kept; read-response headers are dropped.
+func picoFail(w http.ResponseWriter, status int, code, msg string, next *uint64) {
+	h := w.Header()
+	h.Del("ETag")
+	h.Del(hdrPicoUpToDate)
+	h.Del(hdrPicoCursor)
+	if next != nil {
+		h.Set(hdrPicoNextSeq, strconv.FormatUint(*next, 10))
+	}
+	body, err := json.Marshal(picoErrorBody{Error: code, Message: msg, NextSeq: next})
+	if err != nil { // cannot happen: strings and a number
+		body = []byte(`{"error":"internal"}`)
+	}
+	body = append(body, '\n')
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", cacheControlNoStore)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(status)
+	w.Write(body)
+}
+
+// engineError maps an engine error to a Pico error response.
+func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err error) {
+	h := w.Header()
+	var (
+		closed *streamstore.ClosedError
+		match  *streamstore.MatchError
+		fenced *streamstore.FencedError
+		gap    *streamstore.SequenceGapError
+		start  *storageStartError
+	)
+	switch {
+	case errors.As(err, &closed):
+		h.Set(hdrPicoClosed, "true")
+		picoFail(w, http.StatusConflict, picoErrClosed, "stream is closed", &closed.NextSeq)
+	case errors.As(err, &match):
+		picoFail(w, http.StatusPreconditionFailed, picoErrMatchFailed,
+			fmt.Sprintf("Pico-Match-Seq does not match the stream's next seq %d", match.NextSeq), &match.NextSeq)
+	case errors.As(err, &fenced):
+		h.Set(hdrPicoProducerEpoch, strconv.FormatUint(fenced.CurrentEpoch, 10))
+		picoFail(w, http.StatusForbidden, picoErrFenced,
+			fmt.Sprintf("producer epoch is stale; the current epoch is %d", fenced.CurrentEpoch), nil)
+	case errors.As(err, &gap):
+		h.Set(hdrPicoExpectedSeq, strconv.FormatUint(gap.Expected, 10))
+		h.Set(hdrPicoReceivedSeq, strconv.FormatUint(gap.Received, 10))
+		picoFail(w, http.StatusConflict, picoErrSeqGap,
+			fmt.Sprintf("producer seq gap: expected %d, received %d", gap.Expected, gap.Received), nil)
+	case errors.Is(err, streamstore.ErrNotFound):
+		picoFail(w, http.StatusNotFound, picoErrNotFound, "no such stream", nil)
+	case errors.Is(err, streamstore.ErrGone):
+		picoFail(w, http.StatusGone, picoErrGone, goneMessage(err), nil)
+	case errors.Is(err, streamstore.ErrConflict):
+		picoFail(w, http.StatusConflict, picoErrConflict, err.Error(), nil)
+	case errors.Is(err, streamstore.ErrContentType):
+		picoFail(w, http.StatusConflict, picoErrConflict, "Content-Type does not match the stream's", nil)
+	case errors.Is(err, streamstore.ErrBadRequest):
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+	case errors.Is(err, streamstore.ErrShuttingDown):
+		h.Set("Retry-After", "1")
+		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, "server is shutting down; retry", nil)
+	case errors.As(err, &start):
+		h.Set("Retry-After", "5")
+		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, start.Error(), nil)
+	case errors.Is(err, streamstore.ErrUnconfirmed):
+		p.log.Warn("write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		h.Set("Retry-After", "1")
+		picoFail(w, http.StatusServiceUnavailable, picoErrDurability,
+			"storage did not confirm the write in time: it was not acknowledged but may still be stored; "+
+				"retry with producer headers to avoid a duplicate", nil)
+	case errors.Is(err, streamstore.ErrUnavailable):
+		p.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		h.Set("Retry-After", "1")
+		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, "storage unavailable; nothing was acknowledged, retry", nil)
+	case r.Context().Err() != nil:
+		// The client left; nobody reads the answer.
+	default:
+		p.log.Error("request failed", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		picoFail(w, http.StatusInternalServerError, picoErrInternal, "internal error", nil)
+	}
+}
+
+// goneMessage tells a soft-deleted stream from a read below the retained
+// records, both of which the engine reports as ErrGone.
+func goneMessage(err error) string {
+	var below *belowStartError
+	if errors.As(err, &below) {
+		return below.Error()
+	}
+	return "stream was deleted; its forks still use it"
+}
