@@ -152,4 +152,3 @@ func FuzzDecodeJSON(f *testing.F) {
 		}
 	})
 }
-
