@@ -300,6 +300,10 @@ type writer struct {
 	// shared: other writers append to the same stream; verify skips
 	// their well-formed lines.
 	shared bool
+	// producer: appends carry idempotent producer headers (epoch 0, seq
+	// n), and an append whose request failed without an answer is sent
+	// again, which the server deduplicates: what a real client does.
+	producer bool
 
 	mu       sync.Mutex
 	next     int
@@ -354,10 +358,8 @@ func (w *writer) run(stop <-chan struct{}) {
 		n := w.next
 		w.next++
 		w.mu.Unlock()
-		ctx, cancel := context.WithTimeout(w.abort, w.reqTimeout)
 		sent := time.Now()
-		r, err := w.c.appendBody(ctx, w.name, w.body(n))
-		cancel()
+		r, err := w.send(n)
 		w.mu.Lock()
 		w.spans[n] = span{sent: sent, done: time.Now(), ok: err == nil && r.status/100 == 2}
 		switch {
@@ -385,6 +387,36 @@ func (w *writer) run(stop <-chan struct{}) {
 		} else if w.pause > 0 {
 			sleepOrStop(stop, w.pause+time.Duration(i%7)*w.pause/7)
 		}
+	}
+}
+
+// send makes one append; a producer writer resends it while the request
+// fails without an answer (at most 20 times).
+func (w *writer) send(n int) (*response, error) {
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(w.abort, w.reqTimeout)
+		var r *response
+		var err error
+		if w.producer {
+			h := http.Header{
+				"Content-Type":   {textPlain},
+				"Producer-Id":    {fmt.Sprintf("writer-%d", w.idx)},
+				"Producer-Epoch": {"0"},
+				"Producer-Seq":   {strconv.Itoa(n)},
+				// Lets Go's transport resend the POST itself when a
+				// keep-alive connection closes under it.
+				"Idempotency-Key": {fmt.Sprintf("writer-%d-%d", w.idx, n)},
+			}
+			r, err = w.c.do(ctx, http.MethodPost, w.name, "", h, w.body(n))
+		} else {
+			r, err = w.c.appendBody(ctx, w.name, w.body(n))
+		}
+		cancel()
+		if err == nil || !w.producer || attempt >= 20 || w.abort.Err() != nil {
+			return r, err
+		}
+		// Resend even when stopping: an append must not be left unsettled.
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -39,11 +39,14 @@ func TestReloadUnderLoad(t *testing.T) {
 		return caddyOptions(v, storage, "flush_interval "+flush, "long_poll_timeout 5s")
 	}
 	c := caddytest.Start(t, optsWith("10ms"))
-	// Writers open a connection per request: a server closing an idle
-	// keep-alive connection at a reload races a POST being sent on it,
-	// and Go's transport (rightly) does not resend a POST; that race is
-	// HTTP/1.1's, not the module's, and is kept out of the count.
-	wcl := newClient(t, c.URL(), false)
+	// Caddy binds its listeners with SO_REUSEPORT, so at a reload the
+	// kernel resets connections still queued on the old socket, whatever
+	// the handler (a plain respond route loses them too), and a server
+	// closing an idle keep-alive connection races a POST sent on it.
+	// Writers therefore do what a Durable Streams client does: idempotent
+	// producer headers, and a resend of an append that got no answer.
+	// Every append must end acknowledged exactly once.
+	wcl := newClient(t, c.URL(), true)
 	scl := newClient(t, c.URL(), true)
 
 	names := make([]string, streams)
@@ -69,6 +72,7 @@ func TestReloadUnderLoad(t *testing.T) {
 	subStream := map[*subscriber]int{}
 	for i, name := range names {
 		writers[i] = newWriter(abort, wcl, i, name, 20*time.Millisecond)
+		writers[i].producer = true
 		writersWG.Add(1)
 		go func() { defer writersWG.Done(); writers[i].run(stopWriters) }()
 		for j := 0; j < subsPerStrm; j++ {
