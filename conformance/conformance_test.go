@@ -45,13 +45,36 @@ Basic Stream Operations
 Append Operations
 Read Operations
 Long-Poll Operations
-SSE Mode
 HTTP Protocol
-Stream Closure
--Stream Closure > Idempotent Producers with Stream Closure
-JSON Mode
+Browser Security Headers
 TTL and Expiry Validation
+Case-Insensitivity
+Content-Type Validation
+HEAD Metadata
+Offset Validation and Resumability
+Protocol Edge Cases
+Long-Poll Edge Cases
+TTL and Expiry Edge Cases
+HEAD Metadata Edge Cases
+TTL Expiration Behavior
+Caching and ETag
+Chunking and Large Payloads
 Read-Your-Writes Consistency
+SSE Mode
+JSON Mode
+Property-Based Tests (fast-check)
+Idempotent Producer Operations
+Stream Closure
+Fork - Creation
+Fork - Reading
+Fork - Appending
+Fork - Recursive
+Fork - Live Modes
+Fork - Deletion and Lifecycle
+Fork - TTL and Expiry
+Fork - JSON Mode
+Fork - Edge Cases
+Reserved subscription APIs
 `
 
 // longPollTimeout is the module's long_poll_timeout during the run; the suite
