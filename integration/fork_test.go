@@ -1,0 +1,280 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	forkMiB      = 1 << 20
+	forkRecords  = 100 // 1 MiB appends in the source
+	forkAtRecord = 73  // the fork divides this record of the source
+	forkSubBytes = 12345
+)
+
+// forkSrcByte is the source's byte at position pos: printable, and not
+// periodic at any record boundary, so a byte served from the wrong place
+// shows.
+func forkSrcByte(pos int64) byte {
+	x := uint64(pos) * 0x9e3779b97f4a7c15
+	x ^= x >> 29
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 32
+	return 'a' + byte(x%26)
+}
+
+// forkSrc returns the source's bytes [from, to).
+func forkSrc(from, to int64) []byte {
+	b := make([]byte, to-from)
+	for i := range b {
+		b[i] = forkSrcByte(from + int64(i))
+	}
+	return b
+}
+
+// forkDataIDs returns the internal ids that have data objects, with the
+// bytes each holds.
+func forkDataIDs(objs []fhObject) map[string]int64 {
+	ids := map[string]int64{}
+	for _, o := range objs {
+		rest, ok := strings.CutPrefix(o.Key, "data/")
+		if !ok {
+			continue
+		}
+		id, _, _ := strings.Cut(rest, "/")
+		ids[id] += o.Size
+	}
+	return ids
+}
+
+func forkSum(objs []fhObject) int64 {
+	var n int64
+	for _, o := range objs {
+		n += o.Size
+	}
+	return n
+}
+
+// TestForkLargeStream forks a stream holding 100 MiB in the middle of one
+// of its records. The fork request must upload at most 64 KiB: the fork
+// references the source's data instead of copying it. The fork then reads
+// the source's bytes up to the fork point followed by its own appends,
+// also after a crash and restart and after the source was deleted (which
+// answers 410 on the source), and deleting the fork at last removes the
+// source's data from the bucket.
+func TestForkLargeStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 100 MiB through Caddy")
+	}
+	began := time.Now()
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 2s"}})
+	cl := newClient(t, e.caddy.URL(), true)
+	const src, fork = "/fork-large/src", "/fork-large/fork"
+	e.create(src, textPlain)
+
+	// offs[i] is the Stream-Next-Offset of append i: where record i+1
+	// starts.
+	offs := make([]string, forkRecords)
+	for i := range offs {
+		body := forkSrc(int64(i)*forkMiB, int64(i+1)*forkMiB)
+		offs[i] = e.append(src, textPlain, body)
+		if i > 0 && offs[i] <= offs[i-1] {
+			t.Fatalf("append %d: Stream-Next-Offset %s not after %s", i, offs[i], offs[i-1])
+		}
+	}
+	wrote := time.Since(began)
+
+	// Let compaction fold the source into data objects and retire its WAL,
+	// so the source's data has a home the test can watch.
+	var srcID string
+	if err := fhWaitFor(90*time.Second, 500*time.Millisecond, func() error {
+		data, err := e.list("data/")
+		if err != nil {
+			return err
+		}
+		wal, err := e.list("wal/")
+		if err != nil {
+			return err
+		}
+		ids := forkDataIDs(data)
+		if len(ids) != 1 {
+			return fmt.Errorf("data objects of %d streams, want the source's only: %v", len(ids), ids)
+		}
+		for id, n := range ids {
+			srcID = id
+			if n < forkRecords*forkMiB {
+				return fmt.Errorf("data objects hold %d bytes, want at least %d", n, forkRecords*forkMiB)
+			}
+		}
+		if w := forkSum(wal); w >= forkMiB {
+			return fmt.Errorf("WAL objects still hold %d bytes", w)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("compaction of the source: %v", err)
+	}
+	srcData := e.mustList("data/" + srcID + "/")
+	compacted := time.Since(began)
+
+	// The fork: at record forkAtRecord's start plus forkSubBytes.
+	forkLen := int64(forkAtRecord)*forkMiB + forkSubBytes
+	before := e.proxy.Counts()
+	resp := e.must(fhReq{Method: http.MethodPut, Path: fork, Header: map[string]string{
+		"Content-Type":           textPlain,
+		"Stream-Forked-From":     src,
+		"Stream-Fork-Offset":     offs[forkAtRecord-1],
+		"Stream-Fork-Sub-Offset": strconv.Itoa(forkSubBytes),
+	}})
+	after := e.proxy.Counts()
+	if resp.Status != http.StatusCreated {
+		t.Fatalf("PUT %s forked from %s at %s+%d: %s, want 201", fork, src, offs[forkAtRecord-1], forkSubBytes, resp)
+	}
+	forkPut := after.BytesPut - before.BytesPut
+	t.Logf("fork request: %s, %d PUTs, %d bytes PUT:%s", resp.Took.Round(time.Millisecond),
+		after.Put-before.Put, forkPut, fhSortedKeys(fhWrites(before, after)))
+	if forkPut > 64<<10 {
+		t.Errorf("forking a %d MiB stream uploaded %d bytes, want at most 64 KiB", forkRecords, forkPut)
+	}
+
+	own := []byte("fork append 0\nfork append 1\nfork append 2\n")
+	for _, line := range bytes.SplitAfter(own, []byte("\n")) {
+		if len(line) > 0 {
+			e.append(fork, textPlain, line)
+		}
+	}
+	// want returns the fork's bytes [from, to).
+	want := func(from, to int64) []byte {
+		var b []byte
+		if from < forkLen {
+			b = forkSrc(from, min(to, forkLen))
+		}
+		if to > forkLen {
+			b = append(b, own[max(from, forkLen)-forkLen:to-forkLen]...)
+		}
+		return b
+	}
+	forkTotal := forkLen + int64(len(own))
+
+	// spotCheck reads the fork from the start of source record rec (0:
+	// the beginning) for at least limit bytes (-1: to the tail) and
+	// compares what arrives.
+	spotCheck := func(when string, rec int, limit int) {
+		t.Helper()
+		off := "-1"
+		if rec > 0 {
+			off = offs[rec-1]
+		}
+		got, next, err := cl.readRange(fork, off, limit, time.Minute)
+		if err != nil {
+			t.Fatalf("%s: reading the fork from record %d: %v", when, rec, err)
+		}
+		from := int64(rec) * forkMiB
+		to := min(from+int64(len(got)), forkTotal)
+		exp := want(from, to)
+		if !bytes.Equal(got, exp) {
+			i := firstDiff(got, exp)
+			t.Errorf("%s: fork from record %d: %d bytes, want %d; first difference at +%d: got %s, want %s",
+				when, rec, len(got), len(exp), i, around(got, i), around(exp, i))
+		}
+		if limit < 0 && int64(len(got)) != forkTotal-from {
+			t.Errorf("%s: fork read from record %d to its tail %s gave %d bytes, want %d", when, rec, next, len(got), forkTotal-from)
+		}
+	}
+	checks := func(when string) {
+		spotCheck(when, 0, 256<<10)
+		spotCheck(when, 37, forkMiB+1)
+		spotCheck(when, forkAtRecord-2, -1)
+	}
+	checks("after the fork")
+	// The source itself is untouched by the fork.
+	if got, _, err := cl.readRange(src, offs[forkAtRecord-1], forkMiB, time.Minute); err != nil {
+		t.Errorf("reading the source after the fork: %v", err)
+	} else if exp := forkSrc(forkAtRecord*forkMiB, forkAtRecord*forkMiB+int64(len(got))); !bytes.Equal(got, exp) {
+		t.Errorf("source record %d after the fork: differs at +%d", forkAtRecord, firstDiff(got, exp))
+	}
+
+	// A crash and restart: the fork is in the bucket.
+	e.caddy.Kill()
+	e.caddy.Restart()
+	checks("after a restart")
+	forkTail, err := cl.tail(fork, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, tail, err := cl.readAll(fork, 2*time.Minute)
+	if err != nil {
+		t.Fatalf("reading the whole fork after the restart: %v", err)
+	}
+	if exp := want(0, forkTotal); !bytes.Equal(full, exp) {
+		i := firstDiff(full, exp)
+		t.Errorf("whole fork after the restart: %d bytes, want %d; first difference at %d", len(full), len(exp), i)
+	}
+	if tail != forkTail {
+		t.Errorf("fork: read ended at %s, HEAD says %s", tail, forkTail)
+	}
+
+	// Deleting the source while the fork exists.
+	resp = e.must(fhReq{Method: http.MethodDelete, Path: src})
+	if resp.Status/100 != 2 {
+		t.Fatalf("DELETE %s: %s", src, resp)
+	}
+	for _, q := range []string{"?offset=-1", "?offset=" + offs[10]} {
+		if r := e.must(fhReq{Method: http.MethodGet, Path: src + q}); r.Status != http.StatusGone {
+			t.Errorf("GET %s%s after deleting it while a fork exists: %s, want 410", src, q, r)
+		}
+	}
+	if r := e.must(fhReq{Method: http.MethodHead, Path: src}); r.Status != http.StatusGone {
+		t.Errorf("HEAD %s after deleting it while a fork exists: %d, want 410", src, r.Status)
+	}
+	// Long enough for compaction passes and the deletion loop to run: the
+	// source's data must stay while the fork references it.
+	time.Sleep(5 * time.Second)
+	kept := fhKeySet(e.mustList("data/" + srcID + "/"))
+	for _, o := range srcData {
+		if !kept[o.Key] {
+			t.Errorf("source data object %s removed while the fork still references it", o.Key)
+		}
+	}
+	checks("after deleting the source")
+
+	// Deleting the fork releases the source's data.
+	resp = e.must(fhReq{Method: http.MethodDelete, Path: fork})
+	if resp.Status/100 != 2 {
+		t.Fatalf("DELETE %s: %s", fork, resp)
+	}
+	if r := e.must(fhReq{Method: http.MethodGet, Path: fork + "?offset=-1"}); r.Status == http.StatusOK {
+		t.Errorf("GET %s after deleting it: %s", fork, r)
+	}
+	var left []fhObject
+	if err := fhWaitFor(60*time.Second, 500*time.Millisecond, func() error {
+		all, err := e.list("")
+		if err != nil {
+			return err
+		}
+		left = left[:0]
+		for _, o := range all {
+			if strings.HasPrefix(o.Key, "data/"+srcID+"/") || strings.HasPrefix(o.Key, "gc/") {
+				left = append(left, o)
+			}
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("%d objects of the deleted streams left (%d bytes), e.g. %s", len(left), forkSum(left), left[0].Key)
+		}
+		if n := forkSum(all); n >= forkMiB {
+			sort.Slice(all, func(i, j int) bool { return all[i].Size > all[j].Size })
+			return fmt.Errorf("the bucket still holds %d bytes, largest %s (%d)", n, all[0].Key, all[0].Size)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("after deleting the fork: %v", err)
+	}
+	t.Logf("fork of %d MiB: source written in %s, compacted by %s into %d data objects; fork PUT %d bytes; whole test %s",
+		forkRecords, wrote.Round(time.Millisecond), compacted.Round(time.Millisecond), len(srcData), forkPut,
+		time.Since(began).Round(time.Millisecond))
+}
