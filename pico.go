@@ -389,10 +389,27 @@ func (p *picoProtocol) list(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	infos, more, err := eng.List(r.Context(), prefix, q.Get("start_after"), limit)
+	// One more than the page, so that a page that ends the listing is told
+	// apart from one that does not without trusting the store's
+	// truncation flag (versitygw sets it on every full page).
+	infos, more, err := eng.List(r.Context(), prefix, q.Get("start_after"), min(limit+1, picoMaxListLimit))
 	if err != nil {
 		p.engineError(w, r, err)
 		return
+	}
+	switch {
+	case len(infos) > limit:
+		infos, more = infos[:limit], true
+	case more && len(infos) == limit:
+		// A full page of the largest size, which the store flags as
+		// truncated: one more one-key listing settles whether anything
+		// follows, so a page costs at most two LIST requests.
+		next, nextMore, err := eng.List(r.Context(), prefix, infos[limit-1].Name, 1)
+		if err != nil {
+			p.engineError(w, r, err)
+			return
+		}
+		more = len(next) > 0 || nextMore
 	}
 	page := picoListPage{Streams: make([]picoListEntry, 0, len(infos)), HasMore: more}
 	for _, info := range infos {
