@@ -839,6 +839,10 @@ func TestPicoDelete(t *testing.T) {
 	s.do(t, "DELETE", "/pico/src", nil).wantError(t, 410, picoErrGone, -1)
 	s.do(t, "GET", "/ds/src", nil).want(t, 410)
 	s.do(t, "PUT", "/pico/src", nil, hCT, "text/plain").wantError(t, 409, picoErrConflict, -1)
+	// Nor does a listing show it.
+	if p := s.list(t, ""); len(p.Streams) != 2 || p.Streams[0].Name != "/d" || p.Streams[1].Name != "/fork" {
+		t.Errorf("listing with a soft-deleted stream: %+v", p)
+	}
 	// The fork still reads its inherited record, through Pico too.
 	if recs := s.readAll(t, "/fork"); len(recs) != 1 || string(recs[0].bytes()) != "shared" {
 		t.Errorf("fork records %+v", recs)
