@@ -40,6 +40,9 @@ type durableStreams struct {
 // ServeHTTP dispatches on the method. The stream name is the request path as
 // this handler sees it, checked before any I/O.
 func (d *durableStreams) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if d.serveReserved(w, r) { // __ds control paths come before streams (subscriptions.go)
+		return
+	}
 	name := r.URL.Path
 	if err := streamstore.ValidateName(name); err != nil {
 		fail(w, http.StatusBadRequest, fmt.Sprintf("invalid stream name: %v", err))

@@ -558,6 +558,7 @@ func (h hooks) Committed(b *segment.Batch) {
 		s.runs = append(s.runs, walRun{pos: pos, key: b.Key, span: b.Spans[i], ch: ch})
 		s.notifyLocked()
 		s.mu.Unlock()
+		e.appended(ent)
 	}
 	e.mu.Lock()
 	e.commitEnd = pos.next()

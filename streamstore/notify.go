@@ -1,0 +1,115 @@
+package streamstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// AppendHook is told about records that became durable: the stream's name,
+// the seq of the first new record and the stream's next seq after them.
+// It is called on the WAL commit path, in commit order, so it must not
+// block (hand the work to another goroutine) and must not call the engine.
+type AppendHook func(name string, firstSeq, nextSeq uint64)
+
+// appendHooks holds the hook of each engine. It lives beside the Engine
+// rather than in it so the engine's own files stay as they are; an entry is
+// removed by OnAppend(nil).
+var appendHooks sync.Map // *Engine -> AppendHook
+
+// OnAppend registers fn as the engine's append hook, replacing any earlier
+// one; nil removes it. See AppendHook for what fn may do.
+func (e *Engine) OnAppend(fn AppendHook) {
+	if fn == nil {
+		appendHooks.Delete(e)
+		return
+	}
+	appendHooks.Store(e, fn)
+}
+
+// appended is called by the commit hook once an entry is durable.
+func (e *Engine) appended(ent *segment.Entry) {
+	if len(ent.Records) == 0 {
+		return
+	}
+	if fn, ok := appendHooks.Load(e); ok {
+		fn.(AppendHook)(ent.Name, ent.FirstSeq, ent.EndSeq())
+	}
+}
+
+// Done is closed when the engine begins to close; background work tied to
+// the engine ends then.
+func (e *Engine) Done() <-chan struct{} { return e.closing }
+
+// docPrefix is where small documents that are not streams (subscription
+// state, keys) live in the bucket.
+const docPrefix = "subs/"
+
+// ErrDocConflict is returned by PutDoc when the document changed (or exists,
+// or is gone) since the version the caller read.
+var ErrDocConflict = segment.ErrPreconditionFailed
+
+func docKey(key string) (string, error) {
+	if key == "" || strings.Contains(key, "..") || strings.HasPrefix(key, "/") || len(key) > 600 {
+		return "", fmt.Errorf("%w: bad document key %q", ErrBadRequest, key)
+	}
+	return docPrefix + key, nil
+}
+
+// GetDoc reads the document stored under subs/KEY and its version.
+// A missing document returns ErrNotFound.
+func (e *Engine) GetDoc(ctx context.Context, key string) ([]byte, string, error) {
+	k, err := docKey(key)
+	if err != nil {
+		return nil, "", err
+	}
+	data, etag, err := e.store.Get(ctx, k, 0, -1)
+	if err == segment.ErrNotFound {
+		return nil, "", ErrNotFound
+	}
+	return data, etag, err
+}
+
+// PutDoc writes a document with compare-and-swap: version "" creates it
+// only if absent, any other version replaces it only if it is still that
+// version. It returns the new version, or ErrDocConflict.
+func (e *Engine) PutDoc(ctx context.Context, key string, data []byte, version string) (string, error) {
+	k, err := docKey(key)
+	if err != nil {
+		return "", err
+	}
+	opts := segment.PutOptions{IfNoneMatch: version == "", IfMatch: version}
+	return e.store.Put(ctx, k, data, opts)
+}
+
+// DeleteDoc removes a document; a missing one is not an error.
+func (e *Engine) DeleteDoc(ctx context.Context, key string) error {
+	k, err := docKey(key)
+	if err != nil {
+		return err
+	}
+	return e.store.Delete(ctx, []string{k})
+}
+
+// ListDocs returns the keys (without the subs/ prefix) of every document
+// whose key starts with prefix.
+func (e *Engine) ListDocs(ctx context.Context, prefix string) ([]string, error) {
+	var keys []string
+	after := ""
+	for {
+		objs, more, err := e.store.List(ctx, docPrefix+prefix, after, 1000)
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range objs {
+			keys = append(keys, strings.TrimPrefix(o.Key, docPrefix))
+			after = o.Key
+		}
+		if !more || len(objs) == 0 {
+			return keys, nil
+		}
+	}
+}

@@ -1,0 +1,1274 @@
+package picomq
+
+// Reserved subscription APIs (Durable Streams protocol sections 6 and 7,
+// security in 12.8-12.10).
+//
+// Routing: any request path with a "__ds" segment is a control request; the
+// part of the path before that segment is the stream root, so
+// /v1/stream/__ds/subscriptions/s1 manages subscription s1 of the streams
+// named /v1/stream/...; paths inside subscription bodies are relative to
+// that root.
+//
+// Durability: this file knows HTTP, not S3. Every subscription (config,
+// generation, wake id, lease holder and expiry, retry schedule, links with
+// their acked offsets) is one JSON document written with compare-and-swap
+// through the engine's document store (streamstore.Engine.PutDoc, objects
+// under subs/ in the bucket), after every change and before the change is
+// answered or acted on. The Ed25519 webhook signing key and the HMAC key of
+// callback tokens are generated once and kept in the document "key". So a
+// restart (or another node taking the storage lease) finds every
+// subscription, generation and cursor where it was, and a stale generation
+// stays fenced. Stream tails learned from the engine's append hook are kept
+// in the same documents.
+//
+// One subManager serves each engine; it runs one goroutine (the loop: append
+// notifications, lease expiry, webhook retries) and short-lived delivery
+// goroutines, all of which end when the engine closes.
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+const (
+	reservedSegment    = "__ds"
+	subDefaultLease    = 30 * time.Second
+	subMinLease        = time.Second
+	subMaxLease        = 10 * time.Minute
+	subMaxIDLen        = 120
+	subMaxBody         = 1 << 20
+	webhookTimeout     = 10 * time.Second
+	webhookMinBackoff  = time.Second
+	webhookMaxBackoff  = 60 * time.Second
+	subTickInterval    = 100 * time.Millisecond
+	signatureKeyDocKey = "key"
+)
+
+// serveReserved handles a request under a "__ds" segment and reports
+// whether it did. For other requests it only makes sure the engine's
+// subscription manager runs, so appends wake subscriptions after a restart.
+func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) bool {
+	path := r.URL.Path
+	i := strings.Index(path, "/"+reservedSegment+"/")
+	if i < 0 && strings.HasSuffix(path, "/"+reservedSegment) {
+		i = len(path) - len(reservedSegment) - 1
+	}
+	if i < 0 {
+		if eng, err := d.engine(r.Context()); err == nil {
+			managerFor(eng, d.log)
+		}
+		return false
+	}
+	root := path[:i+1]
+	rest := strings.TrimPrefix(path[i+1+len(reservedSegment):], "/")
+	eng, ok := d.engineFor(w, r)
+	if !ok {
+		return true
+	}
+	m := managerFor(eng, d.log)
+	err := m.ready(r.Context())
+	if err == nil {
+		err = m.ensureKey(r.Context())
+	}
+	if err != nil {
+		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		return true
+	}
+	if rest == "jwks.json" {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			subError(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "GET only")
+			return true
+		}
+		w.Header().Set("Cache-Control", "public, max-age=300")
+		writeJSONStatus(w, http.StatusOK, "application/jwk-set+json", m.jwks())
+		return true
+	}
+	id, sub, found := strings.Cut(strings.TrimPrefix(rest, "subscriptions/"), "/")
+	if !strings.HasPrefix(rest, "subscriptions/") || id == "" || len(id) > subMaxIDLen || len(root) > subMaxIDLen {
+		subError(w, http.StatusNotFound, "NOT_FOUND", "no such control resource")
+		return true
+	}
+	base := publicURL(r, root)
+	switch {
+	case !found && r.Method == http.MethodPut:
+		m.handlePut(w, r, root, id, base)
+	case !found && (r.Method == http.MethodGet || r.Method == http.MethodHead):
+		m.handleGet(w, r, root, id)
+	case !found && r.Method == http.MethodDelete:
+		m.handleDelete(w, r, root, id)
+	case sub == "streams" && r.Method == http.MethodPost:
+		m.handleAddStreams(w, r, root, id)
+	case strings.HasPrefix(sub, "streams/") && r.Method == http.MethodDelete:
+		m.handleRemoveStream(w, r, root, id, strings.TrimPrefix(sub, "streams/"))
+	case sub == "callback" && r.Method == http.MethodPost:
+		m.handleAck(w, r, root, id, true)
+	case sub == "ack" && r.Method == http.MethodPost:
+		m.handleAck(w, r, root, id, false)
+	case sub == "claim" && r.Method == http.MethodPost:
+		m.handleClaim(w, r, root, id)
+	case sub == "release" && r.Method == http.MethodPost:
+		m.handleRelease(w, r, root, id)
+	default:
+		subError(w, http.StatusNotFound, "NOT_FOUND", "no such control resource")
+	}
+	return true
+}
+
+// subLink is one stream linked to a subscription. Offsets are stream seqs:
+// the position after the last acknowledged (or existing) record.
+type subLink struct {
+	Glob     bool   `json:"glob,omitempty"`
+	Explicit bool   `json:"explicit,omitempty"`
+	Acked    uint64 `json:"acked"`
+	Tail     uint64 `json:"tail"`
+}
+
+// subConfig is what a PUT sets; its hash decides 200 against 409.
+type subConfig struct {
+	Type        string   `json:"type"`
+	Pattern     string   `json:"pattern,omitempty"`
+	Streams     []string `json:"streams,omitempty"`
+	WebhookURL  string   `json:"webhook_url,omitempty"`
+	WakeStream  string   `json:"wake_stream,omitempty"`
+	LeaseTTLms  int64    `json:"lease_ttl_ms"`
+	Description string   `json:"description,omitempty"`
+}
+
+// subState is the durable document of one subscription.
+type subState struct {
+	ID         string              `json:"id"`
+	Root       string              `json:"root"`
+	BaseURL    string              `json:"base_url"` // public URL of the stream root
+	Config     subConfig           `json:"config"`
+	Hash       string              `json:"hash"`
+	CreatedAt  time.Time           `json:"created_at"`
+	Links      map[string]*subLink `json:"links"`
+	Generation uint64              `json:"generation"`
+	WakeID     string              `json:"wake_id,omitempty"`     // the wake in flight, if any
+	Holder     string              `json:"holder,omitempty"`      // pull-wake worker holding the lease
+	LeaseUntil int64               `json:"lease_until,omitempty"` // unix ms; 0 means no lease running
+	Failures   int                 `json:"failures,omitempty"`
+	NextTry    int64               `json:"next_attempt_at,omitempty"` // unix ms of the next webhook retry
+	Snapshot   map[string]uint64   `json:"snapshot,omitempty"`        // tails sent with the wake in flight
+
+	key     string // document key
+	version string // document version (ETag)
+}
+
+func (s *subState) lease() time.Duration {
+	return time.Duration(s.Config.LeaseTTLms) * time.Millisecond
+}
+
+func (s *subState) pending() bool {
+	for _, l := range s.Links {
+		if l.Tail > l.Acked {
+			return true
+		}
+	}
+	return false
+}
+
+type subStreamView struct {
+	Path       string  `json:"path"`
+	LinkType   string  `json:"link_type"`
+	Acked      string  `json:"acked_offset"`
+	Tail       *string `json:"tail_offset,omitempty"`
+	HasPending *bool   `json:"has_pending,omitempty"`
+}
+
+func (s *subState) streams(withTail bool) []subStreamView {
+	paths := make([]string, 0, len(s.Links))
+	for p := range s.Links {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	out := make([]subStreamView, 0, len(paths))
+	for _, p := range paths {
+		l := s.Links[p]
+		v := subStreamView{Path: p, LinkType: "glob", Acked: position{seq: l.Acked}.String()}
+		if l.Explicit {
+			v.LinkType = "explicit"
+		}
+		if withTail {
+			t := position{seq: l.Tail}.String()
+			pend := l.Tail > l.Acked
+			v.Tail, v.HasPending = &t, &pend
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// subManager owns the subscriptions of one engine.
+type subManager struct {
+	eng *streamstore.Engine
+	log *zap.Logger
+
+	loaded  chan struct{}
+	loadErr error
+
+	keyMu sync.Mutex // serialises ensureKey
+	mu    sync.Mutex
+	subs  map[string]*subState // by document key
+	priv  ed25519.PrivateKey
+	kid   string
+	mac   []byte
+
+	qmu    sync.Mutex
+	queue  []appendNote
+	kick   chan struct{}
+	client *http.Client
+	ctx    context.Context // ends when the engine closes
+}
+
+type appendNote struct {
+	name        string
+	first, next uint64
+}
+
+var subManagers sync.Map // *streamstore.Engine -> *subManager
+
+// managerFor returns the engine's subscription manager, starting it once.
+func managerFor(eng *streamstore.Engine, log *zap.Logger) *subManager {
+	if m, ok := subManagers.Load(eng); ok {
+		return m.(*subManager)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &subManager{
+		eng:    eng,
+		log:    log,
+		loaded: make(chan struct{}),
+		subs:   map[string]*subState{},
+		kick:   make(chan struct{}, 1),
+		ctx:    ctx,
+	}
+	m.client = &http.Client{
+		Timeout:   webhookTimeout,
+		Transport: &http.Transport{DialContext: (&net.Dialer{Timeout: 5 * time.Second, Control: webhookDialControl}).DialContext},
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse // a redirect could lead anywhere
+		},
+	}
+	if prev, loaded := subManagers.LoadOrStore(eng, m); loaded {
+		cancel()
+		return prev.(*subManager)
+	}
+	eng.OnAppend(m.noteAppend)
+	go func() {
+		defer cancel()
+		m.run()
+	}()
+	go func() {
+		<-eng.Done()
+		cancel()
+		subManagers.CompareAndDelete(eng, m)
+	}()
+	return m
+}
+
+// noteAppend is the engine's append hook: it queues and never blocks.
+func (m *subManager) noteAppend(name string, first, next uint64) {
+	m.qmu.Lock()
+	m.queue = append(m.queue, appendNote{name, first, next})
+	m.qmu.Unlock()
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (m *subManager) ready(ctx context.Context) error {
+	select {
+	case <-m.loaded:
+		return m.loadErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run loads the state, then serves append notes, leases and retries until
+// the engine closes.
+func (m *subManager) run() {
+	for {
+		err := m.load()
+		if err == nil {
+			break
+		}
+		m.log.Warn("loading subscriptions", zap.Error(err))
+		select {
+		case <-m.ctx.Done():
+			m.loadErr = err
+			close(m.loaded)
+			return
+		case <-time.After(time.Second):
+		}
+	}
+	close(m.loaded)
+	t := time.NewTicker(subTickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-m.kick:
+		case <-t.C:
+		}
+		m.qmu.Lock()
+		notes := m.queue
+		m.queue = nil
+		m.qmu.Unlock()
+		m.mu.Lock()
+		for _, n := range notes {
+			m.applyNoteLocked(n)
+		}
+		m.tickLocked(time.Now())
+		m.mu.Unlock()
+	}
+}
+
+// keyDoc is the durable signing material.
+type keyDoc struct {
+	Seed []byte `json:"ed25519_seed"`
+	MAC  []byte `json:"hmac_key"`
+}
+
+// loadKey reads the signing key document into m, creating it first when
+// create is set and there is none. Without create, a missing key is no error
+// (a node that never served a subscription request writes nothing).
+func (m *subManager) loadKey(ctx context.Context, create bool) error {
+	for {
+		data, _, err := m.eng.GetDoc(ctx, signatureKeyDocKey)
+		switch {
+		case err == nil:
+			var kd keyDoc
+			if err := json.Unmarshal(data, &kd); err != nil || len(kd.Seed) != ed25519.SeedSize || len(kd.MAC) < 32 {
+				return fmt.Errorf("signing key document is corrupt")
+			}
+			priv := ed25519.NewKeyFromSeed(kd.Seed)
+			m.mu.Lock()
+			m.priv, m.kid, m.mac = priv, jwkThumbprintKID(priv.Public().(ed25519.PublicKey)), kd.MAC
+			m.mu.Unlock()
+			return nil
+		case errors.Is(err, streamstore.ErrNotFound):
+			if !create {
+				return nil
+			}
+			nk := keyDoc{Seed: randBytes(ed25519.SeedSize), MAC: randBytes(32)}
+			b, _ := json.Marshal(nk)
+			if _, err := m.eng.PutDoc(ctx, signatureKeyDocKey, b, ""); err != nil && !errors.Is(err, streamstore.ErrDocConflict) {
+				return err
+			}
+			// Read it back: if another node won the race, its key is the key.
+		default:
+			return err
+		}
+	}
+}
+
+// ensureKey makes sure the signing key exists before a control request.
+func (m *subManager) ensureKey(ctx context.Context) error {
+	m.keyMu.Lock()
+	defer m.keyMu.Unlock()
+	m.mu.Lock()
+	have := m.priv != nil
+	m.mu.Unlock()
+	if have {
+		return nil
+	}
+	return m.loadKey(ctx, true)
+}
+
+func (m *subManager) load() error {
+	ctx, cancel := context.WithTimeout(m.ctx, time.Minute)
+	defer cancel()
+	if err := m.loadKey(ctx, false); err != nil {
+		return err
+	}
+	keys, err := m.eng.ListDocs(ctx, "")
+	if err != nil {
+		return err
+	}
+	subs := map[string]*subState{}
+	for _, k := range keys {
+		if k == signatureKeyDocKey {
+			continue
+		}
+		data, ver, err := m.eng.GetDoc(ctx, k)
+		if errors.Is(err, streamstore.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		var s subState
+		if err := json.Unmarshal(data, &s); err != nil {
+			m.log.Warn("skipping corrupt subscription document", zap.String("key", k), zap.Error(err))
+			continue
+		}
+		if s.Links == nil {
+			s.Links = map[string]*subLink{}
+		}
+		s.key, s.version = k, ver
+		subs[k] = &s
+	}
+	m.mu.Lock()
+	m.subs = subs
+	// Wakes in flight before a restart are delivered again (same generation).
+	for _, s := range subs {
+		if s.Config.Type == "webhook" && s.WakeID != "" && s.NextTry == 0 {
+			s.NextTry = time.Now().UnixMilli()
+		}
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+func randBytes(n int) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// jwkThumbprintKID is "ds_" and the RFC 7638 thumbprint of the public key.
+func jwkThumbprintKID(pub ed25519.PublicKey) string {
+	canon := `{"crv":"Ed25519","kty":"OKP","x":"` + base64.RawURLEncoding.EncodeToString(pub) + `"}`
+	sum := sha256.Sum256([]byte(canon))
+	return "ds_" + base64.RawURLEncoding.EncodeToString(sum[:])
+}
+
+func (m *subManager) jwks() any {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return map[string]any{"keys": []map[string]string{{
+		"kty": "OKP", "crv": "Ed25519", "kid": m.kid, "use": "sig", "alg": "EdDSA",
+		"x": base64.RawURLEncoding.EncodeToString(m.priv.Public().(ed25519.PublicKey)),
+	}}}
+}
+
+func subDocKey(root, id string) string {
+	return hex.EncodeToString([]byte(root)) + "/" + hex.EncodeToString([]byte(id))
+}
+
+// save writes s with compare-and-swap. Called with m.mu held.
+func (m *subManager) saveLocked(s *subState) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+	defer cancel()
+	ver, err := m.eng.PutDoc(ctx, s.key, b, s.version)
+	if err != nil {
+		return err
+	}
+	s.version = ver
+	return nil
+}
+
+// saveOrLog is for changes made in the background.
+func (m *subManager) saveOrLog(s *subState) {
+	if err := m.saveLocked(s); err != nil {
+		m.log.Error("saving subscription", zap.String("id", s.ID), zap.Error(err))
+	}
+}
+
+// --- HTTP handlers ---------------------------------------------------------
+
+type putBody struct {
+	Type    string   `json:"type"`
+	Pattern string   `json:"pattern"`
+	Streams []string `json:"streams"`
+	Webhook *struct {
+		URL string `json:"url"`
+	} `json:"webhook"`
+	WakeStream  string `json:"wake_stream"`
+	LeaseTTLms  *int64 `json:"lease_ttl_ms"`
+	Description string `json:"description"`
+}
+
+func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id, base string) {
+	var body putBody
+	if !readJSONBody(w, r, &body) {
+		return
+	}
+	cfg := subConfig{Type: body.Type, Pattern: body.Pattern, WakeStream: body.WakeStream, Description: body.Description}
+	cfg.LeaseTTLms = subDefaultLease.Milliseconds()
+	if body.LeaseTTLms != nil {
+		cfg.LeaseTTLms = *body.LeaseTTLms
+	}
+	if cfg.LeaseTTLms < subMinLease.Milliseconds() || cfg.LeaseTTLms > subMaxLease.Milliseconds() {
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "lease_ttl_ms must be between 1000 and 600000")
+		return
+	}
+	seen := map[string]bool{}
+	for _, p := range body.Streams {
+		p = strings.Trim(p, "/")
+		if !validRelPath(root, p) {
+			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "invalid stream path "+p)
+			return
+		}
+		if !seen[p] {
+			seen[p] = true
+			cfg.Streams = append(cfg.Streams, p)
+		}
+	}
+	sort.Strings(cfg.Streams)
+	if cfg.Pattern == "" && len(cfg.Streams) == 0 {
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "pattern or streams is required")
+		return
+	}
+	switch cfg.Type {
+	case "webhook":
+		if body.Webhook == nil || body.Webhook.URL == "" {
+			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "webhook.url is required")
+			return
+		}
+		if err := validateWebhookURL(body.Webhook.URL); err != nil {
+			subError(w, http.StatusBadRequest, "WEBHOOK_URL_REJECTED", err.Error())
+			return
+		}
+		cfg.WebhookURL = body.Webhook.URL
+	case "pull-wake":
+		cfg.WakeStream = strings.Trim(cfg.WakeStream, "/")
+		if !validRelPath(root, cfg.WakeStream) {
+			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "wake_stream is required")
+			return
+		}
+	default:
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "type must be webhook or pull-wake")
+		return
+	}
+	cb, _ := json.Marshal(cfg)
+	sum := sha256.Sum256(cb)
+	hash := hex.EncodeToString(sum[:])
+
+	key := subDocKey(root, id)
+	m.mu.Lock()
+	if s, ok := m.subs[key]; ok {
+		defer m.mu.Unlock()
+		if s.Hash != hash {
+			subError(w, http.StatusConflict, "SUBSCRIPTION_EXISTS", "a subscription with this id has a different configuration")
+			return
+		}
+		writeJSONStatus(w, http.StatusOK, "application/json", m.viewLocked(s, r))
+		return
+	}
+	m.mu.Unlock()
+
+	// Backfill: streams that exist now are linked at their tail.
+	links := map[string]*subLink{}
+	if cfg.Pattern != "" {
+		prefix := root + globLiteralPrefix(cfg.Pattern)
+		after := ""
+		for {
+			infos, more, err := m.eng.List(r.Context(), prefix, after, 1000)
+			if err != nil {
+				subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+				return
+			}
+			for _, in := range infos {
+				rel := strings.TrimPrefix(in.Name, root)
+				if globMatch(cfg.Pattern, rel) {
+					links[rel] = &subLink{Glob: true, Acked: in.NextSeq, Tail: in.NextSeq}
+				}
+				after = in.Name
+			}
+			if !more || len(infos) == 0 {
+				break
+			}
+		}
+	}
+	for _, p := range cfg.Streams {
+		l := links[p]
+		if l == nil {
+			tail := m.tailOf(r.Context(), root+p)
+			l = &subLink{Acked: tail, Tail: tail}
+			links[p] = l
+		}
+		l.Explicit = true
+	}
+	s := &subState{ID: id, Root: root, BaseURL: base, Config: cfg, Hash: hash, CreatedAt: time.Now().UTC(), Links: links, key: key}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if prev, ok := m.subs[key]; ok { // a concurrent PUT won
+		if prev.Hash != hash {
+			subError(w, http.StatusConflict, "SUBSCRIPTION_EXISTS", "a subscription with this id has a different configuration")
+			return
+		}
+		writeJSONStatus(w, http.StatusOK, "application/json", m.viewLocked(prev, r))
+		return
+	}
+	// A deleted subscription's document was removed; create-only write.
+	if err := m.saveLocked(s); err != nil {
+		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		return
+	}
+	m.subs[key] = s
+	writeJSONStatus(w, http.StatusCreated, "application/json", m.viewLocked(s, r))
+}
+
+func (m *subManager) tailOf(ctx context.Context, name string) uint64 {
+	in, err := m.eng.Head(ctx, name)
+	if err != nil {
+		return 0
+	}
+	return in.NextSeq
+}
+
+func (m *subManager) viewLocked(s *subState, r *http.Request) map[string]any {
+	v := map[string]any{
+		"id":              s.ID,
+		"subscription_id": s.ID,
+		"type":            s.Config.Type,
+		"streams":         s.streams(false),
+		"lease_ttl_ms":    s.Config.LeaseTTLms,
+		"created_at":      s.CreatedAt.Format("2006-01-02T15:04:05.000Z"),
+		"status":          "active",
+		"generation":      s.Generation,
+		"wake_stream":     nil,
+		"pattern":         nil,
+	}
+	if s.Config.Pattern != "" {
+		v["pattern"] = s.Config.Pattern
+	}
+	if s.Config.Description != "" {
+		v["description"] = s.Config.Description
+	}
+	if s.NextTry > 0 && s.Failures > 0 {
+		v["status"] = "failed"
+		v["next_attempt_at"] = time.UnixMilli(s.NextTry).UTC().Format("2006-01-02T15:04:05.000Z")
+	}
+	if s.Config.Type == "webhook" {
+		v["webhook"] = map[string]any{
+			"url": s.Config.WebhookURL,
+			"signing": map[string]string{
+				"alg":      "ed25519",
+				"kid":      m.kid,
+				"jwks_url": publicURL(r, s.Root+reservedSegment+"/jwks.json"),
+			},
+		}
+	} else {
+		v["wake_stream"] = s.Config.WakeStream
+	}
+	return v
+}
+
+func (m *subManager) lookupLocked(w http.ResponseWriter, root, id string) *subState {
+	s, ok := m.subs[subDocKey(root, id)]
+	if !ok {
+		subError(w, http.StatusNotFound, "SUBSCRIPTION_NOT_FOUND", "no such subscription")
+		return nil
+	}
+	return s
+}
+
+func (m *subManager) handleGet(w http.ResponseWriter, r *http.Request, root, id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s := m.lookupLocked(w, root, id); s != nil {
+		writeJSONStatus(w, http.StatusOK, "application/json", m.viewLocked(s, r))
+	}
+}
+
+func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	key := subDocKey(root, id)
+	if _, ok := m.subs[key]; ok {
+		if err := m.eng.DeleteDoc(r.Context(), key); err != nil {
+			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+			return
+		}
+		// In-flight callbacks, acks and releases find no subscription now.
+		delete(m.subs, key)
+	}
+	w.Header().Set("Cache-Control", cacheControlNoStore)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, root, id string) {
+	var body struct {
+		Streams []string `json:"streams"`
+	}
+	if !readJSONBody(w, r, &body) {
+		return
+	}
+	tails := map[string]uint64{}
+	for _, p := range body.Streams {
+		p = strings.Trim(p, "/")
+		if !validRelPath(root, p) {
+			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "invalid stream path "+p)
+			return
+		}
+		tails[p] = m.tailOf(r.Context(), root+p)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.lookupLocked(w, root, id)
+	if s == nil {
+		return
+	}
+	for p, t := range tails {
+		l := s.Links[p]
+		if l == nil {
+			l = &subLink{Acked: t, Tail: t}
+			s.Links[p] = l
+		}
+		l.Explicit = true
+	}
+	if err := m.saveLocked(s); err != nil {
+		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, root, id, p string) {
+	p = strings.Trim(p, "/")
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.lookupLocked(w, root, id)
+	if s == nil {
+		return
+	}
+	if l := s.Links[p]; l != nil && l.Explicit {
+		l.Explicit = false
+		if s.Config.Pattern == "" || !globMatch(s.Config.Pattern, p) {
+			delete(s.Links, p)
+		}
+		if err := m.saveLocked(s); err != nil {
+			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+			return
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type ackBody struct {
+	WakeID     string `json:"wake_id"`
+	Generation uint64 `json:"generation"`
+	Acks       []struct {
+		Stream string `json:"stream"`
+		Offset string `json:"offset"`
+	} `json:"acks"`
+	Done bool `json:"done"`
+}
+
+// handleAck serves the webhook callback and the pull-wake ack.
+func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id string, webhook bool) {
+	var body ackBody
+	if !readJSONBody(w, r, &body) {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.checkWakeLocked(w, r, root, id, body.WakeID, body.Generation)
+	if s == nil {
+		return
+	}
+	for _, a := range body.Acks {
+		l := s.Links[strings.Trim(a.Stream, "/")]
+		off, err := parseOffset(a.Offset)
+		if l == nil || err != nil || off.kind != offsetAt {
+			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "bad ack for stream "+a.Stream)
+			return
+		}
+		if off.pos.seq > l.Acked && off.pos.seq <= l.Tail {
+			l.Acked = off.pos.seq
+		}
+	}
+	if body.Done {
+		s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot, s.NextTry, s.Failures = "", "", 0, nil, 0, 0
+		m.maybeWakeLocked(s) // saves
+	} else {
+		s.LeaseUntil = time.Now().Add(s.lease()).UnixMilli()
+		if err := m.saveLocked(s); err != nil {
+			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+			return
+		}
+	}
+	writeJSONStatus(w, http.StatusOK, "application/json", map[string]bool{"ok": true, "next_wake": s.WakeID != ""})
+}
+
+func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, id string) {
+	var body struct {
+		Worker string `json:"worker"`
+	}
+	if !readJSONBody(w, r, &body) {
+		return
+	}
+	if body.Worker == "" {
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "worker is required")
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.lookupLocked(w, root, id)
+	if s == nil {
+		return
+	}
+	now := time.Now()
+	if s.Holder != "" && now.UnixMilli() < s.LeaseUntil {
+		writeJSONStatus(w, http.StatusConflict, "application/json", map[string]any{"error": map[string]any{
+			"code": "ALREADY_CLAIMED", "current_holder": s.Holder, "generation": s.Generation,
+		}})
+		return
+	}
+	if s.Holder != "" || s.WakeID == "" {
+		// No wake to take over (or its lease ran out): a new generation.
+		s.Generation++
+		s.WakeID = newWakeID()
+	}
+	s.Holder = body.Worker
+	s.LeaseUntil = now.Add(s.lease()).UnixMilli()
+	if err := m.saveLocked(s); err != nil {
+		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		return
+	}
+	writeJSONStatus(w, http.StatusOK, "application/json", map[string]any{
+		"wake_id":      s.WakeID,
+		"generation":   s.Generation,
+		"token":        m.tokenLocked(s),
+		"streams":      s.streams(true),
+		"lease_ttl_ms": s.Config.LeaseTTLms,
+	})
+}
+
+func (m *subManager) handleRelease(w http.ResponseWriter, r *http.Request, root, id string) {
+	var body ackBody
+	if !readJSONBody(w, r, &body) {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.checkWakeLocked(w, r, root, id, body.WakeID, body.Generation)
+	if s == nil {
+		return
+	}
+	s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot = "", "", 0, nil
+	m.maybeWakeLocked(s)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// checkWakeLocked applies section 7.3: the token is valid for this
+// subscription and its current generation and wake, and so is the request.
+func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, root, id, wakeID string, gen uint64) *subState {
+	s := m.lookupLocked(w, root, id)
+	if s == nil {
+		return nil
+	}
+	auth := r.Header.Get("Authorization")
+	tok, ok := strings.CutPrefix(auth, "Bearer ")
+	if !ok {
+		subError(w, http.StatusUnauthorized, "UNAUTHORIZED", "a bearer token is required")
+		return nil
+	}
+	claims, err := m.verifyTokenLocked(strings.TrimSpace(tok))
+	if err != nil || claims.Sub != s.key {
+		subError(w, http.StatusUnauthorized, "UNAUTHORIZED", "invalid token")
+		return nil
+	}
+	if claims.Gen != s.Generation || gen != s.Generation || s.WakeID == "" || wakeID != s.WakeID || claims.Wake != s.WakeID {
+		writeJSONStatus(w, http.StatusConflict, "application/json", map[string]any{"error": map[string]any{"code": "FENCED", "generation": s.Generation}})
+		return nil
+	}
+	return s
+}
+
+// --- tokens ----------------------------------------------------------------
+
+type tokenClaims struct {
+	Sub  string `json:"sub"` // subscription document key
+	Gen  uint64 `json:"gen"`
+	Wake string `json:"wake"`
+	Exp  int64  `json:"exp"` // unix seconds
+}
+
+// tokenLocked is an HMAC-SHA256 signed token: base64url(claims) "." base64url(mac).
+func (m *subManager) tokenLocked(s *subState) string {
+	exp := time.Now().Add(s.lease() + time.Hour).Unix()
+	b, _ := json.Marshal(tokenClaims{Sub: s.key, Gen: s.Generation, Wake: s.WakeID, Exp: exp})
+	p := base64.RawURLEncoding.EncodeToString(b)
+	h := hmac.New(sha256.New, m.mac)
+	h.Write([]byte(p))
+	return p + "." + base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}
+
+func (m *subManager) verifyTokenLocked(tok string) (tokenClaims, error) {
+	var c tokenClaims
+	p, sig, ok := strings.Cut(tok, ".")
+	if !ok {
+		return c, errors.New("malformed token")
+	}
+	got, err := base64.RawURLEncoding.DecodeString(sig)
+	if err != nil {
+		return c, err
+	}
+	h := hmac.New(sha256.New, m.mac)
+	h.Write([]byte(p))
+	if !hmac.Equal(got, h.Sum(nil)) {
+		return c, errors.New("bad token signature")
+	}
+	b, err := base64.RawURLEncoding.DecodeString(p)
+	if err != nil {
+		return c, err
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, err
+	}
+	if time.Now().Unix() > c.Exp {
+		return c, errors.New("token expired")
+	}
+	return c, nil
+}
+
+func newWakeID() string { return "w_" + hex.EncodeToString(randBytes(12)) }
+
+// --- wakes -----------------------------------------------------------------
+
+// applyNoteLocked links and advances streams that got records.
+func (m *subManager) applyNoteLocked(n appendNote) {
+	for _, s := range m.subs {
+		rel, ok := strings.CutPrefix(n.name, s.Root)
+		if !ok || rel == "" {
+			continue
+		}
+		l := s.Links[rel]
+		if l == nil {
+			if s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel) {
+				continue
+			}
+			// Discovered by this append: linked before it.
+			l = &subLink{Glob: true, Acked: n.first, Tail: n.first}
+			s.Links[rel] = l
+		}
+		if n.next <= l.Tail {
+			continue
+		}
+		l.Tail = n.next
+		if !m.maybeWakeLocked(s) {
+			m.saveOrLog(s)
+		}
+	}
+}
+
+// maybeWakeLocked starts a wake when s has pending work and none is in
+// flight, and saves s when it does. It reports whether it saved.
+func (m *subManager) maybeWakeLocked(s *subState) bool {
+	if s.WakeID != "" || s.Holder != "" || !s.pending() {
+		m.saveOrLog(s)
+		return true
+	}
+	s.Generation++
+	s.WakeID = newWakeID()
+	s.Failures, s.NextTry = 0, 0
+	if s.Config.Type == "webhook" {
+		s.LeaseUntil = time.Now().Add(s.lease()).UnixMilli()
+	}
+	if err := m.saveLocked(s); err != nil {
+		m.log.Error("saving subscription wake", zap.String("id", s.ID), zap.Error(err))
+	}
+	if s.Config.Type == "webhook" {
+		m.deliverLocked(s)
+	} else {
+		m.writeWakeEventLocked(s)
+	}
+	return true
+}
+
+// tickLocked expires leases and runs due webhook retries.
+func (m *subManager) tickLocked(now time.Time) {
+	ms := now.UnixMilli()
+	for _, s := range m.subs {
+		switch {
+		case s.Config.Type == "webhook" && s.WakeID != "" && s.NextTry > 0 && ms >= s.NextTry:
+			s.NextTry = 0
+			s.LeaseUntil = now.Add(s.lease()).UnixMilli()
+			m.saveOrLog(s)
+			m.deliverLocked(s)
+		case s.WakeID != "" && s.NextTry == 0 && s.LeaseUntil > 0 && ms >= s.LeaseUntil &&
+			(s.Config.Type == "webhook" || s.Holder != ""):
+			// The lease ran out: clear holder and wake; wake again if needed.
+			s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot = "", "", 0, nil
+			m.maybeWakeLocked(s)
+		}
+	}
+}
+
+// deliverLocked sends the wake in flight to the webhook in a goroutine that
+// ends within webhookTimeout or when the engine closes.
+func (m *subManager) deliverLocked(s *subState) {
+	snap := map[string]uint64{}
+	for p, l := range s.Links {
+		snap[p] = l.Tail
+	}
+	s.Snapshot = snap
+	payload := map[string]any{
+		"subscription_id": s.ID,
+		"wake_id":         s.WakeID,
+		"generation":      s.Generation,
+		"streams":         s.streams(true),
+		"callback_url":    strings.TrimSuffix(s.BaseURL, "/") + "/" + reservedSegment + "/subscriptions/" + url.PathEscape(s.ID) + "/callback",
+		"callback_token":  m.tokenLocked(s),
+	}
+	body, _ := json.Marshal(payload)
+	t := time.Now().Unix()
+	sig := ed25519.Sign(m.priv, []byte(fmt.Sprintf("%d.%s", t, body)))
+	header := fmt.Sprintf("t=%d,kid=%s,ed25519=%s", t, m.kid, base64.RawURLEncoding.EncodeToString(sig))
+	key, gen, wake, target := s.key, s.Generation, s.WakeID, s.Config.WebhookURL
+	go func() {
+		done, err := m.post(target, header, body)
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		s, ok := m.subs[key]
+		if !ok || s.Generation != gen || s.WakeID != wake {
+			return // deleted, or acked or fenced meanwhile
+		}
+		if err != nil {
+			s.Failures++
+			s.NextTry = time.Now().Add(webhookBackoff(s.Failures)).UnixMilli()
+			m.log.Warn("webhook delivery failed", zap.String("id", s.ID), zap.Int("failures", s.Failures), zap.Error(err))
+			m.saveOrLog(s)
+			return
+		}
+		s.Failures = 0
+		if !done {
+			m.saveOrLog(s)
+			return
+		}
+		// {"done": true}: ack the snapshot and release.
+		for p, tail := range s.Snapshot {
+			if l := s.Links[p]; l != nil && tail > l.Acked {
+				l.Acked = tail
+			}
+		}
+		s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot = "", "", 0, nil
+		m.maybeWakeLocked(s)
+	}()
+}
+
+// webhookBackoff is exponential from 1s to 60s with 20% jitter.
+func webhookBackoff(failures int) time.Duration {
+	d := webhookMinBackoff << min(failures-1, 6)
+	d = min(d, webhookMaxBackoff)
+	j := time.Duration(float64(d) * 0.2 * (2*mrand.Float64() - 1))
+	return d + j
+}
+
+// post delivers one webhook request and reports whether it answered
+// {"done": true}.
+func (m *subManager) post(target, sig string, body []byte) (bool, error) {
+	ctx, cancel := context.WithTimeout(m.ctx, webhookTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
+	if err != nil {
+		return false, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Webhook-Signature", sig)
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return false, err
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return false, fmt.Errorf("webhook answered %s", resp.Status)
+	}
+	var res struct {
+		Done bool `json:"done"`
+	}
+	_ = json.Unmarshal(data, &res)
+	return res.Done, nil
+}
+
+// writeWakeEventLocked appends the wake event to the pull-wake stream in a
+// goroutine (an append waits for durability); it ends with the append.
+func (m *subManager) writeWakeEventLocked(s *subState) {
+	stream := ""
+	paths := make([]string, 0, len(s.Links))
+	for p, l := range s.Links {
+		if l.Tail > l.Acked {
+			paths = append(paths, p)
+		}
+	}
+	sort.Strings(paths)
+	if len(paths) > 0 {
+		stream = paths[0]
+	}
+	ev, _ := json.Marshal(map[string]any{
+		"type": "wake", "subscription_id": s.ID, "stream": stream,
+		"generation": s.Generation, "ts": time.Now().UnixMilli(),
+	})
+	name := s.Root + s.Config.WakeStream
+	go func() {
+		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+		defer cancel()
+		_, err := m.eng.Append(ctx, name, streamstore.AppendRequest{Records: []streamstore.NewRecord{{Body: ev}}})
+		if err != nil {
+			m.log.Warn("writing wake event", zap.String("stream", name), zap.Error(err))
+		}
+	}()
+}
+
+// --- helpers ---------------------------------------------------------------
+
+// globMatch: "*" matches one path segment, "**" zero or more.
+func globMatch(pattern, path string) bool {
+	return globSegs(strings.Split(strings.Trim(pattern, "/"), "/"), strings.Split(path, "/"))
+}
+
+func globSegs(p, s []string) bool {
+	if len(p) == 0 {
+		return len(s) == 0
+	}
+	if p[0] == "**" {
+		for i := 0; i <= len(s); i++ {
+			if globSegs(p[1:], s[i:]) {
+				return true
+			}
+		}
+		return false
+	}
+	if len(s) == 0 {
+		return false
+	}
+	if p[0] != "*" && p[0] != s[0] {
+		return false
+	}
+	return globSegs(p[1:], s[1:])
+}
+
+// globLiteralPrefix is the pattern up to its first wildcard segment, for a
+// listing prefix.
+func globLiteralPrefix(pattern string) string {
+	var b strings.Builder
+	for _, seg := range strings.Split(strings.Trim(pattern, "/"), "/") {
+		if strings.Contains(seg, "*") {
+			break
+		}
+		b.WriteString(seg + "/")
+	}
+	return b.String()
+}
+
+func validRelPath(root, p string) bool {
+	if p == "" || p == reservedSegment || strings.HasPrefix(p, reservedSegment+"/") {
+		return false
+	}
+	return streamstore.ValidateName(root+p) == nil
+}
+
+// validateWebhookURL applies sections 6.2 and 12.8: https to a public
+// address, or the development exception http://localhost / http://127.0.0.x.
+// Names are checked again at connect time (webhookDialControl), so DNS
+// cannot point an accepted name at a private address.
+func validateWebhookURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || u.User != nil {
+		return errors.New("webhook.url must be an absolute URL without credentials")
+	}
+	host := u.Hostname()
+	if isLoopbackDevHost(host) {
+		if u.Scheme != "http" && u.Scheme != "https" {
+			return errors.New("webhook.url must be http or https")
+		}
+		return nil
+	}
+	if u.Scheme != "https" {
+		return errors.New("webhook.url must use https (http only for localhost)")
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && !publicAddr(ip) {
+		return errors.New("webhook.url points at a private, loopback or link-local address")
+	}
+	if strings.EqualFold(host, "metadata.google.internal") || strings.HasSuffix(strings.ToLower(host), ".internal") {
+		return errors.New("webhook.url points at an internal host")
+	}
+	return nil
+}
+
+// isLoopbackDevHost is the development exception: localhost and 127.0.0.x.
+func isLoopbackDevHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Is4() && ip.As4()[0] == 127 && ip.As4()[1] == 0 && ip.As4()[2] == 0
+}
+
+func publicAddr(ip netip.Addr) bool {
+	ip = ip.Unmap()
+	return !(ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() ||
+		ip.IsUnspecified() || ip.IsMulticast() || ip.IsInterfaceLocalMulticast() ||
+		netip.MustParsePrefix("100.64.0.0/10").Contains(ip) || netip.MustParsePrefix("0.0.0.0/8").Contains(ip))
+}
+
+// webhookDialControl refuses connections to non-public addresses other than
+// the loopback development exception (127.0.0.x, which localhost resolves to).
+func webhookDialControl(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return err
+	}
+	ip := ap.Addr().Unmap()
+	if publicAddr(ip) || isLoopbackDevHost(ip.String()) || ip == netip.IPv6Loopback() {
+		return nil
+	}
+	return fmt.Errorf("webhook address %s is not public", ip)
+}
+
+func readJSONBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	data, err := io.ReadAll(io.LimitReader(r.Body, subMaxBody+1))
+	if err != nil || len(data) > subMaxBody {
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "unreadable or oversized body")
+		return false
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		data = []byte("{}")
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "invalid JSON: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func writeJSONStatus(w http.ResponseWriter, status int, ctype string, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", ctype)
+	if w.Header().Get("Cache-Control") == "" {
+		w.Header().Set("Cache-Control", cacheControlNoStore)
+	}
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+func subError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSONStatus(w, status, "application/json", map[string]any{"error": map[string]string{"code": code, "message": msg}})
+}
