@@ -140,6 +140,10 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 		}
 	case len(body) > 0:
 		req.Records = []streamstore.NewRecord{{Body: body}}
+		if isJSON(ct) && firstNonJSON(req.Records) >= 0 {
+			picoFail(w, http.StatusBadRequest, picoErrBadRequest, nonJSONMessage(0), nil)
+			return
+		}
 	}
 
 	eng, ok := p.engineFor(w, r)
@@ -169,6 +173,22 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 	}
 	h.Set("Location", picoLocation(r, name))
 	w.WriteHeader(http.StatusCreated)
+}
+
+// firstNonJSON returns the index of the first record whose body is not a
+// JSON value, or -1. Records of an application/json stream must be JSON, so
+// that the stream reads as JSON messages through Durable Streams too.
+func firstNonJSON(recs []streamstore.NewRecord) int {
+	for i, rec := range recs {
+		if !json.Valid(rec.Body) {
+			return i
+		}
+	}
+	return -1
+}
+
+func nonJSONMessage(i int) string {
+	return fmt.Sprintf("record %d is not a JSON value, and the stream is application/json", i)
 }
 
 // picoLocation is the stream's path in the client's URL space (with any
@@ -276,6 +296,21 @@ func (p *picoProtocol) append(w http.ResponseWriter, r *http.Request, name strin
 	eng, ok := p.engineFor(w, r)
 	if !ok {
 		return
+	}
+	if i := firstNonJSON(req.Records); i >= 0 {
+		// Records of an application/json stream must be JSON values, or
+		// Durable Streams' JSON-mode reads of the stream would break.
+		// Only the stream knows its type: a lookup, in memory unless
+		// evicted, needed only when a record is not JSON.
+		info, err := eng.Head(r.Context(), name)
+		if err != nil {
+			p.engineError(w, r, err)
+			return
+		}
+		if isJSON(info.ContentType) {
+			picoFail(w, http.StatusBadRequest, picoErrBadRequest, nonJSONMessage(i), nil)
+			return
+		}
 	}
 	res, err := eng.Append(r.Context(), name, req)
 	if err != nil {

@@ -959,6 +959,12 @@ func TestPicoCrossProtocol(t *testing.T) {
 	}
 	// One closure, one TTL.
 	s.do(t, "PUT", "/ds/y", nil, hCT, "application/json", hdrStreamTTL, "120").want(t, 201)
+	// Records of a JSON stream are JSON values, through either protocol.
+	s.do(t, "POST", "/pico/y", []byte("not json")).wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "POST", "/pico/y", []byte("{"), hCT, "application/json").wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "POST", "/pico/y", []byte(`{"records":[{"body":"1"},{"body":"x"}]}`), hCT, picowire.JSONBatch).wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "PUT", "/pico/z", []byte("nope"), hCT, "application/json").wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "HEAD", "/pico/z", nil).want(t, 404)
 	s.do(t, "POST", "/ds/y", []byte(`[1,{"a":2}]`), hCT, "application/json").want(t, 204)
 	s.do(t, "HEAD", "/pico/y", nil).want(t, 200).header(t, hdrPicoTTL, "120").header(t, hdrPicoNextSeq, "2")
 	recs = s.readAll(t, "/y")
