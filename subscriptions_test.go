@@ -1,0 +1,255 @@
+package picomq
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/picomq/caddy-picomq/segment"
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+func TestGlobMatch(t *testing.T) {
+	for _, c := range []struct {
+		pattern, path string
+		want          bool
+	}{
+		{"events/*", "events/a", true},
+		{"events/*", "events/a/b", false},
+		{"events/*", "events", false},
+		{"events/**", "events", true},
+		{"events/**", "events/a/b", true},
+		{"**/x", "a/b/x", true},
+		{"**/x", "x", true},
+		{"a/*/c", "a/b/c", true},
+		{"a/*/c", "a/b/d", false},
+		{"exact", "exact", true},
+	} {
+		if got := globMatch(c.pattern, c.path); got != c.want {
+			t.Errorf("globMatch(%q, %q) = %v, want %v", c.pattern, c.path, got, c.want)
+		}
+	}
+	if p := globLiteralPrefix("events/a/*/x"); p != "events/a/" {
+		t.Errorf("globLiteralPrefix = %q", p)
+	}
+}
+
+func TestValidateWebhookURL(t *testing.T) {
+	ok := []string{"https://hooks.example.com/x", "http://localhost:8080/h", "http://127.0.0.1:9/h", "http://127.0.0.7/h"}
+	bad := []string{
+		"http://hooks.example.com/x", // plain http off loopback
+		"http://10.0.0.1/hook", "https://10.0.0.1/hook", "https://192.168.1.1/", "https://172.16.0.1/",
+		"https://169.254.169.254/latest/meta-data", "https://[::1]/", "https://[fe80::1]/",
+		"https://0.0.0.0/", "https://100.64.0.1/", "ftp://localhost/", "https://user:pw@example.com/", "/relative",
+		"https://metadata.google.internal/",
+	}
+	for _, u := range ok {
+		if err := validateWebhookURL(u); err != nil {
+			t.Errorf("%s rejected: %v", u, err)
+		}
+	}
+	for _, u := range bad {
+		if err := validateWebhookURL(u); err == nil {
+			t.Errorf("%s accepted", u)
+		}
+	}
+	if err := webhookDialControl("tcp", "10.1.2.3:443", nil); err == nil {
+		t.Error("dial to 10.1.2.3 allowed")
+	}
+	if err := webhookDialControl("tcp", "127.0.0.1:443", nil); err != nil {
+		t.Errorf("dial to loopback refused: %v", err)
+	}
+}
+
+// RFC 8037 appendix A.3: the thumbprint of the example Ed25519 key.
+func TestJWKThumbprintKID(t *testing.T) {
+	x, _ := base64.RawURLEncoding.DecodeString("11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo")
+	if got, want := jwkThumbprintKID(ed25519.PublicKey(x)), "ds_kPrK_qmxVWaYVA9wwBF6Iuo3vVzz7TxHCTwXBygrS4k"; got != want {
+		t.Errorf("kid = %s, want %s", got, want)
+	}
+}
+
+func TestCallbackTokenTamper(t *testing.T) {
+	m := &subManager{mac: randBytes(32)}
+	s := &subState{key: "k", Generation: 3, WakeID: "w_1", Config: subConfig{LeaseTTLms: 1000}}
+	tok := m.tokenLocked(s)
+	c, err := m.verifyTokenLocked(tok)
+	if err != nil || c.Sub != "k" || c.Gen != 3 || c.Wake != "w_1" {
+		t.Fatalf("verify: %+v %v", c, err)
+	}
+	p, sig, _ := strings.Cut(tok, ".")
+	forged, _ := json.Marshal(tokenClaims{Sub: "k", Gen: 4, Wake: "w_1", Exp: c.Exp})
+	if _, err := m.verifyTokenLocked(base64.RawURLEncoding.EncodeToString(forged) + "." + sig); err == nil {
+		t.Error("forged claims accepted")
+	}
+	if _, err := (&subManager{mac: randBytes(32)}).verifyTokenLocked(p + "." + sig); err == nil {
+		t.Error("token accepted under another key")
+	}
+}
+
+// subNode is one "process": an engine on a directory and the protocol
+// handler, which can be closed and opened again on the same directory.
+type subNode struct {
+	*httptest.Server
+	eng *streamstore.Engine
+}
+
+func startSubNode(t *testing.T, dir string) *subNode {
+	t.Helper()
+	store, err := segment.Open("file://"+dir, segment.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := streamstore.New(store, streamstore.Config{NodeID: "test-node", FlushInterval: time.Millisecond}, zaptest.NewLogger(t))
+	if err := eng.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	shutdown, cancel := context.WithCancel(context.Background())
+	d := &durableStreams{
+		engine: func(context.Context) (*streamstore.Engine, error) { return eng, nil }, shutdown: shutdown,
+		log: zaptest.NewLogger(t), longPollTimeout: 300 * time.Millisecond, sseInterval: time.Second,
+		maxAppend: 1 << 20, chunkBytes: defaultChunkBytes, jitter: randomJitter,
+	}
+	n := &subNode{Server: httptest.NewServer(d), eng: eng}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			n.Close()
+			if err := eng.Close(context.Background()); err != nil {
+				t.Errorf("closing engine: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return n
+}
+
+func (n *subNode) stop(t *testing.T) {
+	n.Close()
+	if err := n.eng.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (n *subNode) call(t *testing.T, method, path, body string, hdr ...string) (int, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest(method, n.URL+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	var v map[string]any
+	_ = json.Unmarshal(b, &v)
+	return res.StatusCode, v
+}
+
+func errCode(v map[string]any) string {
+	e, _ := v["error"].(map[string]any)
+	c, _ := e["code"].(string)
+	return c
+}
+
+// A pull-wake subscription keeps its generation, lease holder and acked
+// offsets across a restart, and a stale generation stays fenced.
+func TestSubscriptionSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	n := startSubNode(t, dir)
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	if st, _ := n.call(t, "PUT", "/v1/stream/wake/pool", "[]"); st != 201 {
+		t.Fatalf("create wake stream: %d", st)
+	}
+	if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool","lease_ttl_ms":600000}`); st != 201 {
+		t.Fatalf("create subscription: %d %v", st, v)
+	}
+	if st, _ := n.call(t, "PUT", "/v1/stream/events/a", `{"n":1}`); st != 201 {
+		t.Fatalf("create stream: %d", st)
+	}
+	// The wake event lands on the wake stream.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		res, err := http.Get(n.URL + "/v1/stream/wake/pool?offset=-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if strings.Contains(string(b), `"subscription_id":"p1"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no wake event: %s", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, claim := n.call(t, "POST", sub+"/claim", `{"worker":"w1"}`)
+	if st != 200 {
+		t.Fatalf("claim: %d %v", st, claim)
+	}
+	gen := claim["generation"].(float64)
+	token, wake := claim["token"].(string), claim["wake_id"].(string)
+	tail := claim["streams"].([]any)[0].(map[string]any)["tail_offset"].(string)
+	n.stop(t)
+
+	n = startSubNode(t, dir)
+	if st, v := n.call(t, "POST", sub+"/claim", `{"worker":"w2"}`); st != 409 || errCode(v) != "ALREADY_CLAIMED" {
+		t.Fatalf("claim after restart: %d %v (the lease should have survived)", st, v)
+	}
+	stale := `{"wake_id":"` + wake + `","generation":` + strconv.Itoa(int(gen)-1) + `}`
+	if st, v := n.call(t, "POST", sub+"/ack", stale, "Authorization", "Bearer "+token); st != 409 || errCode(v) != "FENCED" {
+		t.Fatalf("stale ack: %d %v", st, v)
+	}
+	if st, _ := n.call(t, "POST", sub+"/ack", `{}`, "Authorization", "Bearer forged.token"); st != 401 {
+		t.Fatalf("forged token: %d", st)
+	}
+	ack := `{"wake_id":"` + wake + `","generation":` + strconv.Itoa(int(gen)) + `,"acks":[{"stream":"events/a","offset":"` + tail + `"}],"done":true}`
+	if st, v := n.call(t, "POST", sub+"/ack", ack, "Authorization", "Bearer "+token); st != 200 || v["ok"] != true || v["next_wake"] != false {
+		t.Fatalf("ack after restart: %d %v", st, v)
+	}
+	n.stop(t)
+
+	n = startSubNode(t, dir)
+	if st, v := n.call(t, "POST", sub+"/ack", ack, "Authorization", "Bearer "+token); st != 409 || errCode(v) != "FENCED" {
+		t.Fatalf("replayed ack after second restart: %d %v", st, v)
+	}
+	st, v := n.call(t, "GET", sub, "")
+	if st != 200 || v["generation"].(float64) != gen {
+		t.Fatalf("get: %d %v", st, v)
+	}
+	link := v["streams"].([]any)[0].(map[string]any)
+	if link["path"] != "events/a" || link["acked_offset"] != tail {
+		t.Fatalf("link after restart: %v, want acked %s", link, tail)
+	}
+	// The JWKS key is the same one after restarts.
+	res, err := http.Get(n.URL + "/v1/stream/__ds/jwks.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if ct := res.Header.Get("Content-Type"); ct != "application/jwk-set+json" {
+		t.Errorf("jwks content type %q", ct)
+	}
+	if st, _ := n.call(t, "DELETE", sub, ""); st != 204 {
+		t.Fatalf("delete: %d", st)
+	}
+	if st, v := n.call(t, "POST", sub+"/ack", ack, "Authorization", "Bearer "+token); st != 404 {
+		t.Fatalf("ack on deleted subscription: %d %v", st, v)
+	}
+}
