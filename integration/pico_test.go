@@ -1081,3 +1081,53 @@ func TestPicoTrimLeavesBucket(t *testing.T) {
 		t.Log(err)
 	}
 }
+
+// TestPicoLiveEndsAtShutdown parks a Pico long-poll and an SSE reader on an
+// idle stream and stops Caddy: both must end promptly (a 204 and a final
+// control event saying where to resume), and Caddy must exit without waiting
+// for them.
+func TestPicoLiveEndsAtShutdown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	const promptEnd = 3 * time.Second // live responses open at SIGTERM end within this
+	e := picoStart(t, []string{"compact_interval 1h"}, []string{"long_poll_timeout 5m", "sse_reconnect_interval 5m"})
+	picoWant(t, "create", picoDo(e, "PUT", "/pico/idle", []byte("a")), 201)
+	s := picoOpenSSE(t, e, "/pico/idle?live=sse")
+	s.data(t, 1)
+	s.control(t, 1, true, false)
+	type result struct {
+		resp fhResp
+		err  error
+		at   time.Time
+	}
+	polled := make(chan result, 1)
+	go func() {
+		resp, err := fhSend(&http.Client{}, e.caddy.URL(), fhReq{Method: "GET", Path: "/pico/idle?seq=1&live=long-poll"})
+		polled <- result{resp, err, time.Now()}
+	}()
+	time.Sleep(500 * time.Millisecond) // let the long-poll park
+	stopped := time.Now()
+	stopErr := make(chan error, 1)
+	go func() { stopErr <- e.caddy.StopTimeout(30 * time.Second) }()
+
+	select {
+	case r := <-polled:
+		if r.err != nil {
+			t.Errorf("long-poll at shutdown: %v", r.err)
+		} else {
+			picoWant(t, "long-poll at shutdown", r.resp, 204, "Pico-Up-To-Date", "true", "Pico-Next-Seq", "1")
+		}
+		if d := r.at.Sub(stopped); d > promptEnd {
+			t.Errorf("the long-poll ended %v after SIGTERM", d)
+		}
+	case <-time.After(promptEnd + 10*time.Second):
+		t.Fatal("the long-poll did not end at shutdown")
+	}
+	s.control(t, 1, true, false) // where to resume
+	s.ends(t, promptEnd)
+	if err := <-stopErr; err != nil {
+		t.Errorf("stopping Caddy: %v", err)
+	}
+	t.Logf("Caddy exited %v after SIGTERM", time.Since(stopped).Round(time.Millisecond))
+}
