@@ -41,6 +41,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("%s given more than once", opt)
 		}
 		seen[opt] = true
+		if opt == "allow_loopback_webhooks" { // a flag: no argument
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.AllowLoopbackWebhooks = true
+			continue
+		}
 		var arg string
 		if !d.Args(&arg) {
 			return d.ArgErr()

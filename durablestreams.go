@@ -35,6 +35,7 @@ type durableStreams struct {
 	maxAppend       int64
 	chunkBytes      int
 	jitter          func() int // cursor jitter in seconds
+	allowLoopback   bool       // webhook URLs may be on localhost (subscriptions.go)
 }
 
 // ServeHTTP dispatches on the method. The stream name is the request path as

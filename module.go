@@ -55,6 +55,7 @@ const (
 //	    cache_size             <size>
 //	    compact_interval       <duration>
 //	    s3_timeout             <duration>
+//	    allow_loopback_webhooks
 //	}
 //
 // Sizes take units (64KiB, 1MiB, 16MB). The directive is ordered before
@@ -102,6 +103,12 @@ type Handler struct {
 	// to 5 times). An append that cannot be made durable is answered 503
 	// within about 10 times this. Default 10s.
 	S3Timeout caddy.Duration `json:"s3_timeout,omitempty"`
+
+	// Accept webhook subscriptions whose URL is on this machine
+	// (http://localhost, http://127.0.0.x): the development exception of
+	// protocol section 6.2. Off by default: webhook URLs must be https to a
+	// public address (section 12.8).
+	AllowLoopbackWebhooks bool `json:"allow_loopback_webhooks,omitempty"`
 
 	log   *zap.Logger
 	ref   *engineRef
@@ -178,6 +185,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			maxAppend:       h.MaxAppendSize,
 			chunkBytes:      defaultChunkBytes,
 			jitter:          randomJitter,
+			allowLoopback:   h.AllowLoopbackWebhooks,
 		}
 	case protocolPico:
 		h.proto = &picoProtocol{

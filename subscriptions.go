@@ -115,7 +115,7 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 	base := publicURL(r, root)
 	switch {
 	case !found && r.Method == http.MethodPut:
-		m.handlePut(w, r, root, id, base)
+		m.handlePut(w, r, root, id, base, d.allowLoopback)
 	case !found && (r.Method == http.MethodGet || r.Method == http.MethodHead):
 		m.handleGet(w, r, root, id)
 	case !found && r.Method == http.MethodDelete:
@@ -174,6 +174,9 @@ type subState struct {
 	Failures   int                 `json:"failures,omitempty"`
 	NextTry    int64               `json:"next_attempt_at,omitempty"` // unix ms of the next webhook retry
 	Snapshot   map[string]uint64   `json:"snapshot,omitempty"`        // tails sent with the wake in flight
+	// Loopback: the webhook URL was accepted under the localhost exception,
+	// so deliveries may connect to loopback addresses (and only then).
+	Loopback bool `json:"loopback,omitempty"`
 
 	key     string // document key
 	version string // document version (ETag)
@@ -267,8 +270,11 @@ func managerFor(eng *streamstore.Engine, log *zap.Logger) *subManager {
 		ctx:    ctx,
 	}
 	m.client = &http.Client{
-		Timeout:   webhookTimeout,
-		Transport: &http.Transport{DialContext: (&net.Dialer{Timeout: 5 * time.Second, Control: webhookDialControl}).DialContext},
+		Timeout: webhookTimeout,
+		// No proxy: the address check must see the real target. Connections
+		// are not shared between loopback and public targets, since a pooled
+		// connection is keyed by host and a loopback host is never public.
+		Transport: &http.Transport{DialContext: webhookDial, MaxIdleConnsPerHost: 2},
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse // a redirect could lead anywhere
 		},
@@ -512,7 +518,7 @@ type putBody struct {
 	Description string `json:"description"`
 }
 
-func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id, base string) {
+func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id, base string, allowLoopback bool) {
 	var body putBody
 	if !readJSONBody(w, r, &body) {
 		return
@@ -549,7 +555,7 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "webhook.url is required")
 			return
 		}
-		if err := validateWebhookURL(body.Webhook.URL); err != nil {
+		if err := validateWebhookURL(body.Webhook.URL, allowLoopback); err != nil {
 			subError(w, http.StatusBadRequest, "WEBHOOK_URL_REJECTED", err.Error())
 			return
 		}
@@ -614,6 +620,10 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		l.Explicit = true
 	}
 	s := &subState{ID: id, Root: root, BaseURL: base, Config: cfg, Hash: hash, CreatedAt: time.Now().UTC(), Links: links, key: key}
+	if cfg.WebhookURL != "" {
+		u, _ := url.Parse(cfg.WebhookURL)
+		s.Loopback = isLoopbackDevHost(u.Hostname())
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if prev, ok := m.subs[key]; ok { // a concurrent PUT won
@@ -1041,9 +1051,9 @@ func (m *subManager) deliverLocked(s *subState) {
 	t := time.Now().Unix()
 	sig := ed25519.Sign(m.priv, []byte(fmt.Sprintf("%d.%s", t, body)))
 	header := fmt.Sprintf("t=%d,kid=%s,ed25519=%s", t, m.kid, base64.RawURLEncoding.EncodeToString(sig))
-	key, gen, wake, target := s.key, s.Generation, s.WakeID, s.Config.WebhookURL
+	key, gen, wake, target, loopback := s.key, s.Generation, s.WakeID, s.Config.WebhookURL, s.Loopback
 	go func() {
-		done, err := m.post(target, header, body)
+		done, err := m.post(target, loopback, header, body)
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		s, ok := m.subs[key]
@@ -1083,8 +1093,8 @@ func webhookBackoff(failures int) time.Duration {
 
 // post delivers one webhook request and reports whether it answered
 // {"done": true}.
-func (m *subManager) post(target, sig string, body []byte) (bool, error) {
-	ctx, cancel := context.WithTimeout(m.ctx, webhookTimeout)
+func (m *subManager) post(target string, loopback bool, sig string, body []byte) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithValue(m.ctx, loopbackKey{}, loopback), webhookTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
@@ -1186,16 +1196,20 @@ func validRelPath(root, p string) bool {
 }
 
 // validateWebhookURL applies sections 6.2 and 12.8: https to a public
-// address, or the development exception http://localhost / http://127.0.0.x.
-// Names are checked again at connect time (webhookDialControl), so DNS
-// cannot point an accepted name at a private address.
-func validateWebhookURL(raw string) error {
+// address, or, when allowLoopback (the allow_loopback_webhooks option), the
+// development exception http://localhost / http://127.0.0.x. Addresses are
+// checked again at connect time (webhookDialControl), so DNS cannot point an
+// accepted name at a private or loopback address.
+func validateWebhookURL(raw string, allowLoopback bool) error {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" || u.User != nil {
 		return errors.New("webhook.url must be an absolute URL without credentials")
 	}
 	host := u.Hostname()
 	if isLoopbackDevHost(host) {
+		if !allowLoopback {
+			return errors.New("webhook.url is on localhost, which this server does not allow (allow_loopback_webhooks)")
+		}
 		if u.Scheme != "http" && u.Scheme != "https" {
 			return errors.New("webhook.url must be http or https")
 		}
@@ -1229,18 +1243,31 @@ func publicAddr(ip netip.Addr) bool {
 		netip.MustParsePrefix("100.64.0.0/10").Contains(ip) || netip.MustParsePrefix("0.0.0.0/8").Contains(ip))
 }
 
-// webhookDialControl refuses connections to non-public addresses other than
-// the loopback development exception (127.0.0.x, which localhost resolves to).
-func webhookDialControl(_, address string, _ syscall.RawConn) error {
-	ap, err := netip.ParseAddrPort(address)
-	if err != nil {
-		return err
+// webhookDialControl refuses connections to non-public addresses; with
+// loopback, it also allows loopback ones (the development exception).
+func webhookDialControl(loopback bool) func(string, string, syscall.RawConn) error {
+	return func(_, address string, _ syscall.RawConn) error {
+		ap, err := netip.ParseAddrPort(address)
+		if err != nil {
+			return err
+		}
+		ip := ap.Addr().Unmap()
+		if publicAddr(ip) || (loopback && ip.IsLoopback()) {
+			return nil
+		}
+		return fmt.Errorf("webhook address %s is not public", ip)
 	}
-	ip := ap.Addr().Unmap()
-	if publicAddr(ip) || isLoopbackDevHost(ip.String()) || ip == netip.IPv6Loopback() {
-		return nil
-	}
-	return fmt.Errorf("webhook address %s is not public", ip)
+}
+
+// loopbackKey marks a delivery whose subscription may reach loopback.
+type loopbackKey struct{}
+
+// webhookDial connects with the address check for the delivery's
+// subscription (see subState.Loopback).
+func webhookDial(ctx context.Context, network, addr string) (net.Conn, error) {
+	loopback, _ := ctx.Value(loopbackKey{}).(bool)
+	d := net.Dialer{Timeout: 5 * time.Second, Control: webhookDialControl(loopback)}
+	return d.DialContext(ctx, network, addr)
 }
 
 func readJSONBody(w http.ResponseWriter, r *http.Request, v any) bool {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/picomq/caddy-picomq/segment"
@@ -55,20 +56,36 @@ func TestValidateWebhookURL(t *testing.T) {
 		"https://metadata.google.internal/",
 	}
 	for _, u := range ok {
-		if err := validateWebhookURL(u); err != nil {
+		if err := validateWebhookURL(u, true); err != nil {
 			t.Errorf("%s rejected: %v", u, err)
 		}
 	}
 	for _, u := range bad {
-		if err := validateWebhookURL(u); err == nil {
+		if err := validateWebhookURL(u, true); err == nil {
 			t.Errorf("%s accepted", u)
 		}
 	}
-	if err := webhookDialControl("tcp", "10.1.2.3:443", nil); err == nil {
+	// Without allow_loopback_webhooks the development exception is off.
+	for _, u := range []string{"http://localhost:8080/h", "http://127.0.0.1:9/h", "https://localhost/h"} {
+		if err := validateWebhookURL(u, false); err == nil {
+			t.Errorf("%s accepted without allow_loopback_webhooks", u)
+		}
+	}
+	if err := validateWebhookURL("https://hooks.example.com/x", false); err != nil {
+		t.Errorf("public https URL rejected: %v", err)
+	}
+	if err := webhookDialControl(true)("tcp", "10.1.2.3:443", nil); err == nil {
 		t.Error("dial to 10.1.2.3 allowed")
 	}
-	if err := webhookDialControl("tcp", "127.0.0.1:443", nil); err != nil {
-		t.Errorf("dial to loopback refused: %v", err)
+	if err := webhookDialControl(true)("tcp", "127.0.0.1:443", nil); err != nil {
+		t.Errorf("dial to loopback refused under the exception: %v", err)
+	}
+	// A public name that resolves to loopback (DNS rebinding) is refused.
+	if err := webhookDialControl(false)("tcp", "127.0.0.1:443", nil); err == nil {
+		t.Error("dial to loopback allowed without the exception")
+	}
+	if err := webhookDialControl(false)("tcp", "93.184.216.34:443", nil); err != nil {
+		t.Errorf("dial to a public address refused: %v", err)
 	}
 }
 
@@ -119,7 +136,7 @@ func startSubNode(t *testing.T, dir string) *subNode {
 	d := &durableStreams{
 		engine: func(context.Context) (*streamstore.Engine, error) { return eng, nil }, shutdown: shutdown,
 		log: zaptest.NewLogger(t), longPollTimeout: 300 * time.Millisecond, sseInterval: time.Second,
-		maxAppend: 1 << 20, chunkBytes: defaultChunkBytes, jitter: randomJitter,
+		maxAppend: 1 << 20, chunkBytes: defaultChunkBytes, jitter: randomJitter, allowLoopback: true,
 	}
 	n := &subNode{Server: httptest.NewServer(d), eng: eng}
 	var once sync.Once
@@ -251,5 +268,31 @@ func TestSubscriptionSurvivesRestart(t *testing.T) {
 	}
 	if st, v := n.call(t, "POST", sub+"/ack", ack, "Authorization", "Bearer "+token); st != 404 {
 		t.Fatalf("ack on deleted subscription: %d %v", st, v)
+	}
+}
+
+func TestAllowLoopbackWebhooksCaddyfile(t *testing.T) {
+	var h Handler
+	d := caddyfile.NewTestDispenser("picomq {\n allow_loopback_webhooks\n long_poll_timeout 1s\n}")
+	if err := h.UnmarshalCaddyfile(d); err != nil {
+		t.Fatal(err)
+	}
+	if !h.AllowLoopbackWebhooks {
+		t.Error("allow_loopback_webhooks not set")
+	}
+	for _, bad := range []string{"picomq {\n allow_loopback_webhooks yes\n}", "picomq {\n allow_loopback_webhooks\n allow_loopback_webhooks\n}"} {
+		var h Handler
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(bad)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// Without allow_loopback_webhooks a localhost receiver is refused.
+func TestLoopbackWebhookRejectedByDefault(t *testing.T) {
+	s := newDSServer(t)
+	r := s.do(t, "PUT", "/v1/__ds/subscriptions/x", `{"type":"webhook","pattern":"*","webhook":{"url":"http://127.0.0.1:1/h"}}`, "Content-Type", "application/json").want(t, 400)
+	if !strings.Contains(r.body, "WEBHOOK_URL_REJECTED") {
+		t.Errorf("body %s", r.body)
 	}
 }

@@ -129,9 +129,10 @@ func TestConformance(t *testing.T) {
 		}
 		t.Run(b.name, func(t *testing.T) {
 			storage, env := b.storage(t)
+			// allow_loopback_webhooks: the suite's webhook receivers are on 127.0.0.1.
 			c := caddytest.Start(t, caddytest.Options{
 				Storage:    storage,
-				Directives: []string{"long_poll_timeout " + longPollTimeout.String()},
+				Directives: []string{"long_poll_timeout " + longPollTimeout.String(), "allow_loopback_webhooks"},
 				Env:        env,
 			})
 			runSuite(t, b.name, c.URL(), sel)
