@@ -614,6 +614,35 @@ func TestPicoProtocol(t *testing.T) {
 			t.Errorf("Retry-After %q %q", r.Header.Get("Retry-After"), r2.Header.Get("Retry-After"))
 		}
 		picoWant(t, "HEAD once the store is back", picoDo(e, "HEAD", "/pico/not-in-memory", nil), 404)
+
+		// WAL uploads failing: the append is not acknowledged, 503 with
+		// Retry-After, and its record never shows.
+		picoWant(t, "create", picoDo(e, "PUT", "/pico/faulty", []byte("before"), "Content-Type", "text/plain"), 201)
+		// Every attempt of the upload fails (the store tries each request
+		// five times); the seal that settles its fate gets through.
+		remove = e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/", Status: 500, Times: 5})
+		began := time.Now()
+		r = picoDo(e, "POST", "/pico/faulty", []byte(`{"records":[{"body":"lost"}]}`), "Content-Type", picoJSONBatch)
+		remove()
+		picoWantError(t, "append with WAL uploads failing", r, 503, "durability")
+		if !fhRetryAfterOK(r.Header.Get("Retry-After")) {
+			t.Errorf("Retry-After %q", r.Header.Get("Retry-After"))
+		}
+		t.Logf("append with WAL uploads failing answered %d after %v", r.Status, time.Since(began).Round(time.Millisecond))
+		// A client retries after Retry-After until the store takes it.
+		err := fhWaitFor(30*time.Second, time.Second, func() error {
+			if r := picoDo(e, "POST", "/pico/faulty", []byte("after")); r.Status != 200 {
+				return fmt.Errorf("append once the store is back: %s", r)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs := picoRecords(t, picoDo(e, "GET", "/pico/faulty", nil))
+		if len(recs) != 2 || string(recs[0].data(t)) != "before" || string(recs[1].data(t)) != "after" {
+			t.Errorf("records after the fault: %+v", recs)
+		}
 	})
 }
 
