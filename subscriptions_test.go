@@ -296,3 +296,92 @@ func TestLoopbackWebhookRejectedByDefault(t *testing.T) {
 		t.Errorf("body %s", r.body)
 	}
 }
+
+// A webhook that fails is retried with backoff (status "failed" meanwhile);
+// every delivery is signed with the JWKS key; {"done": true} acks the
+// snapshot.
+func TestWebhookRetryAndSignature(t *testing.T) {
+	var mu sync.Mutex
+	var calls []string // raw bodies
+	var sigs []string
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, string(b))
+		sigs = append(sigs, r.Header.Get("Webhook-Signature"))
+		if len(calls) == 1 {
+			http.Error(w, "not yet", http.StatusInternalServerError)
+			return
+		}
+		io.WriteString(w, `{"done":true}`)
+	}))
+	defer recv.Close()
+
+	n := startSubNode(t, t.TempDir())
+	const sub = "/s/__ds/subscriptions/hook"
+	st, created := n.call(t, "PUT", sub, `{"type":"webhook","streams":["orders"],"webhook":{"url":"`+recv.URL+`/h"}}`)
+	if st != 201 {
+		t.Fatalf("create: %d %v", st, created)
+	}
+	if st, _ := n.call(t, "PUT", "/s/orders", `{"n":1}`); st != 201 {
+		t.Fatalf("create stream: %d", st)
+	}
+	sawFailed := false
+	deadline := time.Now().Add(6 * time.Second)
+	for {
+		_, v := n.call(t, "GET", sub, "")
+		if v["status"] == "failed" {
+			sawFailed = true
+		}
+		link := v["streams"].([]any)[0].(map[string]any)
+		if link["acked_offset"] == (position{seq: 1}).String() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never acked: %v", v)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !sawFailed {
+		t.Error("status never showed the failed delivery")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != 2 {
+		t.Fatalf("%d deliveries, want 2", len(calls))
+	}
+	// Verify both signatures against the JWKS.
+	res, err := http.Get(n.URL + "/s/__ds/jwks.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var jwks struct {
+		Keys []struct{ Kid, X string }
+	}
+	json.NewDecoder(res.Body).Decode(&jwks)
+	res.Body.Close()
+	if len(jwks.Keys) != 1 || jwks.Keys[0].Kid != created["webhook"].(map[string]any)["signing"].(map[string]any)["kid"] {
+		t.Fatalf("jwks %+v", jwks)
+	}
+	pub, _ := base64.RawURLEncoding.DecodeString(jwks.Keys[0].X)
+	for i, sig := range sigs {
+		var ts int64
+		var kid, s64 string
+		parts := strings.Split(sig, ",")
+		if len(parts) != 3 {
+			t.Fatalf("signature header %q", sig)
+		}
+		ts, _ = strconv.ParseInt(strings.TrimPrefix(parts[0], "t="), 10, 64)
+		kid, s64 = strings.TrimPrefix(parts[1], "kid="), strings.TrimPrefix(parts[2], "ed25519=")
+		raw, _ := base64.RawURLEncoding.DecodeString(s64)
+		if kid != jwks.Keys[0].Kid || !ed25519.Verify(pub, []byte(strconv.FormatInt(ts, 10)+"."+calls[i]), raw) {
+			t.Errorf("delivery %d: bad signature %q", i, sig)
+		}
+		var body map[string]any
+		json.Unmarshal([]byte(calls[i]), &body)
+		if body["subscription_id"] != "hook" || body["generation"].(float64) != 1 || !strings.HasSuffix(body["callback_url"].(string), "/s/__ds/subscriptions/hook/callback") {
+			t.Errorf("delivery %d body %v", i, body)
+		}
+	}
+}
