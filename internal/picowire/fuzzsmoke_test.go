@@ -46,9 +46,10 @@ func TestFuzzSmoke(t *testing.T) {
 			defer cancel()
 			// Minimizing a new interesting input may take up to a minute by
 			// default, during which nothing is fuzzed: capped at a second,
-			// the fixed time goes to fresh inputs.
+			// the fixed time goes to fresh inputs. One worker leaves the
+			// other core to the packages go test runs alongside.
 			cmd := exec.CommandContext(ctx, goBin, "test", "-run=^$", "-fuzz=^"+target+"$",
-				"-fuzztime="+fuzzSmokeTime, "-fuzzminimizetime=1s", ".")
+				"-fuzztime="+fuzzSmokeTime, "-fuzzminimizetime=1s", "-parallel=1", ".")
 			cmd.Dir = dir
 			cmd.Env = append(os.Environ(), fuzzSmokeEnv+"=1")
 			start := time.Now()
