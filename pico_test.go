@@ -971,8 +971,20 @@ func TestPicoCrossProtocol(t *testing.T) {
 	if len(recs) != 2 || string(recs[0].bytes()) != "1" || string(recs[1].bytes()) != `{"a":2}` {
 		t.Errorf("JSON messages as records: %+v", recs)
 	}
+	// One producer state: a producer's DS append is a Pico duplicate, and
+	// its Pico seqs continue the DS ones.
+	s.do(t, "POST", "/ds/y", []byte(`"p0"`), hCT, "application/json",
+		hdrProducerID, "p", hdrProducerEpoch, "0", hdrProducerSeq, "0").want(t, 200)
+	s.do(t, "POST", "/pico/y", []byte(`"p0"`), hdrPicoProducerID, "p", hdrPicoProducerEpoch, "0", hdrPicoProducerSeq, "0").
+		want(t, 200).header(t, hdrPicoStartSeq, "").header(t, hdrPicoNextSeq, "3")
+	s.do(t, "POST", "/pico/y", []byte(`"p2"`), hdrPicoProducerID, "p", hdrPicoProducerEpoch, "0", hdrPicoProducerSeq, "2").
+		wantError(t, 409, picoErrSeqGap, -1).header(t, hdrPicoExpectedSeq, "1")
+	s.do(t, "POST", "/pico/y", []byte(`"p1"`), hdrPicoProducerID, "p", hdrPicoProducerEpoch, "0", hdrPicoProducerSeq, "1").
+		want(t, 200).header(t, hdrPicoStartSeq, "3")
+	s.do(t, "POST", "/ds/y", []byte(`"x"`), hCT, "application/json",
+		hdrProducerID, "p", hdrProducerEpoch, "0", hdrProducerSeq, "1").want(t, 204)
 	s.do(t, "POST", "/ds/y", nil, hdrStreamClosed, "true").want(t, 204)
-	s.do(t, "POST", "/pico/y", []byte("3")).wantError(t, 409, picoErrClosed, 2)
+	s.do(t, "POST", "/pico/y", []byte("3")).wantError(t, 409, picoErrClosed, 4)
 	s.do(t, "PUT", "/pico/y", nil, hCT, "application/json", hdrPicoTTL, "120", hdrPicoClosed, "true").want(t, 200)
 }
 
