@@ -398,7 +398,8 @@ type picoListPage struct {
 
 // list handles GET on the handler's root: the streams whose names start
 // with prefix and sort after start_after, in name order, at most limit.
-// One page is one listing of metadata keys in the bucket.
+// A page costs one listing of metadata keys in the bucket, two for a full
+// page of the largest size.
 func (p *picoProtocol) list(w http.ResponseWriter, r *http.Request) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
