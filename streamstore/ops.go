@@ -614,7 +614,7 @@ func (e *Engine) List(ctx context.Context, prefix, startAfter string, limit int)
 				return
 			}
 			s.mu.Lock()
-			if !s.gone && !s.expiredLocked(time.Now()) {
+			if !s.gone && !s.meta.Deleted && !s.expiredLocked(time.Now()) {
 				infos[i], keep[i] = s.info(), true
 			}
 			s.mu.Unlock()
