@@ -242,7 +242,7 @@ type subManager struct {
 	mac   []byte
 
 	qmu    sync.Mutex
-	queue  []appendNote
+	queue  map[string]appendNote // by stream name, coalesced: bounded by the streams appended to
 	kick   chan struct{}
 	client *http.Client
 	ctx    context.Context // ends when the engine closes
@@ -299,7 +299,13 @@ func managerFor(eng *streamstore.Engine, log *zap.Logger) *subManager {
 // noteAppend is the engine's append hook: it queues and never blocks.
 func (m *subManager) noteAppend(name string, first, next uint64) {
 	m.qmu.Lock()
-	m.queue = append(m.queue, appendNote{name, first, next})
+	if m.queue == nil {
+		m.queue = map[string]appendNote{}
+	}
+	if q, ok := m.queue[name]; ok {
+		first, next = min(first, q.first), max(next, q.next)
+	}
+	m.queue[name] = appendNote{name, first, next}
 	m.qmu.Unlock()
 	select {
 	case m.kick <- struct{}{}:
@@ -348,8 +354,13 @@ func (m *subManager) run() {
 		m.queue = nil
 		m.qmu.Unlock()
 		m.mu.Lock()
-		for _, n := range notes {
-			m.applyNoteLocked(n)
+		names := make([]string, 0, len(notes))
+		for name := range notes {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		for _, name := range names {
+			m.applyNoteLocked(notes[name])
 		}
 		m.tickLocked(time.Now())
 		m.mu.Unlock()
@@ -490,6 +501,22 @@ func (m *subManager) saveLocked(s *subState) error {
 	ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
 	defer cancel()
 	ver, err := m.eng.PutDoc(ctx, s.key, b, s.version)
+	if errors.Is(err, streamstore.ErrDocConflict) {
+		// This node holds the storage lease and writes under m.mu, so the
+		// only other writer was an earlier attempt of ours whose response
+		// was lost but which landed: take the stored version and write again.
+		cur, etag, gerr := m.eng.GetDoc(ctx, s.key)
+		switch {
+		case gerr == nil && bytes.Equal(cur, b):
+			ver, err = etag, nil
+		case gerr == nil:
+			ver, err = m.eng.PutDoc(ctx, s.key, b, etag)
+		case errors.Is(gerr, streamstore.ErrNotFound):
+			ver, err = m.eng.PutDoc(ctx, s.key, b, "")
+		default:
+			err = gerr
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -1002,7 +1029,11 @@ func (m *subManager) maybeWakeLocked(s *subState) bool {
 		s.LeaseUntil = time.Now().Add(s.lease()).UnixMilli()
 	}
 	if err := m.saveLocked(s); err != nil {
+		// Not durable, so not issued: the tick tries again.
 		m.log.Error("saving subscription wake", zap.String("id", s.ID), zap.Error(err))
+		s.Generation--
+		s.WakeID, s.LeaseUntil = "", 0
+		return true
 	}
 	if s.Config.Type == "webhook" {
 		m.deliverLocked(s)
@@ -1026,6 +1057,10 @@ func (m *subManager) tickLocked(now time.Time) {
 			(s.Config.Type == "webhook" || s.Holder != ""):
 			// The lease ran out: clear holder and wake; wake again if needed.
 			s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot = "", "", 0, nil
+			m.maybeWakeLocked(s)
+		case s.WakeID == "" && s.Holder == "" && s.pending():
+			// Pending work and nothing in flight (a restart, or a wake
+			// whose state could not be saved): wake now.
 			m.maybeWakeLocked(s)
 		}
 	}
