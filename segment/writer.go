@@ -132,7 +132,11 @@ func (w *Writer) Fence(cause error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.fenced == nil {
-		w.fenced = fmt.Errorf("%w: %v", ErrFenced, cause)
+		if errors.Is(cause, ErrFenced) {
+			w.fenced = cause
+		} else {
+			w.fenced = fmt.Errorf("%w: %v", ErrFenced, cause)
+		}
 	}
 }
 
