@@ -218,6 +218,7 @@ func (r *engineRef) doStart() error {
 	if err := eng.Start(ctx); err != nil {
 		return fmt.Errorf("starting engine: %w", err)
 	}
+	managerFor(eng, r.log) // subscriptions wake on appends from the start, whatever the protocol (subscriptions.go)
 	r.mu.Lock()
 	r.eng.Store(eng)
 	// A reload may have changed the settings while the engine started.
