@@ -552,24 +552,11 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 	if encode {
 		h.Set(hdrSSEDataEncoding, "base64")
 	}
-	rc := http.NewResponseController(w)
-	// A server write timeout would cut the feed short; the reconnect
-	// interval bounds it instead.
-	_ = rc.SetWriteDeadline(time.Time{})
-	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriterSize(w, 32<<10)
-	flush := func() bool {
-		if err := bw.Flush(); err != nil {
-			return false
-		}
-		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return false
-		}
-		return true
-	}
-	if !flush() { // let the client see the response start at once
+	es, ok := startEventStream(w)
+	if !ok {
 		return
 	}
+	bw, flush := es.bw, es.flush
 
 	deadline := time.Now().Add(d.sseInterval)
 	cursor := nextCursor(time.Now(), clientCursor, d.jitter)

@@ -65,24 +65,11 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 	h := w.Header()
 	h.Set("Content-Type", picoMediaSSE)
 	h.Set("Cache-Control", cacheControlNoStore)
-	rc := http.NewResponseController(w)
-	// A server write timeout would cut the feed short; the reconnect
-	// interval bounds it instead.
-	_ = rc.SetWriteDeadline(time.Time{})
-	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriterSize(w, 32<<10)
-	flush := func() bool {
-		if err := bw.Flush(); err != nil {
-			return false
-		}
-		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return false
-		}
-		return true
-	}
-	if !flush() { // let the client see the response start at once
+	es, ok := startEventStream(w)
+	if !ok {
 		return
 	}
+	bw, flush := es.bw, es.flush
 
 	deadline := time.Now().Add(p.sseInterval)
 	announced := false // a control event with up_to_date was sent for pg.next

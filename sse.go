@@ -4,7 +4,10 @@ import (
 	"bufio"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
+	"time"
 )
 
 // sseControl is the payload of a Durable Streams "control" event.
@@ -80,4 +83,33 @@ func writeSSEControl(w *bufio.Writer, c sseControl) error {
 		return fmt.Errorf("encoding control event: %w", err)
 	}
 	return writeSSEEvent(w, "control", b)
+}
+
+// eventStream is a server-sent events response being written: events go
+// through a buffer, and flush pushes them to the client.
+type eventStream struct {
+	bw *bufio.Writer
+	rc *http.ResponseController
+}
+
+// startEventStream sends the 200 of an event stream and flushes it, so the
+// client sees the response start at once. A server write timeout would cut
+// the feed short; the caller's reconnect interval bounds it instead.
+func startEventStream(w http.ResponseWriter) (*eventStream, bool) {
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Time{})
+	w.WriteHeader(http.StatusOK)
+	es := &eventStream{bw: bufio.NewWriterSize(w, 32<<10), rc: rc}
+	return es, es.flush()
+}
+
+// flush writes out buffered events; false means the client is gone.
+func (es *eventStream) flush() bool {
+	if err := es.bw.Flush(); err != nil {
+		return false
+	}
+	if err := es.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return false
+	}
+	return true
 }

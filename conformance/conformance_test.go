@@ -11,7 +11,8 @@
 //	PICOMQ_CONFORMANCE_URL=URL        test a server that is already running instead
 //	PICOMQ_CONFORMANCE_TIMEOUT=10m    bound on one vitest run
 //	PICOMQ_CONFORMANCE_VERBOSE=1      stream vitest's own output to stderr
-//	DS_SUBSCRIPTIONS=true             include the suite's subscription tests
+//	DS_SUBSCRIPTIONS=false            leave out the suite's subscription tests
+//	                                  (they run by default)
 package conformance
 
 import (
@@ -334,7 +335,12 @@ func runSuite(t *testing.T, name, baseURL string, sel selection) {
 		args = append(args, "--testNamePattern="+sel.pattern)
 	}
 	cmd := exec.CommandContext(ctx, "node", args...)
+	subs := os.Getenv("DS_SUBSCRIPTIONS")
+	if subs == "" {
+		subs = "true"
+	}
 	cmd.Env = append(os.Environ(),
+		"DS_SUBSCRIPTIONS="+subs,
 		"DS_BASE_URL="+baseURL,
 		fmt.Sprintf("DS_LONG_POLL_MS=%d", longPollTimeout.Milliseconds()),
 		"NO_COLOR=1",
