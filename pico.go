@@ -433,7 +433,6 @@ func (p *picoProtocol) list(w http.ResponseWriter, r *http.Request) {
 		p.engineError(w, r, err)
 		return
 	}
-	infos = p.withoutSoftDeleted(r.Context(), eng, infos)
 	switch {
 	case len(infos) > limit:
 		infos, more = infos[:limit], true
@@ -477,22 +476,6 @@ func (p *picoProtocol) list(w http.ResponseWriter, r *http.Request) {
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(http.StatusOK)
 	w.Write(body)
-}
-
-// withoutSoftDeleted drops the streams that are deleted for clients but
-// kept for their forks (410 on every request) from a listing. The engine's
-// List includes them; the streams it returns are in memory, so asking
-// costs no I/O.
-func (p *picoProtocol) withoutSoftDeleted(ctx context.Context, eng *streamstore.Engine, infos []streamstore.Info) []streamstore.Info {
-	out := infos[:0]
-	for _, info := range infos {
-		_, err := eng.Head(ctx, info.Name)
-		if errors.Is(err, streamstore.ErrGone) || errors.Is(err, streamstore.ErrNotFound) {
-			continue
-		}
-		out = append(out, info)
-	}
-	return out
 }
 
 // Read formats.
