@@ -30,6 +30,9 @@ type OpenOptions struct {
 	// standard AWS credential chain (environment, shared config files,
 	// container and instance roles). Mostly for tests.
 	AccessKeyID, SecretAccessKey, SessionToken string
+	// Stats, when set, counts every request attempt the store makes (the
+	// file backend's calls too). Nil counts nothing.
+	Stats *RequestStats
 }
 
 func (o OpenOptions) withDefaults() OpenOptions {
@@ -181,7 +184,14 @@ func Open(rawURL string, opts OpenOptions) (Store, error) {
 	}
 	switch loc.Scheme {
 	case "file":
-		return NewFileStore(loc.Dir)
+		fs, err := NewFileStore(loc.Dir)
+		if err != nil {
+			return nil, err
+		}
+		if opts.Stats == nil {
+			return fs, nil
+		}
+		return observedFileStore{FileStore: fs, stats: opts.Stats}, nil
 	default:
 		return NewS3Store(context.Background(), loc, opts)
 	}

@@ -177,7 +177,7 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte, opts PutOpti
 	}
 	var etag string
 	ambiguous := false // an earlier attempt may have been applied
-	err := s.do(ctx, "put "+key, func(ctx context.Context) (bool, error) {
+	err := s.do(ctx, OpPut, key, func(ctx context.Context) (bool, error) {
 		in.Body = bytes.NewReader(data)
 		out, err := s.client.PutObject(ctx, in)
 		if err != nil {
@@ -257,7 +257,7 @@ func (s *S3Store) Get(ctx context.Context, key string, offset, length int64) ([]
 	var data []byte
 	var etag string
 	pastEnd := false
-	err := s.do(ctx, "get "+key, func(ctx context.Context) (bool, error) {
+	err := s.do(ctx, OpGet, key, func(ctx context.Context) (bool, error) {
 		out, err := s.client.GetObject(ctx, in)
 		if err != nil {
 			if isNoSuchKey(err) {
@@ -310,7 +310,7 @@ func sliceRange(b []byte, offset, length int64) []byte {
 
 func (s *S3Store) head(ctx context.Context, key string) (string, error) {
 	var etag string
-	err := s.do(ctx, "head "+key, func(ctx context.Context) (bool, error) {
+	err := s.do(ctx, OpHead, key, func(ctx context.Context) (bool, error) {
 		out, err := s.client.HeadObject(ctx, &s3.HeadObjectInput{
 			Bucket: aws.String(s.bucket),
 			Key:    aws.String(s.full(key)),
@@ -344,7 +344,7 @@ func (s *S3Store) List(ctx context.Context, prefix, startAfter string, max int) 
 	for {
 		in.MaxKeys = aws.Int32(int32(min(max-len(objs), 1000)))
 		var out *s3.ListObjectsV2Output
-		err := s.do(ctx, "list "+prefix, func(ctx context.Context) (bool, error) {
+		err := s.do(ctx, OpList, prefix, func(ctx context.Context) (bool, error) {
 			var err error
 			out, err = s.client.ListObjectsV2(ctx, in)
 			if err != nil {
@@ -408,7 +408,7 @@ func (s *S3Store) Delete(ctx context.Context, keys []string) error {
 			Delete: &s3types.Delete{Objects: ids, Quiet: aws.Bool(true)},
 		}
 		var out *s3.DeleteObjectsOutput
-		err := s.do(ctx, "delete", func(ctx context.Context) (bool, error) {
+		err := s.do(ctx, OpDelete, "", func(ctx context.Context) (bool, error) {
 			var err error
 			out, err = s.client.DeleteObjects(ctx, in)
 			if err != nil {
@@ -433,8 +433,14 @@ func (s *S3Store) Delete(ctx context.Context, keys []string) error {
 
 // do runs attempt until it succeeds, returns a final error, or runs out of
 // attempts. Each attempt gets its own timeout; between attempts it sleeps
-// an exponentially growing, fully jittered backoff.
-func (s *S3Store) do(ctx context.Context, what string, attempt func(ctx context.Context) (retry bool, err error)) error {
+// an exponentially growing, fully jittered backoff. Every attempt is
+// counted in the store's RequestStats; key is the object key (the prefix of
+// a listing, "" for a delete).
+func (s *S3Store) do(ctx context.Context, op Op, key string, attempt func(ctx context.Context) (retry bool, err error)) error {
+	what := op.String()
+	if key != "" {
+		what += " " + key
+	}
 	var err error
 	for n := 1; ; n++ {
 		if cerr := ctx.Err(); cerr != nil {
@@ -445,9 +451,11 @@ func (s *S3Store) do(ctx context.Context, what string, attempt func(ctx context.
 		}
 		actx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
 		var retry bool
+		began := time.Now()
 		retry, err = attempt(actx)
 		timedOut := actx.Err() != nil && ctx.Err() == nil
 		cancel()
+		s.opts.Stats.observe(op, key, time.Since(began), outcomeOf(err, timedOut))
 		if err == nil {
 			return nil
 		}

@@ -3,6 +3,7 @@ package streamstore
 import (
 	"container/list"
 	"sync"
+	"sync/atomic"
 
 	"github.com/picomq/caddy-picomq/segment"
 )
@@ -17,6 +18,8 @@ type blockCache struct {
 	used   int64
 	ll     *list.List
 	items  map[string]*list.Element
+
+	hits, misses atomic.Uint64 // lookups by get, for Engine.Stats
 }
 
 type cacheItem struct {
@@ -34,8 +37,10 @@ func (c *blockCache) get(key string) ([]segment.Record, bool) {
 	defer c.mu.Unlock()
 	el, ok := c.items[key]
 	if !ok {
+		c.misses.Add(1)
 		return nil, false
 	}
+	c.hits.Add(1)
 	c.ll.MoveToFront(el)
 	return el.Value.(*cacheItem).recs, true
 }

@@ -84,6 +84,8 @@ type Engine struct {
 	gcKick      chan struct{}
 	closing     chan struct{}
 	bg          sync.WaitGroup
+
+	stats Stats // running totals for metrics (stats.go)
 }
 
 // New builds an engine over store. It does no I/O; Start opens the storage.
@@ -560,6 +562,7 @@ func (h hooks) Committed(b *segment.Batch) {
 		s.mu.Unlock()
 		e.appended(ent)
 	}
+	e.stats.committed(b)
 	e.mu.Lock()
 	e.commitEnd = pos.next()
 	e.walBacklog++
@@ -576,6 +579,7 @@ func (h hooks) Committed(b *segment.Batch) {
 }
 
 func (h hooks) Aborted(b *segment.Batch, err error) {
+	h.e.stats.aborted(b)
 	for _, ent := range b.Entries {
 		s := ent.Ref.(*stream)
 		s.mu.Lock()

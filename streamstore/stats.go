@@ -1,0 +1,82 @@
+package streamstore
+
+import (
+	"sync/atomic"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// Stats are an engine's running totals since it was built. The engine adds
+// to them with atomic adds on its commit and read paths; read them at any
+// time with Engine.Stats.
+type Stats struct {
+	appends      atomic.Uint64 // committed WAL entries that carry records
+	records      atomic.Uint64 // records in them
+	bytes        atomic.Uint64 // record body bytes in them
+	walObjects   atomic.Uint64 // WAL objects committed
+	walEntries   atomic.Uint64 // every committed WAL entry, record-less ones too
+	abortedBatch atomic.Uint64 // WAL batches aborted after a failed upload
+}
+
+// StatsSnapshot is Stats read at one moment.
+type StatsSnapshot struct {
+	// Appends is how many appends became durable (were acknowledged, or
+	// would have been had the client waited): WAL entries with records.
+	Appends uint64
+	// Records and Bytes are the records those appends carried and the
+	// bytes of their bodies.
+	Records, Bytes uint64
+	// WALObjects is how many WAL objects (group-commit batches) were
+	// committed; WALEntries the entries in them, record-less ones (TTL
+	// renewals, closes without data) included.
+	WALObjects, WALEntries uint64
+	// AbortedBatches is how many WAL batches were aborted after an upload
+	// failed, their appends answered with an error.
+	AbortedBatches uint64
+	// CacheHits and CacheMisses count lookups of committed records in the
+	// block cache by reads; a miss costs a GET (or a LIST and a GET).
+	CacheHits, CacheMisses uint64
+}
+
+// Stats returns the engine's running totals. The counters are read one by
+// one, so a snapshot taken while appends commit may be a few appends apart
+// between fields.
+func (e *Engine) Stats() StatsSnapshot {
+	s := &e.stats
+	return StatsSnapshot{
+		Appends:        s.appends.Load(),
+		Records:        s.records.Load(),
+		Bytes:          s.bytes.Load(),
+		WALObjects:     s.walObjects.Load(),
+		WALEntries:     s.walEntries.Load(),
+		AbortedBatches: s.abortedBatch.Load(),
+		CacheHits:      e.cache.hits.Load(),
+		CacheMisses:    e.cache.misses.Load(),
+	}
+}
+
+// committed counts a committed WAL batch. It runs on the commit path, once
+// per batch: a loop over the batch's records and a few atomic adds.
+func (s *Stats) committed(b *segment.Batch) {
+	var appends, records, bytes uint64
+	for _, ent := range b.Entries {
+		if len(ent.Records) == 0 {
+			continue
+		}
+		appends++
+		records += uint64(len(ent.Records))
+		for i := range ent.Records {
+			bytes += uint64(len(ent.Records[i].Body))
+		}
+	}
+	s.walObjects.Add(1)
+	s.walEntries.Add(uint64(len(b.Entries)))
+	if appends > 0 {
+		s.appends.Add(appends)
+		s.records.Add(records)
+		s.bytes.Add(bytes)
+	}
+}
+
+// aborted counts an aborted WAL batch.
+func (s *Stats) aborted(*segment.Batch) { s.abortedBatch.Add(1) }
