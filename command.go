@@ -1,0 +1,180 @@
+package picomq
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+
+	"github.com/picomq/caddy-picomq/loadgen"
+)
+
+// The `caddy picomq` command and its `bench` subcommand live in the root
+// package so that every build with the module (xcaddy included) has them.
+// The load generator itself is package loadgen, which knows nothing of
+// Caddy.
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "picomq",
+		Usage: "<command> [flags]",
+		Short: "PicoMQ tools (bench: a Durable Streams load generator)",
+		Long: `
+PicoMQ tools. Subcommands:
+
+  bench   load-generate against any Durable Streams URL and report
+          throughput, latency, errors and the CPU and memory of the
+          processes named with --pid
+
+See 'caddy picomq bench --help'.`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.Args = cobra.NoArgs
+			cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+			cmd.AddCommand(benchCommand())
+		},
+	})
+}
+
+func benchCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench --url URL [flags]",
+		Short: "Load-generate against a Durable Streams server",
+		Long: `
+Drives any Durable Streams URL (this module, a Caddy 'respond' route, the
+Node reference server) over plain HTTP and reports ops, ops/s, MB/s,
+latency percentiles, errors, and the CPU time and RSS of this process and of
+every --pid process over the measured window.
+
+Stream i is URL + prefix + i. Modes:
+
+  append    --writers goroutines append --size bodies to --streams streams
+            (writer w takes the streams s with s mod writers == w, round-
+            robin; with fewer streams than writers, stream w mod streams),
+            closed loop, or open loop at --rate appends/s in total
+  sse       --subscribers SSE readers on stream prefix+"0" from its tail; one
+            writer appends numbered records at --rate (default 20/s); reports
+            delivered/expected, lost, and latency from the append's ack to
+            receipt
+  read      --readers goroutines read --stream (a full name) from offset -1
+            to the tail with plain GETs
+  populate  create --streams streams with one deterministic --size record each
+  verify    read them back and compare
+
+A progress line goes to stderr every second; the summary to stdout.`,
+		Example: `  caddy picomq bench --url http://127.0.0.1:8080/ --writers 64 --streams 100 --size 1KiB --duration 30s
+  caddy picomq bench --url http://127.0.0.1:8080/ --mode sse --subscribers 5000 --rate 20 --duration 30s
+  caddy picomq bench --url http://127.0.0.1:8080/ --mode populate --streams 100000 --prefix pop-
+  caddy picomq bench --url http://127.0.0.1:8080/ --mode verify --streams 100000 --prefix pop- --create=false`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: false,
+	}
+	f := cmd.Flags()
+	f.String("url", "", "base URL; stream i is URL + prefix + i (required)")
+	f.String("prefix", "", `stream-name prefix (default "bench-" + 6 random characters)`)
+	f.String("mode", loadgen.ModeAppend, "append | sse | read | populate | verify")
+	f.Int("writers", loadgen.DefaultWriters, "concurrent writers (append), workers (populate, verify)")
+	f.Int("streams", loadgen.DefaultStreams, "number of streams")
+	f.String("size", "1024", "bytes per append or record (1KiB, 1MiB accepted)")
+	f.Duration("duration", loadgen.DefaultDuration, "measured window (append, sse)")
+	f.Duration("warmup", 0, "load before the measured window, not measured")
+	f.Float64("rate", 0, "total appends/s (0: closed loop; sse mode defaults to 20)")
+	f.String("content-type", loadgen.DefaultContentType, "stream content type (sse mode defaults to text/plain)")
+	f.Bool("create", true, "PUT each stream first (201 or 200 both fine)")
+	f.Int("subscribers", 0, "SSE readers (sse mode)")
+	f.String("stream", "", "read mode: the existing stream to read (full name, no prefix)")
+	f.Int("readers", 1, "read mode: parallel readers of --stream")
+	f.StringArray("pid", nil, "NAME=PID: report that process's CPU time and RSS over the window (repeatable)")
+	f.String("mark", "", "POST URL?phase=start and URL?phase=end at the window's edges (failures are fatal)")
+	f.String("json", "", "write the result as JSON to FILE (- for stdout)")
+	f.Duration("timeout", loadgen.DefaultTimeout, "per-request timeout")
+	f.Bool("quiet", false, "no progress line")
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		return runBench(cmd)
+	}
+	return cmd
+}
+
+func runBench(cmd *cobra.Command) error {
+	f := cmd.Flags()
+	str := func(name string) string { v, _ := f.GetString(name); return v }
+	num := func(name string) int { v, _ := f.GetInt(name); return v }
+	dur := func(name string) time.Duration { v, _ := f.GetDuration(name); return v }
+	cfg := loadgen.Config{
+		URL:         str("url"),
+		Prefix:      str("prefix"),
+		Mode:        str("mode"),
+		Writers:     num("writers"),
+		Streams:     num("streams"),
+		Duration:    dur("duration"),
+		Warmup:      dur("warmup"),
+		ContentType: str("content-type"),
+		Subscribers: num("subscribers"),
+		Stream:      str("stream"),
+		Readers:     num("readers"),
+		Mark:        str("mark"),
+		Timeout:     dur("timeout"),
+	}
+	var err error
+	if cfg.Size, err = loadgen.ParseSize(str("size")); err != nil {
+		return err
+	}
+	cfg.Rate, _ = f.GetFloat64("rate")
+	cfg.Create, _ = f.GetBool("create")
+	if cfg.Mode == loadgen.ModeSSE && !f.Changed("content-type") {
+		cfg.ContentType = "text/plain"
+	}
+	pids, _ := f.GetStringArray("pid")
+	for _, p := range pids {
+		np, err := loadgen.ParsePID(p)
+		if err != nil {
+			return err
+		}
+		cfg.PIDs = append(cfg.PIDs, np)
+	}
+	if quiet, _ := f.GetBool("quiet"); !quiet {
+		cfg.Progress = os.Stderr
+		if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			cfg.ProgressTTY = true
+		}
+	}
+	jsonPath := str("json")
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, runErr := loadgen.Run(ctx, cfg)
+	if res != nil {
+		if jsonPath != "-" {
+			res.WriteSummary(os.Stdout)
+		}
+		if jsonPath != "" {
+			if err := writeResultJSON(res, jsonPath); err != nil {
+				return err
+			}
+		}
+	}
+	if runErr != nil {
+		return fmt.Errorf("bench: %w", runErr)
+	}
+	return nil
+}
+
+// writeResultJSON writes res to path, or to stdout for "-".
+func writeResultJSON(res *loadgen.Result, path string) error {
+	if path == "-" {
+		return res.WriteJSON(os.Stdout)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := res.WriteJSON(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,244 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+)
+
+// appendWorker is one writer's tally inside the measured window; only its
+// own goroutine touches it until the run ends.
+type appendWorker struct {
+	lat  []int64 // nanoseconds, successful appends only
+	ops  int64
+	errs int64
+}
+
+// runAppend: writer w appends to the streams of its share round-robin.
+// With at least as many streams as writers, its share is the streams s
+// with s mod writers == w; with fewer, it is the single stream w mod
+// streams. Either way every stream gets load, and as evenly as the counts
+// allow.
+func (r *runner) runAppend(ctx context.Context) (*Result, error) {
+	cfg := r.cfg
+	if cfg.Create {
+		if err := r.createStreams(ctx, cfg.Streams, nil); err != nil {
+			return nil, err
+		}
+	}
+	body := fillBody(make([]byte, cfg.Size), cfg.ContentType, 0)
+	urls := make([]*url.URL, cfg.Streams)
+	for i := range urls {
+		u, err := url.Parse(r.streamURL(i))
+		if err != nil {
+			return nil, err
+		}
+		urls[i] = u
+	}
+	hdr := http.Header{"Content-Type": {cfg.ContentType}}
+
+	t0 := time.Now()
+	winStart := t0.Add(cfg.Warmup)
+	winEnd := winStart.Add(cfg.Duration)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	workers := make([]appendWorker, cfg.Writers)
+	var wg sync.WaitGroup
+	for w := range cfg.Writers {
+		wg.Go(func() {
+			r.appendLoop(ctx, w, &workers[w], urls, hdr, body, t0, winStart, winEnd)
+		})
+	}
+	stop := make(chan struct{})
+	pdone := r.progress(stop, t0, nil)
+	procs, werr := r.window(ctx, winStart, winEnd)
+	if werr != nil && procs == nil {
+		cancel() // a fatal error before the window closed: stop now
+	}
+	// Appends in flight at the end finish on their own (within the
+	// timeout) but do not count.
+	wg.Wait()
+	close(stop)
+	<-pdone
+
+	res := r.result(ModeAppend)
+	res.DurationS = cfg.Duration.Seconds()
+	var all []int64
+	for i := range workers {
+		res.Ops += workers[i].ops
+		res.Errors += workers[i].errs
+		all = append(all, workers[i].lat...)
+		workers[i].lat = nil
+	}
+	res.Bytes = res.Ops * int64(cfg.Size)
+	res.Latency = latencyOf(all)
+	res.Processes = procs
+	res.finish()
+	return res, werr
+}
+
+// appendLoop is one writer. Closed loop (no rate), latency runs from
+// sending to the answer; open loop, writer w sends its k-th append at
+// t0 + (k*writers + w)/rate and latency runs from that scheduled time, so
+// a server that falls behind the rate shows it in latency (no coordinated
+// omission).
+func (r *runner) appendLoop(ctx context.Context, w int, tally *appendWorker, urls []*url.URL, hdr http.Header, body []byte,
+	t0, winStart, winEnd time.Time) {
+	cfg := r.cfg
+	nstreams := len(urls)
+	first, step, count := w%nstreams, cfg.Writers, 1
+	if cfg.Writers < nstreams {
+		first = w
+		count = (nstreams - w + cfg.Writers - 1) / cfg.Writers
+	}
+	tally.lat = make([]int64, 0, 1024)
+	var interval, offset time.Duration
+	if cfg.Rate > 0 {
+		interval = time.Duration(float64(cfg.Writers) / cfg.Rate * float64(time.Second))
+		offset = time.Duration(float64(w) / cfg.Rate * float64(time.Second))
+	}
+	for k := 0; ; k++ {
+		if ctx.Err() != nil {
+			return
+		}
+		var start time.Time
+		if interval > 0 {
+			start = t0.Add(offset + time.Duration(k)*interval)
+			if !start.Before(winEnd) {
+				return
+			}
+			if d := time.Until(start); d > 0 {
+				time.Sleep(d)
+			}
+		} else {
+			start = time.Now()
+			if !start.Before(winEnd) {
+				return
+			}
+		}
+		u := urls[first+(k%count)*step]
+		req := &http.Request{
+			Method:        http.MethodPost,
+			URL:           u,
+			Proto:         "HTTP/1.1",
+			ProtoMajor:    1,
+			ProtoMinor:    1,
+			Header:        hdr, // shared and only read
+			Body:          io.NopCloser(bytes.NewReader(body)),
+			ContentLength: int64(len(body)),
+			Host:          u.Host,
+		}
+		resp, err := r.client.Do(req)
+		ok, msg := false, ""
+		if err != nil {
+			msg = err.Error()
+		} else {
+			if ok = resp.StatusCode/100 == 2; !ok {
+				msg = httpError(resp)
+			}
+			drain(resp.Body)
+		}
+		end := time.Now()
+		lat := end.Sub(start)
+		inWindow := !end.Before(winStart) && !end.After(winEnd)
+		if ok {
+			r.ops.Add(1)
+			r.hist.record(lat)
+			if inWindow {
+				tally.ops++
+				tally.lat = append(tally.lat, int64(lat))
+			}
+		} else {
+			r.errs.Add(1)
+			if inWindow {
+				tally.errs++
+				r.errMsg.add(msg)
+			}
+		}
+	}
+}
+
+// result starts a Result with the run's configuration.
+func (r *runner) result(mode string) *Result {
+	cfg := r.cfg
+	return &Result{
+		Mode:         mode,
+		URL:          cfg.URL,
+		Prefix:       cfg.Prefix,
+		Writers:      cfg.Writers,
+		Streams:      cfg.Streams,
+		Size:         cfg.Size,
+		Rate:         cfg.Rate,
+		ErrorSamples: []string{},
+		Processes:    []Process{},
+	}
+}
+
+// finish fills the rates and the error samples.
+func (res *Result) finish() {
+	if res.DurationS > 0 {
+		res.OpsPerS = float64(res.Ops) / res.DurationS
+		res.MBPerS = float64(res.Bytes) / (1 << 20) / res.DurationS
+	}
+	if res.Processes == nil {
+		res.Processes = []Process{}
+	}
+	if res.ErrorSamples == nil {
+		res.ErrorSamples = []string{}
+	}
+}
+
+// fillBody fills b with printable bytes that identify tag and returns it:
+// "#tag#" then a letter pattern that depends on tag, ending in a newline.
+// For application/json the body is a JSON string of the same length
+// instead (a JSON stream takes only JSON values). Bodies too short for the
+// tag hold only the pattern.
+func fillBody(b []byte, contentType string, tag int) []byte {
+	for i := range b {
+		b[i] = 'a' + byte((tag*7+i)%26)
+	}
+	head := appendTag(nil, tag)
+	json := isJSONType(contentType)
+	switch {
+	case json && len(b) >= len(head)+2:
+		b[0] = '"'
+		copy(b[1:], head)
+		b[len(b)-1] = '"'
+	case json && len(b) >= 2:
+		b[0], b[len(b)-1] = '"', '"'
+	case len(b) >= len(head)+1:
+		copy(b, head)
+		b[len(b)-1] = '\n'
+	}
+	return b
+}
+
+// appendTag appends "#N#".
+func appendTag(b []byte, n int) []byte {
+	b = append(b, '#')
+	b = appendInt(b, n)
+	return append(b, '#')
+}
+
+func appendInt(b []byte, n int) []byte {
+	if n == 0 {
+		return append(b, '0')
+	}
+	var d [20]byte
+	i := len(d)
+	for n > 0 {
+		i--
+		d[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return append(b, d[i:]...)
+}
+
+func isJSONType(ct string) bool {
+	mt, _, _ := bytes.Cut([]byte(ct), []byte(";"))
+	return string(bytes.ToLower(bytes.TrimSpace(mt))) == "application/json"
+}

@@ -1,0 +1,212 @@
+// Package loadgen is the load generator behind `caddy picomq bench`. It
+// drives any Durable Streams server over plain HTTP (net/http, nothing of
+// Caddy or of the storage behind the server), so the same run measures
+// PicoMQ, a bare Caddy `respond` route (the HTTP ceiling) or the Node
+// reference server.
+//
+// Modes:
+//
+//   - append: Writers goroutines append Size-byte bodies to Streams streams,
+//     closed loop (Rate 0: each writer sends its next append when the last is
+//     answered) or open loop at Rate appends/s in total.
+//   - sse: Subscribers SSE readers follow one stream from its tail while a
+//     single writer appends numbered records at Rate (default 20/s); delivery
+//     latency is measured from the writer's acknowledgement to receipt.
+//   - read: Readers goroutines each read one existing stream from the start
+//     to the tail with plain GETs.
+//   - populate: create Streams streams holding one deterministic Size-byte
+//     record each; verify: read them back and compare.
+package loadgen
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Modes of Config.Mode.
+const (
+	ModeAppend   = "append"
+	ModeSSE      = "sse"
+	ModeRead     = "read"
+	ModePopulate = "populate"
+	ModeVerify   = "verify"
+)
+
+// Defaults of the command's flags.
+const (
+	DefaultWriters     = 64
+	DefaultStreams     = 100
+	DefaultSize        = 1024
+	DefaultDuration    = 30 * time.Second
+	DefaultContentType = "application/octet-stream"
+	DefaultTimeout     = 30 * time.Second
+	DefaultSSERate     = 20
+)
+
+// NamedPID is a process to account CPU time and memory for.
+type NamedPID struct {
+	Name string
+	PID  int
+}
+
+// Config describes one run.
+type Config struct {
+	URL    string // base URL; stream i is URL + Prefix + i
+	Prefix string // stream-name prefix; empty picks "bench-" + 6 random characters
+	Mode   string // one of the Mode constants; empty means append
+
+	Writers  int
+	Streams  int
+	Size     int
+	Duration time.Duration // the measured window (append and sse)
+	Warmup   time.Duration // load before the window, not measured
+	Rate     float64       // appends/s in total; 0 is closed loop (append), DefaultSSERate (sse)
+
+	ContentType string
+	Create      bool // PUT each stream before the run
+
+	Subscribers int    // sse mode
+	Stream      string // read mode: the full stream name (no prefix)
+	Readers     int    // read mode
+
+	PIDs    []NamedPID // processes to account for besides this one
+	Mark    string     // POSTed with ?phase=start and ?phase=end at the window's edges
+	Timeout time.Duration
+
+	// Progress receives one line per second while running; nil for none.
+	// With ProgressTTY each line overwrites the last (\r).
+	Progress    io.Writer
+	ProgressTTY bool
+}
+
+// normalize fills defaults and checks the configuration.
+func (c *Config) normalize() error {
+	if c.Mode == "" {
+		c.Mode = ModeAppend
+	}
+	switch c.Mode {
+	case ModeAppend, ModeSSE, ModeRead, ModePopulate, ModeVerify:
+	default:
+		return fmt.Errorf("unknown mode %q (want append, sse, read, populate or verify)", c.Mode)
+	}
+	if c.URL == "" {
+		return errors.New("--url is required")
+	}
+	if !strings.HasPrefix(c.URL, "http://") && !strings.HasPrefix(c.URL, "https://") {
+		return fmt.Errorf("--url %q: want an http:// or https:// URL", c.URL)
+	}
+	if c.Prefix == "" {
+		c.Prefix = RandomPrefix()
+	}
+	if c.ContentType == "" {
+		c.ContentType = DefaultContentType
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Mode == ModeRead && c.Stream == "" {
+		return errors.New("read mode needs --stream NAME")
+	}
+	if c.Readers <= 0 {
+		c.Readers = 1
+	}
+	if c.Writers <= 0 {
+		return fmt.Errorf("--writers %d: want at least 1", c.Writers)
+	}
+	if c.Streams <= 0 {
+		return fmt.Errorf("--streams %d: want at least 1", c.Streams)
+	}
+	if c.Size < 0 {
+		return fmt.Errorf("--size %d: want 0 or more", c.Size)
+	}
+	if c.Mode == ModeAppend && c.Size == 0 {
+		return errors.New("--size 0: an empty append is not an append (it closes the stream)")
+	}
+	if c.Rate < 0 {
+		return fmt.Errorf("--rate %g: want 0 or more", c.Rate)
+	}
+	if c.Mode == ModeSSE {
+		if c.Rate == 0 {
+			c.Rate = DefaultSSERate
+		}
+		if c.Subscribers <= 0 {
+			return errors.New("sse mode needs --subscribers N (at least 1)")
+		}
+	}
+	if (c.Mode == ModeAppend || c.Mode == ModeSSE) && c.Duration <= 0 {
+		return fmt.Errorf("--duration %s: want more than 0", c.Duration)
+	}
+	if c.Warmup < 0 {
+		return fmt.Errorf("--warmup %s: want 0 or more", c.Warmup)
+	}
+	for _, p := range c.PIDs {
+		if p.PID <= 0 || p.Name == "" {
+			return fmt.Errorf("--pid %s=%d: want NAME=PID", p.Name, p.PID)
+		}
+	}
+	return nil
+}
+
+// RandomPrefix is "bench-" and 6 random lowercase letters and digits, so
+// that runs against one server do not share streams.
+func RandomPrefix() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := []byte("bench-")
+	for range 6 {
+		b = append(b, alphabet[rand.IntN(len(alphabet))])
+	}
+	return string(b)
+}
+
+// ParseSize parses a byte count: a plain number or one with a unit, B, KB,
+// KiB, MB, MiB, GB or GiB (case-insensitive; KB and K are 1000, KiB 1024).
+func ParseSize(s string) (int, error) {
+	t := strings.TrimSpace(s)
+	i := 0
+	for i < len(t) && (t[i] >= '0' && t[i] <= '9' || t[i] == '.') {
+		i++
+	}
+	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
+	if num == "" {
+		return 0, fmt.Errorf("size %q: want a number of bytes such as 1024, 1KiB or 1MiB", s)
+	}
+	mult := map[string]float64{
+		"": 1, "b": 1,
+		"k": 1e3, "kb": 1e3, "kib": 1 << 10,
+		"m": 1e6, "mb": 1e6, "mib": 1 << 20,
+		"g": 1e9, "gb": 1e9, "gib": 1 << 30,
+	}[unit]
+	if mult == 0 {
+		return 0, fmt.Errorf("size %q: unknown unit %q", s, t[i:])
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: %v", s, err)
+	}
+	v := f * mult
+	if v != float64(int64(v)) {
+		return 0, fmt.Errorf("size %q is not a whole number of bytes", s)
+	}
+	if v > 1<<40 {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return int(v), nil
+}
+
+// ParsePID parses NAME=PID.
+func ParsePID(s string) (NamedPID, error) {
+	name, num, ok := strings.Cut(s, "=")
+	if !ok || name == "" {
+		return NamedPID{}, fmt.Errorf("--pid %q: want NAME=PID", s)
+	}
+	pid, err := strconv.Atoi(num)
+	if err != nil || pid <= 0 {
+		return NamedPID{}, fmt.Errorf("--pid %q: %q is not a process id", s, num)
+	}
+	return NamedPID{Name: name, PID: pid}, nil
+}

@@ -1,0 +1,162 @@
+package loadgen
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// clockTicks is the kernel's USER_HZ, the unit of utime and stime in
+// /proc/PID/stat: read from the auxiliary vector (AT_CLKTCK) without cgo,
+// 100 (Linux's value everywhere in practice) if that fails.
+var clockTicks = sync.OnceValue(func() float64 {
+	b, err := os.ReadFile("/proc/self/auxv")
+	if err != nil {
+		return 100
+	}
+	const atClkTck = 17
+	for len(b) >= 16 {
+		k, v := binary.NativeEndian.Uint64(b), binary.NativeEndian.Uint64(b[8:])
+		if k == atClkTck && v > 0 {
+			return float64(v)
+		}
+		if k == 0 {
+			break
+		}
+		b = b[16:]
+	}
+	return 100
+})
+
+// ProcCPU returns the CPU time (user + system) process pid has used so far,
+// from /proc/PID/stat.
+func ProcCPU(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces and
+	// parentheses itself, so fields are counted from the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no ')' in %q", pid, b)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: only %d fields after the name", pid, len(f))
+	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: bad utime %q or stime %q", pid, f[11], f[12])
+	}
+	return time.Duration(float64(ut+st) / clockTicks() * float64(time.Second)), nil
+}
+
+// ProcRSS returns the resident set size (VmRSS) of process pid in bytes,
+// from /proc/PID/status.
+func ProcRSS(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		rest, ok := strings.CutPrefix(line, "VmRSS:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) != 2 || f[1] != "kB" {
+			return 0, fmt.Errorf("/proc/%d/status: unexpected VmRSS line %q", pid, strings.TrimSpace(line))
+		}
+		kb, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/status: %v", pid, err)
+		}
+		return kb << 10, nil
+	}
+	return 0, fmt.Errorf("/proc/%d/status has no VmRSS (a kernel thread or a zombie?)", pid)
+}
+
+// procWatch accounts for a set of processes over the measured window:
+// CPU time at start and end, and RSS sampled once a second in between.
+type procWatch struct {
+	procs    []NamedPID
+	cpu0     []time.Duration
+	peak     []int64
+	mu       sync.Mutex
+	stop     chan struct{}
+	finished chan struct{}
+}
+
+// startProcWatch reads the starting CPU times; a process that cannot be
+// read is an error, since its figures would be missing silently otherwise.
+func startProcWatch(procs []NamedPID) (*procWatch, error) {
+	w := &procWatch{procs: procs, cpu0: make([]time.Duration, len(procs)), peak: make([]int64, len(procs)),
+		stop: make(chan struct{}), finished: make(chan struct{})}
+	for i, p := range procs {
+		cpu, err := ProcCPU(p.PID)
+		if err != nil {
+			return nil, fmt.Errorf("process %s (pid %d): %w", p.Name, p.PID, err)
+		}
+		w.cpu0[i] = cpu
+	}
+	w.sample()
+	go func() {
+		defer close(w.finished)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+				w.sample()
+			}
+		}
+	}()
+	return w, nil
+}
+
+func (w *procWatch) sample() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, p := range w.procs {
+		if rss, err := ProcRSS(p.PID); err == nil {
+			w.peak[i] = max(w.peak[i], rss)
+		}
+	}
+}
+
+// finish reads the final CPU times and RSS. A process that has gone away
+// meanwhile gets what was sampled before and an error.
+func (w *procWatch) finish() ([]Process, error) {
+	close(w.stop)
+	<-w.finished
+	w.sample()
+	var firstErr error
+	out := make([]Process, len(w.procs))
+	for i, p := range w.procs {
+		out[i] = Process{Name: p.Name, PID: p.PID, PeakRSSMiB: mib(w.peak[i])}
+		cpu, err := ProcCPU(p.PID)
+		if err == nil {
+			out[i].CPUS = (cpu - w.cpu0[i]).Seconds()
+			var rss int64
+			if rss, err = ProcRSS(p.PID); err == nil {
+				out[i].RSSMiB = mib(rss)
+			}
+		}
+		if err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("process %s (pid %d) at the end of the window: %w", p.Name, p.PID, err)
+		}
+	}
+	return out, firstErr
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }

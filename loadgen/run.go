@@ -1,0 +1,270 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Run performs one run. On a fatal error (a failed mark POST, a stream that
+// cannot be created, an unreadable process) it returns the error, and the
+// result as far as it got when there is one.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	r := newRunner(cfg)
+	defer r.tr.CloseIdleConnections()
+	switch cfg.Mode {
+	case ModeAppend:
+		return r.runAppend(ctx)
+	case ModeSSE:
+		return r.runSSE(ctx)
+	case ModeRead:
+		return r.runRead(ctx)
+	case ModePopulate:
+		return r.runPopulate(ctx)
+	default:
+		return r.runVerify(ctx)
+	}
+}
+
+// runner holds what every mode shares.
+type runner struct {
+	cfg    Config
+	tr     *http.Transport
+	client *http.Client // with the per-request timeout
+	live   *http.Client // no timeout, for SSE
+
+	// Progress counters, over the whole run (warm-up included).
+	ops    atomic.Int64
+	errs   atomic.Int64
+	hist   histogram
+	errMsg errorSamples // errors inside the measured window
+}
+
+func newRunner(cfg Config) *runner {
+	conns := max(cfg.Writers, cfg.Subscribers, cfg.Readers) + 16
+	tr := &http.Transport{
+		Proxy: nil, // measure the server, not a proxy from the environment
+		DialContext: (&net.Dialer{
+			Timeout:   10 * time.Second,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		MaxIdleConns:          0, // no limit
+		MaxIdleConnsPerHost:   conns,
+		MaxConnsPerHost:       0,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+		// One HTTP/1.1 connection per writer, also over TLS: the load shape
+		// is then the same whatever the scheme.
+		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
+	return &runner{
+		cfg:    cfg,
+		tr:     tr,
+		client: &http.Client{Transport: tr, Timeout: cfg.Timeout},
+		live:   &http.Client{Transport: tr},
+	}
+}
+
+// streamName is the name of stream i: Prefix + i.
+func (r *runner) streamName(i int) string { return r.cfg.Prefix + strconv.Itoa(i) }
+
+// streamURL is the URL of stream i.
+func (r *runner) streamURL(i int) string { return r.cfg.URL + r.streamName(i) }
+
+// httpError describes a non-2xx answer: status and the first 200 bytes of
+// the body.
+func httpError(resp *http.Response) string {
+	var b [200]byte
+	n, _ := io.ReadFull(resp.Body, b[:])
+	return strconv.Itoa(resp.StatusCode) + ": " + strings.TrimSpace(string(b[:n]))
+}
+
+// drain reads what is left of a body (so the connection is reused) and
+// closes it, returning the bytes read.
+func drain(body io.ReadCloser) int64 {
+	n, _ := io.Copy(io.Discard, body)
+	body.Close()
+	return n
+}
+
+// createStreams PUTs streams [0, n) with workers concurrent requests; any
+// answer but 2xx fails the run. body, when not nil, gives stream i's
+// initial content.
+func (r *runner) createStreams(ctx context.Context, n int, body func(i int) []byte) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var once sync.Once
+	var firstErr error
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for range min(r.cfg.Writers, n) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				var b []byte
+				if body != nil {
+					b = body(i)
+				}
+				if err := r.put(ctx, i, b); err != nil {
+					once.Do(func() { firstErr = err; cancel() })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
+	return firstErr
+}
+
+// put creates stream i with an optional initial body.
+func (r *runner) put(ctx context.Context, i int, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, r.streamURL(i), bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", r.cfg.ContentType)
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("creating %s: %w", r.streamName(i), err)
+	}
+	defer drain(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("creating %s: %s", r.streamName(i), httpError(resp))
+	}
+	return nil
+}
+
+// mark POSTs the mark URL with ?phase=PHASE (or &phase= when the URL has a
+// query already). Any failure is fatal to the run.
+func (r *runner) mark(ctx context.Context, phase string) error {
+	if r.cfg.Mark == "" {
+		return nil
+	}
+	u := r.cfg.Mark
+	if strings.Contains(u, "?") {
+		u += "&phase=" + url.QueryEscape(phase)
+	} else {
+		u += "?phase=" + url.QueryEscape(phase)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	if err != nil {
+		return fmt.Errorf("mark %s: %w", phase, err)
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("mark %s: %w", phase, err)
+	}
+	defer drain(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("mark %s: %s", phase, httpError(resp))
+	}
+	return nil
+}
+
+// processes are the processes to account for: --pid ones, then this one.
+func (r *runner) processes() []NamedPID {
+	return append(append([]NamedPID(nil), r.cfg.PIDs...), NamedPID{Name: "bench", PID: os.Getpid()})
+}
+
+// window runs the measured window's bookkeeping: it waits until start,
+// posts the start mark and starts watching the processes, waits until end,
+// then posts the end mark and collects the processes' figures. It returns
+// early with an error when ctx ends or a mark or process read fails.
+func (r *runner) window(ctx context.Context, start, end time.Time) ([]Process, error) {
+	if err := sleepUntil(ctx, start); err != nil {
+		return nil, err
+	}
+	if err := r.mark(ctx, "start"); err != nil {
+		return nil, err
+	}
+	w, err := startProcWatch(r.processes())
+	if err != nil {
+		return nil, err
+	}
+	if err := sleepUntil(ctx, end); err != nil {
+		w.finish()
+		return nil, err
+	}
+	procs, perr := w.finish()
+	if err := r.mark(ctx, "end"); err != nil {
+		return procs, err
+	}
+	return procs, perr
+}
+
+func sleepUntil(ctx context.Context, t time.Time) error {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err()
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-tm.C:
+		return nil
+	}
+}
+
+// progress prints a line a second until stop is closed: elapsed time, ops
+// so far, ops in the last second, errors and the p99 so far. extra, when
+// not nil, adds mode-specific text.
+func (r *runner) progress(stop <-chan struct{}, start time.Time, extra func() string) (done <-chan struct{}) {
+	ch := make(chan struct{})
+	if r.cfg.Progress == nil {
+		close(ch)
+		return ch
+	}
+	go func() {
+		defer close(ch)
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		var last int64
+		for {
+			select {
+			case <-stop:
+				if r.cfg.ProgressTTY {
+					io.WriteString(r.cfg.Progress, "\n")
+				}
+				return
+			case <-t.C:
+			}
+			ops := r.ops.Load()
+			line := fmt.Sprintf("%6.1fs  ops %d  %d/s  errors %d  p99 %.2fms",
+				time.Since(start).Seconds(), ops, ops-last, r.errs.Load(), float64(r.hist.quantile(0.99))/1e6)
+			last = ops
+			if extra != nil {
+				line += "  " + extra()
+			}
+			if r.cfg.ProgressTTY {
+				io.WriteString(r.cfg.Progress, "\r\033[K"+line)
+			} else {
+				io.WriteString(r.cfg.Progress, line+"\n")
+			}
+		}
+	}()
+	return ch
+}
