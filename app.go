@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/picomq/caddy-picomq/segment"
@@ -39,6 +40,8 @@ type App struct {
 	refs  map[string]*appEngine // by storage key, the engines this config uses
 	stops []func()              // end this config's live responses
 	log   *zap.Logger
+
+	registry *prometheus.Registry // this config's metrics registry (metrics.go)
 }
 
 // appEngine is one storage used by this config and the engine settings its
@@ -60,6 +63,7 @@ func (*App) CaddyModule() caddy.ModuleInfo {
 func (a *App) Provision(ctx caddy.Context) error {
 	a.log = ctx.Logger()
 	a.refs = make(map[string]*appEngine)
+	a.registry = ctx.GetMetricsRegistry()
 	return nil
 }
 
@@ -145,11 +149,14 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 		return e.ref, nil
 	}
 	val, loaded, err := engines.LoadOrNew(key, func() (caddy.Destructor, error) {
-		store, err := openStore(rawURL, s.S3Timeout)
+		m := new(engineMetrics)
+		store, err := openStore(rawURL, s.S3Timeout, &m.requests)
 		if err != nil {
 			return nil, err
 		}
-		return newEngineRef(key, store, s, a.log), nil
+		ref := newEngineRef(key, store, s, a.log)
+		ref.metrics = m
+		return ref, nil
 	})
 	if err != nil {
 		return nil, err
@@ -159,6 +166,9 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 		ref.reconfigure(s)
 	}
 	a.refs[key] = &appEngine{ref: ref, settings: s}
+	if err := a.registerMetrics(ref); err != nil {
+		return nil, err
+	}
 	return ref, nil
 }
 
@@ -172,7 +182,8 @@ type engineRef struct {
 	ready     chan struct{} // closed when the start attempt has finished
 	startErr  error
 
-	eng atomic.Pointer[streamstore.Engine] // set once started
+	eng     atomic.Pointer[streamstore.Engine] // set once started
+	metrics *engineMetrics                     // store requests and live reads (metrics.go)
 
 	mu       sync.Mutex
 	nodeID   string

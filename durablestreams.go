@@ -34,8 +34,9 @@ type durableStreams struct {
 	sseInterval     time.Duration
 	maxAppend       int64
 	chunkBytes      int
-	jitter          func() int // cursor jitter in seconds
-	allowLoopback   bool       // webhook URLs may be on localhost (subscriptions.go)
+	jitter          func() int   // cursor jitter in seconds
+	allowLoopback   bool         // webhook URLs may be on localhost (subscriptions.go)
+	live            *liveReaders // open SSE and long-poll reads, for metrics (metrics.go)
 }
 
 // ServeHTTP dispatches on the method. The stream name is the request path as
@@ -430,6 +431,8 @@ func (d *durableStreams) get(w http.ResponseWriter, r *http.Request, name string
 	if !ok {
 		return
 	}
+	d.live.begin(live)
+	defer d.live.end(live)
 	switch live {
 	case "long-poll":
 		d.longPoll(w, r, eng, name, off, q.Get("cursor"))

@@ -186,6 +186,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			chunkBytes:      defaultChunkBytes,
 			jitter:          randomJitter,
 			allowLoopback:   h.AllowLoopbackWebhooks,
+			live:            h.ref.metrics.liveFor(h.Protocol),
 		}
 	case protocolPico:
 		h.proto = &picoProtocol{
@@ -197,6 +198,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			maxAppend:       h.MaxAppendSize,
 			chunkBytes:      defaultChunkBytes,
 			jitter:          randomJitter,
+			live:            h.ref.metrics.liveFor(h.Protocol),
 		}
 	}
 	return nil

@@ -41,8 +41,9 @@ type picoProtocol struct {
 	longPollTimeout time.Duration
 	sseInterval     time.Duration
 	maxAppend       int64
-	chunkBytes      int        // default cap on the body bytes of one read or SSE event
-	jitter          func() int // cursor jitter in seconds
+	chunkBytes      int          // default cap on the body bytes of one read or SSE event
+	jitter          func() int   // cursor jitter in seconds
+	live            *liveReaders // open SSE and long-poll reads, for metrics (metrics.go)
 }
 
 // ServeHTTP dispatches on the method. The handler's root lists streams; any
@@ -665,6 +666,8 @@ func (p *picoProtocol) get(w http.ResponseWriter, r *http.Request, name string) 
 	if !ok {
 		return
 	}
+	p.live.begin(q.live)
+	defer p.live.end(q.live)
 	switch q.live {
 	case "long-poll":
 		p.longPoll(w, r, eng, name, q)

@@ -59,10 +59,12 @@ func storageKey(raw string) (string, error) {
 	}
 }
 
-// openStore opens the object store behind a storage URL. It does no network
-// I/O; the engine's Start is the first thing to reach the store.
-func openStore(rawURL string, requestTimeout time.Duration) (segment.Store, error) {
+// openStore opens the object store behind a storage URL, counting its
+// requests in stats. It does no network I/O; the engine's Start is the
+// first thing to reach the store.
+func openStore(rawURL string, requestTimeout time.Duration, stats *segment.RequestStats) (segment.Store, error) {
 	st, err := segment.Open(rawURL, segment.OpenOptions{
+		Stats:          stats,
 		RequestTimeout: requestTimeout,
 		MaxAttempts:    s3Attempts,
 		MinBackoff:     s3MinBackoff,

@@ -1,0 +1,245 @@
+package picomq
+
+import (
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/picomq/caddy-picomq/segment"
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+// Metrics. The engine and the store keep running totals with atomic adds
+// (streamstore.Stats, segment.RequestStats) and the handlers count their
+// live reads (liveReaders); all of them belong to the shared engine, so they
+// outlive config reloads. Caddy gives every config load a fresh Prometheus
+// registry, served by the admin endpoint's /metrics; each config registers
+// one collector per storage it uses, which reads the totals at scrape time.
+// So a reload registers nothing twice and counters never go back.
+
+// Live read modes, as the "live" query parameter names them and as the
+// open subscribers gauge labels them.
+const (
+	liveSSE      = "sse"
+	liveLongPoll = "long-poll"
+)
+
+// liveReaders counts the live reads one protocol's handlers have open on one
+// storage. A nil *liveReaders counts nothing.
+type liveReaders struct {
+	sse, longPoll atomic.Int64
+}
+
+func (l *liveReaders) counter(mode string) *atomic.Int64 {
+	if l == nil {
+		return nil
+	}
+	switch mode {
+	case liveSSE:
+		return &l.sse
+	case liveLongPoll:
+		return &l.longPoll
+	}
+	return nil
+}
+
+// begin counts a live read of mode ("sse" or "long-poll"; anything else,
+// such as the "" of a catch-up read, is not counted) as open.
+func (l *liveReaders) begin(mode string) {
+	if c := l.counter(mode); c != nil {
+		c.Add(1)
+	}
+}
+
+// end counts a live read begun with the same mode as closed.
+func (l *liveReaders) end(mode string) {
+	if c := l.counter(mode); c != nil {
+		c.Add(-1)
+	}
+}
+
+// metricProtocols are the protocols live reads are counted for, in the
+// order of engineMetrics.live.
+var metricProtocols = [...]string{protocolDurableStreams, protocolPico}
+
+// engineMetrics is what a shared engine counts beside the engine itself:
+// the requests of its store and the live reads of its handlers.
+type engineMetrics struct {
+	requests segment.RequestStats
+	live     [len(metricProtocols)]liveReaders
+}
+
+// liveFor returns the live read counters of protocol.
+func (m *engineMetrics) liveFor(protocol string) *liveReaders {
+	if m == nil {
+		return nil
+	}
+	for i, p := range metricProtocols {
+		if p == protocol {
+			return &m.live[i]
+		}
+	}
+	return nil
+}
+
+// storageLabel is the storage label of a storage key: the key without any
+// user information (in the URL or in an endpoint parameter) and with its
+// query parameters readable.
+func storageLabel(key string) string {
+	u, err := url.Parse(key)
+	if err != nil {
+		return "unparsable storage URL"
+	}
+	u.User = nil
+	q := u.Query()
+	u.RawQuery = ""
+	label := u.String()
+	if len(q) == 0 {
+		return label
+	}
+	names := make([]string, 0, len(q))
+	for k := range q {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	parts := make([]string, 0, len(names))
+	for _, k := range names {
+		for _, v := range q[k] {
+			if e, err := url.Parse(v); err == nil && e.User != nil {
+				e.User = nil
+				v = e.String()
+			}
+			parts = append(parts, k+"="+v)
+		}
+	}
+	return label + "?" + strings.Join(parts, "&")
+}
+
+// storageCollector exposes one storage's totals to a config's registry.
+type storageCollector struct {
+	// engine returns the engine's totals, and false while the engine is
+	// not started.
+	engine  func() (streamstore.StatsSnapshot, bool)
+	metrics *engineMetrics
+
+	appends, records, bytes, flushes, aborted *prometheus.Desc
+	cacheHits, cacheMisses                    *prometheus.Desc
+	requests, uploads, subscribers            *prometheus.Desc
+}
+
+// newStorageCollector builds the collector of the storage labelled label.
+func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot, bool), m *engineMetrics) *storageCollector {
+	if m == nil {
+		m = new(engineMetrics)
+	}
+	constLabels := prometheus.Labels{"storage": label}
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("picomq_"+name, help, labels, constLabels)
+	}
+	return &storageCollector{
+		engine:  engine,
+		metrics: m,
+		appends: desc("appends_total",
+			"Appends made durable: one per acknowledged append request (a Pico batch counts once), whatever the protocol."),
+		records: desc("appended_records_total",
+			"Records in the appends made durable."),
+		bytes: desc("appended_bytes_total",
+			"Body bytes of the records made durable."),
+		flushes: desc("wal_flushes_total",
+			"WAL objects (group-commit batches) committed."),
+		aborted: desc("wal_aborted_batches_total",
+			"WAL batches aborted after an upload failed; their appends were answered with an error."),
+		cacheHits: desc("cache_hits_total",
+			"Reads of committed records served from the block cache."),
+		cacheMisses: desc("cache_misses_total",
+			"Reads of committed records that had to go to the storage."),
+		requests: desc("storage_requests_total",
+			"Object-store request attempts (each retry counts; file:// counts its calls) by operation and outcome.",
+			"op", "outcome"),
+		uploads: desc("upload_duration_seconds",
+			"Duration of object-store PUT attempts, WAL uploads (object=\"wal\") apart from other objects.",
+			"object"),
+		subscribers: desc("open_subscribers",
+			"Live reads open now: SSE responses and long-polls, by protocol and mode.",
+			"protocol", "mode"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		c.appends, c.records, c.bytes, c.flushes, c.aborted,
+		c.cacheHits, c.cacheMisses, c.requests, c.uploads, c.subscribers,
+	} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector. Before the engine starts its
+// totals read zero.
+func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	es, _ := c.engine()
+	counter(c.appends, es.Appends)
+	counter(c.records, es.Records)
+	counter(c.bytes, es.Bytes)
+	counter(c.flushes, es.WALObjects)
+	counter(c.aborted, es.AbortedBatches)
+	counter(c.cacheHits, es.CacheHits)
+	counter(c.cacheMisses, es.CacheMisses)
+
+	rs := &c.metrics.requests
+	for _, op := range segment.Ops {
+		for _, o := range segment.Outcomes {
+			counter(c.requests, rs.Requests(op, o), op.String(), o.String())
+		}
+	}
+	for _, kind := range segment.UploadKinds {
+		h := rs.Uploads(kind)
+		buckets := make(map[float64]uint64, len(segment.UploadBuckets))
+		for i, bound := range segment.UploadBuckets {
+			buckets[bound] = h.Cumulative[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(c.uploads, h.Count, h.Sum, buckets, kind.String())
+	}
+	for i, p := range metricProtocols {
+		l := &c.metrics.live[i]
+		for _, mode := range []string{liveSSE, liveLongPoll} {
+			ch <- prometheus.MustNewConstMetric(c.subscribers, prometheus.GaugeValue,
+				float64(l.counter(mode).Load()), p, mode)
+		}
+	}
+}
+
+// collector returns the metrics collector of the engine's storage.
+func (r *engineRef) collector() *storageCollector {
+	return newStorageCollector(storageLabel(r.key), func() (streamstore.StatsSnapshot, bool) {
+		eng := r.eng.Load()
+		if eng == nil {
+			return streamstore.StatsSnapshot{}, false
+		}
+		return eng.Stats(), true
+	}, r.metrics)
+}
+
+// registerMetrics registers the collector of ref in this config's metrics
+// registry. Each config load has a registry of its own, so the same engine
+// is registered once per config, never twice in one registry.
+func (a *App) registerMetrics(ref *engineRef) error {
+	if a.registry == nil {
+		return nil
+	}
+	if err := a.registry.Register(ref.collector()); err != nil {
+		return fmt.Errorf("registering metrics of storage %s: %w", storageLabel(ref.key), err)
+	}
+	return nil
+}
+
+// Interface guards.
+var _ prometheus.Collector = (*storageCollector)(nil)
