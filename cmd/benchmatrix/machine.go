@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// machine gathers what the report says about where it ran.
+func machine(ctx context.Context, root string) machineInfo {
+	mi := machineInfo{Cores: runtime.NumCPU(), Date: time.Now(), CPU: "unknown"}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				mi.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+				if f := strings.Fields(rest); len(f) > 0 {
+					kb, _ := strconv.ParseFloat(f[0], 64)
+					mi.MemGiB = kb / (1 << 20)
+				}
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		mi.Kernel = "Linux " + strings.TrimSpace(string(b))
+	}
+	mi.Go = output(ctx, root, "go", "version")
+	if mi.Go == "" {
+		mi.Go = runtime.Version()
+	}
+	mi.Versity = testenv.VersityVersion
+	if bin, err := testenv.VersityBinary(ctx); err == nil {
+		// A `go install`ed versitygw says "git" for --version; the module
+		// version is in its build info.
+		for _, line := range strings.Split(output(ctx, root, "go", "version", "-m", bin), "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 3 && f[0] == "mod" && f[1] == "github.com/versity/versitygw" {
+				mi.Versity = f[2]
+			}
+		}
+	}
+	mi.Node = output(ctx, root, "node", "--version")
+	if mi.Node == "" {
+		mi.Node = "not installed"
+	}
+	mi.Commit = output(ctx, root, "git", "rev-parse", "--short=12", "HEAD")
+	if mi.Commit == "" {
+		mi.Commit = "unknown"
+	} else if output(ctx, root, "git", "status", "--porcelain", "--untracked-files=no") != "" {
+		mi.Commit += " (with uncommitted changes)"
+	}
+	return mi
+}
+
+func output(ctx context.Context, dir, name string, args ...string) string {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	b, err := cmd.Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// cpuShort is the machine in a few words, for the chart's title.
+func (mi machineInfo) cpuShort() string {
+	return strconv.Itoa(mi.Cores) + " cores (" + mi.CPU + ")"
+}

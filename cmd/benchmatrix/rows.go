@@ -1,0 +1,432 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/caddytest"
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// settings are what a row tunes beyond its load: directives of the picomq
+// Caddyfile block, and the delay the S3 proxy adds to every request.
+type settings struct {
+	Directives []string
+	Latency    time.Duration // fixed delay per S3 request
+	Jitter     time.Duration // plus a random delay in [0, Jitter)
+	// Note is a human explanation shown in the row's Reason cell (say why
+	// a row misses, or why it is tuned the way it is).
+	Note string
+}
+
+// rowSettings is the one place to tune the rows. Latency and S3 request
+// count pull against each other (a shorter flush_interval means more PUTs),
+// so a row may set flush_interval/flush_size as a user tuning for that goal
+// would; "1-defaults" stays at the module's defaults.
+var rowSettings = map[string]settings{
+	"1":          {Directives: []string{"flush_interval 2ms"}},
+	"1-defaults": {},
+	"2":          {},
+	"3":          {Latency: 25 * time.Millisecond},
+	"4":          {},
+	"5":          {},
+	"6":          {},
+	// Compaction must move the stream into data objects before the cold
+	// read, so it runs often here.
+	"7": {Directives: []string{"compact_interval 2s"}},
+	"8": {},
+	// "At row 1's load": row 1's settings too.
+	"9":     {Directives: []string{"flush_interval 2ms"}},
+	"sweep": {Directives: []string{"flush_interval 2ms"}},
+}
+
+func (s settings) String() string {
+	var parts []string
+	if len(s.Directives) == 0 {
+		parts = append(parts, "defaults")
+	} else {
+		for _, d := range s.Directives {
+			parts = append(parts, "`"+d+"`")
+		}
+	}
+	switch {
+	case s.Latency > 0 && s.Jitter > 0:
+		parts = append(parts, fmt.Sprintf("S3 +%s (+0–%s jitter)", s.Latency, s.Jitter))
+	case s.Latency > 0:
+		parts = append(parts, fmt.Sprintf("S3 +%s per request", s.Latency))
+	case s.Jitter > 0:
+		parts = append(parts, fmt.Sprintf("S3 +0–%s jitter", s.Jitter))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func sweepSettings() string { return rowSettings["sweep"].String() }
+
+// scale holds the window lengths and sizes of a run.
+type scale struct {
+	Warmup, Duration         time.Duration // rows 1, 3, 4, 5 and Node
+	CostWarmup, CostDuration time.Duration // row 2
+	SSESubscribers           int
+	SSERate                  float64
+	SSEDuration              time.Duration
+	CatchupMiB               int // row 7
+	IdleStreams              int // row 8
+	IdleWait                 time.Duration
+	CrashLoad, CrashAfter    time.Duration // row 9: load length, SIGKILL after
+	SweepWriters             []int
+	SweepWarmup              time.Duration
+	SweepDuration            time.Duration
+}
+
+// fullScale is the issue's matrix.
+var fullScale = scale{
+	Warmup: 5 * time.Second, Duration: 20 * time.Second,
+	CostWarmup: 10 * time.Second, CostDuration: 60 * time.Second,
+	SSESubscribers: 5000, SSERate: 20, SSEDuration: 30 * time.Second,
+	CatchupMiB:  256,
+	IdleStreams: 100_000, IdleWait: 60 * time.Second,
+	CrashLoad: 15 * time.Second, CrashAfter: 5 * time.Second,
+	SweepWriters: []int{1, 4, 16, 64, 256, 1024},
+	SweepWarmup:  2 * time.Second, SweepDuration: 8 * time.Second,
+}
+
+// quickScale is a smoke run of every code path in a few minutes.
+var quickScale = scale{
+	Warmup: time.Second, Duration: 3 * time.Second,
+	CostWarmup: 2 * time.Second, CostDuration: 5 * time.Second,
+	SSESubscribers: 200, SSERate: 20, SSEDuration: 5 * time.Second,
+	CatchupMiB:  16,
+	IdleStreams: 2000, IdleWait: 5 * time.Second,
+	CrashLoad: 6 * time.Second, CrashAfter: 2 * time.Second,
+	SweepWriters: []int{1, 16, 256},
+	SweepWarmup:  500 * time.Millisecond, SweepDuration: 2 * time.Second,
+}
+
+// rowDefs are the rows in the order they run; key is what -rows takes.
+var rowDefs = []struct {
+	key, title string
+	run        func(*matrix, context.Context)
+}{
+	{"1", "appends, 64 writers over 100 streams: tuned, defaults, Node reference", (*matrix).row1},
+	{"2", "object-store cost, 256 writers over 100 streams", (*matrix).row2},
+	{"3", "cloud-like S3 (+25 ms), 1,024 writers over 1,000 streams", (*matrix).row3},
+	{"4", "one hot stream, 64 writers", (*matrix).row4},
+	{"5", "1 MiB appends, 8 writers", (*matrix).row5},
+	{"6", "fan-out to SSE subscribers", (*matrix).row6},
+	{"7", "cold catch-up read", (*matrix).row7},
+	{"8", "idle streams cost no memory", (*matrix).row8},
+	{"9", "recovery after SIGKILL", (*matrix).row9},
+	{"sweep", "writer sweep for the chart", (*matrix).rowSweep},
+}
+
+// picoEnv is one PicoMQ Caddy on a fresh bucket behind a fresh S3 proxy.
+type picoEnv struct {
+	m      *matrix
+	id     string
+	bucket string
+	proxy  *testenv.Proxy
+	caddy  *caddyInst
+	set    settings
+}
+
+func (m *matrix) newPico(ctx context.Context, id string, set settings) (*picoEnv, error) {
+	m.buckets++
+	bucket := fmt.Sprintf("bench-%s-%d", strings.ToLower(strings.NewReplacer("_", "-", " ", "-").Replace(id)), m.buckets)
+	if err := m.versity.CreateBucket(ctx, bucket); err != nil {
+		return nil, err
+	}
+	p, err := testenv.NewProxy(m.versity.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	p.SetLatency(set.Latency, set.Jitter)
+	m.ctrl.use(p)
+	storage := testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix)
+	c, err := m.newCaddy(ctx, id, func(port int) string { return caddyPicoMQ(port, storage, set.Directives) }, caddytest.S3Env(m.versity))
+	if err != nil {
+		m.ctrl.use(nil)
+		p.Close()
+		return nil, err
+	}
+	m.logf("  picomq caddy %s: pid %d on %s, bucket %s, settings: %s", id, c.pid(), c.url(), bucket, set)
+	return &picoEnv{m: m, id: id, bucket: bucket, proxy: p, caddy: c, set: set}, nil
+}
+
+func (e *picoEnv) close() {
+	e.caddy.close()
+	e.m.ctrl.use(nil)
+	e.proxy.Close()
+}
+
+// ceilingInst starts the respond ceiling on first use; it runs until the
+// matrix ends.
+func (m *matrix) ceilingInst(ctx context.Context) (*caddyInst, error) {
+	if m.ceiling != nil && m.ceiling.p.running() {
+		return m.ceiling, nil
+	}
+	c, err := m.newCaddy(ctx, "ceiling", caddyRespond, nil)
+	if err != nil {
+		return nil, err
+	}
+	m.logf("  ceiling caddy (respond 204): pid %d on %s", c.pid(), c.url())
+	m.ceiling = c
+	return c, nil
+}
+
+// measureCeiling runs spec against the respond ceiling.
+func (m *matrix) measureCeiling(ctx context.Context, name string, spec benchSpec) (*benchResult, string, error) {
+	c, err := m.ceilingInst(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	spec.URL = c.url()
+	spec.Pids = map[string]int{"caddy": c.pid()}
+	spec.Mark = ""
+	r, cl, err := m.runBench(ctx, name, spec)
+	if err == nil {
+		m.logf("  ceiling: %s", benchSummary(r))
+	}
+	return r, cl, err
+}
+
+// picoRun is a load-generator run against a PicoMQ instance with the S3
+// requests of its measured window.
+type picoRun struct {
+	res    *benchResult
+	s3     s3Window
+	marked bool // s3 covers exactly the marked window (else the whole run)
+	cmd    string
+}
+
+func (pr *picoRun) per1k() float64 {
+	if pr.res == nil || pr.res.Ops <= 0 {
+		return math.NaN()
+	}
+	return float64(pr.s3.Total) * 1000 / float64(pr.res.Ops)
+}
+
+// measurePico runs spec against e with the proxy's marks.
+func (m *matrix) measurePico(ctx context.Context, e *picoEnv, name string, spec benchSpec) (*picoRun, error) {
+	spec.URL = e.caddy.url()
+	spec.Pids = map[string]int{"caddy": e.caddy.pid()}
+	spec.Mark = m.ctrl.markURL()
+	m.ctrl.use(e.proxy)
+	before := e.proxy.Counts()
+	t0 := time.Now()
+	r, cl, err := m.runBench(ctx, name, spec)
+	pr := &picoRun{res: r, cmd: cl}
+	if err != nil {
+		return pr, err
+	}
+	if w, ok := m.ctrl.window(); ok {
+		pr.s3, pr.marked = w, true
+	} else {
+		pr.s3 = diffCounts(before, e.proxy.Counts(), time.Since(t0))
+	}
+	m.logf("  picomq: %s, %s S3 requests/1,000 ops", benchSummary(r), fmtNum(pr.per1k()))
+	return pr, nil
+}
+
+// appendSpec is an append load.
+func appendSpec(prefix string, writers, streams, size int, warmup, dur time.Duration) benchSpec {
+	return benchSpec{Mode: "append", Prefix: prefix, Writers: writers, Streams: streams, Size: size, Warmup: warmup, Duration: dur}
+}
+
+// appendMeasured describes an append run for the Measured column.
+func appendMeasured(pr *picoRun) string {
+	r := pr.res
+	s := fmt.Sprintf("%s appends/s, p99 %s ms", fmtInt(float64(r.OpsPerS)), fmtNum(float64(r.Latency.P99)))
+	if pr.s3.Total > 0 {
+		s += fmt.Sprintf(", %s S3 req/1,000 appends", fmtNum(pr.per1k()))
+	}
+	if r.Errors > 0 {
+		s += fmt.Sprintf(", %s errors", fmtInt(float64(r.Errors)))
+	}
+	return s
+}
+
+func ceilingRef(r *benchResult) string {
+	return fmt.Sprintf("respond 204: %s requests/s, p99 %s ms", fmtInt(float64(r.OpsPerS)), fmtNum(float64(r.Latency.P99)))
+}
+
+func s3Breakdown(w s3Window, marked bool) string {
+	s := fmt.Sprintf("S3 requests in the window: %d (PUT %d, GET %d, LIST %d, DELETE %d, HEAD %d, other %d), %s uploaded",
+		w.Total, w.Put, w.Get, w.List, w.Delete, w.Head, w.Other, fmtBytes(w.BytesPut))
+	if !marked {
+		s += "; the load generator did not mark its window, so these cover the whole run including warm-up and stream creation"
+	}
+	return s
+}
+
+func fmtBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func errorCheck(r *benchResult) check {
+	return check{What: "errors", Got: float64(r.Errors), Limit: 0}
+}
+
+func errorDetail(r *benchResult) []string {
+	if r.Errors == 0 || len(r.ErrorSamples) == 0 {
+		return nil
+	}
+	n := min(len(r.ErrorSamples), 3)
+	return []string{fmt.Sprintf("error samples: %s", strings.Join(r.ErrorSamples[:n], "; "))}
+}
+
+func processDetail(r *benchResult) []string {
+	var out []string
+	for _, p := range r.Processes {
+		out = append(out, fmt.Sprintf("%s (pid %d) over the window: %.1f s CPU, RSS %.0f MiB, peak %.0f MiB",
+			p.Name, int(p.PID), float64(p.CPUS), float64(p.RSSMiB), float64(p.PeakRSSMiB)))
+	}
+	return out
+}
+
+// throughputRows measures the ceiling for spec once, then PicoMQ with each
+// id's settings, as rows with the same targets.
+func (m *matrix) throughputRows(ctx context.Context, ids []string, titles []string, target string, spec benchSpec, minRatio, maxP99 float64) *benchResult {
+	t0 := time.Now()
+	ceil, ceilCmd, ceilErr := m.measureCeiling(ctx, "r"+ids[0]+"-ceiling", spec)
+	ceilTook := time.Since(t0)
+	for i, id := range ids {
+		t1 := time.Now()
+		r := newRow(id, titles[i], target)
+		set := rowSettings[id]
+		r.Settings = set.String()
+		r.Note = set.Note
+		m.rows = append(m.rows, r)
+		r.Commands = append(r.Commands, "# reference: the respond ceiling", ceilCmd)
+		if ceilErr != nil {
+			r.Err = "ceiling: " + ceilErr.Error()
+			continue
+		}
+		r.Reference = ceilingRef(ceil)
+		e, err := m.newPico(ctx, id, set)
+		if err != nil {
+			r.Err = "starting PicoMQ: " + err.Error()
+			continue
+		}
+		pr, err := m.measurePico(ctx, e, "r"+id, spec)
+		e.close()
+		r.Commands = append(r.Commands, "# PicoMQ", pr.cmd)
+		r.Elapsed = time.Since(t1) + ceilTook
+		if err != nil {
+			r.Err = err.Error()
+			continue
+		}
+		r.Measured = appendMeasured(pr)
+		if ceil.OpsPerS > 0 {
+			r.Ratio = float64(pr.res.OpsPerS) / float64(ceil.OpsPerS)
+		}
+		r.Checks = append(r.Checks, ratioCheck(r.Ratio, minRatio))
+		if maxP99 > 0 {
+			r.Checks = append(r.Checks, check{What: "p99", Got: float64(pr.res.Latency.P99), Limit: maxP99, Unit: "ms"})
+		}
+		r.Checks = append(r.Checks, errorCheck(pr.res))
+		r.Details = append(r.Details, s3Breakdown(pr.s3, pr.marked))
+		r.Details = append(r.Details, fmt.Sprintf("PicoMQ latency ms: p50 %s, p90 %s, p99 %s, p99.9 %s, max %s",
+			fmtNum(float64(pr.res.Latency.P50)), fmtNum(float64(pr.res.Latency.P90)), fmtNum(float64(pr.res.Latency.P99)),
+			fmtNum(float64(pr.res.Latency.P999)), fmtNum(float64(pr.res.Latency.Max))))
+		r.Details = append(r.Details, processDetail(pr.res)...)
+		r.Details = append(r.Details, errorDetail(pr.res)...)
+	}
+	return ceil
+}
+
+// row1: 64 writers over 100 streams, tuned and at the defaults, and the
+// Node reference server under the same load.
+func (m *matrix) row1(ctx context.Context) {
+	spec := appendSpec("/r1/", 64, 100, 1024, m.sc.Warmup, m.sc.Duration)
+	m.row1Ceiling = m.throughputRows(ctx, []string{"1", "1-defaults"},
+		[]string{"Appends, 64 writers over 100 streams", "Row 1 at the module's defaults"},
+		"≥ 50% of the ceiling; p99 ≤ 25 ms", spec, 0.5, 25)
+
+	t0 := time.Now()
+	r := newRow("1-node", "Row 1's load on the Node reference server (`@durable-streams/server`, in memory, not durable)", "none: a comparison")
+	r.Settings = "in memory, `compression: false`"
+	m.rows = append(m.rows, r)
+	defer func() { r.Elapsed = time.Since(t0) }()
+	p, url, err := m.nodeServer(ctx)
+	if err != nil {
+		r.Err = "starting the Node server: " + err.Error()
+		return
+	}
+	defer p.stop(5 * time.Second)
+	m.logf("  node server: pid %d on %s", p.pid(), url)
+	spec.URL = url
+	spec.Pids = map[string]int{"node": p.pid()}
+	res, cl, err := m.runBench(ctx, "r1-node", spec)
+	r.Commands = append(r.Commands, cl)
+	if err != nil {
+		r.Err = err.Error()
+		return
+	}
+	m.logf("  node: %s", benchSummary(res))
+	r.Measured = fmt.Sprintf("%s appends/s, p99 %s ms", fmtInt(float64(res.OpsPerS)), fmtNum(float64(res.Latency.P99)))
+	if res.Errors > 0 {
+		r.Measured += fmt.Sprintf(", %s errors", fmtInt(float64(res.Errors)))
+	}
+	if c := m.row1Ceiling; c != nil && c.OpsPerS > 0 {
+		r.Reference = ceilingRef(c) + " (row 1's)"
+		r.Ratio = float64(res.OpsPerS) / float64(c.OpsPerS)
+	}
+	r.Details = append(r.Details, processDetail(res)...)
+	r.Details = append(r.Details, errorDetail(res)...)
+}
+
+// row2: S3 requests per 1,000 appends under steady load.
+func (m *matrix) row2(ctx context.Context) {
+	t0 := time.Now()
+	r := newRow("2", "Object-store cost, 256 writers over 100 streams", "≤ 10 S3 requests of any kind per 1,000 appends")
+	set := rowSettings["2"]
+	r.Settings, r.Note = set.String(), set.Note
+	m.rows = append(m.rows, r)
+	defer func() { r.Elapsed = time.Since(t0) }()
+	e, err := m.newPico(ctx, "2", set)
+	if err != nil {
+		r.Err = "starting PicoMQ: " + err.Error()
+		return
+	}
+	defer e.close()
+	spec := appendSpec("/r2/", 256, 100, 1024, m.sc.CostWarmup, m.sc.CostDuration)
+	pr, err := m.measurePico(ctx, e, "r2", spec)
+	r.Commands = append(r.Commands, pr.cmd)
+	if err != nil {
+		r.Err = err.Error()
+		return
+	}
+	r.Measured = fmt.Sprintf("%s S3 req/1,000 appends over %s; %s appends/s, p99 %s ms",
+		fmtNum(pr.per1k()), m.sc.CostDuration, fmtInt(float64(pr.res.OpsPerS)), fmtNum(float64(pr.res.Latency.P99)))
+	r.Checks = append(r.Checks,
+		check{What: "S3 requests per 1,000 appends", Got: pr.per1k(), Limit: 10},
+		errorCheck(pr.res))
+	r.Details = append(r.Details, s3Breakdown(pr.s3, pr.marked))
+	r.Details = append(r.Details, processDetail(pr.res)...)
+	r.Details = append(r.Details, errorDetail(pr.res)...)
+}
+
+// row3: a cloud-like store, many writers and streams.
+func (m *matrix) row3(ctx context.Context) {
+	spec := appendSpec("/r3/", 1024, 1000, 1024, m.sc.Warmup, m.sc.Duration)
+	m.throughputRows(ctx, []string{"3"}, []string{"Cloud-like S3 (+25 ms per request), 1,024 writers over 1,000 streams"},
+		"≥ 50% of the ceiling with the same 1,024 writers; p99 ≤ 100 ms", spec, 0.5, 100)
+}
+
+// row4: one hot stream.
+func (m *matrix) row4(ctx context.Context) {
+	spec := appendSpec("/r4/", 64, 1, 1024, m.sc.Warmup, m.sc.Duration)
+	m.throughputRows(ctx, []string{"4"}, []string{"One hot stream, 64 writers"},
+		"≥ 30% of the ceiling", spec, 0.3, 0)
+}

@@ -1,0 +1,620 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/picomq/caddy-picomq/internal/caddytest"
+)
+
+// row5: 1 MiB appends against 1 MiB PUTs straight into versitygw.
+func (m *matrix) row5(ctx context.Context) {
+	t0 := time.Now()
+	const writers, size = 8, 1 << 20
+	r := newRow("5", "1 MiB appends, 8 writers over 8 streams", "≥ 50% of the bandwidth of 8 writers PUTting 1 MiB objects straight into versitygw")
+	set := rowSettings["5"]
+	r.Settings, r.Note = set.String(), set.Note
+	m.rows = append(m.rows, r)
+	defer func() { r.Elapsed = time.Since(t0) }()
+
+	m.logf("  reference: %d goroutines PUT 1 MiB objects into versitygw for %s after %s", writers, m.sc.Duration, m.sc.Warmup)
+	ref, refP99, refN, err := m.putBandwidth(ctx, writers, size, m.sc.Warmup, m.sc.Duration)
+	r.Commands = append(r.Commands, fmt.Sprintf("# reference: in cmd/benchmatrix, %d goroutines PutObject 1 MiB (aws-sdk-go-v2, path style) to versitygw directly, %s warm-up, %s window", writers, m.sc.Warmup, m.sc.Duration))
+	if err != nil {
+		r.Err = "reference PUTs: " + err.Error()
+		return
+	}
+	m.logf("  reference: %.1f MiB/s (%d PUTs, p99 %s ms)", ref, refN, fmtNum(refP99))
+	r.Reference = fmt.Sprintf("direct PutObject: %.1f MiB/s, p99 %s ms", ref, fmtNum(refP99))
+
+	e, err := m.newPico(ctx, "5", set)
+	if err != nil {
+		r.Err = "starting PicoMQ: " + err.Error()
+		return
+	}
+	defer e.close()
+	spec := appendSpec("/r5/", writers, writers, size, m.sc.Warmup, m.sc.Duration)
+	pr, err := m.measurePico(ctx, e, "r5", spec)
+	r.Commands = append(r.Commands, "# PicoMQ", pr.cmd)
+	if err != nil {
+		r.Err = err.Error()
+		return
+	}
+	got := pr.res.mibPerS()
+	r.Measured = fmt.Sprintf("%.1f MiB/s (%s appends/s), p99 %s ms, %s S3 req/1,000 appends",
+		got, fmtNum(float64(pr.res.OpsPerS)), fmtNum(float64(pr.res.Latency.P99)), fmtNum(pr.per1k()))
+	if ref > 0 {
+		r.Ratio = got / ref
+	}
+	r.Checks = append(r.Checks, ratioCheck(r.Ratio, 0.5), errorCheck(pr.res))
+	r.Details = append(r.Details, s3Breakdown(pr.s3, pr.marked))
+	r.Details = append(r.Details, processDetail(pr.res)...)
+	r.Details = append(r.Details, errorDetail(pr.res)...)
+}
+
+// putBandwidth has writers goroutines PUT size-byte objects into a fresh
+// bucket on versitygw (each rewriting its own key, so the disk does not
+// fill), and returns the MiB/s, the p99 in ms and the PUT count of the
+// window after warmup.
+func (m *matrix) putBandwidth(ctx context.Context, writers, size int, warmup, dur time.Duration) (float64, float64, int, error) {
+	m.buckets++
+	bucket := fmt.Sprintf("bench-r5-ref-%d", m.buckets)
+	if err := m.versity.CreateBucket(ctx, bucket); err != nil {
+		return 0, 0, 0, err
+	}
+	client := m.versity.Client()
+	body := make([]byte, size)
+	for i := range body {
+		body[i] = byte(rand.N(256))
+	}
+	var (
+		measuring atomic.Bool
+		stop      atomic.Bool
+		bytesIn   atomic.Int64
+		mu        sync.Mutex
+		lat       []float64
+		firstErr  error
+		wg        sync.WaitGroup
+	)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("ref/writer-%d", w)
+			for !stop.Load() && ctx.Err() == nil {
+				t := time.Now()
+				in := measuring.Load()
+				_, err := client.PutObject(ctx, &s3.PutObjectInput{
+					Bucket: aws.String(bucket), Key: aws.String(key), Body: bytes.NewReader(body),
+					ContentLength: aws.Int64(int64(size)),
+				})
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					return
+				}
+				// Count a PUT that started and ended inside the window.
+				if in && measuring.Load() {
+					bytesIn.Add(int64(size))
+					mu.Lock()
+					lat = append(lat, float64(time.Since(t))/1e6)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	sleepCtx(ctx, warmup)
+	measuring.Store(true)
+	start := time.Now()
+	sleepCtx(ctx, dur)
+	measuring.Store(false)
+	elapsed := time.Since(start)
+	stop.Store(true)
+	wg.Wait()
+	if firstErr != nil {
+		return 0, 0, 0, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, 0, err
+	}
+	sort.Float64s(lat)
+	return float64(bytesIn.Load()) / elapsed.Seconds() / (1 << 20), percentile(lat, 99), len(lat), nil
+}
+
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(float64(len(sorted))*p/100+0.5) - 1
+	i = max(0, min(i, len(sorted)-1))
+	return sorted[i]
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// row6: SSE fan-out.
+func (m *matrix) row6(ctx context.Context) {
+	t0 := time.Now()
+	n := m.sc.SSESubscribers
+	r := newRow("6", fmt.Sprintf("Fan-out: %s SSE subscribers on one stream, %g appends/s", fmtInt(float64(n)), m.sc.SSERate),
+		"every event reaches every subscriber; p99 append-ack → receipt ≤ 100 ms; Caddy RSS ≤ 512 MiB")
+	set := rowSettings["6"]
+	r.Settings, r.Note = set.String(), set.Note
+	m.rows = append(m.rows, r)
+	defer func() { r.Elapsed = time.Since(t0) }()
+	e, err := m.newPico(ctx, "6", set)
+	if err != nil {
+		r.Err = "starting PicoMQ: " + err.Error()
+		return
+	}
+	defer e.close()
+	spec := benchSpec{Mode: "sse", Prefix: "/r6/", Streams: 1, Subscribers: n, Rate: m.sc.SSERate, Size: 1024, Duration: m.sc.SSEDuration}
+	// Our own sampling of Caddy's RSS, in case the generator's misses the peak.
+	peak := sampleRSS(ctx, e.caddy.pid())
+	pr, err := m.measurePico(ctx, e, "r6", spec)
+	ownPeak := peak()
+	r.Commands = append(r.Commands, pr.cmd)
+	if err != nil {
+		r.Err = err.Error()
+		return
+	}
+	res := pr.res
+	lost := float64(res.Lost)
+	if d := float64(res.Expected) - float64(res.Delivered); d > lost {
+		lost = d
+	}
+	_, _, genPeak, _ := res.process("caddy")
+	peakRSS := max(genPeak, ownPeak)
+	r.Measured = fmt.Sprintf("%s of %s events delivered, p99 %s ms, Caddy peak RSS %.0f MiB",
+		fmtInt(float64(res.Delivered)), fmtInt(float64(res.Expected)), fmtNum(float64(res.Latency.P99)), peakRSS)
+	r.Checks = append(r.Checks,
+		check{What: "events expected", Got: float64(res.Expected), Limit: 1, Min: true},
+		check{What: "events lost", Got: lost, Limit: 0},
+		check{What: "p99", Got: float64(res.Latency.P99), Limit: 100, Unit: "ms"},
+		check{What: "Caddy peak RSS", Got: peakRSS, Limit: 512, Unit: "MiB"},
+	)
+	r.Details = append(r.Details, fmt.Sprintf("subscribers connected: %s; delivery latency ms: p50 %s, p90 %s, p99 %s, max %s",
+		fmtInt(float64(res.Subscribers)), fmtNum(float64(res.Latency.P50)), fmtNum(float64(res.Latency.P90)),
+		fmtNum(float64(res.Latency.P99)), fmtNum(float64(res.Latency.Max))))
+	r.Details = append(r.Details, fmt.Sprintf("Caddy peak RSS: %.0f MiB from the load generator, %.0f MiB sampled by the matrix every 100 ms", genPeak, ownPeak))
+	r.Details = append(r.Details, processDetail(res)...)
+	r.Details = append(r.Details, errorDetail(res)...)
+}
+
+// sampleRSS polls pid's RSS until the returned function is called, which
+// gives the peak in MiB.
+func sampleRSS(ctx context.Context, pid int) func() float64 {
+	ctx, cancel := context.WithCancel(ctx)
+	var peak atomic.Uint64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if v, err := rssMiB(pid); err == nil && uint64(v*1024) > peak.Load() {
+				peak.Store(uint64(v * 1024))
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() float64 {
+		cancel()
+		<-done
+		return float64(peak.Load()) / 1024
+	}
+}
+
+// row7: a cold Caddy reads a large stream from its start.
+func (m *matrix) row7(ctx context.Context) {
+	t0 := time.Now()
+	size := int64(m.sc.CatchupMiB) << 20
+	r := newRow("7", fmt.Sprintf("Cold catch-up: a %s stream read from the start by a freshly started Caddy", fmtSize(size)),
+		"≥ 70% of sequential 8 MiB ranged GETs of the same objects straight from versitygw (second pass, page cache warm)")
+	set := rowSettings["7"]
+	r.Settings, r.Note = set.String(), set.Note
+	m.rows = append(m.rows, r)
+	defer func() { r.Elapsed = time.Since(t0) }()
+	e, err := m.newPico(ctx, "7", set)
+	if err != nil {
+		r.Err = "starting PicoMQ: " + err.Error()
+		return
+	}
+	defer e.close()
+
+	const name = "/r7/catchup"
+	m.logf("  appending %s to %s as 1 MiB appends", fmtSize(size), name)
+	if err := fillStream(ctx, e.caddy.url()+name, int(size>>20), 1<<20); err != nil {
+		r.Err = "filling the stream: " + err.Error()
+		return
+	}
+	client := m.versity.Client()
+	prefix := caddytest.S3Prefix + "/"
+	// Wait for compaction to retire every WAL object.
+	waitFor := 2 * time.Minute
+	if m.quick {
+		waitFor = 30 * time.Second
+	}
+	deadline := time.Now().Add(waitFor)
+	var wal []s3Object
+	for {
+		wal, err = listObjects(ctx, client, e.bucket, prefix+"wal/")
+		if err != nil {
+			r.Err = "listing WAL objects: " + err.Error()
+			return
+		}
+		if len(wal) == 0 || time.Now().After(deadline) || !sleepCtx(ctx, 500*time.Millisecond) {
+			break
+		}
+	}
+	data, err := listObjects(ctx, client, e.bucket, prefix+"data/")
+	if err != nil {
+		r.Err = "listing data objects: " + err.Error()
+		return
+	}
+	var dataBytes int64
+	for _, o := range data {
+		dataBytes += o.size
+	}
+	r.Details = append(r.Details, fmt.Sprintf("after compaction (%s): %d data objects holding %s, %d WAL objects left",
+		time.Since(t0).Round(time.Second), len(data), fmtBytes(dataBytes), len(wal)))
+	m.logf("  compaction: %d data objects (%s), %d WAL objects left", len(data), fmtBytes(dataBytes), len(wal))
+
+	// Reference: sequential 8 MiB ranged GETs of the same objects, twice.
+	objs := append(append([]s3Object(nil), data...), wal...)
+	var refMiBs float64
+	for pass := 1; pass <= 2; pass++ {
+		t := time.Now()
+		n, err := rangedRead(ctx, client, e.bucket, objs, 8<<20)
+		if err != nil {
+			r.Err = "reference GETs: " + err.Error()
+			return
+		}
+		refMiBs = float64(n) / time.Since(t).Seconds() / (1 << 20)
+		m.logf("  reference pass %d: %s in %s, %.1f MiB/s", pass, fmtBytes(n), time.Since(t).Round(time.Millisecond), refMiBs)
+	}
+	r.Reference = fmt.Sprintf("8 MiB ranged GETs, second pass: %.1f MiB/s", refMiBs)
+	r.Commands = append(r.Commands, fmt.Sprintf("# reference: in cmd/benchmatrix, sequential 8 MiB ranged GetObject of the %d objects under %sdata/ (and wal/) straight from versitygw, two passes, the second timed", len(objs), prefix))
+
+	// A fresh Caddy: stop it and start the same node again.
+	m.logf("  restarting caddy for a cold read")
+	e.caddy.p.stop(15 * time.Second)
+	if err := e.caddy.restart(ctx); err != nil {
+		r.Err = "restarting Caddy: " + err.Error()
+		return
+	}
+	spec := benchSpec{Mode: "read", Stream: name, Readers: 1, NoCreate: true, Timeout: 5 * time.Minute}
+	pr, err := m.measurePico(ctx, e, "r7", spec)
+	r.Commands = append(r.Commands, "# PicoMQ, after a restart of Caddy", pr.cmd)
+	if err != nil {
+		r.Err = err.Error()
+		return
+	}
+	got := pr.res.mibPerS()
+	r.Measured = fmt.Sprintf("%.1f MiB/s (%s read in %.2f s), %d S3 requests", got, fmtBytes(int64(pr.res.Bytes)), float64(pr.res.DurationS), pr.s3.Total)
+	if refMiBs > 0 {
+		r.Ratio = got / refMiBs
+	}
+	r.Checks = append(r.Checks,
+		ratioCheck(r.Ratio, 0.7),
+		check{What: "bytes read", Got: float64(pr.res.Bytes), Limit: float64(size), Min: true, Unit: "B"},
+		errorCheck(pr.res))
+	r.Details = append(r.Details, s3Breakdown(pr.s3, pr.marked))
+	r.Details = append(r.Details, processDetail(pr.res)...)
+	r.Details = append(r.Details, errorDetail(pr.res)...)
+}
+
+// fillStream creates url as an octet-stream stream and appends n bodies of
+// size bytes, four at a time.
+func fillStream(ctx context.Context, url string, n, size int) error {
+	hc := &http.Client{Timeout: 2 * time.Minute}
+	do := func(method string, body []byte) error {
+		req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("%s %s: %s", method, url, resp.Status)
+		}
+		return nil
+	}
+	if err := do(http.MethodPut, nil); err != nil {
+		return err
+	}
+	body := make([]byte, size)
+	for i := range body {
+		body[i] = byte(rand.N(256))
+	}
+	var next atomic.Int64
+	errs := make(chan error, 4)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= int64(n) {
+				if err := do(http.MethodPost, body); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+type s3Object struct {
+	key  string
+	size int64
+}
+
+func listObjects(ctx context.Context, c *s3.Client, bucket, prefix string) ([]s3Object, error) {
+	var out []s3Object
+	p := s3.NewListObjectsV2Paginator(c, &s3.ListObjectsV2Input{Bucket: aws.String(bucket), Prefix: aws.String(prefix)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range page.Contents {
+			out = append(out, s3Object{key: aws.ToString(o.Key), size: aws.ToInt64(o.Size)})
+		}
+	}
+	return out, nil
+}
+
+// rangedRead reads every object in order with ranged GETs of chunk bytes,
+// one at a time, and returns the bytes read.
+func rangedRead(ctx context.Context, c *s3.Client, bucket string, objs []s3Object, chunk int64) (int64, error) {
+	var total int64
+	for _, o := range objs {
+		for off := int64(0); off < o.size; off += chunk {
+			end := min(off+chunk, o.size) - 1
+			out, err := c.GetObject(ctx, &s3.GetObjectInput{
+				Bucket: aws.String(bucket), Key: aws.String(o.key), Range: aws.String(fmt.Sprintf("bytes=%d-%d", off, end)),
+			})
+			if err != nil {
+				return total, fmt.Errorf("GET %s: %w", o.key, err)
+			}
+			n, err := io.Copy(io.Discard, out.Body)
+			out.Body.Close()
+			total += n
+			if err != nil {
+				return total, err
+			}
+		}
+	}
+	return total, nil
+}
+
+// row8: many idle streams cost no memory.
+func (m *matrix) row8(ctx context.Context) {
+	t0 := time.Now()
+	n := m.sc.IdleStreams
+	r := newRow("8", fmt.Sprintf("Idle is free: %s streams with one record each, then %s without requests", fmtInt(float64(n)), m.sc.IdleWait),
+		"Caddy RSS ≤ 64 MiB above its level before the streams were created; every stream reads back")
+	set := rowSettings["8"]
+	r.Settings, r.Note = set.String(), set.Note
+	m.rows = append(m.rows, r)
+	defer func() { r.Elapsed = time.Since(t0) }()
+	e, err := m.newPico(ctx, "8", set)
+	if err != nil {
+		r.Err = "starting PicoMQ: " + err.Error()
+		return
+	}
+	defer e.close()
+	// A few requests first, so the baseline includes a warmed-up server.
+	if err := fillStream(ctx, e.caddy.url()+"/r8-warmup/s", 8, 1024); err != nil {
+		r.Err = "warm-up: " + err.Error()
+		return
+	}
+	for range 4 {
+		if resp, err := http.Get(e.caddy.url() + "/r8-warmup/s?offset=-1"); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+	sleepCtx(ctx, 2*time.Second)
+	base, err := rssMiB(e.caddy.pid())
+	if err != nil {
+		r.Err = "reading RSS: " + err.Error()
+		return
+	}
+	m.logf("  baseline RSS %.1f MiB; populating %s streams", base, fmtInt(float64(n)))
+	pop := benchSpec{Mode: "populate", Prefix: "/r8/", Streams: n, Size: 1024, Writers: 64, Timeout: 10 * time.Minute}
+	pr, err := m.measurePico(ctx, e, "r8-populate", pop)
+	r.Commands = append(r.Commands, pr.cmd)
+	if err != nil {
+		r.Err = "populate: " + err.Error()
+		return
+	}
+	peakAfterPopulate, _ := rssMiB(e.caddy.pid())
+	m.logf("  populated (RSS now %.1f MiB); idle for %s", peakAfterPopulate, m.sc.IdleWait)
+	if !sleepCtx(ctx, m.sc.IdleWait) {
+		r.Err = ctx.Err().Error()
+		return
+	}
+	after, err := rssMiB(e.caddy.pid())
+	if err != nil {
+		r.Err = "reading RSS: " + err.Error()
+		return
+	}
+	r.Commands = append(r.Commands, fmt.Sprintf("# %s without requests, then VmRSS from /proc/<caddy pid>/status", m.sc.IdleWait))
+	ver := benchSpec{Mode: "verify", Prefix: "/r8/", Streams: n, Size: 1024, Writers: 64, NoCreate: true, Timeout: 10 * time.Minute}
+	vr, err := m.measurePico(ctx, e, "r8-verify", ver)
+	r.Commands = append(r.Commands, vr.cmd)
+	if err != nil {
+		r.Err = "verify: " + err.Error()
+		return
+	}
+	delta := after - base
+	r.Reference = fmt.Sprintf("RSS before the streams: %.1f MiB", base)
+	r.Measured = fmt.Sprintf("RSS after %s idle: %.1f MiB (+%.1f MiB); %s of %s streams read back",
+		m.sc.IdleWait, after, delta, fmtInt(float64(vr.res.OK)), fmtInt(float64(n)))
+	r.Checks = append(r.Checks,
+		check{What: "RSS growth", Got: delta, Limit: 64, Unit: "MiB"},
+		check{What: "streams read back", Got: float64(vr.res.OK), Limit: float64(n), Min: true},
+		check{What: "mismatched", Got: float64(vr.res.Mismatched), Limit: 0},
+	)
+	r.Details = append(r.Details,
+		fmt.Sprintf("populate: %s ops at %s ops/s, %d errors; RSS right after it %.1f MiB", fmtInt(float64(pr.res.Ops)), fmtInt(float64(pr.res.OpsPerS)), int64(pr.res.Errors), peakAfterPopulate),
+		"populate "+s3Breakdown(pr.s3, pr.marked),
+		fmt.Sprintf("verify: %s ok, %s mismatched, %d errors, %s S3 requests", fmtInt(float64(vr.res.OK)), fmtInt(float64(vr.res.Mismatched)), int64(vr.res.Errors), fmtInt(float64(vr.s3.Total))),
+	)
+	r.Details = append(r.Details, errorDetail(vr.res)...)
+}
+
+// row9: time to serve reads again after a crash under load.
+func (m *matrix) row9(ctx context.Context) {
+	t0 := time.Now()
+	r := newRow("9", "Recovery: SIGKILL at row 1's load, restart, read an existing stream", "200 within 5 s of the restart")
+	set := rowSettings["9"]
+	r.Settings, r.Note = set.String(), set.Note
+	m.rows = append(m.rows, r)
+	defer func() { r.Elapsed = time.Since(t0) }()
+	e, err := m.newPico(ctx, "9", set)
+	if err != nil {
+		r.Err = "starting PicoMQ: " + err.Error()
+		return
+	}
+	defer e.close()
+	const probe = "/r9-probe/s"
+	if err := fillStream(ctx, e.caddy.url()+probe, 1, 1024); err != nil {
+		r.Err = "probe stream: " + err.Error()
+		return
+	}
+	spec := appendSpec("/r9/", 64, 100, 1024, time.Second, m.sc.CrashLoad)
+	spec.URL = e.caddy.url()
+	spec.Timeout = 10 * time.Second
+	bp, spec, err := m.startBench("r9", spec)
+	r.Commands = append(r.Commands, "# load in the background, Caddy SIGKILLed "+m.sc.CrashAfter.String()+" after it starts", spec.commandLine())
+	if err != nil {
+		r.Err = err.Error()
+		return
+	}
+	defer bp.kill()
+	if !sleepCtx(ctx, m.sc.CrashAfter) {
+		r.Err = ctx.Err().Error()
+		return
+	}
+	m.logf("  SIGKILL caddy pid %d under load", e.caddy.pid())
+	e.caddy.p.kill()
+	restart := time.Now()
+	if err := e.caddy.start(); err != nil {
+		r.Err = "restart: " + err.Error()
+		return
+	}
+	hc := &http.Client{Timeout: time.Second}
+	var took time.Duration
+	var last string
+	for {
+		resp, err := hc.Get(e.caddy.url() + probe + "?offset=-1")
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				took = time.Since(restart)
+				break
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		if time.Since(restart) > 60*time.Second {
+			r.Err = "no 200 within 60 s of the restart; last: " + last
+			return
+		}
+		if !sleepCtx(ctx, 20*time.Millisecond) {
+			r.Err = ctx.Err().Error()
+			return
+		}
+	}
+	m.logf("  first 200 after %s", took.Round(time.Millisecond))
+	r.Commands = append(r.Commands, fmt.Sprintf("# kill -KILL <caddy pid>; caddy run (same node, bucket and port); GET %s?offset=-1 every 20 ms until 200", probe))
+	r.Measured = fmt.Sprintf("first 200 %.2f s after the restart", took.Seconds())
+	r.Checks = append(r.Checks, check{What: "time to first 200", Got: took.Seconds(), Limit: 5, Unit: "s"})
+	// Let the load run out against the restarted node; its outcome is
+	// recorded, not judged (appends in flight at the kill fail).
+	select {
+	case <-bp.done:
+	case <-time.After(m.sc.CrashLoad + 30*time.Second):
+		bp.kill()
+	case <-ctx.Done():
+	}
+	if res, _, err := m.benchOutcome("r9", bp, spec); err == nil {
+		r.Details = append(r.Details, fmt.Sprintf("the load across the crash: %s appends/s, %s errors (appends in flight at the kill, and refused connections until the restart)",
+			fmtInt(float64(res.OpsPerS)), fmtInt(float64(res.Errors))))
+	}
+	if err := e.caddy.waitReady(ctx, 30*time.Second); err != nil {
+		r.Details = append(r.Details, "the restarted Caddy did not log a full start: "+err.Error())
+	}
+}
+
+// rowSweep: throughput and p99 against writer count, for the chart.
+func (m *matrix) rowSweep(ctx context.Context) {
+	e, err := m.newPico(ctx, "sweep", rowSettings["sweep"])
+	if err != nil {
+		m.logf("  sweep: starting PicoMQ: %v", err)
+		return
+	}
+	defer e.close()
+	for _, w := range m.sc.SweepWriters {
+		if ctx.Err() != nil {
+			return
+		}
+		spec := appendSpec("/sweep/", w, 100, 1024, m.sc.SweepWarmup, m.sc.SweepDuration)
+		ceil, cl, err := m.measureCeiling(ctx, fmt.Sprintf("sweep-%d-ceiling", w), spec)
+		m.sweepCmds = append(m.sweepCmds, cl)
+		if err != nil {
+			m.logf("  sweep %d writers: ceiling: %v", w, err)
+			continue
+		}
+		pr, err := m.measurePico(ctx, e, fmt.Sprintf("sweep-%d", w), spec)
+		m.sweepCmds = append(m.sweepCmds, pr.cmd)
+		if err != nil {
+			m.logf("  sweep %d writers: %v", w, err)
+			continue
+		}
+		m.sweep = append(m.sweep, sweepPoint{
+			Writers: w,
+			PicoOps: float64(pr.res.OpsPerS), PicoP99: float64(pr.res.Latency.P99),
+			CeilOps: float64(ceil.OpsPerS), CeilP99: float64(ceil.Latency.P99),
+		})
+	}
+}
