@@ -77,6 +77,7 @@ func (r *runner) runAppend(ctx context.Context) (*Result, error) {
 	res.Bytes = res.Ops * int64(cfg.Size)
 	res.Latency = latencyOf(all)
 	res.Processes = procs
+	res.ErrorSamples = r.errMsg.list()
 	res.finish()
 	return res, werr
 }

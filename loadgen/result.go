@@ -82,6 +82,8 @@ func (r *Result) WriteSummary(w io.Writer) {
 	switch r.Mode {
 	case ModeRead:
 		fmt.Fprintf(&b, "  readers %d\n", r.Readers)
+	case ModePopulate, ModeVerify:
+		fmt.Fprintf(&b, "  prefix %s  workers %d  streams %d  size %d\n", r.Prefix, r.Writers, r.Streams, r.Size)
 	case ModeSSE:
 		fmt.Fprintf(&b, "  stream %s0  subscribers %d  rate %g/s  size %d\n", r.Prefix, r.Subscribers, r.Rate, r.Size)
 	default:
@@ -130,7 +132,9 @@ func Percentile(sorted []float64, p float64) float64 {
 	if n == 0 {
 		return 0
 	}
-	rank := int(math.Ceil(p / 100 * float64(n)))
+	// The epsilon keeps float error (99.9/100*1000 is 999.0000000000001)
+	// from moving the rank up by one.
+	rank := int(math.Ceil(p/100*float64(n) - 1e-9))
 	rank = min(max(rank, 1), n)
 	return sorted[rank-1]
 }

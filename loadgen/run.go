@@ -68,6 +68,8 @@ func newRunner(cfg Config) *runner {
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,
+		// Live reads have no overall timeout, but their headers must come.
+		ResponseHeaderTimeout: cfg.Timeout,
 		DisableCompression:    true,
 		// One HTTP/1.1 connection per writer, also over TLS: the load shape
 		// is then the same whatever the scheme.
@@ -267,4 +269,28 @@ func (r *runner) progress(stop <-chan struct{}, start time.Time, extra func() st
 		}
 	}()
 	return ch
+}
+
+// whole measures a run that has no fixed window (read, populate, verify):
+// the window is fn's run, with the marks and the process figures around it.
+func (r *runner) whole(ctx context.Context, fn func()) (procs []Process, elapsed time.Duration, err error) {
+	if err := r.mark(ctx, "start"); err != nil {
+		return nil, 0, err
+	}
+	w, err := startProcWatch(r.processes())
+	if err != nil {
+		return nil, 0, err
+	}
+	start := time.Now()
+	stop := make(chan struct{})
+	pdone := r.progress(stop, start, nil)
+	fn()
+	elapsed = time.Since(start)
+	close(stop)
+	<-pdone
+	procs, err = w.finish()
+	if merr := r.mark(ctx, "end"); merr != nil {
+		return procs, elapsed, merr
+	}
+	return procs, elapsed, err
 }

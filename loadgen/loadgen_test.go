@@ -1,0 +1,465 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPercentile(t *testing.T) {
+	ten := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	thousand := make([]float64, 1000)
+	for i := range thousand {
+		thousand[i] = float64(i + 1)
+	}
+	tests := []struct {
+		name   string
+		sorted []float64
+		p      float64
+		want   float64
+	}{
+		{"empty", nil, 50, 0},
+		{"one value", []float64{7}, 99.9, 7},
+		{"median of ten", ten, 50, 5},
+		{"p90 of ten", ten, 90, 9},
+		{"p91 of ten rounds up", ten, 91, 10},
+		{"p100 of ten", ten, 100, 10},
+		{"tiny p is the minimum", ten, 0.001, 1},
+		{"p99 of 1000", thousand, 99, 990},
+		{"p99.9 of 1000", thousand, 99.9, 999},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Percentile(tt.sorted, tt.p); got != tt.want {
+				t.Errorf("Percentile(%v, %g) = %g, want %g", tt.sorted, tt.p, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLatencyOf(t *testing.T) {
+	samples := []int64{5e6, 1e6, 3e6, 2e6, 4e6} // unsorted, nanoseconds
+	got := latencyOf(samples)
+	want := Latency{P50: 3, P90: 5, P99: 5, P999: 5, Max: 5}
+	if got != want {
+		t.Errorf("latencyOf = %+v, want %+v", got, want)
+	}
+	if (latencyOf(nil) != Latency{}) {
+		t.Errorf("latencyOf(nil) is not zero")
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    int
+		wantErr bool
+	}{
+		{"1024", 1024, false},
+		{"0", 0, false},
+		{"1KiB", 1024, false},
+		{"1kib", 1024, false},
+		{"1MiB", 1 << 20, false},
+		{"1 MiB", 1 << 20, false},
+		{"1.5KiB", 1536, false},
+		{"1KB", 1000, false},
+		{"2k", 2000, false},
+		{"1GiB", 1 << 30, false},
+		{"10B", 10, false},
+		{"", 0, true},
+		{"KiB", 0, true},
+		{"1XB", 0, true},
+		{"1.3B", 0, true},
+		{"-1", 0, true},
+		{"1.2.3", 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseSize(tt.in)
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Errorf("ParseSize(%q) = %d, %v; want %d, error %v", tt.in, got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestParsePID(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    NamedPID
+		wantErr bool
+	}{
+		{"caddy=123", NamedPID{"caddy", 123}, false},
+		{"a=b=1", NamedPID{}, true},
+		{"caddy", NamedPID{}, true},
+		{"=5", NamedPID{}, true},
+		{"x=0", NamedPID{}, true},
+		{"x=-3", NamedPID{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParsePID(tt.in)
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Errorf("ParsePID(%q) = %+v, %v; want %+v, error %v", tt.in, got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestRandomPrefix(t *testing.T) {
+	a, b := RandomPrefix(), RandomPrefix()
+	if !strings.HasPrefix(a, "bench-") || len(a) != len("bench-")+6 {
+		t.Errorf("RandomPrefix() = %q", a)
+	}
+	if a == b {
+		t.Errorf("two prefixes are both %q", a)
+	}
+}
+
+// TestResultJSONShape pins the field names the matrix script reads.
+func TestResultJSONShape(t *testing.T) {
+	var buf bytes.Buffer
+	res := (&runner{cfg: Config{URL: "http://x/", Prefix: "p-", Writers: 2, Streams: 3, Size: 4}}).result(ModeAppend)
+	res.finish()
+	if err := res.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(buf.Bytes(), &m); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, buf.String())
+	}
+	for _, k := range []string{"mode", "url", "writers", "streams", "size", "rate", "duration_s", "ops", "ops_per_s",
+		"bytes", "mb_per_s", "errors", "error_samples", "latency_ms", "processes", "subscribers", "delivered",
+		"expected", "lost", "ok", "mismatched"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("JSON has no %q: %s", k, buf.String())
+		}
+	}
+	if string(m["error_samples"]) != "[]" || string(m["processes"]) != "[]" {
+		t.Errorf("empty lists must be [], got error_samples %s, processes %s", m["error_samples"], m["processes"])
+	}
+	var lat map[string]float64
+	if err := json.Unmarshal(m["latency_ms"], &lat); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"p50", "p90", "p99", "p999", "max"} {
+		if _, ok := lat[k]; !ok {
+			t.Errorf("latency_ms has no %q", k)
+		}
+	}
+	p, _ := json.Marshal(Process{Name: "caddy", PID: 1, CPUS: 1.5, RSSMiB: 2, PeakRSSMiB: 3})
+	if want := `{"name":"caddy","pid":1,"cpu_s":1.5,"rss_mib":2,"peak_rss_mib":3}`; string(p) != want {
+		t.Errorf("process JSON = %s, want %s", p, want)
+	}
+}
+
+func TestProcOwn(t *testing.T) {
+	pid := os.Getpid()
+	before, err := ProcCPU(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
+		// burn CPU so that utime moves by a few ticks
+	}
+	after, err := ProcCPU(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := after - before; d < 100*time.Millisecond || d > 5*time.Second {
+		t.Errorf("300ms of spinning used %s of CPU by /proc/%d/stat", d, pid)
+	}
+	rss, err := ProcRSS(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rss < 1<<20 || rss > 1<<40 {
+		t.Errorf("own RSS %d bytes is implausible", rss)
+	}
+	if _, err := ProcCPU(1 << 30); err == nil {
+		t.Errorf("ProcCPU of a pid that cannot exist did not fail")
+	}
+	if _, err := startProcWatch([]NamedPID{{"ghost", 1 << 30}}); err == nil {
+		t.Errorf("watching a pid that cannot exist did not fail")
+	}
+	w, err := startProcWatch([]NamedPID{{"me", pid}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, err := w.finish()
+	if err != nil || len(procs) != 1 || procs[0].RSSMiB <= 0 || procs[0].PeakRSSMiB <= 0 || procs[0].PID != pid {
+		t.Errorf("finish = %+v, %v", procs, err)
+	}
+}
+
+func TestHistogram(t *testing.T) {
+	var h histogram
+	if h.quantile(0.99) != 0 {
+		t.Errorf("empty histogram has a p99")
+	}
+	for i := 1; i <= 1000; i++ {
+		h.record(time.Duration(i) * time.Microsecond)
+	}
+	for _, tt := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 500 * time.Microsecond}, {0.99, 990 * time.Microsecond}, {1, time.Millisecond}} {
+		got := h.quantile(tt.q)
+		if got < tt.want || float64(got) > float64(tt.want)*1.07 {
+			t.Errorf("quantile(%g) = %s, want %s within 7%% above", tt.q, got, tt.want)
+		}
+	}
+}
+
+func TestBodiesAndTags(t *testing.T) {
+	tests := []struct {
+		name string
+		size int
+		ct   string
+		tag  int
+	}{
+		{"binary", 1024, "application/octet-stream", 17},
+		{"text", 64, "text/plain", 123456},
+		{"json", 100, "application/json", 9},
+		{"json with charset", 100, "application/json; charset=utf-8", 9},
+		{"too short for the tag", 3, "text/plain", 12345},
+		{"empty", 0, "text/plain", 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := PopulateBody(tt.tag, tt.size, tt.ct)
+			if len(b) != tt.size {
+				t.Fatalf("len = %d, want %d", len(b), tt.size)
+			}
+			if !bytes.Equal(b, PopulateBody(tt.tag, tt.size, tt.ct)) {
+				t.Errorf("body is not deterministic")
+			}
+			if tt.size > 0 && bytes.Equal(b, PopulateBody(tt.tag+1, tt.size, tt.ct)) {
+				t.Errorf("streams %d and %d get the same body", tt.tag, tt.tag+1)
+			}
+			if strings.HasPrefix(tt.ct, "application/json") && !json.Valid(b) {
+				t.Errorf("JSON body is not JSON: %q", b)
+			}
+			var tags []int
+			scanTags(b, func(n int) { tags = append(tags, n) })
+			wantTags := []int{tt.tag}
+			if tt.size < len(appendTag(nil, tt.tag))+1 {
+				wantTags = nil
+			}
+			if !slices.Equal(tags, wantTags) {
+				t.Errorf("tags in %q = %v, want %v", b, tags, wantTags)
+			}
+		})
+	}
+	var got []int
+	scanTags([]byte("#1#abc\n#22#\"#x#3a#4#5"), func(n int) { got = append(got, n) })
+	if !slices.Equal(got, []int{1, 22, 4}) {
+		t.Errorf("scanTags = %v, want [1 22 4]", got)
+	}
+}
+
+// run runs cfg against srv with a short timeout and no progress output.
+func run(t *testing.T, cfg Config) *Result {
+	t.Helper()
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("Run(%+v): %v", cfg, err)
+	}
+	return res
+}
+
+func TestRunAppend(t *testing.T) {
+	f, srv := newFake(t)
+	var progress bytes.Buffer
+	res := run(t, Config{URL: srv.URL + "/", Prefix: "a-", Writers: 5, Streams: 3, Size: 100, Create: true,
+		Duration: 1200 * time.Millisecond, Warmup: 100 * time.Millisecond, Mark: srv.URL + "/mark",
+		PIDs: []NamedPID{{"me-again", os.Getpid()}}, Progress: &progress})
+	if res.Ops <= 0 || res.Errors != 0 || len(res.ErrorSamples) != 0 {
+		t.Fatalf("ops %d, errors %d %v", res.Ops, res.Errors, res.ErrorSamples)
+	}
+	if res.Bytes != res.Ops*100 || res.OpsPerS != float64(res.Ops)/1.2 || res.Latency.P50 <= 0 || res.Latency.Max < res.Latency.P99 {
+		t.Errorf("inconsistent figures: %+v", res)
+	}
+	// Only the window counts: the server saw at least as many appends.
+	var stored int
+	for i := range 3 {
+		s := f.stream("a-" + itoa(int64(i)))
+		if s == nil || s.appends == 0 {
+			t.Fatalf("stream a-%d got no appends", i)
+		}
+		stored += len(s.data)
+	}
+	if int64(stored) < res.Bytes {
+		t.Errorf("the server stored %d bytes, fewer than the %d counted", stored, res.Bytes)
+	}
+	if f.appends < int(res.Ops) {
+		t.Errorf("server saw %d appends, bench counted %d", f.appends, res.Ops)
+	}
+	if !slices.Equal(f.marks, []string{"start", "end"}) {
+		t.Errorf("marks = %v, want [start end]", f.marks)
+	}
+	if len(res.Processes) != 2 || res.Processes[0].Name != "me-again" || res.Processes[1].Name != "bench" ||
+		res.Processes[1].PID != os.Getpid() || res.Processes[1].RSSMiB <= 0 {
+		t.Errorf("processes = %+v", res.Processes)
+	}
+	if !strings.Contains(progress.String(), "ops ") {
+		t.Errorf("no progress line: %q", progress.String())
+	}
+	var sum bytes.Buffer
+	res.WriteSummary(&sum)
+	for _, want := range []string{"ops", "p99", "errors     0", "bench"} {
+		if !strings.Contains(sum.String(), want) {
+			t.Errorf("summary lacks %q:\n%s", want, sum.String())
+		}
+	}
+}
+
+func TestRunAppendShares(t *testing.T) {
+	tests := []struct {
+		name             string
+		writers, streams int
+	}{
+		{"more streams than writers", 3, 10},
+		{"more writers than streams", 7, 2},
+		{"equal", 4, 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, srv := newFake(t)
+			res := run(t, Config{URL: srv.URL + "/", Prefix: "s-", Writers: tt.writers, Streams: tt.streams, Size: 10,
+				Create: true, Duration: 300 * time.Millisecond})
+			if res.Ops == 0 {
+				t.Fatal("no ops")
+			}
+			for i := range tt.streams {
+				if s := f.stream("s-" + itoa(int64(i))); s == nil || s.appends == 0 {
+					t.Errorf("stream %d got no load", i)
+				}
+			}
+		})
+	}
+}
+
+func TestRunAppendErrors(t *testing.T) {
+	f, srv := newFake(t)
+	f.failAppends = true
+	res := run(t, Config{URL: srv.URL + "/", Writers: 2, Streams: 2, Size: 10, Create: true, Duration: 300 * time.Millisecond})
+	if res.Ops != 0 || res.Errors == 0 {
+		t.Errorf("ops %d errors %d, want 0 ops and some errors", res.Ops, res.Errors)
+	}
+	if len(res.ErrorSamples) != 1 || !strings.HasPrefix(res.ErrorSamples[0], "500: injected failure") {
+		t.Errorf("error samples = %q", res.ErrorSamples)
+	}
+}
+
+func TestRunAppendRate(t *testing.T) {
+	_, srv := newFake(t)
+	res := run(t, Config{URL: srv.URL + "/", Writers: 4, Streams: 4, Size: 10, Create: true, Duration: time.Second, Rate: 200})
+	if res.Ops < 170 || res.Ops > 205 {
+		t.Errorf("200/s for 1s made %d appends", res.Ops)
+	}
+}
+
+func TestRunFatal(t *testing.T) {
+	_, srv := newFake(t)
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"mark fails", Config{URL: srv.URL + "/", Writers: 1, Streams: 1, Size: 1, Create: true, Duration: time.Second, Mark: srv.URL + "/badmark"}, "mark start: 500"},
+		{"no url", Config{Writers: 1, Streams: 1, Size: 1, Duration: time.Second}, "--url"},
+		{"create fails", Config{URL: srv.URL + "/forbidden/", Writers: 1, Streams: 1, Size: 1, Create: true, Duration: time.Second}, "creating"},
+		{"bad pid", Config{URL: srv.URL + "/", Writers: 1, Streams: 1, Size: 1, Duration: time.Second, PIDs: []NamedPID{{"x", 1 << 30}}}, "process x"},
+		{"bad mode", Config{URL: srv.URL + "/", Mode: "nope", Writers: 1, Streams: 1, Duration: time.Second}, "unknown mode"},
+		{"read without stream", Config{URL: srv.URL + "/", Mode: ModeRead, Writers: 1, Streams: 1}, "--stream"},
+		{"sse without subscribers", Config{URL: srv.URL + "/", Mode: ModeSSE, Writers: 1, Streams: 1, Duration: time.Second}, "--subscribers"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Run(context.Background(), tt.cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRunSSE(t *testing.T) {
+	for _, ct := range []string{"text/plain", "application/octet-stream"} {
+		t.Run(ct, func(t *testing.T) {
+			_, srv := newFake(t)
+			res := run(t, Config{URL: srv.URL + "/", Mode: ModeSSE, Writers: 1, Streams: 1, Size: 64, ContentType: ct,
+				Create: true, Subscribers: 30, Rate: 40, Duration: time.Second})
+			if res.Ops < 35 || res.Errors != 0 {
+				t.Fatalf("ops %d errors %d %v", res.Ops, res.Errors, res.ErrorSamples)
+			}
+			if res.Expected != res.Ops*30 || res.Delivered != res.Expected || res.Lost != 0 || res.Subscribers != 30 {
+				t.Errorf("delivered %d expected %d lost %d ops %d", res.Delivered, res.Expected, res.Lost, res.Ops)
+			}
+			if res.Latency.Max <= 0 || res.Latency.Max > 1000 {
+				t.Errorf("delivery latency %+v", res.Latency)
+			}
+		})
+	}
+}
+
+func TestRunRead(t *testing.T) {
+	f, srv := newFake(t)
+	f.maxChunk = 1000
+	content := bytes.Repeat([]byte("0123456789"), 1050) // 10,500 bytes: 11 GETs
+	f.streams["big"] = &fakeStream{contentType: "text/plain", data: content}
+	res := run(t, Config{URL: srv.URL + "/", Mode: ModeRead, Stream: "big", Readers: 3, Writers: 1, Streams: 1})
+	if res.Requests != 33 || res.Ops != 33 || res.Bytes != 3*10500 || res.Errors != 0 || res.Readers != 3 {
+		t.Errorf("requests %d ops %d bytes %d errors %d", res.Requests, res.Ops, res.Bytes, res.Errors)
+	}
+	res = run(t, Config{URL: srv.URL + "/", Mode: ModeRead, Stream: "missing", Writers: 1, Streams: 1})
+	if res.Errors != 1 || len(res.ErrorSamples) != 1 || !strings.HasPrefix(res.ErrorSamples[0], "404: ") {
+		t.Errorf("reading a missing stream: errors %d %q", res.Errors, res.ErrorSamples)
+	}
+}
+
+func TestRunPopulateVerify(t *testing.T) {
+	f, srv := newFake(t)
+	f.maxChunk = 300 // verify must follow offsets to the tail
+	base := Config{URL: srv.URL + "/", Prefix: "pv-", Writers: 8, Streams: 50, Size: 1000, Create: true}
+	pop := base
+	pop.Mode = ModePopulate
+	res := run(t, pop)
+	if res.Ops != 50 || res.Errors != 0 || res.Bytes != 50*1000 {
+		t.Fatalf("populate: ops %d errors %d bytes %d %v", res.Ops, res.Errors, res.Bytes, res.ErrorSamples)
+	}
+	ver := base
+	ver.Mode = ModeVerify
+	if res = run(t, ver); res.OK != 50 || res.Mismatched != 0 || res.Errors != 0 {
+		t.Fatalf("verify: ok %d mismatched %d errors %d %v", res.OK, res.Mismatched, res.Errors, res.ErrorSamples)
+	}
+	f.stream("pv-17").data[500] ^= 1
+	f.stream("pv-3").data = append(f.stream("pv-3").data, 'x')
+	delete(f.streams, "pv-40")
+	res = run(t, ver)
+	if res.OK != 47 || res.Mismatched != 2 || res.Errors != 1 {
+		t.Errorf("verify after damage: ok %d mismatched %d errors %d %v", res.OK, res.Mismatched, res.Errors, res.ErrorSamples)
+	}
+	joined := strings.Join(res.ErrorSamples, "\n")
+	for _, want := range []string{"pv-17: mismatch", "first difference at byte 500", "pv-3: mismatch", "pv-40: 404"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("error samples lack %q:\n%s", want, joined)
+		}
+	}
+	// With --create=false populate appends to streams that exist.
+	pop.Create = false
+	pop.Prefix = "pv2-"
+	pop.Streams = 2
+	if res = run(t, pop); res.Errors != 2 || !strings.HasPrefix(res.ErrorSamples[0], "404: ") {
+		t.Errorf("populate without create on missing streams: errors %d %q", res.Errors, res.ErrorSamples)
+	}
+}

@@ -1,0 +1,396 @@
+package loadgen
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Memory: every subscriber keeps 4 bytes per append of the run (the
+// receipt time of each sequence number), so 5,000 subscribers of 600
+// appends take 12 MB.
+
+// subscriber is one SSE reader. recv[seq] is when it first got record seq,
+// in microseconds since the run's base time plus one (0: not received);
+// only its own goroutine touches recv until the run ends.
+type subscriber struct {
+	r      *runner
+	url    string
+	base   time.Time
+	next   string // the offset to (re)connect from
+	recv   []uint32
+	maxSeq int // larger numbers are not this run's
+	count  atomic.Int64 // distinct records received
+	ready  func()       // called once, after the first connection attempt
+	line   []byte
+	data   []byte
+	errs   atomic.Int64
+	errMsg errorSamples
+}
+
+// runSSE: --subscribers SSE readers follow stream prefix+"0" from its tail
+// while one writer appends records numbered 0, 1, 2, ... at --rate. Each
+// record carries its number ("#seq#"), so a subscriber knows what it got
+// whatever the server batches into one event. ops are the appends
+// acknowledged in the window; latency is from the writer's receipt of the
+// append's acknowledgement to a subscriber's receipt of the record (0 when
+// the record came first), over every (subscriber, record) pair delivered;
+// expected is those appends times the subscribers; lost is expected minus
+// delivered after a grace period (the timeout, at most 10s) for stragglers.
+func (r *runner) runSSE(ctx context.Context) (*Result, error) {
+	cfg := r.cfg
+	streamURL := r.streamURL(0)
+	if cfg.Create {
+		if err := r.createStreams(ctx, 1, nil); err != nil {
+			return nil, err
+		}
+	}
+	tail, err := r.tail(ctx, streamURL)
+	if err != nil {
+		return nil, err
+	}
+
+	maxSeq := int(cfg.Rate*(cfg.Warmup+cfg.Duration).Seconds()) + 1
+	base := time.Now()
+	subCtx, stopSubs := context.WithCancel(ctx)
+	defer stopSubs()
+	subs := make([]*subscriber, cfg.Subscribers)
+	var ready, running sync.WaitGroup
+	ready.Add(len(subs))
+	connecting := make(chan struct{}, 200) // bounds the connection storm
+	for i := range subs {
+		s := &subscriber{r: r, url: streamURL, base: base, next: tail, maxSeq: maxSeq}
+		var once sync.Once
+		s.ready = func() { once.Do(func() { <-connecting; ready.Done() }) }
+		subs[i] = s
+		running.Go(func() {
+			connecting <- struct{}{}
+			s.run(subCtx)
+		})
+	}
+	ready.Wait()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+
+	// The writer. acks[seq] is when the append of seq was acknowledged,
+	// in microseconds since base plus one; 0 when it failed.
+	t0 := time.Now()
+	winStart := t0.Add(cfg.Warmup)
+	winEnd := winStart.Add(cfg.Duration)
+	var acks []uint32
+	var inWindow []bool
+	var acked atomic.Int64
+	stop := make(chan struct{})
+	pdone := r.progress(stop, t0, func() string {
+		var got int64
+		for _, s := range subs {
+			got += s.count.Load()
+		}
+		return "delivered " + itoa(got) + " of " + itoa(acked.Load()*int64(len(subs)))
+	})
+	type windowResult struct {
+		procs []Process
+		err   error
+	}
+	wch := make(chan windowResult, 1)
+	wctx, stopWindow := context.WithCancel(ctx)
+	defer stopWindow()
+	go func() {
+		p, err := r.window(wctx, winStart, winEnd)
+		wch <- windowResult{p, err}
+	}()
+	interval := time.Duration(float64(time.Second) / cfg.Rate)
+	hdr := http.Header{"Content-Type": {cfg.ContentType}}
+	u, err := url.Parse(streamURL)
+	if err != nil {
+		return nil, err
+	}
+	var appendErrs int64
+	for seq := 0; ; seq++ {
+		at := t0.Add(time.Duration(seq) * interval)
+		if !at.Before(winEnd) || wctx.Err() != nil {
+			break
+		}
+		if err := sleepUntil(wctx, at); err != nil {
+			break
+		}
+		tag := appendTag(nil, seq)
+		body := fillBody(make([]byte, max(cfg.Size, len(tag)+2)), cfg.ContentType, seq)
+		req := &http.Request{Method: http.MethodPost, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: hdr, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)), Host: u.Host}
+		start := time.Now()
+		resp, err := r.client.Do(req)
+		ok, msg := false, ""
+		if err != nil {
+			msg = err.Error()
+		} else {
+			if ok = resp.StatusCode/100 == 2; !ok {
+				msg = httpError(resp)
+			}
+			drain(resp.Body)
+		}
+		end := time.Now()
+		acks = append(acks, 0)
+		inWindow = append(inWindow, !end.Before(winStart) && !end.After(winEnd))
+		if ok {
+			acks[seq] = micros(base, end)
+			acked.Add(1)
+			r.ops.Add(1)
+			r.hist.record(end.Sub(start))
+		} else {
+			r.errs.Add(1)
+			appendErrs++
+			r.errMsg.add("append: " + msg)
+		}
+	}
+	wr := <-wch
+
+	// Let the last records reach everyone, then stop the subscribers.
+	grace := time.Now().Add(min(cfg.Timeout, 10*time.Second))
+	for time.Now().Before(grace) && ctx.Err() == nil {
+		all := true
+		for _, s := range subs {
+			if s.count.Load() < acked.Load() {
+				all = false
+				break
+			}
+		}
+		if all {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopSubs()
+	running.Wait()
+	close(stop)
+	<-pdone
+
+	res := r.result(ModeSSE)
+	res.Writers = 1
+	res.Streams = 1
+	res.Subscribers = len(subs)
+	res.DurationS = cfg.Duration.Seconds()
+	res.Errors = appendErrs
+	var lat []int64
+	for seq, ack := range acks {
+		if ack == 0 || !inWindow[seq] {
+			continue
+		}
+		res.Ops++
+		res.Bytes += int64(max(cfg.Size, len(appendTag(nil, seq))+2))
+		for _, s := range subs {
+			res.Expected++
+			if seq >= len(s.recv) || s.recv[seq] == 0 {
+				continue
+			}
+			res.Delivered++
+			d := int64(s.recv[seq]) - int64(ack)
+			lat = append(lat, max(d, 0)*int64(time.Microsecond))
+		}
+	}
+	res.Lost = res.Expected - res.Delivered
+	res.Latency = latencyOf(lat)
+	for _, s := range subs {
+		res.Errors += s.errs.Load()
+		for _, m := range s.errMsg.list() {
+			r.errMsg.add(m)
+		}
+	}
+	res.Processes = wr.procs
+	res.ErrorSamples = r.errMsg.list()
+	res.finish()
+	return res, wr.err
+}
+
+// micros is t as microseconds since base, plus one so that 0 means unset.
+func micros(base, t time.Time) uint32 { return uint32(t.Sub(base)/time.Microsecond) + 1 }
+
+func itoa(n int64) string { return string(appendInt(nil, int(n))) }
+
+// tail asks for the stream's tail with HEAD; a server that does not say
+// gets offset=now.
+func (r *runner) tail(ctx context.Context, rawURL string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, rawURL, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer drain(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return "", errors.New("HEAD " + rawURL + ": " + resp.Status)
+	}
+	if off := resp.Header.Get(hdrNextOffset); off != "" {
+		return off, nil
+	}
+	return "now", nil
+}
+
+// run reads until ctx ends, reconnecting from the last offset whenever
+// the server ends the response (as servers do every so often) or it fails.
+func (s *subscriber) run(ctx context.Context) {
+	defer s.ready()
+	for ctx.Err() == nil {
+		err := s.once(ctx)
+		if ctx.Err() != nil || errors.Is(err, errClosed) {
+			return
+		}
+		if err != nil {
+			s.errs.Add(1)
+			s.errMsg.add("subscriber: " + err.Error())
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// errClosed says the stream was closed: nothing more will come.
+var errClosed = errors.New("stream closed")
+
+// once makes one SSE request and reads its events.
+func (s *subscriber) once(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url+"?offset="+url.QueryEscape(s.next)+"&live=sse", nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := s.r.live.Do(req)
+	s.ready()
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(httpError(resp))
+	}
+	b64 := resp.Header.Get("Stream-Sse-Data-Encoding") == "base64"
+	br := bufio.NewReaderSize(resp.Body, 4096)
+	event := ""
+	s.data = s.data[:0]
+	lines := 0
+	for {
+		line, err := s.readLine(br)
+		if err != nil {
+			if err == io.EOF {
+				return nil // the server ended the response; reconnect
+			}
+			return err
+		}
+		if len(line) == 0 { // end of an event
+			if err := s.event(event, s.data, b64); err != nil {
+				return err
+			}
+			event, s.data, lines = "", s.data[:0], 0
+			continue
+		}
+		field, value, _ := bytes.Cut(line, []byte(":"))
+		if len(value) > 0 && value[0] == ' ' {
+			value = value[1:]
+		}
+		switch string(field) {
+		case "event":
+			event = string(value)
+		case "data":
+			if lines > 0 && !b64 {
+				s.data = append(s.data, '\n')
+			}
+			s.data = append(s.data, value...)
+			lines++
+		}
+	}
+}
+
+// readLine returns the next line without its ending (LF or CRLF); the
+// slice is valid until the next call.
+func (s *subscriber) readLine(br *bufio.Reader) ([]byte, error) {
+	s.line = s.line[:0]
+	for {
+		part, err := br.ReadSlice('\n')
+		s.line = append(s.line, part...)
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		l := s.line[:len(s.line)-1]
+		if n := len(l); n > 0 && l[n-1] == '\r' {
+			l = l[:n-1]
+		}
+		return l, nil
+	}
+}
+
+// event handles one complete event.
+func (s *subscriber) event(event string, data []byte, b64 bool) error {
+	switch event {
+	case "data":
+		if b64 {
+			n, err := base64.StdEncoding.Decode(data, data)
+			if err != nil {
+				return errors.New("bad base64 in a data event: " + err.Error())
+			}
+			data = data[:n]
+		}
+		now := micros(s.base, time.Now())
+		scanTags(data, func(seq int) {
+			if seq > s.maxSeq {
+				return
+			}
+			for seq >= len(s.recv) {
+				s.recv = append(s.recv, 0)
+			}
+			if s.recv[seq] == 0 {
+				s.recv[seq] = now
+				s.count.Add(1)
+			}
+		})
+	case "control":
+		var c struct {
+			StreamNextOffset string `json:"streamNextOffset"`
+			StreamClosed     bool   `json:"streamClosed"`
+		}
+		if err := json.Unmarshal(data, &c); err != nil {
+			return errors.New("bad control event: " + err.Error())
+		}
+		if c.StreamNextOffset != "" {
+			s.next = c.StreamNextOffset
+		}
+		if c.StreamClosed {
+			return errClosed
+		}
+	}
+	return nil
+}
+
+// scanTags calls fn with N for every "#N#" in b.
+func scanTags(b []byte, fn func(int)) {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '#' {
+			continue
+		}
+		j, n := i+1, 0
+		for j < len(b) && b[j] >= '0' && b[j] <= '9' && j-i <= 10 {
+			n = n*10 + int(b[j]-'0')
+			j++
+		}
+		if j > i+1 && j < len(b) && b[j] == '#' {
+			fn(n)
+			i = j
+		}
+	}
+}
