@@ -28,7 +28,7 @@ type subscriber struct {
 	base   time.Time
 	next   string // the offset to (re)connect from
 	recv   []uint32
-	maxSeq int // larger numbers are not this run's
+	maxSeq int          // larger numbers are not this run's
 	count  atomic.Int64 // distinct records received
 	ready  func()       // called once, after the first connection attempt
 	line   []byte
