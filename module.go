@@ -74,7 +74,9 @@ type Handler struct {
 	// storage share one engine.
 	Storage string `json:"storage,omitempty"`
 
-	// Longest an append waits for its batch to be uploaded. Default 10ms.
+	// Least time between the starts of two WAL uploads, which bounds the
+	// PUT rate under load (batches grow instead). An append that finds no
+	// upload started within the interval goes out at once. Default 10ms.
 	FlushInterval caddy.Duration `json:"flush_interval,omitempty"`
 
 	// Batch size in bytes that starts an upload at once. Default 1 MiB.

@@ -15,8 +15,14 @@ import (
 var ErrWriterUnavailable = errors.New("WAL writer unavailable")
 
 // WriterConfig tunes group commit.
+//
+// FlushInterval spaces upload starts rather than delaying each batch: an
+// entry that arrives when no upload has started for FlushInterval goes out
+// at once, and under load a batch starts every FlushInterval. So the store
+// sees at most one PUT per FlushInterval (bar FlushSize overflows) while an
+// isolated append pays only the PUT's own latency, not a linger on top.
 type WriterConfig struct {
-	FlushInterval time.Duration // longest an entry waits before its batch is uploaded
+	FlushInterval time.Duration // least time between the starts of two uploads
 	FlushSize     int           // encoded bytes that start an upload at once
 	MaxInFlight   int           // uploads in flight at once
 }
@@ -90,6 +96,7 @@ type Writer struct {
 	queue     []*Batch // sealed batches in WAL order, not yet released
 	inFlight  int
 	timer     *time.Timer
+	lastStart time.Time // when the latest upload started
 	wantFlush bool
 	broken    bool  // an upload failed; Add refuses until it is settled
 	fenced    error // another process took the storage over: for good
@@ -186,16 +193,21 @@ func (w *Writer) Add(e *Entry) (*Batch, error) {
 		w.wantFlush = true
 		w.sealLocked()
 	} else if len(b.Entries) == 1 {
-		w.armTimerLocked()
+		if wait := w.cfg.FlushInterval - time.Since(w.lastStart); wait > 0 {
+			w.armTimerLocked(wait)
+		} else {
+			w.wantFlush = true
+			w.sealLocked()
+		}
 	}
 	return b, nil
 }
 
-func (w *Writer) armTimerLocked() {
+func (w *Writer) armTimerLocked(wait time.Duration) {
 	if w.timer != nil {
 		w.timer.Stop()
 	}
-	w.timer = time.AfterFunc(w.cfg.FlushInterval, func() {
+	w.timer = time.AfterFunc(wait, func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		w.wantFlush = true
@@ -223,6 +235,7 @@ func (w *Writer) sealLocked() {
 	b.Namespace, b.Seq = w.ns, w.nextSeq
 	b.Key = WALKey(b.Namespace, b.Seq)
 	w.nextSeq++
+	w.lastStart = time.Now()
 	w.queue = append(w.queue, b)
 	w.inFlight++
 	w.wg.Add(1)

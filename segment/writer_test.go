@@ -1,0 +1,138 @@
+package segment_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// noHooks accepts batch outcomes without doing anything with them.
+type noHooks struct{}
+
+func (noHooks) Committed(*segment.Batch)      {}
+func (noHooks) Aborted(*segment.Batch, error) {}
+
+// startLog is a store that records when each PUT began.
+type startLog struct {
+	segment.Store
+	mu     sync.Mutex
+	starts []time.Time
+}
+
+func (s *startLog) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	s.mu.Lock()
+	s.starts = append(s.starts, time.Now())
+	s.mu.Unlock()
+	return s.Store.Put(ctx, key, data, opts)
+}
+
+func (s *startLog) times() []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Time(nil), s.starts...)
+}
+
+func newTestWriter(t *testing.T, cfg segment.WriterConfig) (*segment.Writer, *startLog) {
+	t.Helper()
+	store := &startLog{Store: memstore.New()}
+	w := segment.NewWriter(store, 1, 0, cfg, segment.WriterDeps{Hooks: noHooks{}})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := w.Close(ctx); err != nil {
+			t.Errorf("close writer: %v", err)
+		}
+	})
+	return w, store
+}
+
+func testEntry(seq uint64) *segment.Entry {
+	return &segment.Entry{StreamID: "s", Name: "s", FirstSeq: seq, Records: []segment.Record{{Seq: seq, Body: []byte("x")}}}
+}
+
+// An append that finds the writer idle is uploaded at once: flush_interval
+// spaces uploads, it is not a linger every append pays.
+func TestWriterIdleAppendGoesOutAtOnce(t *testing.T) {
+	w, _ := newTestWriter(t, segment.WriterConfig{FlushInterval: time.Second})
+	for i := range 3 {
+		start := time.Now()
+		b, err := w.Add(testEntry(uint64(i)))
+		if err != nil {
+			t.Fatalf("add: %v", err)
+		}
+		select {
+		case <-b.Done():
+		case <-time.After(500 * time.Millisecond):
+			// The first append must not wait for the interval; later ones
+			// must (an upload started less than 1s ago).
+			if i == 0 {
+				t.Fatalf("an append on an idle writer waited more than 500ms (flush interval 1s)")
+			}
+			<-b.Done()
+		}
+		if err := b.Err(); err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		if i > 0 && time.Since(start) < 900*time.Millisecond {
+			t.Fatalf("append %d went out %s after the previous upload started; want the 1s spacing", i, time.Since(start))
+		}
+	}
+}
+
+// Under steady load, uploads start no more often than once per interval.
+func TestWriterSpacesUploads(t *testing.T) {
+	const interval = 40 * time.Millisecond
+	w, store := newTestWriter(t, segment.WriterConfig{FlushInterval: interval, MaxInFlight: 4})
+	var batches []*segment.Batch
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for seq := uint64(0); time.Now().Before(deadline); seq++ {
+		b, err := w.Add(testEntry(seq))
+		if err != nil {
+			t.Fatalf("add: %v", err)
+		}
+		if len(batches) == 0 || batches[len(batches)-1] != b {
+			batches = append(batches, b)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for _, b := range batches {
+		<-b.Done()
+		if err := b.Err(); err != nil {
+			t.Fatalf("batch: %v", err)
+		}
+	}
+	starts := store.times()
+	if len(starts) < 5 {
+		t.Fatalf("%d uploads in 500ms of appends every 1ms; want about one per %s", len(starts), interval)
+	}
+	for i := 1; i < len(starts); i++ {
+		// Timers fire a little early or late; a gap far below the interval
+		// would mean an upload started off the spacing rule.
+		if gap := starts[i].Sub(starts[i-1]); gap < interval*3/4 {
+			t.Errorf("uploads %d and %d started %s apart; want at least about %s", i-1, i, gap, interval)
+		}
+	}
+}
+
+// A batch that reaches flush_size goes out without waiting for the spacing.
+func TestWriterFlushSizeOverridesSpacing(t *testing.T) {
+	w, store := newTestWriter(t, segment.WriterConfig{FlushInterval: 10 * time.Second, FlushSize: 1})
+	for i := range 3 {
+		b, err := w.Add(testEntry(uint64(i)))
+		if err != nil {
+			t.Fatalf("add: %v", err)
+		}
+		select {
+		case <-b.Done():
+		case <-time.After(2 * time.Second):
+			t.Fatalf("append %d over flush_size waited for the 10s interval", i)
+		}
+	}
+	if n := len(store.times()); n != 3 {
+		t.Fatalf("%d uploads for 3 appends each over flush_size; want 3", n)
+	}
+}
