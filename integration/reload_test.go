@@ -241,9 +241,10 @@ func TestReloadUnderLoad(t *testing.T) {
 
 // TestReloadAppliesEngineSettings checks that engine settings changed by a
 // reload reach the running engine (the design: "the running engine takes
-// the new settings when the new config is provisioned"). A lone append
-// waits for the flush interval, so with flush_interval 1s it must take
-// about a second, and after a reload back to 10ms far less.
+// the new settings when the new config is provisioned"). Uploads start at
+// most once per flush interval, so of three back-to-back appends the second
+// and third wait for it: with flush_interval 1s the median takes about a
+// second, and after a reload back to 10ms far less.
 func TestReloadAppliesEngineSettings(t *testing.T) {
 	v := testenv.NewVersity(t)
 	storage := caddytest.S3Storage(t, v, v.Endpoint)
@@ -255,7 +256,7 @@ func TestReloadAppliesEngineSettings(t *testing.T) {
 	const name = "/reload/settings"
 	cl.create(t, name, 30*time.Second)
 
-	// latency returns the median of three lone appends.
+	// latency returns the median of three back-to-back appends.
 	latency := func(label string) time.Duration {
 		t.Helper()
 		var ds []time.Duration
