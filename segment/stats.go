@@ -51,7 +51,7 @@ const (
 	OutcomeOK Outcome = iota
 	OutcomeNotFound
 	OutcomePreconditionFailed
-	OutcomeTimeout // the attempt's own timeout cut it off
+	OutcomeTimeout // a deadline cut the attempt off: its own timeout (then it is retried) or the caller's
 	OutcomeError   // anything else: an error status, a transport error, the caller giving up
 	numOutcomes
 )
