@@ -53,6 +53,17 @@ type Fault struct {
 	AfterForward bool
 	// Times is how many requests the fault affects; 0 means until removed.
 	Times int
+	// Rate, between 0 and 1 exclusive, applies the fault to that fraction
+	// of the matching requests, picked at random: a store that fails now
+	// and then, as a cloud bucket does. For the others the fault is not
+	// there (they do not use up Times, and later faults may match them).
+	// 0 (or 1 and above) applies it to every match.
+	Rate float64
+}
+
+// hits reports whether a matching request is one the fault applies to.
+func (f *Fault) hits() bool {
+	return f.Rate <= 0 || f.Rate >= 1 || rand.Float64() < f.Rate
 }
 
 func (f *Fault) matches(r *request) bool {
@@ -392,7 +403,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 	p.counts.add(req)
 	var fault *Fault
 	for _, e := range p.faults {
-		if e.left != 0 && e.f.matches(req) {
+		if e.left != 0 && e.f.matches(req) && e.f.hits() {
 			if e.left > 0 {
 				e.left--
 			}

@@ -263,6 +263,52 @@ func TestProxyFaults(t *testing.T) {
 	}
 }
 
+// A fault with a Rate fails about that fraction of its matches, at random,
+// and Times counts only the requests it failed.
+func TestProxyFaultRate(t *testing.T) {
+	ctx := context.Background()
+	v := NewVersity(t)
+	bucket := v.NewBucket(t)
+	p := newProxy(t, v)
+	c := rawClient(v, p.URL())
+
+	remove := p.AddFault(Fault{Op: OpPut, Status: 503, Rate: 0.25})
+	const n = 200
+	failed := 0
+	for i := 0; i < n; i++ {
+		err := put(ctx, c, bucket, "rate/k", "v")
+		switch {
+		case err == nil:
+		case httpStatus(err) == 503:
+			failed++
+		default:
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	remove()
+	// 50 expected; the bounds are more than four standard deviations out.
+	if failed < 20 || failed > 85 {
+		t.Errorf("%d of %d PUTs failed at rate 0.25, want about 50", failed, n)
+	}
+	if got := p.Counts().Faults; got != failed {
+		t.Errorf("Counts().Faults = %d, want the %d failed requests", got, failed)
+	}
+
+	remove = p.AddFault(Fault{Op: OpPut, Status: 500, Rate: 0.5, Times: 3})
+	defer remove()
+	failed = 0
+	for i := 0; i < 100; i++ {
+		if err := put(ctx, c, bucket, "rate/t", "v"); httpStatus(err) == 500 {
+			failed++
+		} else if err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	if failed != 3 {
+		t.Errorf("Times 3 at rate 0.5: %d failures in 100 PUTs, want 3", failed)
+	}
+}
+
 func TestProxyHold(t *testing.T) {
 	ctx := context.Background()
 	v := NewVersity(t)
