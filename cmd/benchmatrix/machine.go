@@ -81,3 +81,16 @@ func output(ctx context.Context, dir, name string, args ...string) string {
 func (mi machineInfo) cpuShort() string {
 	return strconv.Itoa(mi.Cores) + " cores (" + mi.CPU + ")"
 }
+
+// loadAvg is the 1-minute load average from /proc/loadavg.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}

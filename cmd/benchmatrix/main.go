@@ -96,6 +96,7 @@ func run(ctx context.Context, selected []string, rowsFlag string, quick bool, ou
 		m.sc = quickScale
 	}
 	nofile := raiseNoFile()
+	loadStart := loadAvg()
 	// Whatever happens below, every child goes.
 	defer func() {
 		m.killAll()
@@ -173,6 +174,7 @@ func run(ctx context.Context, selected []string, rowsFlag string, quick bool, ou
 	rep := &report{Rows: m.rows, Sweep: m.sweep, SweepCommands: m.sweepCmds, Scale: m.sc}
 	rep.Machine = machine(ctx, root)
 	rep.Machine.NoFile = nofile
+	rep.Machine.LoadStart, rep.Machine.LoadEnd = loadStart, loadAvg()
 	rep.Machine.Duration = time.Since(start)
 	rep.Machine.Quick = quick
 	if rowsFlag != "" {

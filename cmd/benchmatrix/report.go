@@ -157,19 +157,22 @@ func anchor(id string) string {
 
 // machineInfo describes where the matrix ran.
 type machineInfo struct {
-	CPU      string
-	Cores    int
-	MemGiB   float64
-	Kernel   string
-	Go       string
-	Versity  string
-	Node     string
-	Commit   string
-	Date     time.Time
-	NoFile   uint64
-	Duration time.Duration
-	Quick    bool
-	Rows     string // the -rows selection, "" for all
+	CPU     string
+	Cores   int
+	MemGiB  float64
+	Kernel  string
+	Go      string
+	Versity string
+	Node    string
+	Commit  string
+	Date    time.Time
+	NoFile  uint64
+	// Load averages (1 minute) when the matrix started and ended: other
+	// work on the machine skews every figure.
+	LoadStart, LoadEnd string
+	Duration           time.Duration
+	Quick              bool
+	Rows               string // the -rows selection, "" for all
 }
 
 // report is everything docs/benchmarks.md is made of.
@@ -208,7 +211,8 @@ func (rep *report) markdown() string {
 	fmt.Fprintf(&b, "| Go | %s |\n", cell(mi.Go))
 	fmt.Fprintf(&b, "| versitygw | %s |\n", cell(mi.Versity))
 	fmt.Fprintf(&b, "| Node.js | %s |\n", cell(mi.Node))
-	fmt.Fprintf(&b, "| open files (`ulimit -n`) | %d |\n\n", mi.NoFile)
+	fmt.Fprintf(&b, "| open files (`ulimit -n`) | %d |\n", mi.NoFile)
+	fmt.Fprintf(&b, "| load average (1 min) at start, at end | %s, %s |\n\n", orDash(mi.LoadStart), orDash(mi.LoadEnd))
 	b.WriteString("Caddy, versitygw, the S3 proxy, the load generator and the Node server all share these cores, as they would on a small single-box deployment; nothing is pinned.\n\n")
 
 	b.WriteString("## Results\n\n")

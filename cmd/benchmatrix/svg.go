@@ -28,10 +28,10 @@ func sweepWriters(ps []sweepPoint) []int {
 // Chart geometry: two panels side by side.
 const (
 	chartW     = 960
-	chartH     = 420
+	chartH     = 430
 	panelW     = 400
 	panelH     = 280
-	panelTop   = 70
+	panelTop   = 60
 	panelLeft1 = 80
 	panelLeft2 = 560
 )
@@ -156,8 +156,8 @@ func chartSVG(points []sweepPoint, title string) string {
 
 	// Legend.
 	for i, s := range chartSeries {
-		x := 120 + i*360
-		y := 48
+		x := 160 + i*340
+		y := chartH - 14
 		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`+"\n", x, y, x+28, y, s.color)
 		fmt.Fprintf(&b, `<text x="%d" y="%d" dominant-baseline="middle">%s</text>`+"\n", x+36, y, esc(s.name))
 	}
