@@ -38,6 +38,9 @@ type Result struct {
 	Delivered   int64 `json:"delivered"`
 	Expected    int64 `json:"expected"`
 	Lost        int64 `json:"lost"`
+	// AppendLatency is the sse writer's append latency (latency_ms is
+	// delivery there).
+	AppendLatency *Latency `json:"append_latency_ms,omitempty"`
 
 	OK         int64 `json:"ok"`
 	Mismatched int64 `json:"mismatched"`
@@ -97,6 +100,10 @@ func (r *Result) WriteSummary(w io.Writer) {
 	}
 	fmt.Fprintf(&b, "%-10s p50 %.3f  p90 %.3f  p99 %.3f  p999 %.3f  max %.3f ms (%s)\n", "latency",
 		r.Latency.P50, r.Latency.P90, r.Latency.P99, r.Latency.P999, r.Latency.Max, lname)
+	if r.AppendLatency != nil {
+		fmt.Fprintf(&b, "%-10s p50 %.3f  p90 %.3f  p99 %.3f  p999 %.3f  max %.3f ms (per append)\n", "",
+			r.AppendLatency.P50, r.AppendLatency.P90, r.AppendLatency.P99, r.AppendLatency.P999, r.AppendLatency.Max)
+	}
 	if r.Mode == ModeSSE {
 		fmt.Fprintf(&b, "%-10s %d of %d expected (%d subscribers), lost %d\n", "delivered", r.Delivered, r.Expected, r.Subscribers, r.Lost)
 	}

@@ -116,6 +116,7 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	var appendErrs int64
+	var appendLat []int64
 	for seq := 0; ; seq++ {
 		at := t0.Add(time.Duration(seq) * interval)
 		if !at.Before(winEnd) || wctx.Err() != nil {
@@ -147,6 +148,9 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 			acked.Add(1)
 			r.ops.Add(1)
 			r.hist.record(end.Sub(start))
+			if inWindow[seq] {
+				appendLat = append(appendLat, int64(end.Sub(start)))
+			}
 		} else {
 			r.errs.Add(1)
 			appendErrs++
@@ -200,6 +204,8 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 	}
 	res.Lost = res.Expected - res.Delivered
 	res.Latency = latencyOf(lat)
+	al := latencyOf(appendLat)
+	res.AppendLatency = &al
 	for _, s := range subs {
 		res.Errors += s.errs.Load()
 		for _, m := range s.errMsg.list() {

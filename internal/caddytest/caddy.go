@@ -185,6 +185,17 @@ func (c *Caddy) AdminAddr() string { return c.admin }
 // DataDir is the node's data directory (see Options.DataDir).
 func (c *Caddy) DataDir() string { return c.dataDir }
 
+// PID is the process id of the current (or last) run of the child, 0 when
+// none was started; a Restart changes it.
+func (c *Caddy) PID() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cmd == nil || c.cmd.Process == nil {
+		return 0
+	}
+	return c.cmd.Process.Pid
+}
+
 // Caddyfile is the configuration the instance runs (after any Reload).
 func (c *Caddy) Caddyfile() string {
 	c.mu.Lock()

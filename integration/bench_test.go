@@ -1,0 +1,187 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/caddytest"
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// benchResult is the part of `caddy picomq bench --json` the test reads.
+type benchResult struct {
+	Mode         string   `json:"mode"`
+	Prefix       string   `json:"prefix"`
+	Size         int      `json:"size"`
+	DurationS    float64  `json:"duration_s"`
+	Ops          int64    `json:"ops"`
+	OpsPerS      float64  `json:"ops_per_s"`
+	Bytes        int64    `json:"bytes"`
+	Errors       int64    `json:"errors"`
+	ErrorSamples []string `json:"error_samples"`
+	Latency      struct {
+		P50, P99, Max float64
+	} `json:"latency_ms"`
+	Processes []struct {
+		Name       string  `json:"name"`
+		PID        int     `json:"pid"`
+		CPUS       float64 `json:"cpu_s"`
+		RSSMiB     float64 `json:"rss_mib"`
+		PeakRSSMiB float64 `json:"peak_rss_mib"`
+	} `json:"processes"`
+	Subscribers int   `json:"subscribers"`
+	Delivered   int64 `json:"delivered"`
+	Expected    int64 `json:"expected"`
+	Lost        int64 `json:"lost"`
+	OK          int64 `json:"ok"`
+	Mismatched  int64 `json:"mismatched"`
+}
+
+// runBench runs the Caddy binary's `picomq bench` with args plus --json
+// and returns the parsed result; it fails the test if the command fails.
+func runBench(t *testing.T, args ...string) benchResult {
+	t.Helper()
+	bin := caddytest.BuildCaddy(t)
+	out := filepath.Join(t.TempDir(), "result.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append([]string{"picomq", "bench", "--quiet", "--json", out}, args...)...)
+	summary, err := cmd.CombinedOutput()
+	t.Logf("caddy picomq bench %s:\n%s", strings.Join(args, " "), summary)
+	if err != nil {
+		t.Fatalf("bench failed: %v", err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res benchResult
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatalf("bench JSON: %v\n%s", err, b)
+	}
+	return res
+}
+
+// TestBench runs the benchmark command of the module's own Caddy binary
+// against the module on versitygw: an append run whose every acknowledged
+// append must be in the streams afterwards, populate + verify, and an SSE
+// fan-out in which every subscriber gets every record.
+func TestBench(t *testing.T) {
+	e := fhStart(t, fhOptions{})
+	base := e.caddy.URL() + "/"
+	pid := e.caddy.PID()
+	if pid <= 0 {
+		t.Fatalf("no pid for the Caddy child")
+	}
+
+	t.Run("append", func(t *testing.T) {
+		// The mark endpoint snapshots the S3 proxy's counters, as the
+		// matrix script does, to check the marks bracket the window.
+		var mu sync.Mutex
+		var marks []string
+		var atStart, atEnd testenv.Counts
+		mark := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			phase := r.URL.Query().Get("phase")
+			marks = append(marks, phase)
+			switch phase {
+			case "start":
+				atStart = e.proxy.Counts()
+			case "end":
+				atEnd = e.proxy.Counts()
+			}
+			w.WriteHeader(http.StatusNoContent)
+		}))
+		defer mark.Close()
+
+		const size, streams = 1024, 4
+		res := runBench(t, "--url", base, "--mode", "append", "--writers", "8", "--streams", strconv.Itoa(streams),
+			"--size", "1KiB", "--duration", "2s", "--prefix", "bench-app-", "--pid", "caddy="+strconv.Itoa(pid),
+			"--mark", mark.URL)
+		if res.Ops <= 0 || res.Errors != 0 {
+			t.Fatalf("ops %d, errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
+		}
+		if res.Bytes != res.Ops*size || res.DurationS != 2 || res.Latency.P50 <= 0 {
+			t.Errorf("inconsistent result: %+v", res)
+		}
+		var caddyCPU float64 = -1
+		names := []string{}
+		for _, p := range res.Processes {
+			names = append(names, p.Name)
+			if p.Name == "caddy" {
+				if p.PID != pid || p.RSSMiB <= 0 || p.PeakRSSMiB <= 0 {
+					t.Errorf("caddy process figures: %+v", p)
+				}
+				caddyCPU = p.CPUS
+			}
+		}
+		if caddyCPU <= 0 || len(res.Processes) != 2 || names[1] != "bench" {
+			t.Errorf("processes %v, caddy cpu_s %g: want caddy with some CPU, then bench", names, caddyCPU)
+		}
+		// Every acknowledged append is stored.
+		var stored int
+		for i := range streams {
+			content, _, err := e.readBytes("/bench-app-" + strconv.Itoa(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(content)%size != 0 || len(content) == 0 {
+				t.Errorf("stream %d holds %d bytes, not a positive multiple of %d", i, len(content), size)
+			}
+			stored += len(content)
+		}
+		if int64(stored) < res.Ops*size {
+			t.Errorf("the streams hold %d bytes, fewer than the %d acknowledged in the window", stored, res.Ops*size)
+		}
+		t.Logf("append: %d ops (%.0f/s) in the window, %d bytes stored in all; caddy cpu %.2fs", res.Ops, res.OpsPerS, stored, caddyCPU)
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Join(marks, ",") != "start,end" {
+			t.Fatalf("marks %v, want start,end", marks)
+		}
+		if atEnd.Put <= atStart.Put {
+			t.Errorf("no S3 PUTs between the marks (%d, then %d)", atStart.Put, atEnd.Put)
+		}
+	})
+
+	t.Run("populate-verify", func(t *testing.T) {
+		common := []string{"--url", base, "--streams", "200", "--size", "300", "--writers", "16", "--prefix", "bench-pop-"}
+		res := runBench(t, append([]string{"--mode", "populate"}, common...)...)
+		if res.Ops != 200 || res.Errors != 0 {
+			t.Fatalf("populate: ops %d errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
+		}
+		res = runBench(t, append([]string{"--mode", "verify"}, common...)...)
+		if res.OK != 200 || res.Mismatched != 0 || res.Errors != 0 {
+			t.Fatalf("verify: ok %d mismatched %d errors %d %q", res.OK, res.Mismatched, res.Errors, res.ErrorSamples)
+		}
+		// A stream that changed is caught.
+		e.append("/bench-pop-7", "application/octet-stream", []byte("extra"))
+		res = runBench(t, append([]string{"--mode", "verify"}, common...)...)
+		if res.OK != 199 || res.Mismatched != 1 {
+			t.Errorf("verify after an extra append: ok %d mismatched %d %q", res.OK, res.Mismatched, res.ErrorSamples)
+		}
+	})
+
+	t.Run("sse", func(t *testing.T) {
+		res := runBench(t, "--url", base, "--mode", "sse", "--subscribers", "50", "--rate", "20", "--duration", "2s",
+			"--prefix", "bench-sse-", "--pid", "caddy="+strconv.Itoa(pid))
+		if res.Ops < 10 || res.Errors != 0 {
+			t.Fatalf("sse: ops %d errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
+		}
+		if res.Subscribers != 50 || res.Expected != res.Ops*50 || res.Delivered != res.Expected || res.Lost != 0 {
+			t.Errorf("sse: delivered %d of %d expected (%d appends, %d subscribers), lost %d",
+				res.Delivered, res.Expected, res.Ops, res.Subscribers, res.Lost)
+		}
+	})
+}
