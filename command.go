@@ -68,7 +68,7 @@ A progress line goes to stderr every second; the summary to stdout.`,
 		Example: `  caddy picomq bench --url http://127.0.0.1:8080/ --writers 64 --streams 100 --size 1KiB --duration 30s
   caddy picomq bench --url http://127.0.0.1:8080/ --mode sse --subscribers 5000 --rate 20 --duration 30s
   caddy picomq bench --url http://127.0.0.1:8080/ --mode populate --streams 100000 --prefix pop-
-  caddy picomq bench --url http://127.0.0.1:8080/ --mode verify --streams 100000 --prefix pop- --create=false`,
+  caddy picomq bench --url http://127.0.0.1:8080/ --mode verify --streams 100000 --prefix pop-`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: false,
