@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/picomq/caddy-picomq/segment"
 )
@@ -26,6 +27,7 @@ type cacheItem struct {
 	key  string
 	recs []segment.Record
 	size int64
+	used time.Time // last get or put, for dropIdle
 }
 
 func newBlockCache(budget int64) *blockCache {
@@ -42,7 +44,9 @@ func (c *blockCache) get(key string) ([]segment.Record, bool) {
 	}
 	c.hits.Add(1)
 	c.ll.MoveToFront(el)
-	return el.Value.(*cacheItem).recs, true
+	it := el.Value.(*cacheItem)
+	it.used = time.Now()
+	return it.recs, true
 }
 
 func (c *blockCache) put(key string, recs []segment.Record) {
@@ -59,7 +63,7 @@ func (c *blockCache) put(key string, recs []segment.Record) {
 		c.used -= el.Value.(*cacheItem).size
 		c.ll.Remove(el)
 	}
-	c.items[key] = c.ll.PushFront(&cacheItem{key: key, recs: recs, size: size})
+	c.items[key] = c.ll.PushFront(&cacheItem{key: key, recs: recs, size: size, used: time.Now()})
 	c.used += size
 	for c.used > c.budget {
 		el := c.ll.Back()
@@ -74,4 +78,24 @@ func (c *blockCache) setBudget(b int64) {
 	c.mu.Lock()
 	c.budget = b
 	c.mu.Unlock()
+}
+
+// dropIdle removes the items nobody has read or written since cutoff and
+// returns the bytes released. The list is in use order, so it stops at the
+// first item used after cutoff.
+func (c *blockCache) dropIdle(cutoff time.Time) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var freed int64
+	for el := c.ll.Back(); el != nil; el = c.ll.Back() {
+		it := el.Value.(*cacheItem)
+		if it.used.After(cutoff) {
+			break
+		}
+		c.ll.Remove(el)
+		delete(c.items, it.key)
+		c.used -= it.size
+		freed += it.size
+	}
+	return freed
 }

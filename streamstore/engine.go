@@ -26,6 +26,7 @@ type Config struct {
 	CompactInterval time.Duration // how often WAL data is compacted (default 30s)
 	LeaseTTL        time.Duration // storage lease lifetime without renewal (default 30s)
 	MaxStreams      int           // idle streams kept in memory (default 10,000)
+	IdleAfter       time.Duration // a stream untouched this long leaves memory, cache included (default 30s)
 }
 
 func (c Config) withDefaults() Config {
@@ -52,6 +53,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxStreams <= 0 {
 		c.MaxStreams = 10000
+	}
+	if c.IdleAfter <= 0 {
+		c.IdleAfter = 30 * time.Second
 	}
 	return c
 }
@@ -174,10 +178,11 @@ func (e *Engine) Start(ctx context.Context) error {
 			Check:        e.checkLease,
 		})
 	e.started = true
-	e.bg.Add(3)
+	e.bg.Add(4)
 	go e.renewLease()
 	go e.compactLoop()
 	go e.gcLoop()
+	go e.idleLoop()
 	e.kickGC()
 	return nil
 }

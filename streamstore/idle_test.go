@@ -1,0 +1,78 @@
+package streamstore
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+)
+
+// Streams nobody touches leave memory, cache included, and read back from
+// the bucket afterwards; a stream with a reader waiting on its tail stays.
+func TestIdleStreamsLeaveMemory(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{IdleAfter: time.Hour})
+	const n = 20
+	for i := range n {
+		name := fmt.Sprintf("/idle/%d", i)
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Append(ctx, name, AppendRequest{Records: recs("a", "b")}); err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, e, name) // fill the cache
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waited, _ := e.Head(ctx, "/idle/0")
+	waitDone := make(chan struct{})
+	waitCtx, stopWait := context.WithCancel(ctx)
+	go func() {
+		defer close(waitDone)
+		_, _ = e.Wait(waitCtx, "/idle/0", waited.ID, waited.NextSeq)
+	}()
+	t.Cleanup(func() { stopWait(); <-waitDone })
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		e.mu.Lock()
+		s := e.streams["/idle/0"]
+		e.mu.Unlock()
+		s.mu.Lock()
+		w := s.waiters
+		s.mu.Unlock()
+		if w > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("waiter never registered")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	// Nothing is idle yet at the configured hour.
+	if s, b := e.sweepIdle(time.Now()); s != 0 || b != 0 {
+		t.Fatalf("sweep dropped %d streams and %d bytes that were just used", s, b)
+	}
+	streams, bytes := e.sweepIdle(time.Now().Add(2 * time.Hour))
+	if streams != n-1 {
+		t.Errorf("dropped %d stream handles; want %d (all but the one with a waiter)", streams, n-1)
+	}
+	if bytes == 0 || e.cache.used != 0 {
+		t.Errorf("cache released %d bytes and holds %d; want everything released", bytes, e.cache.used)
+	}
+	e.mu.Lock()
+	left := len(e.streams)
+	e.mu.Unlock()
+	if left != 1 {
+		t.Errorf("%d handles left; want 1", left)
+	}
+	for i := range n {
+		if got := readAll(t, e, fmt.Sprintf("/idle/%d", i)); len(got) != 2 || got[0] != "a" || got[1] != "b" {
+			t.Fatalf("stream %d read back %q after the sweep", i, got)
+		}
+	}
+}
