@@ -64,6 +64,9 @@ func (r *runner) runAppend(ctx context.Context) (*Result, error) {
 	wg.Wait()
 	close(stop)
 	<-pdone
+	if werr != nil && procs == nil {
+		return nil, werr // the window did not complete: no figures
+	}
 
 	res := r.result(ModeAppend)
 	res.DurationS = cfg.Duration.Seconds()

@@ -376,6 +376,7 @@ func TestRunFatal(t *testing.T) {
 		want string
 	}{
 		{"mark fails", Config{URL: srv.URL + "/", Writers: 1, Streams: 1, Size: 1, Create: true, Duration: time.Second, Mark: srv.URL + "/badmark"}, "mark start: 500"},
+		{"sse mark fails", Config{URL: srv.URL + "/", Mode: ModeSSE, Subscribers: 2, Writers: 1, Streams: 1, Size: 10, Create: true, Duration: 20 * time.Second, Mark: srv.URL + "/badmark"}, "mark start: 500"},
 		{"no url", Config{Writers: 1, Streams: 1, Size: 1, Duration: time.Second}, "--url"},
 		{"create fails", Config{URL: srv.URL + "/forbidden/", Writers: 1, Streams: 1, Size: 1, Create: true, Duration: time.Second}, "creating"},
 		{"bad pid", Config{URL: srv.URL + "/", Writers: 1, Streams: 1, Size: 1, Duration: time.Second, PIDs: []NamedPID{{"x", 1 << 30}}}, "process x"},
@@ -385,7 +386,11 @@ func TestRunFatal(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
 			_, err := Run(context.Background(), tt.cfg)
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("a fatal error took %s to end the run", took)
+			}
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("error %v, want one containing %q", err, tt.want)
 			}
@@ -461,5 +466,24 @@ func TestRunPopulateVerify(t *testing.T) {
 	pop.Streams = 2
 	if res = run(t, pop); res.Errors != 2 || !strings.HasPrefix(res.ErrorSamples[0], "404: ") {
 		t.Errorf("populate without create on missing streams: errors %d %q", res.Errors, res.ErrorSamples)
+	}
+}
+
+func TestRunCancel(t *testing.T) {
+	_, srv := newFake(t)
+	for _, mode := range []string{ModeAppend, ModeSSE} {
+		t.Run(mode, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			res, err := Run(ctx, Config{URL: srv.URL + "/", Mode: mode, Subscribers: 3, Writers: 2, Streams: 2, Size: 10,
+				Create: true, Duration: 30 * time.Second, Timeout: 5 * time.Second})
+			if err == nil || res != nil {
+				t.Errorf("a cancelled run returned %+v, %v; want no result and an error", res, err)
+			}
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("cancelling took %s", took)
+			}
+		})
 	}
 }

@@ -107,6 +107,9 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 	defer stopWindow()
 	go func() {
 		p, err := r.window(wctx, winStart, winEnd)
+		if err != nil {
+			stopWindow() // a fatal error: the writer stops too
+		}
 		wch <- windowResult{p, err}
 	}()
 	interval := time.Duration(float64(time.Second) / cfg.Rate)
@@ -178,6 +181,9 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 	running.Wait()
 	close(stop)
 	<-pdone
+	if wr.err != nil && wr.procs == nil {
+		return nil, wr.err // the window did not complete: no figures
+	}
 
 	res := r.result(ModeSSE)
 	res.Writers = 1
