@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -164,15 +165,22 @@ func TestProcOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
-		// burn CPU so that utime moves by a few ticks
+	// Burn 300ms of CPU by the kernel's own account (getrusage), however
+	// busy the machine, and compare /proc's figure with it: they count the
+	// same ticks, so they may differ by a tick or two per thread at most.
+	ru0 := rusageCPU(t)
+	for deadline := time.Now().Add(20 * time.Second); rusageCPU(t)-ru0 < 300*time.Millisecond && time.Now().Before(deadline); {
+		for i := 0; i < 1e6; i++ {
+			sink += i
+		}
 	}
 	after, err := ProcCPU(pid)
+	ru1 := rusageCPU(t)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := after - before; d < 100*time.Millisecond || d > 5*time.Second {
-		t.Errorf("300ms of spinning used %s of CPU by /proc/%d/stat", d, pid)
+	if d, want := after-before, ru1-ru0; d < want-100*time.Millisecond || d > want+100*time.Millisecond {
+		t.Errorf("/proc/%d/stat says %s of CPU, getrusage %s", pid, d, want)
 	}
 	rss, err := ProcRSS(pid)
 	if err != nil {
@@ -195,6 +203,18 @@ func TestProcOwn(t *testing.T) {
 	if err != nil || len(procs) != 1 || procs[0].RSSMiB <= 0 || procs[0].PeakRSSMiB <= 0 || procs[0].PID != pid {
 		t.Errorf("finish = %+v, %v", procs, err)
 	}
+}
+
+var sink int
+
+// rusageCPU is this process's user + system time by getrusage.
+func rusageCPU(t *testing.T) time.Duration {
+	t.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func TestHistogram(t *testing.T) {
@@ -363,7 +383,7 @@ func TestRunAppendErrors(t *testing.T) {
 func TestRunAppendRate(t *testing.T) {
 	_, srv := newFake(t)
 	res := run(t, Config{URL: srv.URL + "/", Writers: 4, Streams: 4, Size: 10, Create: true, Duration: time.Second, Rate: 200})
-	if res.Ops < 170 || res.Ops > 205 {
+	if res.Ops < 140 || res.Ops > 205 {
 		t.Errorf("200/s for 1s made %d appends", res.Ops)
 	}
 }
