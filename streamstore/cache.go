@@ -49,6 +49,14 @@ func (c *blockCache) get(key string) ([]segment.Record, bool) {
 	return it.recs, true
 }
 
+// has reports whether key is cached, without counting a lookup.
+func (c *blockCache) has(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.items[key]
+	return ok
+}
+
 func (c *blockCache) put(key string, recs []segment.Record) {
 	var size int64 = 64
 	for i := range recs {

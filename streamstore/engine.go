@@ -88,6 +88,11 @@ type Engine struct {
 	gcKick      chan struct{}
 	closing     chan struct{}
 	bg          sync.WaitGroup
+	bgCtx       context.Context // ends at Close: for work nobody waits on
+	bgCancel    context.CancelFunc
+
+	fetchMu  sync.Mutex
+	fetching map[string]*fetchCall // data object GETs in flight, by key
 
 	stats Stats // running totals for metrics (stats.go)
 }
@@ -98,7 +103,10 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	bgCtx, bgCancel := context.WithCancel(context.Background())
 	return &Engine{
+		bgCtx:       bgCtx,
+		bgCancel:    bgCancel,
 		store:       store,
 		log:         log,
 		man:         segment.NewManifests(store),
@@ -198,6 +206,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	default:
 	}
 	close(e.closing)
+	e.bgCancel()
 	if !e.started {
 		return nil
 	}
@@ -294,6 +303,9 @@ type stream struct {
 	waiters int
 	touched int64 // last access (ms), for a sliding TTL
 	used    time.Time
+
+	dataIdx     *dataIndex // where the data objects are, once a read looked
+	prefetching bool       // a read-ahead of data objects is running
 }
 
 // walRun is a committed entry: where its records are in the WAL, and what

@@ -136,7 +136,7 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 		runs := sameObjectRuns(s.runs, seq)
 		s.mu.Unlock()
 		if len(runs) == 0 {
-			return e.dataRecords(ctx, id, seq)
+			return e.dataRecords(ctx, s, id, seq)
 		}
 		if recs, ok := e.cache.get(runCacheKey(runs[0].key, runs[0].span)); ok {
 			return recs, nil
@@ -192,31 +192,30 @@ func sameObjectRuns(runs []walRun, seq uint64) []walRun {
 	return out
 }
 
-// dataRecords reads the data object holding seq: a one-key list after the
-// seq finds it, since data keys sort by end seq.
-func (e *Engine) dataRecords(ctx context.Context, id string, seq uint64) ([]Record, error) {
-	objs, _, err := e.store.List(ctx, dataPrefix(id), dataKeyAfter(id, seq), 1)
-	if err != nil {
-		return nil, fmt.Errorf("%w: find data of %s at %d: %v", ErrUnavailable, id, seq, err)
+// dataRecords reads the data object holding seq, through the stream's
+// data index and the cache, and reads ahead after a cache miss.
+func (e *Engine) dataRecords(ctx context.Context, s *stream, id string, seq uint64) ([]Record, error) {
+	for attempt := 0; ; attempt++ {
+		sp, next, err := e.dataSpanAt(ctx, s, id, seq)
+		if err != nil {
+			return nil, err
+		}
+		if recs, ok := e.cache.get(sp.key); ok {
+			return recs, nil
+		}
+		e.prefetch(s, next)
+		recs, err := e.fetchData(ctx, sp.key)
+		if errors.Is(err, segment.ErrNotFound) && attempt == 0 {
+			// A trim rewrote the object since the index was read: list
+			// again.
+			s.mu.Lock()
+			s.dataIdx = nil
+			s.mu.Unlock()
+			continue
+		}
+		if errors.Is(err, segment.ErrNotFound) {
+			return nil, fmt.Errorf("%w: data object %s is gone", segment.ErrCorrupt, sp.key)
+		}
+		return recs, err
 	}
-	if len(objs) == 0 {
-		return nil, fmt.Errorf("%w: no data object holds seq %d of %s", segment.ErrCorrupt, seq, id)
-	}
-	key := objs[0].Key
-	if first, _, ok := parseDataKey(key); !ok || first > seq {
-		return nil, fmt.Errorf("%w: data object %s does not hold seq %d", segment.ErrCorrupt, key, seq)
-	}
-	if recs, ok := e.cache.get(key); ok {
-		return recs, nil
-	}
-	data, _, err := e.store.Get(ctx, key, 0, -1)
-	if err != nil {
-		return nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, key, err)
-	}
-	recs, err := segment.DecodeData(data)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", key, err)
-	}
-	e.cache.put(key, recs)
-	return recs, nil
 }

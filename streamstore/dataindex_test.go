@@ -1,0 +1,148 @@
+package streamstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// opCounter counts a store's LISTs and GETs under a key prefix.
+type opCounter struct {
+	segment.Store
+	prefix string
+	mu     sync.Mutex
+	lists  int
+	gets   map[string]int
+}
+
+func (c *opCounter) List(ctx context.Context, prefix, after string, max int) ([]segment.ObjectInfo, bool, error) {
+	if strings.HasPrefix(prefix, c.prefix) {
+		c.mu.Lock()
+		c.lists++
+		c.mu.Unlock()
+	}
+	return c.Store.List(ctx, prefix, after, max)
+}
+
+func (c *opCounter) Get(ctx context.Context, key string, off, n int64) ([]byte, string, error) {
+	if strings.HasPrefix(key, c.prefix) {
+		c.mu.Lock()
+		c.gets[key]++
+		c.mu.Unlock()
+	}
+	return c.Store.Get(ctx, key, off, n)
+}
+
+func (c *opCounter) counts() (lists, gets, maxPerKey int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.gets {
+		gets += n
+		maxPerKey = max(maxPerKey, n)
+	}
+	return c.lists, gets, maxPerKey
+}
+
+// writeObjects makes stream name hold n data objects of two records each.
+func writeObjects(t *testing.T, e *Engine, name string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if _, err := e.Append(ctx, name, AppendRequest{Records: recs(fmt.Sprint(2*i), fmt.Sprint(2*i+1))}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A cold read through many data objects lists them once, not once per
+// object, and reads each object once; the objects after the one being read
+// arrive in the cache ahead of the reader.
+func TestColdReadListsOnceAndReadsAhead(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	const objects = 8
+	writeObjects(t, startEngine(t, st, Config{}), "/cold", objects)
+
+	counter := &opCounter{Store: st, prefix: "data/", gets: map[string]int{}}
+	e := startEngine(t, counter, Config{})
+	info, err := e.Head(ctx, "/cold")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first read misses, and starts fetching what follows.
+	if _, err := e.Read(ctx, "/cold", ReadRequest{Seq: 0, MaxRecords: 2}); err != nil {
+		t.Fatal(err)
+	}
+	ahead := dataKey(info.ID, 2, 4)
+	deadline := time.Now().Add(2 * time.Second)
+	for !e.cache.has(ahead) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the next data object %s was not read ahead", ahead)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	var got []string
+	for seq := uint64(0); seq < 2*objects; {
+		res, err := e.Read(ctx, "/cold", ReadRequest{Seq: seq, MaxRecords: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res.Records {
+			got = append(got, string(r.Body))
+		}
+		seq += uint64(len(res.Records))
+	}
+	for i, b := range got {
+		if b != fmt.Sprint(i) {
+			t.Fatalf("record %d is %q", i, b)
+		}
+	}
+	lists, gets, maxPerKey := counter.counts()
+	if lists != 1 {
+		t.Errorf("%d LISTs of data keys for %d objects; want 1", lists, objects)
+	}
+	if gets != objects || maxPerKey != 1 {
+		t.Errorf("%d data GETs (at most %d of one key) for %d objects; want each read once", gets, maxPerKey, objects)
+	}
+}
+
+// A trim rewrites the data object at the trim point; a reader whose index
+// still names the old object lists again instead of failing.
+func TestDataIndexFollowsTrim(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{CacheBytes: 1}) // every read goes to the bucket
+	writeObjects(t, e, "/trim", 3)
+	if got := readAll(t, e, "/trim"); len(got) != 6 {
+		t.Fatalf("read %q", got)
+	}
+	if _, err := e.Trim(ctx, "/trim", 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.Read(ctx, "/trim", ReadRequest{Seq: 3})
+	if err != nil {
+		t.Fatalf("read after trim with a stale index: %v", err)
+	}
+	var got []string
+	for _, r := range res.Records {
+		got = append(got, string(r.Body))
+	}
+	if strings.Join(got, ",") != "3,4,5" {
+		t.Fatalf("read after trim: %q; want 3,4,5", got)
+	}
+}
