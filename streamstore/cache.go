@@ -14,7 +14,7 @@ import (
 // go in at commit, so tail readers are served from memory; with a tiny
 // budget every read goes to the bucket.
 type blockCache struct {
-	mu     sync.Mutex
+	mu     sync.RWMutex // lookups share it; see get
 	budget int64
 	used   int64
 	ll     *list.List
@@ -24,35 +24,52 @@ type blockCache struct {
 }
 
 type cacheItem struct {
-	key  string
-	recs []segment.Record
-	size int64
-	used time.Time // last get or put, for dropIdle
+	key   string
+	recs  []segment.Record
+	size  int64
+	used  atomic.Int64 // last get or put (Unix ns), for dropIdle
+	moved int64        // when it last went to the front (Unix ns); under mu
 }
+
+// cacheReorder is how stale an item's place in the LRU order may get. A
+// hot item (the tail every live reader of a stream wants) is then looked
+// up under the shared lock, not moved to the front by thousands of readers
+// in turn.
+const cacheReorder = int64(time.Second)
 
 func newBlockCache(budget int64) *blockCache {
 	return &blockCache{budget: budget, ll: list.New(), items: map[string]*list.Element{}}
 }
 
 func (c *blockCache) get(key string) ([]segment.Record, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	now := time.Now().UnixNano()
+	c.mu.RLock()
 	el, ok := c.items[key]
 	if !ok {
+		c.mu.RUnlock()
 		c.misses.Add(1)
 		return nil, false
 	}
-	c.hits.Add(1)
-	c.ll.MoveToFront(el)
 	it := el.Value.(*cacheItem)
-	it.used = time.Now()
-	return it.recs, true
+	it.used.Store(now)
+	recs, stale := it.recs, now-it.moved > cacheReorder
+	c.mu.RUnlock()
+	c.hits.Add(1)
+	if stale {
+		c.mu.Lock()
+		if cur, ok := c.items[key]; ok && cur == el {
+			c.ll.MoveToFront(el)
+			it.moved = now
+		}
+		c.mu.Unlock()
+	}
+	return recs, true
 }
 
 // has reports whether key is cached, without counting a lookup.
 func (c *blockCache) has(key string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.mu.RLock()
+	defer c.mu.RUnlock()
 	_, ok := c.items[key]
 	return ok
 }
@@ -71,7 +88,9 @@ func (c *blockCache) put(key string, recs []segment.Record) {
 		c.used -= el.Value.(*cacheItem).size
 		c.ll.Remove(el)
 	}
-	c.items[key] = c.ll.PushFront(&cacheItem{key: key, recs: recs, size: size, used: time.Now()})
+	it := &cacheItem{key: key, recs: recs, size: size, moved: time.Now().UnixNano()}
+	it.used.Store(it.moved)
+	c.items[key] = c.ll.PushFront(it)
 	c.used += size
 	for c.used > c.budget {
 		el := c.ll.Back()
@@ -97,7 +116,7 @@ func (c *blockCache) dropIdle(cutoff time.Time) int64 {
 	var freed int64
 	for el := c.ll.Back(); el != nil; el = c.ll.Back() {
 		it := el.Value.(*cacheItem)
-		if it.used.After(cutoff) {
+		if it.used.Load() > cutoff.UnixNano() {
 			break
 		}
 		c.ll.Remove(el)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -75,7 +76,7 @@ type Engine struct {
 	w       *segment.Writer
 	lease   *segment.Lease
 
-	mu        sync.Mutex
+	mu        sync.RWMutex // lookups of streams take it shared
 	streams   map[string]*stream
 	loading   map[string]*loadCall
 	nameLocks map[string]*nameLock
@@ -300,9 +301,9 @@ type stream struct {
 	changed chan struct{}
 	gone    bool // deleted or expired: the handle is dead
 	evicted bool // dropped from memory: look the stream up again
-	waiters int
-	touched int64 // last access (ms), for a sliding TTL
-	used    time.Time
+	waiters atomic.Int32 // live readers waiting in Wait
+	touched int64        // last access (ms), for a sliding TTL
+	used    atomic.Int64 // last lookup (Unix ns), for eviction
 
 	dataIdx     *dataIndex // where the data objects are, once a read looked
 	prefetching bool       // a read-ahead of data objects is running
@@ -357,7 +358,7 @@ func (s *stream) expiredLocked(now time.Time) bool {
 }
 
 func newStream(name string, m *metaObject, etag string) *stream {
-	return &stream{
+	s := &stream{
 		name:    name,
 		meta:    m,
 		etag:    etag,
@@ -365,8 +366,9 @@ func newStream(name string, m *metaObject, etag string) *stream {
 		pend:    m.State,
 		changed: make(chan struct{}),
 		touched: max(m.State.AccessedAt, m.CreatedAt),
-		used:    time.Now(),
 	}
+	s.used.Store(time.Now().UnixNano())
+	return s
 }
 
 type loadCall struct {
@@ -382,9 +384,18 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 	if _, err := e.writer(); err != nil {
 		return nil, err
 	}
+	// Every request looks its stream up: shared, so a thousand readers of
+	// one stream woken at once do not queue here.
+	e.mu.RLock()
+	s, ok := e.streams[name]
+	e.mu.RUnlock()
+	if ok {
+		s.used.Store(time.Now().UnixNano())
+		return s, nil
+	}
 	e.mu.Lock()
 	if s, ok := e.streams[name]; ok {
-		s.used = time.Now()
+		s.used.Store(time.Now().UnixNano())
 		e.mu.Unlock()
 		return s, nil
 	}
@@ -477,25 +488,26 @@ func (e *Engine) evictLocked() {
 	}
 	type cand struct {
 		name string
-		used time.Time
+		used int64
 	}
 	var cands []cand
 	// A stream looked up in the last moments is probably held by a request
 	// about to use it; evicting it would only send that request to load it
 	// again (and, under pressure, keep doing so).
-	recent := time.Now().Add(-evictGrace)
+	recent := time.Now().Add(-evictGrace).UnixNano()
 	for name, s := range e.streams {
-		if s.used.After(recent) {
+		used := s.used.Load()
+		if used > recent {
 			continue
 		}
 		if s.mu.TryLock() {
-			if s.pending == 0 && len(s.runs) == 0 && s.waiters == 0 {
-				cands = append(cands, cand{name, s.used})
+			if s.pending == 0 && len(s.runs) == 0 && s.waiters.Load() == 0 {
+				cands = append(cands, cand{name, used})
 			}
 			s.mu.Unlock()
 		}
 	}
-	sort.Slice(cands, func(i, j int) bool { return cands[i].used.Before(cands[j].used) })
+	sort.Slice(cands, func(i, j int) bool { return cands[i].used < cands[j].used })
 	// Evict a tenth beyond the limit at once so the scan is not paid on
 	// every load.
 	n := len(e.streams) - limit + limit/10
@@ -506,7 +518,7 @@ func (e *Engine) evictLocked() {
 		}
 		// Re-check: a request may have added work since the scan. A
 		// request still holding the handle sees evicted and looks again.
-		if s.pending == 0 && len(s.runs) == 0 && s.waiters == 0 {
+		if s.pending == 0 && len(s.runs) == 0 && s.waiters.Load() == 0 {
 			s.evicted = true
 			delete(e.streams, cands[i].name)
 		}

@@ -42,12 +42,12 @@ func (e *Engine) sweepIdle(now time.Time) (streams int, bytes int64) {
 	bytes = e.cache.dropIdle(cutoff)
 	e.mu.Lock()
 	for name, s := range e.streams {
-		if s.used.After(cutoff) || !s.mu.TryLock() {
+		if s.used.Load() > cutoff.UnixNano() || !s.mu.TryLock() {
 			continue
 		}
 		// Work in flight or uncompacted WAL runs pin a handle; waiters
 		// are readers following the tail.
-		if s.pending == 0 && len(s.runs) == 0 && s.waiters == 0 {
+		if s.pending == 0 && len(s.runs) == 0 && s.waiters.Load() == 0 {
 			s.evicted = true
 			delete(e.streams, name)
 			streams++

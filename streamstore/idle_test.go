@@ -41,10 +41,7 @@ func TestIdleStreamsLeaveMemory(t *testing.T) {
 		e.mu.Lock()
 		s := e.streams["/idle/0"]
 		e.mu.Unlock()
-		s.mu.Lock()
-		w := s.waiters
-		s.mu.Unlock()
-		if w > 0 {
+		if s.waiters.Load() > 0 {
 			break
 		}
 		if time.Now().After(deadline) {

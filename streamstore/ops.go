@@ -429,12 +429,20 @@ func (e *Engine) Head(ctx context.Context, name string) (Info, error) {
 // stream's state then, ctx.Err() when ctx ends first, or ErrShuttingDown when
 // the engine closes.
 func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, error) {
+	s, err := e.live(ctx, name)
+	if err != nil {
+		return Info{}, err
+	}
 	for {
-		s, err := e.live(ctx, name)
-		if err != nil {
-			return Info{}, err
-		}
 		s.mu.Lock()
+		if s.evicted {
+			// Dropped from memory between two waits: look it up again.
+			s.mu.Unlock()
+			if s, err = e.live(ctx, name); err != nil {
+				return Info{}, err
+			}
+			continue
+		}
 		if s.gone || s.meta.ID != id {
 			s.mu.Unlock()
 			return Info{}, ErrNotFound
@@ -445,7 +453,7 @@ func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, e
 			return info, nil
 		}
 		ch := s.changed
-		s.waiters++
+		s.waiters.Add(1)
 		s.mu.Unlock()
 		select {
 		case <-ch:
@@ -454,9 +462,7 @@ func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, e
 		case <-e.closing:
 			err = ErrShuttingDown
 		}
-		s.mu.Lock()
-		s.waiters--
-		s.mu.Unlock()
+		s.waiters.Add(-1)
 		if err != nil {
 			return Info{}, err
 		}

@@ -20,8 +20,11 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 	s.mu.Lock()
 	s.touched = time.Now().UnixMilli()
 	info := s.info()
+	sliding := s.meta.TTLSeconds != 0
 	s.mu.Unlock()
-	e.renew(s)
+	if sliding {
+		e.renew(s)
+	}
 
 	res := ReadResult{Info: info, NextSeq: info.NextSeq, UpToDate: true}
 	switch {
