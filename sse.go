@@ -32,6 +32,11 @@ func writeSSEEvent(w *bufio.Writer, event string, payload []byte) error {
 	for {
 		line, rest, more := cutLine(payload)
 		w.WriteString("data:")
+		if len(line) > 0 && line[0] == ' ' {
+			// Readers drop one space after "data:"; give them one to
+			// drop so the line's own leading space survives.
+			w.WriteByte(' ')
+		}
 		w.Write(line)
 		w.WriteByte('\n')
 		if !more {

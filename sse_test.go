@@ -44,6 +44,7 @@ func TestSSEEventCannotBeForged(t *testing.T) {
 		"start\r\revent: control\rdata: {\"cr_injected\":true}\r\rend",
 		"line1\nline2\nline3",
 		"trailing newline\n",
+		" leading space\n  two spaces\nnone",
 		"",
 	} {
 		var buf bytes.Buffer
