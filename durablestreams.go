@@ -522,21 +522,9 @@ var errWaitOver = errors.New("wait over")
 // errWaitOver when limit passes or the server shuts down, the client's
 // context error when the client left, or the engine's error.
 func (d *durableStreams) wait(r *http.Request, eng *streamstore.Engine, name, id string, pos position, limit time.Duration) (streamstore.Info, error) {
-	ctx, cancel := context.WithTimeout(r.Context(), limit)
-	defer cancel()
-	stop := context.AfterFunc(d.shutdown, cancel)
-	defer stop()
-	info, err := eng.Wait(ctx, name, id, pos.seq)
-	if err == nil {
-		return info, nil
-	}
-	if cerr := r.Context().Err(); cerr != nil {
-		return info, cerr
-	}
-	if ctx.Err() != nil || errors.Is(err, streamstore.ErrShuttingDown) {
-		return info, errWaitOver
-	}
-	return info, err
+	lw := newLiveWait(r, d.shutdown, time.Now().Add(limit))
+	defer lw.close()
+	return lw.wait(eng, name, id, pos.seq)
 }
 
 // sse streams the stream as Server-Sent Events until the reconnect interval
@@ -562,6 +550,8 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 	bw, flush := es.bw, es.flush
 
 	deadline := time.Now().Add(d.sseInterval)
+	lw := newLiveWait(r, d.shutdown, deadline)
+	defer lw.close()
 	cursor := nextCursor(time.Now(), clientCursor, d.jitter)
 	announced := false // a control event with upToDate has been sent for c.next
 	for {
@@ -615,7 +605,7 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 			return // recycle: the client reconnects from its last offset
 		}
 		if c.upToDate {
-			info, err := d.wait(r, eng, name, id, c.next, remaining)
+			info, err := lw.wait(eng, name, id, c.next.seq)
 			switch {
 			case errors.Is(err, errWaitOver):
 				if d.shutdown.Err() != nil {

@@ -788,19 +788,7 @@ func (p *picoProtocol) writeNoContent(w http.ResponseWriter, next uint64, closed
 // errWaitOver when limit passes or the server shuts down, the client's
 // context error when the client left, or the engine's error.
 func (p *picoProtocol) wait(r *http.Request, eng *streamstore.Engine, name, id string, seq uint64, limit time.Duration) (streamstore.Info, error) {
-	ctx, cancel := context.WithTimeout(r.Context(), limit)
-	defer cancel()
-	stop := context.AfterFunc(p.shutdown, cancel)
-	defer stop()
-	info, err := eng.Wait(ctx, name, id, seq)
-	if err == nil {
-		return info, nil
-	}
-	if cerr := r.Context().Err(); cerr != nil {
-		return info, cerr
-	}
-	if ctx.Err() != nil || errors.Is(err, streamstore.ErrShuttingDown) {
-		return info, errWaitOver
-	}
-	return info, err
+	lw := newLiveWait(r, p.shutdown, time.Now().Add(limit))
+	defer lw.close()
+	return lw.wait(eng, name, id, seq)
 }

@@ -72,6 +72,8 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 	bw, flush := es.bw, es.flush
 
 	deadline := time.Now().Add(p.sseInterval)
+	lw := newLiveWait(r, p.shutdown, deadline)
+	defer lw.close()
 	announced := false // a control event with up_to_date was sent for pg.next
 	for {
 		switch {
@@ -108,7 +110,7 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 			return // recycle: the client reconnects with Last-Event-ID
 		}
 		if pg.upToDate {
-			info, err := p.wait(r, eng, name, id, pg.next, remaining)
+			info, err := lw.wait(eng, name, id, pg.next)
 			switch {
 			case errors.Is(err, errWaitOver):
 				if p.shutdown.Err() != nil {

@@ -2,12 +2,15 @@ package picomq
 
 import (
 	"bufio"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/picomq/caddy-picomq/streamstore"
 )
 
 // sseControl is the payload of a Durable Streams "control" event.
@@ -104,7 +107,10 @@ func startEventStream(w http.ResponseWriter) (*eventStream, bool) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{})
 	w.WriteHeader(http.StatusOK)
-	es := &eventStream{bw: bufio.NewWriterSize(w, 32<<10), rc: rc}
+	// Events are flushed one by one, so the buffer only needs to hold a
+	// typical one; larger writes go straight through. Thousands of feeds
+	// each holding 32 KiB was most of a fan-out's memory.
+	es := &eventStream{bw: bufio.NewWriterSize(w, 4<<10), rc: rc}
 	return es, es.flush()
 }
 
@@ -117,4 +123,43 @@ func (es *eventStream) flush() bool {
 		return false
 	}
 	return true
+}
+
+// liveWait bounds the waits of one live response (a long-poll, or an SSE
+// feed that waits many times): they end at its deadline, when the server
+// shuts down or when the client leaves. One context serves every wait of
+// the response, so a feed woken by each append does not build and tear
+// down a timer and a shutdown hook per event.
+type liveWait struct {
+	client context.Context
+	ctx    context.Context
+	cancel context.CancelFunc
+	stop   func() bool
+}
+
+func newLiveWait(r *http.Request, shutdown context.Context, deadline time.Time) *liveWait {
+	ctx, cancel := context.WithDeadline(r.Context(), deadline)
+	return &liveWait{client: r.Context(), ctx: ctx, cancel: cancel, stop: context.AfterFunc(shutdown, cancel)}
+}
+
+func (lw *liveWait) close() {
+	lw.stop()
+	lw.cancel()
+}
+
+// wait waits for the stream to move past seq. It returns errWaitOver when
+// the deadline passes or the server shuts down, the client's context error
+// when the client left, or the engine's error.
+func (lw *liveWait) wait(eng *streamstore.Engine, name, id string, seq uint64) (streamstore.Info, error) {
+	info, err := eng.Wait(lw.ctx, name, id, seq)
+	if err == nil {
+		return info, nil
+	}
+	if cerr := lw.client.Err(); cerr != nil {
+		return info, cerr
+	}
+	if lw.ctx.Err() != nil || errors.Is(err, streamstore.ErrShuttingDown) {
+		return info, errWaitOver
+	}
+	return info, err
 }

@@ -97,7 +97,10 @@ func TestFileStoreCountsCalls(t *testing.T) {
 		name string
 		do   func() error
 	}{
-		{"put wal", func() error { _, err := s.Put(ctx, "wal/0/0", []byte("x"), segment.PutOptions{IfNoneMatch: true}); return err }},
+		{"put wal", func() error {
+			_, err := s.Put(ctx, "wal/0/0", []byte("x"), segment.PutOptions{IfNoneMatch: true})
+			return err
+		}},
 		{"put again", func() error {
 			_, err := s.Put(ctx, "wal/0/0", []byte("y"), segment.PutOptions{IfNoneMatch: true})
 			if errors.Is(err, segment.ErrPreconditionFailed) {

@@ -299,8 +299,8 @@ type stream struct {
 	pending int      // entries in flight
 	runs    []walRun // committed entries not yet in data objects, by seq
 	changed chan struct{}
-	gone    bool // deleted or expired: the handle is dead
-	evicted bool // dropped from memory: look the stream up again
+	gone    bool         // deleted or expired: the handle is dead
+	evicted bool         // dropped from memory: look the stream up again
 	waiters atomic.Int32 // live readers waiting in Wait
 	touched int64        // last access (ms), for a sliding TTL
 	used    atomic.Int64 // last lookup (Unix ns), for eviction
