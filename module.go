@@ -28,7 +28,7 @@ const (
 
 // Defaults of the Handler options.
 const (
-	defaultFlushInterval        = 10 * time.Millisecond
+	defaultFlushInterval        = 20 * time.Millisecond
 	defaultFlushSize            = 1 << 20
 	defaultLongPollTimeout      = 30 * time.Second
 	defaultSSEReconnectInterval = 60 * time.Second
@@ -76,7 +76,7 @@ type Handler struct {
 
 	// Least time between the starts of two WAL uploads, which bounds the
 	// PUT rate under load (batches grow instead). An append that finds no
-	// upload started within the interval goes out at once. Default 10ms.
+	// upload started within the interval goes out at once. Default 20ms.
 	FlushInterval caddy.Duration `json:"flush_interval,omitempty"`
 
 	// Batch size in bytes that starts an upload at once. Default 1 MiB.

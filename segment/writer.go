@@ -112,7 +112,7 @@ type Writer struct {
 // NewWriter starts a writer in namespace ns at WAL sequence seq.
 func NewWriter(store Store, ns, seq uint64, cfg WriterConfig, deps WriterDeps) *Writer {
 	if cfg.FlushInterval <= 0 {
-		cfg.FlushInterval = 10 * time.Millisecond
+		cfg.FlushInterval = 20 * time.Millisecond
 	}
 	if cfg.FlushSize <= 0 {
 		cfg.FlushSize = 1 << 20

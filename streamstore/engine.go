@@ -18,7 +18,7 @@ import (
 
 // Config holds the engine settings. Zero values take the defaults.
 type Config struct {
-	FlushInterval   time.Duration // longest an append waits for its batch to be uploaded (default 10ms)
+	FlushInterval   time.Duration // least time between the starts of two WAL uploads (default 20ms)
 	FlushSize       int           // bytes that start an upload at once (default 1 MiB)
 	MaxInFlight     int           // WAL uploads in flight at once (default 4)
 	CacheBytes      int64         // block cache budget (default 64 MiB)
@@ -32,7 +32,7 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.FlushInterval <= 0 {
-		c.FlushInterval = 10 * time.Millisecond
+		c.FlushInterval = 20 * time.Millisecond
 	}
 	if c.FlushSize <= 0 {
 		c.FlushSize = 1 << 20
