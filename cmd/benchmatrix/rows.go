@@ -90,7 +90,7 @@ var fullScale = scale{
 	IdleStreams: 100_000, IdleWait: 60 * time.Second,
 	CrashLoad: 15 * time.Second, CrashAfter: 5 * time.Second,
 	SweepWriters: []int{1, 4, 16, 64, 256, 1024},
-	SweepWarmup:  2 * time.Second, SweepDuration: 8 * time.Second,
+	SweepWarmup:  2 * time.Second, SweepDuration: 6 * time.Second,
 }
 
 // quickScale is a smoke run of every code path in a few minutes.
