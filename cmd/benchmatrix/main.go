@@ -21,6 +21,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -113,6 +115,9 @@ func run(ctx context.Context, selected []string, rowsFlag string, quick bool, ou
 		}
 	}()
 	m.logf("benchmatrix: rows %s%s, work directory %s, open-file limit %d", strings.Join(selected, ","), map[bool]string{true: " (quick)"}[quick], work, nofile)
+	if l, err := strconv.ParseFloat(loadStart, 64); err == nil && l > float64(runtime.NumCPU()) {
+		m.logf("warning: load average %s on %d cores: other work on the machine will skew the figures", loadStart, runtime.NumCPU())
+	}
 
 	if caddyBin != "" {
 		m.caddyBin, _ = filepath.Abs(caddyBin)

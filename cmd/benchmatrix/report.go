@@ -213,7 +213,7 @@ func (rep *report) markdown() string {
 	fmt.Fprintf(&b, "| Node.js | %s |\n", cell(mi.Node))
 	fmt.Fprintf(&b, "| open files (`ulimit -n`) | %d |\n", mi.NoFile)
 	fmt.Fprintf(&b, "| load average (1 min) at start, at end | %s, %s |\n\n", orDash(mi.LoadStart), orDash(mi.LoadEnd))
-	b.WriteString("Caddy, versitygw, the S3 proxy, the load generator and the Node server all share these cores, as they would on a small single-box deployment; nothing is pinned.\n\n")
+	b.WriteString("Caddy, versitygw, the S3 proxy, the load generator and the Node server all share these cores, as they would on a small single-box deployment; nothing is pinned. Anything else running on the machine at the same time (the load averages above show how busy it was) lowers and scatters the figures, the ceilings' as much as PicoMQ's.\n\n")
 
 	b.WriteString("## Results\n\n")
 	b.WriteString("| Row | What | Settings | Reference | Measured | Ratio | Target | Result | Reason |\n")
@@ -354,7 +354,7 @@ const rerunText = "## Rerunning\n\n" +
 const columnsText = "## Columns\n\n" +
 	"- **Row**: the issue's row number; `1-defaults` is row 1 with the module's default settings, `1-node` row 1's load against the Node reference server. The link goes to the row's section below, which has the exact commands.\n" +
 	"- **What**: the load. Appends carry 1 KiB bodies unless the row says otherwise; writers are closed-loop (each sends its next request when the previous one is answered) and spread over the streams.\n" +
-	"- **Settings**: the `picomq` Caddyfile directives the row sets (anything not listed is the module's default: `flush_interval 10ms`, `flush_size 1MiB`, `cache_size 64MiB`, `compact_interval 30s`) and the delay the S3 proxy adds to every request.\n" +
+	"- **Settings**: the `picomq` Caddyfile directives the row sets (anything not listed is the module's default, as in the README's Caddyfile table; \"defaults\" means none is set) and the delay the S3 proxy adds to every request.\n" +
 	"- **Reference**: what the row is measured against, in the same run with the same load generator: the `respond 204` ceiling of the same Caddy binary with the same writers, or direct S3 requests to versitygw for the storage rows.\n" +
 	"- **Measured**: PicoMQ's figure over the measured window (after the warm-up). p99 is the 99th percentile of the time from sending an append to its acknowledgement (for SSE, from an append's acknowledgement to its receipt). S3 requests are counted by the S3 proxy between the load generator's start and end marks, so compaction, lease renewals and deletes in that window count too; they do not come from the module's own counters.\n" +
 	"- **Ratio**: measured ÷ reference.\n" +
