@@ -87,7 +87,7 @@ var fullScale = scale{
 	Warmup: 5 * time.Second, Duration: 20 * time.Second,
 	CostWarmup: 10 * time.Second, CostDuration: 60 * time.Second,
 	SSESubscribers: 5000, SSERate: 20, SSEDuration: 30 * time.Second,
-	CatchupMiB:  256,
+	CatchupMiB: 256,
 	// 256 workers, not 64: creating and reading back 100,000 streams is
 	// the row's set-up, not its measure (memory after the idle minute),
 	// and at 64 workers it took 16 of the matrix's 28 minutes.
