@@ -184,6 +184,7 @@ type engineRef struct {
 
 	eng     atomic.Pointer[streamstore.Engine] // set once started
 	metrics *engineMetrics                     // store requests and live reads (metrics.go)
+	fanout  fanout                             // live feeds writing at once (sse.go)
 
 	mu       sync.Mutex
 	nodeID   string
@@ -197,6 +198,7 @@ func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Lo
 		log:      log.With(zap.String("storage", key)),
 		ready:    make(chan struct{}),
 		settings: s,
+		fanout:   newFanout(),
 	}
 }
 

@@ -37,6 +37,7 @@ type durableStreams struct {
 	jitter          func() int   // cursor jitter in seconds
 	allowLoopback   bool         // webhook URLs may be on localhost (subscriptions.go)
 	live            *liveReaders // open SSE and long-poll reads, for metrics (metrics.go)
+	fanout          fanout       // live feeds writing at once (sse.go)
 }
 
 // ServeHTTP dispatches on the method. The stream name is the request path as
@@ -554,6 +555,8 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 	defer lw.close()
 	cursor := nextCursor(time.Now(), clientCursor, d.jitter)
 	announced := false // a control event with upToDate has been sent for c.next
+	t := turn{gate: d.fanout}
+	defer t.release()
 	for {
 		switch {
 		case c.hasData():
@@ -594,6 +597,7 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 			}
 			announced = true
 		}
+		t.release()
 
 		if d.shutdown.Err() != nil {
 			d.finalControl(bw, c.next, cursor, c.upToDate)
@@ -623,6 +627,9 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 			}
 		}
 		next := c.next
+		if !t.take(r.Context()) {
+			return
+		}
 		if c, err = d.read(r.Context(), eng, name, readOffset{kind: offsetAt, pos: next}); err != nil {
 			if r.Context().Err() == nil {
 				d.log.Warn("SSE read failed", zap.String("stream", name), zap.Error(err))

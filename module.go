@@ -189,6 +189,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			jitter:          randomJitter,
 			allowLoopback:   h.AllowLoopbackWebhooks,
 			live:            h.ref.metrics.liveFor(h.Protocol),
+			fanout:          h.ref.fanout,
 		}
 	case protocolPico:
 		h.proto = &picoProtocol{
@@ -201,6 +202,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			chunkBytes:      defaultChunkBytes,
 			jitter:          randomJitter,
 			live:            h.ref.metrics.liveFor(h.Protocol),
+			fanout:          h.ref.fanout,
 		}
 	}
 	return nil

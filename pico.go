@@ -43,6 +43,7 @@ type picoProtocol struct {
 	maxAppend       int64
 	chunkBytes      int          // default cap on the body bytes of one read or SSE event
 	jitter          func() int   // cursor jitter in seconds
+	fanout          fanout       // live feeds writing at once (sse.go)
 	live            *liveReaders // open SSE and long-poll reads, for metrics (metrics.go)
 }
 

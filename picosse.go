@@ -75,6 +75,8 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 	lw := newLiveWait(r, p.shutdown, deadline)
 	defer lw.close()
 	announced := false // a control event with up_to_date was sent for pg.next
+	t := turn{gate: p.fanout}
+	defer t.release()
 	for {
 		switch {
 		case len(pg.records) > 0:
@@ -101,6 +103,7 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 			announced = true
 		}
 
+		t.release()
 		if p.shutdown.Err() != nil {
 			p.finalControl(bw, pg, flush)
 			return
@@ -127,6 +130,9 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 			}
 		}
 		next := picoReadQuery{seq: pg.next, count: q.count, bytes: q.bytes}
+		if !t.take(r.Context()) {
+			return
+		}
 		if pg, err = p.read(r.Context(), eng, name, next); err != nil {
 			if r.Context().Err() == nil {
 				p.log.Warn("SSE read failed", zap.String("stream", name), zap.Error(err))

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime"
 	"time"
 
 	"github.com/picomq/caddy-picomq/streamstore"
@@ -162,4 +163,53 @@ func (lw *liveWait) wait(eng *streamstore.Engine, name, id string, seq uint64) (
 		return info, errWaitOver
 	}
 	return info, err
+}
+
+// fanout bounds how many live feeds turn a wake-up into a read and a write
+// at the same time. An append to a stream with thousands of subscribers
+// wakes them all at once; unbounded, they flood the scheduler's run queues
+// and everything else on the node (the upload that acknowledges the next
+// append, other requests) waits behind thousands of feeds. Through the gate
+// the feeds take turns a few at a time, FIFO, and a feed that waited reads
+// every record that arrived meanwhile in one event, so a fan-out that
+// outgrows the CPU batches instead of falling behind without bound.
+type fanout chan struct{}
+
+func newFanout() fanout { return make(fanout, 2*runtime.GOMAXPROCS(0)) }
+
+// enter waits for a turn; false means ctx ended first.
+func (f fanout) enter(ctx context.Context) bool {
+	select {
+	case f <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (f fanout) leave() { <-f }
+
+// turn is one feed's hold on the fanout gate: taken before a read, given
+// back once the write is flushed. A nil gate admits everyone.
+type turn struct {
+	gate fanout
+	held bool
+}
+
+func (t *turn) take(ctx context.Context) bool {
+	if t.held || t.gate == nil {
+		return true
+	}
+	if !t.gate.enter(ctx) {
+		return false
+	}
+	t.held = true
+	return true
+}
+
+func (t *turn) release() {
+	if t.held {
+		t.gate.leave()
+		t.held = false
+	}
 }

@@ -3,10 +3,12 @@ package picomq
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 // parseSSE splits an event stream the way a browser does: events end at a
@@ -129,5 +131,50 @@ func TestSSEControlFields(t *testing.T) {
 	}
 	if evs[1].data != `{"streamNextOffset":"o","upToDate":true,"streamClosed":true}` {
 		t.Errorf("closed: %s", evs[1].data)
+	}
+}
+
+// The fanout gate lets a bounded number of feeds through at once, FIFO, and
+// a feed whose client left stops waiting for its turn.
+func TestFanoutGate(t *testing.T) {
+	gate := make(fanout, 2)
+	ctx := context.Background()
+	a, b, c := turn{gate: gate}, turn{gate: gate}, turn{gate: gate}
+	if !a.take(ctx) || !b.take(ctx) {
+		t.Fatal("the first two feeds did not get a turn")
+	}
+	if !a.take(ctx) {
+		t.Fatal("taking a turn already held must not block")
+	}
+	got := make(chan bool, 1)
+	go func() { got <- c.take(ctx) }()
+	select {
+	case <-got:
+		t.Fatal("a third feed got a turn while two were held")
+	case <-time.After(50 * time.Millisecond):
+	}
+	a.release()
+	a.release() // releasing twice gives back one turn only
+	select {
+	case ok := <-got:
+		if !ok {
+			t.Fatal("take failed")
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the third feed did not get the released turn")
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	d := turn{gate: gate}
+	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+	if d.take(cctx) {
+		t.Fatal("a feed got a turn beyond the gate's size")
+	}
+	b.release()
+	c.release()
+	if len(gate) != 0 {
+		t.Fatalf("%d turns still held after every feed released", len(gate))
+	}
+	if nilGate := (turn{}); !nilGate.take(ctx) {
+		t.Fatal("a nil gate must admit")
 	}
 }
