@@ -101,6 +101,12 @@ func (c *blockCache) put(key string, recs []segment.Record) {
 	}
 }
 
+func (c *blockCache) budgetBytes() int64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.budget
+}
+
 func (c *blockCache) setBudget(b int64) {
 	c.mu.Lock()
 	c.budget = b

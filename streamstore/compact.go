@@ -56,7 +56,7 @@ func (e *Engine) Compact(ctx context.Context) error {
 	if end == (walPos{}) {
 		end = walPos{NS: ns}
 	}
-	e.walBacklog = 0
+	e.walBacklog, e.walBytes = 0, 0
 	for s := range e.creating {
 		s.mu.Lock()
 		if len(s.runs) > 0 && end.after(s.runs[0].pos) {
@@ -125,7 +125,9 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 		if _, err := e.store.Put(ctx, key, segment.EncodeData(chunk), segment.PutOptions{}); err != nil {
 			return fmt.Errorf("put data %s: %w", key, err)
 		}
-		e.cache.put(key, chunk)
+		// Not cached: the records are in the cache already as WAL entries
+		// until this compaction ends, and caching them twice would push
+		// out the entries the rest of the compaction still has to read.
 		chunk, size = nil, 0
 		return nil
 	}

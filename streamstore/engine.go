@@ -85,7 +85,8 @@ type Engine struct {
 
 	compactMu   sync.Mutex // one compaction at a time
 	compactKick chan struct{}
-	walBacklog  int // WAL objects committed since the last compaction began
+	walBacklog  int   // WAL objects committed since the last compaction began
+	walBytes    int64 // record bytes committed since the last compaction began
 	gcKick      chan struct{}
 	closing     chan struct{}
 	bg          sync.WaitGroup
@@ -573,10 +574,14 @@ type hooks struct{ e *Engine }
 func (h hooks) Committed(b *segment.Batch) {
 	e := h.e
 	pos := walPos{b.Namespace, b.Seq}
+	var bytes int64
 	for i, ent := range b.Entries {
 		s := ent.Ref.(*stream)
 		if len(ent.Records) > 0 {
 			e.cache.put(runCacheKey(b.Key, b.Spans[i]), ent.Records)
+			for j := range ent.Records {
+				bytes += int64(segment.RecordSize(&ent.Records[j]))
+			}
 		}
 		ch := changeOf(ent)
 		s.mu.Lock()
@@ -595,11 +600,20 @@ func (h hooks) Committed(b *segment.Batch) {
 	e.mu.Lock()
 	e.commitEnd = pos.next()
 	e.walBacklog++
-	kick := e.walBacklog == compactBacklog
+	// Compaction reads the records it folds from the cache; once what
+	// waits for it outgrows most of the cache, the oldest records would
+	// have to come back from the bucket, one ranged GET per stream per WAL
+	// object. So a busy node compacts when the backlog reaches three
+	// quarters of the cache, not only at the interval.
+	before := e.walBytes
+	e.walBytes += bytes
+	limit := e.cache.budgetBytes() * 3 / 4
+	kick := e.walBacklog == compactBacklog || (before < limit && e.walBytes >= limit)
 	e.mu.Unlock()
 	if kick {
-		// Replay time is bounded by the WAL left to replay: a busy node
-		// compacts early rather than wait for the interval.
+		// Replay time is bounded by the WAL left to replay, and compaction
+		// by what the cache holds: a busy node compacts early rather than
+		// wait for the interval.
 		select {
 		case e.compactKick <- struct{}{}:
 		default:

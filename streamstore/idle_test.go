@@ -73,3 +73,38 @@ func TestIdleStreamsLeaveMemory(t *testing.T) {
 		}
 	}
 }
+
+// A backlog of WAL records that outgrows most of the cache starts a
+// compaction at once, before the interval: compaction reads the records
+// from the cache, and once they fall out of it every stream would GET them
+// back from the bucket.
+func TestCompactionStartsWhenBacklogOutgrowsCache(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{CacheBytes: 64 << 10}) // interval: an hour
+	if _, _, err := e.Create(ctx, "/big", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 4<<10)
+	for range 10 { // 40 KiB: below three quarters of the cache
+		if _, err := e.Append(ctx, "/big", AppendRequest{Records: []NewRecord{{Body: body}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if keys := st.Keys("data/"); len(keys) != 0 {
+		t.Fatalf("compacted below the threshold: %v", keys)
+	}
+	for range 5 { // 60 KiB: past it
+		if _, err := e.Append(ctx, "/big", AppendRequest{Records: []NewRecord{{Body: body}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(st.Keys("data/")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no compaction after the WAL backlog passed three quarters of the cache")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
