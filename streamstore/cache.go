@@ -2,6 +2,7 @@ package streamstore
 
 import (
 	"container/list"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,22 +114,41 @@ func (c *blockCache) setBudget(b int64) {
 	c.mu.Unlock()
 }
 
-// dropIdle removes the items nobody has read or written since cutoff and
-// returns the bytes released. The list is in use order, so it stops at the
-// first item used after cutoff.
+// dropIdle removes the items nobody has read or written since cutoff,
+// except WAL entries, and returns the bytes released. A WAL entry stays
+// until compaction has folded it (and removes it): compaction reads it
+// from here, however long the stream has been idle. The list is in use
+// order, so the walk stops at the first item used after cutoff.
 func (c *blockCache) dropIdle(cutoff time.Time) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var freed int64
-	for el := c.ll.Back(); el != nil; el = c.ll.Back() {
+	for el := c.ll.Back(); el != nil; {
 		it := el.Value.(*cacheItem)
 		if it.used.Load() > cutoff.UnixNano() {
 			break
 		}
-		c.ll.Remove(el)
-		delete(c.items, it.key)
-		c.used -= it.size
-		freed += it.size
+		prev := el.Prev()
+		if !strings.HasPrefix(it.key, walCachePrefix) {
+			c.ll.Remove(el)
+			delete(c.items, it.key)
+			c.used -= it.size
+			freed += it.size
+		}
+		el = prev
 	}
 	return freed
+}
+
+// remove drops keys from the cache, if there.
+func (c *blockCache) remove(keys []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range keys {
+		if el, ok := c.items[k]; ok {
+			c.ll.Remove(el)
+			delete(c.items, k)
+			c.used -= el.Value.(*cacheItem).size
+		}
+	}
 }

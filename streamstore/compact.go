@@ -45,6 +45,8 @@ func (e *Engine) Compact(ctx context.Context) error {
 	}
 	e.compactMu.Lock()
 	defer e.compactMu.Unlock()
+	began := time.Now()
+	misses := e.cache.misses.Load()
 	ns, _ := e.w.Position()
 	e.mu.Lock()
 	// Entries before end are compacted. With nothing committed yet, that is
@@ -94,7 +96,12 @@ func (e *Engine) Compact(ctx context.Context) error {
 	if firstErr != nil {
 		return firstErr
 	}
-	return e.retireWAL(ctx, end)
+	if err := e.retireWAL(ctx, end); err != nil {
+		return err
+	}
+	e.log.Debug("compacted", zap.Int("streams", len(todo)), zap.Uint64("cache_misses", e.cache.misses.Load()-misses),
+		zap.Duration("took", time.Since(began)))
+	return nil
 }
 
 // compactStream writes the stream's committed entries before end as data
@@ -180,6 +187,13 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 	s.meta = &meta
 	s.etag = newTag
 	s.mu.Unlock()
+	// Reads find these records in the data objects now: the cached WAL
+	// entries can never be looked up again.
+	dead := make([]string, 0, len(runs))
+	for _, r := range runs {
+		dead = append(dead, runCacheKey(r.key, r.span))
+	}
+	e.cache.remove(dead)
 	return nil
 }
 

@@ -636,6 +636,10 @@ func (h hooks) Aborted(b *segment.Batch, err error) {
 		zap.String("key", b.Key), zap.Int("entries", len(b.Entries)), zap.Error(err))
 }
 
+// walCachePrefix starts the cache key of every WAL entry (WAL object keys
+// start with "wal/"), which tells them from data objects in the cache.
+const walCachePrefix = "wal/"
+
 func runCacheKey(key string, sp segment.Span) string {
 	return fmt.Sprintf("%s@%d", key, sp.Off)
 }

@@ -23,10 +23,15 @@ func TestIdleStreamsLeaveMemory(t *testing.T) {
 		if _, err := e.Append(ctx, name, AppendRequest{Records: recs("a", "b")}); err != nil {
 			t.Fatal(err)
 		}
-		readAll(t, e, name) // fill the cache
 	}
 	if err := e.Compact(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if e.cache.used != 0 {
+		t.Fatalf("the cache holds %d bytes after compaction; the folded WAL entries should be gone", e.cache.used)
+	}
+	for i := range n {
+		readAll(t, e, fmt.Sprintf("/idle/%d", i)) // fill the cache with data objects
 	}
 	waited, _ := e.Head(ctx, "/idle/0")
 	waitDone := make(chan struct{})
@@ -106,5 +111,35 @@ func TestCompactionStartsWhenBacklogOutgrowsCache(t *testing.T) {
 			t.Fatal("no compaction after the WAL backlog passed three quarters of the cache")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// WAL entries that compaction has not folded yet stay in the cache however
+// idle their stream is: compaction reads them from there.
+func TestIdleSweepKeepsUncompactedEntries(t *testing.T) {
+	ctx := context.Background()
+	counter := &opCounter{Store: memstore.New(), prefix: "wal/", gets: map[string]int{}}
+	e := startEngine(t, counter, Config{IdleAfter: time.Hour})
+	if _, _, err := e.Create(ctx, "/quiet", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/quiet", AppendRequest{Records: recs("a", "b")}); err != nil {
+		t.Fatal(err)
+	}
+	held := e.cache.used
+	if held == 0 {
+		t.Fatal("the committed entry is not in the cache")
+	}
+	if streams, bytes := e.sweepIdle(time.Now().Add(2 * time.Hour)); streams != 0 || bytes != 0 {
+		t.Fatalf("sweep dropped %d handles and %d bytes of an uncompacted stream", streams, bytes)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, gets, _ := counter.counts(); gets != 0 {
+		t.Fatalf("compaction fetched %d WAL objects back from the bucket; the entries were dropped from the cache", gets)
+	}
+	if got := readAll(t, e, "/quiet"); len(got) != 2 {
+		t.Fatalf("read %q", got)
 	}
 }
