@@ -273,7 +273,7 @@ func (s *S3Store) Get(ctx context.Context, key string, offset, length int64) ([]
 		defer out.Body.Close()
 		// The body is read inside the attempt so a stalled transfer
 		// is cut off by the attempt timeout and retried.
-		b, err := io.ReadAll(out.Body)
+		b, err := readBody(out.Body, aws.ToInt64(out.ContentLength))
 		if err != nil {
 			return true, err
 		}
@@ -295,6 +295,20 @@ func (s *S3Store) Get(ctx context.Context, key string, offset, length int64) ([]
 		return []byte{}, etag, err
 	}
 	return data, etag, nil
+}
+
+// readBody reads a response body, into one buffer of the announced size
+// when there is one: ReadAll would grow its way up to a 4 MiB data object
+// in a dozen copies.
+func readBody(body io.Reader, size int64) ([]byte, error) {
+	if size <= 0 {
+		return io.ReadAll(body)
+	}
+	b := make([]byte, size)
+	if _, err := io.ReadFull(body, b); err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 func sliceRange(b []byte, offset, length int64) []byte {
