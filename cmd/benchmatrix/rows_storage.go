@@ -330,7 +330,7 @@ func (m *matrix) row7(ctx context.Context) {
 	}
 	r.Checks = append(r.Checks,
 		ratioCheck(r.Ratio, 0.7),
-		check{What: "bytes read", Got: float64(pr.res.Bytes), Limit: float64(size), Min: true, Unit: "B"},
+		check{What: "read", Got: float64(pr.res.Bytes) / (1 << 20), Limit: float64(size) / (1 << 20), Min: true, Unit: "MiB"},
 		errorCheck(pr.res))
 	r.Details = append(r.Details, s3Breakdown(pr.s3, pr.marked))
 	r.Details = append(r.Details, processDetail(pr.res)...)
