@@ -56,7 +56,8 @@ Stream i is URL + prefix + i. Modes:
             robin; with fewer streams than writers, stream w mod streams),
             closed loop, or open loop at --rate appends/s in total
   sse       --subscribers SSE readers on stream prefix+"0" from its tail; one
-            writer appends numbered records at --rate (default 20/s); reports
+            numbered records are appended at --rate (default 20/s, open
+            loop: each at its time, not waiting for the last); reports
             delivered/expected, lost, and latency from the append's ack to
             receipt
   read      --readers goroutines read --stream (a full name) from offset -1

@@ -38,7 +38,8 @@ type subscriber struct {
 }
 
 // runSSE: --subscribers SSE readers follow stream prefix+"0" from its tail
-// while one writer appends records numbered 0, 1, 2, ... at --rate. Each
+// while records numbered 0, 1, 2, ... are appended at --rate, open loop
+// (each at its scheduled time, not waiting for the one before). Each
 // record carries its number ("#seq#"), so a subscriber knows what it got
 // whatever the server batches into one event. ops are the appends
 // acknowledged in the window; latency is from the writer's receipt of the
@@ -118,48 +119,63 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Open loop: each append goes at its scheduled time whatever the
+	// earlier ones are doing, as independent producers would, so a slow
+	// acknowledgement shows as latency rather than as a lower rate, and the
+	// window ends on the clock.
+	n := 0
+	for t0.Add(time.Duration(n) * interval).Before(winEnd) {
+		n++
+	}
+	acks = make([]uint32, n)
+	inWindow = make([]bool, n)
+	var mu sync.Mutex
 	var appendErrs int64
 	var appendLat []int64
-	for seq := 0; ; seq++ {
-		at := t0.Add(time.Duration(seq) * interval)
-		if !at.Before(winEnd) || wctx.Err() != nil {
+	var senders sync.WaitGroup
+	for seq := 0; seq < n; seq++ {
+		if err := sleepUntil(wctx, t0.Add(time.Duration(seq)*interval)); err != nil {
 			break
 		}
-		if err := sleepUntil(wctx, at); err != nil {
-			break
-		}
-		tag := appendTag(nil, seq)
-		body := fillBody(make([]byte, max(cfg.Size, len(tag)+2)), cfg.ContentType, seq)
-		req := &http.Request{Method: http.MethodPost, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-			Header: hdr, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)), Host: u.Host}
-		start := time.Now()
-		resp, err := r.client.Do(req)
-		ok, msg := false, ""
-		if err != nil {
-			msg = err.Error()
-		} else {
-			if ok = resp.StatusCode/100 == 2; !ok {
-				msg = httpError(resp)
+		senders.Add(1)
+		go func(seq int) {
+			defer senders.Done()
+			tag := appendTag(nil, seq)
+			body := fillBody(make([]byte, max(cfg.Size, len(tag)+2)), cfg.ContentType, seq)
+			req := &http.Request{Method: http.MethodPost, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Header: hdr, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)), Host: u.Host}
+			req = req.WithContext(ctx)
+			start := time.Now()
+			resp, err := r.client.Do(req)
+			ok, msg := false, ""
+			if err != nil {
+				msg = err.Error()
+			} else {
+				if ok = resp.StatusCode/100 == 2; !ok {
+					msg = httpError(resp)
+				}
+				drain(resp.Body)
 			}
-			drain(resp.Body)
-		}
-		end := time.Now()
-		acks = append(acks, 0)
-		inWindow = append(inWindow, !end.Before(winStart) && !end.After(winEnd))
-		if ok {
-			acks[seq] = micros(base, end)
-			acked.Add(1)
-			r.ops.Add(1)
-			r.hist.record(end.Sub(start))
-			if inWindow[seq] {
-				appendLat = append(appendLat, int64(end.Sub(start)))
+			end := time.Now()
+			mu.Lock()
+			defer mu.Unlock()
+			inWindow[seq] = !end.Before(winStart) && !end.After(winEnd)
+			if ok {
+				acks[seq] = micros(base, end)
+				acked.Add(1)
+				r.ops.Add(1)
+				r.hist.record(end.Sub(start))
+				if inWindow[seq] {
+					appendLat = append(appendLat, int64(end.Sub(start)))
+				}
+			} else {
+				r.errs.Add(1)
+				appendErrs++
+				r.errMsg.add("append: " + msg)
 			}
-		} else {
-			r.errs.Add(1)
-			appendErrs++
-			r.errMsg.add("append: " + msg)
-		}
+		}(seq)
 	}
+	senders.Wait()
 	wr := <-wch
 
 	// Let the last records reach everyone, then stop the subscribers.
