@@ -58,7 +58,7 @@ func (e *Engine) Compact(ctx context.Context) error {
 	if end == (walPos{}) {
 		end = walPos{NS: ns}
 	}
-	e.walBacklog, e.walBytes = 0, 0
+	e.walBacklog, e.walBytes, e.walEntries, e.compactFull = 0, 0, 0, false
 	for s := range e.creating {
 		s.mu.Lock()
 		if len(s.runs) > 0 && end.after(s.runs[0].pos) {

@@ -87,6 +87,8 @@ type Engine struct {
 	compactKick chan struct{}
 	walBacklog  int   // WAL objects committed since the last compaction began
 	walBytes    int64 // record bytes committed since the last compaction began
+	walEntries  int   // entries with records committed since then
+	compactFull bool  // the backlog has outgrown the cache: a compaction was asked for
 	gcKick      chan struct{}
 	closing     chan struct{}
 	bg          sync.WaitGroup
@@ -531,6 +533,10 @@ func (e *Engine) evictLocked() {
 // before its interval is up.
 const compactBacklog = 1000
 
+// compactMinEntries is how many entries a backlog that outgrows the cache
+// must hold before it starts a compaction early.
+const compactMinEntries = 4096
+
 // evictGrace is how long a looked-up stream is safe from eviction.
 const evictGrace = 2 * time.Second
 
@@ -575,9 +581,11 @@ func (h hooks) Committed(b *segment.Batch) {
 	e := h.e
 	pos := walPos{b.Namespace, b.Seq}
 	var bytes int64
+	entries := 0
 	for i, ent := range b.Entries {
 		s := ent.Ref.(*stream)
 		if len(ent.Records) > 0 {
+			entries++
 			e.cache.put(runCacheKey(b.Key, b.Spans[i]), ent.Records)
 			for j := range ent.Records {
 				bytes += int64(segment.RecordSize(&ent.Records[j]))
@@ -602,13 +610,18 @@ func (h hooks) Committed(b *segment.Batch) {
 	e.walBacklog++
 	// Compaction reads the records it folds from the cache; once what
 	// waits for it outgrows most of the cache, the oldest records would
-	// have to come back from the bucket, one ranged GET per stream per WAL
-	// object. So a busy node compacts when the backlog reaches three
-	// quarters of the cache, not only at the interval.
-	before := e.walBytes
+	// have to come back from the bucket, one ranged GET per entry (or run
+	// of a stream's entries in one WAL object). So a busy node compacts
+	// when the backlog reaches three quarters of the cache, not only at
+	// the interval. Only when the entries are many, though: a few large
+	// entries cost a few GETs to read back, less than compacting again and
+	// again (every compaction writes a metadata object per stream).
 	e.walBytes += bytes
+	e.walEntries += entries
 	limit := e.cache.budgetBytes() * 3 / 4
-	kick := e.walBacklog == compactBacklog || (before < limit && e.walBytes >= limit)
+	full := e.walBytes >= limit && e.walEntries >= compactMinEntries
+	kick := e.walBacklog == compactBacklog || (full && !e.compactFull)
+	e.compactFull = e.compactFull || full
 	e.mu.Unlock()
 	if kick {
 		// Replay time is bounded by the WAL left to replay, and compaction

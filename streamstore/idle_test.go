@@ -3,6 +3,7 @@ package streamstore
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -79,36 +80,52 @@ func TestIdleStreamsLeaveMemory(t *testing.T) {
 	}
 }
 
-// A backlog of WAL records that outgrows most of the cache starts a
-// compaction at once, before the interval: compaction reads the records
-// from the cache, and once they fall out of it every stream would GET them
-// back from the bucket.
+// A backlog of many WAL entries that outgrows most of the cache starts a
+// compaction at once, before the interval: compaction reads the entries
+// from the cache, and once they fall out of it each would be a GET. A few
+// large entries do not: reading them back costs a few GETs, less than
+// compacting over and over.
 func TestCompactionStartsWhenBacklogOutgrowsCache(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
-	e := startEngine(t, st, Config{CacheBytes: 64 << 10}) // interval: an hour
+	e := startEngine(t, st, Config{CacheBytes: 256 << 10}) // interval: an hour
 	if _, _, err := e.Create(ctx, "/big", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
 		t.Fatal(err)
 	}
-	body := make([]byte, 4<<10)
-	for range 10 { // 40 KiB: below three quarters of the cache
-		if _, err := e.Append(ctx, "/big", AppendRequest{Records: []NewRecord{{Body: body}}}); err != nil {
+	big := make([]byte, 64<<10)
+	for range 5 { // 320 KiB in 5 entries: past the bytes, far from the entries
+		if _, err := e.Append(ctx, "/big", AppendRequest{Records: []NewRecord{{Body: big}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
 	if keys := st.Keys("data/"); len(keys) != 0 {
-		t.Fatalf("compacted below the threshold: %v", keys)
+		t.Fatalf("a few large entries started a compaction: %v", keys)
 	}
-	for range 5 { // 60 KiB: past it
-		if _, err := e.Append(ctx, "/big", AppendRequest{Records: []NewRecord{{Body: body}}}); err != nil {
-			t.Fatal(err)
-		}
+	// Thousands of small entries, from many writers at once.
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for w := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range compactMinEntries/64 + 1 {
+				if _, err := e.Append(ctx, "/big", AppendRequest{Records: recs(fmt.Sprint(w))}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for len(st.Keys("data/")) == 0 {
 		if time.Now().After(deadline) {
-			t.Fatal("no compaction after the WAL backlog passed three quarters of the cache")
+			t.Fatalf("no compaction after %d entries over three quarters of the cache", compactMinEntries)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

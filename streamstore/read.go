@@ -203,10 +203,12 @@ func (e *Engine) dataRecords(ctx context.Context, s *stream, id string, seq uint
 		if err != nil {
 			return nil, err
 		}
+		// Keep the next objects coming on hits too: a reader that only
+		// read ahead on a miss would wait for every third object.
+		e.prefetch(s, next)
 		if recs, ok := e.cache.get(sp.key); ok {
 			return recs, nil
 		}
-		e.prefetch(s, next)
 		recs, err := e.fetchData(ctx, sp.key)
 		if errors.Is(err, segment.ErrNotFound) && attempt == 0 {
 			// A trim rewrote the object since the index was read: list
