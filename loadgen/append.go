@@ -136,16 +136,7 @@ func (r *runner) appendLoop(ctx context.Context, w int, tally *appendWorker, url
 			ContentLength: int64(len(body)),
 			Host:          u.Host,
 		}
-		resp, err := r.client.Do(req)
-		ok, msg := false, ""
-		if err != nil {
-			msg = err.Error()
-		} else {
-			if ok = resp.StatusCode/100 == 2; !ok {
-				msg = httpError(resp)
-			}
-			drain(resp.Body)
-		}
+		ok, msg := r.send(req)
 		end := time.Now()
 		lat := end.Sub(start)
 		inWindow := !end.Before(winStart) && !end.After(winEnd)
@@ -245,4 +236,18 @@ func appendInt(b []byte, n int) []byte {
 func isJSONType(ct string) bool {
 	mt, _, _ := bytes.Cut([]byte(ct), []byte(";"))
 	return string(bytes.ToLower(bytes.TrimSpace(mt))) == "application/json"
+}
+
+// send does req and reads the answer to its end: ok for a 2xx, else what
+// went wrong (the transport error, or the status and the start of the body).
+func (r *runner) send(req *http.Request) (ok bool, msg string) {
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return false, err.Error()
+	}
+	defer drain(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return false, httpError(resp)
+	}
+	return true, ""
 }

@@ -146,16 +146,7 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 				Header: hdr, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)), Host: u.Host}
 			req = req.WithContext(ctx)
 			start := time.Now()
-			resp, err := r.client.Do(req)
-			ok, msg := false, ""
-			if err != nil {
-				msg = err.Error()
-			} else {
-				if ok = resp.StatusCode/100 == 2; !ok {
-					msg = httpError(resp)
-				}
-				drain(resp.Body)
-			}
+			ok, msg := r.send(req)
 			end := time.Now()
 			mu.Lock()
 			defer mu.Unlock()
