@@ -99,6 +99,9 @@ func run(ctx context.Context, selected []string, rowsFlag string, quick bool, ou
 	}
 	nofile := raiseNoFile()
 	loadStart := loadAvg()
+	// The commit is the one the Caddy binary is built from: taken now, not
+	// when the report is written, since work may land during a long run.
+	mi := machine(ctx, root)
 	// Whatever happens below, every child goes.
 	defer func() {
 		m.killAll()
@@ -177,7 +180,7 @@ func run(ctx context.Context, selected []string, rowsFlag string, quick bool, ou
 	}
 
 	rep := &report{Rows: m.rows, Sweep: m.sweep, SweepCommands: m.sweepCmds, Scale: m.sc}
-	rep.Machine = machine(ctx, root)
+	rep.Machine = mi
 	rep.Machine.NoFile = nofile
 	rep.Machine.LoadStart, rep.Machine.LoadEnd = loadStart, loadAvg()
 	rep.Machine.Duration = time.Since(start)
