@@ -134,13 +134,8 @@ func (r *runner) runRead(ctx context.Context) (*Result, error) {
 		}
 		wg.Wait()
 	})
-	res := r.result(ModeRead)
+	res := r.wholeResult(ModeRead, elapsed, tallies, procs)
 	res.Readers = cfg.Readers
-	res.DurationS = elapsed.Seconds()
-	res.Latency = latencyOf(sumTallies(res, tallies))
-	res.Processes = procs
-	res.ErrorSamples = r.errMsg.list()
-	res.finish()
 	return res, err
 }
 
@@ -223,13 +218,7 @@ func (r *runner) runPopulate(ctx context.Context) (*Result, error) {
 			r.done(t, time.Since(start), int64(len(body)))
 		})
 	})
-	res := r.result(ModePopulate)
-	res.DurationS = elapsed.Seconds()
-	res.Latency = latencyOf(sumTallies(res, tallies))
-	res.Processes = procs
-	res.ErrorSamples = r.errMsg.list()
-	res.finish()
-	return res, err
+	return r.wholeResult(ModePopulate, elapsed, tallies, procs), err
 }
 
 // runVerify reads every stream populate wrote, from offset -1 to the
@@ -262,13 +251,7 @@ func (r *runner) runVerify(ctx context.Context) (*Result, error) {
 				r.streamName(i), got.Len(), len(want), firstDiff(got.Bytes(), want)))
 		})
 	})
-	res := r.result(ModeVerify)
-	res.DurationS = elapsed.Seconds()
-	res.Latency = latencyOf(sumTallies(res, tallies))
-	res.Processes = procs
-	res.ErrorSamples = r.errMsg.list()
-	res.finish()
-	return res, err
+	return r.wholeResult(ModeVerify, elapsed, tallies, procs), err
 }
 
 func firstDiff(a, b []byte) int {
@@ -279,4 +262,16 @@ func firstDiff(a, b []byte) int {
 		}
 	}
 	return n
+}
+
+// wholeResult is the result of a mode measured as one whole run (read,
+// populate, verify): its tallies summed, over elapsed.
+func (r *runner) wholeResult(mode string, elapsed time.Duration, tallies []readTally, procs []Process) *Result {
+	res := r.result(mode)
+	res.DurationS = elapsed.Seconds()
+	res.Latency = latencyOf(sumTallies(res, tallies))
+	res.Processes = procs
+	res.ErrorSamples = r.errMsg.list()
+	res.finish()
+	return res
 }
