@@ -190,13 +190,20 @@ func ValidateName(name string) error {
 	if len(name) > MaxNameLength {
 		return fmt.Errorf("%w: stream name is %d bytes; the limit is %d", ErrBadRequest, len(name), MaxNameLength)
 	}
-	for _, seg := range strings.Split(name[1:], "/") {
+	// Every request checks its name, live feeds at every wake-up: walk the
+	// segments in place rather than split them into a new slice.
+	rest := name[1:]
+	for {
+		seg, tail, more := strings.Cut(rest, "/")
 		switch {
 		case seg == "" || seg == "." || seg == "..":
 			return fmt.Errorf("%w: stream name has an empty, '.' or '..' segment", ErrBadRequest)
 		case strings.IndexByte(seg, 0) >= 0:
 			return fmt.Errorf("%w: stream name contains a NUL byte", ErrBadRequest)
 		}
+		if !more {
+			return nil
+		}
+		rest = tail
 	}
-	return nil
 }
