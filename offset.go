@@ -2,7 +2,6 @@ package picomq
 
 import (
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -26,7 +25,22 @@ const offsetLen = 2*offsetDigits + 1
 
 // String encodes p as the opaque offset token clients see.
 func (p position) String() string {
-	return fmt.Sprintf("%0*d_%0*d", offsetDigits, p.seq, offsetDigits, p.off)
+	// Every response and SSE control event carries one: no fmt.
+	b := make([]byte, 0, 2*offsetDigits+1)
+	b = appendPadded(b, p.seq)
+	b = append(b, '_')
+	return string(appendPadded(b, p.off))
+}
+
+// appendPadded appends v in decimal, zero-padded to offsetDigits (wider
+// when v needs more digits, as %0*d would print it).
+func appendPadded(dst []byte, v uint64) []byte {
+	var tmp [20]byte
+	d := strconv.AppendUint(tmp[:0], v, 10)
+	for i := len(d); i < offsetDigits; i++ {
+		dst = append(dst, '0')
+	}
+	return append(dst, d...)
 }
 
 // offsetKind tells the sentinels apart from a real position.

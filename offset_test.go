@@ -1,6 +1,7 @@
 package picomq
 
 import (
+	"fmt"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,6 +23,15 @@ func TestOffsetRoundTrip(t *testing.T) {
 		got, err := parseOffset(s)
 		if err != nil || got.kind != offsetAt || got.pos != p {
 			t.Errorf("parseOffset(%q) = %+v, %v; want %v", s, got, err, p)
+		}
+	}
+}
+
+// The hand-rolled encoding is the printf one, also past 16 digits.
+func TestPositionStringIsPadded(t *testing.T) {
+	for _, p := range []position{{0, 0}, {7, 123}, {1 << 40, 1}, {^uint64(0), 12345678901234567}} {
+		if got, want := p.String(), fmt.Sprintf("%0*d_%0*d", offsetDigits, p.seq, offsetDigits, p.off); got != want {
+			t.Errorf("%v.String() = %q, want %q", p, got, want)
 		}
 	}
 }
