@@ -1,7 +1,6 @@
 package picomq
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -38,6 +37,7 @@ type durableStreams struct {
 	allowLoopback   bool         // webhook URLs may be on localhost (subscriptions.go)
 	live            *liveReaders // open SSE and long-poll reads, for metrics (metrics.go)
 	fanout          fanout       // live feeds writing at once (sse.go)
+	frames          frameCache   // data events shared by feeds at one position (sseframes.go)
 }
 
 // ServeHTTP dispatches on the method. The stream name is the request path as
@@ -537,62 +537,70 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 		return
 	}
 	id := c.info.ID
-	encode := !isTextual(c.info.ContentType)
+	enc := sseEncodingOf(c.info.ContentType)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", cacheControlEventFeed)
-	if encode {
+	if enc == sseBase64 {
 		h.Set(hdrSSEDataEncoding, "base64")
 	}
-	es, ok := startEventStream(w)
+	// Events go straight to the response: a data event is one shared
+	// frame, written whole, and the control event after it fits in the
+	// response's own buffer, so no buffer of ours per feed.
+	es, ok := startEventStream(w, 0)
 	if !ok {
 		return
 	}
-	bw, flush := es.bw, es.flush
+	// An event goes out in one write: the writer under us resets the
+	// connection's deadline at every write, and two writes of one small
+	// event may become two chunks. buf is reused from event to event, up
+	// to a size; larger data events are written on their own.
+	var buf []byte
+	const maxJoined = 16 << 10
+	event := func(data []byte, c sseControl) bool {
+		if len(data) > maxJoined {
+			if !es.write(data) {
+				return false
+			}
+			data = nil
+		}
+		buf = appendSSEControl(append(buf[:0], data...), c)
+		return es.write(buf)
+	}
+	control := func(c sseControl) bool { return event(nil, c) }
 
 	deadline := time.Now().Add(d.sseInterval)
 	lw := newLiveWait(r, d.shutdown, deadline)
 	defer lw.close()
 	cursor := nextCursor(time.Now(), clientCursor, d.jitter)
-	announced := false // a control event with upToDate has been sent for c.next
+	announced := false // a control event with upToDate has been sent for f.next
 	t := turn{gate: d.fanout}
 	defer t.release()
+	f := frameFromChunk(c, enc, time.Now())
 	for {
 		switch {
-		case c.hasData():
-			var err error
-			switch {
-			case c.json:
-				err = writeSSEEvent(bw, "data", c.payload())
-			case encode:
-				err = writeSSEBase64(bw, c.body)
-			default:
-				err = writeSSEEvent(bw, "data", c.body)
-			}
-			if err != nil {
-				return
-			}
-			ctl := sseControl{StreamNextOffset: c.next.String(), UpToDate: c.upToDate}
-			if c.closed {
-				ctl.StreamClosed = true
+		case f.hasData():
+			cc := sseControl{StreamNextOffset: f.next.String(), UpToDate: f.upToDate}
+			if f.closed {
+				cc.StreamClosed = true
 			} else {
-				ctl.StreamCursor = cursor
+				cc.StreamCursor = cursor
 			}
-			if writeSSEControl(bw, ctl) != nil || !flush() || c.closed {
+			if !event(f.data, cc) || !es.flush() || f.closed {
 				return
 			}
-			announced = c.upToDate
-		case c.closed:
+			announced = f.upToDate
+		case f.closed:
 			// At the end of a closed stream: the final control event, then
 			// the connection closes (section 5.8).
-			writeSSEControl(bw, sseControl{StreamNextOffset: c.next.String(), UpToDate: true, StreamClosed: true})
-			flush()
+			control(sseControl{StreamNextOffset: f.next.String(), UpToDate: true, StreamClosed: true})
+			es.flush()
 			return
-		case !c.upToDate:
+		case !f.upToDate:
 			d.log.Error("SSE read made no progress", zap.String("stream", name), zap.Error(errNoProgress))
 			return
 		case !announced:
-			if writeSSEControl(bw, sseControl{StreamNextOffset: c.next.String(), StreamCursor: cursor, UpToDate: true}) != nil || !flush() {
+			if !control(sseControl{StreamNextOffset: f.next.String(), StreamCursor: cursor, UpToDate: true}) || !es.flush() {
 				return
 			}
 			announced = true
@@ -600,21 +608,22 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 		t.release()
 
 		if d.shutdown.Err() != nil {
-			d.finalControl(bw, c.next, cursor, c.upToDate)
-			flush()
+			control(d.finalControl(f.next, cursor, f.upToDate))
+			es.flush()
 			return
 		}
 		remaining := time.Until(deadline)
 		if remaining <= 0 {
 			return // recycle: the client reconnects from its last offset
 		}
-		if c.upToDate {
-			info, err := lw.wait(eng, name, id, c.next.seq)
+		tail := f.tail
+		if f.upToDate {
+			info, err := lw.wait(eng, name, id, f.next.seq)
 			switch {
 			case errors.Is(err, errWaitOver):
 				if d.shutdown.Err() != nil {
-					d.finalControl(bw, c.next, cursor, true)
-					flush()
+					control(d.finalControl(f.next, cursor, true))
+					es.flush()
 				}
 				return
 			case err != nil:
@@ -625,30 +634,30 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 			case info.ID != id:
 				return // deleted or recreated; a reconnect reports it
 			}
+			tail = info.NextSeq
 		}
-		next := c.next
 		if !t.take(r.Context()) {
 			return
 		}
-		if c, err = d.read(r.Context(), eng, name, readOffset{kind: offsetAt, pos: next}); err != nil {
+		if f, err = d.frameAt(r.Context(), eng, name, id, f.next, tail, enc); err != nil {
 			if r.Context().Err() == nil {
 				d.log.Warn("SSE read failed", zap.String("stream", name), zap.Error(err))
 			}
 			return
 		}
-		if c.info.ID != id {
+		if f.id != id {
 			return
 		}
-		if c.hasData() {
+		if f.hasData() {
 			announced = false
 		}
 	}
 }
 
-// finalControl tells an SSE client where to resume when the server ends the
-// feed early (shutdown or reload).
-func (d *durableStreams) finalControl(bw *bufio.Writer, next position, cursor string, upToDate bool) {
-	writeSSEControl(bw, sseControl{StreamNextOffset: next.String(), StreamCursor: cursor, UpToDate: upToDate})
+// finalControl is the control event that tells an SSE client where to
+// resume when the server ends the feed early (shutdown or reload).
+func (d *durableStreams) finalControl(next position, cursor string, upToDate bool) sseControl {
+	return sseControl{StreamNextOffset: next.String(), StreamCursor: cursor, UpToDate: upToDate}
 }
 
 // chunk is the result of one read, shaped for the protocol.

@@ -65,7 +65,9 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 	h := w.Header()
 	h.Set("Content-Type", picoMediaSSE)
 	h.Set("Cache-Control", cacheControlNoStore)
-	es, ok := startEventStream(w)
+	// Pico events are written in many small pieces: gather them in a
+	// buffer the size of a typical event.
+	es, ok := startEventStream(w, 4<<10)
 	if !ok {
 		return
 	}

@@ -4,9 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
-	"fmt"
+	"io"
 	"net/http"
 	"runtime"
 	"time"
@@ -26,29 +25,29 @@ type sseControl struct {
 // multiple of 4 so that every line decodes on its own too.
 const base64LineLen = 4096
 
-// writeSSEEvent writes one event. Every line of payload becomes its own
-// "data:" line; CR, LF and CRLF all end a line, so bytes in the payload can
-// never end the event or start a forged one.
-func writeSSEEvent(w *bufio.Writer, event string, payload []byte) error {
-	if _, err := fmt.Fprintf(w, "event: %s\n", event); err != nil {
-		return err
-	}
+// appendSSEEvent appends one event to dst. Every line of payload becomes
+// its own "data:" line; CR, LF and CRLF all end a line, so bytes in the
+// payload can never end the event or start a forged one.
+func appendSSEEvent(dst []byte, event string, payload []byte) []byte {
+	dst = append(dst, "event: "...)
+	dst = append(dst, event...)
+	dst = append(dst, '\n')
 	for {
 		line, rest, more := cutLine(payload)
-		w.WriteString("data:")
+		dst = append(dst, "data:"...)
 		if len(line) > 0 && line[0] == ' ' {
 			// Readers drop one space after "data:"; give them one to
 			// drop so the line's own leading space survives.
-			w.WriteByte(' ')
+			dst = append(dst, ' ')
 		}
-		w.Write(line)
-		w.WriteByte('\n')
+		dst = append(dst, line...)
+		dst = append(dst, '\n')
 		if !more {
 			break
 		}
 		payload = rest
 	}
-	return w.WriteByte('\n')
+	return append(dst, '\n')
 }
 
 // cutLine splits b at its first line ending (CRLF, CR or LF).
@@ -67,58 +66,116 @@ func cutLine(b []byte) (line, rest []byte, found bool) {
 	return b, nil, false
 }
 
-// writeSSEBase64 writes a data event whose payload is data in standard
+// appendSSEBase64 appends a data event whose payload is data in standard
 // base64, split into lines of base64LineLen characters.
-func writeSSEBase64(w *bufio.Writer, data []byte) error {
-	enc := make([]byte, base64.StdEncoding.EncodedLen(len(data)))
-	base64.StdEncoding.Encode(enc, data)
-	w.WriteString("event: data\n")
+func appendSSEBase64(dst, data []byte) []byte {
+	enc := base64.StdEncoding.AppendEncode(nil, data)
+	dst = append(dst, "event: data\n"...)
 	for len(enc) > base64LineLen {
-		w.WriteString("data:")
-		w.Write(enc[:base64LineLen])
-		w.WriteByte('\n')
+		dst = append(dst, "data:"...)
+		dst = append(dst, enc[:base64LineLen]...)
+		dst = append(dst, '\n')
 		enc = enc[base64LineLen:]
 	}
-	w.WriteString("data:")
-	w.Write(enc)
-	_, err := w.WriteString("\n\n")
+	dst = append(dst, "data:"...)
+	dst = append(dst, enc...)
+	return append(dst, "\n\n"...)
+}
+
+// appendSSEControl appends a control event. Its JSON is written by hand: a
+// feed writes one after every data event, and the fields are few and fixed
+// (the same bytes encoding/json gives for the ASCII offsets and cursors).
+func appendSSEControl(dst []byte, c sseControl) []byte {
+	dst = append(dst, "event: control\ndata:{\"streamNextOffset\":"...)
+	dst = appendJSONString(dst, c.StreamNextOffset)
+	if c.StreamCursor != "" {
+		dst = append(dst, `,"streamCursor":`...)
+		dst = appendJSONString(dst, c.StreamCursor)
+	}
+	if c.UpToDate {
+		dst = append(dst, `,"upToDate":true`...)
+	}
+	if c.StreamClosed {
+		dst = append(dst, `,"streamClosed":true`...)
+	}
+	return append(dst, "}\n\n"...)
+}
+
+// appendJSONString appends s as a JSON string: quotes, backslashes and
+// control characters escaped, everything else as it is.
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
+}
+
+// writeSSEEvent writes one event (see appendSSEEvent).
+func writeSSEEvent(w io.Writer, event string, payload []byte) error {
+	_, err := w.Write(appendSSEEvent(nil, event, payload))
+	return err
+}
+
+// writeSSEBase64 writes a base64 data event (see appendSSEBase64).
+func writeSSEBase64(w io.Writer, data []byte) error {
+	_, err := w.Write(appendSSEBase64(nil, data))
 	return err
 }
 
 // writeSSEControl writes a control event.
-func writeSSEControl(w *bufio.Writer, c sseControl) error {
-	b, err := json.Marshal(c)
-	if err != nil {
-		return fmt.Errorf("encoding control event: %w", err)
-	}
-	return writeSSEEvent(w, "control", b)
+func writeSSEControl(w io.Writer, c sseControl) error {
+	_, err := w.Write(appendSSEControl(nil, c))
+	return err
 }
 
 // eventStream is a server-sent events response being written: events go
-// through a buffer, and flush pushes them to the client.
+// to out (a buffer over the response, or the response itself), and flush
+// pushes them to the client.
 type eventStream struct {
-	bw *bufio.Writer
-	rc *http.ResponseController
+	out io.Writer
+	bw  *bufio.Writer // nil when events are written to the response directly
+	rc  *http.ResponseController
 }
 
 // startEventStream sends the 200 of an event stream and flushes it, so the
-// client sees the response start at once. A server write timeout would cut
-// the feed short; the caller's reconnect interval bounds it instead.
-func startEventStream(w http.ResponseWriter) (*eventStream, bool) {
+// client sees the response start at once. With bufSize 0 events go straight
+// to the response, whose own buffer then gathers an event's writes; callers
+// that write an event in many small pieces pass a buffer size. A server
+// write timeout would cut the feed short; the caller's reconnect interval
+// bounds it instead.
+func startEventStream(w http.ResponseWriter, bufSize int) (*eventStream, bool) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{})
 	w.WriteHeader(http.StatusOK)
-	// Events are flushed one by one, so the buffer only needs to hold a
-	// typical one; larger writes go straight through. Thousands of feeds
-	// each holding 32 KiB was most of a fan-out's memory.
-	es := &eventStream{bw: bufio.NewWriterSize(w, 4<<10), rc: rc}
+	es := &eventStream{out: w, rc: rc}
+	if bufSize > 0 {
+		es.bw = bufio.NewWriterSize(w, bufSize)
+		es.out = es.bw
+	}
 	return es, es.flush()
+}
+
+// write queues b; false means the client is gone.
+func (es *eventStream) write(b []byte) bool {
+	_, err := es.out.Write(b)
+	return err == nil
 }
 
 // flush writes out buffered events; false means the client is gone.
 func (es *eventStream) flush() bool {
-	if err := es.bw.Flush(); err != nil {
-		return false
+	if es.bw != nil {
+		if err := es.bw.Flush(); err != nil {
+			return false
+		}
 	}
 	if err := es.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		return false
