@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -94,6 +95,7 @@ A progress line goes to stderr every second; the summary to stdout.`,
 	f.String("json", "", "write the result as JSON to FILE (- for stdout)")
 	f.Duration("timeout", loadgen.DefaultTimeout, "per-request timeout")
 	f.Bool("quiet", false, "no progress line")
+	f.String("cpuprofile", "", "write this process's CPU profile to FILE (the load generator shares the machine; see what it costs)")
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		return runBench(cmd)
 	}
@@ -144,6 +146,18 @@ func runBench(cmd *cobra.Command) error {
 		}
 	}
 	jsonPath := str("json")
+
+	if path := str("cpuprofile"); path != "" {
+		pf, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

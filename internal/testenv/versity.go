@@ -237,6 +237,9 @@ func (v *Versity) Stop() error {
 	return v.stopErr
 }
 
+// PID is the server's process id (benchmarks report its CPU time).
+func (v *Versity) PID() int { return v.cmd.Process.Pid }
+
 // Output returns what the server printed so far (the last 64 KiB).
 func (v *Versity) Output() string { return v.output.String() }
 
