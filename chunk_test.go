@@ -27,7 +27,7 @@ func TestAssembleWholeRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(c.body) != "abcdef" || c.next != (position{3, 0}) || !c.upToDate || c.closed || !c.hasData() {
+	if string(c.bytes()) != "abcdef" || c.next != (position{3, 0}) || !c.upToDate || c.closed || !c.hasData() {
 		t.Errorf("%+v", c)
 	}
 	want := `"id1:` + position{}.String() + ":" + position{3, 0}.String() + `"`
@@ -43,7 +43,7 @@ func TestAssembleClosedAtTail(t *testing.T) {
 	}
 	// The same bytes as a partial read carry no EOF signal.
 	c, err = assemble(readResult("text/plain", 1, 3, true, "cd", "ef"), position{1, 0}, 2)
-	if err != nil || c.closed || c.upToDate || string(c.body) != "cd" || c.next != (position{2, 0}) {
+	if err != nil || c.closed || c.upToDate || string(c.bytes()) != "cd" || c.next != (position{2, 0}) {
 		t.Errorf("partial: %+v %v", c, err)
 	}
 	// An empty read at the tail of a closed stream is the EOF answer.
@@ -55,7 +55,7 @@ func TestAssembleClosedAtTail(t *testing.T) {
 
 func TestAssembleStopsBeforeARecordThatDoesNotFit(t *testing.T) {
 	c, err := assemble(readResult("application/octet-stream", 0, 3, false, "aaaa", "bbbb", "cc"), position{}, 6)
-	if err != nil || string(c.body) != "aaaa" || c.next != (position{1, 0}) || c.upToDate {
+	if err != nil || string(c.bytes()) != "aaaa" || c.next != (position{1, 0}) || c.upToDate {
 		t.Errorf("%+v %v", c, err)
 	}
 }
@@ -75,7 +75,7 @@ func TestAssembleSplitsALargeRecord(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, c.body...)
+		got = append(got, c.bytes()...)
 		if !c.hasData() {
 			t.Fatalf("no progress at %v", pos)
 		}
@@ -98,10 +98,10 @@ func TestAssembleTextSplitsAtRuneBoundary(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !utf8.Valid(c.body) {
-			t.Fatalf("chunk %q at %v is not valid UTF-8", c.body, pos)
+		if !utf8.Valid(c.bytes()) {
+			t.Fatalf("chunk %q at %v is not valid UTF-8", c.bytes(), pos)
 		}
-		got = append(got, c.body...)
+		got = append(got, c.bytes()...)
 		pos = c.next
 	}
 	if string(got) != text {
@@ -155,7 +155,7 @@ func TestAssembleRejectsOffsetsPastTheData(t *testing.T) {
 	// The end of a record reads on from the next one (a fork cut inside a
 	// source record ends that record there).
 	c, err := assemble(readResult("text/plain", 1, 3, false, "abc", "de"), position{1, 3}, 10)
-	if err != nil || string(c.body) != "de" || c.start != (position{2, 0}) || c.next != (position{3, 0}) {
+	if err != nil || string(c.bytes()) != "de" || c.start != (position{2, 0}) || c.next != (position{3, 0}) {
 		t.Errorf("end of record: %+v %v", c, err)
 	}
 	c, err = assemble(readResult("text/plain", 1, 2, false, "abc"), position{1, 3}, 10)
@@ -164,7 +164,7 @@ func TestAssembleRejectsOffsetsPastTheData(t *testing.T) {
 	}
 	// A byte offset inside a record resumes there.
 	c, err = assemble(readResult("text/plain", 1, 2, false, "abc"), position{1, 2}, 10)
-	if err != nil || string(c.body) != "c" || c.next != (position{2, 0}) {
+	if err != nil || string(c.bytes()) != "c" || c.next != (position{2, 0}) {
 		t.Errorf("mid-record: %+v %v", c, err)
 	}
 }
@@ -177,5 +177,64 @@ func TestETagMatches(t *testing.T) {
 		if etagMatches(h, tag) != want {
 			t.Errorf("If-None-Match %q: want %v", h, want)
 		}
+	}
+}
+
+// countingWriter records the size of every write.
+type countingWriter struct {
+	bytes.Buffer
+	writes []int
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.writes = append(w.writes, len(p))
+	return w.Buffer.Write(p)
+}
+
+// writeBody writes the parts in order, gathering small ones so that a
+// chunk of many small records is a few large writes.
+func TestChunkWriteBody(t *testing.T) {
+	small := func(n, size int) [][]byte {
+		var ps [][]byte
+		for i := 0; i < n; i++ {
+			ps = append(ps, bytes.Repeat([]byte{byte('a' + i%26)}, size))
+		}
+		return ps
+	}
+	big := bytes.Repeat([]byte("B"), 100<<10)
+	tests := []struct {
+		name      string
+		parts     [][]byte
+		maxWrites int
+	}{
+		{"nothing", nil, 0},
+		{"one small", small(1, 10), 1},
+		{"1,024 records of 1 KiB", small(1024, 1<<10), 17},
+		{"one large", [][]byte{big}, 1},
+		{"small, large, small", append(append(small(3, 100), big), small(3, 100)...), 3},
+		{"just under the gathering size", small(10, joinBelow-1), 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := chunk{}
+			var want []byte
+			for _, p := range tt.parts {
+				c.add(p)
+				want = append(want, p...)
+			}
+			var w countingWriter
+			if err := c.writeBody(&w); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(w.Bytes(), want) || c.size != len(want) {
+				t.Fatalf("wrote %d bytes (size %d), want %d, same order", w.Len(), c.size, len(want))
+			}
+			if len(w.writes) > tt.maxWrites {
+				t.Errorf("%d writes %v, want at most %d", len(w.writes), w.writes, tt.maxWrites)
+			}
+			if !bytes.Equal(c.bytes(), want) {
+				t.Error("bytes() differs from what was written")
+			}
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -662,14 +663,77 @@ func (d *durableStreams) finalControl(next position, cursor string, upToDate boo
 
 // chunk is the result of one read, shaped for the protocol.
 type chunk struct {
-	info     streamstore.Info
-	start    position // where the chunk begins
-	next     position // where the next read begins
-	json     bool     // JSON mode: msgs holds whole messages
-	body     []byte   // bytes mode: the stream bytes
+	info  streamstore.Info
+	start position // where the chunk begins
+	next  position // where the next read begins
+	json  bool     // JSON mode: msgs holds whole messages
+	// Bytes mode: the stream bytes, as slices of the engine's records (or
+	// of their ends), in order. They are not copied into one buffer: a
+	// catch-up chunk is a megabyte, and most go straight to a socket.
+	parts    [][]byte
+	size     int // bytes in parts
 	msgs     [][]byte
 	upToDate bool // the chunk reaches the tail as of the read
 	closed   bool // ... and the stream is closed: EOF
+}
+
+func (c *chunk) add(b []byte) {
+	if len(b) > 0 {
+		c.parts = append(c.parts, b)
+		c.size += len(b)
+	}
+}
+
+// bytes returns the bytes-mode body in one slice (a copy unless it is one
+// part).
+func (c *chunk) bytes() []byte {
+	if len(c.parts) == 1 {
+		return c.parts[0]
+	}
+	out := make([]byte, 0, c.size)
+	for _, p := range c.parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// joinBelow is the part size under which writeBody gathers parts into a
+// buffer rather than write them one by one: a write per 1 KiB record
+// would be a chunk and, past the response's buffer, a syscall each.
+const joinBelow = 32 << 10
+
+var joinBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+
+// writeBody writes the bytes-mode body: large parts as they are, runs of
+// small ones gathered in a pooled buffer.
+func (c *chunk) writeBody(w io.Writer) error {
+	bp := joinBuffers.Get().(*[]byte)
+	buf := (*bp)[:0]
+	defer func() { *bp = buf[:0]; joinBuffers.Put(bp) }()
+	for _, p := range c.parts {
+		if len(p) < joinBelow && len(buf)+len(p) <= cap(buf) {
+			buf = append(buf, p...)
+			continue
+		}
+		if len(buf) > 0 {
+			if _, err := w.Write(buf); err != nil {
+				return err
+			}
+			buf = buf[:0]
+		}
+		if len(p) < joinBelow {
+			buf = append(buf, p...)
+			continue
+		}
+		if _, err := w.Write(p); err != nil {
+			return err
+		}
+	}
+	if len(buf) > 0 {
+		_, err := w.Write(buf)
+		return err
+	}
+	return nil
 }
 
 // hasData reports whether the chunk moves the reader forward.
@@ -679,7 +743,7 @@ func (c *chunk) hasData() bool { return c.next != c.start }
 // messages (an empty array when there are none).
 func (c *chunk) payload() []byte {
 	if !c.json {
-		return c.body
+		return c.bytes()
 	}
 	n := 2
 	for _, m := range c.msgs {
@@ -800,21 +864,21 @@ func assemble(res streamstore.ReadResult, from position, limit int) (chunk, erro
 			}
 		}
 		rest := rec.Body[skip:]
-		room := limit - len(c.body)
+		room := limit - c.size
 		if len(rest) > room {
 			complete = false
-			if len(c.body) > 0 {
+			if c.size > 0 {
 				break
 			}
 			cut := room
 			if textual {
 				cut = runeCut(rest, room)
 			}
-			c.body = append(c.body, rest[:cut]...)
+			c.add(rest[:cut])
 			c.next = position{seq: rec.Seq, off: skip + uint64(cut)}
 			break
 		}
-		c.body = append(c.body, rest...)
+		c.add(rest)
 		c.next = position{seq: rec.Seq + 1}
 	}
 	c.upToDate = complete && c.next.off == 0 && c.next.seq >= tail.seq
@@ -856,10 +920,16 @@ func (d *durableStreams) writeChunk(w http.ResponseWriter, r *http.Request, c ch
 			return
 		}
 	}
-	body := c.payload()
-	h.Set("Content-Length", strconv.Itoa(len(body)))
+	if c.json {
+		body := c.payload()
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+		w.WriteHeader(http.StatusOK)
+		w.Write(body)
+		return
+	}
+	h.Set("Content-Length", strconv.Itoa(c.size))
 	w.WriteHeader(http.StatusOK)
-	w.Write(body)
+	c.writeBody(w)
 }
 
 // writeNoContent writes a long-poll 204: the client is at the tail.

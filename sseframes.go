@@ -68,9 +68,9 @@ func frameFromChunk(c chunk, enc sseEncoding, now time.Time) *sseFrame {
 		case sseJSON:
 			f.data = appendSSEEvent(nil, "data", c.payload())
 		case sseBase64:
-			f.data = appendSSEBase64(nil, c.body)
+			f.data = appendSSEBase64(nil, c.bytes())
 		default:
-			f.data = appendSSEEvent(nil, "data", c.body)
+			f.data = appendSSEEvent(nil, "data", c.bytes())
 		}
 	}
 	return f

@@ -153,9 +153,9 @@ func TestFrameFromChunk(t *testing.T) {
 		c    chunk
 		want string
 	}{
-		{"text", sseText, chunk{info: info, next: position{seq: 3}, body: []byte("a\nb"), upToDate: true}, "event: data\ndata:a\ndata:b\n\n"},
+		{"text", sseText, chunk{info: info, next: position{seq: 3}, parts: [][]byte{[]byte("a\n"), []byte("b")}, size: 3, upToDate: true}, "event: data\ndata:a\ndata:b\n\n"},
 		{"json", sseJSON, chunk{info: info, next: position{seq: 2}, json: true, msgs: [][]byte{[]byte(`1`), []byte(`{"a":2}`)}}, "event: data\ndata:[1,{\"a\":2}]\n\n"},
-		{"base64", sseBase64, chunk{info: info, next: position{seq: 1}, body: []byte{0, 1, 2}}, "event: data\ndata:AAEC\n\n"},
+		{"base64", sseBase64, chunk{info: info, next: position{seq: 1}, parts: [][]byte{{0, 1, 2}}, size: 3}, "event: data\ndata:AAEC\n\n"},
 		{"nothing new", sseText, chunk{info: info, upToDate: true}, ""},
 	}
 	for _, tt := range tests {
