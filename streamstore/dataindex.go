@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/picomq/caddy-picomq/segment"
@@ -21,6 +23,7 @@ import (
 type dataSpan struct {
 	first, end uint64
 	key        string
+	size       int64 // bytes, as listed
 }
 
 // dataIndex is what a stream knows of its data objects: every object from
@@ -39,8 +42,28 @@ func (x *dataIndex) find(seq uint64) int {
 	return -1
 }
 
-// readAhead is how many data objects a cold read fetches ahead of itself.
-const readAhead = 2
+// A cold read fetches ahead of itself the next data objects up to
+// readAheadBytes (at least one, at most readAheadObjects), readAheadFetches
+// GETs at a time: one GET at a time leaves the reader waiting on each
+// object's round trip, and small objects (compaction of a slow stream)
+// would keep little in flight if counted by objects.
+const (
+	readAheadBytes   = 16 << 20
+	readAheadObjects = 16
+	readAheadFetches = 2
+)
+
+// ahead returns the spans after spans[i] that a reader at spans[i] reads
+// ahead.
+func ahead(spans []dataSpan, i int) []dataSpan {
+	var bytes int64
+	j := i + 1
+	for j < len(spans) && j-i <= readAheadObjects && (j == i+1 || bytes+spans[j].size <= readAheadBytes) {
+		bytes += spans[j].size
+		j++
+	}
+	return spans[i+1 : j]
+}
 
 // dataListPage is how many data keys one index refresh lists.
 const dataListPage = 1000
@@ -51,7 +74,7 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	s.mu.Lock()
 	if x := s.dataIdx; x != nil && x.id == id {
 		if i := x.find(seq); i >= 0 {
-			next := x.spans[i+1 : min(len(x.spans), i+1+readAhead)]
+			next := ahead(x.spans, i)
 			sp := x.spans[i]
 			s.mu.Unlock()
 			return sp, next, nil
@@ -69,7 +92,7 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 		if !ok {
 			return dataSpan{}, nil, fmt.Errorf("%w: data key %s", segment.ErrCorrupt, o.Key)
 		}
-		spans = append(spans, dataSpan{first: first, end: end, key: o.Key})
+		spans = append(spans, dataSpan{first: first, end: end, key: o.Key, size: o.Size})
 	}
 	if len(spans) == 0 || spans[0].first > seq {
 		return dataSpan{}, nil, fmt.Errorf("%w: no data object holds seq %d of %s", segment.ErrCorrupt, seq, id)
@@ -77,7 +100,7 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	s.mu.Lock()
 	s.dataIdx = &dataIndex{id: id, spans: spans}
 	s.mu.Unlock()
-	return spans[0], spans[1:min(len(spans), 1+readAhead)], nil
+	return spans[0], ahead(spans, 0), nil
 }
 
 // fetchCall is one data object GET in flight; a reader that wants the
@@ -161,10 +184,29 @@ func (e *Engine) prefetch(s *stream, next []dataSpan) {
 		// Bounded, and cut short by Close: the goroutine always ends.
 		ctx, cancel := context.WithTimeout(e.bgCtx, 30*time.Second)
 		defer cancel()
+		// Workers take the keys in order; after an error the rest are
+		// skipped (the reader will ask again and see it).
+		keys := make(chan string, len(todo))
 		for _, key := range todo {
-			if _, err := e.fetchData(ctx, key); err != nil {
-				return
-			}
+			keys <- key
 		}
+		close(keys)
+		// Not by cancelling ctx: a reader may be waiting on a fetch in
+		// flight (fetchData joins it) and must get that fetch's outcome.
+		var failed atomic.Bool
+		var wg sync.WaitGroup
+		for range min(readAheadFetches, len(todo)) {
+			wg.Go(func() {
+				for key := range keys {
+					if failed.Load() {
+						return
+					}
+					if _, err := e.fetchData(ctx, key); err != nil {
+						failed.Store(true)
+					}
+				}
+			})
+		}
+		wg.Wait()
 	}()
 }

@@ -146,3 +146,39 @@ func TestDataIndexFollowsTrim(t *testing.T) {
 		t.Fatalf("read after trim: %q; want 3,4,5", got)
 	}
 }
+
+// A reader reads ahead by bytes: at least the next object, as many as fit
+// in readAheadBytes, never more than readAheadObjects.
+func TestReadAheadSpans(t *testing.T) {
+	spans := func(sizes ...int64) []dataSpan {
+		out := make([]dataSpan, len(sizes))
+		for i, sz := range sizes {
+			out[i] = dataSpan{first: uint64(i), end: uint64(i + 1), size: sz}
+		}
+		return out
+	}
+	const mib = 1 << 20
+	tests := []struct {
+		name  string
+		spans []dataSpan
+		at    int
+		want  int
+	}{
+		{"last object", spans(mib), 0, 0},
+		{"small objects stop at the object cap", spans(make([]int64, 40)...), 0, readAheadObjects},
+		{"4 MiB objects fill 16 MiB", spans(mib, 4*mib, 4*mib, 4*mib, 4*mib, 4*mib), 0, 4},
+		{"one huge object still comes", spans(mib, 64*mib, mib), 0, 1},
+		{"near the end", spans(mib, mib, mib), 1, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := ahead(tt.spans, tt.at)
+			if len(got) != tt.want {
+				t.Fatalf("%d spans ahead, want %d", len(got), tt.want)
+			}
+			if len(got) > 0 && got[0].first != tt.spans[tt.at+1].first {
+				t.Fatal("read-ahead does not start at the next object")
+			}
+		})
+	}
+}
