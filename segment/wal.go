@@ -46,6 +46,9 @@ type Entry struct {
 
 	// Ref is the caller's own handle for the entry; it is not stored.
 	Ref any
+	// Merged counts the appends folded into this entry after its first
+	// (Writer.Extend); it is not stored.
+	Merged int
 }
 
 // EndSeq is the seq after the entry's last record.

@@ -203,6 +203,27 @@ func (w *Writer) Add(e *Entry) (*Batch, error) {
 	return b, nil
 }
 
+// Extend grows an entry of b while b is still the open batch: grow runs
+// under the writer's lock, changes the entry (b's encoding happens only
+// once it is sealed) and returns how many encoded bytes it added. It
+// reports false, without calling grow, when b was sealed meanwhile or the
+// writer cannot take entries; the caller then adds a new entry. A stream
+// whose appends arrive faster than batches go out so puts one entry per
+// batch in the WAL, not one per append.
+func (w *Writer) Extend(b *Batch, grow func() int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if b == nil || w.open != b || w.broken || w.closed || w.fenced != nil || w.check() != nil {
+		return false
+	}
+	b.size += grow()
+	if b.size >= w.cfg.FlushSize {
+		w.wantFlush = true
+		w.sealLocked()
+	}
+	return true
+}
+
 func (w *Writer) armTimerLocked(wait time.Duration) {
 	if w.timer != nil {
 		w.timer.Stop()

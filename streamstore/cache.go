@@ -67,6 +67,18 @@ func (c *blockCache) get(key string) ([]segment.Record, bool) {
 	return recs, true
 }
 
+// peek returns key's records without counting a lookup or refreshing the
+// entry: for readers about to drop it (compaction).
+func (c *blockCache) peek(key string) ([]segment.Record, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	el, ok := c.items[key]
+	if !ok {
+		return nil, false
+	}
+	return el.Value.(*cacheItem).recs, true
+}
+
 // has reports whether key is cached, without counting a lookup.
 func (c *blockCache) has(key string) bool {
 	c.mu.RLock()

@@ -144,9 +144,16 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 			meta.Upto = r.pos.next()
 			continue
 		}
-		recs, err := e.recordsAt(ctx, s, meta.ID, r.ch.First)
-		if err != nil {
-			return fmt.Errorf("compact %s: %w", s.name, err)
+		// The run's own cache entry first: recordsAt looks for the run
+		// and its neighbours in the stream's run list under the stream
+		// lock, which for a hot stream (many runs per WAL object) made
+		// compaction quadratic and held up its appends.
+		recs, ok := e.cache.peek(runCacheKey(r.key, r.span))
+		if !ok {
+			var err error
+			if recs, err = e.recordsAt(ctx, s, meta.ID, r.ch.First); err != nil {
+				return fmt.Errorf("compact %s: %w", s.name, err)
+			}
 		}
 		for _, rec := range recs {
 			if rec.Seq < r.ch.First || rec.Seq >= r.ch.End || (rec.Seq < meta.State.StartSeq && meta.Forks == 0) {

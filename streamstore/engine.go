@@ -310,6 +310,13 @@ type stream struct {
 
 	dataIdx     *dataIndex // where the data objects are, once a read looked
 	prefetching bool       // a read-ahead of data objects is running
+
+	// The stream's latest WAL entry and its batch, when later appends may
+	// be folded into it (an append entry without close or trim); nil
+	// otherwise. Every Add of an entry of the stream sets or clears it,
+	// so a fold never jumps another entry of the stream.
+	tailEnt   *segment.Entry
+	tailBatch *segment.Batch
 }
 
 // walRun is a committed entry: where its records are in the WAL, and what
@@ -593,6 +600,9 @@ func (h hooks) Committed(b *segment.Batch) {
 		}
 		ch := changeOf(ent)
 		s.mu.Lock()
+		if s.tailEnt == ent {
+			s.tailEnt, s.tailBatch = nil, nil
+		}
 		s.durable.apply(ch)
 		s.pending--
 		if s.pending == 0 {
@@ -639,6 +649,9 @@ func (h hooks) Aborted(b *segment.Batch, err error) {
 	for _, ent := range b.Entries {
 		s := ent.Ref.(*stream)
 		s.mu.Lock()
+		if s.tailEnt == ent {
+			s.tailEnt, s.tailBatch = nil, nil
+		}
 		s.pending--
 		// Every later entry of this stream is aborted too (acks are in
 		// order), so the tail rolls back to the durable one.

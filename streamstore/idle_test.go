@@ -102,15 +102,21 @@ func TestCompactionStartsWhenBacklogOutgrowsCache(t *testing.T) {
 	if keys := st.Keys("data/"); len(keys) != 0 {
 		t.Fatalf("a few large entries started a compaction: %v", keys)
 	}
-	// Thousands of small entries, from many writers at once.
+	// Thousands of small entries, from many writers at once, each on a
+	// stream of its own (one stream's appends in one batch fold into one
+	// entry).
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
 	for w := range 64 {
+		name := fmt.Sprintf("/small%d", w)
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for range compactMinEntries/64 + 1 {
-				if _, err := e.Append(ctx, "/big", AppendRequest{Records: recs(fmt.Sprint(w))}); err != nil {
+				if _, err := e.Append(ctx, name, AppendRequest{Records: recs(fmt.Sprint(w))}); err != nil {
 					errs <- err
 					return
 				}

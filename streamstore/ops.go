@@ -148,6 +148,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 			s.mu.Unlock()
 			return Info{}, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
+		s.tailEnt, s.tailBatch = nil, nil
 		s.pending++
 		s.pend.apply(changeOf(ent))
 		s.mu.Unlock()
@@ -341,6 +342,13 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 	}
 
 	ts := max(now, st.LastTS+1)
+	if s.tailEnt != nil && len(req.Records) > 0 && !req.Close {
+		if res, ok := e.foldLocked(w, s, req, now, ts); ok {
+			b := s.tailBatch
+			s.mu.Unlock()
+			return res, nil, e.awaitBatch(ctx, b)
+		}
+	}
 	ent := &segment.Entry{
 		StreamID:   s.meta.ID,
 		Name:       s.name,
@@ -361,12 +369,64 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 	}
 	s.pending++
 	st.apply(changeOf(ent))
+	s.tailEnt, s.tailBatch = nil, nil
+	if !req.Close {
+		s.tailEnt, s.tailBatch = ent, b
+	}
 	res := AppendResult{FirstSeq: ent.FirstSeq, NextSeq: ent.EndSeq(), Timestamp: ts, Closed: st.Closed}
 	if p := req.Producer; p != nil {
 		res.ProducerEpoch, res.ProducerSeq = p.Epoch, p.Seq
 	}
 	s.mu.Unlock()
 	return res, nil, e.awaitBatch(ctx, b)
+}
+
+// foldLocked appends req's records to the stream's latest entry while its
+// batch is still open, instead of adding an entry: one hot stream then
+// costs one WAL entry per batch (one cache block, one run to compact), not
+// one per append. An entry carries one producer's state, so appends of
+// two producers are not folded together. It reports false when the fold
+// is not possible; the caller adds an entry as usual.
+func (e *Engine) foldLocked(w *segment.Writer, s *stream, req AppendRequest, now, ts int64) (AppendResult, bool) {
+	ent, st := s.tailEnt, &s.pend
+	var prod *segment.ProducerState
+	if p := req.Producer; p != nil {
+		prod = &segment.ProducerState{ID: p.ID, Epoch: p.Epoch, Seq: p.Seq}
+	}
+	if ent.EndSeq() != st.NextSeq || (prod != nil && ent.Producer != nil && ent.Producer.ID != prod.ID) {
+		return AppendResult{}, false
+	}
+	add := &segment.Entry{FirstSeq: st.NextSeq, Records: stamp(req.Records, st.NextSeq, ts),
+		Producer: prod, StreamSeq: req.StreamSeq, AccessedAt: now}
+	folded := w.Extend(s.tailBatch, func() int {
+		n := 0
+		for i := range add.Records {
+			n += segment.RecordSize(&add.Records[i])
+		}
+		if prod != nil {
+			if ent.Producer == nil {
+				n += 20 + len(prod.ID)
+			}
+			ent.Producer = prod
+		}
+		if add.StreamSeq != "" {
+			n += len(add.StreamSeq) - len(ent.StreamSeq)
+			ent.StreamSeq = add.StreamSeq
+		}
+		ent.Records = append(ent.Records, add.Records...)
+		ent.AccessedAt = now
+		ent.Merged++
+		return n
+	})
+	if !folded {
+		return AppendResult{}, false
+	}
+	st.apply(changeOf(add))
+	res := AppendResult{FirstSeq: add.FirstSeq, NextSeq: add.EndSeq(), Timestamp: ts, Closed: st.Closed}
+	if prod != nil {
+		res.ProducerEpoch, res.ProducerSeq = prod.Epoch, prod.Seq
+	}
+	return res, true
 }
 
 // duplicateLocked answers a producer retry of an accepted append. It is
@@ -564,6 +624,7 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 		s.mu.Unlock()
 		return Info{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
+	s.tailEnt, s.tailBatch = nil, nil
 	s.pending++
 	s.pend.apply(changeOf(ent))
 	s.mu.Unlock()

@@ -61,6 +61,7 @@ func (e *Engine) renew(s *stream) {
 	if _, err := w.Add(ent); err != nil {
 		return // not persisted now; the next access tries again
 	}
+	s.tailEnt, s.tailBatch = nil, nil
 	s.pending++
 	s.pend.apply(changeOf(ent))
 }

@@ -21,7 +21,8 @@ type Stats struct {
 // StatsSnapshot is Stats read at one moment.
 type StatsSnapshot struct {
 	// Appends is how many appends became durable (were acknowledged, or
-	// would have been had the client waited): WAL entries with records.
+	// would have been had the client waited), each one counted also when
+	// several of one stream share a WAL entry.
 	Appends uint64
 	// Records and Bytes are the records those appends carried and the
 	// bytes of their bodies.
@@ -63,7 +64,7 @@ func (s *Stats) committed(b *segment.Batch) {
 		if len(ent.Records) == 0 {
 			continue
 		}
-		appends++
+		appends += 1 + uint64(ent.Merged)
 		records += uint64(len(ent.Records))
 		for i := range ent.Records {
 			bytes += uint64(len(ent.Records[i].Body))
