@@ -29,6 +29,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"sync"
@@ -46,6 +47,7 @@ func main() {
 	jitter := flag.Duration("jitter", 0, "plus a random delay in [0, jitter)")
 	errorRate := flag.Float64("error-rate", 0, "fraction of requests (0 to 1) answered with -error-status instead of being forwarded")
 	errorStatus := flag.Int("error-status", http.StatusServiceUnavailable, "HTTP status of injected errors (503 is SlowDown, 500 InternalError)")
+	pprofAddr := flag.String("pprof", "", "serve net/http/pprof on this address (the proxy's own cost shows in benchmarks)")
 	flag.Parse()
 	if *target == "" {
 		fmt.Fprintln(os.Stderr, "s3proxy: -target is required")
@@ -75,6 +77,17 @@ func main() {
 		log.Fatalf("s3proxy: %v", err)
 	}
 	go relay(ln, p.Addr())
+
+	if *pprofAddr != "" {
+		pln, err := net.Listen("tcp", *pprofAddr)
+		if err != nil {
+			log.Fatalf("s3proxy: %v", err)
+		}
+		pm := http.NewServeMux()
+		pm.HandleFunc("/debug/pprof/", pprof.Index)
+		pm.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		go http.Serve(pln, pm)
+	}
 
 	c := &ctl{p: p, marks: map[string]testenv.Counts{}}
 	cln, err := net.Listen("tcp", *control)
