@@ -28,8 +28,10 @@ func (e *Engine) compactLoop() {
 		case <-e.compactKick:
 			t.Stop()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		if err := e.Compact(ctx); err != nil {
+		// Close cancels a compaction under way: it is safe to stop at any
+		// point (what it wrote is found again or overwritten next time).
+		ctx, cancel := context.WithTimeout(e.bgCtx, 5*time.Minute)
+		if err := e.Compact(ctx); err != nil && e.bgCtx.Err() == nil {
 			e.log.Warn("compaction failed; will retry", zap.Error(err))
 		}
 		cancel()
@@ -350,7 +352,9 @@ func (e *Engine) gcLoop() {
 		case <-e.gcKick:
 		case <-time.After(5 * time.Minute):
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		// Close cancels a compaction under way: it is safe to stop at any
+		// point (what it wrote is found again or overwritten next time).
+		ctx, cancel := context.WithTimeout(e.bgCtx, 5*time.Minute)
 		if err := e.collectGarbage(ctx); err != nil {
 			e.log.Warn("removing deleted streams' data failed; will retry", zap.Error(err))
 		}

@@ -203,15 +203,19 @@ func (e *Engine) Start(ctx context.Context) error {
 // lease. Live waits end with ErrShuttingDown.
 func (e *Engine) Close(ctx context.Context) error {
 	e.startMu.Lock()
-	defer e.startMu.Unlock()
 	select {
 	case <-e.closing:
+		e.startMu.Unlock()
 		return nil
 	default:
 	}
 	close(e.closing)
 	e.bgCancel()
-	if !e.started {
+	started := e.started
+	// Not held while background work winds down: a compaction that was
+	// starting asks for the writer (under startMu) before it sees closing.
+	e.startMu.Unlock()
+	if !started {
 		return nil
 	}
 	err := e.w.Close(ctx)
@@ -541,8 +545,13 @@ func (e *Engine) evictLocked() {
 const compactBacklog = 1000
 
 // compactMinEntries is how many entries a backlog that outgrows the cache
-// must hold before it starts a compaction early.
-const compactMinEntries = 4096
+// must hold before it starts a compaction early, unless its entries are
+// large (compactLargeEntry on average): reading those back costs their
+// bytes again, which is more than a compaction's few PUTs.
+const (
+	compactMinEntries = 4096
+	compactLargeEntry = 16 << 10
+)
 
 // evictGrace is how long a looked-up stream is safe from eviction.
 const evictGrace = 2 * time.Second
@@ -623,13 +632,16 @@ func (h hooks) Committed(b *segment.Batch) {
 	// have to come back from the bucket, one ranged GET per entry (or run
 	// of a stream's entries in one WAL object). So a busy node compacts
 	// when the backlog reaches three quarters of the cache, not only at
-	// the interval. Only when the entries are many, though: a few large
-	// entries cost a few GETs to read back, less than compacting again and
-	// again (every compaction writes a metadata object per stream).
+	// the interval. Only when the entries are many, though, or large: a
+	// few small entries cost a few small GETs to read back, less than
+	// compacting again and again (every compaction writes a metadata
+	// object per stream), but megabyte entries read back cost as much as
+	// writing them did.
 	e.walBytes += bytes
 	e.walEntries += entries
 	limit := e.cache.budgetBytes() * 3 / 4
-	full := e.walBytes >= limit && e.walEntries >= compactMinEntries
+	full := e.walBytes >= limit && e.walEntries > 0 &&
+		(e.walEntries >= compactMinEntries || e.walBytes >= int64(e.walEntries)*compactLargeEntry)
 	kick := e.walBacklog == compactBacklog || (full && !e.compactFull)
 	e.compactFull = e.compactFull || full
 	e.mu.Unlock()

@@ -83,7 +83,7 @@ func TestIdleStreamsLeaveMemory(t *testing.T) {
 // A backlog of many WAL entries that outgrows most of the cache starts a
 // compaction at once, before the interval: compaction reads the entries
 // from the cache, and once they fall out of it each would be a GET. A few
-// large entries do not: reading them back costs a few GETs, less than
+// middling entries do not: reading them back costs a few GETs, less than
 // compacting over and over.
 func TestCompactionStartsWhenBacklogOutgrowsCache(t *testing.T) {
 	ctx := context.Background()
@@ -92,15 +92,15 @@ func TestCompactionStartsWhenBacklogOutgrowsCache(t *testing.T) {
 	if _, _, err := e.Create(ctx, "/big", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
 		t.Fatal(err)
 	}
-	big := make([]byte, 64<<10)
-	for range 5 { // 320 KiB in 5 entries: past the bytes, far from the entries
-		if _, err := e.Append(ctx, "/big", AppendRequest{Records: []NewRecord{{Body: big}}}); err != nil {
+	mid := make([]byte, 8<<10)
+	for range 40 { // 320 KiB in 40 entries: past the bytes, far from the entries
+		if _, err := e.Append(ctx, "/big", AppendRequest{Records: []NewRecord{{Body: mid}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	time.Sleep(100 * time.Millisecond)
 	if keys := st.Keys("data/"); len(keys) != 0 {
-		t.Fatalf("a few large entries started a compaction: %v", keys)
+		t.Fatalf("a few middling entries started a compaction: %v", keys)
 	}
 	// Thousands of small entries, from many writers at once, each on a
 	// stream of its own (one stream's appends in one batch fold into one
@@ -132,6 +132,30 @@ func TestCompactionStartsWhenBacklogOutgrowsCache(t *testing.T) {
 	for len(st.Keys("data/")) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("no compaction after %d entries over three quarters of the cache", compactMinEntries)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Large entries that outgrow most of the cache start a compaction too,
+// however few: each one read back would cost its bytes again.
+func TestCompactionStartsForLargeEntries(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{CacheBytes: 256 << 10}) // interval: an hour
+	if _, _, err := e.Create(ctx, "/big", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 64<<10)
+	for range 5 { // 320 KiB in 5 entries
+		if _, err := e.Append(ctx, "/big", AppendRequest{Records: []NewRecord{{Body: big}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(st.Keys("data/")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no compaction after 320 KiB of 64 KiB entries in a 256 KiB cache")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
