@@ -92,19 +92,9 @@ func TestFoldAppendsOfOneStream(t *testing.T) {
 
 	// Fewer WAL entries than appends: folding happened.
 	entries := 0
-	for _, k := range st.Keys("wal/") {
-		data, _, err := st.Get(ctx, k, 0, -1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		obj, err := segment.DecodeWAL(data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, ent := range obj.Entries {
-			if ent.Name == "/hot" && len(ent.Records) > 0 {
-				entries++
-			}
+	for _, ent := range walEntriesOf(t, st, "/hot") {
+		if len(ent.Records) > 0 {
+			entries++
 		}
 	}
 	if entries == 0 || entries > writers*each/2 {
@@ -174,19 +164,9 @@ func TestFoldLeavesCloseAlone(t *testing.T) {
 	// The close is an entry of its own, without pa's producer state
 	// (folded, it would carry pa's and record pa as the closer).
 	var closing []*segment.Entry
-	for _, k := range st.Keys("wal/") {
-		data, _, err := st.Get(ctx, k, 0, -1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		obj, err := segment.DecodeWAL(data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, ent := range obj.Entries {
-			if ent.Name == "/c" && ent.Closed {
-				closing = append(closing, ent)
-			}
+	for _, ent := range walEntriesOf(t, st, "/c") {
+		if ent.Closed {
+			closing = append(closing, ent)
 		}
 	}
 	if len(closing) != 1 || closing[0].Producer != nil || len(closing[0].Records) != 1 || string(closing[0].Records[0].Body) != "b" {
@@ -195,4 +175,27 @@ func TestFoldLeavesCloseAlone(t *testing.T) {
 	if got := fmt.Sprint(readAll(t, e, "/c")); got != "[a b]" {
 		t.Fatalf("records %s", got)
 	}
+}
+
+// walEntriesOf decodes every WAL object in st and returns the entries of
+// stream name, in key order.
+func walEntriesOf(t *testing.T, st *memstore.Store, name string) []*segment.Entry {
+	t.Helper()
+	var out []*segment.Entry
+	for _, k := range st.Keys("wal/") {
+		data, _, err := st.Get(context.Background(), k, 0, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj, err := segment.DecodeWAL(data)
+		if err != nil {
+			t.Fatalf("decode %s: %v", k, err)
+		}
+		for _, ent := range obj.Entries {
+			if ent.Name == name {
+				out = append(out, ent)
+			}
+		}
+	}
+	return out
 }
