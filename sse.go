@@ -119,24 +119,6 @@ func appendJSONString(dst []byte, s string) []byte {
 	return append(dst, '"')
 }
 
-// writeSSEEvent writes one event (see appendSSEEvent).
-func writeSSEEvent(w io.Writer, event string, payload []byte) error {
-	_, err := w.Write(appendSSEEvent(nil, event, payload))
-	return err
-}
-
-// writeSSEBase64 writes a base64 data event (see appendSSEBase64).
-func writeSSEBase64(w io.Writer, data []byte) error {
-	_, err := w.Write(appendSSEBase64(nil, data))
-	return err
-}
-
-// writeSSEControl writes a control event.
-func writeSSEControl(w io.Writer, c sseControl) error {
-	_, err := w.Write(appendSSEControl(nil, c))
-	return err
-}
-
 // eventStream is a server-sent events response being written: events go
 // to out (a buffer over the response, or the response itself), and flush
 // pushes them to the client.

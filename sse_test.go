@@ -1,7 +1,6 @@
 package picomq
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -49,16 +48,9 @@ func TestSSEEventCannotBeForged(t *testing.T) {
 		" leading space\n  two spaces\nnone",
 		"",
 	} {
-		var buf bytes.Buffer
-		bw := bufio.NewWriter(&buf)
-		if err := writeSSEEvent(bw, "data", []byte(payload)); err != nil {
-			t.Fatal(err)
-		}
-		if err := writeSSEControl(bw, sseControl{StreamNextOffset: "x"}); err != nil {
-			t.Fatal(err)
-		}
-		bw.Flush()
-		evs := parseSSE(t, buf.String())
+		ev := appendSSEEvent(nil, "data", []byte(payload))
+		ev = appendSSEControl(ev, sseControl{StreamNextOffset: "x"})
+		evs := parseSSE(t, string(ev))
 		if len(evs) != 2 || evs[0].typ != "data" || evs[1].typ != "control" {
 			t.Fatalf("%q: events %+v", payload, evs)
 		}
@@ -75,11 +67,7 @@ func TestSSEEventCannotBeForged(t *testing.T) {
 
 func TestSSEDataLinesHaveNoSpace(t *testing.T) {
 	// The conformance suite matches "data:line1" literally.
-	var buf bytes.Buffer
-	bw := bufio.NewWriter(&buf)
-	writeSSEEvent(bw, "data", []byte("line1\nline2"))
-	bw.Flush()
-	if got, want := buf.String(), "event: data\ndata:line1\ndata:line2\n\n"; got != want {
+	if got, want := string(appendSSEEvent(nil, "data", []byte("line1\nline2"))), "event: data\ndata:line1\ndata:line2\n\n"; got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
 }
@@ -90,17 +78,12 @@ func TestSSEBase64(t *testing.T) {
 		for i := range data {
 			data[i] = byte(i * 7)
 		}
-		var buf bytes.Buffer
-		bw := bufio.NewWriter(&buf)
-		if err := writeSSEBase64(bw, data); err != nil {
-			t.Fatal(err)
-		}
-		bw.Flush()
-		evs := parseSSE(t, buf.String())
+		ev := string(appendSSEBase64(nil, data))
+		evs := parseSSE(t, ev)
 		if n == 0 {
 			// An empty payload is the empty string: "data:" and nothing else.
-			if buf.String() != "event: data\ndata:\n\n" {
-				t.Errorf("empty: %q", buf.String())
+			if ev != "event: data\ndata:\n\n" {
+				t.Errorf("empty: %q", ev)
 			}
 			continue
 		}
@@ -120,12 +103,9 @@ func TestSSEBase64(t *testing.T) {
 }
 
 func TestSSEControlFields(t *testing.T) {
-	var buf bytes.Buffer
-	bw := bufio.NewWriter(&buf)
-	writeSSEControl(bw, sseControl{StreamNextOffset: "o", StreamCursor: "7", UpToDate: true})
-	writeSSEControl(bw, sseControl{StreamNextOffset: "o", UpToDate: true, StreamClosed: true})
-	bw.Flush()
-	evs := parseSSE(t, buf.String())
+	ev := appendSSEControl(nil, sseControl{StreamNextOffset: "o", StreamCursor: "7", UpToDate: true})
+	ev = appendSSEControl(ev, sseControl{StreamNextOffset: "o", UpToDate: true, StreamClosed: true})
+	evs := parseSSE(t, string(ev))
 	if evs[0].data != `{"streamNextOffset":"o","streamCursor":"7","upToDate":true}` {
 		t.Errorf("open: %s", evs[0].data)
 	}

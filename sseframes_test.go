@@ -22,12 +22,11 @@ func TestAppendSSEControlMatchesJSON(t *testing.T) {
 	}
 	for _, c := range tests {
 		got := appendSSEControl(nil, c)
-		var want bytes.Buffer
 		payload, err := json.Marshal(c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		writeSSEEvent(&want, "control", payload)
+		want := appendSSEEvent(nil, "control", payload)
 		// encoding/json may escape differently (\u000a for \n); compare
 		// what a client decodes.
 		gotPayload := strings.TrimSuffix(strings.TrimPrefix(string(got), "event: control\ndata:"), "\n\n")
@@ -38,8 +37,8 @@ func TestAppendSSEControlMatchesJSON(t *testing.T) {
 		if back != c {
 			t.Errorf("control event %q decodes to %+v, want %+v", got, back, c)
 		}
-		if !strings.ContainsAny(c.StreamNextOffset+c.StreamCursor, "\"\\\x01\n") && string(got) != want.String() {
-			t.Errorf("control event %q, encoding/json gives %q", got, want.String())
+		if !strings.ContainsAny(c.StreamNextOffset+c.StreamCursor, "\"\\\x01\n") && string(got) != string(want) {
+			t.Errorf("control event %q, encoding/json gives %q", got, want)
 		}
 	}
 }
