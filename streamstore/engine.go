@@ -317,10 +317,23 @@ type stream struct {
 
 	// The stream's latest WAL entry and its batch, when later appends may
 	// be folded into it (an append entry without close or trim); nil
-	// otherwise. Every Add of an entry of the stream sets or clears it,
-	// so a fold never jumps another entry of the stream.
+	// otherwise. joined sets or clears it at every Add.
 	tailEnt   *segment.Entry
 	tailBatch *segment.Batch
+}
+
+// joined records that ent, of this stream, went into batch b: one more
+// entry in flight, the pending state moved on, and ent is where later
+// appends may fold while b is open (foldable) or nothing is (a fold must
+// never jump an entry of the stream). Called with s.mu held, after every
+// Add of an entry of s.
+func (s *stream) joined(ent *segment.Entry, b *segment.Batch, foldable bool) {
+	s.pending++
+	s.pend.apply(changeOf(ent))
+	s.tailEnt, s.tailBatch = nil, nil
+	if foldable {
+		s.tailEnt, s.tailBatch = ent, b
+	}
 }
 
 // walRun is a committed entry: where its records are in the WAL, and what

@@ -148,9 +148,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 			s.mu.Unlock()
 			return Info{}, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
-		s.tailEnt, s.tailBatch = nil, nil
-		s.pending++
-		s.pend.apply(changeOf(ent))
+		s.joined(ent, b, false)
 		s.mu.Unlock()
 		if err := e.awaitBatch(ctx, b); err != nil {
 			return Info{}, false, err
@@ -367,12 +365,7 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		s.mu.Unlock()
 		return AppendResult{}, nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	s.pending++
-	st.apply(changeOf(ent))
-	s.tailEnt, s.tailBatch = nil, nil
-	if !req.Close {
-		s.tailEnt, s.tailBatch = ent, b
-	}
+	s.joined(ent, b, !req.Close)
 	res := AppendResult{FirstSeq: ent.FirstSeq, NextSeq: ent.EndSeq(), Timestamp: ts, Closed: st.Closed}
 	if p := req.Producer; p != nil {
 		res.ProducerEpoch, res.ProducerSeq = p.Epoch, p.Seq
@@ -624,9 +617,7 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 		s.mu.Unlock()
 		return Info{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	s.tailEnt, s.tailBatch = nil, nil
-	s.pending++
-	s.pend.apply(changeOf(ent))
+	s.joined(ent, b, false)
 	s.mu.Unlock()
 	if err := e.awaitBatch(ctx, b); err != nil {
 		return Info{}, err

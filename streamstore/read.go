@@ -58,12 +58,11 @@ func (e *Engine) renew(s *stream) {
 		return
 	}
 	ent := &segment.Entry{StreamID: s.meta.ID, Name: s.name, FirstSeq: s.pend.NextSeq, AccessedAt: s.touched, Ref: s}
-	if _, err := w.Add(ent); err != nil {
+	b, err := w.Add(ent)
+	if err != nil {
 		return // not persisted now; the next access tries again
 	}
-	s.tailEnt, s.tailBatch = nil, nil
-	s.pending++
-	s.pend.apply(changeOf(ent))
+	s.joined(ent, b, false)
 }
 
 // collect gathers records [req.Seq, end) within the request's limits: from
