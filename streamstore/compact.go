@@ -27,6 +27,9 @@ func (e *Engine) compactLoop() {
 		case <-t.C:
 		case <-e.compactKick:
 			t.Stop()
+		case <-e.compactReset:
+			t.Stop()
+			continue
 		}
 		// Close cancels a compaction under way: it is safe to stop at any
 		// point (what it wrote is found again or overwritten next time).

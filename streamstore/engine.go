@@ -85,15 +85,18 @@ type Engine struct {
 
 	compactMu   sync.Mutex // one compaction at a time
 	compactKick chan struct{}
-	walBacklog  int   // WAL objects committed since the last compaction began
-	walBytes    int64 // record bytes committed since the last compaction began
-	walEntries  int   // entries with records committed since then
-	compactFull bool  // the backlog has outgrown the cache: a compaction was asked for
-	gcKick      chan struct{}
-	closing     chan struct{}
-	bg          sync.WaitGroup
-	bgCtx       context.Context // ends at Close: for work nobody waits on
-	bgCancel    context.CancelFunc
+	// compactReset re-arms the compaction timer: a reload that shortens
+	// compact_interval must not wait out the old one.
+	compactReset chan struct{}
+	walBacklog   int   // WAL objects committed since the last compaction began
+	walBytes     int64 // record bytes committed since the last compaction began
+	walEntries   int   // entries with records committed since then
+	compactFull  bool  // the backlog has outgrown the cache: a compaction was asked for
+	gcKick       chan struct{}
+	closing      chan struct{}
+	bg           sync.WaitGroup
+	bgCtx        context.Context // ends at Close: for work nobody waits on
+	bgCancel     context.CancelFunc
 
 	fetchMu  sync.Mutex
 	fetching map[string]*fetchCall // data object GETs in flight, by key
@@ -109,20 +112,21 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 	}
 	bgCtx, bgCancel := context.WithCancel(context.Background())
 	return &Engine{
-		bgCtx:       bgCtx,
-		bgCancel:    bgCancel,
-		store:       store,
-		log:         log,
-		man:         segment.NewManifests(store),
-		cache:       newBlockCache(cfg.CacheBytes),
-		cfg:         cfg,
-		streams:     map[string]*stream{},
-		loading:     map[string]*loadCall{},
-		nameLocks:   map[string]*nameLock{},
-		creating:    map[*stream]struct{}{},
-		gcKick:      make(chan struct{}, 1),
-		compactKick: make(chan struct{}, 1),
-		closing:     make(chan struct{}),
+		bgCtx:        bgCtx,
+		bgCancel:     bgCancel,
+		store:        store,
+		log:          log,
+		man:          segment.NewManifests(store),
+		cache:        newBlockCache(cfg.CacheBytes),
+		cfg:          cfg,
+		streams:      map[string]*stream{},
+		loading:      map[string]*loadCall{},
+		nameLocks:    map[string]*nameLock{},
+		creating:     map[*stream]struct{}{},
+		gcKick:       make(chan struct{}, 1),
+		compactKick:  make(chan struct{}, 1),
+		compactReset: make(chan struct{}, 1),
+		closing:      make(chan struct{}),
 	}
 }
 
@@ -137,8 +141,15 @@ func (e *Engine) Reconfigure(cfg Config) {
 	cfg = cfg.withDefaults()
 	e.cfgMu.Lock()
 	cfg.NodeID = e.cfg.NodeID
+	interval := e.cfg.CompactInterval
 	e.cfg = cfg
 	e.cfgMu.Unlock()
+	if cfg.CompactInterval != interval {
+		select {
+		case e.compactReset <- struct{}{}:
+		default:
+		}
+	}
 	e.cache.setBudget(cfg.CacheBytes)
 	e.startMu.Lock()
 	if e.w != nil {

@@ -509,3 +509,26 @@ func TestCompactionRetiresSealedNamespacesWithoutNewWrites(t *testing.T) {
 		t.Fatalf("reads %s", got)
 	}
 }
+
+// A reload that shortens compact_interval takes effect at once, not after
+// the old interval.
+func TestReconfigureRearmsCompaction(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	cfg := Config{CompactInterval: time.Hour}
+	e := startEngine(t, st, cfg)
+	if _, _, err := e.Create(ctx, "/r", CreateRequest{ContentType: "text/plain", Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.CompactInterval = 20 * time.Millisecond
+	cfg.FlushInterval = time.Millisecond
+	cfg.NodeID = "node-a"
+	e.Reconfigure(cfg)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(st.Keys("data/")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no compaction 5 s after compact_interval became 20ms; keys %v", st.Keys(""))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
