@@ -44,6 +44,14 @@ type Entry struct {
 	AccessedAt int64          // TTL renewal, ms; 0 when not renewed
 	TrimTo     uint64         // records below this seq are gone for good; 0 when unchanged
 
+	// Blob, when set, names an object written before the entry that holds
+	// its records as a data object (EncodeData). The WAL then carries only
+	// their count and timestamp, so a large append's bytes go to the bucket
+	// once. Its records must all share one timestamp. An entry decoded
+	// from the WAL has stand-in records: Seq and Timestamp, no headers or
+	// bodies; the records are read from the blob.
+	Blob string
+
 	// Ref is the caller's own handle for the entry; it is not stored.
 	Ref any
 	// Merged counts the appends folded into this entry after its first
@@ -68,6 +76,7 @@ const (
 	flagProd   = 1 << 2
 	flagSSeq   = 1 << 3
 	flagTrim   = 1 << 4
+	flagBlob   = 1 << 5
 )
 
 // WALObject is the decoded form of one WAL object.
@@ -135,6 +144,9 @@ func AppendEntry(b []byte, e *Entry) []byte {
 	if e.TrimTo != 0 {
 		flags |= flagTrim
 	}
+	if e.Blob != "" {
+		flags |= flagBlob
+	}
 	b = append(b, flags)
 	b = appendString(b, e.StreamID)
 	b = appendString(b, e.Name)
@@ -152,8 +164,17 @@ func AppendEntry(b []byte, e *Entry) []byte {
 		b = binary.BigEndian.AppendUint64(b, e.TrimTo)
 	}
 	b = binary.BigEndian.AppendUint32(b, uint32(len(e.Records)))
-	for i := range e.Records {
-		b = AppendRecord(b, &e.Records[i])
+	if e.Blob != "" {
+		b = appendString(b, e.Blob)
+		var ts int64
+		if len(e.Records) > 0 {
+			ts = e.Records[0].Timestamp
+		}
+		b = binary.BigEndian.AppendUint64(b, uint64(ts))
+	} else {
+		for i := range e.Records {
+			b = AppendRecord(b, &e.Records[i])
+		}
 	}
 	payload := b[hdr+8:]
 	binary.BigEndian.PutUint32(b[hdr:], uint32(len(payload)))
@@ -179,6 +200,9 @@ func entrySize(e *Entry) int {
 		n += 20 + len(e.Producer.ID)
 	}
 	n += 4 + len(e.StreamSeq)
+	if e.Blob != "" {
+		return n + 12 + len(e.Blob)
+	}
 	for i := range e.Records {
 		n += RecordSize(&e.Records[i])
 	}
@@ -271,10 +295,24 @@ func DecodeEntry(data []byte) (*Entry, int, error) {
 		e.TrimTo = d.u64()
 	}
 	n := d.u32()
-	if d.err == nil && uint64(n) > uint64(len(payload)) {
+	if flags&flagBlob != 0 {
+		e.Blob = d.str()
+		ts := int64(d.u64())
+		// The count is not bounded by the entry's size here: cap it by
+		// what one append can hold instead.
+		if d.err == nil && (e.Blob == "" || n > maxBlobRecords) {
+			d.err = fmt.Errorf("blob entry %q of %d records", e.Blob, n)
+		}
+		if d.err == nil {
+			e.Records = make([]Record, n)
+			for i := range e.Records {
+				e.Records[i] = Record{Seq: e.FirstSeq + uint64(i), Timestamp: ts}
+			}
+		}
+	} else if d.err == nil && uint64(n) > uint64(len(payload)) {
 		d.err = errTruncated
 	}
-	if d.err == nil {
+	if d.err == nil && e.Blob == "" {
 		e.Records = make([]Record, n)
 		for i := range e.Records {
 			d.record(&e.Records[i])
@@ -291,6 +329,11 @@ func DecodeEntry(data []byte) (*Entry, int, error) {
 }
 
 var errTruncated = errors.New("truncated")
+
+// maxBlobRecords bounds the record count of a blob entry read from the WAL;
+// every record of a blob costs at least 16 bytes of it, and no append is
+// near 1 GiB.
+const maxBlobRecords = 1 << 26
 
 // decoder reads big-endian fields; the first error sticks and later reads
 // return zero values.

@@ -149,6 +149,20 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 			meta.Upto = r.pos.next()
 			continue
 		}
+		// A blob is a data object already: list it, do not copy it. If a
+		// trim cut into it, dropBelow below rewrites or drops it.
+		if r.blob != "" {
+			if err := flush(); err != nil {
+				return err
+			}
+			key := markerKey(meta.ID, r.ch.First, r.ch.End, r.blob)
+			if _, err := e.store.Put(ctx, key, nil, segment.PutOptions{}); err != nil {
+				return fmt.Errorf("put marker %s: %w", key, err)
+			}
+			meta.State.apply(r.ch)
+			meta.Upto = r.pos.next()
+			continue
+		}
 		// The run's own cache entry first: recordsAt looks for the run
 		// and its neighbours in the stream's run list under the stream
 		// lock, which for a hot stream (many runs per WAL object) made
@@ -218,23 +232,35 @@ func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) error {
 		if err != nil {
 			return fmt.Errorf("list data of %s: %w", id, err)
 		}
-		var dead []string
+		var dead, blobs []string
 		for _, o := range objs {
-			first, end, ok := parseDataKey(o.Key)
+			first, end, blob, ok := parseDataKey(o.Key)
 			if !ok || first >= start {
 				more = false
 				break
 			}
+			obj := o.Key
+			if blob != "" {
+				obj = blobKey(id, blob)
+			}
 			if end > start {
-				if err := e.rewriteFrom(ctx, id, o.Key, start); err != nil {
+				if err := e.rewriteFrom(ctx, id, obj, start); err != nil {
 					return err
 				}
 			}
 			dead = append(dead, o.Key)
+			if blob != "" {
+				blobs = append(blobs, obj)
+			}
 			after = o.Key
 		}
-		if len(dead) > 0 {
-			if err := e.store.Delete(ctx, dead); err != nil {
+		// Markers before their blobs: a marker is never left naming a
+		// deleted blob.
+		for _, keys := range [][]string{dead, blobs} {
+			if len(keys) == 0 {
+				continue
+			}
+			if err := e.store.Delete(ctx, keys); err != nil {
 				return fmt.Errorf("delete trimmed data of %s: %w", id, err)
 			}
 		}
@@ -244,6 +270,8 @@ func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) error {
 	}
 }
 
+// rewriteFrom writes the records from start on of data object key (a blob
+// or a plain data object of id) as a new data object.
 func (e *Engine) rewriteFrom(ctx context.Context, id, key string, start uint64) error {
 	data, _, err := e.store.Get(ctx, key, 0, -1)
 	if err != nil {
@@ -374,8 +402,12 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 		}
 		for _, o := range objs {
 			id := strings.TrimPrefix(o.Key, "gc/")
-			if err := e.deleteUnder(ctx, dataPrefix(id), ""); err != nil {
-				return err
+			// Blobs after data: a marker is never left naming a deleted
+			// blob. Blobs that never made it into the WAL go here too.
+			for _, p := range []string{dataPrefix(id), blobPrefix(id)} {
+				if err := e.deleteUnder(ctx, p, ""); err != nil {
+					return err
+				}
 			}
 			if err := e.store.Delete(ctx, []string{o.Key}); err != nil {
 				return fmt.Errorf("delete tombstone %s: %w", o.Key, err)

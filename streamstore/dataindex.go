@@ -22,8 +22,8 @@ import (
 // dataSpan is one data object: records [first, end).
 type dataSpan struct {
 	first, end uint64
-	key        string
-	size       int64 // bytes, as listed
+	key        string // the object to read: the blob, for a marker
+	size       int64  // bytes
 }
 
 // dataIndex is what a stream knows of its data objects: every object from
@@ -88,11 +88,15 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	}
 	spans := make([]dataSpan, 0, len(objs))
 	for _, o := range objs {
-		first, end, ok := parseDataKey(o.Key)
+		first, end, blob, ok := parseDataKey(o.Key)
 		if !ok {
 			return dataSpan{}, nil, fmt.Errorf("%w: data key %s", segment.ErrCorrupt, o.Key)
 		}
-		spans = append(spans, dataSpan{first: first, end: end, key: o.Key, size: o.Size})
+		sp := dataSpan{first: first, end: end, key: o.Key, size: o.Size}
+		if blob != "" {
+			sp.key, sp.size = blobKey(id, blob), blobSize(blob)
+		}
+		spans = append(spans, sp)
 	}
 	if len(spans) == 0 || spans[0].first > seq {
 		return dataSpan{}, nil, fmt.Errorf("%w: no data object holds seq %d of %s", segment.ErrCorrupt, seq, id)

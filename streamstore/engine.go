@@ -323,6 +323,8 @@ type stream struct {
 	touched int64        // last access (ms), for a sliding TTL
 	used    atomic.Int64 // last lookup (Unix ns), for eviction
 
+	uploading chan struct{} // closed when a large append's blob upload ends
+
 	dataIdx     *dataIndex // where the data objects are, once a read looked
 	prefetching bool       // a read-ahead of data objects is running
 
@@ -354,6 +356,7 @@ type walRun struct {
 	key  string
 	span segment.Span
 	ch   change
+	blob string // the entry's records are in this blob, not in the WAL
 }
 
 func (s *stream) info() Info {
@@ -625,8 +628,11 @@ func (h hooks) Committed(b *segment.Batch) {
 	for i, ent := range b.Entries {
 		s := ent.Ref.(*stream)
 		if len(ent.Records) > 0 {
-			entries++
 			e.cache.put(runCacheKey(b.Key, b.Spans[i]), ent.Records)
+		}
+		// A blob's records never need reading back for compaction.
+		if len(ent.Records) > 0 && ent.Blob == "" {
+			entries++
 			for j := range ent.Records {
 				bytes += int64(segment.RecordSize(&ent.Records[j]))
 			}
@@ -642,7 +648,7 @@ func (h hooks) Committed(b *segment.Batch) {
 			// Nothing is in flight: the pending view is the durable one.
 			s.pend = s.durable
 		}
-		s.runs = append(s.runs, walRun{pos: pos, key: b.Key, span: b.Spans[i], ch: ch})
+		s.runs = append(s.runs, walRun{pos: pos, key: b.Key, span: b.Spans[i], ch: ch, blob: ent.Blob})
 		s.notifyLocked()
 		s.mu.Unlock()
 		e.appended(ent)
@@ -729,7 +735,7 @@ func (e *Engine) replayObject(ctx context.Context, key string, obj *segment.WALO
 		}
 		s.durable.apply(ch)
 		s.pend = s.durable
-		s.runs = append(s.runs, walRun{pos: pos, key: key, span: obj.Spans[i], ch: ch})
+		s.runs = append(s.runs, walRun{pos: pos, key: key, span: obj.Spans[i], ch: ch, blob: ent.Blob})
 		e.commitEnd = pos.next()
 	}
 	return nil

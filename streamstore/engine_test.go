@@ -303,7 +303,7 @@ func TestTrimRemovesBytesAfterCompaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range st.Keys("data/") {
-		first, _, _ := parseDataKey(k)
+		first, _, _, _ := parseDataKey(k)
 		if first < 4 {
 			t.Fatalf("trimmed data still in the bucket: %s", k)
 		}

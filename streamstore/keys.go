@@ -3,6 +3,7 @@ package streamstore
 import (
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -74,16 +75,72 @@ func dataKeyAfter(id string, seq uint64) string {
 	return fmt.Sprintf("data/%s/%020d/", id, seq)
 }
 
-// parseDataKey returns the seq range of a data object key.
-func parseDataKey(key string) (first, end uint64, ok bool) {
+// parseDataKey returns the seq range of a data object key, and the blob
+// name when the key is a blob's marker (see markerKey).
+func parseDataKey(key string) (first, end uint64, blob string, ok bool) {
 	i := strings.LastIndexByte(key, '/')
 	if i < 0 {
-		return 0, 0, false
+		return 0, 0, "", false
 	}
-	if _, err := fmt.Sscanf(key[i+1:], "%020d.%020d", &end, &first); err != nil {
-		return 0, 0, false
+	rest := key[i+1:]
+	if len(rest) < 41 || rest[20] != '.' {
+		return 0, 0, "", false
 	}
-	return first, end, true
+	end, err1 := strconv.ParseUint(rest[:20], 10, 64)
+	first, err2 := strconv.ParseUint(rest[21:41], 10, 64)
+	if err1 != nil || err2 != nil || first > end {
+		return 0, 0, "", false
+	}
+	switch {
+	case len(rest) == 41:
+	case rest[41] == '.' && validBlobName(rest[42:]):
+		blob = rest[42:]
+	default:
+		return 0, 0, "", false
+	}
+	return first, end, blob, true
+}
+
+// A large append is written once, as its own data object (a blob) under
+// blob/<id>/, before the WAL entry that refers to it; compaction then
+// lists it among the stream's data objects with an empty marker object
+// whose key names the blob, instead of copying its bytes. A blob whose
+// entry never made it into the WAL (a failed upload, a crash) is never
+// listed as data: only compaction of a committed entry writes markers.
+
+// blobKey is the key of blob name of stream id.
+func blobKey(id, name string) string { return "blob/" + id + "/" + name }
+
+func blobPrefix(id string) string { return "blob/" + id + "/" }
+
+// markerKey lists blob name, holding seqs [first, end) of stream id, among
+// the stream's data objects.
+func markerKey(id string, first, end uint64, name string) string {
+	return dataKey(id, first, end) + "." + name
+}
+
+// newBlobName names a blob of size bytes: random, so that a blob of an
+// append that failed can never be mistaken for a later one, and carrying
+// its size, which the marker's listing cannot tell (read-ahead is sized
+// by bytes).
+func newBlobName(size int) string {
+	return strconv.FormatInt(int64(size), 10) + "-" + newID()
+}
+
+// blobSize is the size a blob name carries.
+func blobSize(name string) int64 {
+	n, _, _ := strings.Cut(name, "-")
+	v, _ := strconv.ParseInt(n, 10, 64)
+	return v
+}
+
+func validBlobName(name string) bool {
+	n, r, ok := strings.Cut(name, "-")
+	if !ok || n == "" || r == "" || strings.ContainsAny(name, "/.") {
+		return false
+	}
+	_, err := strconv.ParseUint(n, 10, 63)
+	return err == nil
 }
 
 func gcKey(id string) string { return "gc/" + id }

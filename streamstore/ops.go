@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/picomq/caddy-picomq/segment"
 )
 
@@ -283,6 +285,11 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		s.mu.Unlock()
 		return AppendResult{}, nil, errStale
 	}
+	if ch := s.uploading; ch != nil {
+		// A large append ahead of this one holds the next seq.
+		s.mu.Unlock()
+		return AppendResult{}, ch, nil
+	}
 	st := &s.pend
 	s.touched = now
 
@@ -340,6 +347,9 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 	}
 
 	ts := max(now, st.LastTS+1)
+	if recordBytes(req.Records) >= blobMinBytes {
+		return e.appendBlob(ctx, w, s, req, now, ts)
+	}
 	if s.tailEnt != nil && len(req.Records) > 0 && !req.Close {
 		if res, ok := e.foldLocked(w, s, req, now, ts); ok {
 			b := s.tailBatch
@@ -372,6 +382,100 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 	}
 	s.mu.Unlock()
 	return res, nil, e.awaitBatch(ctx, b)
+}
+
+// blobMinBytes is the size from which an append's records are written as
+// a blob of their own rather than into a WAL object (see blobKey): such
+// an append costs a PUT of its own either way, and its bytes then go to
+// the bucket once instead of twice (WAL object, then data object).
+const blobMinBytes = 256 << 10
+
+func recordBytes(recs []NewRecord) int {
+	n := 0
+	for i := range recs {
+		n += len(recs[i].Body)
+	}
+	return n
+}
+
+// appendBlob is appendTo's ending for a large append: its records are put
+// as a blob first, then its entry, which only names the blob, joins the
+// WAL. The seqs are held meanwhile: later appends of the stream wait for
+// the blob (appendTo hands them s.uploading), so entries stay in seq
+// order. A blob whose entry is not added is deleted; one whose batch
+// fails stays until the stream is deleted. Called with s.mu held; it
+// unlocks.
+func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, req AppendRequest, now, ts int64) (AppendResult, <-chan struct{}, error) {
+	st := &s.pend
+	ent := &segment.Entry{
+		StreamID:   s.meta.ID,
+		Name:       s.name,
+		FirstSeq:   st.NextSeq,
+		Records:    stamp(req.Records, st.NextSeq, ts),
+		Closed:     req.Close,
+		StreamSeq:  req.StreamSeq,
+		AccessedAt: now,
+		Ref:        s,
+	}
+	if p := req.Producer; p != nil {
+		ent.Producer = &segment.ProducerState{ID: p.ID, Epoch: p.Epoch, Seq: p.Seq}
+	}
+	done := make(chan struct{})
+	s.uploading = done
+	// Counted as in flight, so the stream is not evicted meanwhile.
+	s.pending++
+	s.mu.Unlock()
+
+	name := newBlobName(recordBytes(req.Records))
+	key := blobKey(ent.StreamID, name)
+	_, err := e.store.Put(ctx, key, segment.EncodeData(ent.Records), segment.PutOptions{})
+
+	s.mu.Lock()
+	s.uploading = nil
+	close(done)
+	s.pending--
+	switch {
+	case err != nil:
+		err = fmt.Errorf("%w: put blob %s: %v", ErrUnavailable, key, err)
+	case s.gone:
+		err = ErrNotFound
+	case st.NextSeq != ent.FirstSeq:
+		// An earlier entry of the stream was aborted meanwhile, and the
+		// tail rolled back: these seqs are no longer next.
+		err = fmt.Errorf("%w: stream %s rolled back to %d during a blob upload for %d", ErrUnavailable, s.name, st.NextSeq, ent.FirstSeq)
+	}
+	var b *segment.Batch
+	if err == nil {
+		ent.Blob = name
+		if b, err = w.Add(ent); err != nil {
+			err = fmt.Errorf("%w: %v", ErrUnavailable, err)
+		}
+	}
+	if err != nil {
+		if s.pending == 0 {
+			s.pend = s.durable
+		}
+		s.mu.Unlock()
+		e.dropBlob(key)
+		return AppendResult{}, nil, err
+	}
+	s.joined(ent, b, false)
+	res := AppendResult{FirstSeq: ent.FirstSeq, NextSeq: ent.EndSeq(), Timestamp: ts, Closed: st.Closed}
+	if p := req.Producer; p != nil {
+		res.ProducerEpoch, res.ProducerSeq = p.Epoch, p.Seq
+	}
+	s.mu.Unlock()
+	return res, nil, e.awaitBatch(ctx, b)
+}
+
+// dropBlob deletes a blob no entry refers to. It may not exist (a failed
+// PUT); a failure to delete only leaves it for the stream's deletion.
+func (e *Engine) dropBlob(key string) {
+	ctx, cancel := context.WithTimeout(e.bgCtx, 30*time.Second)
+	defer cancel()
+	if err := e.store.Delete(ctx, []string{key}); err != nil {
+		e.log.Warn("could not delete an unused blob", zap.String("key", key), zap.Error(err))
+	}
 }
 
 // foldLocked appends req's records to the stream's latest entry while its

@@ -144,6 +144,14 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 		if recs, ok := e.cache.get(runCacheKey(runs[0].key, runs[0].span)); ok {
 			return recs, nil
 		}
+		if r := runs[0]; r.blob != "" {
+			recs, err := e.blobRecords(ctx, id, r)
+			if err != nil {
+				return nil, err
+			}
+			e.cache.put(runCacheKey(r.key, r.span), recs)
+			return recs, nil
+		}
 		first, last := runs[0].span, runs[len(runs)-1].span
 		data, _, err := e.store.Get(ctx, runs[0].key, first.Off, last.Off+last.Len-first.Off)
 		if errors.Is(err, segment.ErrNotFound) && attempt == 0 {
@@ -172,6 +180,23 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 	}
 }
 
+// blobRecords reads the records of a committed blob entry of stream id.
+func (e *Engine) blobRecords(ctx context.Context, id string, r walRun) ([]Record, error) {
+	key := blobKey(id, r.blob)
+	data, _, err := e.store.Get(ctx, key, 0, -1)
+	if err != nil {
+		return nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, key, err)
+	}
+	recs, err := segment.DecodeData(data)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	if len(recs) == 0 || recs[0].Seq != r.ch.First || recs[len(recs)-1].Seq+1 != r.ch.End {
+		return nil, fmt.Errorf("read %s: %w: blob does not hold seqs [%d, %d)", key, segment.ErrCorrupt, r.ch.First, r.ch.End)
+	}
+	return recs, nil
+}
+
 // maxRangeRead caps the bytes one ranged WAL read may span.
 const maxRangeRead = 1 << 20
 
@@ -184,7 +209,10 @@ func sameObjectRuns(runs []walRun, seq uint64) []walRun {
 		return nil
 	}
 	out := []walRun{runs[i]}
-	for j := i + 1; j < len(runs) && runs[j].key == runs[i].key; j++ {
+	if runs[i].blob != "" {
+		return out
+	}
+	for j := i + 1; j < len(runs) && runs[j].key == runs[i].key && runs[j].blob == ""; j++ {
 		if runs[j].span.Off+runs[j].span.Len-runs[i].span.Off > maxRangeRead {
 			break
 		}

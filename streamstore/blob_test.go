@@ -1,0 +1,290 @@
+package streamstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+)
+
+// body returns n pseudo-random bytes, different for every tag.
+func body(tag uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(tag, 7))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// readBodies reads name from seq on, following NextSeq to the tail.
+func readBodies(t *testing.T, e *Engine, name string, seq uint64) [][]byte {
+	t.Helper()
+	var out [][]byte
+	for {
+		res, err := e.Read(context.Background(), name, ReadRequest{Seq: seq})
+		if err != nil {
+			t.Fatalf("read %s at %d: %v", name, seq, err)
+		}
+		for i, r := range res.Records {
+			if r.Seq != seq+uint64(i) {
+				t.Fatalf("record %d of a read at %d has seq %d", i, seq, r.Seq)
+			}
+			out = append(out, r.Body)
+		}
+		seq = res.NextSeq
+		if res.UpToDate || len(res.Records) == 0 {
+			return out
+		}
+	}
+}
+
+func sameBodies(t *testing.T, what string, got, want [][]byte) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d records, want %d", what, len(got), len(want))
+	}
+	for i := range want {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("%s: record %d differs (%d bytes, want %d)", what, i, len(got[i]), len(want[i]))
+		}
+	}
+}
+
+func sizeUnder(st *memstore.Store, prefix string) int {
+	n := 0
+	for _, k := range st.Keys(prefix) {
+		data, _, _ := st.Get(context.Background(), k, 0, -1)
+		n += len(data)
+	}
+	return n
+}
+
+func TestLargeAppendGoesToTheBucketOnce(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	want := [][]byte{[]byte("small")}
+	if _, _, err := e.Create(ctx, "/big", CreateRequest{ContentType: "application/octet-stream", Records: []NewRecord{{Body: want[0]}}}); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range []int{blobMinBytes, 3, blobMinBytes + 12345, blobMinBytes - 1} {
+		b := body(uint64(i), n)
+		want = append(want, b)
+		res, err := e.Append(ctx, "/big", AppendRequest{Records: []NewRecord{{Body: b}}})
+		if err != nil || res.FirstSeq != uint64(i+1) {
+			t.Fatalf("append %d: %+v %v", i, res, err)
+		}
+	}
+	blobs := 0
+	for _, ent := range walEntriesOf(t, st, "/big") {
+		if ent.Blob != "" {
+			blobs++
+		}
+	}
+	if blobs != 2 || len(st.Keys("blob/")) != 2 {
+		t.Fatalf("%d blob entries, blobs %v; want the two appends of 256 KiB or more", blobs, st.Keys("blob/"))
+	}
+	// The WAL holds the small appends, not the large ones.
+	if got := sizeUnder(st, "wal/"); got > 2*blobMinBytes {
+		t.Fatalf("WAL objects hold %d bytes", got)
+	}
+	sameBodies(t, "live", readBodies(t, e, "/big", 0), want)
+
+	// A second node replays the WAL: the blob entries' records come from
+	// their blobs (no cache to help).
+	e2 := startEngine(t, st, Config{CacheBytes: 1})
+	sameBodies(t, "replayed", readBodies(t, e2, "/big", 0), want)
+
+	if err := e2.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	markers := 0
+	for _, k := range st.Keys("data/") {
+		if _, _, blob, ok := parseDataKey(k); ok && blob != "" {
+			markers++
+		}
+	}
+	// Compaction copied only the small records.
+	if markers != 2 || sizeUnder(st, "data/") > 2*blobMinBytes || len(st.Keys("wal/")) > 2 {
+		t.Fatalf("after compaction: %d markers, %d data bytes, WAL %v", markers, sizeUnder(st, "data/"), st.Keys("wal/"))
+	}
+	e3 := startEngine(t, st, Config{CacheBytes: 1})
+	sameBodies(t, "cold", readBodies(t, e3, "/big", 0), want)
+	sameBodies(t, "cold from seq 3", readBodies(t, e3, "/big", 3), want[3:])
+
+	if err := e3.Delete(ctx, "/big"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e3.collectGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left := append(st.Keys("blob/"), st.Keys("data/")...); len(left) != 0 {
+		t.Fatalf("left after delete: %v", left)
+	}
+}
+
+func TestTrimIntoABlob(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/t", CreateRequest{ContentType: "application/octet-stream", Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	var want [][]byte
+	var batch []NewRecord
+	for i := range 4 {
+		b := body(uint64(10+i), blobMinBytes/3)
+		want = append(want, b)
+		batch = append(batch, NewRecord{Body: b})
+	}
+	if _, err := e.Append(ctx, "/t", AppendRequest{Records: batch}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(st.Keys("blob/")); n != 1 {
+		t.Fatalf("%d blobs", n)
+	}
+	if _, err := e.Append(ctx, "/t", AppendRequest{Records: recs("z")}); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, []byte("z"))
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Seqs 1-4 are the blob; keep 3 on.
+	if _, err := e.Trim(ctx, "/t", 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if blobs := st.Keys("blob/"); len(blobs) != 0 {
+		t.Fatalf("the cut blob is still there: %v", blobs)
+	}
+	for _, k := range st.Keys("data/") {
+		first, _, blob, _ := parseDataKey(k)
+		if first < 3 || blob != "" {
+			t.Fatalf("data key %s after a trim to 3", k)
+		}
+	}
+	e2 := startEngine(t, st, Config{CacheBytes: 1})
+	sameBodies(t, "after trim", readBodies(t, e2, "/t", 3), want[2:])
+}
+
+func TestFailedBlobUploadAcknowledgesNothing(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var mu sync.Mutex
+	failing := true
+	st.Fail = func(op, key string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing && op == "PUT" && strings.HasPrefix(key, "blob/") {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/f", CreateRequest{ContentType: "application/octet-stream", Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.Append(ctx, "/f", AppendRequest{Records: []NewRecord{{Body: body(1, blobMinBytes)}}})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("append with the blob PUT failing: %v", err)
+	}
+	if res, err := e.Append(ctx, "/f", AppendRequest{Records: recs("b")}); err != nil || res.FirstSeq != 1 {
+		t.Fatalf("next append: %+v %v", res, err)
+	}
+	mu.Lock()
+	failing = false
+	mu.Unlock()
+	big := body(2, blobMinBytes)
+	if res, err := e.Append(ctx, "/f", AppendRequest{Records: []NewRecord{{Body: big}}}); err != nil || res.FirstSeq != 2 {
+		t.Fatalf("append after the fault: %+v %v", res, err)
+	}
+	e2 := startEngine(t, st, Config{CacheBytes: 1})
+	sameBodies(t, "after restart", readBodies(t, e2, "/f", 0), [][]byte{[]byte("a"), []byte("b"), big})
+}
+
+// Appends behind a large one wait for its blob: entries reach the WAL in
+// seq order.
+func TestAppendsWaitBehindABlob(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	st.Fail = func(op, key string) error {
+		if op == "PUT" && strings.HasPrefix(key, "blob/") {
+			started <- struct{}{}
+			<-release
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/w", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
+		t.Fatal(err)
+	}
+	big := body(3, blobMinBytes)
+	type result struct {
+		res AppendResult
+		err error
+	}
+	bigDone, smallDone := make(chan result, 1), make(chan result, 1)
+	go func() {
+		res, err := e.Append(ctx, "/w", AppendRequest{Records: []NewRecord{{Body: big}}})
+		bigDone <- result{res, err}
+	}()
+	<-started
+	go func() {
+		res, err := e.Append(ctx, "/w", AppendRequest{Records: recs("after")})
+		smallDone <- result{res, err}
+	}()
+	select {
+	case r := <-smallDone:
+		t.Fatalf("an append went ahead of a blob upload: %+v %v", r.res, r.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	b, s := <-bigDone, <-smallDone
+	if b.err != nil || s.err != nil || b.res.FirstSeq != 0 || s.res.FirstSeq != 1 {
+		t.Fatalf("big %+v %v, small %+v %v", b.res, b.err, s.res, s.err)
+	}
+	sameBodies(t, "order", readBodies(t, e, "/w", 0), [][]byte{big, []byte("after")})
+	if got := fmt.Sprint(len(walEntriesOf(t, st, "/w"))); got != "2" {
+		t.Fatalf("%s WAL entries", got)
+	}
+}
+
+func TestParseDataKey(t *testing.T) {
+	blob := newBlobName(300)
+	tests := []struct {
+		key        string
+		first, end uint64
+		blob       string
+		ok         bool
+	}{
+		{dataKey("id", 3, 9), 3, 9, "", true},
+		{markerKey("id", 3, 9, blob), 3, 9, blob, true},
+		{dataKey("id", 3, 9) + ".", 0, 0, "", false},
+		{dataKey("id", 3, 9) + ".x-y", 0, 0, "", false},
+		{dataKey("id", 3, 9) + "x", 0, 0, "", false},
+		{"data/id/00000000000000000009.0000000000000000000x", 0, 0, "", false},
+		{dataKey("id", 9, 3), 0, 0, "", false},
+	}
+	for _, tt := range tests {
+		first, end, b, ok := parseDataKey(tt.key)
+		if first != tt.first || end != tt.end || b != tt.blob || ok != tt.ok {
+			t.Errorf("parseDataKey(%q) = %d, %d, %q, %v", tt.key, first, end, b, ok)
+		}
+	}
+	if got := blobSize(blob); got != 300 {
+		t.Errorf("blobSize(%q) = %d", blob, got)
+	}
+}
