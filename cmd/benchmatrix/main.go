@@ -160,6 +160,7 @@ func run(ctx context.Context, selected []string, rowsFlag string, quick bool, ou
 			break
 		}
 		m.logf("== row %s: %s", def.key, def.title)
+		m.settle()
 		t0 := time.Now()
 		n := len(m.rows)
 		def.run(m, ctx)
@@ -301,5 +302,17 @@ func repoRoot() (string, error) {
 			return "", errors.New("run benchmatrix inside the caddy-picomq repository")
 		}
 		dir = parent
+	}
+}
+
+// settle writes back what the page cache holds for the disk before a
+// measurement, so that no measurement pays for the writeback of what an
+// earlier one wrote (kept data, which the kernel flushes in the background
+// once it passes its dirty-page threshold, slowing whoever runs then).
+func (m *matrix) settle() {
+	t := time.Now()
+	syscall.Sync()
+	if d := time.Since(t); d > time.Second {
+		m.logf("  flushed the page cache to disk in %s", d.Round(100*time.Millisecond))
 	}
 }
