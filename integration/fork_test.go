@@ -38,12 +38,15 @@ func forkSrc(from, to int64) []byte {
 	return b
 }
 
-// forkDataIDs returns the internal ids that have data objects, with the
-// bytes each holds.
+// forkDataIDs returns the internal ids that have data objects or blobs
+// (appends of 256 KiB and more), with the bytes each holds.
 func forkDataIDs(objs []fhObject) map[string]int64 {
 	ids := map[string]int64{}
 	for _, o := range objs {
 		rest, ok := strings.CutPrefix(o.Key, "data/")
+		if !ok {
+			rest, ok = strings.CutPrefix(o.Key, "blob/")
+		}
 		if !ok {
 			continue
 		}
@@ -98,6 +101,11 @@ func TestForkLargeStream(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		blobs, err := e.list("blob/")
+		if err != nil {
+			return err
+		}
+		data = append(data, blobs...)
 		wal, err := e.list("wal/")
 		if err != nil {
 			return err
@@ -119,7 +127,7 @@ func TestForkLargeStream(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("compaction of the source: %v", err)
 	}
-	srcData := e.mustList("data/" + srcID + "/")
+	srcData := append(e.mustList("data/"+srcID+"/"), e.mustList("blob/"+srcID+"/")...)
 	compacted := time.Since(began)
 
 	// The fork: at record forkAtRecord's start plus forkSubBytes.
@@ -235,7 +243,7 @@ func TestForkLargeStream(t *testing.T) {
 	// Long enough for compaction passes and the deletion loop to run: the
 	// source's data must stay while the fork references it.
 	time.Sleep(5 * time.Second)
-	kept := fhKeySet(e.mustList("data/" + srcID + "/"))
+	kept := fhKeySet(append(e.mustList("data/"+srcID+"/"), e.mustList("blob/"+srcID+"/")...))
 	for _, o := range srcData {
 		if !kept[o.Key] {
 			t.Errorf("source data object %s removed while the fork still references it", o.Key)
@@ -259,7 +267,7 @@ func TestForkLargeStream(t *testing.T) {
 		}
 		left = left[:0]
 		for _, o := range all {
-			if strings.HasPrefix(o.Key, "data/"+srcID+"/") || strings.HasPrefix(o.Key, "gc/") {
+			if strings.HasPrefix(o.Key, "data/"+srcID+"/") || strings.HasPrefix(o.Key, "blob/"+srcID+"/") || strings.HasPrefix(o.Key, "gc/") {
 				left = append(left, o)
 			}
 		}
