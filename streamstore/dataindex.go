@@ -155,7 +155,7 @@ func (e *Engine) getData(ctx context.Context, key string) ([]Record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", key, err)
 	}
-	e.cache.put(key, recs)
+	e.cache.putCold(key, recs)
 	return recs, nil
 }
 
