@@ -507,3 +507,26 @@ func TestRunCancel(t *testing.T) {
 		})
 	}
 }
+
+func TestParseControl(t *testing.T) {
+	tests := []struct {
+		in     string
+		next   string
+		closed bool
+		err    bool
+	}{
+		{`{"streamNextOffset":"0000000000000003_0000000000000000","streamCursor":"c1"}`, "0000000000000003_0000000000000000", false, false},
+		{`{"streamNextOffset":"7_0","streamClosed":true}`, "7_0", true, false},
+		{`{"streamCursor":"c","streamNextOffset":"a\"b"}`, `a"b`, false, false}, // escaped: through encoding/json
+		{`{ "streamNextOffset" : "x" }`, "x", false, false},                     // spaced: through encoding/json
+		{`{"streamClosed":true}`, "", true, false},
+		{`not json`, "", false, true},
+		{``, "", false, true},
+	}
+	for _, tt := range tests {
+		next, closed, err := parseControl([]byte(tt.in))
+		if string(next) != tt.next || closed != tt.closed || (err != nil) != tt.err {
+			t.Errorf("parseControl(%s) = %q, %v, %v", tt.in, next, closed, err)
+		}
+	}
+}
