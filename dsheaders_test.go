@@ -88,6 +88,15 @@ func TestContentTypes(t *testing.T) {
 			t.Errorf("normalizeContentType(%q) = %q, want an error", bad, got)
 		}
 	}
+	// The fast path answers exactly as the parser would.
+	for _, in := range []string{"application/octet-stream", "text/plain", "application/vnd.api+json", "a/b", "x-y/z.w_v",
+		"text/plain ", "text/", "/x", "a/b/c", "text/Plain", "text/plain;a=b", "te xt/plain", "text/pla\x00in", "a/b!#$&-^_.+"} {
+		fast, ferr := normalizeContentType(in)
+		slow, serr := parseContentType(in)
+		if fast != slow || (ferr == nil) != (serr == nil) {
+			t.Errorf("%q: fast path %q, %v; parser %q, %v", in, fast, ferr, slow, serr)
+		}
+	}
 	if !sameMediaType("application/json; charset=utf-8", "APPLICATION/JSON") || sameMediaType("text/plain", "text/html") {
 		t.Error("sameMediaType")
 	}
