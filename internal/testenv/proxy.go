@@ -495,7 +495,7 @@ func (b *copyBuffers) Get() []byte {
 	if v, ok := b.p.Get().(*[]byte); ok {
 		return *v
 	}
-	return make([]byte, 32<<10)
+	return make([]byte, 256<<10)
 }
 
 func (b *copyBuffers) Put(buf []byte) { b.p.Put(&buf) }
