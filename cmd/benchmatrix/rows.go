@@ -326,22 +326,15 @@ func processDetail(r *benchResult) []string {
 }
 
 // throughputRows measures the ceiling for spec and then PicoMQ with each
-// id's settings, as rows with the same targets; it does so m.sc.Rounds
-// times, alternately, and judges each row by its median round (ratio and
-// p99). It returns the median round's ceiling.
+// id's settings (a fresh instance each time), as rows with the same
+// targets; it does so m.sc.Rounds times, alternately, and judges each row
+// by its median round (ratio and p99). It returns the median round's
+// ceiling.
 func (m *matrix) throughputRows(ctx context.Context, ids []string, titles []string, target string, spec benchSpec, minRatio, maxP99 float64) *benchResult {
 	rounds := max(m.sc.Rounds, 1)
 	rows := make([]*rowResult, len(ids))
-	envs := make([]*picoEnv, len(ids))
 	runs := make([][]*picoRun, len(ids))
 	took := make([]time.Duration, len(ids))
-	defer func() {
-		for _, e := range envs {
-			if e != nil {
-				e.close()
-			}
-		}
-	}()
 	for i, id := range ids {
 		r := newRow(id, titles[i], target)
 		set := rowSettings[id]
@@ -372,14 +365,16 @@ func (m *matrix) throughputRows(ctx context.Context, ids []string, titles []stri
 			if r.Err != "" {
 				continue
 			}
+			// A fresh instance every round: one left running would
+			// compact in the background through the next ceiling.
 			t2 := time.Now()
-			if envs[i] == nil {
-				if envs[i], err = m.newPico(ctx, id, rowSettings[id]); err != nil {
-					r.Err = "starting PicoMQ: " + err.Error()
-					continue
-				}
+			e, err := m.newPico(ctx, id, rowSettings[id])
+			if err != nil {
+				r.Err = "starting PicoMQ: " + err.Error()
+				continue
 			}
-			pr, err := m.measurePico(ctx, envs[i], fmt.Sprintf("r%s-%d", id, round), spec)
+			pr, err := m.measurePico(ctx, e, fmt.Sprintf("r%s-%d", id, round), spec)
+			e.close()
 			took[i] += time.Since(t2)
 			if round == 1 {
 				r.Commands = append(r.Commands, "# PicoMQ", pr.cmd)
@@ -393,7 +388,7 @@ func (m *matrix) throughputRows(ctx context.Context, ids []string, titles []stri
 	}
 	if rounds > 1 {
 		for _, r := range rows {
-			r.Commands = append(r.Commands, fmt.Sprintf("# both commands %d times, alternately (ceiling, PicoMQ, ceiling, ...), on the same instances", rounds))
+			r.Commands = append(r.Commands, fmt.Sprintf("# both commands %d times, alternately (ceiling, PicoMQ, ceiling, ...), PicoMQ on a fresh instance and bucket each time", rounds))
 		}
 	}
 	for i, r := range rows {
