@@ -357,6 +357,22 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 			return res, nil, e.awaitBatch(ctx, b)
 		}
 	}
+	ent := s.appendEntry(req, now, ts)
+	b, err := w.Add(ent)
+	if err != nil {
+		s.mu.Unlock()
+		return AppendResult{}, nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	s.joined(ent, b, !req.Close)
+	res := appendResult(ent, req, ts, st.Closed)
+	s.mu.Unlock()
+	return res, nil, e.awaitBatch(ctx, b)
+}
+
+// appendEntry is the WAL entry of req at the stream's pending tail. Called
+// with s.mu held.
+func (s *stream) appendEntry(req AppendRequest, now, ts int64) *segment.Entry {
+	st := &s.pend
 	ent := &segment.Entry{
 		StreamID:   s.meta.ID,
 		Name:       s.name,
@@ -370,18 +386,16 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 	if p := req.Producer; p != nil {
 		ent.Producer = &segment.ProducerState{ID: p.ID, Epoch: p.Epoch, Seq: p.Seq}
 	}
-	b, err := w.Add(ent)
-	if err != nil {
-		s.mu.Unlock()
-		return AppendResult{}, nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	}
-	s.joined(ent, b, !req.Close)
-	res := AppendResult{FirstSeq: ent.FirstSeq, NextSeq: ent.EndSeq(), Timestamp: ts, Closed: st.Closed}
+	return ent
+}
+
+// appendResult answers an append whose entry is ent.
+func appendResult(ent *segment.Entry, req AppendRequest, ts int64, closed bool) AppendResult {
+	res := AppendResult{FirstSeq: ent.FirstSeq, NextSeq: ent.EndSeq(), Timestamp: ts, Closed: closed}
 	if p := req.Producer; p != nil {
 		res.ProducerEpoch, res.ProducerSeq = p.Epoch, p.Seq
 	}
-	s.mu.Unlock()
-	return res, nil, e.awaitBatch(ctx, b)
+	return res
 }
 
 // blobMinBytes is the size from which an append's records are written as
@@ -407,19 +421,7 @@ func recordBytes(recs []NewRecord) int {
 // unlocks.
 func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, req AppendRequest, now, ts int64) (AppendResult, <-chan struct{}, error) {
 	st := &s.pend
-	ent := &segment.Entry{
-		StreamID:   s.meta.ID,
-		Name:       s.name,
-		FirstSeq:   st.NextSeq,
-		Records:    stamp(req.Records, st.NextSeq, ts),
-		Closed:     req.Close,
-		StreamSeq:  req.StreamSeq,
-		AccessedAt: now,
-		Ref:        s,
-	}
-	if p := req.Producer; p != nil {
-		ent.Producer = &segment.ProducerState{ID: p.ID, Epoch: p.Epoch, Seq: p.Seq}
-	}
+	ent := s.appendEntry(req, now, ts)
 	done := make(chan struct{})
 	s.uploading = done
 	// Counted as in flight, so the stream is not evicted meanwhile.
@@ -460,10 +462,7 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 		return AppendResult{}, nil, err
 	}
 	s.joined(ent, b, false)
-	res := AppendResult{FirstSeq: ent.FirstSeq, NextSeq: ent.EndSeq(), Timestamp: ts, Closed: st.Closed}
-	if p := req.Producer; p != nil {
-		res.ProducerEpoch, res.ProducerSeq = p.Epoch, p.Seq
-	}
+	res := appendResult(ent, req, ts, st.Closed)
 	s.mu.Unlock()
 	return res, nil, e.awaitBatch(ctx, b)
 }
@@ -519,11 +518,7 @@ func (e *Engine) foldLocked(w *segment.Writer, s *stream, req AppendRequest, now
 		return AppendResult{}, false
 	}
 	st.apply(changeOf(add))
-	res := AppendResult{FirstSeq: add.FirstSeq, NextSeq: add.EndSeq(), Timestamp: ts, Closed: st.Closed}
-	if prod != nil {
-		res.ProducerEpoch, res.ProducerSeq = prod.Epoch, prod.Seq
-	}
-	return res, true
+	return appendResult(add, req, ts, st.Closed), true
 }
 
 // duplicateLocked answers a producer retry of an accepted append. It is
