@@ -273,13 +273,9 @@ func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) error {
 // rewriteFrom writes the records from start on of data object key (a blob
 // or a plain data object of id) as a new data object.
 func (e *Engine) rewriteFrom(ctx context.Context, id, key string, start uint64) error {
-	data, _, err := e.store.Get(ctx, key, 0, -1)
+	recs, err := e.readData(ctx, key)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", key, err)
-	}
-	recs, err := segment.DecodeData(data)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", key, err)
+		return err
 	}
 	var keep []Record
 	for _, r := range recs {

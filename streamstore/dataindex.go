@@ -144,6 +144,17 @@ func (e *Engine) fetchData(ctx context.Context, key string) ([]Record, error) {
 }
 
 func (e *Engine) getData(ctx context.Context, key string) ([]Record, error) {
+	recs, err := e.readData(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	e.cache.putCold(key, recs)
+	return recs, nil
+}
+
+// readData reads and decodes the data object (or blob) key. A missing
+// object is ErrNotFound, any other store failure ErrUnavailable.
+func (e *Engine) readData(ctx context.Context, key string) ([]Record, error) {
 	data, _, err := e.store.Get(ctx, key, 0, -1)
 	if errors.Is(err, segment.ErrNotFound) {
 		return nil, fmt.Errorf("read %s: %w", key, err)
@@ -155,7 +166,6 @@ func (e *Engine) getData(ctx context.Context, key string) ([]Record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", key, err)
 	}
-	e.cache.putCold(key, recs)
 	return recs, nil
 }
 

@@ -183,13 +183,9 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 // blobRecords reads the records of a committed blob entry of stream id.
 func (e *Engine) blobRecords(ctx context.Context, id string, r walRun) ([]Record, error) {
 	key := blobKey(id, r.blob)
-	data, _, err := e.store.Get(ctx, key, 0, -1)
+	recs, err := e.readData(ctx, key)
 	if err != nil {
-		return nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, key, err)
-	}
-	recs, err := segment.DecodeData(data)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", key, err)
+		return nil, err
 	}
 	if len(recs) == 0 || recs[0].Seq != r.ch.First || recs[len(recs)-1].Seq+1 != r.ch.End {
 		return nil, fmt.Errorf("read %s: %w: blob does not hold seqs [%d, %d)", key, segment.ErrCorrupt, r.ch.First, r.ch.End)
