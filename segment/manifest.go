@@ -256,14 +256,24 @@ func parseWALSeq(key, prefix string) (uint64, bool) {
 	return v, err == nil
 }
 
+// ReplayFuncs receive the WAL during Replay.
+type ReplayFuncs struct {
+	// Fetched, when set, sees each WAL object as soon as it has been read,
+	// ahead of Apply and from several goroutines at once: the place to
+	// start work that Apply will wait for.
+	Fetched func(obj *WALObject)
+	// Apply is handed every committed object, in WAL order.
+	Apply func(key string, obj *WALObject) error
+}
+
 // Replay reads the WAL after a restart. For every namespace in the manifest
 // it seals the first missing sequence (if the seal loses, that object
 // landed: it is replayed and the next missing one is sealed), then hands
-// every committed object below the seal to apply, in WAL order. Finally it
-// records the seals and registers a fresh namespace for this process, which
-// it returns.
+// every committed object below the seal to fn.Apply, in WAL order. Finally
+// it records the seals and registers a fresh namespace for this process,
+// which it returns.
 // token identifies this process in the seals it writes.
-func Replay(ctx context.Context, store Store, m *Manifests, token string, apply func(key string, obj *WALObject) error) (ns uint64, err error) {
+func Replay(ctx context.Context, store Store, m *Manifests, token string, fn ReplayFuncs) (ns uint64, err error) {
 	man, _, err := m.Load(ctx)
 	if err != nil {
 		return 0, err
@@ -271,7 +281,7 @@ func Replay(ctx context.Context, store Store, m *Manifests, token string, apply 
 	sort.Slice(man.Namespaces, func(i, j int) bool { return man.Namespaces[i].ID < man.Namespaces[j].ID })
 	seals := map[uint64]uint64{}
 	for _, n := range man.Namespaces {
-		end, err := replayNamespace(ctx, store, n, token, apply)
+		end, err := replayNamespace(ctx, store, n, token, fn)
 		if err != nil {
 			return 0, err
 		}
@@ -295,7 +305,7 @@ func Replay(ctx context.Context, store Store, m *Manifests, token string, apply 
 // it applies (half of them at once).
 const replayFetchAhead = 32
 
-func replayNamespace(ctx context.Context, store Store, n Namespace, token string, apply func(string, *WALObject) error) (uint64, error) {
+func replayNamespace(ctx context.Context, store Store, n Namespace, token string, fn ReplayFuncs) (uint64, error) {
 	prefix := WALPrefix(n.ID)
 	present := map[uint64]bool{}
 	after := ""
@@ -323,7 +333,7 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, token string
 	defer func() { cancel(); wg.Wait() }()
 	type fetch struct {
 		done chan struct{}
-		data []byte
+		obj  *WALObject
 		err  error
 	}
 	fetches := map[uint64]*fetch{}
@@ -345,7 +355,19 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, token string
 				f.err = fctx.Err()
 				return
 			}
-			f.data, _, f.err = store.Get(fctx, WALKey(n.ID, seq), 0, -1)
+			key := WALKey(n.ID, seq)
+			data, _, err := store.Get(fctx, key, 0, -1)
+			if err != nil {
+				f.err = fmt.Errorf("get %s: %w", key, err)
+				return
+			}
+			if f.obj, err = DecodeWAL(data); err != nil {
+				f.err = fmt.Errorf("decode %s: %w", key, err)
+				return
+			}
+			if fn.Fetched != nil && !f.obj.Sealed {
+				fn.Fetched(f.obj)
+			}
 		}()
 		return f
 	}
@@ -369,18 +391,13 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, token string
 		f := get(seq)
 		<-f.done
 		delete(fetches, seq)
-		data, err := f.data, f.err
-		if err != nil {
-			return 0, fmt.Errorf("get %s: %w", key, err)
+		if f.err != nil {
+			return 0, f.err
 		}
-		obj, err := DecodeWAL(data)
-		if err != nil {
-			return 0, fmt.Errorf("decode %s: %w", key, err)
-		}
-		if obj.Sealed {
+		if f.obj.Sealed {
 			return seq, nil
 		}
-		if err := apply(key, obj); err != nil {
+		if err := fn.Apply(key, f.obj); err != nil {
 			return 0, err
 		}
 	}

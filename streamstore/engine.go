@@ -75,6 +75,13 @@ type Engine struct {
 	started bool
 	w       *segment.Writer
 	lease   *segment.Lease
+	// stopRenewal ends the lease renewal, which runs from before the
+	// replay (bgCtx ending ends it too).
+	stopRenewal context.CancelFunc
+
+	fenceMu  sync.Mutex
+	fencedBy error           // the lease was taken by another node
+	fenceW   *segment.Writer // the writer to fence, once there is one
 
 	mu        sync.RWMutex // lookups of streams take it shared
 	streams   map[string]*stream
@@ -175,24 +182,46 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start engine: %w", err)
 	}
-	if err := segment.CheckFormat(ctx, e.store); err != nil {
+	// Renewal starts now, not after the replay: replaying a long WAL
+	// through a slow store can outlast the lease, and the node would then
+	// come up unable to write.
+	e.lease = lease
+	renewCtx, stopRenewal := context.WithCancel(e.bgCtx)
+	renewed := make(chan struct{})
+	e.bg.Add(1)
+	go func() {
+		defer close(renewed)
+		e.renewLease(renewCtx, lease)
+	}()
+	fail := func(err error) error {
+		// A retry takes the lease again; this attempt's renewal must not
+		// race it (a renewal that lost that race would fence the node).
+		stopRenewal()
+		<-renewed
 		return fmt.Errorf("start engine: %w", err)
+	}
+	if err := segment.CheckFormat(ctx, e.store); err != nil {
+		return fail(err)
 	}
 	began := time.Now()
 	var objects, entries int
 	token := newID()
-	ns, err := segment.Replay(ctx, e.store, e.man, token, func(key string, obj *segment.WALObject) error {
-		objects++
-		entries += len(obj.Entries)
-		return e.replayObject(ctx, key, obj)
+	metas := e.newMetaLoader(ctx)
+	ns, err := segment.Replay(ctx, e.store, e.man, token, segment.ReplayFuncs{
+		Fetched: metas.start,
+		Apply: func(key string, obj *segment.WALObject) error {
+			objects++
+			entries += len(obj.Entries)
+			return e.replayObject(metas, key, obj)
+		},
 	})
+	metas.wait()
 	if err != nil {
-		return fmt.Errorf("start engine: replay: %w", err)
+		return fail(fmt.Errorf("replay: %w", err))
 	}
 	e.log.Info("storage opened", zap.Int("wal_objects", objects), zap.Int("wal_entries", entries),
 		zap.Int("active_streams", len(e.streams)), zap.Uint64("namespace", ns), zap.Duration("took", time.Since(began)))
-	e.lease = lease
-	e.w = segment.NewWriter(e.store, ns, 0,
+	w := segment.NewWriter(e.store, ns, 0,
 		segment.WriterConfig{FlushInterval: cfg.FlushInterval, FlushSize: cfg.FlushSize, MaxInFlight: cfg.MaxInFlight},
 		segment.WriterDeps{
 			Hooks:        hooks{e},
@@ -200,9 +229,16 @@ func (e *Engine) Start(ctx context.Context) error {
 			Token:        token,
 			Check:        e.checkLease,
 		})
+	e.fenceMu.Lock()
+	e.fenceW = w
+	if e.fencedBy != nil {
+		w.Fence(e.fencedBy)
+	}
+	e.fenceMu.Unlock()
+	e.w = w
+	e.stopRenewal = stopRenewal
 	e.started = true
-	e.bg.Add(4)
-	go e.renewLease()
+	e.bg.Add(3)
 	go e.compactLoop()
 	go e.gcLoop()
 	go e.idleLoop()
@@ -222,6 +258,9 @@ func (e *Engine) Close(ctx context.Context) error {
 	}
 	close(e.closing)
 	e.bgCancel()
+	if e.stopRenewal != nil {
+		e.stopRenewal()
+	}
 	started := e.started
 	// Not held while background work winds down: a compaction that was
 	// starting asks for the writer (under startMu) before it sees closing.
@@ -270,13 +309,13 @@ func (e *Engine) registerNamespace(ctx context.Context) (uint64, error) {
 	return e.man.RegisterNamespace(ctx)
 }
 
-// renewLease renews the lease at a third of its lifetime, and retries
-// every second while the store does not answer. Past the lease's certain
-// validity the writer refuses work; if another node took the lease, the
-// writer is fenced for good.
-func (e *Engine) renewLease() {
+// renewLease renews l at a third of its lifetime, and retries every second
+// while the store does not answer, until ctx ends or the engine closes.
+// Past the lease's certain validity the writer refuses work; if another
+// node took the lease, the writer is fenced for good.
+func (e *Engine) renewLease(ctx context.Context, l *segment.Lease) {
 	defer e.bg.Done()
-	ttl := e.lease.TTL()
+	ttl := l.TTL()
 	wait := ttl / 3
 	for {
 		t := time.NewTimer(wait)
@@ -284,22 +323,38 @@ func (e *Engine) renewLease() {
 		case <-e.closing:
 			t.Stop()
 			return
+		case <-ctx.Done():
+			t.Stop()
+			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), ttl/3)
-		err := e.lease.Renew(ctx)
+		rctx, cancel := context.WithTimeout(ctx, ttl/3)
+		err := l.Renew(rctx)
 		cancel()
 		switch {
+		case ctx.Err() != nil:
+			return
 		case err == nil:
 			wait = ttl / 3
 		case errors.Is(err, segment.ErrFenced):
 			e.log.Error("storage lease taken by another node; this node writes no more", zap.Error(err))
-			e.w.Fence(err)
+			e.fence(err)
 			return
 		default:
 			e.log.Warn("renew storage lease", zap.Error(err))
 			wait = time.Second
 		}
+	}
+}
+
+// fence stops the writer for good. Before the writer exists (the lease
+// was lost during the replay), Start fences it as it creates it.
+func (e *Engine) fence(err error) {
+	e.fenceMu.Lock()
+	defer e.fenceMu.Unlock()
+	e.fencedBy = err
+	if e.fenceW != nil {
+		e.fenceW.Fence(err)
 	}
 }
 
@@ -712,15 +767,91 @@ func runCacheKey(key string, sp segment.Span) string {
 	return fmt.Sprintf("%s@%d", key, sp.Off)
 }
 
+// replayMetaLoads is how many metadata objects a replay reads at once. One
+// at a time, a restart after a busy minute on a bucket 25 ms away spent a
+// minute loading the metadata of 2,000 streams.
+const replayMetaLoads = 32
+
+// metaLoader loads, during a replay, the metadata of every stream the WAL
+// names, once each and replayMetaLoads at a time, starting as soon as a
+// WAL object has been fetched (ahead of its turn to be applied).
+type metaLoader struct {
+	e     *Engine
+	ctx   context.Context
+	sem   chan struct{}
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	loads map[string]*metaLoad
+}
+
+type metaLoad struct {
+	done chan struct{}
+	s    *stream // nil when the stream is gone (deleted, or a crashed create)
+	err  error
+}
+
+func (e *Engine) newMetaLoader(ctx context.Context) *metaLoader {
+	return &metaLoader{e: e, ctx: ctx, sem: make(chan struct{}, replayMetaLoads), loads: map[string]*metaLoad{}}
+}
+
+// start starts loading the metadata of the streams obj names.
+func (m *metaLoader) start(obj *segment.WALObject) {
+	for _, ent := range obj.Entries {
+		m.load(ent.Name)
+	}
+}
+
+// load returns name's load, starting it if it is not.
+func (m *metaLoader) load(name string) *metaLoad {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if l, ok := m.loads[name]; ok {
+		return l
+	}
+	l := &metaLoad{done: make(chan struct{})}
+	m.loads[name] = l
+	m.wg.Go(func() {
+		defer close(l.done)
+		select {
+		case m.sem <- struct{}{}:
+			defer func() { <-m.sem }()
+		case <-m.ctx.Done():
+			l.err = m.ctx.Err()
+			return
+		}
+		l.s, l.err = m.e.loadMeta(m.ctx, name)
+		if errors.Is(l.err, ErrNotFound) {
+			l.s, l.err = nil, nil
+		}
+	})
+	return l
+}
+
+// stream waits for name's metadata.
+func (m *metaLoader) stream(name string) (*stream, error) {
+	l := m.load(name)
+	<-l.done
+	return l.s, l.err
+}
+
+// wait waits for every load to end.
+func (m *metaLoader) wait() { m.wg.Wait() }
+
 // replayObject applies one replayed WAL object to the streams it touches.
-func (e *Engine) replayObject(ctx context.Context, key string, obj *segment.WALObject) error {
+func (e *Engine) replayObject(metas *metaLoader, key string, obj *segment.WALObject) error {
 	pos := walPos{obj.Namespace, obj.Seq}
 	for i, ent := range obj.Entries {
-		s, err := e.replayStream(ctx, ent)
-		if err != nil {
-			return err
+		s, ok := e.streams[ent.Name]
+		if !ok {
+			var err error
+			if s, err = metas.stream(ent.Name); err != nil {
+				return err
+			}
+			if s != nil {
+				e.streams[ent.Name] = s
+			}
 		}
-		if s == nil || s.meta.Upto.after(pos) {
+		if s == nil || s.meta.ID != ent.StreamID || s.meta.Upto.after(pos) {
 			continue // orphaned by a crashed create, deleted, or already checkpointed
 		}
 		ch := changeOf(ent)
@@ -739,25 +870,4 @@ func (e *Engine) replayObject(ctx context.Context, key string, obj *segment.WALO
 		e.commitEnd = pos.next()
 	}
 	return nil
-}
-
-func (e *Engine) replayStream(ctx context.Context, ent *segment.Entry) (*stream, error) {
-	if s, ok := e.streams[ent.Name]; ok {
-		if s.meta.ID != ent.StreamID {
-			return nil, nil
-		}
-		return s, nil
-	}
-	s, err := e.loadMeta(ctx, ent.Name)
-	if errors.Is(err, ErrNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	e.streams[ent.Name] = s
-	if s.meta.ID != ent.StreamID {
-		return nil, nil
-	}
-	return s, nil
 }
