@@ -22,7 +22,8 @@ func TestRestartLoadsStreamsConcurrently(t *testing.T) {
 	v := testenv.NewVersity(t)
 	p := newProxy(t, v)
 	storage := caddytest.S3Storage(t, v, p.URL())
-	c := caddytest.Start(t, caddyOptions(v, storage, "compact_interval 1h"))
+	// A held GET must not time out and come again as a second one.
+	c := caddytest.Start(t, caddyOptions(v, storage, "compact_interval 1h", "s3_timeout 2m"))
 	cl := newClient(t, c.URL(), true)
 
 	var wg sync.WaitGroup
@@ -82,6 +83,65 @@ func TestRestartLoadsStreamsConcurrently(t *testing.T) {
 		}
 		if string(got) != name {
 			t.Fatalf("%s after the restart: %q, want %q", name, got, name)
+		}
+	}
+}
+
+// TestCompactionFoldsStreamsConcurrently holds every data object PUT of a
+// compaction of 64 streams at the S3 proxy: at least 16 must be out at
+// once. A few at a time, compaction of a thousand busy streams on a bucket
+// 25 ms away fell behind for good and the WAL grew without bound.
+func TestCompactionFoldsStreamsConcurrently(t *testing.T) {
+	const streams = 64
+	v := testenv.NewVersity(t)
+	p := newProxy(t, v)
+	storage := caddytest.S3Storage(t, v, p.URL())
+	// A held PUT must not time out and come again as a second one.
+	c := caddytest.Start(t, caddyOptions(v, storage, "compact_interval 2s", "s3_timeout 2m"))
+	cl := newClient(t, c.URL(), true)
+
+	release := p.Hold(testenv.Fault{Op: "PUT", KeyContains: "/data/"})
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, streams)
+	for i := range streams {
+		wg.Go(func() {
+			name := fmt.Sprintf("/fold/s%03d", i)
+			cl.create(t, name, 30*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			r, err := cl.appendBody(ctx, name, []byte(name))
+			if err == nil && r.status/100 != 2 {
+				err = fmt.Errorf("append to %s: %s", name, r)
+			}
+			if err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.WaitHeld(ctx, 16); err != nil {
+		t.Fatalf("compaction had at most %d data object PUTs out at once within 30 s; want 16 or more", p.Held())
+	}
+	t.Logf("%d data object PUTs held at once", p.Held())
+	release()
+	released = true
+	for i := range streams {
+		name := fmt.Sprintf("/fold/s%03d", i)
+		got, _, err := cl.readAll(name, 30*time.Second)
+		if err != nil || string(got) != name {
+			t.Fatalf("%s after compaction: %q, %v", name, got, err)
 		}
 	}
 }

@@ -16,6 +16,14 @@ import (
 // maxDataObject caps a data object, so a cold read fetches a bounded block.
 const maxDataObject = 4 << 20
 
+// compactWorkers is how many streams one compaction folds at once. Each
+// stream costs at least two requests one after the other (its data object,
+// then its checkpoint). With 1,000 busy streams on a bucket 25 ms away, 8
+// or 16 at a time fell behind for good: the backlog outgrew the cache, so
+// every entry had to be read back with a GET of its own, and the WAL grew
+// by 40 objects a second. 64 kept up but doubled the appends' p99.
+const compactWorkers = 32
+
 func (e *Engine) compactLoop() {
 	defer e.bg.Done()
 	for {
@@ -81,7 +89,7 @@ func (e *Engine) Compact(ctx context.Context) error {
 	}
 	e.mu.Unlock()
 
-	sem := make(chan struct{}, 8)
+	sem := make(chan struct{}, compactWorkers)
 	var wg sync.WaitGroup
 	var errMu sync.Mutex
 	var firstErr error
