@@ -215,7 +215,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			return e.replayObject(metas, key, obj)
 		},
 	})
-	metas.wait()
+	metas.close()
 	if err != nil {
 		return fail(fmt.Errorf("replay: %w", err))
 	}
@@ -773,69 +773,100 @@ func runCacheKey(key string, sp segment.Span) string {
 const replayMetaLoads = 32
 
 // metaLoader loads, during a replay, the metadata of every stream the WAL
-// names, once each and replayMetaLoads at a time, starting as soon as a
-// WAL object has been fetched (ahead of its turn to be applied).
+// names, once each, on replayMetaLoads workers, starting as soon as a WAL
+// object has been fetched (ahead of its turn to be applied). Names wait in
+// a queue, not in a goroutine each: a WAL may name a hundred thousand
+// streams.
 type metaLoader struct {
-	e     *Engine
-	ctx   context.Context
-	sem   chan struct{}
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	loads map[string]*metaLoad
+	e      *Engine
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	more   *sync.Cond // signalled when a name is queued or the loader closes
+	loads  map[string]*metaLoad
+	queue  []*metaLoad
+	done   bool
 }
 
 type metaLoad struct {
-	done chan struct{}
-	s    *stream // nil when the stream is gone (deleted, or a crashed create)
-	err  error
+	name  string
+	ready chan struct{}
+	s     *stream // nil when the stream is gone (deleted, or a crashed create)
+	err   error
 }
 
 func (e *Engine) newMetaLoader(ctx context.Context) *metaLoader {
-	return &metaLoader{e: e, ctx: ctx, sem: make(chan struct{}, replayMetaLoads), loads: map[string]*metaLoad{}}
+	ctx, cancel := context.WithCancel(ctx)
+	m := &metaLoader{e: e, ctx: ctx, cancel: cancel, loads: map[string]*metaLoad{}}
+	m.more = sync.NewCond(&m.mu)
+	for range replayMetaLoads {
+		m.wg.Go(m.work)
+	}
+	return m
 }
 
-// start starts loading the metadata of the streams obj names.
+func (m *metaLoader) work() {
+	for {
+		m.mu.Lock()
+		for len(m.queue) == 0 && !m.done {
+			m.more.Wait()
+		}
+		if len(m.queue) == 0 {
+			m.mu.Unlock()
+			return
+		}
+		l := m.queue[0]
+		m.queue[0] = nil
+		m.queue = m.queue[1:]
+		m.mu.Unlock()
+		l.s, l.err = m.e.loadMeta(m.ctx, l.name)
+		if errors.Is(l.err, ErrNotFound) {
+			l.s, l.err = nil, nil
+		}
+		close(l.ready)
+	}
+}
+
+// start queues the streams obj names.
 func (m *metaLoader) start(obj *segment.WALObject) {
 	for _, ent := range obj.Entries {
 		m.load(ent.Name)
 	}
 }
 
-// load returns name's load, starting it if it is not.
+// load returns name's load, queueing it if it is not yet.
 func (m *metaLoader) load(name string) *metaLoad {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if l, ok := m.loads[name]; ok {
 		return l
 	}
-	l := &metaLoad{done: make(chan struct{})}
+	l := &metaLoad{name: name, ready: make(chan struct{})}
 	m.loads[name] = l
-	m.wg.Go(func() {
-		defer close(l.done)
-		select {
-		case m.sem <- struct{}{}:
-			defer func() { <-m.sem }()
-		case <-m.ctx.Done():
-			l.err = m.ctx.Err()
-			return
-		}
-		l.s, l.err = m.e.loadMeta(m.ctx, name)
-		if errors.Is(l.err, ErrNotFound) {
-			l.s, l.err = nil, nil
-		}
-	})
+	m.queue = append(m.queue, l)
+	m.more.Signal()
 	return l
 }
 
 // stream waits for name's metadata.
 func (m *metaLoader) stream(name string) (*stream, error) {
 	l := m.load(name)
-	<-l.done
+	<-l.ready
 	return l.s, l.err
 }
 
-// wait waits for every load to end.
-func (m *metaLoader) wait() { m.wg.Wait() }
+// close ends the workers and waits for them. Loads still queued are not
+// wanted: after a successful replay there are none, and after a failed one
+// (or objects read ahead past a seal) they fail at once.
+func (m *metaLoader) close() {
+	m.cancel()
+	m.mu.Lock()
+	m.done = true
+	m.more.Broadcast()
+	m.mu.Unlock()
+	m.wg.Wait()
+}
 
 // replayObject applies one replayed WAL object to the streams it touches.
 func (e *Engine) replayObject(metas *metaLoader, key string, obj *segment.WALObject) error {

@@ -3,6 +3,7 @@ package streamstore
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -124,4 +125,39 @@ func TestReplayLoadsMetadataConcurrently(t *testing.T) {
 		t.Fatalf("/r63 after replay: %v", got)
 	}
 	t.Logf("%d metadata GETs, at most %d at once", gets.Load(), peak.Load())
+}
+
+// A WAL that names many streams queues their metadata loads; it does not
+// start a goroutine for each.
+func TestReplayQueuesMetadataLoads(t *testing.T) {
+	st := memstore.New()
+	var counting atomic.Bool
+	var most atomic.Int64
+	st.Fail = func(op, key string) error {
+		if counting.Load() && op == "GET" && strings.HasPrefix(key, "streams/") {
+			n := int64(runtime.NumGoroutine())
+			for {
+				m := most.Load()
+				if n <= m || most.CompareAndSwap(m, n) {
+					break
+				}
+			}
+			// Slow enough for loads to pile up.
+			time.Sleep(time.Millisecond)
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{})
+	fillStreams(t, e, 3000)
+	base := runtime.NumGoroutine()
+	counting.Store(true)
+	e2 := startEngine(t, st, Config{})
+	counting.Store(false)
+	if got := readAll(t, e2, "/r2999"); len(got) != 1 {
+		t.Fatalf("/r2999 after replay: %v", got)
+	}
+	if m := most.Load(); m > int64(base)+500 {
+		t.Fatalf("%d goroutines during the replay of 3,000 streams (%d before); want the loads queued", m, base)
+	}
+	t.Logf("at most %d goroutines during the replay (%d before)", most.Load(), base)
 }
