@@ -2,6 +2,7 @@ package streamstore
 
 import (
 	"container/list"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -181,6 +182,15 @@ func (c *blockCache) dropIdle(cutoff time.Time) int64 {
 		el = prev
 	}
 	return freed
+}
+
+// shrink rebuilds the index at its present size: Go maps keep the buckets
+// of their largest size, and a burst over many streams fills this one with
+// an entry per stream.
+func (c *blockCache) shrink() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.items = maps.Collect(maps.All(c.items))
 }
 
 // remove drops keys from the cache, if there.

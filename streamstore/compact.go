@@ -112,6 +112,11 @@ func (e *Engine) Compact(ctx context.Context) error {
 	if err := e.retireWAL(ctx, end); err != nil {
 		return err
 	}
+	if len(todo) > 0 {
+		// What folding left behind goes back to the OS at the next
+		// quiet sweep.
+		e.quietReturned.Store(false)
+	}
 	e.log.Debug("compacted", zap.Int("streams", len(todo)), zap.Uint64("cache_misses", e.cache.misses.Load()-misses),
 		zap.Duration("took", time.Since(began)))
 	return nil

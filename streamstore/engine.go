@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -108,6 +109,12 @@ type Engine struct {
 	fetchMu  sync.Mutex
 	fetching map[string]*fetchCall // data object GETs in flight, by key
 
+	lastUse atomic.Int64 // last stream lookup by a request (Unix ns)
+	// quietReturned: the heap went back to the OS since requests stopped
+	// (or since the last compaction that folded anything).
+	quietReturned atomic.Bool
+	returnMemory  func() // debug.FreeOSMemory; a counter in tests
+
 	stats Stats // running totals for metrics (stats.go)
 }
 
@@ -134,6 +141,7 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 		compactKick:  make(chan struct{}, 1),
 		compactReset: make(chan struct{}, 1),
 		closing:      make(chan struct{}),
+		returnMemory: debug.FreeOSMemory,
 	}
 }
 
@@ -480,18 +488,20 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 	if _, err := e.writer(); err != nil {
 		return nil, err
 	}
+	now := time.Now().UnixNano()
+	e.lastUse.Store(now)
 	// Every request looks its stream up: shared, so a thousand readers of
 	// one stream woken at once do not queue here.
 	e.mu.RLock()
 	s, ok := e.streams[name]
 	e.mu.RUnlock()
 	if ok {
-		s.used.Store(time.Now().UnixNano())
+		s.used.Store(now)
 		return s, nil
 	}
 	e.mu.Lock()
 	if s, ok := e.streams[name]; ok {
-		s.used.Store(time.Now().UnixNano())
+		s.used.Store(now)
 		e.mu.Unlock()
 		return s, nil
 	}

@@ -190,3 +190,41 @@ func TestIdleSweepKeepsUncompactedEntries(t *testing.T) {
 		t.Fatalf("read %q", got)
 	}
 }
+
+// A node nobody uses hands its heap back once per quiet spell (and once
+// more after a compaction that folded something), however little each
+// sweep frees.
+func TestQuietNodeReturnsMemoryOnce(t *testing.T) {
+	ctx := context.Background()
+	const idle = time.Hour
+	e := startEngine(t, memstore.New(), Config{IdleAfter: idle})
+	var returned int
+	e.returnMemory = func() { returned++ }
+	if _, _, err := e.Create(ctx, "/q", CreateRequest{ContentType: "text/plain", Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	later := func() time.Time { return time.Now().Add(2 * idle) }
+
+	e.sweepIdle(time.Now())
+	if returned != 0 {
+		t.Fatalf("memory returned %d times while the node is in use", returned)
+	}
+	e.sweepIdle(later())
+	e.sweepIdle(later())
+	if returned != 1 {
+		t.Fatalf("memory returned %d times over two quiet sweeps; want once", returned)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.sweepIdle(later())
+	if returned != 2 {
+		t.Fatalf("memory returned %d times after a compaction that folded a stream; want a second time", returned)
+	}
+	readAll(t, e, "/q") // in use again
+	e.sweepIdle(time.Now())
+	e.sweepIdle(later())
+	if returned != 3 {
+		t.Fatalf("memory returned %d times after a new quiet spell; want a third time", returned)
+	}
+}
