@@ -26,28 +26,7 @@ func TestRestartLoadsStreamsConcurrently(t *testing.T) {
 	c := caddytest.Start(t, caddyOptions(v, storage, "compact_interval 1h", "s3_timeout 2m"))
 	cl := newClient(t, c.URL(), true)
 
-	var wg sync.WaitGroup
-	errs := make(chan error, streams)
-	for i := range streams {
-		wg.Go(func() {
-			name := fmt.Sprintf("/restart/s%03d", i)
-			cl.create(t, name, 30*time.Second)
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			defer cancel()
-			r, err := cl.appendBody(ctx, name, []byte(name))
-			if err == nil && r.status/100 != 2 {
-				err = fmt.Errorf("append to %s: %s", name, r)
-			}
-			if err != nil {
-				errs <- err
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	fillNamed(t, cl, "/restart/s%03d", streams)
 	c.Kill()
 
 	release := p.Hold(testenv.Fault{Op: "GET", KeyContains: "/streams/"})
@@ -107,11 +86,33 @@ func TestCompactionFoldsStreamsConcurrently(t *testing.T) {
 			release()
 		}
 	}()
-	var wg sync.WaitGroup
-	errs := make(chan error, streams)
+	fillNamed(t, cl, "/fold/s%03d", streams)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.WaitHeld(ctx, 16); err != nil {
+		t.Fatalf("compaction had at most %d data object PUTs out at once within 30 s; want 16 or more", p.Held())
+	}
+	t.Logf("%d data object PUTs held at once", p.Held())
+	release()
+	released = true
 	for i := range streams {
+		name := fmt.Sprintf("/fold/s%03d", i)
+		got, _, err := cl.readAll(name, 30*time.Second)
+		if err != nil || string(got) != name {
+			t.Fatalf("%s after compaction: %q, %v", name, got, err)
+		}
+	}
+}
+
+// fillNamed creates n text streams named by format (one %d verb) and
+// appends each its own name, all at once.
+func fillNamed(t *testing.T, cl *dsClient, format string, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
 		wg.Go(func() {
-			name := fmt.Sprintf("/fold/s%03d", i)
+			name := fmt.Sprintf(format, i)
 			cl.create(t, name, 30*time.Second)
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
@@ -128,20 +129,5 @@ func TestCompactionFoldsStreamsConcurrently(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := p.WaitHeld(ctx, 16); err != nil {
-		t.Fatalf("compaction had at most %d data object PUTs out at once within 30 s; want 16 or more", p.Held())
-	}
-	t.Logf("%d data object PUTs held at once", p.Held())
-	release()
-	released = true
-	for i := range streams {
-		name := fmt.Sprintf("/fold/s%03d", i)
-		got, _, err := cl.readAll(name, 30*time.Second)
-		if err != nil || string(got) != name {
-			t.Fatalf("%s after compaction: %q, %v", name, got, err)
-		}
 	}
 }

@@ -17,20 +17,13 @@ func TestCompactionFoldsStreamsConcurrently(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	var counting atomic.Bool
-	var inFlight, peak atomic.Int64
+	var puts concurrency
 	st.Fail = func(op, key string) error {
 		if !counting.Load() || op != "PUT" || !strings.HasPrefix(key, "data/") {
 			return nil
 		}
-		n := inFlight.Add(1)
-		for {
-			p := peak.Load()
-			if n <= p || peak.CompareAndSwap(p, n) {
-				break
-			}
-		}
+		defer puts.enter()()
 		time.Sleep(20 * time.Millisecond)
-		inFlight.Add(-1)
 		return nil
 	}
 	e := startEngine(t, st, Config{})
@@ -40,10 +33,29 @@ func TestCompactionFoldsStreamsConcurrently(t *testing.T) {
 		t.Fatal(err)
 	}
 	counting.Store(false)
-	if p := peak.Load(); p < 16 {
+	if p := puts.peak.Load(); p < 16 {
 		t.Fatalf("at most %d data PUTs were in flight during the compaction of 100 streams; want 16 or more", p)
 	}
 	if data := st.Keys("data/"); len(data) != 100 {
 		t.Fatalf("%d data objects after compacting 100 streams", len(data))
+	}
+}
+
+// concurrency tracks how many calls are inside at once, and the most.
+type concurrency struct{ now, peak atomic.Int64 }
+
+// enter counts a call in and returns the func that counts it out.
+func (c *concurrency) enter() (leave func()) {
+	c.raise(c.now.Add(1))
+	return func() { c.now.Add(-1) }
+}
+
+// raise lifts the peak to n.
+func (c *concurrency) raise(n int64) {
+	for {
+		p := c.peak.Load()
+		if n <= p || c.peak.CompareAndSwap(p, n) {
+			return
+		}
 	}
 }

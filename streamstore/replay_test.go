@@ -3,7 +3,6 @@ package streamstore
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -83,8 +82,8 @@ func TestReplayLoadsMetadataConcurrently(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	var counting atomic.Bool
-	var inFlight, peak, gets atomic.Int64
-	var deletedGets atomic.Int64
+	var loads concurrency
+	var gets, deletedGets atomic.Int64
 	st.Fail = func(op, key string) error {
 		if !counting.Load() || op != "GET" || !strings.HasPrefix(key, "streams/") {
 			return nil
@@ -93,15 +92,8 @@ func TestReplayLoadsMetadataConcurrently(t *testing.T) {
 		if key == metaKey("/r0") {
 			deletedGets.Add(1)
 		}
-		n := inFlight.Add(1)
-		for {
-			p := peak.Load()
-			if n <= p || peak.CompareAndSwap(p, n) {
-				break
-			}
-		}
+		defer loads.enter()()
 		time.Sleep(10 * time.Millisecond)
-		inFlight.Add(-1)
 		return nil
 	}
 	e := startEngine(t, st, Config{})
@@ -115,7 +107,7 @@ func TestReplayLoadsMetadataConcurrently(t *testing.T) {
 	counting.Store(true)
 	e2 := startEngine(t, st, Config{})
 	counting.Store(false)
-	if p := peak.Load(); p < 8 {
+	if p := loads.peak.Load(); p < 8 {
 		t.Fatalf("at most %d metadata GETs were in flight during the replay; want them loaded concurrently", p)
 	}
 	if n := deletedGets.Load(); n > 1 {
@@ -124,40 +116,5 @@ func TestReplayLoadsMetadataConcurrently(t *testing.T) {
 	if got := readAll(t, e2, "/r63"); len(got) != 1 || got[0] != "/r63" {
 		t.Fatalf("/r63 after replay: %v", got)
 	}
-	t.Logf("%d metadata GETs, at most %d at once", gets.Load(), peak.Load())
-}
-
-// A WAL that names many streams queues their metadata loads; it does not
-// start a goroutine for each.
-func TestReplayQueuesMetadataLoads(t *testing.T) {
-	st := memstore.New()
-	var counting atomic.Bool
-	var most atomic.Int64
-	st.Fail = func(op, key string) error {
-		if counting.Load() && op == "GET" && strings.HasPrefix(key, "streams/") {
-			n := int64(runtime.NumGoroutine())
-			for {
-				m := most.Load()
-				if n <= m || most.CompareAndSwap(m, n) {
-					break
-				}
-			}
-			// Slow enough for loads to pile up.
-			time.Sleep(time.Millisecond)
-		}
-		return nil
-	}
-	e := startEngine(t, st, Config{})
-	fillStreams(t, e, 3000)
-	base := runtime.NumGoroutine()
-	counting.Store(true)
-	e2 := startEngine(t, st, Config{})
-	counting.Store(false)
-	if got := readAll(t, e2, "/r2999"); len(got) != 1 {
-		t.Fatalf("/r2999 after replay: %v", got)
-	}
-	if m := most.Load(); m > int64(base)+500 {
-		t.Fatalf("%d goroutines during the replay of 3,000 streams (%d before); want the loads queued", m, base)
-	}
-	t.Logf("at most %d goroutines during the replay (%d before)", most.Load(), base)
+	t.Logf("%d metadata GETs, at most %d at once", gets.Load(), loads.peak.Load())
 }
