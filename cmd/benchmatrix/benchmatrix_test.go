@@ -8,6 +8,8 @@ import (
 	"encoding/xml"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -366,5 +368,32 @@ func TestJudgeRoundsTakesTheMedian(t *testing.T) {
 	}
 	if !strings.Contains(r.Reference, "round 3 of 3") || !strings.Contains(strings.Join(r.Details, "\n"), "4,500/13,000 = 34.6%") {
 		t.Fatalf("reference %q, details %q", r.Reference, r.Details)
+	}
+}
+
+func TestVersityDir(t *testing.T) {
+	work := t.TempDir()
+	tests := []struct {
+		choice, dir, where string
+	}{
+		{"disk", filepath.Join(work, "versity"), "posix backend on the work directory's disk"},
+		{work + "/elsewhere", work + "/elsewhere", "posix backend on " + work + "/elsewhere"},
+	}
+	for _, tt := range tests {
+		dir, where, err := versityDir(tt.choice, work)
+		if err != nil || dir != tt.dir || where != tt.where {
+			t.Errorf("versityDir(%q) = %q, %q, %v; want %q, %q", tt.choice, dir, where, err, tt.dir, tt.where)
+		}
+	}
+	// auto is a fresh directory on a tmpfs, or the disk when there is none.
+	dir, where, err := versityDir("auto", work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dir != filepath.Join(work, "versity") {
+		defer os.RemoveAll(dir)
+		if !strings.HasPrefix(dir, "/dev/shm/") || !strings.Contains(where, "tmpfs") {
+			t.Errorf("auto gave %q (%s)", dir, where)
+		}
 	}
 }

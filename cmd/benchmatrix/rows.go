@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -192,6 +193,11 @@ func (e *picoEnv) close() {
 	e.caddy.close()
 	e.m.ctrl.use(nil)
 	e.proxy.Close()
+	// Nothing reads a row's bucket after its row, and on a tmpfs the
+	// buckets of a whole run would otherwise stay in memory.
+	if err := os.RemoveAll(filepath.Join(e.m.versityDir, e.bucket)); err != nil {
+		e.m.logf("  removing bucket %s: %v", e.bucket, err)
+	}
 }
 
 // ceilingInst starts the respond ceiling on first use; it runs until the
