@@ -184,8 +184,21 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// row6: SSE fan-out.
+// row6: SSE fan-out, on PicoMQ and then, as a comparison, on the Node
+// reference server.
 func (m *matrix) row6(ctx context.Context) {
+	m.row6Pico(ctx)
+	m.row6Node(ctx)
+}
+
+func (m *matrix) sseSpec() benchSpec {
+	// A warm-up as in the append rows: the 5,000 connections and their
+	// first reads are the row's set-up, not its fan-out.
+	return benchSpec{Mode: "sse", Prefix: "/r6/", Streams: 1, Subscribers: m.sc.SSESubscribers, Rate: m.sc.SSERate, Size: 1024,
+		Warmup: m.sc.Warmup, Duration: m.sc.SSEDuration}
+}
+
+func (m *matrix) row6Pico(ctx context.Context) {
 	t0 := time.Now()
 	n := m.sc.SSESubscribers
 	r := newRow("6", fmt.Sprintf("Fan-out: %s SSE subscribers on one stream, %g appends/s", fmtInt(float64(n)), m.sc.SSERate),
@@ -200,10 +213,7 @@ func (m *matrix) row6(ctx context.Context) {
 		return
 	}
 	defer e.close()
-	// A warm-up as in the append rows: the 5,000 connections and their
-	// first reads are the row's set-up, not its fan-out.
-	spec := benchSpec{Mode: "sse", Prefix: "/r6/", Streams: 1, Subscribers: n, Rate: m.sc.SSERate, Size: 1024,
-		Warmup: m.sc.Warmup, Duration: m.sc.SSEDuration}
+	spec := m.sseSpec()
 	// Our own sampling of Caddy's RSS, in case the generator's misses the peak.
 	peak := sampleRSS(ctx, e.caddy.pid())
 	pr, err := m.measurePico(ctx, e, "r6", spec)
@@ -238,6 +248,45 @@ func (m *matrix) row6(ctx context.Context) {
 		fmtInt(float64(res.Subscribers)), fmtNum(float64(res.Latency.P50)), fmtNum(float64(res.Latency.P90)),
 		fmtNum(float64(res.Latency.P99)), fmtNum(float64(res.Latency.Max))))
 	r.Details = append(r.Details, fmt.Sprintf("Caddy peak RSS: %.0f MiB from the load generator, %.0f MiB sampled by the matrix every 100 ms", genPeak, ownPeak))
+	r.Details = append(r.Details, processDetail(res)...)
+	r.Details = append(r.Details, errorDetail(res)...)
+}
+
+// row6Node runs row 6's load against the Node reference server (in
+// memory): what another implementation of the protocol does with the
+// same 5,000 subscribers on the same cores.
+func (m *matrix) row6Node(ctx context.Context) {
+	t0 := time.Now()
+	r := newRow("6-node", "Row 6's load on the Node reference server (`@durable-streams/server`, in memory, not durable)", "none: a comparison")
+	r.Settings = "in memory, `compression: false`"
+	m.rows = append(m.rows, r)
+	defer func() { r.Elapsed = time.Since(t0) }()
+	p, url, err := m.nodeServer(ctx)
+	if err != nil {
+		r.Err = "starting the Node server: " + err.Error()
+		return
+	}
+	defer p.stop(5 * time.Second)
+	m.logf("  node server: pid %d on %s", p.pid(), url)
+	spec := m.sseSpec()
+	spec.URL = url
+	spec.Pids = map[string]int{"node": p.pid()}
+	res, cl, err := m.runBench(ctx, "r6-node", spec)
+	r.Commands = append(r.Commands, cl)
+	if err != nil {
+		r.Err = err.Error()
+		return
+	}
+	m.logf("  node: %s", benchSummary(res))
+	rate := 0.0
+	if res.DurationS > 0 {
+		rate = float64(res.Ops) / float64(res.DurationS)
+	}
+	r.Measured = fmt.Sprintf("%s of %s events delivered at %s appends/s, p99 %s ms",
+		fmtInt(float64(res.Delivered)), fmtInt(float64(res.Expected)), fmtNum(rate), fmtNum(float64(res.Latency.P99)))
+	if res.Errors > 0 {
+		r.Measured += fmt.Sprintf(", %s errors", fmtInt(float64(res.Errors)))
+	}
 	r.Details = append(r.Details, processDetail(res)...)
 	r.Details = append(r.Details, errorDetail(res)...)
 }
