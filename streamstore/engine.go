@@ -509,6 +509,9 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 		e.mu.Unlock()
 		select {
 		case <-c.done:
+			if errors.Is(c.err, errLookAgain) {
+				return e.stream(ctx, name)
+			}
 			return c.s, c.err
 		case <-ctx.Done():
 			return nil, ctx.Err()

@@ -42,7 +42,10 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 		return Info{}, false, err
 	}
 	ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes}
-	info, created, err := e.create(ctx, name, req, ref)
+	info, created, err := e.create(ctx, name, req, ref, true)
+	if errors.Is(err, errNameTaken) {
+		err = ErrConflict
+	}
 	if err != nil {
 		// Best effort: a failed decrement only keeps the source's data longer.
 		_ = e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.Forks-- })

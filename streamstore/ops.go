@@ -31,6 +31,18 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 	}
 	unlock := e.lockName(name)
 	defer unlock()
+	// A name not in memory is most often a new stream: write its metadata
+	// object if none exists, one request, instead of reading first to find
+	// nothing. Only when the bucket has one (a create repeated, an expired
+	// or soft-deleted stream) is it read and judged as below. A create
+	// with records or a fork keeps the read first: it writes before its
+	// metadata, and that must not happen for a name that is taken.
+	if req.Fork == nil && len(req.Records) == 0 && !e.resident(name) {
+		info, created, err := e.create(ctx, name, req, nil, false)
+		if !errors.Is(err, errNameTaken) {
+			return info, created, err
+		}
+	}
 	s, err := e.stream(ctx, name)
 	switch {
 	case errors.Is(err, ErrNotFound):
@@ -61,7 +73,26 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 	if req.Fork != nil {
 		return e.createFork(ctx, name, req)
 	}
-	return e.create(ctx, name, req, nil)
+	info, created, err := e.create(ctx, name, req, nil, true)
+	if errors.Is(err, errNameTaken) {
+		err = ErrConflict
+	}
+	return info, created, err
+}
+
+// errNameTaken says a create found a metadata object already there.
+var errNameTaken = errors.New("a metadata object exists for the name")
+
+// errLookAgain is what lookups that waited on a create are told when the
+// create did not settle what the bucket holds for the name: they read it.
+var errLookAgain = errors.New("look the name up again")
+
+// resident reports whether name is in memory.
+func (e *Engine) resident(name string) bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	_, ok := e.streams[name]
+	return ok
 }
 
 // sameConfig reports whether an existing stream matches a create request:
@@ -92,8 +123,11 @@ func (e *Engine) sameConfig(ctx context.Context, s *stream, req CreateRequest) b
 }
 
 // create writes a new stream; fork, when set, makes it a fork whose own
-// records start after the inherited range.
-func (e *Engine) create(ctx context.Context, name string, req CreateRequest, fork *forkRef) (Info, bool, error) {
+// records start after the inherited range. A metadata object already there
+// makes it fail with errNameTaken. absent says a lookup found no stream
+// under name, which is then what lookups waiting on a failed create see;
+// without it they read the bucket.
+func (e *Engine) create(ctx context.Context, name string, req CreateRequest, fork *forkRef, absent bool) (Info, bool, error) {
 	w, err := e.writer()
 	if err != nil {
 		return Info{}, false, err
@@ -124,7 +158,12 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	}
 	s := newStream(name, m, "")
 	var created *stream
-	createErr := ErrNotFound
+	// Lookups waiting on this create see the stream it made, or, if it
+	// failed, what the bucket held before: nothing, when that is known.
+	createErr := errLookAgain
+	if absent {
+		createErr = ErrNotFound
+	}
 	defer func() { publish(created, createErr) }()
 	e.mu.Lock()
 	e.creating[s] = struct{}{}
@@ -159,7 +198,8 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	etag, err := e.store.Put(ctx, metaKey(name), encodeMeta(m), segment.PutOptions{IfNoneMatch: true})
 	if err != nil {
 		if errors.Is(err, segment.ErrPreconditionFailed) {
-			return Info{}, false, ErrConflict
+			createErr = errLookAgain
+			return Info{}, false, errNameTaken
 		}
 		return Info{}, false, fmt.Errorf("%w: write metadata of %s: %v", ErrUnavailable, name, err)
 	}
