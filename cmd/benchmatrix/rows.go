@@ -478,27 +478,10 @@ func (m *matrix) row1(ctx context.Context) {
 		[]string{"Appends, 64 writers over 100 streams", "Row 1 at the module's defaults"},
 		"≥ 50% of the ceiling; p99 ≤ 25 ms", spec, 0.5, 25)
 
-	t0 := time.Now()
-	r := newRow("1-node", "Row 1's load on the Node reference server (`@durable-streams/server`, in memory, not durable)", "none: a comparison")
-	r.Settings = "in memory, `compression: false`"
-	m.rows = append(m.rows, r)
-	defer func() { r.Elapsed = time.Since(t0) }()
-	p, url, err := m.nodeServer(ctx)
-	if err != nil {
-		r.Err = "starting the Node server: " + err.Error()
+	r, res := m.nodeRow(ctx, "1-node", "1", spec)
+	if res == nil {
 		return
 	}
-	defer p.stop(5 * time.Second)
-	m.logf("  node server: pid %d on %s", p.pid(), url)
-	spec.URL = url
-	spec.Pids = map[string]int{"node": p.pid()}
-	res, cl, err := m.runBench(ctx, "r1-node", spec)
-	r.Commands = append(r.Commands, cl)
-	if err != nil {
-		r.Err = err.Error()
-		return
-	}
-	m.logf("  node: %s", benchSummary(res))
 	r.Measured = fmt.Sprintf("%s appends/s, p99 %s ms", fmtInt(float64(res.OpsPerS)), fmtNum(float64(res.Latency.P99)))
 	if res.Errors > 0 {
 		r.Measured += fmt.Sprintf(", %s errors", fmtInt(float64(res.Errors)))
@@ -507,8 +490,36 @@ func (m *matrix) row1(ctx context.Context) {
 		r.Reference = ceilingRef(c) + " (row 1's)"
 		r.Ratio = float64(res.OpsPerS) / float64(c.OpsPerS)
 	}
+}
+
+// nodeRow runs spec against a fresh Node reference server (in memory) as
+// row id, the comparison for row of. It returns the row and the result,
+// which is nil when the run failed (the row's Err says why).
+func (m *matrix) nodeRow(ctx context.Context, id, of string, spec benchSpec) (*rowResult, *benchResult) {
+	t0 := time.Now()
+	r := newRow(id, "Row "+of+"'s load on the Node reference server (`@durable-streams/server`, in memory, not durable)", "none: a comparison")
+	r.Settings = "in memory, `compression: false`"
+	m.rows = append(m.rows, r)
+	defer func() { r.Elapsed = time.Since(t0) }()
+	p, url, err := m.nodeServer(ctx)
+	if err != nil {
+		r.Err = "starting the Node server: " + err.Error()
+		return r, nil
+	}
+	defer p.stop(5 * time.Second)
+	m.logf("  node server: pid %d on %s", p.pid(), url)
+	spec.URL = url
+	spec.Pids = map[string]int{"node": p.pid()}
+	res, cl, err := m.runBench(ctx, "r"+id, spec)
+	r.Commands = append(r.Commands, cl)
+	if err != nil {
+		r.Err = err.Error()
+		return r, nil
+	}
+	m.logf("  node: %s", benchSummary(res))
 	r.Details = append(r.Details, processDetail(res)...)
 	r.Details = append(r.Details, errorDetail(res)...)
+	return r, res
 }
 
 // row2: S3 requests per 1,000 appends under steady load.

@@ -256,28 +256,10 @@ func (m *matrix) row6Pico(ctx context.Context) {
 // memory): what another implementation of the protocol does with the
 // same 5,000 subscribers on the same cores.
 func (m *matrix) row6Node(ctx context.Context) {
-	t0 := time.Now()
-	r := newRow("6-node", "Row 6's load on the Node reference server (`@durable-streams/server`, in memory, not durable)", "none: a comparison")
-	r.Settings = "in memory, `compression: false`"
-	m.rows = append(m.rows, r)
-	defer func() { r.Elapsed = time.Since(t0) }()
-	p, url, err := m.nodeServer(ctx)
-	if err != nil {
-		r.Err = "starting the Node server: " + err.Error()
+	r, res := m.nodeRow(ctx, "6-node", "6", m.sseSpec())
+	if res == nil {
 		return
 	}
-	defer p.stop(5 * time.Second)
-	m.logf("  node server: pid %d on %s", p.pid(), url)
-	spec := m.sseSpec()
-	spec.URL = url
-	spec.Pids = map[string]int{"node": p.pid()}
-	res, cl, err := m.runBench(ctx, "r6-node", spec)
-	r.Commands = append(r.Commands, cl)
-	if err != nil {
-		r.Err = err.Error()
-		return
-	}
-	m.logf("  node: %s", benchSummary(res))
 	rate := 0.0
 	if res.DurationS > 0 {
 		rate = float64(res.Ops) / float64(res.DurationS)
@@ -287,8 +269,6 @@ func (m *matrix) row6Node(ctx context.Context) {
 	if res.Errors > 0 {
 		r.Measured += fmt.Sprintf(", %s errors", fmtInt(float64(res.Errors)))
 	}
-	r.Details = append(r.Details, processDetail(res)...)
-	r.Details = append(r.Details, errorDetail(res)...)
 }
 
 // sampleRSS polls pid's RSS until the returned function is called, which
