@@ -20,6 +20,7 @@ type rowResult struct {
 	Checks    []check
 	Err       string   // set when the row could not be measured
 	Note      string   // a human explanation, from the settings table
+	Tried     string   // what was tried without gain, from the settings table
 	Commands  []string // exact load-generator command lines
 	Details   []string // further figures for the row's section
 	Elapsed   time.Duration
@@ -27,6 +28,11 @@ type rowResult struct {
 
 func newRow(id, title, target string) *rowResult {
 	return &rowResult{ID: id, Title: title, Target: target, Ratio: math.NaN()}
+}
+
+// use records the settings the row runs with.
+func (r *rowResult) use(set settings) {
+	r.Settings, r.Note, r.Tried = set.String(), set.Note, set.Tried
 }
 
 // check is one target of a row: Got must be at least (Min) or at most Limit.
@@ -293,6 +299,9 @@ func (rep *report) markdown() string {
 		}
 		if r.Note != "" {
 			fmt.Fprintf(&b, "- Note: %s\n", r.Note)
+		}
+		if r.Tried != "" {
+			fmt.Fprintf(&b, "- Tried without gain: %s\n", r.Tried)
 		}
 		if len(r.Commands) > 0 {
 			b.WriteString("\n```sh\n")

@@ -23,6 +23,10 @@ type settings struct {
 	// Note is a human explanation shown in the row's Reason cell (say why
 	// a row misses, or why it is tuned the way it is).
 	Note string
+	// Tried lists changes measured on the profiling rig that did not move
+	// the row, with their figures, so nobody spends a day on them again.
+	// It is shown in the row's section only.
+	Tried string
 }
 
 // rowSettings is the one place to tune the rows. Latency and S3 request
@@ -31,11 +35,16 @@ type settings struct {
 // would; "1-defaults" stays at the module's defaults.
 var rowSettings = map[string]settings{
 	"1": {Directives: []string{"flush_interval 5ms"},
-		Note: "Tuned: flush_interval 5ms, at most one WAL PUT per 5 ms (2 and 3 ms were no faster here: more PUTs, more versitygw and proxy CPU). " +
+		Note: "Tuned: flush_interval 5ms, at most one WAL PUT per 5 ms. " +
 			"What bounds it on this box: each append waits for a WAL PUT through the proxy (4.4 ms on average under this load, 83% of them under 5 ms) " +
 			"plus up to one interval, so 64 closed-loop writers get at most 64/(PUT + spacing) appends/s; and Caddy, versitygw, the proxy and the " +
 			"load generator share the 2 cores the respond ceiling gives to Caddy and the load generator alone. Compaction (a data PUT and a " +
-			"checkpoint PUT per stream, every 5-6 s here) takes about a third of the throughput for a second or two each time, which is where the p99 comes from"},
+			"checkpoint PUT per stream, every 5-6 s here) takes about a third of the throughput for a second or two each time, which is where the p99 comes from",
+		Tried: "flush_interval 2 or 3 ms (more PUTs, more versitygw and proxy CPU, no faster); compaction folding 8 streams at a time instead of 32 " +
+			"(p999 55-75 ms against 240-320, but p99 55-59 ms against 29-33); cache_size 16 or 32 MiB, so that compaction runs more often in smaller " +
+			"steps (p99 76-85 and 37 ms against 24-25 ms at 64 MiB, same hour); encoding compaction's data objects into a buffer reused from object " +
+			"to object instead of fresh memory (compaction's CPU down about 12%, appends/s and p99 inside the rig's run-to-run spread, which for one " +
+			"binary was 5,000-6,800 appends/s and p99 24-39 ms)"},
 	"1-defaults": {Note: "flush_interval 20ms: at most 50 WAL PUTs/s; latency is about the interval plus a PUT"},
 	"2": {Directives: []string{"flush_interval 60ms"},
 		Note: "Tuned for cost: flush_interval 60ms caps WAL PUTs at about 17/s. Compaction costs one data PUT and one metadata PUT per " +
@@ -46,7 +55,12 @@ var rowSettings = map[string]settings{
 		"with a data PUT and a checkpoint PUT, 32 streams at a time: about 2,000 PUTs per cycle inside the window, seven times the WAL's own. " +
 		"Before 7bbdf8b compaction folded 8 at a time and fell behind for good (the WAL grew by 40 objects a second), " +
 		"which this 20 s window showed as a higher figure (41% at 2ebfc5d). The p99 target is below what 1,024 closed-loop writers " +
-		"see even from the respond ceiling (its own p99 is in the Reference column: 106 ms in the run of a852feb)"},
+		"see even from the respond ceiling (its own p99 is in the Reference column: 106 ms in the run of a852feb)",
+		Tried: "cache_size 256MiB, so compaction runs a quarter as often (PUTs in the run 3,257 against 8,750, but Caddy's CPU up 2.2 s with a heap of " +
+			"cached records four times larger, RSS 727 MiB, and appends/s unchanged: 7,736 against 7,670); as an experiment only, no checkpoint PUTs at " +
+			"all, which is not durable (PUTs down 30-40%, versitygw and the proxy 5% of a core less, appends/s inside the spread: 7,997 and 7,385 " +
+			"against 7,675 and 5,995). So sharing data objects among streams or batching checkpoints would lower the bucket's bill, not lift this " +
+			"ratio: the cores go to 1,024 connections' HTTP (Caddy 91% of a core, the load generator 47%)"},
 	"4": {Directives: []string{"flush_interval 5ms"}, Note: "Row 1's tuning"},
 	"5": {Note: "Appends of 256 KiB and more are written once, as blobs the WAL entry names, and compaction lists them instead of copying them. " +
 		"The reference PUTs new keys, as the stream keeps every byte, and deletes them after; both halves start with nothing left to write back " +
@@ -55,7 +69,10 @@ var rowSettings = map[string]settings{
 	"6": {Note: "Each append is 5,000 events (100,000 a second) that Caddy writes and the load generator reads on the same 2 cores. " +
 		"Feeds at one position share one encoded data event, so what is left per event is a write and a flush in Caddy and a read in the load generator; " +
 		"feeds take turns (2 x GOMAXPROCS at a time) so appends keep their rate, and a feed that falls behind reads several records in one event. " +
-		"Row 6-node is the same load on the Node reference server, in memory"},
+		"Row 6-node is the same load on the Node reference server, in memory",
+		Tried: "a fan-out gate of 1, 2 or 8 x GOMAXPROCS feeds (p99 229-263 ms in all six runs); 64 KiB read buffers in the load generator " +
+			"(p99 245-301 against 277-349 ms). Caddy's own idle write timeout resets the connection's deadline at every write and flush " +
+			"(about a tenth of Caddy's CPU here); a handler cannot skip it without skipping Caddy's other response wrappers too"},
 	// Compaction must move the stream into data objects before the cold
 	// read, so it runs often here.
 	"7": {Directives: []string{"compact_interval 2s"},
@@ -63,7 +80,12 @@ var rowSettings = map[string]settings{
 			"against versitygw to the client): about 1.3 s of CPU per 256 MiB in Caddy, the proxy and the load generator together, where the " +
 			"reference's whole read takes 0.4-0.5 s. Cold objects take at most 24 MiB of Caddy's cache (they filled all of it before, and the " +
 			"growing heap's page faults, about 10 us each on this VM, cost more than the copying); what is left in Caddy is two socket copies, " +
-			"the checksum and the faults of a heap that still grows to about 120 MiB"},
+			"the checksum and the faults of a heap that still grows to about 120 MiB",
+		Tried: "responses of 4 or 8 MiB instead of 1 MiB (215-218 against 199-215 MiB/s); checksumming each 64 KiB of a data object as it " +
+			"arrives, while it is in the CPU cache, instead of the whole object afterwards (270-310 against 280-293 MiB/s: the 16% the profile " +
+			"put in the checksum was the first touch of memory the socket had just filled, which moved rather than went). Outside the matrix's " +
+			"layout, Caddy reading straight from versitygw without the proxy: 280-313 MiB/s against 210-213 through it on the rig, still under " +
+			"70% of the reference's 460-613"},
 	"8": {},
 	// "At row 1's load": row 1's settings too.
 	"9":     {Directives: []string{"flush_interval 5ms"}, Note: "Row 1's settings and load"},
@@ -351,7 +373,7 @@ func (m *matrix) throughputRows(ctx context.Context, ids []string, titles []stri
 	for i, id := range ids {
 		r := newRow(id, titles[i], target)
 		set := rowSettings[id]
-		r.Settings, r.Note = set.String(), set.Note
+		r.use(set)
 		m.rows = append(m.rows, r)
 		rows[i] = r
 	}
@@ -527,7 +549,7 @@ func (m *matrix) row2(ctx context.Context) {
 	t0 := time.Now()
 	r := newRow("2", "Object-store cost, 256 writers over 100 streams", "≤ 10 S3 requests of any kind per 1,000 appends")
 	set := rowSettings["2"]
-	r.Settings, r.Note = set.String(), set.Note
+	r.use(set)
 	m.rows = append(m.rows, r)
 	defer func() { r.Elapsed = time.Since(t0) }()
 	e, err := m.newPico(ctx, "2", set)

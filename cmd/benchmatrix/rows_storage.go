@@ -26,7 +26,7 @@ func (m *matrix) row5(ctx context.Context) {
 	const writers, size = 8, 1 << 20
 	r := newRow("5", "1 MiB appends, 8 writers over 8 streams", "≥ 50% of the bandwidth of 8 writers PUTting 1 MiB objects straight into versitygw")
 	set := rowSettings["5"]
-	r.Settings, r.Note = set.String(), set.Note
+	r.use(set)
 	m.rows = append(m.rows, r)
 	defer func() { r.Elapsed = time.Since(t0) }()
 
@@ -204,7 +204,7 @@ func (m *matrix) row6Pico(ctx context.Context) {
 	r := newRow("6", fmt.Sprintf("Fan-out: %s SSE subscribers on one stream, %g appends/s", fmtInt(float64(n)), m.sc.SSERate),
 		"every event reaches every subscriber; p99 append-ack → receipt ≤ 100 ms; Caddy RSS ≤ 512 MiB")
 	set := rowSettings["6"]
-	r.Settings, r.Note = set.String(), set.Note
+	r.use(set)
 	m.rows = append(m.rows, r)
 	defer func() { r.Elapsed = time.Since(t0) }()
 	e, err := m.newPico(ctx, "6", set)
@@ -306,7 +306,7 @@ func (m *matrix) row7(ctx context.Context) {
 	r := newRow("7", fmt.Sprintf("Cold catch-up: a %s stream read from the start by a freshly started Caddy", fmtSize(size)),
 		"≥ 70% of sequential 8 MiB ranged GETs of the same objects straight from versitygw (second pass, page cache warm)")
 	set := rowSettings["7"]
-	r.Settings, r.Note = set.String(), set.Note
+	r.use(set)
 	m.rows = append(m.rows, r)
 	defer func() { r.Elapsed = time.Since(t0) }()
 	e, err := m.newPico(ctx, "7", set)
@@ -511,7 +511,7 @@ func (m *matrix) row8(ctx context.Context) {
 	r := newRow("8", fmt.Sprintf("Idle is free: %s streams with one record each, then %s without requests", fmtInt(float64(n)), m.sc.IdleWait),
 		"Caddy RSS ≤ 64 MiB above its level before the streams were created; every stream reads back")
 	set := rowSettings["8"]
-	r.Settings, r.Note = set.String(), set.Note
+	r.use(set)
 	m.rows = append(m.rows, r)
 	defer func() { r.Elapsed = time.Since(t0) }()
 	e, err := m.newPico(ctx, "8", set)
@@ -586,7 +586,7 @@ func (m *matrix) row9(ctx context.Context) {
 	t0 := time.Now()
 	r := newRow("9", "Recovery: SIGKILL at row 1's load, restart, read an existing stream", "200 within 5 s of the restart")
 	set := rowSettings["9"]
-	r.Settings, r.Note = set.String(), set.Note
+	r.use(set)
 	m.rows = append(m.rows, r)
 	defer func() { r.Elapsed = time.Since(t0) }()
 	e, err := m.newPico(ctx, "9", set)
