@@ -74,7 +74,10 @@ var rowSettings = map[string]settings{
 		Tried: "a fan-out gate of 1, 2 or 8 x GOMAXPROCS feeds (p99 229-263 ms in all six runs); 64 KiB read buffers in the load generator " +
 			"(p99 245-301 against 277-349 ms). Caddy's own idle write timeout resets the connection's deadline at every write and flush " +
 			"(about a tenth of Caddy's CPU here); a handler cannot skip it without skipping Caddy's other response wrappers too. No gate at all: " +
-			"the same CPU, p50 52-59 ms against 135, but p99 242-334 ms against 266-276 and p999 388-555 against 295-317"},
+			"the same CPU, p50 52-59 ms against 135, but p99 242-334 ms against 266-276 and p999 388-555 against 295-317. " +
+			"Responses without chunked encoding (Transfer-Encoding: identity, so net/http writes each event in one syscall and closes the " +
+			"connection at the end): the same CPU and write count, p99 240-253 ms against 266-297; not worth a new connection, over TLS a new " +
+			"handshake, at every reconnect"},
 	// Compaction must move the stream into data objects before the cold
 	// read, so it runs often here.
 	"7": {Directives: []string{"compact_interval 2s"},
