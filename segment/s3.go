@@ -176,7 +176,8 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte, opts PutOpti
 		in.IfMatch = aws.String(opts.IfMatch)
 	}
 	var etag string
-	ambiguous := false // an earlier attempt may have been applied
+	ambiguous := false   // an earlier attempt may have been applied
+	folderRetry := false // the one retry of a folder race is spent
 	err := s.do(ctx, OpPut, key, func(ctx context.Context) (bool, error) {
 		in.Body = bytes.NewReader(data)
 		out, err := s.client.PutObject(ctx, in)
@@ -188,6 +189,16 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte, opts PutOpti
 			// S3 and versitygw: the condition is false.
 			if opts.IfMatch != "" && isNoSuchKey(err) {
 				return false, ErrPreconditionFailed
+			}
+			// versitygw (posix) also answers ExistingObjectIsDirectory
+			// when a DELETE of the last other key in the PUT's folder
+			// removed the folder under it: it reports any failure to
+			// make the folder or link the object into it that way.
+			// Nothing was written, and one more try recreates the
+			// folder. A key that really is a folder fails again.
+			if !folderRetry && errorCode(err) == "ExistingObjectIsDirectory" {
+				folderRetry = true
+				return true, err
 			}
 			retry, maybeApplied := classify(err)
 			if retry && maybeApplied {

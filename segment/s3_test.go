@@ -156,6 +156,37 @@ func TestS3StoreRetries(t *testing.T) {
 			attempts: 2,
 		},
 		{
+			// versitygw's answer when a concurrent DELETE removed the
+			// folder a PUT was linking into.
+			name:  "409 ExistingObjectIsDirectory is tried once more",
+			fault: testenv.Fault{Op: testenv.OpPut, Status: 409, Code: "ExistingObjectIsDirectory", Times: 1},
+			op: func(s segment.Store) error {
+				_, err := s.Put(ctx, "wal/0001/0002", []byte("v"), segment.PutOptions{IfNoneMatch: true})
+				return err
+			},
+			attempts: 2,
+		},
+		{
+			name:  "409 ExistingObjectIsDirectory twice is final",
+			fault: testenv.Fault{Op: testenv.OpPut, Status: 409, Code: "ExistingObjectIsDirectory"},
+			op: func(s segment.Store) error {
+				_, err := s.Put(ctx, "wal/0001/0003", []byte("v"), segment.PutOptions{})
+				return err
+			},
+			wantErr:  errAny,
+			attempts: 2,
+		},
+		{
+			name:  "409 ObjectParentIsFile is final",
+			fault: testenv.Fault{Op: testenv.OpPut, Status: 409, Code: "ObjectParentIsFile"},
+			op: func(s segment.Store) error {
+				_, err := s.Put(ctx, "seed/below", []byte("v"), segment.PutOptions{})
+				return err
+			},
+			wantErr:  errAny,
+			attempts: 1,
+		},
+		{
 			name:  "connection reset",
 			fault: testenv.Fault{Op: testenv.OpPut, Reset: true, Times: 1},
 			op: func(s segment.Store) error {
@@ -419,8 +450,11 @@ func TestS3StoreFolderCollision(t *testing.T) {
 			t.Errorf("Put(%q, %+v) error = %v, want a collision error", c.key, c.opts, err)
 		}
 	}
-	if n := p.Counts().Put; n != 3 {
-		t.Fatalf("PUTs = %d, want 3 (no retries)", n)
+	// A key that is a folder is tried once more (versitygw gives the same
+	// answer when a concurrent DELETE removed the folder a PUT was linking
+	// into); one whose parent is a file is not retried.
+	if n := p.Counts().Put; n != 5 {
+		t.Fatalf("PUTs = %d, want 5 (2 for each PUT of d, 1 for d/x/y)", n)
 	}
 }
 

@@ -38,6 +38,9 @@ type Fault struct {
 	// Status answers the request with this HTTP status and an S3 error body
 	// (503 gets SlowDown, 500 InternalError, ...) instead of forwarding it.
 	Status int
+	// Code, when set, is the error code of that body instead of Status's
+	// usual one (409 ExistingObjectIsDirectory, say).
+	Code string
 	// Reset drops the connection without an answer. (Go's transport
 	// retries a GET or HEAD that was reset on a reused connection before
 	// any answer, so such a fault may be absorbed below the SDK.)
@@ -518,6 +521,9 @@ func (p *Proxy) fail(w http.ResponseWriter, f *Fault) {
 		code = "AccessDenied"
 	case http.StatusTooManyRequests:
 		code = "TooManyRequests"
+	}
+	if f.Code != "" {
+		code = f.Code
 	}
 	w.Header().Set("Content-Type", "application/xml")
 	w.WriteHeader(f.Status)
