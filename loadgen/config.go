@@ -82,7 +82,20 @@ type Config struct {
 	// With ProgressTTY each line overwrites the last (\r).
 	Progress    io.Writer
 	ProgressTTY bool
+
+	// feeds picks how SSE feeds are read; the zero value chooses by URL.
+	// Tests set it to cover every way.
+	feeds feedReading
 }
+
+// feedReading is how subscribers read their SSE feeds.
+type feedReading int
+
+const (
+	feedsByURL     feedReading = iota // by hand for http://, net/http for https://
+	feedsNetHTTP                      // net/http's client
+	feedsGoroutine                    // by hand, each feed on its own goroutine
+)
 
 // normalize fills defaults and checks the configuration.
 func (c *Config) normalize() error {

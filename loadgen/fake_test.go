@@ -24,6 +24,7 @@ type fakeServer struct {
 
 	failAppends bool // answer 500 to every POST
 	maxChunk    int  // catch-up reads return at most this many bytes (0: all)
+	sseEvents   int  // an SSE response ends after this many data events (0: never)
 	appends     int
 	marks       []string
 }
@@ -135,6 +136,7 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(http.StatusOK)
 	w.(http.Flusher).Flush()
+	sent := 0
 	for {
 		f.mu.Lock()
 		chunk := append([]byte(nil), s.data[off:]...)
@@ -161,6 +163,9 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			w.(http.Flusher).Flush()
+			if sent++; f.sseEvents > 0 && sent >= f.sseEvents {
+				return // the client reconnects from the last control event
+			}
 		}
 		select {
 		case <-r.Context().Done():

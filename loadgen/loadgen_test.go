@@ -419,21 +419,25 @@ func TestRunFatal(t *testing.T) {
 }
 
 func TestRunSSE(t *testing.T) {
+	readings := map[feedReading]string{feedsByURL: "poller", feedsNetHTTP: "net-http", feedsGoroutine: "goroutine"}
 	for _, ct := range []string{"text/plain", "application/octet-stream"} {
-		t.Run(ct, func(t *testing.T) {
-			_, srv := newFake(t)
-			res := run(t, Config{URL: srv.URL + "/", Mode: ModeSSE, Writers: 1, Streams: 1, Size: 64, ContentType: ct,
-				Create: true, Subscribers: 30, Rate: 40, Duration: time.Second})
-			if res.Ops < 35 || res.Errors != 0 {
-				t.Fatalf("ops %d errors %d %v", res.Ops, res.Errors, res.ErrorSamples)
-			}
-			if res.Expected != res.Ops*30 || res.Delivered != res.Expected || res.Lost != 0 || res.Subscribers != 30 {
-				t.Errorf("delivered %d expected %d lost %d ops %d", res.Delivered, res.Expected, res.Lost, res.Ops)
-			}
-			if res.Latency.Max <= 0 || res.Latency.Max > 1000 {
-				t.Errorf("delivery latency %+v", res.Latency)
-			}
-		})
+		for reading, how := range readings {
+			t.Run(ct+"/"+how, func(t *testing.T) {
+				f, srv := newFake(t)
+				f.sseEvents = 7 // responses end now and then: subscribers resume
+				res := run(t, Config{URL: srv.URL + "/", Mode: ModeSSE, Writers: 1, Streams: 1, Size: 64, ContentType: ct,
+					Create: true, Subscribers: 30, Rate: 40, Duration: time.Second, feeds: reading})
+				if res.Ops < 35 || res.Errors != 0 {
+					t.Fatalf("ops %d errors %d %v", res.Ops, res.Errors, res.ErrorSamples)
+				}
+				if res.Expected != res.Ops*30 || res.Delivered != res.Expected || res.Lost != 0 || res.Subscribers != 30 {
+					t.Errorf("delivered %d expected %d lost %d ops %d", res.Delivered, res.Expected, res.Lost, res.Ops)
+				}
+				if res.Latency.Max <= 0 || res.Latency.Max > 1000 {
+					t.Errorf("delivery latency %+v", res.Latency)
+				}
+			})
+		}
 	}
 }
 

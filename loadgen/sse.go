@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,10 +32,17 @@ type subscriber struct {
 	maxSeq int          // larger numbers are not this run's
 	count  atomic.Int64 // distinct records received
 	ready  func()       // called once, after the first connection attempt
-	line   []byte
-	data   []byte
+	raw    bool         // read the feed by hand (plain http://)
+	poller *poller      // reads the feed when raw; nil: its own goroutine does
 	errs   atomic.Int64
-	errMsg errorSamples
+
+	// The event being parsed.
+	b64       bool // data arrives base64-encoded
+	eventName string
+	data      []byte
+	lines     int
+	line      []byte // a line split across reads
+	errMsg    errorSamples
 }
 
 // runSSE: --subscribers SSE readers follow stream prefix+"0" from its tail
@@ -68,8 +76,28 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 	var ready, running sync.WaitGroup
 	ready.Add(len(subs))
 	connecting := make(chan struct{}, 200) // bounds the connection storm
+	raw := usesRawFeeds(streamURL) && cfg.feeds != feedsNetHTTP
+	var pollers []*poller
+	var polling sync.WaitGroup
+	defer func() {
+		stopSubs() // pollers end with the subscribers' context
+		polling.Wait()
+	}()
+	if raw && cfg.feeds != feedsGoroutine {
+		for range runtime.GOMAXPROCS(0) {
+			p, err := newPoller()
+			if err != nil {
+				break // each feed reads on its own goroutine
+			}
+			pollers = append(pollers, p)
+			polling.Go(func() { p.run(subCtx) })
+		}
+	}
 	for i := range subs {
-		s := &subscriber{r: r, url: streamURL, base: base, next: tail, maxSeq: maxSeq}
+		s := &subscriber{r: r, url: streamURL, base: base, next: tail, maxSeq: maxSeq, raw: raw}
+		if len(pollers) > 0 {
+			s.poller = pollers[i%len(pollers)]
+		}
 		var once sync.Once
 		s.ready = func() { once.Do(func() { <-connecting; ready.Done() }) }
 		subs[i] = s
@@ -282,6 +310,9 @@ var errClosed = errors.New("stream closed")
 
 // once makes one SSE request and reads its events.
 func (s *subscriber) once(ctx context.Context) error {
+	if s.raw {
+		return s.onceRaw(ctx)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url+"?offset="+url.QueryEscape(s.next)+"&live=sse", nil)
 	if err != nil {
 		return err
@@ -296,11 +327,8 @@ func (s *subscriber) once(ctx context.Context) error {
 	if resp.StatusCode != http.StatusOK {
 		return errors.New(httpError(resp))
 	}
-	b64 := resp.Header.Get("Stream-Sse-Data-Encoding") == "base64"
+	s.startResponse(resp.Header)
 	br := bufio.NewReaderSize(resp.Body, 4096)
-	event := ""
-	s.data = s.data[:0]
-	lines := 0
 	for {
 		line, err := s.readLine(br)
 		if err != nil {
@@ -309,35 +337,47 @@ func (s *subscriber) once(ctx context.Context) error {
 			}
 			return err
 		}
-		if len(line) == 0 { // end of an event
-			if err := s.event(event, s.data, b64); err != nil {
-				return err
-			}
-			event, s.data, lines = "", s.data[:0], 0
-			continue
-		}
-		field, value, _ := bytes.Cut(line, []byte(":"))
-		if len(value) > 0 && value[0] == ' ' {
-			value = value[1:]
-		}
-		switch string(field) {
-		case "event":
-			event = eventName(value)
-		case "data":
-			// Plain data is scanned line by line (a tag never spans a
-			// line break), not copied: with thousands of subscribers on
-			// two cores, every copy shows.
-			if event == "data" && !b64 {
-				s.tags(value)
-				continue
-			}
-			if lines > 0 && !b64 {
-				s.data = append(s.data, '\n')
-			}
-			s.data = append(s.data, value...)
-			lines++
+		if err := s.sseLine(line); err != nil {
+			return err
 		}
 	}
+}
+
+// startResponse resets the event parser for a new response.
+func (s *subscriber) startResponse(h http.Header) {
+	s.b64 = h.Get("Stream-Sse-Data-Encoding") == "base64"
+	s.eventName, s.data, s.lines = "", s.data[:0], 0
+}
+
+// sseLine takes one line of the event stream, without its ending.
+func (s *subscriber) sseLine(line []byte) error {
+	if len(line) == 0 { // end of an event
+		err := s.event(s.eventName, s.data, s.b64)
+		s.eventName, s.data, s.lines = "", s.data[:0], 0
+		return err
+	}
+	field, value, _ := bytes.Cut(line, []byte(":"))
+	if len(value) > 0 && value[0] == ' ' {
+		value = value[1:]
+	}
+	switch string(field) {
+	case "event":
+		s.eventName = eventName(value)
+	case "data":
+		// Plain data is scanned line by line (a tag never spans a line
+		// break), not copied: with thousands of subscribers on two cores,
+		// every copy shows.
+		if s.eventName == "data" && !s.b64 {
+			s.tags(value)
+			return nil
+		}
+		if s.lines > 0 && !s.b64 {
+			s.data = append(s.data, '\n')
+		}
+		s.data = append(s.data, value...)
+		s.lines++
+	}
+	return nil
 }
 
 // readLine returns the next line without its ending (LF or CRLF); the
