@@ -39,6 +39,7 @@ type durableStreams struct {
 	live            *liveReaders // open SSE and long-poll reads, for metrics (metrics.go)
 	fanout          fanout       // live feeds writing at once (sse.go)
 	frames          frameCache   // data events shared by feeds at one position (sseframes.go)
+	hubs            *sseHubs     // feeds parked at their stream's tail (ssehub.go); nil: none
 }
 
 // ServeHTTP dispatches on the method. The stream name is the request path as
@@ -575,6 +576,7 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 	defer lw.close()
 	cursor := nextCursor(time.Now(), clientCursor, d.jitter)
 	announced := false // a control event with upToDate has been sent for f.next
+	alone := false     // wait without the hub this once: it stopped
 	t := turn{gate: d.fanout}
 	defer t.release()
 	f := frameFromChunk(c, enc, time.Now())
@@ -617,6 +619,28 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 		if remaining <= 0 {
 			return // recycle: the client reconnects from its last offset
 		}
+		if f.upToDate && !alone && d.hubs != nil {
+			next, ended := d.parkAtTail(lw, eng, hubKey{name: name, id: id, enc: enc}, f.next, cursor, es,
+				func(data []byte, c sseControl) bool { return event(data, c) && es.flush() })
+			switch ended {
+			case nil: // the hub is at another position: wait alone
+			case errFeedLeft: // time is up, the client left or the server shuts down
+				if d.shutdown.Err() != nil {
+					control(d.finalControl(next, cursor, true))
+					es.flush()
+				}
+				return
+			case errHubStopped:
+				// Go on alone from where the hub left the feed, and meet
+				// the reason (shutdown, deletion, a failed read) there.
+				f = &sseFrame{id: id, start: next, next: next, tail: next.seq, upToDate: true}
+				announced, alone = true, true
+				continue
+			default: // the write failed, or the stream closed and the hub said so
+				return
+			}
+		}
+		alone = false
 		tail := f.tail
 		if f.upToDate {
 			info, err := lw.wait(eng, name, id, f.next.seq)

@@ -53,6 +53,7 @@ func newDSServer(t *testing.T, tweak ...func(*durableStreams)) *dsServer {
 		maxAppend:       1 << 20,
 		chunkBytes:      defaultChunkBytes,
 		jitter:          randomJitter,
+		hubs:            &sseHubs{},
 	}
 	for _, f := range tweak {
 		f(d)

@@ -190,6 +190,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			allowLoopback:   h.AllowLoopbackWebhooks,
 			live:            h.ref.metrics.liveFor(h.Protocol),
 			fanout:          h.ref.fanout,
+			hubs:            &sseHubs{},
 		}
 	case protocolPico:
 		h.proto = &picoProtocol{

@@ -212,6 +212,8 @@ func (lw *liveWait) wait(eng *streamstore.Engine, name, id string, seq uint64) (
 // the feeds take turns a few at a time, FIFO, and a feed that waited reads
 // every record that arrived meanwhile in one event, so a fan-out that
 // outgrows the CPU batches instead of falling behind without bound.
+// Durable Streams feeds at the tail wait in their stream's hub instead
+// (ssehub.go); the gate is for feeds catching up and for Pico feeds.
 type fanout chan struct{}
 
 func newFanout() fanout { return make(fanout, 2*runtime.GOMAXPROCS(0)) }

@@ -1,0 +1,364 @@
+package picomq
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+// A feed at a stream's tail used to wait on its own goroutine, and every
+// append woke all of them: thousands of goroutines made runnable at once,
+// each handed from processor to processor, taking turns at the fan-out gate
+// and parking again after one write. On a small machine the wake-ups cost
+// more than the writes. Feeds that have caught up park in the stream's hub
+// instead: one goroutine waits for the stream to move, reads the new
+// records once and writes them to every parked feed, whose own goroutine
+// sleeps until its feed needs it (its time is up, the client left, the
+// server shuts down, a write failed, the stream closed or went away).
+
+// sseHubs are the hubs of one engine, by stream.
+type sseHubs struct {
+	mu   sync.Mutex
+	hubs map[hubKey]*sseHub
+}
+
+type hubKey struct {
+	name string
+	id   string
+	enc  sseEncoding
+}
+
+// sseHub serves the feeds parked at one stream's tail.
+type sseHub struct {
+	hubs *sseHubs
+	d    *durableStreams
+	eng  *streamstore.Engine
+	key  hubKey
+
+	mu     sync.Mutex
+	next   position // where the parked feeds are
+	feeds  map[*hubFeed]struct{}
+	cancel context.CancelFunc // ends the hub's wait once no feed is left
+	done   bool               // the hub has stopped; it takes no feeds
+}
+
+// hubFeed is a feed parked in a hub. While parked, the hub writes to it;
+// mu is held by whoever writes.
+type hubFeed struct {
+	mu    sync.Mutex
+	es    *eventStream
+	write func(data []byte, c sseControl) bool // one event, flushed; false: the client is gone
+	// limit sets the connection's write deadline (zero: none).
+	limit   func(time.Time) error
+	renewAt time.Time // when the hub next pushes the deadline on
+	// cursor goes in the feed's control events.
+	cursor string
+	next   position      // where the feed is, after the hub's writes
+	ended  error         // why the hub let the feed go; nil while parked
+	done   chan struct{} // closed when ended is set
+}
+
+// hubWriteTimeout bounds a write of the hub to one feed.
+const hubWriteTimeout = 10 * time.Second
+
+// Reasons a hub lets a feed go.
+var (
+	errFeedLeft   = errors.New("feed left the hub")
+	errFeedBroken = errors.New("write to the feed failed")
+	errFeedClosed = errors.New("stream closed; final events written")
+	errHubStopped = errors.New("hub stopped") // the feed goes on by itself
+)
+
+// park hands a feed at pos, with everything up to there written, to the
+// hub of its stream. It returns the hub, or nil when the feed must go on
+// by itself (the hub is at another position: the feed is behind it or the
+// stream moved since the feed's read).
+func (hs *sseHubs) park(d *durableStreams, eng *streamstore.Engine, key hubKey, pos position, f *hubFeed) *sseHub {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	h := hs.hubs[key]
+	if h == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		h = &sseHub{hubs: hs, d: d, eng: eng, key: key, next: pos, feeds: map[*hubFeed]struct{}{f: {}}, cancel: cancel}
+		if hs.hubs == nil {
+			hs.hubs = make(map[hubKey]*sseHub)
+		}
+		hs.hubs[key] = h
+		go h.run(ctx)
+		return h
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.done || h.next != pos {
+		return nil
+	}
+	if len(h.feeds) == 0 {
+		// The hub's wait was cancelled when its last feed left; it has
+		// not stopped yet and takes this one with a new wait.
+		ctx, cancel := context.WithCancel(context.Background())
+		h.cancel = cancel
+		go h.run(ctx)
+	}
+	h.feeds[f] = struct{}{}
+	return h
+}
+
+// leave takes f back from the hub, waiting out a write in progress. It
+// reports why the hub had let f go already, or nil if it had not.
+func (h *sseHub) leave(f *hubFeed) error {
+	f.mu.Lock()
+	ended := f.ended
+	if ended == nil {
+		f.ended = errFeedLeft
+		close(f.done)
+	}
+	f.mu.Unlock()
+	if ended == nil {
+		h.remove(f)
+	}
+	return ended
+}
+
+// remove drops f from the feeds; the last one out cancels the hub's wait.
+func (h *sseHub) remove(f *hubFeed) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.feeds[f]; !ok {
+		return
+	}
+	delete(h.feeds, f)
+	if len(h.feeds) == 0 {
+		h.cancel()
+	}
+}
+
+// end lets f go for err, unless it went already.
+func (h *sseHub) end(f *hubFeed, err error) {
+	f.mu.Lock()
+	if f.ended == nil {
+		f.ended = err
+		close(f.done)
+	}
+	f.mu.Unlock()
+	h.remove(f)
+}
+
+// run is the hub's goroutine: wait for the stream to move, write what is
+// new to every parked feed, again. Started by park with a context that
+// ends when the last feed leaves; each run ends on its own context (a later
+// park may have started another).
+func (h *sseHub) run(ctx context.Context) {
+	for {
+		h.mu.Lock()
+		pos := h.next
+		h.mu.Unlock()
+		info, err := h.eng.Wait(ctx, h.key.name, h.key.id, pos.seq)
+		if err == nil && info.ID != h.key.id {
+			err = errHubStopped
+		}
+		if err == nil {
+			err = h.catchUp(ctx, pos, info.NextSeq)
+		}
+		switch {
+		case ctx.Err() != nil:
+			h.stopIfIdle()
+			return
+		case errors.Is(err, errFeedClosed):
+			h.stop(err)
+			return
+		case err != nil:
+			// Shutting down, deleted or failing: every feed goes on by
+			// itself and meets the reason there.
+			h.stop(errHubStopped)
+			return
+		}
+	}
+}
+
+// catchUp writes the records from pos up to at least tail to every feed.
+func (h *sseHub) catchUp(ctx context.Context, pos position, tail uint64) error {
+	for {
+		f, err := h.d.frameAt(ctx, h.eng, h.key.name, h.key.id, pos, tail, h.key.enc)
+		if err != nil || f.id != h.key.id {
+			return errHubStopped
+		}
+		if !f.hasData() && !f.closed {
+			// Woken with nothing to read: let each feed find out why.
+			return errHubStopped
+		}
+		h.mu.Lock()
+		h.next = f.next
+		feeds := make([]*hubFeed, 0, len(h.feeds))
+		for hf := range h.feeds {
+			feeds = append(feeds, hf)
+		}
+		h.mu.Unlock()
+		h.sendAll(feeds, f, encodeForFeeds(f, feeds))
+		if f.closed {
+			return errFeedClosed
+		}
+		if f.upToDate {
+			return nil
+		}
+		pos, tail = f.next, f.tail
+	}
+}
+
+// sendAll writes frame f to the feeds, split over one goroutine per
+// processor when there are enough of them to be worth it.
+func (h *sseHub) sendAll(feeds []*hubFeed, f *sseFrame, events map[string][]byte) {
+	n := runtime.GOMAXPROCS(0)
+	if len(feeds) < 64*n {
+		n = 1
+	}
+	per := (len(feeds) + n - 1) / n
+	var wg sync.WaitGroup
+	for i := 1; i < n; i++ {
+		part := feeds[min(i*per, len(feeds)):min((i+1)*per, len(feeds))]
+		wg.Go(func() {
+			for _, hf := range part {
+				h.send(hf, f, events)
+			}
+		})
+	}
+	for _, hf := range feeds[:min(per, len(feeds))] {
+		h.send(hf, f, events)
+	}
+	wg.Wait()
+}
+
+// maxPassCursors bounds the events one pass encodes ahead.
+const maxPassCursors = 16
+
+// frameControl is the control event that follows frame f in a feed with
+// the given cursor.
+func frameControl(f *sseFrame, cursor string) sseControl {
+	cc := sseControl{StreamNextOffset: f.next.String(), UpToDate: f.upToDate || !f.hasData()}
+	if f.closed {
+		cc.StreamClosed = true
+	} else {
+		cc.StreamCursor = cursor
+	}
+	return cc
+}
+
+// encodeForFeeds encodes frame f and its control event once per cursor
+// among the feeds, as the bytes each feed writes; nil when the feeds have
+// too many cursors to be worth it (each then encodes its own).
+func encodeForFeeds(f *sseFrame, feeds []*hubFeed) map[string][]byte {
+	events := make(map[string][]byte)
+	for _, hf := range feeds {
+		c := hf.cursor
+		if f.closed {
+			c = "" // no cursor after the end
+		}
+		if _, ok := events[c]; ok {
+			continue
+		}
+		if len(events) == maxPassCursors {
+			return nil
+		}
+		events[c] = appendSSEControl(append([]byte(nil), f.data...), frameControl(f, c))
+	}
+	return events
+}
+
+// send writes frame f to one feed, as the feed itself would have: the
+// pass's shared bytes for the feed's cursor when there are some.
+func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
+	hf.mu.Lock()
+	if hf.ended != nil {
+		hf.mu.Unlock()
+		return
+	}
+	// One goroutine writes to many feeds, so a client that stopped reading
+	// must not hold it for long: each write has hubWriteTimeout to finish.
+	// The deadline moves on every half of that, not at every write.
+	if now := time.Now(); !now.Before(hf.renewAt) {
+		_ = hf.limit(now.Add(hubWriteTimeout))
+		hf.renewAt = now.Add(hubWriteTimeout / 2)
+	}
+	var ok bool
+	cursor := hf.cursor
+	if f.closed {
+		cursor = ""
+	}
+	if b, shared := events[cursor]; shared {
+		ok = hf.es.write(b) && hf.es.flush()
+	} else {
+		ok = hf.write(f.data, frameControl(f, hf.cursor))
+	}
+	if ok {
+		hf.next = f.next
+	}
+	hf.mu.Unlock()
+	if !ok {
+		h.end(hf, errFeedBroken)
+	}
+}
+
+// stop ends the hub: every feed left goes for err, and no feed parks here
+// again.
+func (h *sseHub) stop(err error) {
+	h.hubs.mu.Lock()
+	h.mu.Lock()
+	h.done = true
+	if h.hubs.hubs[h.key] == h {
+		delete(h.hubs.hubs, h.key)
+	}
+	feeds := make([]*hubFeed, 0, len(h.feeds))
+	for hf := range h.feeds {
+		feeds = append(feeds, hf)
+	}
+	h.mu.Unlock()
+	h.hubs.mu.Unlock()
+	for _, hf := range feeds {
+		h.end(hf, err)
+	}
+	h.cancel()
+}
+
+// stopIfIdle stops the hub after its wait was cancelled, unless a feed
+// parked since, which started a new run with a new context.
+func (h *sseHub) stopIfIdle() {
+	h.hubs.mu.Lock()
+	defer h.hubs.mu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.feeds) > 0 || h.done {
+		return
+	}
+	h.done = true
+	if h.hubs.hubs[h.key] == h {
+		delete(h.hubs.hubs, h.key)
+	}
+}
+
+// parkAtTail parks a feed that has written everything up to pos in its
+// stream's hub, and sleeps until the hub lets it go or the feed's wait is
+// over (lw: its time is up, the client left, the server shuts down). It
+// returns where the feed is then and why the hub let it go; nil when the
+// feed could not park and must wait alone.
+func (d *durableStreams) parkAtTail(lw *liveWait, eng *streamstore.Engine, key hubKey, pos position, cursor string,
+	es *eventStream, write func([]byte, sseControl) bool) (position, error) {
+	hf := &hubFeed{es: es, write: write, limit: es.rc.SetWriteDeadline, cursor: cursor, next: pos, done: make(chan struct{})}
+	h := d.hubs.park(d, eng, key, pos, hf)
+	if h == nil {
+		return pos, nil
+	}
+	select {
+	case <-hf.done:
+	case <-lw.ctx.Done():
+		h.leave(hf)
+	}
+	hf.mu.Lock()
+	defer hf.mu.Unlock()
+	if !hf.renewAt.IsZero() {
+		_ = hf.limit(time.Time{}) // the feed's own writes have no deadline
+	}
+	return hf.next, hf.ended
+}

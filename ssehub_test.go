@@ -1,0 +1,199 @@
+package picomq
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+)
+
+// parked counts the feeds parked in the server's hubs, and the hubs.
+func (s *dsServer) parked() (feeds, hubs int) {
+	hs := s.proto.hubs
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	for _, h := range hs.hubs {
+		h.mu.Lock()
+		feeds += len(h.feeds)
+		h.mu.Unlock()
+	}
+	return feeds, len(hs.hubs)
+}
+
+// waitParked waits until want feeds are parked in want hubs.
+func (s *dsServer) waitParked(t *testing.T, feeds, hubs int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		f, h := s.parked()
+		if f == feeds && h == hubs {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d feeds parked in %d hubs, want %d in %d", f, h, feeds, hubs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Feeds at the tail park in the stream's hub, which writes each append to
+// all of them; one that leaves does not disturb the others; the close
+// reaches every feed and ends it, and the hub with them.
+func TestSSEHubServesTailFeeds(t *testing.T) {
+	const n = 20
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	readers := make([]*sseReader, n)
+	for i := range readers {
+		readers[i] = s.sse(t, "/s?offset=now&live=sse")
+		if c := readers[i].control(t); !c.UpToDate {
+			t.Fatalf("first control %+v", c)
+		}
+	}
+	s.waitParked(t, n, 1)
+
+	for i, rec := range []string{"one", "two", "three"} {
+		s.do(t, "POST", "/s", rec, ct, "text/plain").want(t, 204)
+		for j, r := range readers {
+			if ev := r.next(t); ev.typ != "data" || ev.data != rec {
+				t.Fatalf("reader %d, record %d: event %+v", j, i, ev)
+			}
+			if c := r.control(t); c.StreamNextOffset != (position{uint64(i + 1), 0}).String() || !c.UpToDate || c.StreamCursor == "" {
+				t.Fatalf("reader %d, record %d: control %+v", j, i, c)
+			}
+		}
+	}
+	s.waitParked(t, n, 1) // still parked: no feed took its own turn
+
+	readers[0].res.Body.Close()
+	s.waitParked(t, n-1, 1)
+	s.do(t, "POST", "/s", "four", ct, "text/plain").want(t, 204)
+	for _, r := range readers[1:] {
+		if ev := r.next(t); ev.data != "four" {
+			t.Fatalf("after a reader left: event %+v", ev)
+		}
+		r.control(t)
+	}
+
+	s.do(t, "POST", "/s", "", "Stream-Closed", "true").want(t, 204)
+	for j, r := range readers[1:] {
+		if c := r.control(t); !c.StreamClosed || c.StreamCursor != "" || c.StreamNextOffset != (position{4, 0}).String() {
+			t.Errorf("reader %d: close control %+v", j+1, c)
+		}
+		r.ends(t, 2*time.Second)
+	}
+	s.waitParked(t, 0, 0)
+}
+
+// A hub lets its feeds go when their time is up (they recycle), when the
+// stream is deleted (each finds out alone and ends) and at shutdown (each
+// writes its final control event).
+func TestSSEHubLetsFeedsGo(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.sseInterval = 400 * time.Millisecond })
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	a, b := s.sse(t, "/s?offset=now&live=sse"), s.sse(t, "/s?offset=now&live=sse")
+	a.control(t)
+	b.control(t)
+	s.waitParked(t, 2, 1)
+	a.ends(t, 2*time.Second)
+	b.ends(t, 2*time.Second)
+	s.waitParked(t, 0, 0)
+
+	s.proto.sseInterval = time.Minute
+	a = s.sse(t, "/s?offset=now&live=sse")
+	a.control(t)
+	s.waitParked(t, 1, 1)
+	s.do(t, "DELETE", "/s", "").want(t, 204)
+	a.ends(t, 2*time.Second)
+	s.waitParked(t, 0, 0)
+
+	s.do(t, "PUT", "/t", "", ct, "text/plain").want(t, 201)
+	a = s.sse(t, "/t?offset=now&live=sse")
+	a.control(t)
+	s.waitParked(t, 1, 1)
+	s.shutdown()
+	if c := a.control(t); c.StreamNextOffset != (position{}).String() || !c.UpToDate {
+		t.Errorf("shutdown control %+v", c)
+	}
+	a.ends(t, 2*time.Second)
+	s.waitParked(t, 0, 0)
+}
+
+// A feed whose write fails is let go and dropped; the others get the
+// event, and the hub goes on with them.
+func TestSSEHubDropsBrokenFeed(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	eng, _ := s.proto.engine(context.Background())
+	info, err := eng.Head(context.Background(), "/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := hubKey{name: "/s", id: info.ID, enc: sseText}
+	pos := position{info.NextSeq, 0}
+
+	type fakeFeed struct {
+		hf  *hubFeed
+		rec *httptest.ResponseRecorder
+	}
+	newFeed := func(w http.ResponseWriter, cursor string) *hubFeed {
+		es := &eventStream{out: w, rc: http.NewResponseController(w)}
+		var mu sync.Mutex
+		return &hubFeed{es: es, cursor: cursor, next: pos, done: make(chan struct{}), limit: es.rc.SetWriteDeadline,
+			write: func(data []byte, c sseControl) bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return es.write(appendSSEControl(append([]byte(nil), data...), c)) && es.flush()
+			}}
+	}
+	var good []fakeFeed
+	for i := 0; i < 3; i++ {
+		rec := httptest.NewRecorder()
+		good = append(good, fakeFeed{newFeed(rec, "c1"), rec})
+	}
+	broken := newFeed(failingWriter{}, "c1")
+	var hub *sseHub
+	for _, hf := range []*hubFeed{good[0].hf, broken, good[1].hf, good[2].hf} {
+		h := s.proto.hubs.park(s.proto, eng, key, pos, hf)
+		if h == nil || (hub != nil && h != hub) {
+			t.Fatalf("park: hub %p, first %p", h, hub)
+		}
+		hub = h
+	}
+	s.do(t, "POST", "/s", "x", ct, "text/plain").want(t, 204)
+	select {
+	case <-broken.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the broken feed was not let go")
+	}
+	if !errors.Is(broken.ended, errFeedBroken) {
+		t.Errorf("broken feed ended with %v", broken.ended)
+	}
+	s.waitParked(t, 3, 1)
+	want := (position{pos.seq + 1, 0}).String()
+	for i, g := range good {
+		if got := hub.leave(g.hf); got != nil {
+			t.Errorf("feed %d had been let go: %v", i, got)
+		}
+		if g.hf.next.String() != want || g.rec.Body.Len() == 0 {
+			t.Errorf("feed %d at %s with %q, want it at %s", i, g.hf.next, g.rec.Body.String(), want)
+		}
+	}
+	s.waitParked(t, 0, 0)
+	// Parking away from the hub's position is refused while it runs, and
+	// a feed at the tail again starts a hub afresh.
+	if h := s.proto.hubs.park(s.proto, eng, key, pos, newFeed(httptest.NewRecorder(), "c1")); h == nil {
+		t.Fatal("no hub for a feed at the old tail of an idle stream")
+	} else if h2 := s.proto.hubs.park(s.proto, eng, key, position{pos.seq + 5, 0}, newFeed(httptest.NewRecorder(), "c1")); h2 != nil {
+		t.Error("a feed at another position was parked")
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Header() http.Header       { return http.Header{} }
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("client gone") }
+func (failingWriter) WriteHeader(int)           {}
