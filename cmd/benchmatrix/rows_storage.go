@@ -250,6 +250,22 @@ func (m *matrix) row6Pico(ctx context.Context) {
 	r.Details = append(r.Details, fmt.Sprintf("Caddy peak RSS: %.0f MiB from the load generator, %.0f MiB sampled by the matrix every 100 ms", genPeak, ownPeak))
 	r.Details = append(r.Details, processDetail(res)...)
 	r.Details = append(r.Details, errorDetail(res)...)
+
+	// The same subscribers at one append a second: each wave of events
+	// has the machine to itself, so its p99 is what one wave over every
+	// feed takes, without waves queueing behind each other.
+	slow := spec
+	slow.Prefix, slow.Rate, slow.Duration = "/r6slow/", 1, m.sc.SSEDuration/2
+	sr, err := m.measurePico(ctx, e, "r6-slow", slow)
+	if err != nil {
+		r.Details = append(r.Details, "at 1 append/s: "+err.Error())
+		return
+	}
+	r.Commands = append(r.Commands, sr.cmd)
+	s := sr.res
+	r.Details = append(r.Details, fmt.Sprintf("the same subscribers at 1 append/s (one wave of events at a time): %s of %s delivered, "+
+		"delivery latency ms p50 %s, p99 %s, max %s", fmtInt(float64(s.Delivered)), fmtInt(float64(s.Expected)),
+		fmtNum(float64(s.Latency.P50)), fmtNum(float64(s.Latency.P99)), fmtNum(float64(s.Latency.Max))))
 }
 
 // row6Node runs row 6's load against the Node reference server (in
