@@ -66,8 +66,10 @@ func (c Config) withDefaults() Config {
 type Engine struct {
 	store segment.Store
 	log   *zap.Logger
-	man   *segment.Manifests
-	cache *blockCache
+
+	appendHook atomic.Pointer[AppendHook] // told of durable appends (notify.go)
+	man        *segment.Manifests
+	cache      *blockCache
 
 	cfgMu sync.RWMutex
 	cfg   Config

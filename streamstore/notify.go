@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 
 	"github.com/picomq/caddy-picomq/segment"
 )
@@ -15,19 +14,14 @@ import (
 // block (hand the work to another goroutine) and must not call the engine.
 type AppendHook func(name string, firstSeq, nextSeq uint64)
 
-// appendHooks holds the hook of each engine. It lives beside the Engine
-// rather than in it so the engine's own files stay as they are; an entry is
-// removed by OnAppend(nil).
-var appendHooks sync.Map // *Engine -> AppendHook
-
 // OnAppend registers fn as the engine's append hook, replacing any earlier
 // one; nil removes it. See AppendHook for what fn may do.
 func (e *Engine) OnAppend(fn AppendHook) {
 	if fn == nil {
-		appendHooks.Delete(e)
+		e.appendHook.Store(nil)
 		return
 	}
-	appendHooks.Store(e, fn)
+	e.appendHook.Store(&fn)
 }
 
 // appended is called by the commit hook once an entry is durable.
@@ -35,8 +29,8 @@ func (e *Engine) appended(ent *segment.Entry) {
 	if len(ent.Records) == 0 {
 		return
 	}
-	if fn, ok := appendHooks.Load(e); ok {
-		fn.(AppendHook)(ent.Name, ent.FirstSeq, ent.EndSeq())
+	if fn := e.appendHook.Load(); fn != nil {
+		(*fn)(ent.Name, ent.FirstSeq, ent.EndSeq())
 	}
 }
 
