@@ -92,14 +92,16 @@ func TestSSEHubServesTailFeeds(t *testing.T) {
 // stream is deleted (each finds out alone and ends) and at shutdown (each
 // writes its final control event).
 func TestSSEHubLetsFeedsGo(t *testing.T) {
-	s := newDSServer(t, func(d *durableStreams) { d.sseInterval = 400 * time.Millisecond })
+	// Long enough for both to be seen parked before they recycle, on a
+	// busy machine too.
+	s := newDSServer(t, func(d *durableStreams) { d.sseInterval = time.Second })
 	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
 	a, b := s.sse(t, "/s?offset=now&live=sse"), s.sse(t, "/s?offset=now&live=sse")
 	a.control(t)
 	b.control(t)
 	s.waitParked(t, 2, 1)
-	a.ends(t, 2*time.Second)
-	b.ends(t, 2*time.Second)
+	a.ends(t, 3*time.Second)
+	b.ends(t, 3*time.Second)
 	s.waitParked(t, 0, 0)
 
 	s.proto.sseInterval = time.Minute
@@ -174,6 +176,22 @@ func TestSSEHubDropsBrokenFeed(t *testing.T) {
 	}
 	s.waitParked(t, 3, 1)
 	want := (position{pos.seq + 1, 0}).String()
+	// The broken feed may have come first in the pass: wait for the rest.
+	for i, g := range good {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			g.hf.mu.Lock()
+			at := g.hf.next.String()
+			g.hf.mu.Unlock()
+			if at == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("feed %d still at %s, want %s", i, at, want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	for i, g := range good {
 		if got := hub.leave(g.hf); got != nil {
 			t.Errorf("feed %d had been let go: %v", i, got)
