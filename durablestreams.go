@@ -34,12 +34,13 @@ type durableStreams struct {
 	sseInterval     time.Duration
 	maxAppend       int64
 	chunkBytes      int
-	jitter          func() int   // cursor jitter in seconds
-	allowLoopback   bool         // webhook URLs may be on localhost (subscriptions.go)
-	live            *liveReaders // open SSE and long-poll reads, for metrics (metrics.go)
-	fanout          fanout       // live feeds writing at once (sse.go)
-	frames          frameCache   // data events shared by feeds at one position (sseframes.go)
-	hubs            *sseHubs     // feeds parked at their stream's tail (ssehub.go); nil: none
+	jitter          func() int    // cursor jitter in seconds
+	allowLoopback   bool          // webhook URLs may be on localhost (subscriptions.go)
+	live            *liveReaders  // open SSE and long-poll reads, for metrics (metrics.go)
+	fanout          fanout        // live feeds writing at once (sse.go)
+	frames          frameCache    // data events shared by feeds at one position (sseframes.go)
+	hubs            *sseHubs      // feeds parked at their stream's tail (ssehub.go); nil: none
+	writeTimeout    time.Duration // a feed write others wait for (sse.go); 0: the default
 }
 
 // ServeHTTP dispatches on the method. The stream name is the request path as
@@ -577,10 +578,11 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 	cursor := nextCursor(time.Now(), clientCursor, d.jitter)
 	announced := false // a control event with upToDate has been sent for f.next
 	alone := false     // wait without the hub this once: it stopped
-	t := turn{gate: d.fanout}
+	t := turn{gate: d.fanout, es: es, timeout: d.writeTimeout}
 	defer t.release()
 	f := frameFromChunk(c, enc, time.Now())
 	for {
+		t.limitWrites()
 		switch {
 		case f.hasData():
 			cc := sseControl{StreamNextOffset: f.next.String(), UpToDate: f.upToDate}

@@ -77,9 +77,10 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 	lw := newLiveWait(r, p.shutdown, deadline)
 	defer lw.close()
 	announced := false // a control event with up_to_date was sent for pg.next
-	t := turn{gate: p.fanout}
+	t := turn{gate: p.fanout, es: es}
 	defer t.release()
 	for {
+		t.limitWrites()
 		switch {
 		case len(pg.records) > 0:
 			if writePicoData(bw, pg.next, pg.records) != nil {

@@ -232,9 +232,38 @@ func (f fanout) leave() { <-f }
 
 // turn is one feed's hold on the fanout gate: taken before a read, given
 // back once the write is flushed. A nil gate admits everyone.
+//
+// A feed writes while it holds its turn, so a client that stopped reading
+// would keep a place at the gate until the server gave up on the write;
+// a few such clients would stall every feed of the storage. With es set,
+// a write made while the turn is held has turnWriteTimeout to finish.
 type turn struct {
-	gate fanout
-	held bool
+	gate    fanout
+	held    bool
+	es      *eventStream
+	timeout time.Duration // for a write while held; 0: defaultFeedWriteTimeout
+	limited bool          // a write deadline is set
+}
+
+// defaultFeedWriteTimeout bounds a write that other feeds wait for: one
+// made holding a turn, or by a hub (ssehub.go).
+const defaultFeedWriteTimeout = 10 * time.Second
+
+// feedWriteTimeout is timeout, or the default when it is not set.
+func feedWriteTimeout(timeout time.Duration) time.Duration {
+	if timeout > 0 {
+		return timeout
+	}
+	return defaultFeedWriteTimeout
+}
+
+// limitWrites starts the write deadline of a held turn; the feed calls it
+// before writing.
+func (t *turn) limitWrites() {
+	if t.held && t.es != nil {
+		_ = t.es.rc.SetWriteDeadline(time.Now().Add(feedWriteTimeout(t.timeout)))
+		t.limited = true
+	}
 }
 
 func (t *turn) take(ctx context.Context) bool {
@@ -249,6 +278,10 @@ func (t *turn) take(ctx context.Context) bool {
 }
 
 func (t *turn) release() {
+	if t.limited {
+		_ = t.es.rc.SetWriteDeadline(time.Time{})
+		t.limited = false
+	}
 	if t.held {
 		t.gate.leave()
 		t.held = false

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -156,5 +157,47 @@ func TestFanoutGate(t *testing.T) {
 	}
 	if nilGate := (turn{}); !nilGate.take(ctx) {
 		t.Fatal("a nil gate must admit")
+	}
+}
+
+// A client that stopped reading while its feed held a turn at the gate
+// must not keep the turn: the write holding it times out, and a feed
+// waiting for the turn catches up.
+func TestStalledFeedGivesUpItsTurn(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) {
+		d.fanout = make(fanout, 1)
+		d.writeTimeout = 300 * time.Millisecond
+	})
+	record := strings.Repeat("x", 1<<20)
+	s.do(t, "PUT", "/big", "", ct, "text/plain").want(t, 201)
+	for i := 0; i < 16; i++ {
+		s.do(t, "POST", "/big", record, ct, "text/plain").want(t, 204)
+	}
+	s.do(t, "PUT", "/small", "", ct, "text/plain").want(t, 201)
+	for i := 0; i < 3; i++ {
+		s.do(t, "POST", "/small", record, ct, "text/plain").want(t, 204)
+	}
+
+	// The stalled client: a small receive buffer and no reads, so the
+	// server's writes block once its send buffer is full, a few chunks in,
+	// each chunk after the first written holding the gate's only turn.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.(*net.TCPConn).SetReadBuffer(4 << 10)
+	if _, err := conn.Write([]byte("GET /big?offset=-1&live=sse HTTP/1.1\r\nHost: test\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // let it fill the buffers and block
+
+	r := s.sse(t, "/small?offset=-1&live=sse")
+	got := 0
+	for got < 3<<20 {
+		ev := r.next(t) // fails after 5 s without an event
+		if ev.typ == "data" {
+			got += len(ev.data)
+		}
 	}
 }

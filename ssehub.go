@@ -62,9 +62,6 @@ type hubFeed struct {
 	done   chan struct{} // closed when ended is set
 }
 
-// hubWriteTimeout bounds a write of the hub to one feed.
-const hubWriteTimeout = 10 * time.Second
-
 // Reasons a hub lets a feed go.
 var (
 	errFeedLeft   = errors.New("feed left the hub")
@@ -276,11 +273,12 @@ func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
 		return
 	}
 	// One goroutine writes to many feeds, so a client that stopped reading
-	// must not hold it for long: each write has hubWriteTimeout to finish.
-	// The deadline moves on every half of that, not at every write.
+	// must not hold it for long: each write has the feed write timeout to
+	// finish. The deadline moves on every half of that, not at every write.
 	if now := time.Now(); !now.Before(hf.renewAt) {
-		_ = hf.limit(now.Add(hubWriteTimeout))
-		hf.renewAt = now.Add(hubWriteTimeout / 2)
+		timeout := feedWriteTimeout(h.d.writeTimeout)
+		_ = hf.limit(now.Add(timeout))
+		hf.renewAt = now.Add(timeout / 2)
 	}
 	var ok bool
 	cursor := hf.cursor
