@@ -185,6 +185,7 @@ type engineRef struct {
 	eng     atomic.Pointer[streamstore.Engine] // set once started
 	metrics *engineMetrics                     // store requests and live reads (metrics.go)
 	fanout  fanout                             // live feeds writing at once (sse.go)
+	subs    subManagers                        // the engine's subscriptions (subscriptions.go)
 
 	mu       sync.Mutex
 	nodeID   string
@@ -231,7 +232,7 @@ func (r *engineRef) doStart() error {
 	if err := eng.Start(ctx); err != nil {
 		return fmt.Errorf("starting engine: %w", err)
 	}
-	managerFor(eng, r.log) // subscriptions wake on appends from the start, whatever the protocol (subscriptions.go)
+	r.subs.managerFor(eng, r.log) // subscriptions wake on appends from the start, whatever the protocol (subscriptions.go)
 	r.mu.Lock()
 	r.eng.Store(eng)
 	// A reload may have changed the settings while the engine started.

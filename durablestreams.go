@@ -41,6 +41,7 @@ type durableStreams struct {
 	frames          frameCache    // data events shared by feeds at one position (sseframes.go)
 	hubs            *sseHubs      // feeds parked at their stream's tail (ssehub.go); nil: none
 	writeTimeout    time.Duration // a feed write others wait for (sse.go); 0: the default
+	subs            *subManagers  // the engine's subscriptions (subscriptions.go)
 }
 
 // ServeHTTP dispatches on the method. The stream name is the request path as

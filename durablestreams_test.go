@@ -54,6 +54,7 @@ func newDSServer(t *testing.T, tweak ...func(*durableStreams)) *dsServer {
 		chunkBytes:      defaultChunkBytes,
 		jitter:          randomJitter,
 		hubs:            &sseHubs{},
+		subs:            &subManagers{},
 	}
 	for _, f := range tweak {
 		f(d)

@@ -191,6 +191,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			live:            h.ref.metrics.liveFor(h.Protocol),
 			fanout:          h.ref.fanout,
 			hubs:            &sseHubs{},
+			subs:            &h.ref.subs,
 		}
 	case protocolPico:
 		h.proto = &picoProtocol{

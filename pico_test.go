@@ -69,6 +69,7 @@ func newPicoServer(t *testing.T, tweak ...func(*picoProtocol)) *picoServer {
 		maxAppend:       1 << 20,
 		chunkBytes:      defaultChunkBytes,
 		jitter:          randomJitter,
+		subs:            &subManagers{},
 	}
 	handlers := map[string]*Handler{
 		"/pico": {proto: p, shutdown: shutdown, cancelShutdown: cancel},

@@ -46,6 +46,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -79,7 +80,7 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 	}
 	if i < 0 {
 		if eng, err := d.engine(r.Context()); err == nil {
-			managerFor(eng, d.log)
+			d.subs.managerFor(eng, d.log)
 		}
 		return false
 	}
@@ -89,7 +90,7 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 	if !ok {
 		return true
 	}
-	m := managerFor(eng, d.log)
+	m := d.subs.managerFor(eng, d.log)
 	err := m.ready(r.Context())
 	if err == nil {
 		err = m.ensureKey(r.Context())
@@ -253,12 +254,23 @@ type appendNote struct {
 	first, next uint64
 }
 
-var subManagers sync.Map // *streamstore.Engine -> *subManager
+// subManagers holds the subscription manager of an engine, started on
+// first use; it lives with the engine's handle (engineRef) and the
+// handlers that serve it, not in a package map.
+type subManagers struct {
+	cur atomic.Pointer[subManager] // the running one: every request looks
+	mu  sync.Mutex                 // serialises starts
+}
 
-// managerFor returns the engine's subscription manager, starting it once.
-func managerFor(eng *streamstore.Engine, log *zap.Logger) *subManager {
-	if m, ok := subManagers.Load(eng); ok {
-		return m.(*subManager)
+// managerFor returns eng's subscription manager, starting it once.
+func (sm *subManagers) managerFor(eng *streamstore.Engine, log *zap.Logger) *subManager {
+	if m := sm.cur.Load(); m != nil && m.eng == eng {
+		return m
+	}
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	if m := sm.cur.Load(); m != nil && m.eng == eng {
+		return m
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &subManager{
@@ -279,10 +291,7 @@ func managerFor(eng *streamstore.Engine, log *zap.Logger) *subManager {
 			return http.ErrUseLastResponse // a redirect could lead anywhere
 		},
 	}
-	if prev, loaded := subManagers.LoadOrStore(eng, m); loaded {
-		cancel()
-		return prev.(*subManager)
-	}
+	sm.cur.Store(m)
 	eng.OnAppend(m.noteAppend)
 	go func() {
 		defer cancel()
@@ -291,7 +300,7 @@ func managerFor(eng *streamstore.Engine, log *zap.Logger) *subManager {
 	go func() {
 		<-eng.Done()
 		cancel()
-		subManagers.CompareAndDelete(eng, m)
+		sm.cur.CompareAndSwap(m, nil)
 	}()
 	return m
 }
