@@ -43,6 +43,7 @@ type sseHub struct {
 	next   position // where the parked feeds are
 	feeds  map[*hubFeed]struct{}
 	cancel context.CancelFunc // ends the hub's wait once no feed is left
+	gen    uint64             // the run that serves the feeds; an older one bows out
 	done   bool               // the hub has stopped; it takes no feeds
 }
 
@@ -85,7 +86,7 @@ func (hs *sseHubs) park(d *durableStreams, eng *streamstore.Engine, key hubKey, 
 			hs.hubs = make(map[hubKey]*sseHub)
 		}
 		hs.hubs[key] = h
-		go h.run(ctx)
+		go h.run(ctx, h.gen)
 		return h
 	}
 	h.mu.Lock()
@@ -98,7 +99,8 @@ func (hs *sseHubs) park(d *durableStreams, eng *streamstore.Engine, key hubKey, 
 		// not stopped yet and takes this one with a new wait.
 		ctx, cancel := context.WithCancel(context.Background())
 		h.cancel = cancel
-		go h.run(ctx)
+		h.gen++
+		go h.run(ctx, h.gen)
 	}
 	h.feeds[f] = struct{}{}
 	return h
@@ -148,8 +150,8 @@ func (h *sseHub) end(f *hubFeed, err error) {
 // new to every parked feed, again. Started by park with a context that
 // ends when the last feed leaves; each run ends on its own context (a later
 // park may have started another).
-func (h *sseHub) run(ctx context.Context) {
-	for {
+func (h *sseHub) run(ctx context.Context, gen uint64) {
+	for ctx.Err() == nil {
 		h.mu.Lock()
 		pos := h.next
 		h.mu.Unlock()
@@ -158,9 +160,11 @@ func (h *sseHub) run(ctx context.Context) {
 			err = errHubStopped
 		}
 		if err == nil {
-			err = h.catchUp(ctx, pos, info.NextSeq)
+			err = h.catchUp(ctx, gen, pos, info.NextSeq)
 		}
 		switch {
+		case errors.Is(err, errSuperseded):
+			return
 		case ctx.Err() != nil:
 			h.stopIfIdle()
 			return
@@ -174,10 +178,14 @@ func (h *sseHub) run(ctx context.Context) {
 			return
 		}
 	}
+	h.stopIfIdle()
 }
 
+// errSuperseded: a later run serves the hub's feeds now.
+var errSuperseded = errors.New("hub run superseded")
+
 // catchUp writes the records from pos up to at least tail to every feed.
-func (h *sseHub) catchUp(ctx context.Context, pos position, tail uint64) error {
+func (h *sseHub) catchUp(ctx context.Context, gen uint64, pos position, tail uint64) error {
 	for {
 		f, err := h.d.frameAt(ctx, h.eng, h.key.name, h.key.id, pos, tail, h.key.enc)
 		if err != nil || f.id != h.key.id {
@@ -188,6 +196,12 @@ func (h *sseHub) catchUp(ctx context.Context, pos position, tail uint64) error {
 			return errHubStopped
 		}
 		h.mu.Lock()
+		if h.gen != gen {
+			// The last feed left and a new one parked while this run was
+			// on its way out: two runs must not both write.
+			h.mu.Unlock()
+			return errSuperseded
+		}
 		h.next = f.next
 		feeds := make([]*hubFeed, 0, len(h.feeds))
 		for hf := range h.feeds {
@@ -270,6 +284,13 @@ func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
 	hf.mu.Lock()
 	if hf.ended != nil {
 		hf.mu.Unlock()
+		return
+	}
+	if hf.next != f.start {
+		// Not where the frame starts (it cannot happen with one run at a
+		// time; never write a gap or a repeat): the feed goes on alone.
+		hf.mu.Unlock()
+		h.end(hf, errHubStopped)
 		return
 	}
 	// One goroutine writes to many feeds, so a client that stopped reading

@@ -141,16 +141,7 @@ func TestSSEHubDropsBrokenFeed(t *testing.T) {
 		hf  *hubFeed
 		rec *httptest.ResponseRecorder
 	}
-	newFeed := func(w http.ResponseWriter, cursor string) *hubFeed {
-		es := &eventStream{out: w, rc: http.NewResponseController(w)}
-		var mu sync.Mutex
-		return &hubFeed{es: es, cursor: cursor, next: pos, done: make(chan struct{}), limit: es.rc.SetWriteDeadline,
-			write: func(data []byte, c sseControl) bool {
-				mu.Lock()
-				defer mu.Unlock()
-				return es.write(appendSSEControl(append([]byte(nil), data...), c)) && es.flush()
-			}}
-	}
+	newFeed := func(w http.ResponseWriter, cursor string) *hubFeed { return fakeHubFeed(w, cursor, pos) }
 	var good []fakeFeed
 	for i := 0; i < 3; i++ {
 		rec := httptest.NewRecorder()
@@ -208,6 +199,50 @@ func TestSSEHubDropsBrokenFeed(t *testing.T) {
 	} else if h2 := s.proto.hubs.park(s.proto, eng, key, position{pos.seq + 5, 0}, newFeed(httptest.NewRecorder(), "c1")); h2 != nil {
 		t.Error("a feed at another position was parked")
 	}
+}
+
+// fakeHubFeed is a feed at pos that writes its events to w.
+func fakeHubFeed(w http.ResponseWriter, cursor string, pos position) *hubFeed {
+	es := &eventStream{out: w, rc: http.NewResponseController(w)}
+	var mu sync.Mutex
+	return &hubFeed{es: es, cursor: cursor, next: pos, done: make(chan struct{}), limit: es.rc.SetWriteDeadline,
+		write: func(data []byte, c sseControl) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return es.write(appendSSEControl(append([]byte(nil), data...), c)) && es.flush()
+		}}
+}
+
+// A hub writes a frame only to feeds at the frame's start: a feed anywhere
+// else (which one run at a time never leaves behind) goes on alone rather
+// than get a gap or a repeat.
+func TestSSEHubWritesOnlyAtTheFeedsPosition(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	eng, _ := s.proto.engine(context.Background())
+	info, err := eng.Head(context.Background(), "/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pos := position{info.NextSeq, 0}
+	rec := httptest.NewRecorder()
+	hf := fakeHubFeed(rec, "c", pos)
+	if s.proto.hubs.park(s.proto, eng, hubKey{name: "/s", id: info.ID, enc: sseText}, pos, hf) == nil {
+		t.Fatal("not parked")
+	}
+	hf.mu.Lock()
+	hf.next = position{pos.seq + 7, 0}
+	hf.mu.Unlock()
+	s.do(t, "POST", "/s", "x", ct, "text/plain").want(t, 204)
+	select {
+	case <-hf.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the misplaced feed was not let go")
+	}
+	if !errors.Is(hf.ended, errHubStopped) || rec.Body.Len() != 0 {
+		t.Errorf("ended with %v after writing %q", hf.ended, rec.Body.String())
+	}
+	s.waitParked(t, 0, 0)
 }
 
 type failingWriter struct{}
