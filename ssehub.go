@@ -20,7 +20,7 @@ import (
 // sleeps until its feed needs it (its time is up, the client left, the
 // server shuts down, a write failed, the stream closed or went away).
 
-// sseHubs are the hubs of one engine, by stream.
+// sseHubs are the hubs of one Durable Streams handler, by stream.
 type sseHubs struct {
 	mu   sync.Mutex
 	hubs map[hubKey]*sseHub
