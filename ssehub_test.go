@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/picomq/caddy-picomq/streamstore"
 )
 
 // parked counts the feeds parked in the server's hubs, and the hubs.
@@ -127,15 +129,7 @@ func TestSSEHubLetsFeedsGo(t *testing.T) {
 // A feed whose write fails is let go and dropped; the others get the
 // event, and the hub goes on with them.
 func TestSSEHubDropsBrokenFeed(t *testing.T) {
-	s := newDSServer(t)
-	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
-	eng, _ := s.proto.engine(context.Background())
-	info, err := eng.Head(context.Background(), "/s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := hubKey{name: "/s", id: info.ID, enc: sseText}
-	pos := position{info.NextSeq, 0}
+	s, eng, key, pos := newHubStream(t)
 
 	type fakeFeed struct {
 		hf  *hubFeed
@@ -201,6 +195,20 @@ func TestSSEHubDropsBrokenFeed(t *testing.T) {
 	}
 }
 
+// newHubStream is a server with an empty text stream /s, for tests that
+// park feeds of their own: its engine, its hub key and its tail.
+func newHubStream(t *testing.T) (*dsServer, *streamstore.Engine, hubKey, position) {
+	t.Helper()
+	s := newDSServer(t)
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	eng, _ := s.proto.engine(context.Background())
+	info, err := eng.Head(context.Background(), "/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, eng, hubKey{name: "/s", id: info.ID, enc: sseText}, position{info.NextSeq, 0}
+}
+
 // fakeHubFeed is a feed at pos that writes its events to w.
 func fakeHubFeed(w http.ResponseWriter, cursor string, pos position) *hubFeed {
 	es := &eventStream{out: w, rc: http.NewResponseController(w)}
@@ -217,17 +225,10 @@ func fakeHubFeed(w http.ResponseWriter, cursor string, pos position) *hubFeed {
 // else (which one run at a time never leaves behind) goes on alone rather
 // than get a gap or a repeat.
 func TestSSEHubWritesOnlyAtTheFeedsPosition(t *testing.T) {
-	s := newDSServer(t)
-	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
-	eng, _ := s.proto.engine(context.Background())
-	info, err := eng.Head(context.Background(), "/s")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pos := position{info.NextSeq, 0}
+	s, eng, key, pos := newHubStream(t)
 	rec := httptest.NewRecorder()
 	hf := fakeHubFeed(rec, "c", pos)
-	if s.proto.hubs.park(s.proto, eng, hubKey{name: "/s", id: info.ID, enc: sseText}, pos, hf) == nil {
+	if s.proto.hubs.park(s.proto, eng, key, pos, hf) == nil {
 		t.Fatal("not parked")
 	}
 	hf.mu.Lock()
