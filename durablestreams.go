@@ -586,13 +586,7 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 		t.limitWrites()
 		switch {
 		case f.hasData():
-			cc := sseControl{StreamNextOffset: f.next.String(), UpToDate: f.upToDate}
-			if f.closed {
-				cc.StreamClosed = true
-			} else {
-				cc.StreamCursor = cursor
-			}
-			if !event(f.data, cc) || !es.flush() || f.closed {
+			if !event(f.data, frameControl(f, cursor)) || !es.flush() || f.closed {
 				return
 			}
 			announced = f.upToDate

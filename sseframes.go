@@ -76,6 +76,22 @@ func frameFromChunk(c chunk, enc sseEncoding, now time.Time) *sseFrame {
 	return f
 }
 
+// frameControl is the control event that follows frame f in a feed with
+// the given cursor.
+func frameControl(f *sseFrame, cursor string) sseControl {
+	return sseControl{StreamNextOffset: f.next.String(), UpToDate: f.upToDate || !f.hasData(),
+		StreamCursor: controlCursor(f, cursor), StreamClosed: f.closed}
+}
+
+// controlCursor is the cursor f's control event carries: none once the
+// stream is closed.
+func controlCursor(f *sseFrame, cursor string) string {
+	if f.closed {
+		return ""
+	}
+	return cursor
+}
+
 // Frames are kept only while a wave of wake-ups can use them: a fraction of
 // a second, a few MiB in all.
 const (

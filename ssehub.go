@@ -245,28 +245,13 @@ func (h *sseHub) sendAll(feeds []*hubFeed, f *sseFrame, events map[string][]byte
 // maxPassCursors bounds the events one pass encodes ahead.
 const maxPassCursors = 16
 
-// frameControl is the control event that follows frame f in a feed with
-// the given cursor.
-func frameControl(f *sseFrame, cursor string) sseControl {
-	cc := sseControl{StreamNextOffset: f.next.String(), UpToDate: f.upToDate || !f.hasData()}
-	if f.closed {
-		cc.StreamClosed = true
-	} else {
-		cc.StreamCursor = cursor
-	}
-	return cc
-}
-
 // encodeForFeeds encodes frame f and its control event once per cursor
 // among the feeds, as the bytes each feed writes; nil when the feeds have
 // too many cursors to be worth it (each then encodes its own).
 func encodeForFeeds(f *sseFrame, feeds []*hubFeed) map[string][]byte {
 	events := make(map[string][]byte)
 	for _, hf := range feeds {
-		c := hf.cursor
-		if f.closed {
-			c = "" // no cursor after the end
-		}
+		c := controlCursor(f, hf.cursor)
 		if _, ok := events[c]; ok {
 			continue
 		}
@@ -302,11 +287,7 @@ func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
 		hf.renewAt = now.Add(timeout / 2)
 	}
 	var ok bool
-	cursor := hf.cursor
-	if f.closed {
-		cursor = ""
-	}
-	if b, shared := events[cursor]; shared {
+	if b, shared := events[controlCursor(f, hf.cursor)]; shared {
 		ok = hf.es.write(b) && hf.es.flush()
 	} else {
 		ok = hf.write(f.data, frameControl(f, hf.cursor))
