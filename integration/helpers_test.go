@@ -155,6 +155,15 @@ func (c *dsClient) do(ctx context.Context, method, name, query string, hdr http.
 // timeout; it fails the test on any other answer than 201 or 200.
 func (c *dsClient) create(t *testing.T, name string, timeout time.Duration) {
 	t.Helper()
+	if err := c.tryCreate(name, timeout); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tryCreate is create for goroutines other than the test's, which must not
+// call t.Fatal: a 5xx or transport error is retried until timeout, any
+// other failure is returned at once.
+func (c *dsClient) tryCreate(name string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	var last string
 	for time.Now().Before(deadline) {
@@ -165,15 +174,15 @@ func (c *dsClient) create(t *testing.T, name string, timeout time.Duration) {
 		case err != nil:
 			last = err.Error()
 		case r.status == http.StatusCreated || r.status == http.StatusOK:
-			return
+			return nil
 		case r.status >= 500:
 			last = r.String()
 		default:
-			t.Fatalf("PUT %s: %s", name, r)
+			return fmt.Errorf("PUT %s: %s", name, r)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	t.Fatalf("PUT %s: no success within %s; last: %s", name, timeout, last)
+	return fmt.Errorf("PUT %s: no success within %s; last: %s", name, timeout, last)
 }
 
 // appendBody POSTs one text append.

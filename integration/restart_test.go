@@ -113,7 +113,10 @@ func fillNamed(t *testing.T, cl *dsClient, format string, n int) {
 	for i := range n {
 		wg.Go(func() {
 			name := fmt.Sprintf(format, i)
-			cl.create(t, name, 30*time.Second)
+			if err := cl.tryCreate(name, 30*time.Second); err != nil {
+				errs <- err
+				return
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
 			r, err := cl.appendBody(ctx, name, []byte(name))
