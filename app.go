@@ -126,6 +126,7 @@ type engineSettings struct {
 	CacheBytes      int64
 	CompactInterval time.Duration
 	S3Timeout       time.Duration
+	ExpirySweep     time.Duration
 }
 
 // acquire returns the engine for the storage at rawURL (placeholders already
@@ -144,7 +145,7 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 	if e, ok := a.refs[key]; ok {
 		if e.settings != s {
 			return nil, fmt.Errorf("handlers using storage %s disagree on engine settings (%+v vs %+v); "+
-				"flush_interval, flush_size, cache_size, compact_interval and s3_timeout must match", key, e.settings, s)
+				"flush_interval, flush_size, cache_size, compact_interval, s3_timeout and expiry_sweep_interval must match", key, e.settings, s)
 		}
 		return e.ref, nil
 	}
@@ -249,6 +250,7 @@ func (r *engineRef) engineConfig() streamstore.Config {
 		FlushSize:       int(r.settings.FlushSize),
 		CacheBytes:      r.settings.CacheBytes,
 		CompactInterval: r.settings.CompactInterval,
+		ExpirySweep:     r.settings.ExpirySweep,
 		AppendTimeout:   appendTimeout(r.settings),
 		NodeID:          r.nodeID,
 	}

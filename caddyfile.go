@@ -77,6 +77,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.CompactInterval, err = parseDuration(arg)
 		case "s3_timeout":
 			h.S3Timeout, err = parseDuration(arg)
+		case "expiry_sweep_interval":
+			h.ExpirySweepInterval, err = parseDuration(arg)
 		default:
 			return d.Errf("unrecognized picomq option %q", opt)
 		}

@@ -28,6 +28,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		cache_size 128MiB
 		compact_interval 1m
 		s3_timeout 3s
+		expiry_sweep_interval 10m
 	}`)
 	var h Handler
 	if err := h.UnmarshalCaddyfile(d); err != nil {
@@ -44,6 +45,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		CacheSize:            128 << 20,
 		CompactInterval:      caddy.Duration(time.Minute),
 		S3Timeout:            caddy.Duration(3 * time.Second),
+		ExpirySweepInterval:  caddy.Duration(10 * time.Minute),
 	}
 	if got, _ := json.Marshal(h); string(got) != string(mustJSON(t, want)) {
 		t.Errorf("got  %s\nwant %s", got, mustJSON(t, want))
@@ -73,6 +75,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"picomq {\n flush_interval soon\n}",
 		"picomq {\n flush_interval 0s\n}",
 		"picomq {\n long_poll_timeout -1s\n}",
+		"picomq {\n expiry_sweep_interval never\n}",
 		"picomq {\n flush_size lots\n}",
 		"picomq {\n max_append_size 0\n}",
 		"picomq {\n cache_size 2TiB\n}",

@@ -36,6 +36,7 @@ const (
 	defaultCacheSize            = 64 << 20
 	defaultS3Timeout            = 10 * time.Second
 	defaultCompactInterval      = 30 * time.Second
+	defaultExpirySweepInterval  = 5 * time.Minute
 )
 
 // Handler serves durable streams: every request path below the handler is a
@@ -55,6 +56,7 @@ const (
 //	    cache_size             <size>
 //	    compact_interval       <duration>
 //	    s3_timeout             <duration>
+//	    expiry_sweep_interval  <duration>
 //	    allow_loopback_webhooks
 //	}
 //
@@ -105,6 +107,12 @@ type Handler struct {
 	// to 5 times). An append that cannot be made durable is answered 503
 	// within about 10 times this. Default 10s.
 	S3Timeout caddy.Duration `json:"s3_timeout,omitempty"`
+
+	// How often the storage is swept for streams past their TTL or
+	// Stream-Expires-At that nobody has accessed since (an access deletes
+	// an expired stream at once). A sweep lists only the markers that are
+	// due, so an idle storage costs one LIST per interval. Default 5m.
+	ExpirySweepInterval caddy.Duration `json:"expiry_sweep_interval,omitempty"`
 
 	// Accept webhook subscriptions whose URL is on this machine
 	// (http://localhost, http://127.0.0.x): the development exception of
@@ -162,6 +170,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		CacheBytes:      h.CacheSize,
 		CompactInterval: time.Duration(h.CompactInterval),
 		S3Timeout:       time.Duration(h.S3Timeout),
+		ExpirySweep:     time.Duration(h.ExpirySweepInterval),
 	})
 	if err != nil {
 		return fmt.Errorf("storage: %w", err)
@@ -238,6 +247,9 @@ func (h *Handler) applyDefaults() {
 	if h.CompactInterval == 0 {
 		h.CompactInterval = caddy.Duration(defaultCompactInterval)
 	}
+	if h.ExpirySweepInterval == 0 {
+		h.ExpirySweepInterval = caddy.Duration(defaultExpirySweepInterval)
+	}
 }
 
 // Validate checks the options after defaults are applied.
@@ -256,6 +268,7 @@ func (h *Handler) Validate() error {
 		{"sse_reconnect_interval", h.SSEReconnectInterval},
 		{"s3_timeout", h.S3Timeout},
 		{"compact_interval", h.CompactInterval},
+		{"expiry_sweep_interval", h.ExpirySweepInterval},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("%s must not be negative", d.name)

@@ -29,6 +29,7 @@ type Config struct {
 	LeaseTTL        time.Duration // storage lease lifetime without renewal (default 30s)
 	MaxStreams      int           // idle streams kept in memory (default 10,000)
 	IdleAfter       time.Duration // a stream untouched this long leaves memory, cache included (default 30s)
+	ExpirySweep     time.Duration // how often streams past their expiry that nobody accessed are deleted (default 5m)
 }
 
 func (c Config) withDefaults() Config {
@@ -58,6 +59,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.IdleAfter <= 0 {
 		c.IdleAfter = 30 * time.Second
+	}
+	if c.ExpirySweep <= 0 {
+		c.ExpirySweep = 5 * time.Minute
 	}
 	return c
 }
@@ -248,10 +252,11 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.w = w
 	e.stopRenewal = stopRenewal
 	e.started = true
-	e.bg.Add(3)
+	e.bg.Add(4)
 	go e.compactLoop()
 	go e.gcLoop()
 	go e.idleLoop()
+	go e.expiryLoop()
 	e.kickGC()
 	return nil
 }
@@ -453,14 +458,28 @@ func (s *stream) notifyLocked() {
 
 // expiredLocked reports whether the stream's TTL or deadline has passed.
 func (s *stream) expiredLocked(now time.Time) bool {
-	if s.meta.ExpiresAt != 0 && now.UnixMilli() >= s.meta.ExpiresAt {
-		return true
+	at := s.expiresAtLocked()
+	return at != 0 && now.UnixMilli() >= at
+}
+
+// expiresAtLocked is when the stream expires unless it is accessed before
+// (unix milliseconds; the earlier of its deadline and its TTL past the
+// last access), or 0 if it never does.
+func (s *stream) expiresAtLocked() int64 {
+	return expiresAt(s.meta, max(s.touched, s.durable.AccessedAt))
+}
+
+// expiresAt is when a stream with metadata m, last accessed at unix
+// milliseconds accessed, expires; 0 if never.
+func expiresAt(m *metaObject, accessed int64) int64 {
+	at := m.ExpiresAt
+	if m.TTLSeconds > 0 {
+		ttl := max(accessed, m.CreatedAt) + m.TTLSeconds*1000
+		if at == 0 || ttl < at {
+			at = ttl
+		}
 	}
-	if s.meta.TTLSeconds > 0 {
-		last := max(s.touched, s.durable.AccessedAt, s.meta.CreatedAt)
-		return now.UnixMilli() >= last+s.meta.TTLSeconds*1000
-	}
-	return false
+	return at
 }
 
 func newStream(name string, m *metaObject, etag string) *stream {

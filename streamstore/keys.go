@@ -53,6 +53,43 @@ func nameFromMetaKey(key string) (string, error) {
 	return string(b), nil
 }
 
+// Expiry markers index the streams that can expire: an empty object under
+// expiry/<second>/, the second (since the Unix epoch) the stream's expiry
+// falls in, then the name in hex as in its metadata key, then the stream's
+// internal id, so that a create never writes over, or takes back, the
+// marker of another stream of the same name. Listing sorts them by time,
+// so a sweep reads only the markers that are due.
+const (
+	expiryPrefix = "expiry/"
+	expirySecond = 1000 // milliseconds
+)
+
+// expiryKey is the marker of stream name (internal id) expiring at unix
+// milliseconds at.
+func expiryKey(at int64, name, id string) string {
+	hexName := strings.TrimSuffix(strings.TrimPrefix(metaKey(name), metaPrefix), metaSuffix)
+	return fmt.Sprintf("%s%012d/%s.%s", expiryPrefix, at/expirySecond, hexName, id)
+}
+
+// parseExpiryKey reverses expiryKey: the marker's second and stream name.
+func parseExpiryKey(key string) (second int64, name string, err error) {
+	rest, ok := strings.CutPrefix(key, expiryPrefix)
+	slash := strings.IndexByte(rest, '/')
+	dot := strings.LastIndexByte(rest, '.')
+	if !ok || slash < 0 || dot < slash {
+		return 0, "", fmt.Errorf("not an expiry marker: %q", key)
+	}
+	second, err = strconv.ParseInt(rest[:slash], 10, 64)
+	if err != nil {
+		return 0, "", fmt.Errorf("expiry marker %q: %w", key, err)
+	}
+	name, err = nameFromMetaKey(metaPrefix + rest[slash+1:dot] + metaSuffix)
+	if err != nil {
+		return 0, "", fmt.Errorf("expiry marker %q: %w", key, err)
+	}
+	return second, name, nil
+}
+
 // metaListPrefix is the longest key prefix shared by the metadata keys of
 // every name starting with namePrefix.
 func metaListPrefix(namePrefix string) string {

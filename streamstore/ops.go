@@ -173,6 +173,16 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 		delete(e.creating, s)
 		e.mu.Unlock()
 	}()
+	// The expiry marker goes first: a crash after it leaves a marker the
+	// sweep drops, but a stream without one would stay in the bucket until
+	// someone read it.
+	marker := ""
+	if at := expiresAt(m, m.CreatedAt); at != 0 {
+		marker = expiryKey(at, name, m.ID)
+		if _, err := e.store.Put(ctx, marker, nil, segment.PutOptions{}); err != nil {
+			return Info{}, false, fmt.Errorf("%w: write expiry marker of %s: %v", ErrUnavailable, name, err)
+		}
+	}
 	if len(req.Records) > 0 {
 		ent := &segment.Entry{
 			StreamID:   m.ID,
@@ -199,6 +209,13 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	if err != nil {
 		if errors.Is(err, segment.ErrPreconditionFailed) {
 			createErr = errLookAgain
+			// The name is taken: this create wrote nothing after all.
+			if marker != "" {
+				if err := e.store.Delete(ctx, []string{marker}); err != nil {
+					e.log.Warn("removing the expiry marker of a create that found the name taken failed; a sweep removes it",
+						zap.String("stream", name), zap.Error(err))
+				}
+			}
 			return Info{}, false, errNameTaken
 		}
 		return Info{}, false, fmt.Errorf("%w: write metadata of %s: %v", ErrUnavailable, name, err)

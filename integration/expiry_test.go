@@ -1,0 +1,122 @@
+package integration
+
+import (
+	"encoding/hex"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestExpirySweepDeletesUntouchedStreams creates streams with a short TTL,
+// a near deadline, a TTL that reads keep renewing, a long TTL and no expiry
+// at all, through Caddy on versitygw, and then never names the short-lived
+// ones again: the sweep must take them out of the bucket on its own, keep
+// the others (the renewed one for as long as it is read), and then take the
+// renewed one too once the reads stop.
+func TestExpirySweepDeletesUntouchedStreams(t *testing.T) {
+	e := fhStart(t, fhOptions{Directives: []string{"expiry_sweep_interval 300ms", "compact_interval 1s"}})
+	const textPlain = "text/plain"
+	streams := []struct {
+		path   string
+		header map[string]string
+	}{
+		{"/exp/ttl", map[string]string{"Stream-TTL": "2"}},
+		{"/exp/deadline", map[string]string{"Stream-Expires-At": time.Now().Add(2 * time.Second).UTC().Format(time.RFC3339Nano)}},
+		{"/exp/renewed", map[string]string{"Stream-TTL": "2"}},
+		{"/exp/long", map[string]string{"Stream-TTL": "3600"}},
+		{"/exp/forever", nil},
+	}
+	for _, s := range streams {
+		hdr := map[string]string{"Content-Type": textPlain}
+		for k, v := range s.header {
+			hdr[k] = v
+		}
+		if r := e.must(fhReq{Method: http.MethodPut, Path: s.path, Header: hdr}); r.Status != http.StatusCreated {
+			t.Fatalf("PUT %s: %s", s.path, r)
+		}
+		e.append(s.path, textPlain, []byte("x"))
+	}
+	if got := len(e.mustList("expiry/")); got != 4 {
+		t.Fatalf("%d expiry markers in the bucket after the creates; want 4, one per stream that can expire", got)
+	}
+
+	// Read /exp/renewed every 300 ms (well inside its 2 s TTL) until the
+	// two short-lived streams have left the bucket.
+	began := time.Now()
+	renew := func() {
+		t.Helper()
+		if r := e.must(fhReq{Method: http.MethodGet, Path: "/exp/renewed?offset=-1"}); r.Status != http.StatusOK {
+			t.Fatalf("read of /exp/renewed while it is renewed: %s", r)
+		}
+	}
+	for {
+		renew()
+		names := streamNamesInBucket(t, e)
+		if !slices.Contains(names, "/exp/ttl") && !slices.Contains(names, "/exp/deadline") {
+			t.Logf("the two expired streams left the bucket %v after their creates", time.Since(began).Round(time.Millisecond))
+			break
+		}
+		if time.Since(began) > 30*time.Second {
+			t.Fatalf("30 s after the creates the bucket still holds %v; the 2 s streams should be gone", names)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	// Two more TTLs of reads: the renewed stream must outlive them.
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		renew()
+	}
+	names := streamNamesInBucket(t, e)
+	for _, want := range []string{"/exp/renewed", "/exp/long", "/exp/forever"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("%s is not in the bucket any more (bucket holds %v)", want, names)
+		}
+	}
+	for _, p := range []string{"/exp/ttl", "/exp/deadline"} {
+		if r := e.must(fhReq{Method: http.MethodGet, Path: p + "?offset=-1"}); r.Status != http.StatusNotFound {
+			t.Errorf("GET %s after the sweep: %s, want 404", p, r)
+		}
+	}
+
+	// Reads stop: the renewed stream goes too, and the deleted streams'
+	// data with it (their tombstones are worked off).
+	stopped := time.Now()
+	for {
+		names := streamNamesInBucket(t, e)
+		tombstones := e.mustList("gc/")
+		if !slices.Contains(names, "/exp/renewed") && len(tombstones) == 0 {
+			t.Logf("/exp/renewed left the bucket, data included, %v after its last read", time.Since(stopped).Round(time.Millisecond))
+			break
+		}
+		if time.Since(stopped) > 30*time.Second {
+			t.Fatalf("30 s after the last read of /exp/renewed (TTL 2 s): bucket holds %v, %d tombstones", names, len(tombstones))
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	if got := e.mustList("expiry/"); len(got) != 1 {
+		t.Errorf("expiry markers left: %v; want only /exp/long's", got)
+	}
+	for _, p := range []string{"/exp/long", "/exp/forever"} {
+		if got, _, err := e.readBytes(p); err != nil || string(got) != "x" {
+			t.Errorf("%s after the sweeps: %q, %v", p, got, err)
+		}
+	}
+}
+
+// streamNamesInBucket lists the stream metadata objects straight from
+// versitygw and decodes their names (keys are streams/<hex of name>.m, the
+// hex cut into folders).
+func streamNamesInBucket(t *testing.T, e *fhEnv) []string {
+	t.Helper()
+	var names []string
+	for _, o := range e.mustList("streams/") {
+		h, ok := strings.CutSuffix(strings.TrimPrefix(o.Key, "streams/"), ".m")
+		b, err := hex.DecodeString(strings.ReplaceAll(h, "/", ""))
+		if !ok || err != nil {
+			t.Fatalf("unexpected key in streams/: %q", o.Key)
+		}
+		names = append(names, string(b))
+	}
+	return names
+}

@@ -1,0 +1,193 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+func TestExpiryKeyRoundTripAndOrder(t *testing.T) {
+	long := "/" + strings.Repeat("x", 250) // hex longer than one key folder
+	tests := []struct {
+		at   int64
+		name string
+	}{
+		{0, "/a"},
+		{59_999, "/b"},
+		{60_000, "/a"},
+		{1_796_000_000_000, long},
+		{1_796_000_060_000, "/"},
+	}
+	var keys []string
+	for _, tc := range tests {
+		k := expiryKey(tc.at, tc.name, newID())
+		second, name, err := parseExpiryKey(k)
+		if err != nil || second != tc.at/expirySecond || name != tc.name {
+			t.Errorf("parseExpiryKey(%q) = %d, %q, %v; want %d, %q", k, second, name, err, tc.at/expirySecond, tc.name)
+		}
+		keys = append(keys, k)
+	}
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
+	for i := 1; i < len(sorted); i++ {
+		a, _, _ := parseExpiryKey(sorted[i-1])
+		b, _, _ := parseExpiryKey(sorted[i])
+		if a > b {
+			t.Errorf("markers do not sort by second: %q before %q", sorted[i-1], sorted[i])
+		}
+	}
+	for _, bad := range []string{"expiry/", "expiry/12/", "expiry/12/2f", "expiry/x/2f.ab", "streams/2f.ab", "expiry/000000000001/zz.ab"} {
+		if _, _, err := parseExpiryKey(bad); err == nil {
+			t.Errorf("parseExpiryKey(%q) accepted", bad)
+		}
+	}
+}
+
+// TestSweepDeletesExpiredStreams runs sweeps at chosen times over streams
+// with and without expiries: each sweep must delete exactly the streams that
+// have expired by then, leave markers only for streams that can still
+// expire, and follow a TTL that a read renewed.
+func TestSweepDeletesExpiredStreams(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	begin := time.Now()
+	creates := []struct {
+		name   string
+		expiry Expiry
+	}{
+		{"/ttl-1m", Expiry{TTL: time.Minute}},
+		{"/deadline-2m", Expiry{ExpiresAt: begin.Add(2 * time.Minute)}},
+		{"/ttl-1h", Expiry{TTL: time.Hour}},
+		{"/renewed", Expiry{TTL: time.Minute}},
+		{"/forever", Expiry{}},
+	}
+	for _, c := range creates {
+		if _, _, err := e.Create(ctx, c.name, CreateRequest{ContentType: "text/plain", Expiry: c.expiry}); err != nil {
+			t.Fatalf("create %s: %v", c.name, err)
+		}
+		if _, err := e.Append(ctx, c.name, AppendRequest{Records: recs("x")}); err != nil {
+			t.Fatalf("append %s: %v", c.name, err)
+		}
+	}
+	if got := len(st.Keys(expiryPrefix)); got != 4 {
+		t.Fatalf("%d expiry markers after the creates, want 4 (one per stream that can expire): %v", got, st.Keys(expiryPrefix))
+	}
+	// "/renewed" was read 10 minutes in: it now expires at 11 minutes.
+	s, err := e.stream(ctx, "/renewed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	s.touched = begin.Add(10 * time.Minute).UnixMilli()
+	s.mu.Unlock()
+
+	exists := func(name string) bool { return len(st.Keys(metaKey(name))) == 1 }
+	steps := []struct {
+		at      time.Duration // after begin
+		deleted int
+		alive   []string
+		markers int
+	}{
+		{at: 30 * time.Second, deleted: 0, alive: []string{"/ttl-1m", "/deadline-2m", "/ttl-1h", "/renewed", "/forever"}, markers: 4},
+		{at: 3 * time.Minute, deleted: 2, alive: []string{"/ttl-1h", "/renewed", "/forever"}, markers: 2},
+		{at: 5 * time.Minute, deleted: 0, alive: []string{"/ttl-1h", "/renewed", "/forever"}, markers: 2},
+		{at: 13 * time.Minute, deleted: 1, alive: []string{"/ttl-1h", "/forever"}, markers: 1},
+		{at: 62 * time.Minute, deleted: 1, alive: []string{"/forever"}, markers: 0},
+	}
+	for _, step := range steps {
+		n, err := e.SweepExpired(ctx, begin.Add(step.at))
+		if err != nil {
+			t.Fatalf("sweep at +%v: %v", step.at, err)
+		}
+		if n != step.deleted {
+			t.Errorf("sweep at +%v deleted %d streams, want %d", step.at, n, step.deleted)
+		}
+		for _, c := range creates {
+			if want := slices.Contains(step.alive, c.name); exists(c.name) != want {
+				t.Errorf("after the sweep at +%v: %s exists %v, want %v", step.at, c.name, exists(c.name), want)
+			}
+		}
+		if got := st.Keys(expiryPrefix); len(got) != step.markers {
+			t.Errorf("after the sweep at +%v: markers %v, want %d", step.at, got, step.markers)
+		}
+	}
+	// Deleted means gone for clients and its data on the way out.
+	if _, err := e.Read(ctx, "/ttl-1m", ReadRequest{}); err == nil {
+		t.Error("a swept stream still reads")
+	}
+	if len(st.Keys("gc/")) == 0 && len(st.Keys("data/")) != 0 {
+		t.Error("swept streams left data and no tombstone")
+	}
+}
+
+// TestSweepDropsMarkersOfMissingStreams: a create that failed after its
+// marker, or a stream deleted by a client, leaves a marker naming nothing.
+func TestSweepDropsMarkersOfMissingStreams(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	if _, err := st.Put(ctx, expiryKey(time.Now().UnixMilli(), "/never-created", newID()), nil, segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/deleted", CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Delete(ctx, "/deleted"); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(st.Keys(expiryPrefix)); got != 2 {
+		t.Fatalf("%d markers before the sweep, want 2", got)
+	}
+	n, err := e.SweepExpired(ctx, time.Now().Add(5*time.Minute))
+	if err != nil || n != 0 {
+		t.Fatalf("sweep: deleted %d, %v; want 0, nil", n, err)
+	}
+	if got := st.Keys(expiryPrefix); len(got) != 0 {
+		t.Errorf("markers left: %v", got)
+	}
+}
+
+// TestCreateOfATakenNameLeavesNoMarker: a create of a name that is not in
+// memory writes its marker before it finds the name taken; the create
+// answers "exists" or "conflict" and must take that marker back.
+func TestCreateOfATakenNameLeavesNoMarker(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	req := CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Hour}}
+	if _, _, err := e.Create(ctx, "/taken", req); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e = startEngine(t, st, Config{}) // a fresh node: nothing in memory
+	other := req
+	other.Expiry.TTL = 2 * time.Hour
+	for _, tc := range []struct {
+		what    string
+		req     CreateRequest
+		wantErr error
+	}{
+		{"the same create again", req, nil},
+		{"a create with another TTL", other, ErrConflict},
+	} {
+		_, created, err := e.Create(ctx, "/taken", tc.req)
+		if created || !errors.Is(err, tc.wantErr) {
+			t.Errorf("%s: created %v, %v; want false, %v", tc.what, created, err, tc.wantErr)
+		}
+		if got := st.Keys(expiryPrefix); len(got) != 1 {
+			t.Errorf("%s: markers %v; want only the first create's", tc.what, got)
+		}
+		e.mu.Lock()
+		delete(e.streams, "/taken") // make the next create find it absent from memory again
+		e.mu.Unlock()
+	}
+}
