@@ -112,14 +112,12 @@ func Launch(t testing.TB, opts Options) (*Caddy, error) {
 	// A port picked free can be taken before Caddy binds it; try again then.
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
-		if c.port, err = freePort(); err != nil {
+		var ports []int
+		if ports, err = freePorts(2); err != nil {
 			return c, err
 		}
-		var adminPort int
-		if adminPort, err = freePort(); err != nil {
-			return c, err
-		}
-		c.admin = net.JoinHostPort("127.0.0.1", strconv.Itoa(adminPort))
+		c.port = ports[0]
+		c.admin = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
 		c.caddyfile = opts.Caddyfile
 		if c.caddyfile == "" {
 			c.caddyfile = c.Config(opts)
@@ -440,14 +438,23 @@ func (c *Caddy) exitError() error {
 	return c.exitErr
 }
 
-// freePort asks the kernel for a free loopback TCP port.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePorts asks the kernel for n distinct free loopback TCP ports. Each is
+// held until all are picked: a port closed before the next is asked for
+// can come back again, and Caddy, which binds with SO_REUSEPORT, would then
+// put its admin endpoint and its HTTP server on one port and share the
+// connections between them (CI saw half of a test's requests answered by
+// the admin API).
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 // quote makes s one Caddyfile token.

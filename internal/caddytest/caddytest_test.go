@@ -165,3 +165,17 @@ func TestGeneratedConfigSameNode(t *testing.T) {
 		t.Fatalf("GET %s after restart = %q, want hello", stream, got)
 	}
 }
+
+// TestFreePortsAreDistinct: an instance's HTTP and admin ports must never
+// coincide (with SO_REUSEPORT both binds succeed and share connections).
+func TestFreePortsAreDistinct(t *testing.T) {
+	for range 500 {
+		ports, err := freePorts(3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ports[0] == ports[1] || ports[1] == ports[2] || ports[0] == ports[2] {
+			t.Fatalf("freePorts(3) = %v", ports)
+		}
+	}
+}
