@@ -127,7 +127,7 @@ type storageCollector struct {
 	metrics *engineMetrics
 
 	appends, records, bytes, flushes, aborted *prometheus.Desc
-	cacheHits, cacheMisses                    *prometheus.Desc
+	cacheHits, cacheMisses, expired           *prometheus.Desc
 	requests, uploads, subscribers            *prometheus.Desc
 }
 
@@ -157,6 +157,8 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 			"Reads of committed records served from the block cache."),
 		cacheMisses: desc("cache_misses_total",
 			"Reads of committed records that had to go to the storage."),
+		expired: desc("streams_expired_total",
+			"Streams deleted for having passed their TTL or Stream-Expires-At: found by an access or by the expiry sweep."),
 		requests: desc("storage_requests_total",
 			"Object-store request attempts (each retry counts; file:// counts its calls) by operation and outcome.",
 			"op", "outcome"),
@@ -173,7 +175,7 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.appends, c.records, c.bytes, c.flushes, c.aborted,
-		c.cacheHits, c.cacheMisses, c.requests, c.uploads, c.subscribers,
+		c.cacheHits, c.cacheMisses, c.expired, c.requests, c.uploads, c.subscribers,
 	} {
 		ch <- d
 	}
@@ -193,6 +195,7 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.aborted, es.AbortedBatches)
 	counter(c.cacheHits, es.CacheHits)
 	counter(c.cacheMisses, es.CacheMisses)
+	counter(c.expired, es.Expired)
 
 	rs := &c.metrics.requests
 	for _, op := range segment.Ops {

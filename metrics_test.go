@@ -105,7 +105,7 @@ func TestStorageCollector(t *testing.T) {
 	m.liveFor(protocolPico).begin(liveSSE)
 	m.liveFor(protocolDurableStreams).begin(liveLongPoll)
 	m.liveFor(protocolDurableStreams).begin(liveLongPoll)
-	snap := streamstore.StatsSnapshot{Appends: 3, Records: 5, Bytes: 42, WALObjects: 2, CacheHits: 7, CacheMisses: 1}
+	snap := streamstore.StatsSnapshot{Appends: 3, Records: 5, Bytes: 42, WALObjects: 2, CacheHits: 7, CacheMisses: 1, Expired: 4}
 	c := newStorageCollector("file:///x", func() (streamstore.StatsSnapshot, bool) { return snap, true }, m)
 
 	// Caddy's registries are pedantic: they check that every metric
@@ -127,6 +127,7 @@ func TestStorageCollector(t *testing.T) {
 		{`picomq_wal_aborted_batches_total{` + s + `}`, 0},
 		{`picomq_cache_hits_total{` + s + `}`, 7},
 		{`picomq_cache_misses_total{` + s + `}`, 1},
+		{`picomq_streams_expired_total{` + s + `}`, 4},
 		{`picomq_storage_requests_total{op="put",outcome="ok",` + s + `}`, 1},
 		{`picomq_storage_requests_total{op="get",outcome="not_found",` + s + `}`, 1},
 		{`picomq_storage_requests_total{op="list",outcome="error",` + s + `}`, 0},

@@ -338,6 +338,15 @@ func TestMetrics(t *testing.T) {
 	}
 	appends, records, bytes = appends+1, records+3, bytes+3+4+3
 
+	// A stream that outlived its TTL is deleted by the read that finds it.
+	if r := e.must(fhReq{Method: http.MethodPut, Path: "/ds/ttl", Header: map[string]string{"Content-Type": textPlain, "Stream-TTL": "1"}}); r.Status != http.StatusCreated {
+		t.Fatalf("PUT /ds/ttl: %s", r)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if r := e.must(fhReq{Method: http.MethodGet, Path: "/ds/ttl?offset=-1"}); r.Status != http.StatusNotFound {
+		t.Fatalf("GET of a stream past its TTL: %s, want 404", r)
+	}
+
 	// Repeated reads: fresh records are in the cache.
 	for i := 0; i < 2; i++ {
 		if _, _, err := e.readBytes(ds); err != nil {
@@ -359,6 +368,7 @@ func TestMetrics(t *testing.T) {
 		{"picomq_appended_records_total", float64(records)},
 		{"picomq_appended_bytes_total", float64(bytes)},
 		{"picomq_wal_aborted_batches_total", 0},
+		{"picomq_streams_expired_total", 1},
 		{"picomq_open_subscribers", 0},
 	} {
 		if got := s.sum(tc.name); got != tc.want {

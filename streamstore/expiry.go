@@ -151,6 +151,9 @@ func (e *Engine) sweepMarker(ctx context.Context, key string, now time.Time) (bo
 				return false, fmt.Errorf("delete expired stream %s: %w", name, err)
 			}
 			deleted = err == nil
+			if deleted {
+				e.stats.expired.Add(1)
+			}
 		case at/expirySecond != second:
 			if _, err := e.store.Put(ctx, expiryKey(at, name, id), nil, segment.PutOptions{}); err != nil {
 				return false, fmt.Errorf("move expiry marker of %s: %w", name, err)

@@ -118,6 +118,9 @@ func TestSweepDeletesExpiredStreams(t *testing.T) {
 			t.Errorf("after the sweep at +%v: markers %v, want %d", step.at, got, step.markers)
 		}
 	}
+	if got := e.Stats().Expired; got != 4 {
+		t.Errorf("Stats().Expired = %d after the sweeps, want 4", got)
+	}
 	// Deleted means gone for clients and its data on the way out.
 	if _, err := e.Read(ctx, "/ttl-1m", ReadRequest{}); err == nil {
 		t.Error("a swept stream still reads")

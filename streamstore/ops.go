@@ -287,6 +287,9 @@ func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*s
 		if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrGone) {
 			return nil, err
 		}
+		if err == nil {
+			e.stats.expired.Add(1)
+		}
 		return nil, ErrNotFound
 	case gone:
 		return nil, ErrNotFound

@@ -16,6 +16,7 @@ type Stats struct {
 	walObjects   atomic.Uint64 // WAL objects committed
 	walEntries   atomic.Uint64 // every committed WAL entry, record-less ones too
 	abortedBatch atomic.Uint64 // WAL batches aborted after a failed upload
+	expired      atomic.Uint64 // streams deleted for having expired
 }
 
 // StatsSnapshot is Stats read at one moment.
@@ -37,6 +38,9 @@ type StatsSnapshot struct {
 	// CacheHits and CacheMisses count lookups of committed records in the
 	// block cache by reads; a miss costs a GET (or a LIST and a GET).
 	CacheHits, CacheMisses uint64
+	// Expired is how many streams were deleted for having expired: found
+	// by an access or by the expiry sweep.
+	Expired uint64
 }
 
 // Stats returns the engine's running totals. The counters are read one by
@@ -53,6 +57,7 @@ func (e *Engine) Stats() StatsSnapshot {
 		AbortedBatches: s.abortedBatch.Load(),
 		CacheHits:      e.cache.hits.Load(),
 		CacheMisses:    e.cache.misses.Load(),
+		Expired:        s.expired.Load(),
 	}
 }
 
