@@ -383,7 +383,46 @@ func (c *Caddy) start() error {
 		c.kill()
 		return fmt.Errorf("%v\n--- caddy log (%s) ---\n%s", err, c.logPath(), tail(c.Logs(), 64<<10))
 	}
+	// Caddy binds with SO_REUSEPORT: a port another process (another
+	// test's Caddy) bound in the moment after it was picked binds without
+	// an error, and the kernel shares the connections between the two.
+	_, admin, _ := net.SplitHostPort(c.admin)
+	adminPort, _ := strconv.Atoi(admin)
+	for _, port := range []int{c.port, adminPort} {
+		if n, ok := listeners(port); ok && n > 1 {
+			c.kill()
+			return fmt.Errorf("port %d has %d listening sockets: address already in use by another process", port, n)
+		}
+	}
 	return nil
+}
+
+// listeners counts the listening TCP sockets on port, any address, as
+// /proc/net/tcp and tcp6 list them; ok is false where /proc does not say.
+func listeners(port int) (n int, ok bool) {
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		ok = true
+		n += countListeners(string(b), port)
+	}
+	return n, ok
+}
+
+// countListeners counts the rows of a /proc/net/tcp table in state LISTEN
+// (0A) whose local address has port.
+func countListeners(table string, port int) int {
+	suffix := fmt.Sprintf(":%04X", port)
+	n := 0
+	for _, line := range strings.Split(table, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 3 && f[3] == "0A" && strings.HasSuffix(f[1], suffix) {
+			n++
+		}
+	}
+	return n
 }
 
 // waitReady polls the HTTP port until it answers any HTTP response.

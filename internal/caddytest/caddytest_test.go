@@ -179,3 +179,17 @@ func TestFreePortsAreDistinct(t *testing.T) {
 		}
 	}
 }
+
+func TestCountListeners(t *testing.T) {
+	const table = `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:9470 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
+   1: 0100007F:9470 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 100 0 0 10 0
+   2: 0100007F:9470 0100007F:D2A4 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0000000000000000 20 4 30 10 -1
+   3: 0100007F:1470 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4 1 0000000000000000 100 0 0 10 0
+`
+	for _, tc := range []struct{ port, want int }{{0x9470, 2}, {0x1470, 1}, {0x470, 0}, {0xD2A4, 0}} {
+		if got := countListeners(table, tc.port); got != tc.want {
+			t.Errorf("countListeners(%#x) = %d, want %d", tc.port, got, tc.want)
+		}
+	}
+}
