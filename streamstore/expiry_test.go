@@ -194,3 +194,55 @@ func TestCreateOfATakenNameLeavesNoMarker(t *testing.T) {
 		e.mu.Unlock()
 	}
 }
+
+// TestSweepKeepsExpiredSourcesWhileForksRead: an expired source with a
+// live fork is only soft-deleted by the sweep, the fork still reads what
+// it inherited, and the source goes for good with its last fork; a fork
+// that inherited its source's TTL expires with it.
+func TestSweepKeepsExpiredSourcesWhileForksRead(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	begin := time.Now()
+	ttl := Expiry{TTL: time.Minute}
+	for _, src := range []string{"/src-a", "/src-b"} {
+		if _, _, err := e.Create(ctx, src, CreateRequest{ContentType: "text/plain", Expiry: ttl, Records: recs("ab", "cd")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// /fork-a never expires; /fork-b inherits /src-b's TTL.
+	if _, _, err := e.Create(ctx, "/fork-a", CreateRequest{Fork: &ForkFrom{Source: "/src-a", Seq: 2}, Expiry: Expiry{ExpiresAt: begin.Add(24 * time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/fork-b", CreateRequest{Fork: &ForkFrom{Source: "/src-b", Seq: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.SweepExpired(ctx, begin.Add(3*time.Minute)); err != nil || n != 3 {
+		t.Fatalf("sweep: deleted %d, %v; want 3 (both sources, /fork-b)", n, err)
+	}
+	if got := readAll(t, e, "/fork-a"); len(got) != 2 || got[0] != "ab" || got[1] != "cd" {
+		t.Errorf("/fork-a after its source expired: %q", got)
+	}
+	for _, tc := range []struct {
+		name   string
+		inMeta bool // its metadata is still in the bucket
+	}{
+		{"/src-a", true}, // soft-deleted: /fork-a reads it
+		{"/src-b", false},
+		{"/fork-b", false},
+		{"/fork-a", true},
+	} {
+		if got := len(st.Keys(metaKey(tc.name))) == 1; got != tc.inMeta {
+			t.Errorf("%s: metadata in the bucket %v, want %v", tc.name, got, tc.inMeta)
+		}
+	}
+	if got := st.Keys(expiryPrefix); len(got) != 1 {
+		t.Errorf("markers %v; want only /fork-a's", got)
+	}
+	if err := e.Delete(ctx, "/fork-a"); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Keys(metaPrefix); len(got) != 0 {
+		t.Errorf("after the last fork went: %v in the bucket", got)
+	}
+}
