@@ -61,7 +61,8 @@ func (e *Engine) SweepExpired(ctx context.Context, now time.Time) (int, error) {
 		deleted  atomic.Int64
 		wg       sync.WaitGroup
 		errMu    sync.Mutex
-		workErrs []error
+		failed   int
+		firstErr error
 	)
 	work := make(chan string)
 	for range sweepWorkers {
@@ -73,7 +74,9 @@ func (e *Engine) SweepExpired(ctx context.Context, now time.Time) (int, error) {
 				}
 				if err != nil {
 					errMu.Lock()
-					workErrs = append(workErrs, err)
+					if failed++; firstErr == nil {
+						firstErr = err
+					}
 					errMu.Unlock()
 				}
 			}
@@ -82,7 +85,12 @@ func (e *Engine) SweepExpired(ctx context.Context, now time.Time) (int, error) {
 	listErr := e.listDueMarkers(ctx, due, work)
 	close(work)
 	wg.Wait()
-	return int(deleted.Load()), errors.Join(append(workErrs, listErr)...)
+	// One error stands for them all: a store that is down fails every
+	// marker the same way, and the next sweep tries them again.
+	if firstErr != nil {
+		firstErr = fmt.Errorf("%d due markers failed, the first: %w", failed, firstErr)
+	}
+	return int(deleted.Load()), errors.Join(listErr, firstErr)
 }
 
 // listDueMarkers sends the keys of the markers of seconds before due to
