@@ -24,7 +24,7 @@ func TestExpirySweepDeletesUntouchedStreams(t *testing.T) {
 	}{
 		{"/exp/ttl", map[string]string{"Stream-TTL": "2"}},
 		{"/exp/deadline", map[string]string{"Stream-Expires-At": time.Now().Add(2 * time.Second).UTC().Format(time.RFC3339Nano)}},
-		{"/exp/renewed", map[string]string{"Stream-TTL": "2"}},
+		{"/exp/renewed", map[string]string{"Stream-TTL": "4"}},
 		{"/exp/long", map[string]string{"Stream-TTL": "3600"}},
 		{"/exp/forever", nil},
 	}
@@ -42,8 +42,8 @@ func TestExpirySweepDeletesUntouchedStreams(t *testing.T) {
 		t.Fatalf("%d expiry markers in the bucket after the creates; want 4, one per stream that can expire", got)
 	}
 
-	// Read /exp/renewed every 300 ms (well inside its 2 s TTL) until the
-	// two short-lived streams have left the bucket.
+	// Read /exp/renewed every 300 ms (well inside its 4 s TTL, even on a
+	// busy machine) until the two short-lived streams have left the bucket.
 	began := time.Now()
 	renew := func() {
 		t.Helper()
@@ -64,7 +64,7 @@ func TestExpirySweepDeletesUntouchedStreams(t *testing.T) {
 		time.Sleep(300 * time.Millisecond)
 	}
 	// Two more TTLs of reads: the renewed stream must outlive them.
-	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+	for end := time.Now().Add(8 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
 		renew()
 	}
 	names := streamNamesInBucket(t, e)
@@ -90,7 +90,7 @@ func TestExpirySweepDeletesUntouchedStreams(t *testing.T) {
 			break
 		}
 		if time.Since(stopped) > 30*time.Second {
-			t.Fatalf("30 s after the last read of /exp/renewed (TTL 2 s): bucket holds %v, %d tombstones", names, len(tombstones))
+			t.Fatalf("30 s after the last read of /exp/renewed (TTL 4 s): bucket holds %v, %d tombstones", names, len(tombstones))
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
