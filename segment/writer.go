@@ -53,6 +53,7 @@ type Batch struct {
 	failed   error
 	finished bool // upload attempt over (success or failure)
 	doomed   bool // never uploaded: it was open when an earlier upload failed
+	lost     bool // aborted, and certain never to be replayed
 
 	done chan struct{}
 	err  error
@@ -63,6 +64,14 @@ func (b *Batch) Done() <-chan struct{} { return b.done }
 
 // Err is nil once the batch is committed, or the reason it was aborted.
 func (b *Batch) Err() error { return b.err }
+
+// Lost reports, for an aborted batch, that no replay will ever see it: a
+// seal took the place of its failed upload (or of an earlier one in its
+// namespace), or it was never uploaded. What only it refers to can go. A
+// batch aborted with its fate unknown (the writer closed while the store
+// was unreachable, or another process took the storage over) is not lost
+// as far as anyone can tell.
+func (b *Batch) Lost() bool { return b.lost }
 
 // WALKey is the object key of WAL object seq in namespace ns.
 func WALKey(ns, seq uint64) string { return fmt.Sprintf("wal/%016x/%016x", ns, seq) }
@@ -364,7 +373,7 @@ func (w *Writer) settle(queue []*Batch) {
 			outcome, err := seal(w.ctx, w.store, b.Namespace, b.Seq, w.deps.Token, 0)
 			switch {
 			case err != nil: // writer closed while the store was unreachable
-				w.abort(queue[i:], err)
+				w.abort(queue[i:], err, false)
 				return
 			case outcome == sealLanded:
 				w.deps.Hooks.Committed(b)
@@ -374,11 +383,13 @@ func (w *Writer) settle(queue []*Batch) {
 				// Another process replayed our namespace and sealed it:
 				// it owns the storage now. Never write again.
 				w.Fence(fmt.Errorf("namespace %d sealed by another process at %d", b.Namespace, b.Seq))
-				w.abort(queue[i:], ErrFenced)
+				w.abort(queue[i:], ErrFenced, false)
 				return
 			}
 		}
-		w.abort(queue[i:], cause)
+		// Replay stops at the seal: neither this batch nor any after it
+		// in the namespace, uploaded or not, will ever be read.
+		w.abort(queue[i:], cause, true)
 		w.switchNamespace()
 		return
 	}
@@ -388,10 +399,10 @@ func (w *Writer) settle(queue []*Batch) {
 	w.mu.Unlock()
 }
 
-func (w *Writer) abort(batches []*Batch, cause error) {
+func (w *Writer) abort(batches []*Batch, cause error, lost bool) {
 	err := fmt.Errorf("%w: %v", ErrWriterUnavailable, cause)
 	for _, b := range batches {
-		b.err = err
+		b.err, b.lost = err, lost
 		w.deps.Hooks.Aborted(b, err)
 		close(b.done)
 	}

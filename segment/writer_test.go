@@ -2,6 +2,7 @@ package segment_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -134,5 +135,83 @@ func TestWriterFlushSizeOverridesSpacing(t *testing.T) {
 	}
 	if n := len(store.times()); n != 3 {
 		t.Fatalf("%d uploads for 3 appends each over flush_size; want 3", n)
+	}
+}
+
+// failingPuts fails PUTs while fail says so.
+type failingPuts struct {
+	segment.Store
+	fail func() bool
+}
+
+func (s *failingPuts) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	if s.fail() {
+		return "", errors.New("injected")
+	}
+	return s.Store.Put(ctx, key, data, opts)
+}
+
+// abortLog records aborted batches.
+type abortLog struct {
+	noHooks
+	mu      sync.Mutex
+	aborted []*segment.Batch
+}
+
+func (h *abortLog) Aborted(b *segment.Batch, _ error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.aborted = append(h.aborted, b)
+}
+
+// A batch is lost only when its fate is fixed: a seal took the place of
+// its failed upload. One aborted because the store never answered again
+// may yet have landed.
+func TestWriterTellsLostBatches(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		failPuts int // PUTs that fail, counting from the first; -1: all
+		wantLost bool
+	}{
+		{"the upload fails, the seal lands", 1, true},
+		{"the store never answers again", -1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			left := tc.failPuts
+			store := &failingPuts{Store: memstore.New(), fail: func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				if left == 0 {
+					return false
+				}
+				left--
+				return true
+			}}
+			hooks := &abortLog{}
+			w := segment.NewWriter(store, 1, 0, segment.WriterConfig{FlushInterval: time.Millisecond}, segment.WriterDeps{
+				Hooks:        hooks,
+				NewNamespace: func(context.Context) (uint64, error) { return 2, nil },
+			})
+			b, err := w.Add(testEntry(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			_ = w.Close(ctx)
+			<-b.Done()
+			if b.Err() == nil {
+				t.Fatal("the batch committed despite its failed upload")
+			}
+			hooks.mu.Lock()
+			defer hooks.mu.Unlock()
+			if len(hooks.aborted) != 1 || hooks.aborted[0] != b {
+				t.Fatalf("aborted batches %v, want the one", hooks.aborted)
+			}
+			if b.Lost() != tc.wantLost {
+				t.Errorf("Lost() = %v, want %v", b.Lost(), tc.wantLost)
+			}
+		})
 	}
 }

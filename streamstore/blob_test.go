@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -287,4 +288,41 @@ func TestParseDataKey(t *testing.T) {
 	if got := blobSize(blob); got != 300 {
 		t.Errorf("blobSize(%q) = %d", blob, got)
 	}
+}
+
+// TestLostBatchTakesItsBlobWithIt: the blob of an append whose WAL upload
+// failed, and whose place a seal then took, can never be referenced; it
+// must not stay in the bucket for the life of the stream.
+func TestLostBatchTakesItsBlobWithIt(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var failWAL atomic.Int32 // WAL uploads still to fail
+	st.Fail = func(op, key string) error {
+		if op == "PUT" && strings.HasPrefix(key, "wal/") && failWAL.Add(-1) >= 0 {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/lost", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
+		t.Fatal(err)
+	}
+	failWAL.Store(1) // the upload fails; the seal that follows lands
+	if _, err := e.Append(ctx, "/lost", AppendRequest{Records: []NewRecord{{Body: body(4, blobMinBytes)}}}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("append whose WAL upload failed: %v", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(st.Keys("blob/")) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the lost batch's blob is still there: %v", st.Keys("blob/"))
+		}
+	}
+	big := body(5, blobMinBytes)
+	if res, err := e.Append(ctx, "/lost", AppendRequest{Records: []NewRecord{{Body: big}}}); err != nil || res.FirstSeq != 0 {
+		t.Fatalf("append after the fault: %+v %v", res, err)
+	}
+	if got := st.Keys("blob/"); len(got) != 1 {
+		t.Errorf("blobs after a committed large append: %v, want 1", got)
+	}
+	e2 := startEngine(t, st, Config{CacheBytes: 1})
+	sameBodies(t, "after restart", readBodies(t, e2, "/lost", 0), [][]byte{big})
 }

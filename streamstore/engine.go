@@ -777,7 +777,11 @@ func (h hooks) Committed(b *segment.Batch) {
 
 func (h hooks) Aborted(b *segment.Batch, err error) {
 	h.e.stats.aborted(b)
+	var blobs []string
 	for _, ent := range b.Entries {
+		if ent.Blob != "" && b.Lost() {
+			blobs = append(blobs, blobKey(ent.StreamID, ent.Blob))
+		}
 		s := ent.Ref.(*stream)
 		s.mu.Lock()
 		if s.tailEnt == ent {
@@ -791,6 +795,11 @@ func (h hooks) Aborted(b *segment.Batch, err error) {
 	}
 	h.e.log.Warn("WAL batch aborted; its appends were not acknowledged",
 		zap.String("key", b.Key), zap.Int("entries", len(b.Entries)), zap.Error(err))
+	if len(blobs) > 0 {
+		// Not here: the writer's releases wait for this hook, and the
+		// store has just failed an upload.
+		go h.e.dropBlobs(blobs)
+	}
 }
 
 // walCachePrefix starts the cache key of every WAL entry (WAL object keys

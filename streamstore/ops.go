@@ -476,9 +476,10 @@ func recordBytes(recs []NewRecord) int {
 // as a blob first, then its entry, which only names the blob, joins the
 // WAL. The seqs are held meanwhile: later appends of the stream wait for
 // the blob (appendTo hands them s.uploading), so entries stay in seq
-// order. A blob whose entry is not added is deleted; one whose batch
-// fails stays until the stream is deleted. Called with s.mu held; it
-// unlocks.
+// order. A blob whose entry is not added is deleted, and so is one whose
+// batch is lost (hooks.Aborted); one whose batch's fate stays unknown, or
+// whose node crashes before the entry commits, stays until the stream is
+// deleted. Called with s.mu held; it unlocks.
 func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, req AppendRequest, now, ts int64) (AppendResult, <-chan struct{}, error) {
 	st := &s.pend
 	ent := s.appendEntry(req, now, ts)
@@ -529,11 +530,14 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 
 // dropBlob deletes a blob no entry refers to. It may not exist (a failed
 // PUT); a failure to delete only leaves it for the stream's deletion.
-func (e *Engine) dropBlob(key string) {
+func (e *Engine) dropBlob(key string) { e.dropBlobs([]string{key}) }
+
+// dropBlobs is dropBlob for several blobs, in one request.
+func (e *Engine) dropBlobs(keys []string) {
 	ctx, cancel := context.WithTimeout(e.bgCtx, 30*time.Second)
 	defer cancel()
-	if err := e.store.Delete(ctx, []string{key}); err != nil {
-		e.log.Warn("could not delete an unused blob", zap.String("key", key), zap.Error(err))
+	if err := e.store.Delete(ctx, keys); err != nil {
+		e.log.Warn("could not delete unused blobs", zap.Strings("keys", keys), zap.Error(err))
 	}
 }
 

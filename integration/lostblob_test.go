@@ -1,0 +1,47 @@
+package integration
+
+import (
+	"bytes"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// TestLostAppendLeavesNoBlob: a large append is written as a blob before
+// its WAL entry. When the store refuses the WAL upload, the append is
+// answered 503, the writer seals the upload's place, and the blob, which
+// nothing can ever refer to, must leave the bucket instead of staying for
+// the life of the stream.
+func TestLostAppendLeavesNoBlob(t *testing.T) {
+	const octet = "application/octet-stream"
+	e := fhStart(t, fhOptions{Optional: []string{"compact_interval 1h"}})
+	e.create("/lost/blob", octet)
+	// 403 is not retried: the upload fails at once, the seal that follows
+	// goes through.
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/", Status: http.StatusForbidden, Times: 1})
+	defer remove()
+	lost := bytes.Repeat([]byte("L"), 300<<10)
+	r := e.must(fhReq{Method: http.MethodPost, Path: "/lost/blob", Header: map[string]string{"Content-Type": octet}, Body: lost})
+	if r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("append whose WAL upload was refused: %s, want 503", r)
+	}
+	began := time.Now()
+	for len(e.mustList("blob/")) > 0 {
+		if time.Since(began) > 15*time.Second {
+			t.Fatalf("15 s after the refused append its blob is still in the bucket: %v", e.mustList("blob/"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("the lost append's blob left the bucket %v after the 503", time.Since(began).Round(time.Millisecond))
+
+	kept := bytes.Repeat([]byte("K"), 300<<10)
+	e.append("/lost/blob", octet, kept)
+	if got := e.mustList("blob/"); len(got) != 1 {
+		t.Errorf("blobs after one acknowledged large append: %v, want 1", got)
+	}
+	if got, _, err := e.readBytes("/lost/blob"); err != nil || !bytes.Equal(got, kept) {
+		t.Errorf("the stream reads %d bytes (%v), want only the acknowledged %d", len(got), err, len(kept))
+	}
+}
