@@ -3,8 +3,11 @@ package streamstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -244,5 +247,44 @@ func TestSweepKeepsExpiredSourcesWhileForksRead(t *testing.T) {
 	}
 	if got := st.Keys(metaPrefix); len(got) != 0 {
 		t.Errorf("after the last fork went: %v in the bucket", got)
+	}
+}
+
+// TestIdleSweepCostsOneList backs the claim that an idle storage pays one
+// LIST per sweep: with markers present but none due, a sweep makes exactly
+// one request, and it reads no metadata.
+func TestIdleSweepCostsOneList(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var (
+		counting atomic.Bool
+		mu       sync.Mutex
+		ops      = map[string]int{}
+	)
+	st.Fail = func(op, key string) error {
+		// The engine's other background work (GC, lease) is not counted.
+		if counting.Load() && (strings.HasPrefix(key, expiryPrefix) || strings.HasPrefix(key, metaPrefix)) {
+			mu.Lock()
+			defer mu.Unlock()
+			ops[op]++
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{})
+	for i := range 3 {
+		name := fmt.Sprintf("/idle/%d", i)
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Hour}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counting.Store(true)
+	if n, err := e.SweepExpired(ctx, time.Now()); err != nil || n != 0 {
+		t.Fatalf("sweep: %d, %v", n, err)
+	}
+	counting.Store(false)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ops) != 1 || ops["LIST"] != 1 {
+		t.Errorf("a sweep with nothing due made %v on markers and metadata; want one LIST", ops)
 	}
 }
