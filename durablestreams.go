@@ -617,8 +617,9 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 			return // recycle: the client reconnects from its last offset
 		}
 		if f.upToDate && !alone && d.hubs != nil {
-			next, ended := d.parkAtTail(lw, eng, hubKey{name: name, id: id, enc: enc}, f.next, cursor, es,
-				func(data []byte, c sseControl) bool { return event(data, c) && es.flush() })
+			key := hubKey{name: name, id: id, enc: enc}
+			next, ended := d.hubs.parkAtTail(lw, dsHubSource{d: d, eng: eng, key: key}, eng, key, f.next, cursor, es,
+				func(f *sseFrame) bool { return event(f.data, frameControl(f, cursor)) && es.flush() })
 			switch ended {
 			case nil: // the hub is at another position: wait alone
 			case errFeedLeft: // time is up, the client left or the server shuts down

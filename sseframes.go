@@ -183,3 +183,24 @@ func (d *durableStreams) frameAt(ctx context.Context, eng *streamstore.Engine, n
 	}
 	return f, nil
 }
+
+// dsHubSource is the hub source of Durable Streams feeds of one stream and
+// encoding: frames come from frameAt, and a feed's control event carries
+// its cursor.
+type dsHubSource struct {
+	d   *durableStreams
+	eng *streamstore.Engine
+	key hubKey
+}
+
+func (s dsHubSource) frameAt(ctx context.Context, pos position, tail uint64) (*sseFrame, error) {
+	return s.d.frameAt(ctx, s.eng, s.key.name, s.key.id, pos, tail, s.key.enc)
+}
+
+func (s dsHubSource) variant(f *sseFrame, cursor string) string { return controlCursor(f, cursor) }
+
+func (s dsHubSource) encode(f *sseFrame, cursor string) []byte {
+	return appendSSEControl(append([]byte(nil), f.data...), frameControl(f, cursor))
+}
+
+func (s dsHubSource) writeTimeout() time.Duration { return feedWriteTimeout(s.d.writeTimeout) }

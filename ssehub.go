@@ -20,22 +20,42 @@ import (
 // sleeps until its feed needs it (its time is up, the client left, the
 // server shuts down, a write failed, the stream closed or went away).
 
-// sseHubs are the hubs of one Durable Streams handler, by stream.
+// sseHubs are the hubs of one handler, by stream and feed shape.
 type sseHubs struct {
 	mu   sync.Mutex
 	hubs map[hubKey]*sseHub
 }
 
+// hubKey tells hubs apart: feeds share a hub when they read the same
+// stream the same way, so that one read serves them all. A Durable Streams
+// feed's shape is its encoding, a Pico feed's its read limits.
 type hubKey struct {
-	name string
-	id   string
-	enc  sseEncoding
+	name  string
+	id    string
+	enc   sseEncoding
+	count int
+	bytes int
+}
+
+// hubSource is what a hub needs from its protocol.
+type hubSource interface {
+	// frameAt reads the feeds' next frame from pos; they know the stream's
+	// tail to be at least tail.
+	frameAt(ctx context.Context, pos position, tail uint64) (*sseFrame, error)
+	// variant names what a feed with cursor writes for f: feeds with the
+	// same variant write the same bytes.
+	variant(f *sseFrame, cursor string) string
+	// encode is what feeds of variant v write for f: its data event, if
+	// any, and the control event after it.
+	encode(f *sseFrame, v string) []byte
+	// writeTimeout bounds one write to one feed.
+	writeTimeout() time.Duration
 }
 
 // sseHub serves the feeds parked at one stream's tail.
 type sseHub struct {
 	hubs *sseHubs
-	d    *durableStreams
+	src  hubSource
 	eng  *streamstore.Engine
 	key  hubKey
 
@@ -52,7 +72,7 @@ type sseHub struct {
 type hubFeed struct {
 	mu    sync.Mutex
 	es    *eventStream
-	write func(data []byte, c sseControl) bool // one event, flushed; false: the client is gone
+	write func(f *sseFrame) bool // f's events as the feed writes them, flushed; false: the client is gone
 	// limit sets the connection's write deadline (zero: none).
 	limit   func(time.Time) error
 	renewAt time.Time // when the hub next pushes the deadline on
@@ -75,13 +95,13 @@ var (
 // hub of its stream. It returns the hub, or nil when the feed must go on
 // by itself (the hub is at another position: the feed is behind it or the
 // stream moved since the feed's read).
-func (hs *sseHubs) park(d *durableStreams, eng *streamstore.Engine, key hubKey, pos position, f *hubFeed) *sseHub {
+func (hs *sseHubs) park(src hubSource, eng *streamstore.Engine, key hubKey, pos position, f *hubFeed) *sseHub {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	h := hs.hubs[key]
 	if h == nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		h = &sseHub{hubs: hs, d: d, eng: eng, key: key, next: pos, feeds: map[*hubFeed]struct{}{f: {}}, cancel: cancel}
+		h = &sseHub{hubs: hs, src: src, eng: eng, key: key, next: pos, feeds: map[*hubFeed]struct{}{f: {}}, cancel: cancel}
 		if hs.hubs == nil {
 			hs.hubs = make(map[hubKey]*sseHub)
 		}
@@ -187,7 +207,7 @@ var errSuperseded = errors.New("hub run superseded")
 // catchUp writes the records from pos up to at least tail to every feed.
 func (h *sseHub) catchUp(ctx context.Context, gen uint64, pos position, tail uint64) error {
 	for {
-		f, err := h.d.frameAt(ctx, h.eng, h.key.name, h.key.id, pos, tail, h.key.enc)
+		f, err := h.src.frameAt(ctx, pos, tail)
 		if err != nil || f.id != h.key.id {
 			return errHubStopped
 		}
@@ -208,7 +228,7 @@ func (h *sseHub) catchUp(ctx context.Context, gen uint64, pos position, tail uin
 			feeds = append(feeds, hf)
 		}
 		h.mu.Unlock()
-		h.sendAll(feeds, f, encodeForFeeds(f, feeds))
+		h.sendAll(feeds, f, h.encodeForFeeds(f, feeds))
 		if f.closed {
 			return errFeedClosed
 		}
@@ -242,29 +262,29 @@ func (h *sseHub) sendAll(feeds []*hubFeed, f *sseFrame, events map[string][]byte
 	wg.Wait()
 }
 
-// maxPassCursors bounds the events one pass encodes ahead.
-const maxPassCursors = 16
+// maxPassVariants bounds the events one pass encodes ahead.
+const maxPassVariants = 16
 
-// encodeForFeeds encodes frame f and its control event once per cursor
+// encodeForFeeds encodes frame f and its control event once per variant
 // among the feeds, as the bytes each feed writes; nil when the feeds have
-// too many cursors to be worth it (each then encodes its own).
-func encodeForFeeds(f *sseFrame, feeds []*hubFeed) map[string][]byte {
+// too many variants to be worth it (each then encodes its own).
+func (h *sseHub) encodeForFeeds(f *sseFrame, feeds []*hubFeed) map[string][]byte {
 	events := make(map[string][]byte)
 	for _, hf := range feeds {
-		c := controlCursor(f, hf.cursor)
-		if _, ok := events[c]; ok {
+		v := h.src.variant(f, hf.cursor)
+		if _, ok := events[v]; ok {
 			continue
 		}
-		if len(events) == maxPassCursors {
+		if len(events) == maxPassVariants {
 			return nil
 		}
-		events[c] = appendSSEControl(append([]byte(nil), f.data...), frameControl(f, c))
+		events[v] = h.src.encode(f, v)
 	}
 	return events
 }
 
 // send writes frame f to one feed, as the feed itself would have: the
-// pass's shared bytes for the feed's cursor when there are some.
+// pass's shared bytes for the feed's variant when there are some.
 func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
 	hf.mu.Lock()
 	if hf.ended != nil {
@@ -282,15 +302,15 @@ func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
 	// must not hold it for long: each write has the feed write timeout to
 	// finish. The deadline moves on every half of that, not at every write.
 	if now := time.Now(); !now.Before(hf.renewAt) {
-		timeout := feedWriteTimeout(h.d.writeTimeout)
+		timeout := h.src.writeTimeout()
 		_ = hf.limit(now.Add(timeout))
 		hf.renewAt = now.Add(timeout / 2)
 	}
 	var ok bool
-	if b, shared := events[controlCursor(f, hf.cursor)]; shared {
+	if b, shared := events[h.src.variant(f, hf.cursor)]; shared {
 		ok = hf.es.write(b) && hf.es.flush()
 	} else {
-		ok = hf.write(f.data, frameControl(f, hf.cursor))
+		ok = hf.write(f)
 	}
 	if ok {
 		hf.next = f.next
@@ -343,10 +363,10 @@ func (h *sseHub) stopIfIdle() {
 // over (lw: its time is up, the client left, the server shuts down). It
 // returns where the feed is then and why the hub let it go; nil when the
 // feed could not park and must wait alone.
-func (d *durableStreams) parkAtTail(lw *liveWait, eng *streamstore.Engine, key hubKey, pos position, cursor string,
-	es *eventStream, write func([]byte, sseControl) bool) (position, error) {
+func (hs *sseHubs) parkAtTail(lw *liveWait, src hubSource, eng *streamstore.Engine, key hubKey, pos position, cursor string,
+	es *eventStream, write func(*sseFrame) bool) (position, error) {
 	hf := &hubFeed{es: es, write: write, limit: es.rc.SetWriteDeadline, cursor: cursor, next: pos, done: make(chan struct{})}
-	h := d.hubs.park(d, eng, key, pos, hf)
+	h := hs.park(src, eng, key, pos, hf)
 	if h == nil {
 		return pos, nil
 	}

@@ -144,7 +144,7 @@ func TestSSEHubDropsBrokenFeed(t *testing.T) {
 	broken := newFeed(failingWriter{}, "c1")
 	var hub *sseHub
 	for _, hf := range []*hubFeed{good[0].hf, broken, good[1].hf, good[2].hf} {
-		h := s.proto.hubs.park(s.proto, eng, key, pos, hf)
+		h := s.proto.hubs.park(dsHubSource{d: s.proto, eng: eng, key: key}, eng, key, pos, hf)
 		if h == nil || (hub != nil && h != hub) {
 			t.Fatalf("park: hub %p, first %p", h, hub)
 		}
@@ -188,9 +188,9 @@ func TestSSEHubDropsBrokenFeed(t *testing.T) {
 	s.waitParked(t, 0, 0)
 	// Parking away from the hub's position is refused while it runs, and
 	// a feed at the tail again starts a hub afresh.
-	if h := s.proto.hubs.park(s.proto, eng, key, pos, newFeed(httptest.NewRecorder(), "c1")); h == nil {
+	if h := s.proto.hubs.park(dsHubSource{d: s.proto, eng: eng, key: key}, eng, key, pos, newFeed(httptest.NewRecorder(), "c1")); h == nil {
 		t.Fatal("no hub for a feed at the old tail of an idle stream")
-	} else if h2 := s.proto.hubs.park(s.proto, eng, key, position{pos.seq + 5, 0}, newFeed(httptest.NewRecorder(), "c1")); h2 != nil {
+	} else if h2 := s.proto.hubs.park(dsHubSource{d: s.proto, eng: eng, key: key}, eng, key, position{pos.seq + 5, 0}, newFeed(httptest.NewRecorder(), "c1")); h2 != nil {
 		t.Error("a feed at another position was parked")
 	}
 }
@@ -214,10 +214,10 @@ func fakeHubFeed(w http.ResponseWriter, cursor string, pos position) *hubFeed {
 	es := &eventStream{out: w, rc: http.NewResponseController(w)}
 	var mu sync.Mutex
 	return &hubFeed{es: es, cursor: cursor, next: pos, done: make(chan struct{}), limit: es.rc.SetWriteDeadline,
-		write: func(data []byte, c sseControl) bool {
+		write: func(f *sseFrame) bool {
 			mu.Lock()
 			defer mu.Unlock()
-			return es.write(appendSSEControl(append([]byte(nil), data...), c)) && es.flush()
+			return es.write(appendSSEControl(append([]byte(nil), f.data...), frameControl(f, cursor))) && es.flush()
 		}}
 }
 
@@ -228,7 +228,7 @@ func TestSSEHubWritesOnlyAtTheFeedsPosition(t *testing.T) {
 	s, eng, key, pos := newHubStream(t)
 	rec := httptest.NewRecorder()
 	hf := fakeHubFeed(rec, "c", pos)
-	if s.proto.hubs.park(s.proto, eng, key, pos, hf) == nil {
+	if s.proto.hubs.park(dsHubSource{d: s.proto, eng: eng, key: key}, eng, key, pos, hf) == nil {
 		t.Fatal("not parked")
 	}
 	hf.mu.Lock()
