@@ -214,6 +214,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			jitter:          randomJitter,
 			live:            h.ref.metrics.liveFor(h.Protocol),
 			fanout:          h.ref.fanout,
+			hubs:            &sseHubs{},
 		}
 	}
 	return nil

@@ -45,6 +45,7 @@ type picoProtocol struct {
 	jitter          func() int   // cursor jitter in seconds
 	fanout          fanout       // live feeds writing at once (sse.go)
 	live            *liveReaders // open SSE and long-poll reads, for metrics (metrics.go)
+	hubs            *sseHubs     // SSE feeds parked at their stream's tail (ssehub.go); nil: none
 }
 
 // ServeHTTP dispatches on the method. The handler's root lists streams; any

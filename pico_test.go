@@ -56,6 +56,7 @@ func newPicoServer(t *testing.T, tweak ...func(*picoProtocol)) *picoServer {
 		maxAppend:       1 << 20,
 		chunkBytes:      defaultChunkBytes,
 		jitter:          randomJitter,
+		hubs:            &sseHubs{},
 	}
 	for _, f := range tweak {
 		f(p)

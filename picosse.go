@@ -2,6 +2,7 @@ package picomq
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,34 +23,83 @@ type picoControl struct {
 	Closed   bool   `json:"closed,omitempty"`
 }
 
-// writePicoEvent writes one SSE event with an id. payload is JSON, which
+// appendPicoEvent appends one SSE event with an id. payload is JSON, which
 // never holds a raw line break, so it is one data line.
-func writePicoEvent(w *bufio.Writer, event string, id uint64, payload []byte) error {
-	w.WriteString("event: ")
-	w.WriteString(event)
-	w.WriteString("\nid: ")
-	w.WriteString(strconv.FormatUint(id, 10))
-	w.WriteString("\ndata:")
-	w.Write(payload)
-	_, err := w.WriteString("\n\n")
+func appendPicoEvent(b []byte, event string, id uint64, payload []byte) []byte {
+	b = append(b, "event: "...)
+	b = append(b, event...)
+	b = append(b, "\nid: "...)
+	b = strconv.AppendUint(b, id, 10)
+	b = append(b, "\ndata:"...)
+	b = append(b, payload...)
+	return append(b, "\n\n"...)
+}
+
+// appendPicoControl appends a control event, with the same id as the data
+// event it follows.
+func appendPicoControl(b []byte, c picoControl) []byte {
+	payload, err := json.Marshal(c)
+	if err != nil {
+		// Three plain fields always encode.
+		panic(fmt.Sprintf("encoding control event: %v", err))
+	}
+	return appendPicoEvent(b, "control", c.NextSeq, payload)
+}
+
+// writePicoControl writes a control event.
+func writePicoControl(w *bufio.Writer, c picoControl) error {
+	_, err := w.Write(appendPicoControl(w.AvailableBuffer(), c))
 	return err
 }
 
-// writePicoData writes a data event: the records as a JSON array (the shape
-// of a JSON read), its id the seq to resume from.
-func writePicoData(w *bufio.Writer, next uint64, recs []streamstore.Record) error {
-	return writePicoEvent(w, "data", next, picowire.AppendJSONRead(nil, recs))
+// picoFrame is a page as the frame of a feed: its data event (the records
+// as a JSON array, the shape of a JSON read, its id the seq to resume from)
+// when it has records.
+func picoFrame(pg picoPage, now time.Time) *sseFrame {
+	f := &sseFrame{
+		id:       pg.info.ID,
+		start:    position{seq: pg.start},
+		next:     position{seq: pg.next},
+		tail:     pg.info.NextSeq,
+		upToDate: pg.upToDate,
+		closed:   pg.closed,
+		made:     now,
+	}
+	if len(pg.records) > 0 {
+		f.data = appendPicoEvent(nil, "data", pg.next, picowire.AppendJSONRead(nil, pg.records))
+	}
+	return f
 }
 
-// writePicoControl writes a control event with the same id as the data
-// event it follows.
-func writePicoControl(w *bufio.Writer, c picoControl) error {
-	b, err := json.Marshal(c)
-	if err != nil {
-		return fmt.Errorf("encoding control event: %w", err)
-	}
-	return writePicoEvent(w, "control", c.NextSeq, b)
+// picoFrameEvents is what a feed writes for frame f: its data event, if
+// any, and the control event after it.
+func picoFrameEvents(b []byte, f *sseFrame) []byte {
+	b = append(b, f.data...)
+	return appendPicoControl(b, picoControl{NextSeq: f.next.seq, UpToDate: f.upToDate || !f.hasData(), Closed: f.closed})
 }
+
+// picoHubSource is the hub source of Pico feeds of one stream and read
+// limits. Pico control events carry no cursor, so every feed writes the
+// same bytes.
+type picoHubSource struct {
+	p   *picoProtocol
+	eng *streamstore.Engine
+	key hubKey
+}
+
+func (s picoHubSource) frameAt(ctx context.Context, pos position, _ uint64) (*sseFrame, error) {
+	pg, err := s.p.read(ctx, s.eng, s.key.name, picoReadQuery{seq: pos.seq, count: s.key.count, bytes: s.key.bytes})
+	if err != nil {
+		return nil, err
+	}
+	return picoFrame(pg, time.Now()), nil
+}
+
+func (picoHubSource) variant(*sseFrame, string) string { return "" }
+
+func (picoHubSource) encode(f *sseFrame, _ string) []byte { return picoFrameEvents(nil, f) }
+
+func (picoHubSource) writeTimeout() time.Duration { return feedWriteTimeout(0) }
 
 // sse streams records as Server-Sent Events until the reconnect interval
 // passes, the stream is closed and fully read, the client leaves or the
@@ -77,17 +127,18 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 	lw := newLiveWait(r, p.shutdown, deadline)
 	defer lw.close()
 	announced := false // a control event with up_to_date was sent for pg.next
+	alone := false     // wait without the hub this once: it stopped
+	writeFrame := func(f *sseFrame) bool {
+		_, err := bw.Write(picoFrameEvents(bw.AvailableBuffer(), f))
+		return err == nil && flush()
+	}
 	t := turn{gate: p.fanout, es: es}
 	defer t.release()
 	for {
 		t.limitWrites()
 		switch {
 		case len(pg.records) > 0:
-			if writePicoData(bw, pg.next, pg.records) != nil {
-				return
-			}
-			ctl := picoControl{NextSeq: pg.next, UpToDate: pg.upToDate, Closed: pg.closed}
-			if writePicoControl(bw, ctl) != nil || !flush() || pg.closed {
+			if !writeFrame(picoFrame(pg, time.Now())) || pg.closed {
 				return
 			}
 			announced = pg.upToDate
@@ -115,6 +166,27 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 		if remaining <= 0 {
 			return // recycle: the client reconnects with Last-Event-ID
 		}
+		if pg.upToDate && !alone && p.hubs != nil {
+			key := hubKey{name: name, id: id, count: q.count, bytes: q.bytes}
+			next, ended := p.hubs.parkAtTail(lw, picoHubSource{p: p, eng: eng, key: key}, eng, key, position{seq: pg.next}, "", es, writeFrame)
+			switch ended {
+			case nil: // the hub is at another position: wait alone
+			case errFeedLeft: // time is up, the client left or the server shuts down
+				if p.shutdown.Err() != nil {
+					p.finalControl(bw, picoPage{next: next.seq, upToDate: true}, flush)
+				}
+				return
+			case errHubStopped:
+				// Go on alone from where the hub left the feed, and meet
+				// the reason (shutdown, deletion, a failed read) there.
+				pg = picoPage{info: pg.info, start: next.seq, next: next.seq, upToDate: true}
+				announced, alone = true, true
+				continue
+			default: // the write failed, or the stream closed and the hub said so
+				return
+			}
+		}
+		alone = false
 		if pg.upToDate {
 			info, err := lw.wait(eng, name, id, pg.next)
 			switch {

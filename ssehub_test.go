@@ -5,16 +5,17 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/picomq/caddy-picomq/internal/picowire"
 	"github.com/picomq/caddy-picomq/streamstore"
 )
 
-// parked counts the feeds parked in the server's hubs, and the hubs.
-func (s *dsServer) parked() (feeds, hubs int) {
-	hs := s.proto.hubs
+// parked counts the feeds parked in hs, and the hubs.
+func parked(hs *sseHubs) (feeds, hubs int) {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	for _, h := range hs.hubs {
@@ -25,12 +26,12 @@ func (s *dsServer) parked() (feeds, hubs int) {
 	return feeds, len(hs.hubs)
 }
 
-// waitParked waits until want feeds are parked in want hubs.
-func (s *dsServer) waitParked(t *testing.T, feeds, hubs int) {
+// waitParked waits until want feeds are parked in want hubs of hs.
+func waitParked(t *testing.T, hs *sseHubs, feeds, hubs int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		f, h := s.parked()
+		f, h := parked(hs)
 		if f == feeds && h == hubs {
 			return
 		}
@@ -39,6 +40,11 @@ func (s *dsServer) waitParked(t *testing.T, feeds, hubs int) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+func (s *dsServer) waitParked(t *testing.T, feeds, hubs int) {
+	t.Helper()
+	waitParked(t, s.proto.hubs, feeds, hubs)
 }
 
 // Feeds at the tail park in the stream's hub, which writes each append to
@@ -251,3 +257,93 @@ type failingWriter struct{}
 func (failingWriter) Header() http.Header       { return http.Header{} }
 func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("client gone") }
 func (failingWriter) WriteHeader(int)           {}
+
+// Pico feeds at the tail park in their stream's hub too, one hub per set of
+// read limits: each append reaches every feed in the events its own reads
+// would have made, a feed that leaves does not disturb the others, and the
+// close ends them all, and the hubs with them.
+func TestPicoSSEHubServesTailFeeds(t *testing.T) {
+	const n = 10
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/h", nil, hCT, "application/octet-stream").want(t, 201)
+	var whole, single []*picoSSE
+	for range n {
+		r := s.sse(t, "/pico/h?live=sse&seq=now")
+		r.control(t, 0, true, false)
+		whole = append(whole, r)
+	}
+	for range 2 {
+		r := s.sse(t, "/pico/h?live=sse&seq=now&count=1")
+		r.control(t, 0, true, false)
+		single = append(single, r)
+	}
+	waitParked(t, s.pico.hubs, n+2, 2)
+
+	batch := picowire.EncodeBinary([]picowire.Record{{Body: []byte("a")}, {Body: []byte("b")}, {Body: []byte("c")}})
+	s.do(t, "POST", "/pico/h", batch, hCT, picowire.BinaryBatch).want(t, 200)
+	for i, r := range whole {
+		if recs := r.data(t, "3"); len(recs) != 3 || string(recs[0].bytes()) != "a" || string(recs[2].bytes()) != "c" {
+			t.Fatalf("feed %d: records %+v", i, recs)
+		}
+		r.control(t, 3, true, false)
+	}
+	for i, r := range single {
+		for seq := uint64(1); seq <= 3; seq++ {
+			if recs := r.data(t, strconv.FormatUint(seq, 10)); len(recs) != 1 || recs[0].Seq != seq-1 {
+				t.Fatalf("count=1 feed %d: records %+v", i, recs)
+			}
+			r.control(t, seq, seq == 3, false)
+		}
+	}
+	waitParked(t, s.pico.hubs, n+2, 2) // still parked: no feed read alone
+
+	whole[0].res.Body.Close()
+	waitParked(t, s.pico.hubs, n+1, 2)
+	s.do(t, "POST", "/pico/h", []byte("d"), hCT, "application/octet-stream").want(t, 200)
+	for i, r := range append(whole[1:], single...) {
+		if recs := r.data(t, "4"); len(recs) != 1 || string(recs[0].bytes()) != "d" {
+			t.Fatalf("feed %d after one left: records %+v", i, recs)
+		}
+		r.control(t, 4, true, false)
+	}
+
+	s.do(t, "POST", "/pico/h", []byte("e"), hCT, "application/octet-stream", hdrPicoClosed, "true").want(t, 200)
+	for _, r := range append(whole[1:], single...) {
+		r.data(t, "5")
+		r.control(t, 5, true, true)
+		r.ends(t, 2*time.Second)
+	}
+	waitParked(t, s.pico.hubs, 0, 0)
+}
+
+// A hub lets Pico feeds go when their time is up (they recycle), when the
+// stream is deleted (each finds out alone and ends) and at shutdown (each
+// writes where to resume).
+func TestPicoSSEHubLetsFeedsGo(t *testing.T) {
+	s := newPicoServer(t, func(p *picoProtocol) { p.sseInterval = time.Second })
+	s.do(t, "PUT", "/pico/g", []byte("a")).want(t, 201)
+	a, b := s.sse(t, "/pico/g?live=sse&seq=now"), s.sse(t, "/pico/g?live=sse&seq=now")
+	a.control(t, 1, true, false)
+	b.control(t, 1, true, false)
+	waitParked(t, s.pico.hubs, 2, 1)
+	a.ends(t, 3*time.Second)
+	b.ends(t, 3*time.Second)
+	waitParked(t, s.pico.hubs, 0, 0)
+
+	s.pico.sseInterval = time.Minute
+	a = s.sse(t, "/pico/g?live=sse&seq=now")
+	a.control(t, 1, true, false)
+	waitParked(t, s.pico.hubs, 1, 1)
+	s.do(t, "DELETE", "/pico/g", nil).want(t, 204)
+	a.ends(t, 2*time.Second)
+	waitParked(t, s.pico.hubs, 0, 0)
+
+	s.do(t, "PUT", "/pico/k", []byte("a")).want(t, 201)
+	a = s.sse(t, "/pico/k?live=sse&seq=now")
+	a.control(t, 1, true, false)
+	waitParked(t, s.pico.hubs, 1, 1)
+	s.shutdown()
+	a.control(t, 1, true, false)
+	a.ends(t, 2*time.Second)
+	waitParked(t, s.pico.hubs, 0, 0)
+}

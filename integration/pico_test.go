@@ -554,6 +554,56 @@ func TestPicoProtocol(t *testing.T) {
 		s.ends(t, 5*time.Second)
 	})
 
+	t.Run("SSE fan-out", func(t *testing.T) {
+		// Feeds at the tail share their stream's hub (one per set of read
+		// limits): every feed gets every record, in the events its own
+		// reads would have made, and the close ends them all.
+		const whole, single = 30, 5
+		picoWant(t, "create", picoDo(e, "PUT", "/pico/fan", nil), 201)
+		var feeds []*picoSSEReader
+		for i := range whole + single {
+			path := "/pico/fan?seq=now&live=sse"
+			if i >= whole {
+				path += "&count=1"
+			}
+			s := picoOpenSSE(t, e, path)
+			s.control(t, 0, true, false)
+			feeds = append(feeds, s)
+		}
+		picoWant(t, "append", picoDo(e, "POST", "/pico/fan", []byte("r0")), 200)
+		batch := picoEncodeBinary([]picoNewRecord{{body: []byte("r1")}, {body: []byte("r2")}})
+		picoWant(t, "append a batch", picoDo(e, "POST", "/pico/fan", batch, "Content-Type", picoBinaryBatch), 200)
+		picoWant(t, "close", picoDo(e, "POST", "/pico/fan", []byte("r3"), "Pico-Closed", "true"), 200)
+		for i, s := range feeds {
+			var got []string
+			for len(got) < 4 {
+				ev := s.next(t)
+				var recs []picoRecord
+				if ev.event != "data" || json.Unmarshal([]byte(ev.data), &recs) != nil || len(recs) == 0 {
+					t.Fatalf("feed %d after %q: event %+v", i, got, ev)
+				}
+				if i >= whole && len(recs) != 1 {
+					t.Fatalf("count=1 feed %d: %d records in one event", i, len(recs))
+				}
+				for _, r := range recs {
+					if r.Seq != uint64(len(got)) {
+						t.Fatalf("feed %d: seq %d after %q", i, r.Seq, got)
+					}
+					got = append(got, string(r.data(t)))
+				}
+				if next := uint64(len(got)); next == 4 {
+					s.control(t, 4, true, true)
+				} else if c := s.next(t); c.event != "control" || c.id != strconv.FormatUint(next, 10) {
+					t.Fatalf("feed %d: control %+v after %q", i, c, got)
+				}
+			}
+			if strings.Join(got, ",") != "r0,r1,r2,r3" {
+				t.Errorf("feed %d got %q", i, got)
+			}
+			s.ends(t, 5*time.Second)
+		}
+	})
+
 	t.Run("HEAD, DELETE, soft delete, list", func(t *testing.T) {
 		picoWant(t, "create", picoDo(e, "PUT", "/pico/del/a", []byte("x"), "Content-Type", "text/plain"), 201)
 		picoWant(t, "delete", picoDo(e, "DELETE", "/pico/del/a", nil), 204)
