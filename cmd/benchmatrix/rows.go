@@ -86,14 +86,20 @@ var rowSettings = map[string]settings{
 	"7": {Directives: []string{"compact_interval 2s"},
 		Note: "Each byte takes two more hops than in the reference on the same 2 cores (versitygw to the S3 proxy to Caddy to the client, " +
 			"against versitygw to the client): about 1.3 s of CPU per 256 MiB in Caddy, the proxy and the load generator together, where the " +
-			"reference's whole read takes 0.4-0.5 s. Cold objects take at most 24 MiB of Caddy's cache (they filled all of it before, and the " +
-			"growing heap's page faults, about 10 us each on this VM, cost more than the copying); what is left in Caddy is two socket copies, " +
-			"the checksum and the faults of a heap that still grows to about 120 MiB",
+			"reference's whole read takes 0.4-0.5 s. Cold objects take at most 24 MiB of Caddy's cache (they filled all of it before). What is left " +
+			"in Caddy is two socket copies and the checksum, which the first large read of a freshly started process runs several times slower " +
+			"than later ones on this VM (see below): the reference's second pass runs in a process that has read it all once already",
 		Tried: "responses of 4 or 8 MiB instead of 1 MiB (215-218 against 199-215 MiB/s); checksumming each 64 KiB of a data object as it " +
 			"arrives, while it is in the CPU cache, instead of the whole object afterwards (270-310 against 280-293 MiB/s: the 16% the profile " +
 			"put in the checksum was the first touch of memory the socket had just filled, which moved rather than went). Outside the matrix's " +
 			"layout, Caddy reading straight from versitygw without the proxy: 280-313 MiB/s against 210-213 through it on the rig, still under " +
-			"70% of the reference's 460-613"},
+			"70% of the reference's 460-613. Later, on the rig and straight from versitygw: 4 read-ahead GETs at a time instead of 2 (233 MiB/s, " +
+			"no change); a read-ahead of 8 or 4 MiB instead of 16 (page faults per read down from about 14,500 to 11,000 and 8,800, MiB/s the same " +
+			"within the spread); faults all but gone (a build that touched 64 MiB of heap at start, run with GODEBUG=madvdontneed=0 so the " +
+			"runtime kept those pages: 150 faults against 14,500, 274-291 against 255-271 MiB/s). What sets the measured read apart is that it " +
+			"is the process's first: in one Caddy, a second cold 256 MiB stream read after the first went at 308-310 MiB/s against 234-241 " +
+			"(Caddy's CPU 0.70 s against 1.07-1.16 s), and perf put the first read's extra time in the kernel's socket copies and in the " +
+			"checksum over the same bytes (3 and 6 times the samples of the later read), which is how first use of memory costs on this VM"},
 	"8": {},
 	// "At row 1's load": row 1's settings too.
 	"9":     {Directives: []string{"flush_interval 5ms"}, Note: "Row 1's settings and load"},
