@@ -60,7 +60,8 @@ Stream i is URL + prefix + i. Modes:
             numbered records are appended at --rate (default 20/s, open
             loop: each at its time, not waiting for the last); reports
             delivered/expected, lost, and latency from the append's ack to
-            receipt
+            receipt; --protocol pico has the feeds speak PicoMQ's Pico
+            protocol instead of Durable Streams
   read      --readers goroutines read --stream (a full name) from offset -1
             to the tail with plain GETs
   populate  create --streams streams with one deterministic --size record each
@@ -69,6 +70,7 @@ Stream i is URL + prefix + i. Modes:
 A progress line goes to stderr every second; the summary to stdout.`,
 		Example: `  caddy picomq bench --url http://127.0.0.1:8080/ --writers 64 --streams 100 --size 1KiB --duration 30s
   caddy picomq bench --url http://127.0.0.1:8080/ --mode sse --subscribers 5000 --rate 20 --duration 30s
+  caddy picomq bench --url http://127.0.0.1:8080/pico/ --mode sse --protocol pico --subscribers 5000 --rate 20 --duration 30s
   caddy picomq bench --url http://127.0.0.1:8080/ --mode populate --streams 100000 --prefix pop-
   caddy picomq bench --url http://127.0.0.1:8080/ --mode verify --streams 100000 --prefix pop-`,
 		Args:          cobra.NoArgs,
@@ -88,6 +90,7 @@ A progress line goes to stderr every second; the summary to stdout.`,
 	f.String("content-type", loadgen.DefaultContentType, "stream content type (sse mode defaults to text/plain)")
 	f.Bool("create", true, "PUT each stream first (201 or 200 both fine)")
 	f.Int("subscribers", 0, "SSE readers (sse mode)")
+	f.String("protocol", loadgen.ProtocolDurableStreams, "sse mode: the feeds' protocol, durable-streams or pico (PicoMQ's own; URL then names a picomq handler with protocol pico)")
 	f.String("stream", "", "read mode: the existing stream to read (full name, no prefix)")
 	f.Int("readers", 1, "read mode: parallel readers of --stream")
 	f.StringArray("pid", nil, "NAME=PID: report that process's CPU time and RSS over the window (repeatable)")
@@ -117,6 +120,7 @@ func runBench(cmd *cobra.Command) error {
 		Warmup:      dur("warmup"),
 		ContentType: str("content-type"),
 		Subscribers: num("subscribers"),
+		Protocol:    str("protocol"),
 		Stream:      str("stream"),
 		Readers:     num("readers"),
 		Mark:        str("mark"),

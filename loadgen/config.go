@@ -11,7 +11,9 @@
 //     answered) or open loop at Rate appends/s in total.
 //   - sse: Subscribers SSE readers follow one stream from its tail while a
 //     single writer appends numbered records at Rate (default 20/s); delivery
-//     latency is measured from the writer's acknowledgement to receipt.
+//     latency is measured from the writer's acknowledgement to receipt. The
+//     feeds speak Durable Streams or, with Protocol pico, PicoMQ's Pico
+//     protocol (the stream's create and appends are alike in both).
 //   - read: Readers goroutines each read one existing stream from the start
 //     to the tail with plain GETs.
 //   - populate: create Streams streams holding one deterministic Size-byte
@@ -35,6 +37,13 @@ const (
 	ModeRead     = "read"
 	ModePopulate = "populate"
 	ModeVerify   = "verify"
+)
+
+// Protocols of Config.Protocol: how sse mode's feeds ask for events and
+// what their control events say.
+const (
+	ProtocolDurableStreams = "durable-streams"
+	ProtocolPico           = "pico"
 )
 
 // Defaults of the command's flags.
@@ -71,6 +80,7 @@ type Config struct {
 	Create      bool // PUT each stream before the run
 
 	Subscribers int    // sse mode
+	Protocol    string // sse mode: ProtocolDurableStreams (empty) or ProtocolPico
 	Stream      string // read mode: the full stream name (no prefix)
 	Readers     int    // read mode
 
@@ -142,6 +152,17 @@ func (c *Config) normalize() error {
 	}
 	if c.Rate < 0 {
 		return fmt.Errorf("--rate %g: want 0 or more", c.Rate)
+	}
+	switch c.Protocol {
+	case "":
+		c.Protocol = ProtocolDurableStreams
+	case ProtocolDurableStreams:
+	case ProtocolPico:
+		if c.Mode != ModeSSE {
+			return fmt.Errorf("--protocol pico is for sse mode; %s mode speaks Durable Streams", c.Mode)
+		}
+	default:
+		return fmt.Errorf("unknown protocol %q (want durable-streams or pico)", c.Protocol)
 	}
 	if c.Mode == ModeSSE {
 		if c.Rate == 0 {

@@ -403,6 +403,8 @@ func TestRunFatal(t *testing.T) {
 		{"bad mode", Config{URL: srv.URL + "/", Mode: "nope", Writers: 1, Streams: 1, Duration: time.Second}, "unknown mode"},
 		{"read without stream", Config{URL: srv.URL + "/", Mode: ModeRead, Writers: 1, Streams: 1}, "--stream"},
 		{"sse without subscribers", Config{URL: srv.URL + "/", Mode: ModeSSE, Writers: 1, Streams: 1, Duration: time.Second}, "--subscribers"},
+		{"pico appends", Config{URL: srv.URL + "/", Protocol: ProtocolPico, Writers: 1, Streams: 1, Size: 1, Duration: time.Second}, "--protocol pico is for sse mode"},
+		{"bad protocol", Config{URL: srv.URL + "/", Mode: ModeSSE, Protocol: "mqtt", Subscribers: 1, Writers: 1, Streams: 1, Duration: time.Second}, "unknown protocol"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -509,6 +511,30 @@ func TestRunCancel(t *testing.T) {
 				t.Errorf("cancelling took %s", took)
 			}
 		})
+	}
+}
+
+func TestParsePicoControl(t *testing.T) {
+	tests := []struct {
+		in     string
+		next   string
+		closed bool
+		err    bool
+	}{
+		{`{"next_seq":3,"up_to_date":true}`, "3", false, false},
+		{`{"next_seq":12,"up_to_date":true,"closed":true}`, "12", true, false},
+		{`{"up_to_date":false,"next_seq":0}`, "0", false, false},
+		{`{ "next_seq" : 5 }`, "5", false, false}, // spaced: through encoding/json
+		{`{"next_seq":5e1}`, "", false, true},     // not the server's: through encoding/json, which refuses it
+		{`{"up_to_date":true}`, "", false, true},
+		{`not json`, "", false, true},
+		{``, "", false, true},
+	}
+	for _, tt := range tests {
+		next, closed, err := parsePicoControl([]byte(tt.in))
+		if string(next) != tt.next || closed != tt.closed || (err != nil) != tt.err {
+			t.Errorf("parsePicoControl(%s) = %q, %v, %v", tt.in, next, closed, err)
+		}
 	}
 }
 

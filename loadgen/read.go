@@ -19,6 +19,9 @@ const (
 	hdrUpToDate   = "Stream-Up-To-Date"
 )
 
+// hdrPicoNextSeq is the Pico protocol's tail header.
+const hdrPicoNextSeq = "Pico-Next-Seq"
+
 // readTally is one worker's figures.
 type readTally struct {
 	lat      []int64

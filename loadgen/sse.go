@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,7 +28,8 @@ type subscriber struct {
 	r      *runner
 	url    string
 	base   time.Time
-	next   string // the offset to (re)connect from
+	next   string // the offset (Pico: seq) to (re)connect from
+	pico   bool   // the feed speaks Pico, not Durable Streams
 	recv   []uint32
 	maxSeq int          // larger numbers are not this run's
 	count  atomic.Int64 // distinct records received
@@ -94,7 +96,7 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 		}
 	}
 	for i := range subs {
-		s := &subscriber{r: r, url: streamURL, base: base, next: tail, maxSeq: maxSeq, raw: raw}
+		s := &subscriber{r: r, url: streamURL, base: base, next: tail, maxSeq: maxSeq, raw: raw, pico: cfg.Protocol == ProtocolPico}
 		if len(pollers) > 0 {
 			s.poller = pollers[i%len(pollers)]
 		}
@@ -279,7 +281,11 @@ func (r *runner) tail(ctx context.Context, rawURL string) (string, error) {
 	if resp.StatusCode/100 != 2 {
 		return "", errors.New("HEAD " + rawURL + ": " + resp.Status)
 	}
-	if off := resp.Header.Get(hdrNextOffset); off != "" {
+	h := hdrNextOffset
+	if r.cfg.Protocol == ProtocolPico {
+		h = hdrPicoNextSeq
+	}
+	if off := resp.Header.Get(h); off != "" {
 		return off, nil
 	}
 	return "now", nil
@@ -313,7 +319,7 @@ func (s *subscriber) once(ctx context.Context) error {
 	if s.raw {
 		return s.onceRaw(ctx)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url+"?offset="+url.QueryEscape(s.next)+"&live=sse", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url+s.liveQuery(), nil)
 	if err != nil {
 		return err
 	}
@@ -341,6 +347,14 @@ func (s *subscriber) once(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// liveQuery is the query string of an SSE request from s.next.
+func (s *subscriber) liveQuery() string {
+	if s.pico {
+		return "?seq=" + url.QueryEscape(s.next) + "&live=sse"
+	}
+	return "?offset=" + url.QueryEscape(s.next) + "&live=sse"
 }
 
 // startResponse resets the event parser for a new response.
@@ -414,7 +428,11 @@ func (s *subscriber) event(event string, data []byte, b64 bool) error {
 		}
 		s.tags(data)
 	case "control":
-		next, closed, err := parseControl(data)
+		parse := parseControl
+		if s.pico {
+			parse = parsePicoControl
+		}
+		next, closed, err := parse(data)
 		if err != nil {
 			return errors.New("bad control event: " + err.Error())
 		}
@@ -477,6 +495,33 @@ func parseControl(data []byte) (next []byte, closed bool, err error) {
 		return nil, false, err
 	}
 	return []byte(c.StreamNextOffset), c.StreamClosed, nil
+}
+
+// parsePicoControl reads next_seq and closed from a Pico control event,
+// with the same fast path for the server's own encoding.
+func parsePicoControl(data []byte) (next []byte, closed bool, err error) {
+	const key = `"next_seq":`
+	if i := bytes.Index(data, []byte(key)); i >= 0 && data[0] == '{' && data[len(data)-1] == '}' {
+		rest := data[i+len(key):]
+		j := 0
+		for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+			j++
+		}
+		if j > 0 && (j == len(rest) || rest[j] == ',' || rest[j] == '}') {
+			return rest[:j], bytes.Contains(data, []byte(`"closed":true`)), nil
+		}
+	}
+	var c struct {
+		NextSeq *uint64 `json:"next_seq"`
+		Closed  bool    `json:"closed"`
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		return nil, false, err
+	}
+	if c.NextSeq == nil {
+		return nil, false, errors.New("no next_seq")
+	}
+	return strconv.AppendUint(nil, *c.NextSeq, 10), c.Closed, nil
 }
 
 // scanTags calls fn with N for every "#N#" in b.

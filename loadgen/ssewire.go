@@ -44,7 +44,7 @@ func usesRawFeeds(rawURL string) bool {
 // head. On success the feed's body decoder holds whatever of the body came
 // with the head.
 func (s *subscriber) openRaw(ctx context.Context) (*rawFeed, error) {
-	u, err := url.Parse(s.url + "?offset=" + url.QueryEscape(s.next) + "&live=sse")
+	u, err := url.Parse(s.url + s.liveQuery())
 	if err != nil {
 		return nil, err
 	}

@@ -69,19 +69,28 @@ func TestBodyDecoderEOF(t *testing.T) {
 }
 
 // A feed's body arrives in arbitrary pieces; the lines and events come out
-// whole whatever the cuts, CRLF or LF.
+// whole whatever the cuts, CRLF or LF; in either protocol.
 func TestRawFeedLines(t *testing.T) {
-	wire := "event: data\r\ndata: #1# and #2#\r\n\r\nevent: control\ndata: {\"streamNextOffset\":\"42\"}\n\n"
-	for cut := 0; cut <= len(wire); cut++ {
-		s := &subscriber{base: time.Now(), maxSeq: 10}
-		f := &rawFeed{s: s}
-		for _, part := range [][]byte{[]byte(wire[:cut]), []byte(wire[cut:])} {
-			if err := f.lines(bytes.Clone(part)); err != nil {
-				t.Fatalf("cut at %d: %v", cut, err)
+	tests := []struct {
+		pico bool
+		wire string
+	}{
+		{false, "event: data\r\ndata: #1# and #2#\r\n\r\nevent: control\ndata: {\"streamNextOffset\":\"42\"}\n\n"},
+		{true, "event: data\r\nid: 42\r\ndata:[{\"seq\":40,\"body\":\"#1#\"},{\"seq\":41,\"body\":\"#2#\"}]\r\n\r\n" +
+			"event: control\nid: 42\ndata:{\"next_seq\":42,\"up_to_date\":true}\n\n"},
+	}
+	for _, tt := range tests {
+		for cut := 0; cut <= len(tt.wire); cut++ {
+			s := &subscriber{base: time.Now(), maxSeq: 10, pico: tt.pico}
+			f := &rawFeed{s: s}
+			for _, part := range [][]byte{[]byte(tt.wire[:cut]), []byte(tt.wire[cut:])} {
+				if err := f.lines(bytes.Clone(part)); err != nil {
+					t.Fatalf("pico %v, cut at %d: %v", tt.pico, cut, err)
+				}
 			}
-		}
-		if s.count.Load() != 2 || s.next != "42" || len(s.line) != 0 {
-			t.Fatalf("cut at %d: %d records, next %q, %q left over", cut, s.count.Load(), s.next, s.line)
+			if s.count.Load() != 2 || s.next != "42" || len(s.line) != 0 {
+				t.Fatalf("pico %v, cut at %d: %d records, next %q, %q left over", tt.pico, cut, s.count.Load(), s.next, s.line)
+			}
 		}
 	}
 }
