@@ -514,49 +514,37 @@ func TestRunCancel(t *testing.T) {
 	}
 }
 
-func TestParsePicoControl(t *testing.T) {
-	tests := []struct {
-		in     string
-		next   string
-		closed bool
-		err    bool
-	}{
-		{`{"next_seq":3,"up_to_date":true}`, "3", false, false},
-		{`{"next_seq":12,"up_to_date":true,"closed":true}`, "12", true, false},
-		{`{"up_to_date":false,"next_seq":0}`, "0", false, false},
-		{`{ "next_seq" : 5 }`, "5", false, false}, // spaced: through encoding/json
-		{`{"next_seq":5e1}`, "", false, true},     // not the server's: through encoding/json, which refuses it
-		{`{"up_to_date":true}`, "", false, true},
-		{`not json`, "", false, true},
-		{``, "", false, true},
-	}
-	for _, tt := range tests {
-		next, closed, err := parsePicoControl([]byte(tt.in))
-		if string(next) != tt.next || closed != tt.closed || (err != nil) != tt.err {
-			t.Errorf("parsePicoControl(%s) = %q, %v, %v", tt.in, next, closed, err)
-		}
-	}
-}
-
+// The control parsers of both protocols: the fast path for the server's
+// own encoding, encoding/json for anything else.
 func TestParseControl(t *testing.T) {
+	ds, pico := parseControl, parsePicoControl
 	tests := []struct {
+		parse  func([]byte) ([]byte, bool, error)
 		in     string
 		next   string
 		closed bool
 		err    bool
 	}{
-		{`{"streamNextOffset":"0000000000000003_0000000000000000","streamCursor":"c1"}`, "0000000000000003_0000000000000000", false, false},
-		{`{"streamNextOffset":"7_0","streamClosed":true}`, "7_0", true, false},
-		{`{"streamCursor":"c","streamNextOffset":"a\"b"}`, `a"b`, false, false}, // escaped: through encoding/json
-		{`{ "streamNextOffset" : "x" }`, "x", false, false},                     // spaced: through encoding/json
-		{`{"streamClosed":true}`, "", true, false},
-		{`not json`, "", false, true},
-		{``, "", false, true},
+		{ds, `{"streamNextOffset":"0000000000000003_0000000000000000","streamCursor":"c1"}`, "0000000000000003_0000000000000000", false, false},
+		{ds, `{"streamNextOffset":"7_0","streamClosed":true}`, "7_0", true, false},
+		{ds, `{"streamCursor":"c","streamNextOffset":"a\"b"}`, `a"b`, false, false}, // escaped: through encoding/json
+		{ds, `{ "streamNextOffset" : "x" }`, "x", false, false},                     // spaced: through encoding/json
+		{ds, `{"streamClosed":true}`, "", true, false},
+		{ds, `not json`, "", false, true},
+		{ds, ``, "", false, true},
+		{pico, `{"next_seq":3,"up_to_date":true}`, "3", false, false},
+		{pico, `{"next_seq":12,"up_to_date":true,"closed":true}`, "12", true, false},
+		{pico, `{"up_to_date":false,"next_seq":0}`, "0", false, false},
+		{pico, `{ "next_seq" : 5 }`, "5", false, false}, // spaced: through encoding/json
+		{pico, `{"next_seq":5e1}`, "", false, true},     // not the server's: encoding/json refuses it
+		{pico, `{"up_to_date":true}`, "", false, true},
+		{pico, `not json`, "", false, true},
+		{pico, ``, "", false, true},
 	}
-	for _, tt := range tests {
-		next, closed, err := parseControl([]byte(tt.in))
+	for i, tt := range tests {
+		next, closed, err := tt.parse([]byte(tt.in))
 		if string(next) != tt.next || closed != tt.closed || (err != nil) != tt.err {
-			t.Errorf("parseControl(%s) = %q, %v, %v", tt.in, next, closed, err)
+			t.Errorf("case %d: parse(%s) = %q, %v, %v", i, tt.in, next, closed, err)
 		}
 	}
 }
