@@ -2,6 +2,8 @@ package segment
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -136,9 +138,17 @@ func (m *Manifests) RegisterNamespace(ctx context.Context) (uint64, error) {
 // that expires unless renewed. The holder counts it valid for four fifths
 // of its lifetime from the moment a write of it began, so it stops writing
 // well before another node may take over, even with some clock skew.
+//
+// A write of the lease can land while its answer is lost (a connection
+// reset after the request went out); the object's ETag then is no longer
+// the one the holder knows, and a conditional write or a check by ETag
+// alone would take the holder's own write for another node's takeover and
+// stop it for good. Each body therefore carries a token of this process:
+// when the ETag differs, the body tells whether the write was ours.
 type Lease struct {
 	store Store
 	node  string
+	token string // this process's: tells its own writes from any other's
 	ttl   time.Duration
 
 	mu         sync.Mutex
@@ -148,6 +158,7 @@ type Lease struct {
 
 type leaseBody struct {
 	Node      string `json:"node"`
+	Token     string `json:"token,omitempty"`
 	ExpiresAt int64  `json:"expires_at_ms"`
 }
 
@@ -157,7 +168,9 @@ var ErrLeaseHeld = errors.New("storage is in use by another PicoMQ node")
 // AcquireLease takes the storage lease for node. The same node takes it back
 // at once (a restart); another node only after it expires.
 func AcquireLease(ctx context.Context, store Store, node string, ttl time.Duration) (*Lease, error) {
-	l := &Lease{store: store, node: node, ttl: ttl}
+	var tok [8]byte
+	rand.Read(tok[:])
+	l := &Lease{store: store, node: node, token: hex.EncodeToString(tok[:]), ttl: ttl}
 	for attempt := 0; attempt < 8; attempt++ {
 		data, etag, err := store.Get(ctx, leaseKey, 0, -1)
 		var opts PutOptions
@@ -185,7 +198,7 @@ func AcquireLease(ctx context.Context, store Store, node string, ttl time.Durati
 
 func (l *Lease) put(ctx context.Context, opts PutOptions) error {
 	began := time.Now()
-	data, _ := json.Marshal(leaseBody{Node: l.node, ExpiresAt: began.Add(l.ttl).UnixMilli()})
+	data, _ := json.Marshal(leaseBody{Node: l.node, Token: l.token, ExpiresAt: began.Add(l.ttl).UnixMilli()})
 	etag, err := l.store.Put(ctx, leaseKey, data, opts)
 	if err != nil {
 		return fmt.Errorf("write lease: %w", err)
@@ -198,14 +211,53 @@ func (l *Lease) put(ctx context.Context, opts PutOptions) error {
 
 // Renew extends the lease. ErrFenced means another node took it.
 func (l *Lease) Renew(ctx context.Context) error {
-	l.mu.Lock()
-	etag := l.etag
-	l.mu.Unlock()
-	err := l.put(ctx, PutOptions{IfMatch: etag})
-	if errors.Is(err, ErrPreconditionFailed) {
-		return fmt.Errorf("%w: %v", ErrFenced, err)
+	for attempt := 0; ; attempt++ {
+		l.mu.Lock()
+		etag := l.etag
+		l.mu.Unlock()
+		err := l.put(ctx, PutOptions{IfMatch: etag})
+		if !errors.Is(err, ErrPreconditionFailed) {
+			return err
+		}
+		// Someone wrote the lease since our last known write: perhaps we
+		// did, in a write whose answer was lost.
+		mine, rerr := l.reconcile(ctx)
+		switch {
+		case rerr != nil:
+			return rerr
+		case !mine:
+			return fmt.Errorf("%w: %v", ErrFenced, err)
+		case attempt > 0:
+			// Ours each time and still refused: give up for now, without
+			// claiming a takeover that did not happen.
+			return err
+		}
 	}
-	return err
+}
+
+// reconcile reads the lease object after its ETag moved away from the one
+// this holder knows. If the body is this process's own write (one whose
+// answer was lost), the holder adopts it: its ETag, and the validity that
+// write gives. It reports whether the lease is still this process's.
+func (l *Lease) reconcile(ctx context.Context) (bool, error) {
+	data, etag, err := l.store.Get(ctx, leaseKey, 0, -1)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read lease: %w", err)
+	}
+	var cur leaseBody
+	if json.Unmarshal(data, &cur) != nil || cur.Node != l.node || cur.Token != l.token {
+		return false, nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.etag = etag
+	// The write that landed began ttl before its expiry: it is good for
+	// four fifths of that, as put counts it.
+	l.validUntil = time.UnixMilli(cur.ExpiresAt).Add(-l.ttl / 5)
+	return true, nil
 }
 
 // Valid reports whether the lease is certainly still this node's by its
@@ -216,16 +268,13 @@ func (l *Lease) Valid() bool {
 	return time.Now().Before(l.validUntil)
 }
 
-// Confirm reads the lease object and checks that it is still this node's
-// (used before a new WAL namespace is registered).
+// Confirm reads the lease object and checks that it is still this
+// process's (used before a new WAL namespace is registered).
 func (l *Lease) Confirm(ctx context.Context) error {
-	_, etag, err := l.store.Get(ctx, leaseKey, 0, -1)
+	mine, err := l.reconcile(ctx)
 	if err != nil {
-		return fmt.Errorf("read lease: %w", err)
+		return err
 	}
-	l.mu.Lock()
-	mine := etag == l.etag
-	l.mu.Unlock()
 	if !mine {
 		return ErrFenced
 	}

@@ -1,0 +1,86 @@
+package segment_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// lostAnswers is a store whose next PUTs of one key land but answer with
+// an error, as when the connection resets after the request went out.
+type lostAnswers struct {
+	segment.Store
+	mu   sync.Mutex
+	key  string
+	lose int
+}
+
+func (s *lostAnswers) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	etag, err := s.Store.Put(ctx, key, data, opts)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil && key == s.key && s.lose > 0 {
+		s.lose--
+		return "", errors.New("connection reset by peer")
+	}
+	return etag, err
+}
+
+func (s *lostAnswers) loseNext(key string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.key, s.lose = key, n
+}
+
+// A lease write whose answer was lost has still landed: the holder must
+// see its own write in the lease, not another node's takeover. A write by
+// another holder, even under the same node name (a copied data
+// directory), is a takeover.
+func TestLeaseSurvivesItsOwnLostWrite(t *testing.T) {
+	ctx := context.Background()
+	store := &lostAnswers{Store: memstore.New()}
+	const ttl = 30 * time.Second
+	l, err := segment.AcquireLease(ctx, store, "node-a", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	store.loseNext("lease", 1)
+	if err := l.Renew(ctx); err == nil || errors.Is(err, segment.ErrFenced) {
+		t.Fatalf("renew with its answer lost: %v, want a plain error", err)
+	}
+	if err := l.Confirm(ctx); err != nil || !l.Valid() {
+		t.Fatalf("confirm after our own write landed unanswered: %v (valid %v)", err, l.Valid())
+	}
+	store.loseNext("lease", 1)
+	l.Renew(ctx)
+	if err := l.Renew(ctx); err != nil {
+		t.Fatalf("renew after a lost answer: %v", err)
+	}
+	if !l.Valid() {
+		t.Fatal("the renewed lease is not valid")
+	}
+
+	// Another process under the same node name takes the lease over (it
+	// may: the node's own restart takes it back at once). The first one
+	// must stop.
+	other, err := segment.AcquireLease(ctx, store, "node-a", ttl)
+	if err != nil {
+		t.Fatalf("the same node taking its lease back: %v", err)
+	}
+	if err := l.Confirm(ctx); !errors.Is(err, segment.ErrFenced) {
+		t.Errorf("confirm after a takeover: %v, want ErrFenced", err)
+	}
+	if err := l.Renew(ctx); !errors.Is(err, segment.ErrFenced) || !strings.Contains(err.Error(), "precondition") {
+		t.Errorf("renew after a takeover: %v, want ErrFenced", err)
+	}
+	if err := other.Renew(ctx); err != nil {
+		t.Errorf("the new holder's renew: %v", err)
+	}
+}
