@@ -51,6 +51,7 @@ func TestLeaseSurvivesItsOwnLostWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	time.Sleep(2 * time.Millisecond) // a later expiry: other bytes, another ETag
 	store.loseNext("lease", 1)
 	if err := l.Renew(ctx); err == nil || errors.Is(err, segment.ErrFenced) {
 		t.Fatalf("renew with its answer lost: %v, want a plain error", err)
@@ -82,5 +83,31 @@ func TestLeaseSurvivesItsOwnLostWrite(t *testing.T) {
 	}
 	if err := other.Renew(ctx); err != nil {
 		t.Errorf("the new holder's renew: %v", err)
+	}
+}
+
+// Giving the lease up after a write whose answer was lost still lets
+// another node take it at once.
+func TestLeaseReleaseAfterLostWrite(t *testing.T) {
+	ctx := context.Background()
+	store := &lostAnswers{Store: memstore.New()}
+	l, err := segment.AcquireLease(ctx, store, "node-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A later expiry, so the lost write's bytes (and ETag) differ.
+	time.Sleep(2 * time.Millisecond)
+	store.loseNext("lease", 1)
+	if err := l.Renew(ctx); err == nil {
+		t.Fatal("renew with its answer lost succeeded")
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if l.Valid() {
+		t.Error("the lease is still valid after its release")
+	}
+	if _, err := segment.AcquireLease(ctx, store, "node-b", time.Minute); err != nil {
+		t.Errorf("another node after the release: %v", err)
 	}
 }

@@ -284,12 +284,29 @@ func (l *Lease) Confirm(ctx context.Context) error {
 // Release gives the lease up so another node may take it at once.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
-	etag := l.etag
 	l.validUntil = time.Time{}
 	l.mu.Unlock()
-	data, _ := json.Marshal(leaseBody{Node: l.node, ExpiresAt: 0})
-	_, err := l.store.Put(ctx, leaseKey, data, PutOptions{IfMatch: etag})
-	return err
+	data, _ := json.Marshal(leaseBody{Node: l.node, Token: l.token, ExpiresAt: 0})
+	for attempt := 0; ; attempt++ {
+		l.mu.Lock()
+		etag := l.etag
+		l.mu.Unlock()
+		_, err := l.store.Put(ctx, leaseKey, data, PutOptions{IfMatch: etag})
+		if !errors.Is(err, ErrPreconditionFailed) || attempt > 0 {
+			return err
+		}
+		// As in Renew: the lease may hold our own unanswered write.
+		mine, rerr := l.reconcile(ctx)
+		l.mu.Lock()
+		l.validUntil = time.Time{}
+		l.mu.Unlock()
+		if rerr != nil {
+			return rerr
+		}
+		if !mine {
+			return err // another node's now: nothing of ours to give up
+		}
+	}
 }
 
 // TTL is the lease's lifetime without renewal.
