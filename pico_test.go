@@ -1054,3 +1054,20 @@ func TestPicoConfigValidates(t *testing.T) {
 		t.Fatalf("two protocols on one storage: %v", err)
 	}
 }
+
+// Control events are written by hand; they must read as json.Marshal of
+// picoControl would have made them.
+func TestPicoControlEncoding(t *testing.T) {
+	for _, c := range []picoControl{
+		{}, {NextSeq: 7, UpToDate: true}, {NextSeq: 1<<64 - 1, UpToDate: true, Closed: true}, {NextSeq: 3, Closed: true},
+	} {
+		want, err := json.Marshal(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantEvent := "event: control\nid: " + strconv.FormatUint(c.NextSeq, 10) + "\ndata:" + string(want) + "\n\n"
+		if got := string(appendPicoControl(nil, c)); got != wantEvent {
+			t.Errorf("%+v: %q, want %q", c, got, wantEvent)
+		}
+	}
+}

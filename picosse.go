@@ -3,9 +3,7 @@ package picomq
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -36,14 +34,18 @@ func appendPicoEvent(b []byte, event string, id uint64, payload []byte) []byte {
 }
 
 // appendPicoControl appends a control event, with the same id as the data
-// event it follows.
+// event it follows. Its three plain fields are written by hand, as
+// json.Marshal of picoControl would: every feed writes one per wake-up.
 func appendPicoControl(b []byte, c picoControl) []byte {
-	payload, err := json.Marshal(c)
-	if err != nil {
-		// Three plain fields always encode.
-		panic(fmt.Sprintf("encoding control event: %v", err))
+	var payload [64]byte
+	p := append(payload[:0], `{"next_seq":`...)
+	p = strconv.AppendUint(p, c.NextSeq, 10)
+	p = append(p, `,"up_to_date":`...)
+	p = strconv.AppendBool(p, c.UpToDate)
+	if c.Closed {
+		p = append(p, `,"closed":true`...)
 	}
-	return appendPicoEvent(b, "control", c.NextSeq, payload)
+	return appendPicoEvent(b, "control", c.NextSeq, append(p, '}'))
 }
 
 // writePicoControl writes a control event.
