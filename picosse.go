@@ -24,13 +24,17 @@ type picoControl struct {
 // appendPicoEvent appends one SSE event with an id. payload is JSON, which
 // never holds a raw line break, so it is one data line.
 func appendPicoEvent(b []byte, event string, id uint64, payload []byte) []byte {
+	b = append(appendPicoEventHead(b, event, id), payload...)
+	return append(b, "\n\n"...)
+}
+
+// appendPicoEventHead appends an event's lines up to its payload.
+func appendPicoEventHead(b []byte, event string, id uint64) []byte {
 	b = append(b, "event: "...)
 	b = append(b, event...)
 	b = append(b, "\nid: "...)
 	b = strconv.AppendUint(b, id, 10)
-	b = append(b, "\ndata:"...)
-	b = append(b, payload...)
-	return append(b, "\n\n"...)
+	return append(b, "\ndata:"...)
 }
 
 // appendPicoControl appends a control event, with the same id as the data
@@ -68,16 +72,16 @@ func picoFrame(pg picoPage, now time.Time) *sseFrame {
 		made:     now,
 	}
 	if len(pg.records) > 0 {
-		f.data = appendPicoEvent(nil, "data", pg.next, picowire.AppendJSONRead(nil, pg.records))
+		// The records are encoded in place: one buffer, one copy.
+		f.data = picowire.AppendJSONRead(appendPicoEventHead(nil, "data", pg.next), pg.records)
+		f.data = append(f.data, "\n\n"...)
 	}
 	return f
 }
 
-// picoFrameEvents is what a feed writes for frame f: its data event, if
-// any, and the control event after it.
-func picoFrameEvents(b []byte, f *sseFrame) []byte {
-	b = append(b, f.data...)
-	return appendPicoControl(b, picoControl{NextSeq: f.next.seq, UpToDate: f.upToDate || !f.hasData(), Closed: f.closed})
+// picoFrameControl is the control event that follows frame f.
+func picoFrameControl(f *sseFrame) picoControl {
+	return picoControl{NextSeq: f.next.seq, UpToDate: f.upToDate || !f.hasData(), Closed: f.closed}
 }
 
 // picoHubSource is the hub source of Pico feeds of one stream and read
@@ -99,7 +103,9 @@ func (s picoHubSource) frameAt(ctx context.Context, pos position, _ uint64) (*ss
 
 func (picoHubSource) variant(*sseFrame, string) string { return "" }
 
-func (picoHubSource) encode(f *sseFrame, _ string) []byte { return picoFrameEvents(nil, f) }
+func (picoHubSource) encode(f *sseFrame, _ string) []byte {
+	return appendPicoControl(append([]byte(nil), f.data...), picoFrameControl(f))
+}
 
 func (picoHubSource) writeTimeout() time.Duration { return feedWriteTimeout(0) }
 
@@ -130,9 +136,11 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 	defer lw.close()
 	announced := false // a control event with up_to_date was sent for pg.next
 	alone := false     // wait without the hub this once: it stopped
+	// A feed's own write: the data event as it is (no copy of a large
+	// one into a buffer first), then the control event.
 	writeFrame := func(f *sseFrame) bool {
-		_, err := bw.Write(picoFrameEvents(bw.AvailableBuffer(), f))
-		return err == nil && flush()
+		_, err := bw.Write(f.data)
+		return err == nil && writePicoControl(bw, picoFrameControl(f)) == nil && flush()
 	}
 	t := turn{gate: p.fanout, es: es}
 	defer t.release()
