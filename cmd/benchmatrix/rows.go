@@ -45,7 +45,14 @@ var rowSettings = map[string]settings{
 			"steps (p99 76-85 and 37 ms against 24-25 ms at 64 MiB, same hour); encoding compaction's data objects into a buffer reused from object " +
 			"to object instead of fresh memory (compaction's CPU down about 12%, appends/s and p99 inside the rig's run-to-run spread, which for one " +
 			"binary was 5,000-6,800 appends/s and p99 24-39 ms); flush_size 16 or 32 KiB, so that a batch goes out before the interval when it " +
-			"fills (16 KiB: p99 68-71 ms, with 2.5 times the PUTs and a compaction every 1,000 WAL objects; 32 KiB: p50 7.7 ms against 9.8, p99 31 ms)"},
+			"fills (16 KiB: p99 68-71 ms, with 2.5 times the PUTs and a compaction every 1,000 WAL objects; 32 KiB: p50 7.7 ms against 9.8, p99 31 ms); " +
+			"uploads started on a fixed grid, so that a timer firing late does not push every later upload back (4,206 WAL PUTs in 23 s against " +
+			"3,850, appends/s 7,128-7,332 against 7,236-7,573: the writers were not waiting on the spacing). The CPU budget on the rig (20 s, " +
+			"each process's own figure): 195 us per append across Caddy (98), the load generator (49), versitygw (26) and the proxy (22), " +
+			"against 83 us per request for the ceiling (Caddy 41, load generator 42), so even with both cores busy all the time the box " +
+			"would do 2 s / 195 us = 10,300 appends/s, under half of that run's ceiling of 21,580. Of Caddy's 98 us, the HTTP request " +
+			"itself costs what it costs the ceiling; the rest is spread over compaction, the S3 client, the garbage collector and the append " +
+			"path, none over a tenth"},
 	"1-defaults": {Note: "flush_interval 20ms: at most 50 WAL PUTs/s; latency is about the interval plus a PUT"},
 	"2": {Directives: []string{"flush_interval 60ms"},
 		Note: "Tuned for cost: flush_interval 60ms caps WAL PUTs at about 17/s. Compaction costs one data PUT and one metadata PUT per " +
@@ -56,7 +63,9 @@ var rowSettings = map[string]settings{
 		"with a data PUT and a checkpoint PUT, 32 streams at a time: about 2,000 PUTs per cycle inside the window, seven times the WAL's own. " +
 		"Before 7bbdf8b compaction folded 8 at a time and fell behind for good (the WAL grew by 40 objects a second), " +
 		"which this 20 s window showed as a higher figure (41% at 2ebfc5d). The p99 target is below what 1,024 closed-loop writers " +
-		"see even from the respond ceiling (its own p99 is in the Reference column: 106 ms in the run of a852feb)",
+		"see even from the respond ceiling (its own p99 is in the Reference column: 106 ms in the run of a852feb). By Little's law 1,024 " +
+		"closed-loop writers wait 1,024 / X seconds on average at X appends/s, so a mean under 100 ms, which a p99 of 100 ms all but " +
+		"implies, needs X above 10,240 appends/s: about 60% of the ceiling, more than the throughput target itself asks",
 		Tried: "cache_size 256MiB, so compaction runs a quarter as often (PUTs in the run 3,257 against 8,750, but Caddy's CPU up 2.2 s with a heap of " +
 			"cached records four times larger, RSS 727 MiB, and appends/s unchanged: 7,736 against 7,670); as an experiment only, no checkpoint PUTs at " +
 			"all, which is not durable (PUTs down 30-40%, versitygw and the proxy 5% of a core less, appends/s inside the spread: 7,997 and 7,385 " +
