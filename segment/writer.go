@@ -14,6 +14,16 @@ import (
 // writer is closed.
 var ErrWriterUnavailable = errors.New("WAL writer unavailable")
 
+// ErrWriterBusy is returned by Writer.Add while the entries waiting for
+// their uploads' outcome already hold WriterConfig.MaxPending bytes: a
+// store that slows down must not make the writer grow without bound.
+var ErrWriterBusy = errors.New("WAL writer busy: too many bytes waiting for upload")
+
+// DefaultMaxPending is WriterConfig.MaxPending when it is not set: far above
+// what a healthy store leaves waiting (the bytes of a few flush intervals
+// plus a PUT), and a bound on memory when the store stalls.
+const DefaultMaxPending = 64 << 20
+
 // WriterConfig tunes group commit.
 //
 // FlushInterval spaces upload starts rather than delaying each batch: an
@@ -25,6 +35,10 @@ type WriterConfig struct {
 	FlushInterval time.Duration // least time between the starts of two uploads
 	FlushSize     int           // encoded bytes that start an upload at once
 	MaxInFlight   int           // uploads in flight at once
+	// MaxPending bounds the encoded bytes of entries added and not yet
+	// released (open, uploading or waiting to be settled); past it Add
+	// and Extend refuse. It may be passed by one entry's worth.
+	MaxPending int
 }
 
 // Hooks receive batch outcomes strictly in WAL order, from one goroutine at
@@ -104,6 +118,7 @@ type Writer struct {
 	open      *Batch
 	queue     []*Batch // sealed batches in WAL order, not yet released
 	inFlight  int
+	pending   int // encoded bytes of entries added and not yet released
 	timer     *time.Timer
 	lastStart time.Time // when the latest upload started
 	wantFlush bool
@@ -128,6 +143,9 @@ func NewWriter(store Store, ns, seq uint64, cfg WriterConfig, deps WriterDeps) *
 	}
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = 4
+	}
+	if cfg.MaxPending <= 0 {
+		cfg.MaxPending = DefaultMaxPending
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &Writer{store: store, deps: deps, cfg: cfg, ns: ns, nextSeq: seq, ctx: ctx, cancel: cancel}
@@ -169,6 +187,17 @@ func (w *Writer) SetConfig(cfg WriterConfig) {
 	if cfg.MaxInFlight > 0 {
 		w.cfg.MaxInFlight = cfg.MaxInFlight
 	}
+	if cfg.MaxPending > 0 {
+		w.cfg.MaxPending = cfg.MaxPending
+	}
+}
+
+// Pending returns the encoded bytes of the entries added and not yet
+// released.
+func (w *Writer) Pending() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.pending
 }
 
 // Position returns the namespace and the next WAL sequence to be assigned.
@@ -192,12 +221,17 @@ func (w *Writer) Add(e *Entry) (*Batch, error) {
 	if err := w.check(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrWriterUnavailable, err)
 	}
+	if w.pending >= w.cfg.MaxPending {
+		return nil, ErrWriterBusy
+	}
 	if w.open == nil {
 		w.open = &Batch{done: make(chan struct{})}
 	}
 	b := w.open
 	b.Entries = append(b.Entries, e)
-	b.size += entrySize(e)
+	n := entrySize(e)
+	b.size += n
+	w.pending += n
 	if b.size >= w.cfg.FlushSize {
 		w.wantFlush = true
 		w.sealLocked()
@@ -222,10 +256,13 @@ func (w *Writer) Add(e *Entry) (*Batch, error) {
 func (w *Writer) Extend(b *Batch, grow func() int) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if b == nil || w.open != b || w.broken || w.closed || w.fenced != nil || w.check() != nil {
+	if b == nil || w.open != b || w.broken || w.closed || w.fenced != nil || w.check() != nil ||
+		w.pending >= w.cfg.MaxPending {
 		return false
 	}
-	b.size += grow()
+	n := grow()
+	b.size += n
+	w.pending += n
 	if b.size >= w.cfg.FlushSize {
 		w.wantFlush = true
 		w.sealLocked()
@@ -344,6 +381,7 @@ func (w *Writer) release() {
 			continue
 		}
 		w.queue = w.queue[1:]
+		w.pending -= head.size
 		w.mu.Unlock()
 		w.deps.Hooks.Committed(head)
 		close(head.done)
@@ -360,7 +398,7 @@ func (w *Writer) settle(queue []*Batch) {
 	for i, b := range queue {
 		if b.uploaded {
 			w.deps.Hooks.Committed(b)
-			close(b.done)
+			w.finish(b)
 			continue
 		}
 		cause := b.failed
@@ -377,7 +415,7 @@ func (w *Writer) settle(queue []*Batch) {
 				return
 			case outcome == sealLanded:
 				w.deps.Hooks.Committed(b)
-				close(b.done)
+				w.finish(b)
 				continue
 			case outcome == sealForeign:
 				// Another process replayed our namespace and sealed it:
@@ -404,8 +442,17 @@ func (w *Writer) abort(batches []*Batch, cause error, lost bool) {
 	for _, b := range batches {
 		b.err, b.lost = err, lost
 		w.deps.Hooks.Aborted(b, err)
-		close(b.done)
+		w.finish(b)
 	}
+}
+
+// finish releases b's waiters and takes its bytes off the pending count,
+// for a batch released outside release's loop (which does both itself).
+func (w *Writer) finish(b *Batch) {
+	w.mu.Lock()
+	w.pending -= b.size
+	w.mu.Unlock()
+	close(b.done)
 }
 
 func (w *Writer) switchNamespace() {

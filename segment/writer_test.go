@@ -215,3 +215,83 @@ func TestWriterTellsLostBatches(t *testing.T) {
 		})
 	}
 }
+
+// heldPuts is a store whose PUTs wait until release is closed: a store
+// that has stalled.
+type heldPuts struct {
+	segment.Store
+	release chan struct{}
+}
+
+func (s *heldPuts) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	return s.Store.Put(ctx, key, data, opts)
+}
+
+// While the store stalls, the bytes waiting for it stop growing at
+// MaxPending: Add and Extend refuse with ErrWriterBusy, and take entries
+// again once the uploads' outcomes are released.
+func TestWriterRefusesPastMaxPending(t *testing.T) {
+	store := &heldPuts{Store: memstore.New(), release: make(chan struct{})}
+	const maxPending = 4 << 10
+	w := segment.NewWriter(store, 1, 0,
+		segment.WriterConfig{FlushInterval: time.Millisecond, MaxInFlight: 2, MaxPending: maxPending},
+		segment.WriterDeps{Hooks: noHooks{}})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := w.Close(ctx); err != nil {
+			t.Errorf("close writer: %v", err)
+		}
+	})
+	body := make([]byte, 512)
+	entry := func(seq uint64) *segment.Entry {
+		return &segment.Entry{StreamID: "s", Name: "s", FirstSeq: seq, Records: []segment.Record{{Seq: seq, Body: body}}}
+	}
+
+	var batches []*segment.Batch
+	var refused error
+	for seq := uint64(0); seq < 100; seq++ {
+		b, err := w.Add(entry(seq))
+		if err != nil {
+			refused = err
+			break
+		}
+		batches = append(batches, b)
+		time.Sleep(2 * time.Millisecond) // let uploads start and stall
+	}
+	if !errors.Is(refused, segment.ErrWriterBusy) {
+		t.Fatalf("Add with the store stalled: err %v after %d entries, want ErrWriterBusy", refused, len(batches))
+	}
+	pending := w.Pending()
+	if pending < maxPending || pending > maxPending+1024 {
+		t.Errorf("pending %d bytes when Add refused, want %d plus at most one entry", pending, maxPending)
+	}
+	last := batches[len(batches)-1]
+	grown := false
+	if w.Extend(last, func() int { grown = true; return 0 }) || grown {
+		t.Errorf("Extend took an append past MaxPending")
+	}
+
+	close(store.release)
+	for i, b := range batches {
+		select {
+		case <-b.Done():
+			if err := b.Err(); err != nil {
+				t.Fatalf("batch %d: %v", i, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("batch %d not released after the store came back", i)
+		}
+	}
+	if p := w.Pending(); p != 0 {
+		t.Errorf("pending %d bytes once every batch is released, want 0", p)
+	}
+	if _, err := w.Add(entry(uint64(len(batches)))); err != nil {
+		t.Errorf("Add after the store came back: %v", err)
+	}
+}
