@@ -123,6 +123,7 @@ func (a *App) Cleanup() error {
 type engineSettings struct {
 	FlushInterval   time.Duration
 	FlushSize       int64
+	MaxPending      int64
 	CacheBytes      int64
 	CompactInterval time.Duration
 	S3Timeout       time.Duration
@@ -145,7 +146,7 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 	if e, ok := a.refs[key]; ok {
 		if e.settings != s {
 			return nil, fmt.Errorf("handlers using storage %s disagree on engine settings (%+v vs %+v); "+
-				"flush_interval, flush_size, cache_size, compact_interval, s3_timeout and expiry_sweep_interval must match", key, e.settings, s)
+				"flush_interval, flush_size, max_pending, cache_size, compact_interval, s3_timeout and expiry_sweep_interval must match", key, e.settings, s)
 		}
 		return e.ref, nil
 	}
@@ -248,6 +249,7 @@ func (r *engineRef) engineConfig() streamstore.Config {
 	return streamstore.Config{
 		FlushInterval:   r.settings.FlushInterval,
 		FlushSize:       int(r.settings.FlushSize),
+		MaxPending:      int(r.settings.MaxPending),
 		CacheBytes:      r.settings.CacheBytes,
 		CompactInterval: r.settings.CompactInterval,
 		ExpirySweep:     r.settings.ExpirySweep,
@@ -295,7 +297,7 @@ func (r *engineRef) reconfigure(s engineSettings) {
 		eng.Reconfigure(r.engineConfig())
 	}
 	r.log.Info("engine settings changed by a config reload",
-		zap.Duration("flush_interval", s.FlushInterval), zap.Int64("flush_size", s.FlushSize),
+		zap.Duration("flush_interval", s.FlushInterval), zap.Int64("flush_size", s.FlushSize), zap.Int64("max_pending", s.MaxPending),
 		zap.Int64("cache_size", s.CacheBytes), zap.Duration("compact_interval", s.CompactInterval))
 }
 
@@ -330,6 +332,10 @@ func (e *storageStartError) Error() string { return "storage could not be opened
 // Unwrap makes the error match streamstore.ErrUnavailable: nothing was done
 // and a retry is safe.
 func (e *storageStartError) Unwrap() []error { return []error{streamstore.ErrUnavailable, e.err} }
+
+// busyMessage answers a write refused with streamstore.ErrBusy, in either
+// protocol: the appends waiting for storage already hold max_pending bytes.
+const busyMessage = "too many appends are waiting for storage; nothing was applied, retry"
 
 // engineCloseTimeout bounds the final flush when the last config lets go.
 const engineCloseTimeout = time.Minute

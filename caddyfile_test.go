@@ -22,6 +22,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		storage s3://bucket/prefix?region=eu-west-1&endpoint=http://127.0.0.1:7070&path_style=true
 		flush_interval 5ms
 		flush_size 2MiB
+		max_pending 32MiB
 		long_poll_timeout 20s
 		sse_reconnect_interval 1m
 		max_append_size 8MB
@@ -39,6 +40,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		Storage:              "s3://bucket/prefix?region=eu-west-1&endpoint=http://127.0.0.1:7070&path_style=true",
 		FlushInterval:        caddy.Duration(5 * time.Millisecond),
 		FlushSize:            2 << 20,
+		MaxPending:           32 << 20,
 		LongPollTimeout:      caddy.Duration(20 * time.Second),
 		SSEReconnectInterval: caddy.Duration(time.Minute),
 		MaxAppendSize:        8_000_000,
@@ -77,6 +79,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"picomq {\n long_poll_timeout -1s\n}",
 		"picomq {\n expiry_sweep_interval never\n}",
 		"picomq {\n flush_size lots\n}",
+		"picomq {\n max_pending 0\n}",
 		"picomq {\n max_append_size 0\n}",
 		"picomq {\n cache_size 2TiB\n}",
 	} {

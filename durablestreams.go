@@ -1073,6 +1073,9 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		d.log.Warn("write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
 		fail(w, http.StatusServiceUnavailable, "storage did not confirm the write in time: it was not acknowledged but may still be stored; retry with producer headers to avoid a duplicate")
+	case errors.Is(err, streamstore.ErrBusy):
+		h.Set("Retry-After", "1")
+		fail(w, http.StatusServiceUnavailable, busyMessage)
 	case errors.Is(err, streamstore.ErrUnavailable):
 		d.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")

@@ -129,6 +129,7 @@ type storageCollector struct {
 	appends, records, bytes, flushes, aborted *prometheus.Desc
 	cacheHits, cacheMisses, expired           *prometheus.Desc
 	requests, uploads, subscribers            *prometheus.Desc
+	busy, pending                             *prometheus.Desc
 }
 
 // newStorageCollector builds the collector of the storage labelled label.
@@ -165,6 +166,10 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 		uploads: desc("upload_duration_seconds",
 			"Duration of object-store PUT attempts, WAL uploads (object=\"wal\") apart from other objects.",
 			"object"),
+		busy: desc("appends_refused_busy_total",
+			"Writes answered 503 at once because the appends waiting for storage already held max_pending bytes: the store is slower than the appends."),
+		pending: desc("wal_pending_bytes",
+			"Bytes of appends waiting for the WAL now: in the open batch, uploading, or waiting for an earlier upload's outcome."),
 		subscribers: desc("open_subscribers",
 			"Live reads open now: SSE responses and long-polls, by protocol and mode.",
 			"protocol", "mode"),
@@ -175,7 +180,7 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.appends, c.records, c.bytes, c.flushes, c.aborted,
-		c.cacheHits, c.cacheMisses, c.expired, c.requests, c.uploads, c.subscribers,
+		c.cacheHits, c.cacheMisses, c.expired, c.requests, c.uploads, c.subscribers, c.busy, c.pending,
 	} {
 		ch <- d
 	}
@@ -196,6 +201,8 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.cacheHits, es.CacheHits)
 	counter(c.cacheMisses, es.CacheMisses)
 	counter(c.expired, es.Expired)
+	counter(c.busy, es.Busy)
+	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(es.PendingBytes))
 
 	rs := &c.metrics.requests
 	for _, op := range segment.Ops {

@@ -30,6 +30,7 @@ const (
 const (
 	defaultFlushInterval        = 20 * time.Millisecond
 	defaultFlushSize            = 1 << 20
+	defaultMaxPending           = 64 << 20
 	defaultLongPollTimeout      = 30 * time.Second
 	defaultSSEReconnectInterval = 60 * time.Second
 	defaultMaxAppendSize        = 16 << 20
@@ -50,6 +51,7 @@ const (
 //	    storage                <url>
 //	    flush_interval         <duration>
 //	    flush_size             <size>
+//	    max_pending            <size>
 //	    long_poll_timeout      <duration>
 //	    sse_reconnect_interval <duration>
 //	    max_append_size        <size>
@@ -83,6 +85,12 @@ type Handler struct {
 
 	// Batch size in bytes that starts an upload at once. Default 1 MiB.
 	FlushSize int64 `json:"flush_size,omitempty"`
+
+	// Bytes of appends waiting for the WAL (in the open batch, uploading,
+	// or waiting for an earlier upload's outcome) past which appends get
+	// 503 with Retry-After at once instead of joining: a store that falls
+	// behind must not make the process grow without bound. Default 64 MiB.
+	MaxPending int64 `json:"max_pending,omitempty"`
 
 	// Longest a long-poll read waits for data before answering 204.
 	// Default 30s.
@@ -167,6 +175,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ref, err = app.acquire(storage, engineSettings{
 		FlushInterval:   time.Duration(h.FlushInterval),
 		FlushSize:       h.FlushSize,
+		MaxPending:      h.MaxPending,
 		CacheBytes:      h.CacheSize,
 		CompactInterval: time.Duration(h.CompactInterval),
 		S3Timeout:       time.Duration(h.S3Timeout),
@@ -230,6 +239,9 @@ func (h *Handler) applyDefaults() {
 	if h.FlushSize == 0 {
 		h.FlushSize = defaultFlushSize
 	}
+	if h.MaxPending == 0 {
+		h.MaxPending = defaultMaxPending
+	}
 	if h.LongPollTimeout == 0 {
 		h.LongPollTimeout = caddy.Duration(defaultLongPollTimeout)
 	}
@@ -280,6 +292,7 @@ func (h *Handler) Validate() error {
 		v    int64
 	}{
 		{"flush_size", h.FlushSize},
+		{"max_pending", h.MaxPending},
 		{"max_append_size", h.MaxAppendSize},
 		{"cache_size", h.CacheSize},
 	} {
@@ -289,6 +302,9 @@ func (h *Handler) Validate() error {
 	}
 	if h.FlushSize > 1<<30 {
 		return errors.New("flush_size must be at most 1GiB")
+	}
+	if h.MaxPending > 1<<40 {
+		return errors.New("max_pending must be at most 1TiB")
 	}
 	if h.MaxAppendSize > 1<<30 {
 		// The whole body is held in memory until it is durable.

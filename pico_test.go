@@ -1071,3 +1071,32 @@ func TestPicoControlEncoding(t *testing.T) {
 		}
 	}
 }
+
+// An append refused because too many bytes wait for storage is a 503 with
+// Retry-After and the reason, in either protocol, not a storage failure.
+func TestBusyAnswers(t *testing.T) {
+	busy := fmt.Errorf("%w: %w", streamstore.ErrUnavailable, streamstore.ErrBusy)
+	log := zaptest.NewLogger(t)
+	for _, tc := range []struct {
+		name   string
+		answer func(http.ResponseWriter, *http.Request, error)
+		code   string // the Pico error name; "" for Durable Streams
+	}{
+		{"durable-streams", (&durableStreams{log: log}).engineError, ""},
+		{"pico", (&picoProtocol{log: log}).engineError, picoErrUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			tc.answer(w, httptest.NewRequest(http.MethodPost, "/s", nil), busy)
+			if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
+				t.Fatalf("%d, Retry-After %q; want 503 with Retry-After", w.Code, w.Header().Get("Retry-After"))
+			}
+			if !strings.Contains(w.Body.String(), busyMessage) {
+				t.Errorf("body %q does not say %q", w.Body, busyMessage)
+			}
+			if tc.code != "" && !strings.Contains(w.Body.String(), `"error":"`+tc.code+`"`) {
+				t.Errorf("body %q lacks error %q", w.Body, tc.code)
+			}
+		})
+	}
+}

@@ -263,6 +263,9 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 		picoFail(w, http.StatusServiceUnavailable, picoErrDurability,
 			"storage did not confirm the write in time: it was not acknowledged but may still be stored; "+
 				"retry with producer headers to avoid a duplicate", nil)
+	case errors.Is(err, streamstore.ErrBusy):
+		h.Set("Retry-After", "1")
+		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, busyMessage, nil)
 	case errors.Is(err, streamstore.ErrUnavailable):
 		p.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")

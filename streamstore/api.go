@@ -143,6 +143,10 @@ var (
 	// confirm an append in time: it was not acknowledged, but it may still
 	// become durable. Only producer headers make a retry safe then.
 	ErrUnconfirmed = errors.New("the write was not confirmed in time and may still be stored")
+	// ErrBusy (always with ErrUnavailable) means the appends waiting for
+	// storage already hold Config.MaxPending bytes: the store is slower
+	// than the appends. Nothing was applied; a retry is safe.
+	ErrBusy = errors.New("too many appends are waiting for storage")
 	// ErrShuttingDown is returned by waits when the engine or the server is stopping.
 	ErrShuttingDown = errors.New("shutting down")
 )

@@ -22,6 +22,7 @@ type Config struct {
 	FlushInterval   time.Duration // least time between the starts of two WAL uploads (default 20ms)
 	FlushSize       int           // bytes that start an upload at once (default 1 MiB)
 	MaxInFlight     int           // WAL uploads in flight at once (default 4)
+	MaxPending      int           // bytes of appends waiting for the WAL past which appends get ErrBusy (default 64 MiB)
 	CacheBytes      int64         // block cache budget (default 64 MiB)
 	NodeID          string        // identity of this node for the storage lease
 	AppendTimeout   time.Duration // longest an append waits for durability before 503 (default 30s)
@@ -30,6 +31,11 @@ type Config struct {
 	MaxStreams      int           // idle streams kept in memory (default 10,000)
 	IdleAfter       time.Duration // a stream untouched this long leaves memory, cache included (default 30s)
 	ExpirySweep     time.Duration // how often streams past their expiry that nobody accessed are deleted (default 5m)
+}
+
+// writerConfig is the WAL writer's share of c.
+func (c Config) writerConfig() segment.WriterConfig {
+	return segment.WriterConfig{FlushInterval: c.FlushInterval, FlushSize: c.FlushSize, MaxInFlight: c.MaxInFlight, MaxPending: c.MaxPending}
 }
 
 func (c Config) withDefaults() Config {
@@ -41,6 +47,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 4
+	}
+	if c.MaxPending <= 0 {
+		c.MaxPending = segment.DefaultMaxPending
 	}
 	if c.CacheBytes <= 0 {
 		c.CacheBytes = 64 << 20
@@ -174,7 +183,7 @@ func (e *Engine) Reconfigure(cfg Config) {
 	e.cache.setBudget(cfg.CacheBytes)
 	e.startMu.Lock()
 	if e.w != nil {
-		e.w.SetConfig(segment.WriterConfig{FlushInterval: cfg.FlushInterval, FlushSize: cfg.FlushSize, MaxInFlight: cfg.MaxInFlight})
+		e.w.SetConfig(cfg.writerConfig())
 	}
 	e.startMu.Unlock()
 }
@@ -236,7 +245,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.log.Info("storage opened", zap.Int("wal_objects", objects), zap.Int("wal_entries", entries),
 		zap.Int("active_streams", len(e.streams)), zap.Uint64("namespace", ns), zap.Duration("took", time.Since(began)))
 	w := segment.NewWriter(e.store, ns, 0,
-		segment.WriterConfig{FlushInterval: cfg.FlushInterval, FlushSize: cfg.FlushSize, MaxInFlight: cfg.MaxInFlight},
+		cfg.writerConfig(),
 		segment.WriterDeps{
 			Hooks:        hooks{e},
 			NewNamespace: e.registerNamespace,

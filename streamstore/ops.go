@@ -197,7 +197,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 		b, err := w.Add(ent)
 		if err != nil {
 			s.mu.Unlock()
-			return Info{}, false, fmt.Errorf("%w: %v", ErrUnavailable, err)
+			return Info{}, false, e.addError(err)
 		}
 		s.joined(ent, b, false)
 		s.mu.Unlock()
@@ -236,6 +236,15 @@ func stamp(in []NewRecord, first uint64, ts int64) []segment.Record {
 		out[i] = segment.Record{Seq: first + uint64(i), Timestamp: ts, Headers: r.Headers, Body: r.Body}
 	}
 	return out
+}
+
+// addError is the error of an entry the WAL writer would not take.
+func (e *Engine) addError(err error) error {
+	if errors.Is(err, segment.ErrWriterBusy) {
+		e.stats.busy.Add(1)
+		return fmt.Errorf("%w: %w", ErrUnavailable, ErrBusy)
+	}
+	return fmt.Errorf("%w: %v", ErrUnavailable, err)
 }
 
 // awaitBatch waits for b's outcome, at most the append timeout. A timeout
@@ -421,7 +430,7 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 	b, err := w.Add(ent)
 	if err != nil {
 		s.mu.Unlock()
-		return AppendResult{}, nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return AppendResult{}, nil, e.addError(err)
 	}
 	s.joined(ent, b, !req.Close)
 	res := appendResult(ent, req, ts, st.Closed)
@@ -511,7 +520,7 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 	if err == nil {
 		ent.Blob = name
 		if b, err = w.Add(ent); err != nil {
-			err = fmt.Errorf("%w: %v", ErrUnavailable, err)
+			err = e.addError(err)
 		}
 	}
 	if err != nil {
@@ -778,7 +787,7 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 	b, err := w.Add(ent)
 	if err != nil {
 		s.mu.Unlock()
-		return Info{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return Info{}, e.addError(err)
 	}
 	s.joined(ent, b, false)
 	s.mu.Unlock()

@@ -17,6 +17,7 @@ type Stats struct {
 	walEntries   atomic.Uint64 // every committed WAL entry, record-less ones too
 	abortedBatch atomic.Uint64 // WAL batches aborted after a failed upload
 	expired      atomic.Uint64 // streams deleted for having expired
+	busy         atomic.Uint64 // writes refused with ErrBusy
 }
 
 // StatsSnapshot is Stats read at one moment.
@@ -41,6 +42,12 @@ type StatsSnapshot struct {
 	// Expired is how many streams were deleted for having expired: found
 	// by an access or by the expiry sweep.
 	Expired uint64
+	// Busy is how many writes were refused at once with ErrBusy because
+	// the appends waiting for storage held Config.MaxPending bytes.
+	Busy uint64
+	// PendingBytes is a gauge: the encoded bytes of appends waiting for
+	// the WAL now (open batch, uploads, outcomes not yet settled).
+	PendingBytes uint64
 }
 
 // Stats returns the engine's running totals. The counters are read one by
@@ -48,7 +55,7 @@ type StatsSnapshot struct {
 // between fields.
 func (e *Engine) Stats() StatsSnapshot {
 	s := &e.stats
-	return StatsSnapshot{
+	snap := StatsSnapshot{
 		Appends:        s.appends.Load(),
 		Records:        s.records.Load(),
 		Bytes:          s.bytes.Load(),
@@ -58,7 +65,12 @@ func (e *Engine) Stats() StatsSnapshot {
 		CacheHits:      e.cache.hits.Load(),
 		CacheMisses:    e.cache.misses.Load(),
 		Expired:        s.expired.Load(),
+		Busy:           s.busy.Load(),
 	}
+	if w, err := e.writer(); err == nil {
+		snap.PendingBytes = uint64(w.Pending())
+	}
+	return snap
 }
 
 // committed counts a committed WAL batch. It runs on the commit path, once
