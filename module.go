@@ -86,8 +86,9 @@ type Handler struct {
 	// Batch size in bytes that starts an upload at once. Default 1 MiB.
 	FlushSize int64 `json:"flush_size,omitempty"`
 
-	// Bytes of appends waiting for the WAL (in the open batch, uploading,
-	// or waiting for an earlier upload's outcome) past which appends get
+	// Bytes of appends waiting for storage (WAL entries in the open batch,
+	// uploading or waiting for an earlier upload's outcome, and large
+	// appends in their own uploads) past which appends get
 	// 503 with Retry-After at once instead of joining: a store that falls
 	// behind must not make the process grow without bound. Default 64 MiB.
 	MaxPending int64 `json:"max_pending,omitempty"`

@@ -16,22 +16,51 @@ import (
 // While the store stalls, appends stop joining once the bytes waiting for
 // it reach max_pending: each further append is answered 503 with
 // Retry-After at once, and nothing of it is ever stored. The appends that
-// joined are acknowledged when the store comes back, and the stream holds
-// exactly them.
+// joined are acknowledged when the store comes back, and the streams hold
+// exactly them. Small appends wait in the WAL writer; large ones (256 KiB
+// and more) wait in their own blob uploads, on a stream each, since one
+// stream's large appends queue behind each other rather than being refused.
 func TestAppendsRefusedPastMaxPending(t *testing.T) {
-	const (
-		maxPending = 64 << 10
-		size       = 16 << 10
-		appends    = 16
-		path       = "/busy/stream"
-	)
+	for _, tc := range []refusalCase{
+		{"WAL entries", "64KiB", 64 << 10, 16 << 10, 16, false, "/wal/", 5},
+		{"large appends' blobs", "1MiB", 1 << 20, 300 << 10, 8, true, "/blob/", 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testRefusedPastMaxPending(t, tc) })
+	}
+}
+
+// refusalCase is one run of TestAppendsRefusedPastMaxPending.
+type refusalCase struct {
+	name       string
+	maxPending string
+	bound      int    // max_pending in bytes
+	size       int    // bytes per append
+	appends    int    // sent one after the other, 20 ms apart
+	streams    bool   // a stream per append rather than one for all
+	held       string // key part of the PUTs the proxy holds
+	maxJoined  int    // appends that fit under the bound, at most
+}
+
+func testRefusedPastMaxPending(t *testing.T, tc refusalCase) {
+	maxPending, bound, size, appends, streams, held, maxJoined :=
+		tc.maxPending, tc.bound, tc.size, tc.appends, tc.streams, tc.held, tc.maxJoined
 	e := fhStart(t, fhOptions{
-		Directives: []string{"max_pending 64KiB"},
+		Directives: []string{"max_pending " + maxPending},
 		Optional:   []string{"compact_interval 1h"},
 	})
-	e.create(path, "application/octet-stream")
+	path := func(i int) string {
+		if streams {
+			return fmt.Sprintf("/busy/stream-%02d", i)
+		}
+		return "/busy/stream"
+	}
+	for i := range appends {
+		if i == 0 || streams {
+			e.create(path(i), "application/octet-stream")
+		}
+	}
 
-	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/"})
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: held})
 	released := false
 	defer func() {
 		if !released {
@@ -49,7 +78,7 @@ func TestAppendsRefusedPastMaxPending(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = e.send(fhReq{Method: http.MethodPost, Path: path,
+			results[i], errs[i] = e.send(fhReq{Method: http.MethodPost, Path: path(i),
 				Header: map[string]string{"Content-Type": "application/octet-stream"}, Body: bodies[i]})
 			done <- i
 		}()
@@ -60,14 +89,13 @@ func TestAppendsRefusedPastMaxPending(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := e.proxy.WaitHeld(ctx, 1); err != nil {
-		t.Fatalf("no WAL upload reached the store: %v", err)
+		t.Fatalf("no upload of %s reached the store: %v", held, err)
 	}
 
-	// 64 KiB holds fewer than five appends of 16 KiB with their framing,
-	// so at most five join; every other one must be answered while the
-	// store is still stalled.
+	// At most maxJoined appends fit under the bound; every other one must
+	// be answered while the store is still stalled.
 	refused := map[int]bool{}
-	for len(refused) < appends-5 {
+	for len(refused) < appends-maxJoined {
 		select {
 		case i := <-done:
 			if errs[i] != nil {
@@ -94,8 +122,8 @@ func TestAppendsRefusedPastMaxPending(t *testing.T) {
 	if got := s.sum("picomq_appends_refused_busy_total"); got < float64(len(refused)) {
 		t.Errorf("picomq_appends_refused_busy_total = %v, want at least %d", got, len(refused))
 	}
-	if got := s.sum("picomq_wal_pending_bytes"); got < maxPending {
-		t.Errorf("picomq_wal_pending_bytes = %v while refusing, want at least %d", got, maxPending)
+	if got := s.sum("picomq_wal_pending_bytes"); got < float64(bound) {
+		t.Errorf("picomq_wal_pending_bytes = %v while refusing, want at least %d", got, bound)
 	}
 
 	release()
@@ -115,19 +143,29 @@ func TestAppendsRefusedPastMaxPending(t *testing.T) {
 		}
 	}
 
-	var want []byte
-	for i := range appends {
-		if !refused[i] {
-			want = append(want, bodies[i]...)
+	check := func(p string, want []byte) {
+		t.Helper()
+		got, _, err := e.readBytes(p)
+		if err != nil {
+			t.Fatalf("read back %s: %v", p, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s holds %d bytes (%s), want %d (%s)", p, len(got), runsOf(got), len(want), runsOf(want))
 		}
 	}
-	got, _, err := e.readBytes(path)
-	if err != nil {
-		t.Fatalf("read back: %v", err)
+	var all []byte
+	for i := range appends {
+		var want []byte
+		if !refused[i] {
+			want = bodies[i]
+		}
+		if streams {
+			check(path(i), want)
+		}
+		all = append(all, want...)
 	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("stream holds %d bytes (%s), want the %d accepted appends in order (%d bytes)",
-			len(got), runsOf(got), appends-len(refused), len(want))
+	if !streams {
+		check(path(0), all)
 	}
 	t.Logf("store stalled: %d of %d appends of %d KiB joined, %d refused with 503 at once; all joined ones acknowledged once it came back",
 		appends-len(refused), appends, size>>10, len(refused))

@@ -192,8 +192,29 @@ func (w *Writer) SetConfig(cfg WriterConfig) {
 	}
 }
 
+// Reserve counts n bytes that wait for storage outside the writer (a large
+// append's own upload, before its entry is added) against MaxPending. It
+// refuses with ErrWriterBusy when MaxPending bytes already wait; otherwise
+// the returned func gives the bytes back, once.
+func (w *Writer) Reserve(n int) (unreserve func(), err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.pending >= w.cfg.MaxPending {
+		return nil, ErrWriterBusy
+	}
+	w.pending += n
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			w.mu.Lock()
+			w.pending -= n
+			w.mu.Unlock()
+		})
+	}, nil
+}
+
 // Pending returns the encoded bytes of the entries added and not yet
-// released.
+// released, and of reservations not yet given back.
 func (w *Writer) Pending() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -295,3 +295,37 @@ func TestWriterRefusesPastMaxPending(t *testing.T) {
 		t.Errorf("Add after the store came back: %v", err)
 	}
 }
+
+// Bytes reserved for uploads outside the writer (large appends' blobs)
+// count against MaxPending like entries, until given back.
+func TestWriterReserveCountsAgainstMaxPending(t *testing.T) {
+	w, _ := newTestWriter(t, segment.WriterConfig{FlushInterval: time.Millisecond, MaxPending: 1000})
+	first, err := w.Reserve(600)
+	if err != nil {
+		t.Fatalf("first reservation: %v", err)
+	}
+	second, err := w.Reserve(600)
+	if err != nil {
+		t.Fatalf("second reservation, made below the bound: %v", err)
+	}
+	if _, err := w.Reserve(1); !errors.Is(err, segment.ErrWriterBusy) {
+		t.Errorf("reservation past the bound: err %v, want ErrWriterBusy", err)
+	}
+	if _, err := w.Add(testEntry(0)); !errors.Is(err, segment.ErrWriterBusy) {
+		t.Errorf("Add past the bound: err %v, want ErrWriterBusy", err)
+	}
+	first()
+	first() // giving back twice gives back once
+	if p := w.Pending(); p != 600 {
+		t.Errorf("pending %d after one reservation went back, want 600", p)
+	}
+	b, err := w.Add(testEntry(0))
+	if err != nil {
+		t.Fatalf("Add below the bound again: %v", err)
+	}
+	<-b.Done()
+	second()
+	if p := w.Pending(); p != 0 {
+		t.Errorf("pending %d with nothing waiting, want 0", p)
+	}
+}

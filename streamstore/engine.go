@@ -22,7 +22,7 @@ type Config struct {
 	FlushInterval   time.Duration // least time between the starts of two WAL uploads (default 20ms)
 	FlushSize       int           // bytes that start an upload at once (default 1 MiB)
 	MaxInFlight     int           // WAL uploads in flight at once (default 4)
-	MaxPending      int           // bytes of appends waiting for the WAL past which appends get ErrBusy (default 64 MiB)
+	MaxPending      int           // bytes of appends waiting for storage past which appends get ErrBusy (default 64 MiB)
 	CacheBytes      int64         // block cache budget (default 64 MiB)
 	NodeID          string        // identity of this node for the storage lease
 	AppendTimeout   time.Duration // longest an append waits for durability before 503 (default 30s)

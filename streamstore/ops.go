@@ -491,6 +491,13 @@ func recordBytes(recs []NewRecord) int {
 // deleted. Called with s.mu held; it unlocks.
 func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, req AppendRequest, now, ts int64) (AppendResult, <-chan struct{}, error) {
 	st := &s.pend
+	// The blob's bytes wait for storage as an entry's would: they count
+	// against max_pending until the blob is stored.
+	unreserve, err := w.Reserve(recordBytes(req.Records))
+	if err != nil {
+		s.mu.Unlock()
+		return AppendResult{}, nil, e.addError(err)
+	}
 	ent := s.appendEntry(req, now, ts)
 	done := make(chan struct{})
 	s.uploading = done
@@ -500,7 +507,8 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 
 	name := newBlobName(recordBytes(req.Records))
 	key := blobKey(ent.StreamID, name)
-	_, err := e.store.Put(ctx, key, segment.EncodeData(ent.Records), segment.PutOptions{})
+	_, err = e.store.Put(ctx, key, segment.EncodeData(ent.Records), segment.PutOptions{})
+	unreserve()
 
 	s.mu.Lock()
 	s.uploading = nil

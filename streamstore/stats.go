@@ -45,8 +45,8 @@ type StatsSnapshot struct {
 	// Busy is how many writes were refused at once with ErrBusy because
 	// the appends waiting for storage held Config.MaxPending bytes.
 	Busy uint64
-	// PendingBytes is a gauge: the encoded bytes of appends waiting for
-	// the WAL now (open batch, uploads, outcomes not yet settled).
+	// PendingBytes is a gauge: the bytes of appends waiting for storage
+	// now (WAL entries not yet released, large appends' own uploads).
 	PendingBytes uint64
 }
 
