@@ -14,9 +14,9 @@ import (
 // writer is closed.
 var ErrWriterUnavailable = errors.New("WAL writer unavailable")
 
-// ErrWriterBusy is returned by Writer.Add while the entries waiting for
-// their uploads' outcome already hold WriterConfig.MaxPending bytes: a
-// store that slows down must not make the writer grow without bound.
+// ErrWriterBusy is returned by Writer.Add and Writer.Reserve while the
+// bytes waiting for storage already reach WriterConfig.MaxPending: a store
+// that slows down must not make the writer grow without bound.
 var ErrWriterBusy = errors.New("WAL writer busy: too many bytes waiting for upload")
 
 // DefaultMaxPending is WriterConfig.MaxPending when it is not set: far above
@@ -36,8 +36,9 @@ type WriterConfig struct {
 	FlushSize     int           // encoded bytes that start an upload at once
 	MaxInFlight   int           // uploads in flight at once
 	// MaxPending bounds the encoded bytes of entries added and not yet
-	// released (open, uploading or waiting to be settled); past it Add
-	// and Extend refuse. It may be passed by one entry's worth.
+	// released (open, uploading or waiting to be settled) plus those
+	// reserved by Reserve; past it Add, Extend and Reserve refuse. It may
+	// be passed by one entry's or one reservation's worth.
 	MaxPending int
 }
 
@@ -118,7 +119,7 @@ type Writer struct {
 	open      *Batch
 	queue     []*Batch // sealed batches in WAL order, not yet released
 	inFlight  int
-	pending   int // encoded bytes of entries added and not yet released
+	pending   int // bytes of entries added and not yet released, and of reservations
 	timer     *time.Timer
 	lastStart time.Time // when the latest upload started
 	wantFlush bool
