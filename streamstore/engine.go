@@ -90,7 +90,10 @@ type Engine struct {
 	startMu sync.Mutex
 	started bool
 	w       *segment.Writer
-	lease   *segment.Lease
+	// statsW is w for Stats, which must not wait on startMu: Start holds
+	// it through the lease and the replay, and a metrics scrape would hang.
+	statsW atomic.Pointer[segment.Writer]
+	lease  *segment.Lease
 	// stopRenewal ends the lease renewal, which runs from before the
 	// replay (bgCtx ending ends it too).
 	stopRenewal context.CancelFunc
@@ -259,6 +262,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.fenceMu.Unlock()
 	e.w = w
+	e.statsW.Store(w)
 	e.stopRenewal = stopRenewal
 	e.started = true
 	e.bg.Add(4)

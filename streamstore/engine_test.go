@@ -532,3 +532,68 @@ func TestReconfigureRearmsCompaction(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// stalledStore is a store whose every call waits for release; entered is
+// closed by the first call.
+type stalledStore struct {
+	segment.Store
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *stalledStore) wait(ctx context.Context) error {
+	s.once.Do(func() { close(s.entered) })
+	select {
+	case <-s.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *stalledStore) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	if err := s.wait(ctx); err != nil {
+		return "", err
+	}
+	return s.Store.Put(ctx, key, data, opts)
+}
+
+func (s *stalledStore) Get(ctx context.Context, key string, offset, length int64) ([]byte, string, error) {
+	if err := s.wait(ctx); err != nil {
+		return nil, "", err
+	}
+	return s.Store.Get(ctx, key, offset, length)
+}
+
+// Stats answer while Start still waits on the store (taking the lease,
+// replaying): a metrics scrape must not hang on a start.
+func TestStatsDoNotWaitForStart(t *testing.T) {
+	store := &stalledStore{Store: memstore.New(), entered: make(chan struct{}), release: make(chan struct{})}
+	e := New(store, Config{NodeID: "node-a", CompactInterval: time.Hour}, nil)
+	started := make(chan error, 1)
+	go func() { started <- e.Start(context.Background()) }()
+	<-store.entered
+
+	answered := make(chan StatsSnapshot, 1)
+	go func() { answered <- e.Stats() }()
+	waited := false
+	select {
+	case s := <-answered:
+		if s.PendingBytes != 0 {
+			t.Errorf("pending bytes %d before the writer exists", s.PendingBytes)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("Stats waited for Start")
+		waited = true
+	}
+
+	close(store.release)
+	if err := <-started; err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	if waited {
+		<-answered // the Stats that waited ends once the start has
+	}
+}

@@ -67,7 +67,7 @@ func (e *Engine) Stats() StatsSnapshot {
 		Expired:        s.expired.Load(),
 		Busy:           s.busy.Load(),
 	}
-	if w, err := e.writer(); err == nil {
+	if w := e.statsW.Load(); w != nil {
 		snap.PendingBytes = uint64(w.Pending())
 	}
 	return snap
