@@ -22,8 +22,8 @@ import (
 // stream's large appends queue behind each other rather than being refused.
 func TestAppendsRefusedPastMaxPending(t *testing.T) {
 	for _, tc := range []refusalCase{
-		{"WAL entries", "64KiB", 64 << 10, 16 << 10, 16, false, "/wal/", 5},
-		{"large appends' blobs", "1MiB", 1 << 20, 300 << 10, 8, true, "/blob/", 4},
+		{"WAL entries", 64 << 10, 16 << 10, 16, false, "/wal/", 5},
+		{"large appends' blobs", 1 << 20, 300 << 10, 8, true, "/blob/", 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) { testRefusedPastMaxPending(t, tc) })
 	}
@@ -31,36 +31,33 @@ func TestAppendsRefusedPastMaxPending(t *testing.T) {
 
 // refusalCase is one run of TestAppendsRefusedPastMaxPending.
 type refusalCase struct {
-	name       string
-	maxPending string
-	bound      int    // max_pending in bytes
-	size       int    // bytes per append
-	appends    int    // sent one after the other, 20 ms apart
-	streams    bool   // a stream per append rather than one for all
-	held       string // key part of the PUTs the proxy holds
-	maxJoined  int    // appends that fit under the bound, at most
+	name      string
+	bound     int    // max_pending in bytes
+	size      int    // bytes per append
+	appends   int    // sent one after the other, 20 ms apart
+	streams   bool   // a stream per append rather than one for all
+	held      string // key part of the PUTs the proxy holds
+	maxJoined int    // appends that fit under the bound, at most
 }
 
 func testRefusedPastMaxPending(t *testing.T, tc refusalCase) {
-	maxPending, bound, size, appends, streams, held, maxJoined :=
-		tc.maxPending, tc.bound, tc.size, tc.appends, tc.streams, tc.held, tc.maxJoined
 	e := fhStart(t, fhOptions{
-		Directives: []string{"max_pending " + maxPending},
+		Directives: []string{fmt.Sprintf("max_pending %d", tc.bound)},
 		Optional:   []string{"compact_interval 1h"},
 	})
 	path := func(i int) string {
-		if streams {
+		if tc.streams {
 			return fmt.Sprintf("/busy/stream-%02d", i)
 		}
 		return "/busy/stream"
 	}
-	for i := range appends {
-		if i == 0 || streams {
+	for i := range tc.appends {
+		if i == 0 || tc.streams {
 			e.create(path(i), "application/octet-stream")
 		}
 	}
 
-	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: held})
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: tc.held})
 	released := false
 	defer func() {
 		if !released {
@@ -68,13 +65,13 @@ func testRefusedPastMaxPending(t *testing.T, tc refusalCase) {
 		}
 	}()
 
-	bodies := make([][]byte, appends)
-	results := make([]fhResp, appends)
-	errs := make([]error, appends)
-	done := make(chan int, appends)
+	bodies := make([][]byte, tc.appends)
+	results := make([]fhResp, tc.appends)
+	errs := make([]error, tc.appends)
+	done := make(chan int, tc.appends)
 	var wg sync.WaitGroup
-	for i := range appends {
-		bodies[i] = bytes.Repeat([]byte{byte('a' + i)}, size)
+	for i := range tc.appends {
+		bodies[i] = bytes.Repeat([]byte{byte('a' + i)}, tc.size)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -89,13 +86,13 @@ func testRefusedPastMaxPending(t *testing.T, tc refusalCase) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := e.proxy.WaitHeld(ctx, 1); err != nil {
-		t.Fatalf("no upload of %s reached the store: %v", held, err)
+		t.Fatalf("no upload of %s reached the store: %v", tc.held, err)
 	}
 
-	// At most maxJoined appends fit under the bound; every other one must
+	// At most tc.maxJoined appends fit under the bound; every other one must
 	// be answered while the store is still stalled.
 	refused := map[int]bool{}
-	for len(refused) < appends-maxJoined {
+	for len(refused) < tc.appends-tc.maxJoined {
 		select {
 		case i := <-done:
 			if errs[i] != nil {
@@ -112,7 +109,7 @@ func testRefusedPastMaxPending(t *testing.T, tc refusalCase) {
 			}
 			refused[i] = true
 		case <-ctx.Done():
-			t.Fatalf("only %d of %d appends refused while the store stalled", len(refused), appends)
+			t.Fatalf("only %d of %d appends refused while the store stalled", len(refused), tc.appends)
 		}
 	}
 	s, err := mGet(e.caddy.AdminAddr())
@@ -122,8 +119,8 @@ func testRefusedPastMaxPending(t *testing.T, tc refusalCase) {
 	if got := s.sum("picomq_appends_refused_busy_total"); got < float64(len(refused)) {
 		t.Errorf("picomq_appends_refused_busy_total = %v, want at least %d", got, len(refused))
 	}
-	if got := s.sum("picomq_wal_pending_bytes"); got < float64(bound) {
-		t.Errorf("picomq_wal_pending_bytes = %v while refusing, want at least %d", got, bound)
+	if got := s.sum("picomq_wal_pending_bytes"); got < float64(tc.bound) {
+		t.Errorf("picomq_wal_pending_bytes = %v while refusing, want at least %d", got, tc.bound)
 	}
 
 	release()
@@ -154,21 +151,21 @@ func testRefusedPastMaxPending(t *testing.T, tc refusalCase) {
 		}
 	}
 	var all []byte
-	for i := range appends {
+	for i := range tc.appends {
 		var want []byte
 		if !refused[i] {
 			want = bodies[i]
 		}
-		if streams {
+		if tc.streams {
 			check(path(i), want)
 		}
 		all = append(all, want...)
 	}
-	if !streams {
+	if !tc.streams {
 		check(path(0), all)
 	}
 	t.Logf("store stalled: %d of %d appends of %d KiB joined, %d refused with 503 at once; all joined ones acknowledged once it came back",
-		appends-len(refused), appends, size>>10, len(refused))
+		tc.appends-len(refused), tc.appends, tc.size>>10, len(refused))
 }
 
 // runsOf describes b as runs of one repeated byte ("a x16384, b x16384").
