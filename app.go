@@ -123,6 +123,7 @@ func (a *App) Cleanup() error {
 type engineSettings struct {
 	FlushInterval   time.Duration
 	FlushSize       int64
+	FlushQuiet      time.Duration
 	MaxPending      int64
 	CacheBytes      int64
 	CompactInterval time.Duration
@@ -146,7 +147,7 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 	if e, ok := a.refs[key]; ok {
 		if e.settings != s {
 			return nil, fmt.Errorf("handlers using storage %s disagree on engine settings (%+v vs %+v); "+
-				"flush_interval, flush_size, max_pending, cache_size, compact_interval, s3_timeout and expiry_sweep_interval must match", key, e.settings, s)
+				"flush_interval, flush_size, flush_quiet, max_pending, cache_size, compact_interval, s3_timeout and expiry_sweep_interval must match", key, e.settings, s)
 		}
 		return e.ref, nil
 	}
@@ -249,6 +250,7 @@ func (r *engineRef) engineConfig() streamstore.Config {
 	return streamstore.Config{
 		FlushInterval:   r.settings.FlushInterval,
 		FlushSize:       int(r.settings.FlushSize),
+		FlushQuiet:      r.settings.FlushQuiet,
 		MaxPending:      int(r.settings.MaxPending),
 		CacheBytes:      r.settings.CacheBytes,
 		CompactInterval: r.settings.CompactInterval,
@@ -297,7 +299,8 @@ func (r *engineRef) reconfigure(s engineSettings) {
 		eng.Reconfigure(r.engineConfig())
 	}
 	r.log.Info("engine settings changed by a config reload",
-		zap.Duration("flush_interval", s.FlushInterval), zap.Int64("flush_size", s.FlushSize), zap.Int64("max_pending", s.MaxPending),
+		zap.Duration("flush_interval", s.FlushInterval), zap.Int64("flush_size", s.FlushSize), zap.Duration("flush_quiet", s.FlushQuiet),
+		zap.Int64("max_pending", s.MaxPending),
 		zap.Int64("cache_size", s.CacheBytes), zap.Duration("compact_interval", s.CompactInterval))
 }
 

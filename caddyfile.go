@@ -65,6 +65,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.FlushInterval, err = parseDuration(arg)
 		case "flush_size":
 			h.FlushSize, err = parseSize(arg)
+		case "flush_quiet":
+			h.FlushQuiet, err = parseDuration(arg)
 		case "max_pending":
 			h.MaxPending, err = parseSize(arg)
 		case "long_poll_timeout":

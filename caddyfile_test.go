@@ -22,6 +22,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		storage s3://bucket/prefix?region=eu-west-1&endpoint=http://127.0.0.1:7070&path_style=true
 		flush_interval 5ms
 		flush_size 2MiB
+		flush_quiet 500us
 		max_pending 32MiB
 		long_poll_timeout 20s
 		sse_reconnect_interval 1m
@@ -40,6 +41,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		Storage:              "s3://bucket/prefix?region=eu-west-1&endpoint=http://127.0.0.1:7070&path_style=true",
 		FlushInterval:        caddy.Duration(5 * time.Millisecond),
 		FlushSize:            2 << 20,
+		FlushQuiet:           caddy.Duration(500 * time.Microsecond),
 		MaxPending:           32 << 20,
 		LongPollTimeout:      caddy.Duration(20 * time.Second),
 		SSEReconnectInterval: caddy.Duration(time.Minute),
@@ -80,6 +82,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"picomq {\n expiry_sweep_interval never\n}",
 		"picomq {\n flush_size lots\n}",
 		"picomq {\n max_pending 0\n}",
+		"picomq {\n flush_quiet 0\n}",
 		"picomq {\n max_append_size 0\n}",
 		"picomq {\n cache_size 2TiB\n}",
 	} {
@@ -210,6 +213,12 @@ func TestValidateRejectsBadConfigs(t *testing.T) {
 				storage s3://{env.PICOMQ_SURELY_UNSET_VAR}/p
 			}
 		}`, "storage"},
+		"quiet not below interval": {`:0 {
+			picomq {
+				flush_interval 5ms
+				flush_quiet 5ms
+			}
+		}`, "flush_quiet (5ms) must be below flush_interval (5ms)"},
 		"settings disagree": {`:0 {
 			handle /a/* {
 				picomq {

@@ -51,6 +51,7 @@ const (
 //	    storage                <url>
 //	    flush_interval         <duration>
 //	    flush_size             <size>
+//	    flush_quiet            <duration>
 //	    max_pending            <size>
 //	    long_poll_timeout      <duration>
 //	    sse_reconnect_interval <duration>
@@ -85,6 +86,14 @@ type Handler struct {
 
 	// Batch size in bytes that starts an upload at once. Default 1 MiB.
 	FlushSize int64 `json:"flush_size,omitempty"`
+
+	// When set, an upload that could start waits until no append has
+	// arrived for this long (and at most flush_interval after its first
+	// append). Writers that append again as soon as they are acknowledged
+	// come back as a burst; this lets the burst share one upload instead of
+	// its first append taking an upload alone. Costs an isolated append this
+	// much latency. Must be below flush_interval. Default 0: off.
+	FlushQuiet caddy.Duration `json:"flush_quiet,omitempty"`
 
 	// Bytes of appends waiting for storage (WAL entries in the open batch,
 	// uploading or waiting for an earlier upload's outcome, and large
@@ -176,6 +185,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.ref, err = app.acquire(storage, engineSettings{
 		FlushInterval:   time.Duration(h.FlushInterval),
 		FlushSize:       h.FlushSize,
+		FlushQuiet:      time.Duration(h.FlushQuiet),
 		MaxPending:      h.MaxPending,
 		CacheBytes:      h.CacheSize,
 		CompactInterval: time.Duration(h.CompactInterval),
@@ -278,6 +288,7 @@ func (h *Handler) Validate() error {
 		v    caddy.Duration
 	}{
 		{"flush_interval", h.FlushInterval},
+		{"flush_quiet", h.FlushQuiet},
 		{"long_poll_timeout", h.LongPollTimeout},
 		{"sse_reconnect_interval", h.SSEReconnectInterval},
 		{"s3_timeout", h.S3Timeout},
@@ -300,6 +311,10 @@ func (h *Handler) Validate() error {
 		if s.v < 0 {
 			return fmt.Errorf("%s must not be negative", s.name)
 		}
+	}
+	if h.FlushQuiet >= h.FlushInterval {
+		return fmt.Errorf("flush_quiet (%s) must be below flush_interval (%s)",
+			time.Duration(h.FlushQuiet), time.Duration(h.FlushInterval))
 	}
 	if h.FlushSize > 1<<30 {
 		return errors.New("flush_size must be at most 1GiB")

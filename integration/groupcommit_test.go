@@ -218,3 +218,77 @@ func TestGroupCommitWALPutBound(t *testing.T) {
 		}
 	}
 }
+
+// flush_quiet lets writers that come back as a burst share one WAL upload:
+// appends 20 ms apart on an idle writer go out together once they pause,
+// long before flush_interval. Without it the first append takes an upload
+// alone and the rest wait for the interval.
+func TestFlushQuietBurstSharesOneUpload(t *testing.T) {
+	const (
+		interval = 1500 * time.Millisecond
+		appends  = 5
+		spacing  = 20 * time.Millisecond
+	)
+	for _, tc := range []struct {
+		name     string
+		quiet    string // flush_quiet directive, if any
+		wantPuts int
+		fast     bool // every append acknowledged well inside the interval
+	}{
+		{name: "off", wantPuts: 2},
+		{name: "200ms", quiet: "flush_quiet 200ms", wantPuts: 1, fast: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dirs := []string{fmt.Sprintf("flush_interval %s", interval)}
+			if tc.quiet != "" {
+				dirs = append(dirs, tc.quiet)
+			}
+			e := fhStart(t, fhOptions{Directives: dirs, Optional: []string{"compact_interval 1h"}})
+			for i := range appends {
+				e.create(fmt.Sprintf("/quiet/s%d", i), "application/octet-stream")
+			}
+			// Let any upload of the creations fall out of the interval, so
+			// the first append finds the writer idle.
+			time.Sleep(interval + 200*time.Millisecond)
+
+			before := e.proxy.Counts().Containing("PUT", "/wal/")
+			start := time.Now()
+			var wg sync.WaitGroup
+			results := make([]fhResp, appends)
+			errs := make([]error, appends)
+			for i := range appends {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					results[i], errs[i] = e.send(fhReq{Method: http.MethodPost, Path: fmt.Sprintf("/quiet/s%d", i),
+						Header: map[string]string{"Content-Type": "application/octet-stream"}, Body: fmt.Appendf(nil, "burst %d", i)})
+				}()
+				time.Sleep(spacing)
+			}
+			wg.Wait()
+			took := time.Since(start)
+			for i := range appends {
+				if errs[i] != nil || results[i].Status != http.StatusNoContent {
+					t.Fatalf("append %d: %v %s", i, errs[i], results[i])
+				}
+			}
+			puts := e.proxy.Counts().Containing("PUT", "/wal/") - before
+			t.Logf("%d appends %s apart: %d WAL PUTs, all acknowledged in %s", appends, spacing, puts, took.Round(time.Millisecond))
+			if puts != tc.wantPuts {
+				t.Errorf("%d WAL PUTs for the burst, want %d", puts, tc.wantPuts)
+			}
+			if tc.fast && took > interval*2/3 {
+				t.Errorf("the burst took %s to be acknowledged; want well under flush_interval %s", took, interval)
+			}
+			for i := range appends {
+				got, _, err := e.readBytes(fmt.Sprintf("/quiet/s%d", i))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := fmt.Sprintf("burst %d", i); string(got) != want {
+					t.Errorf("stream %d holds %q, want %q", i, got, want)
+				}
+			}
+		})
+	}
+}

@@ -35,6 +35,12 @@ type WriterConfig struct {
 	FlushInterval time.Duration // least time between the starts of two uploads
 	FlushSize     int           // encoded bytes that start an upload at once
 	MaxInFlight   int           // uploads in flight at once
+	// FlushQuiet, when set, holds a batch whose upload could start until
+	// no entry has arrived for FlushQuiet (or the batch has been open for
+	// FlushInterval): closed-loop writers answered by one upload come back
+	// as a burst, and this lets the burst share the next upload instead of
+	// its first arrival taking the slot alone.
+	FlushQuiet time.Duration
 	// MaxPending bounds the encoded bytes of entries added and not yet
 	// released (open, uploading or waiting to be settled) plus those
 	// reserved by Reserve; past it Add, Extend and Reserve refuse. It may
@@ -122,6 +128,8 @@ type Writer struct {
 	pending   int // bytes of entries added and not yet released, and of reservations
 	timer     *time.Timer
 	lastStart time.Time // when the latest upload started
+	lastAdd   time.Time // when the latest entry joined the open batch
+	opened    time.Time // when the open batch got its first entry
 	wantFlush bool
 	broken    bool  // an upload failed; Add refuses until it is settled
 	fenced    error // another process took the storage over: for good
@@ -191,6 +199,7 @@ func (w *Writer) SetConfig(cfg WriterConfig) {
 	if cfg.MaxPending > 0 {
 		w.cfg.MaxPending = cfg.MaxPending
 	}
+	w.cfg.FlushQuiet = cfg.FlushQuiet
 }
 
 // Reserve counts n bytes that wait for storage outside the writer (a large
@@ -254,16 +263,16 @@ func (w *Writer) Add(e *Entry) (*Batch, error) {
 	n := entrySize(e)
 	b.size += n
 	w.pending += n
+	now := time.Now()
+	if len(b.Entries) == 1 {
+		w.opened = now
+	}
+	w.lastAdd = now
 	if b.size >= w.cfg.FlushSize {
 		w.wantFlush = true
 		w.sealLocked()
-	} else if len(b.Entries) == 1 {
-		if wait := w.cfg.FlushInterval - time.Since(w.lastStart); wait > 0 {
-			w.armTimerLocked(wait)
-		} else {
-			w.wantFlush = true
-			w.sealLocked()
-		}
+	} else if !w.wantFlush && w.timer == nil {
+		w.scheduleLocked(now)
 	}
 	return b, nil
 }
@@ -285,6 +294,7 @@ func (w *Writer) Extend(b *Batch, grow func() int) bool {
 	n := grow()
 	b.size += n
 	w.pending += n
+	w.lastAdd = time.Now()
 	if b.size >= w.cfg.FlushSize {
 		w.wantFlush = true
 		w.sealLocked()
@@ -292,16 +302,44 @@ func (w *Writer) Extend(b *Batch, grow func() int) bool {
 	return true
 }
 
-func (w *Writer) armTimerLocked(wait time.Duration) {
-	if w.timer != nil {
-		w.timer.Stop()
+// sealWaitLocked returns how long the open batch has to wait before its
+// upload may start: until FlushInterval after the latest upload's start,
+// and, with FlushQuiet, until arrivals pause (at most FlushInterval after
+// the batch opened).
+func (w *Writer) sealWaitLocked(now time.Time) time.Duration {
+	wait := w.cfg.FlushInterval - now.Sub(w.lastStart)
+	if q := w.cfg.FlushQuiet; q > 0 {
+		until := w.lastAdd.Add(q)
+		if limit := w.opened.Add(w.cfg.FlushInterval); limit.Before(until) {
+			until = limit
+		}
+		wait = max(wait, until.Sub(now))
 	}
-	w.timer = time.AfterFunc(wait, func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		w.wantFlush = true
-		w.sealLocked()
-	})
+	return wait
+}
+
+// scheduleLocked starts the open batch's upload now or arms the timer that
+// will. A timer that fires early (entries kept arriving) re-arms itself,
+// so Add never has to reset one.
+func (w *Writer) scheduleLocked(now time.Time) {
+	if wait := w.sealWaitLocked(now); wait > 0 {
+		var t *time.Timer
+		t = time.AfterFunc(wait, func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.timer != t {
+				return
+			}
+			w.timer = nil
+			if w.open != nil && len(w.open.Entries) > 0 && !w.wantFlush {
+				w.scheduleLocked(time.Now())
+			}
+		})
+		w.timer = t
+		return
+	}
+	w.wantFlush = true
+	w.sealLocked()
 }
 
 // sealLocked turns the open batch into an upload when a flush is wanted and

@@ -119,6 +119,56 @@ func TestWriterSpacesUploads(t *testing.T) {
 	}
 }
 
+// FlushQuiet holds an upload that could start until appends pause, at most
+// FlushInterval after the batch opened.
+func TestWriterFlushQuiet(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		interval         time.Duration
+		quiet            time.Duration
+		gap              time.Duration // between appends
+		appends          int
+		minPuts, maxPuts int
+		within           time.Duration // every append acknowledged this soon, if set
+	}{
+		// Off: the first append finds the writer idle and goes alone; the
+		// rest wait for the spacing.
+		{name: "off", interval: 500 * time.Millisecond, gap: 10 * time.Millisecond, appends: 5, minPuts: 2, maxPuts: 2},
+		// A burst shares one upload, long before the interval.
+		{name: "burst", interval: 5 * time.Second, quiet: 200 * time.Millisecond, gap: 10 * time.Millisecond, appends: 5, minPuts: 1, maxPuts: 1, within: 2 * time.Second},
+		// Arrivals that never pause still go out every interval.
+		{name: "steady", interval: 200 * time.Millisecond, quiet: 50 * time.Millisecond, gap: 5 * time.Millisecond, appends: 120, minPuts: 2, maxPuts: 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, store := newTestWriter(t, segment.WriterConfig{FlushInterval: tc.interval, FlushQuiet: tc.quiet})
+			start := time.Now()
+			var batches []*segment.Batch
+			for i := range tc.appends {
+				b, err := w.Add(testEntry(uint64(i)))
+				if err != nil {
+					t.Fatalf("add: %v", err)
+				}
+				batches = append(batches, b)
+				time.Sleep(tc.gap)
+			}
+			for _, b := range batches {
+				<-b.Done()
+				if err := b.Err(); err != nil {
+					t.Fatalf("batch: %v", err)
+				}
+			}
+			took := time.Since(start)
+			if n := len(store.times()); n < tc.minPuts || n > tc.maxPuts {
+				t.Fatalf("%d uploads for %d appends %s apart (interval %s, quiet %s); want %d to %d",
+					n, tc.appends, tc.gap, tc.interval, tc.quiet, tc.minPuts, tc.maxPuts)
+			}
+			if tc.within > 0 && took >= tc.within {
+				t.Fatalf("appends took %s to be acknowledged; want less than %s (interval %s)", took, tc.within, tc.interval)
+			}
+		})
+	}
+}
+
 // A batch that reaches flush_size goes out without waiting for the spacing.
 func TestWriterFlushSizeOverridesSpacing(t *testing.T) {
 	w, store := newTestWriter(t, segment.WriterConfig{FlushInterval: 10 * time.Second, FlushSize: 1})

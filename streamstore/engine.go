@@ -21,6 +21,7 @@ import (
 type Config struct {
 	FlushInterval   time.Duration // least time between the starts of two WAL uploads (default 20ms)
 	FlushSize       int           // bytes that start an upload at once (default 1 MiB)
+	FlushQuiet      time.Duration // hold an upload until appends pause this long (0: off, the default)
 	MaxInFlight     int           // WAL uploads in flight at once (default 4)
 	MaxPending      int           // bytes of appends waiting for storage past which appends get ErrBusy (default 64 MiB)
 	CacheBytes      int64         // block cache budget (default 64 MiB)
@@ -35,7 +36,8 @@ type Config struct {
 
 // writerConfig is the WAL writer's share of c.
 func (c Config) writerConfig() segment.WriterConfig {
-	return segment.WriterConfig{FlushInterval: c.FlushInterval, FlushSize: c.FlushSize, MaxInFlight: c.MaxInFlight, MaxPending: c.MaxPending}
+	return segment.WriterConfig{FlushInterval: c.FlushInterval, FlushSize: c.FlushSize, MaxInFlight: c.MaxInFlight, MaxPending: c.MaxPending,
+		FlushQuiet: c.FlushQuiet}
 }
 
 func (c Config) withDefaults() Config {
