@@ -23,6 +23,11 @@ const offsetDigits = 16
 // offsetLen is the length of an encoded offset: two halves and a '_'.
 const offsetLen = 2*offsetDigits + 1
 
+// before reports whether p comes before q in the stream.
+func (p position) before(q position) bool {
+	return p.seq < q.seq || (p.seq == q.seq && p.off < q.off)
+}
+
 // String encodes p as the opaque offset token clients see.
 func (p position) String() string {
 	// Every response and SSE control event carries one: no fmt.

@@ -180,7 +180,7 @@ func (h *sseHub) run(ctx context.Context, gen uint64) {
 			err = errHubStopped
 		}
 		if err == nil {
-			err = h.catchUp(ctx, gen, pos, info.NextSeq)
+			err = h.catchUp(ctx, gen, info.NextSeq)
 		}
 		switch {
 		case errors.Is(err, errSuperseded):
@@ -204,17 +204,21 @@ func (h *sseHub) run(ctx context.Context, gen uint64) {
 // errSuperseded: a later run serves the hub's feeds now.
 var errSuperseded = errors.New("hub run superseded")
 
-// catchUp writes the records from pos up to at least tail to every feed.
-func (h *sseHub) catchUp(ctx context.Context, gen uint64, pos position, tail uint64) error {
+// hubSlice is how many feeds one write of a pass covers before the hub
+// looks at the stream again.
+const hubSlice = 256
+
+// catchUp writes what is new to every feed until all of them are at the
+// stream's tail. The feeds furthest behind go first, a slice at a time,
+// and the stream is read again before each slice: a record that arrives
+// while a pass is under way reaches the feeds the pass has not written yet
+// in the same write as the records before it, and the feeds it has written
+// in the next pass, which covers only them. Under load feeds get fewer,
+// larger writes, and no record waits for a whole pass over every feed
+// before its own pass begins.
+func (h *sseHub) catchUp(ctx context.Context, gen uint64, tail uint64) error {
+	var last *sseFrame // the newest frame written
 	for {
-		f, err := h.src.frameAt(ctx, pos, tail)
-		if err != nil || f.id != h.key.id {
-			return errHubStopped
-		}
-		if !f.hasData() && !f.closed {
-			// Woken with nothing to read: let each feed find out why.
-			return errHubStopped
-		}
 		h.mu.Lock()
 		if h.gen != gen {
 			// The last feed left and a new one parked while this run was
@@ -222,21 +226,70 @@ func (h *sseHub) catchUp(ctx context.Context, gen uint64, pos position, tail uin
 			h.mu.Unlock()
 			return errSuperseded
 		}
-		h.next = f.next
 		feeds := make([]*hubFeed, 0, len(h.feeds))
 		for hf := range h.feeds {
 			feeds = append(feeds, hf)
 		}
 		h.mu.Unlock()
-		h.sendAll(feeds, f, h.encodeForFeeds(f, feeds))
-		if f.closed {
-			return errFeedClosed
-		}
-		if f.upToDate {
+		from, group, all := furthestBehind(feeds)
+		if len(group) == 0 {
 			return nil
 		}
-		pos, tail = f.next, f.tail
+		if all && last != nil && from == last.next {
+			if last.closed {
+				return errFeedClosed
+			}
+			if last.upToDate {
+				return nil
+			}
+		}
+		for i := 0; i < len(group); i += hubSlice {
+			if i > 0 {
+				if info, err := h.eng.Head(ctx, h.key.name); err == nil && info.ID == h.key.id {
+					tail = max(tail, info.NextSeq)
+				}
+			}
+			f, err := h.src.frameAt(ctx, from, tail)
+			if err != nil || f.id != h.key.id {
+				return errHubStopped
+			}
+			if !f.hasData() && !f.closed {
+				// Woken with nothing to read: let each feed find out why.
+				return errHubStopped
+			}
+			h.mu.Lock()
+			if h.next.before(f.next) {
+				h.next = f.next
+			}
+			h.mu.Unlock()
+			slice := group[i:min(i+hubSlice, len(group))]
+			h.sendAll(slice, f, h.encodeForFeeds(f, slice))
+			last = f
+			tail = max(tail, f.tail)
+		}
 	}
+}
+
+// furthestBehind returns the earliest position among the feeds still
+// parked, the feeds there, and whether that is all of them.
+func furthestBehind(feeds []*hubFeed) (at position, group []*hubFeed, all bool) {
+	live := 0
+	for _, hf := range feeds {
+		hf.mu.Lock()
+		next, ended := hf.next, hf.ended
+		hf.mu.Unlock()
+		if ended != nil {
+			continue
+		}
+		live++
+		switch {
+		case len(group) == 0 || next.before(at):
+			at, group = next, append(group[:0], hf)
+		case next == at:
+			group = append(group, hf)
+		}
+	}
+	return at, group, len(group) == live
 }
 
 // sendAll writes frame f to the feeds, split over one goroutine per

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -346,4 +347,86 @@ func TestPicoSSEHubLetsFeedsGo(t *testing.T) {
 	a.control(t, 1, true, false)
 	a.ends(t, 2*time.Second)
 	waitParked(t, s.pico.hubs, 0, 0)
+}
+
+// gatedRecorder records a feed's writes, each held until gate closes; the
+// first write says so on entered.
+type gatedRecorder struct {
+	*httptest.ResponseRecorder
+	gate    chan struct{}
+	entered *sync.Once
+	signal  chan struct{}
+}
+
+func (g gatedRecorder) Write(b []byte) (int, error) {
+	g.entered.Do(func() { close(g.signal) })
+	<-g.gate
+	return g.ResponseRecorder.Write(b)
+}
+
+// A record appended while a pass is under way reaches the feeds the pass
+// has not written yet in the same write as the record before it, and the
+// feeds it has written in a pass of their own: every feed gets both
+// records once, in order, and more feeds than one slice means some of them
+// get both in one event.
+func TestSSEHubJoinsRecordsArrivingMidPass(t *testing.T) {
+	const n = hubSlice + 44
+	s, eng, key, pos := newHubStream(t)
+	src := dsHubSource{d: s.proto, eng: eng, key: key}
+	gate, signal, once := make(chan struct{}), make(chan struct{}), &sync.Once{}
+	recs := make([]*httptest.ResponseRecorder, n)
+	feeds := make([]*hubFeed, n)
+	for i := range feeds {
+		recs[i] = httptest.NewRecorder()
+		feeds[i] = fakeHubFeed(gatedRecorder{recs[i], gate, once, signal}, "c", pos)
+		if s.proto.hubs.park(src, eng, key, pos, feeds[i]) == nil {
+			t.Fatalf("feed %d not parked", i)
+		}
+	}
+	s.do(t, "POST", "/s", "one", ct, "text/plain").want(t, 204)
+	select {
+	case <-signal: // the pass for "one" is writing its first slice
+	case <-time.After(5 * time.Second):
+		t.Fatal("the hub wrote nothing")
+	}
+	s.do(t, "POST", "/s", "two", ct, "text/plain").want(t, 204)
+	close(gate)
+
+	want := position{pos.seq + 2, 0}
+	deadline := time.Now().Add(10 * time.Second)
+	joined := 0
+	for i, hf := range feeds {
+		for {
+			hf.mu.Lock()
+			next, body := hf.next, recs[i].Body.String()
+			hf.mu.Unlock()
+			if next == want {
+				var data string
+				events := 0
+				for _, line := range strings.Split(body, "\n") {
+					if line == "event: data" {
+						events++
+					}
+					if d, ok := strings.CutPrefix(line, "data:"); ok && events > 0 && !strings.HasPrefix(d, "{") {
+						data += strings.TrimPrefix(d, " ")
+					}
+				}
+				if data != "onetwo" {
+					t.Fatalf("feed %d got data %q in %d events, want \"onetwo\":\n%s", i, data, events, body)
+				}
+				if events == 1 {
+					joined++
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("feed %d at %s, want %s", i, next, want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if joined == 0 || joined == n {
+		t.Errorf("%d of %d feeds got both records in one event; want those of the pass's later slices only", joined, n)
+	}
+	t.Logf("%d of %d feeds got both records in one event", joined, n)
 }
