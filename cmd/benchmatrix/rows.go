@@ -87,7 +87,9 @@ var rowSettings = map[string]settings{
 	"6": {Note: "Each append is 5,000 events (100,000 a second) that Caddy writes and the load generator reads on the same 2 cores, " +
 		"each a small TCP segment over loopback whose kernel work (about 5 us in the writer's syscall and 4 us in the reader's) is most of the " +
 		"cost. Feeds at the tail park in the stream's hub: one goroutine per processor writes the event, encoded once, to every feed, so an " +
-		"append wakes a few goroutines instead of 5,000. The line at 1 append/s in the details is the floor on this VM: one wave over every " +
+		"append wakes a few goroutines instead of 5,000. A pass goes 256 feeds at a time and reads the stream again before each slice, so a " +
+		"record that lands mid-pass joins the previous one in the same write to the feeds not yet written, and reaches the others in a pass " +
+		"over just them (since 1d39d50; two runs back to back on this box: p50 54 and p99 122 ms against 78 and 156 before). The line at 1 append/s in the details is the floor on this VM: one wave over every " +
 		"feed, with the machine to itself, already takes about a hundred milliseconds. Row 6-node is the same load on the Node reference server, in memory",
 		Tried: "before the hub, a fan-out gate of 1, 2, 8, 16 or 64 x GOMAXPROCS feeds (p99 229-266 ms in all runs), or no gate at all " +
 			"(p50 52-59 ms against 135, p99 242-334 against 266-276); waking feeds with the stream's state in the wake-up itself, so that " +
