@@ -33,7 +33,7 @@ type dsServer struct {
 	shutdown context.CancelFunc
 }
 
-func newDSServer(t *testing.T, tweak ...func(*durableStreams)) *dsServer {
+func newDSServer(t testing.TB, tweak ...func(*durableStreams)) *dsServer {
 	t.Helper()
 	store, err := segment.Open("file://"+t.TempDir(), segment.OpenOptions{})
 	if err != nil {
@@ -89,7 +89,7 @@ type resp struct {
 	body   string
 }
 
-func (s *dsServer) do(t *testing.T, method, path string, body string, hdr ...string) resp {
+func (s *dsServer) do(t testing.TB, method, path string, body string, hdr ...string) resp {
 	t.Helper()
 	var rd io.Reader
 	if body != "" {
@@ -114,7 +114,7 @@ func (s *dsServer) do(t *testing.T, method, path string, body string, hdr ...str
 	return resp{status: res.StatusCode, h: res.Header, body: string(b)}
 }
 
-func (r resp) want(t *testing.T, status int) resp {
+func (r resp) want(t testing.TB, status int) resp {
 	t.Helper()
 	if r.status != status {
 		t.Fatalf("status %d, want %d; body %q; headers %v", r.status, status, r.body, r.h)

@@ -171,6 +171,7 @@ func (h *sseHub) end(f *hubFeed, err error) {
 // ends when the last feed leaves; each run ends on its own context (a later
 // park may have started another).
 func (h *sseHub) run(ctx context.Context, gen uint64) {
+	var scratch passScratch
 	for ctx.Err() == nil {
 		h.mu.Lock()
 		pos := h.next
@@ -180,7 +181,7 @@ func (h *sseHub) run(ctx context.Context, gen uint64) {
 			err = errHubStopped
 		}
 		if err == nil {
-			err = h.catchUp(ctx, gen, info.NextSeq)
+			err = h.catchUp(ctx, gen, info.NextSeq, &scratch)
 		}
 		switch {
 		case errors.Is(err, errSuperseded):
@@ -216,7 +217,8 @@ const hubSlice = 256
 // in the next pass, which covers only them. Under load feeds get fewer,
 // larger writes, and no record waits for a whole pass over every feed
 // before its own pass begins.
-func (h *sseHub) catchUp(ctx context.Context, gen uint64, tail uint64) error {
+func (h *sseHub) catchUp(ctx context.Context, gen uint64, tail uint64, scratch *passScratch) error {
+	defer scratch.release()
 	var last *sseFrame // the newest frame written
 	for {
 		h.mu.Lock()
@@ -226,12 +228,14 @@ func (h *sseHub) catchUp(ctx context.Context, gen uint64, tail uint64) error {
 			h.mu.Unlock()
 			return errSuperseded
 		}
-		feeds := make([]*hubFeed, 0, len(h.feeds))
+		feeds := scratch.feeds[:0]
 		for hf := range h.feeds {
 			feeds = append(feeds, hf)
 		}
 		h.mu.Unlock()
-		from, group, all := furthestBehind(feeds)
+		scratch.feeds = feeds
+		from, group, all := furthestBehind(feeds, scratch.group[:0])
+		scratch.group = group
 		if len(group) == 0 {
 			return nil
 		}
@@ -270,9 +274,25 @@ func (h *sseHub) catchUp(ctx context.Context, gen uint64, tail uint64) error {
 	}
 }
 
+// passScratch holds a hub run's lists of feeds from pass to pass: with
+// thousands of feeds, fresh lists at every slice of every pass were most
+// of what the hub allocated, and so of the collections it caused.
+type passScratch struct {
+	feeds, group []*hubFeed
+}
+
+// release drops the lists' references, so that feeds that left are not
+// kept alive until the next pass, and keeps their room.
+func (s *passScratch) release() {
+	clear(s.feeds[:cap(s.feeds)])
+	clear(s.group[:cap(s.group)])
+	s.feeds, s.group = s.feeds[:0], s.group[:0]
+}
+
 // furthestBehind returns the earliest position among the feeds still
-// parked, the feeds there, and whether that is all of them.
-func furthestBehind(feeds []*hubFeed) (at position, group []*hubFeed, all bool) {
+// parked, the feeds there (appended to group), and whether that is all of
+// them.
+func furthestBehind(feeds, group []*hubFeed) (at position, _ []*hubFeed, all bool) {
 	live := 0
 	for _, hf := range feeds {
 		hf.mu.Lock()
