@@ -55,6 +55,17 @@ func testEntry(seq uint64) *segment.Entry {
 	return &segment.Entry{StreamID: "s", Name: "s", FirstSeq: seq, Records: []segment.Record{{Seq: seq, Body: []byte("x")}}}
 }
 
+// waitBatches waits for every batch's outcome and fails the test on an error.
+func waitBatches(t *testing.T, batches []*segment.Batch) {
+	t.Helper()
+	for _, b := range batches {
+		<-b.Done()
+		if err := b.Err(); err != nil {
+			t.Fatalf("batch: %v", err)
+		}
+	}
+}
+
 // An append that finds the writer idle is uploaded at once: flush_interval
 // spaces uploads, it is not a linger every append pays.
 func TestWriterIdleAppendGoesOutAtOnce(t *testing.T) {
@@ -100,12 +111,7 @@ func TestWriterSpacesUploads(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	for _, b := range batches {
-		<-b.Done()
-		if err := b.Err(); err != nil {
-			t.Fatalf("batch: %v", err)
-		}
-	}
+	waitBatches(t, batches)
 	starts := store.times()
 	if len(starts) < 5 {
 		t.Fatalf("%d uploads in 500ms of appends every 1ms; want about one per %s", len(starts), interval)
@@ -151,12 +157,7 @@ func TestWriterFlushQuiet(t *testing.T) {
 				batches = append(batches, b)
 				time.Sleep(tc.gap)
 			}
-			for _, b := range batches {
-				<-b.Done()
-				if err := b.Err(); err != nil {
-					t.Fatalf("batch: %v", err)
-				}
-			}
+			waitBatches(t, batches)
 			took := time.Since(start)
 			maxPuts := tc.maxPuts
 			if maxPuts == 0 {
