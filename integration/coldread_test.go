@@ -2,9 +2,12 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
 )
 
 // TestColdCatchUpReadsEachObjectOnce: a freshly started Caddy reading a
@@ -76,5 +79,73 @@ func TestColdCatchUpReadsEachObjectOnce(t *testing.T) {
 		if n != 1 {
 			t.Errorf("data object %s fetched %d times; want once", k, n)
 		}
+	}
+}
+
+// TestColdCatchUpKeepsGETsInFlight holds every blob GET of a cold read at
+// the S3 proxy: the reader's own and the read-ahead's must be out at once,
+// the whole window ahead of the reader (11 objects here) and not a couple.
+// Two at a time read 1 MiB objects from a bucket 25 ms away at a third of
+// the speed of eight.
+func TestColdCatchUpKeepsGETsInFlight(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	// A held GET must not time out and come again as a second one.
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s", "s3_timeout 2m"}})
+	const ct = "application/octet-stream"
+	const path = "/cold/inflight"
+	const objects = 12
+	e.create(path, ct)
+	// Appends of 256 KiB are written as blobs, one object each.
+	written := fhRandomRecords(900, objects, 256<<10)
+	for _, r := range written {
+		e.append(path, ct, r)
+	}
+	err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if n := len(e.mustList("wal/")); n > 0 {
+			return fmt.Errorf("%d WAL objects left", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("not compacted: %v", err)
+	}
+	if n := len(e.mustList("blob/")); n != objects {
+		t.Fatalf("%d blobs for %d appends of 256 KiB; the test needs one each", n, objects)
+	}
+
+	e.caddy.Kill()
+	e.caddy.Restart()
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpGet, KeyContains: "/blob/"})
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	type result struct {
+		got []byte
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		got, _, err := e.readBytes(path)
+		done <- result{got, err}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.proxy.WaitHeld(ctx, objects); err != nil {
+		t.Fatalf("the cold read had at most %d blob GETs out at once within 30 s; want %d (its own and %d ahead)",
+			e.proxy.Held(), objects, objects-1)
+	}
+	release()
+	released = true
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("cold read: %v", r.err)
+	}
+	if want := bytes.Join(written, nil); !bytes.Equal(r.got, want) {
+		t.Fatalf("cold read returned %d bytes, want the %d written (equal prefix %d)", len(r.got), len(want), fhCommonPrefix(r.got, want))
 	}
 }

@@ -182,3 +182,207 @@ func TestReadAheadSpans(t *testing.T) {
 		})
 	}
 }
+
+// gatedStore holds the GETs of keys under prefix until their key is opened
+// (or all are), and records which began.
+type gatedStore struct {
+	segment.Store
+	prefix  string
+	mu      sync.Mutex
+	changed chan struct{} // closed and replaced at every change
+	open    map[string]bool
+	allOpen bool
+	began   map[string]int
+}
+
+func newGatedStore(t *testing.T, st segment.Store, prefix string) *gatedStore {
+	g := &gatedStore{Store: st, prefix: prefix, changed: make(chan struct{}), open: map[string]bool{}, began: map[string]int{}}
+	// Registered before the engine's cleanup, so it runs after it: held
+	// GETs end and their goroutines with them.
+	t.Cleanup(func() { g.openAll() })
+	return g
+}
+
+func (g *gatedStore) signalLocked() {
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+func (g *gatedStore) Get(ctx context.Context, key string, off, n int64) ([]byte, string, error) {
+	if strings.HasPrefix(key, g.prefix) {
+		g.mu.Lock()
+		g.began[key]++
+		g.signalLocked()
+		for !g.allOpen && !g.open[key] {
+			ch := g.changed
+			g.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return nil, "", ctx.Err()
+			}
+			g.mu.Lock()
+		}
+		g.mu.Unlock()
+	}
+	return g.Store.Get(ctx, key, off, n)
+}
+
+func (g *gatedStore) openKeys(keys ...string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, k := range keys {
+		g.open[k] = true
+	}
+	g.signalLocked()
+}
+
+func (g *gatedStore) openAll() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.allOpen = true
+	g.signalLocked()
+}
+
+// begun returns how many GETs of key began.
+func (g *gatedStore) begun(key string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.began[key]
+}
+
+// waitFor waits up to 5 s for cond, checked at every change.
+func (g *gatedStore) waitFor(cond func() bool) bool {
+	deadline := time.After(5 * time.Second)
+	for {
+		g.mu.Lock()
+		ch := g.changed
+		g.mu.Unlock()
+		if cond() {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Millisecond):
+		case <-deadline:
+			return cond()
+		}
+	}
+}
+
+// The read-ahead follows the reader: an object it waits on does not hold up
+// the objects that came into the window since. A read-ahead that ran window
+// by window started the next window only when every GET of the previous
+// one had ended, so one slow GET stalled the pipe.
+func TestReadAheadSlidesWithTheReader(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	const objects = readAheadObjects + 4
+	writeObjects(t, startEngine(t, st, Config{}), "/slide", objects)
+	g := newGatedStore(t, st, "data/")
+	e := startEngine(t, g, Config{})
+	info, err := e.Head(ctx, "/slide")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(i int) string { return dataKey(info.ID, uint64(2*i), uint64(2*i+2)) }
+	// Every object of the first window arrives but its last.
+	for i := range readAheadObjects {
+		g.openKeys(key(i))
+	}
+	if _, err := e.Read(ctx, "/slide", ReadRequest{Seq: 0, MaxRecords: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if !g.waitFor(func() bool { return g.begun(key(readAheadObjects)) == 1 && e.cache.has(key(readAheadObjects-1)) }) {
+		t.Fatalf("the first window was not read ahead")
+	}
+	// The reader moves on by one object; the one after the window's end
+	// must be asked for while the window's last is still held.
+	if _, err := e.Read(ctx, "/slide", ReadRequest{Seq: 2, MaxRecords: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if !g.waitFor(func() bool { return g.begun(key(readAheadObjects+1)) == 1 }) {
+		t.Fatalf("object %d was not read ahead while object %d was held", readAheadObjects+1, readAheadObjects)
+	}
+	g.openAll()
+	got := readAll(t, e, "/slide")
+	if len(got) != 2*objects {
+		t.Fatalf("read %d records, want %d", len(got), 2*objects)
+	}
+	for i, b := range got {
+		if b != fmt.Sprint(i) {
+			t.Fatalf("record %d is %q", i, b)
+		}
+	}
+	for i := range objects {
+		if n := g.begun(key(i)); n != 1 {
+			t.Errorf("object %d fetched %d times; want once", i, n)
+		}
+	}
+}
+
+// Read-ahead GETs in flight hold at most the engine's limit of bytes, so
+// many cold readers at once cannot fill memory with objects on their way.
+func TestReadAheadBoundsBytesInFlight(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	const objects = readAheadObjects + 1
+	writeObjects(t, startEngine(t, st, Config{}), "/bound", objects)
+	g := newGatedStore(t, st, "data/")
+	e := startEngine(t, g, Config{})
+	info, err := e.Head(ctx, "/bound")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := func(i int) string { return dataKey(info.ID, uint64(2*i), uint64(2*i+2)) }
+	listed, _, err := st.List(ctx, dataPrefix(info.ID), "", 1000)
+	if err != nil || len(listed) != objects {
+		t.Fatalf("listed %d data objects (%v), want %d", len(listed), err, objects)
+	}
+	size := map[string]int64{}
+	for _, o := range listed {
+		size[o.Key] = o.Size
+	}
+	// Room for the first five objects after the reader's, not six.
+	const fit = 5
+	var limit int64
+	for i := 1; i <= fit; i++ {
+		limit += size[key(i)]
+	}
+	e.fetchMu.Lock()
+	e.aheadLimit = limit
+	e.fetchMu.Unlock()
+
+	g.openKeys(key(0))
+	if _, err := e.Read(ctx, "/bound", ReadRequest{Seq: 0, MaxRecords: 2}); err != nil {
+		t.Fatal(err)
+	}
+	ahead := func() (n int) {
+		for i := 1; i < objects; i++ {
+			n += g.begun(key(i))
+		}
+		return n
+	}
+	if !g.waitFor(func() bool { return ahead() >= fit }) {
+		t.Fatalf("%d read-ahead GETs began; want %d", ahead(), fit)
+	}
+	// Give any GET beyond the limit time to begin.
+	time.Sleep(200 * time.Millisecond)
+	if n := ahead(); n != fit {
+		t.Fatalf("%d read-ahead GETs in flight at once; the limit has room for %d", n, fit)
+	}
+	g.openAll()
+	got := readAll(t, e, "/bound")
+	if len(got) != 2*objects {
+		t.Fatalf("read %d records, want %d", len(got), 2*objects)
+	}
+	// The last read-ahead GET may end just after the reader that joined it.
+	inFlight := func() int64 {
+		e.fetchMu.Lock()
+		defer e.fetchMu.Unlock()
+		return e.aheadBytes
+	}
+	if !g.waitFor(func() bool { return inFlight() == 0 }) {
+		t.Fatalf("%d bytes of read-ahead still counted in flight after the read", inFlight())
+	}
+}

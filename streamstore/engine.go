@@ -128,6 +128,9 @@ type Engine struct {
 
 	fetchMu  sync.Mutex
 	fetching map[string]*fetchCall // data object GETs in flight, by key
+	// aheadBytes is what read-ahead GETs in flight hold, across streams,
+	// up to aheadLimit (readAheadInFlight).
+	aheadBytes, aheadLimit int64
 
 	lastUse atomic.Int64 // last stream lookup by a request (Unix ns)
 	// quietReturned: the heap went back to the OS since requests stopped
@@ -152,6 +155,7 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 		log:          log,
 		man:          segment.NewManifests(store),
 		cache:        newBlockCache(cfg.CacheBytes),
+		aheadLimit:   readAheadInFlight,
 		cfg:          cfg,
 		streams:      map[string]*stream{},
 		loading:      map[string]*loadCall{},
@@ -410,8 +414,9 @@ type stream struct {
 
 	uploading chan struct{} // closed when a large append's blob upload ends
 
-	dataIdx     *dataIndex // where the data objects are, once a read looked
-	prefetching bool       // a read-ahead of data objects is running
+	dataIdx      *dataIndex // where the data objects are, once a read looked
+	ahead        []dataSpan // data objects to read ahead, in order
+	aheadWorkers int        // goroutines reading them
 
 	// The stream's latest WAL entry and its batch, when later appends may
 	// be folded into it (an append entry without close or trim); nil
