@@ -367,7 +367,7 @@ const rerunText = "## Rerunning\n\n" +
 	"The S3 proxy is `internal/testenv`'s, also available on its own as `go run ./cmd/s3proxy -target URL [-latency 25ms -jitter 5ms -error-rate 0.01]`, to put a cloud-like delay or errors in front of any S3 endpoint.\n\n"
 
 const columnsText = "## Columns\n\n" +
-	"- **Row**: the issue's row number; `1-defaults` is row 1 with the module's default settings, `1-node` and `6-node` rows 1's and 6's loads against the Node reference server. The link goes to the row's section below, which has the exact commands.\n" +
+	"- **Row**: the issue's row number; `1-defaults` is row 1 with the module's default settings, `1-node` and `6-node` rows 1's and 6's loads against the Node reference server, `7-cloud` row 7's cold read with the S3 proxy adding 25 ms to every request. The link goes to the row's section below, which has the exact commands.\n" +
 	"- **What**: the load. Appends carry 1 KiB bodies unless the row says otherwise; writers are closed-loop (each sends its next request when the previous one is answered) and spread over the streams.\n" +
 	"- **Settings**: the `picomq` Caddyfile directives the row sets (anything not listed is the module's default, as in the README's Caddyfile table; \"defaults\" means none is set) and the delay the S3 proxy adds to every request.\n" +
 	"- **Reference**: what the row is measured against, in the same run with the same load generator: the `respond 204` ceiling of the same Caddy binary with the same writers, or direct S3 requests to versitygw for the storage rows.\n" +
