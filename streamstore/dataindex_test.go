@@ -270,22 +270,30 @@ func (g *gatedStore) waitFor(cond func() bool) bool {
 	}
 }
 
+// gatedColdStream writes stream name as n data objects of two records
+// each, then starts a second engine on the same store with every data GET
+// held by a gatedStore. key(i) is the i-th object's key.
+func gatedColdStream(t *testing.T, name string, n int) (e *Engine, g *gatedStore, st segment.Store, key func(int) string) {
+	t.Helper()
+	st = memstore.New()
+	writeObjects(t, startEngine(t, st, Config{}), name, n)
+	g = newGatedStore(t, st, "data/")
+	e = startEngine(t, g, Config{})
+	info, err := e.Head(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, g, st, func(i int) string { return dataKey(info.ID, uint64(2*i), uint64(2*i+2)) }
+}
+
 // The read-ahead follows the reader: an object it waits on does not hold up
 // the objects that came into the window since. A read-ahead that ran window
 // by window started the next window only when every GET of the previous
 // one had ended, so one slow GET stalled the pipe.
 func TestReadAheadSlidesWithTheReader(t *testing.T) {
 	ctx := context.Background()
-	st := memstore.New()
 	const objects = readAheadObjects + 4
-	writeObjects(t, startEngine(t, st, Config{}), "/slide", objects)
-	g := newGatedStore(t, st, "data/")
-	e := startEngine(t, g, Config{})
-	info, err := e.Head(ctx, "/slide")
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := func(i int) string { return dataKey(info.ID, uint64(2*i), uint64(2*i+2)) }
+	e, g, _, key := gatedColdStream(t, "/slide", objects)
 	// Every object of the first window arrives but its last.
 	for i := range readAheadObjects {
 		g.openKeys(key(i))
@@ -325,17 +333,9 @@ func TestReadAheadSlidesWithTheReader(t *testing.T) {
 // many cold readers at once cannot fill memory with objects on their way.
 func TestReadAheadBoundsBytesInFlight(t *testing.T) {
 	ctx := context.Background()
-	st := memstore.New()
 	const objects = readAheadObjects + 1
-	writeObjects(t, startEngine(t, st, Config{}), "/bound", objects)
-	g := newGatedStore(t, st, "data/")
-	e := startEngine(t, g, Config{})
-	info, err := e.Head(ctx, "/bound")
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := func(i int) string { return dataKey(info.ID, uint64(2*i), uint64(2*i+2)) }
-	listed, _, err := st.List(ctx, dataPrefix(info.ID), "", 1000)
+	e, g, st, key := gatedColdStream(t, "/bound", objects)
+	listed, _, err := st.List(ctx, "data/", "", 1000) // the store's only stream
 	if err != nil || len(listed) != objects {
 		t.Fatalf("listed %d data objects (%v), want %d", len(listed), err, objects)
 	}

@@ -401,22 +401,17 @@ func (m *matrix) row7(ctx context.Context) {
 	r.Reference = fmt.Sprintf("8 MiB ranged GETs, second pass: %.1f MiB/s", refMiBs)
 	r.Commands = append(r.Commands, fmt.Sprintf("# reference: in cmd/benchmatrix, sequential 8 MiB ranged GetObject of the %d objects under %sdata/, blob/ (and wal/) straight from versitygw, two passes, the second timed", len(objs), prefix))
 
-	// A fresh Caddy: stop it and start the same node again.
 	m.logf("  restarting caddy for a cold read")
-	e.caddy.p.stop(15 * time.Second)
-	if err := e.caddy.restart(ctx); err != nil {
-		r.Err = "restarting Caddy: " + err.Error()
-		return
+	pr, err := m.coldRead(ctx, e, name, "r7")
+	if pr != nil {
+		r.Commands = append(r.Commands, "# PicoMQ, after a restart of Caddy", pr.cmd)
 	}
-	spec := benchSpec{Mode: "read", Stream: name, Readers: 1, NoCreate: true, Timeout: 5 * time.Minute}
-	pr, err := m.measurePico(ctx, e, "r7", spec)
-	r.Commands = append(r.Commands, "# PicoMQ, after a restart of Caddy", pr.cmd)
 	if err != nil {
 		r.Err = err.Error()
 		return
 	}
 	got := pr.res.mibPerS()
-	r.Measured = fmt.Sprintf("%.1f MiB/s (%s read in %.2f s), %d S3 requests", got, fmtBytes(int64(pr.res.Bytes)), float64(pr.res.DurationS), pr.s3.Total)
+	r.Measured = readMeasured(pr)
 	if refMiBs > 0 {
 		r.Ratio = got / refMiBs
 	}
@@ -466,14 +461,10 @@ func (m *matrix) row7Cloud(ctx context.Context, e *picoEnv, name string, objs []
 	r.Commands = append(r.Commands, fmt.Sprintf("# reference: in cmd/benchmatrix, row 7's sequential 8 MiB ranged GetObject of the %d objects, through the S3 proxy with +%s per request (page cache warm from row 7)", len(objs), set.Latency))
 
 	m.logf("  restarting caddy for a cold read through the delay")
-	e.caddy.p.stop(15 * time.Second)
-	if err := e.caddy.restart(ctx); err != nil {
-		r.Err = "restarting Caddy: " + err.Error()
-		return
+	pr, err := m.coldRead(ctx, e, name, "r7-cloud")
+	if pr != nil {
+		r.Commands = append(r.Commands, fmt.Sprintf("# PicoMQ, after a restart of Caddy, the proxy adding %s to every request", set.Latency), pr.cmd)
 	}
-	spec := benchSpec{Mode: "read", Stream: name, Readers: 1, NoCreate: true, Timeout: 5 * time.Minute}
-	pr, err := m.measurePico(ctx, e, "r7-cloud", spec)
-	r.Commands = append(r.Commands, fmt.Sprintf("# PicoMQ, after a restart of Caddy, the proxy adding %s to every request", set.Latency), pr.cmd)
 	if err != nil {
 		r.Err = err.Error()
 		return
@@ -482,13 +473,29 @@ func (m *matrix) row7Cloud(ctx context.Context, e *picoEnv, name string, objs []
 		r.Err = fmt.Sprintf("read %s of %s with %d errors", fmtBytes(got), fmtBytes(size), int64(pr.res.Errors))
 		return
 	}
-	got := pr.res.mibPerS()
-	r.Measured = fmt.Sprintf("%.1f MiB/s (%s read in %.2f s), %d S3 requests", got, fmtBytes(int64(pr.res.Bytes)), float64(pr.res.DurationS), pr.s3.Total)
+	r.Measured = readMeasured(pr)
 	if refMiBs > 0 {
-		r.Ratio = got / refMiBs
+		r.Ratio = pr.res.mibPerS() / refMiBs
 	}
 	r.Details = append(r.Details, s3Breakdown(pr.s3, pr.marked))
 	r.Details = append(r.Details, processDetail(pr.res)...)
+}
+
+// coldRead stops e's Caddy and starts the same node again, its caches
+// empty, then reads stream name from its start with one reader.
+func (m *matrix) coldRead(ctx context.Context, e *picoEnv, name, label string) (*picoRun, error) {
+	e.caddy.p.stop(15 * time.Second)
+	if err := e.caddy.restart(ctx); err != nil {
+		return nil, fmt.Errorf("restarting Caddy: %w", err)
+	}
+	spec := benchSpec{Mode: "read", Stream: name, Readers: 1, NoCreate: true, Timeout: 5 * time.Minute}
+	return m.measurePico(ctx, e, label, spec)
+}
+
+// readMeasured is the Measured cell of a cold read.
+func readMeasured(pr *picoRun) string {
+	return fmt.Sprintf("%.1f MiB/s (%s read in %.2f s), %d S3 requests",
+		pr.res.mibPerS(), fmtBytes(int64(pr.res.Bytes)), float64(pr.res.DurationS), pr.s3.Total)
 }
 
 // fillStream creates url as an octet-stream stream and appends n bodies of
