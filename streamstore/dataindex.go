@@ -186,11 +186,27 @@ func (e *Engine) prefetch(s *stream, next []dataSpan) {
 	s.mu.Lock()
 	s.ahead = todo
 	start := min(readAheadFetches-s.aheadWorkers, len(todo))
+	if start > 0 && !e.roomAhead(todo[0].size) {
+		// Other streams' read-ahead holds the bytes: workers would end at
+		// once; the reader's next call looks again.
+		start = 0
+	}
 	s.aheadWorkers += start
 	s.mu.Unlock()
 	for range start {
 		go e.readAhead(s)
 	}
+}
+
+// roomAhead reports whether a read-ahead GET of size bytes may start now.
+func (e *Engine) roomAhead(size int64) bool {
+	e.fetchMu.Lock()
+	defer e.fetchMu.Unlock()
+	return e.roomAheadLocked(size)
+}
+
+func (e *Engine) roomAheadLocked(size int64) bool {
+	return e.aheadBytes == 0 || e.aheadBytes+size <= e.aheadLimit
 }
 
 // readAhead fetches objects from s's read-ahead queue, in order, until the
@@ -231,7 +247,7 @@ func (e *Engine) readAhead(s *stream) {
 func (e *Engine) takeAhead(sp dataSpan) bool {
 	e.fetchMu.Lock()
 	defer e.fetchMu.Unlock()
-	if e.aheadBytes > 0 && e.aheadBytes+sp.size > e.aheadLimit {
+	if !e.roomAheadLocked(sp.size) {
 		return false
 	}
 	e.aheadBytes += sp.size
