@@ -4,6 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
+	"net/url"
+	"path"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,32 +96,9 @@ func TestColdCatchUpKeepsGETsInFlight(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	// A held GET must not time out and come again as a second one.
-	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s", "s3_timeout 2m"}})
-	const ct = "application/octet-stream"
 	const path = "/cold/inflight"
 	const objects = 12
-	e.create(path, ct)
-	// Appends of 256 KiB are written as blobs, one object each.
-	written := fhRandomRecords(900, objects, 256<<10)
-	for _, r := range written {
-		e.append(path, ct, r)
-	}
-	err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-		if n := len(e.mustList("wal/")); n > 0 {
-			return fmt.Errorf("%d WAL objects left", n)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("not compacted: %v", err)
-	}
-	if n := len(e.mustList("blob/")); n != objects {
-		t.Fatalf("%d blobs for %d appends of 256 KiB; the test needs one each", n, objects)
-	}
-
-	e.caddy.Kill()
-	e.caddy.Restart()
+	e, written := fhColdBlobStream(t, path, objects)
 	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpGet, KeyContains: "/blob/"})
 	released := false
 	defer func() {
@@ -148,4 +130,99 @@ func TestColdCatchUpKeepsGETsInFlight(t *testing.T) {
 	if want := bytes.Join(written, nil); !bytes.Equal(r.got, want) {
 		t.Fatalf("cold read returned %d bytes, want the %d written (equal prefix %d)", len(r.got), len(want), fhCommonPrefix(r.got, want))
 	}
+}
+
+// fhColdBlobStream writes a stream of n appends of 256 KiB, each a blob of
+// its own, waits until compaction has retired the WAL, and restarts Caddy
+// so that a read of it is cold. It returns the appends' bodies.
+func fhColdBlobStream(t *testing.T, path string, n int) (*fhEnv, [][]byte) {
+	t.Helper()
+	// A held GET must not time out and come again as a second one.
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s", "s3_timeout 2m"}})
+	const ct = "application/octet-stream"
+	e.create(path, ct)
+	written := fhRandomRecords(900, n, 256<<10)
+	for _, r := range written {
+		e.append(path, ct, r)
+	}
+	err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if n := len(e.mustList("wal/")); n > 0 {
+			return fmt.Errorf("%d WAL objects left", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("not compacted: %v", err)
+	}
+	if got := len(e.mustList("blob/")); got != n {
+		t.Fatalf("%d blobs for %d appends of 256 KiB; the test needs one each", got, n)
+	}
+	e.caddy.Kill()
+	e.caddy.Restart()
+	return e, written
+}
+
+// TestColdCatchUpAfterFailedReadAhead fails every attempt of the read-ahead's
+// GET of one blob, retries included: the reader must still get every byte,
+// in order, once it reaches that blob (fetching it itself), and a read that
+// meets the failure is answered 503 with Retry-After, never a short or
+// wrong body.
+func TestColdCatchUpAfterFailedReadAhead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	const stream = "/cold/failed"
+	const objects = 12
+	e, written := fhColdBlobStream(t, stream, objects)
+	// Markers sort in read order and end with their blob's name.
+	markers := e.mustList("data/")
+	keys := make([]string, len(markers))
+	for i, m := range markers {
+		keys[i] = m.Key
+	}
+	slices.Sort(keys)
+	blob := strings.TrimPrefix(path.Ext(keys[4]), ".")
+	if !strings.Contains(blob, "-") {
+		t.Fatalf("data key %s is not a blob marker", keys[4])
+	}
+	// Five attempts is what the store makes of one GET before it gives up.
+	const attempts = 5
+	e.proxy.AddFault(testenv.Fault{Op: testenv.OpGet, KeyContains: blob, Status: http.StatusInternalServerError, Times: attempts})
+	before := e.proxy.Counts().Faults
+
+	var got []byte
+	offset, failed := "-1", 0
+	for range fhMaxReads {
+		resp, err := e.send(fhReq{Method: http.MethodGet, Path: stream + "?offset=" + url.QueryEscape(offset)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Status == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != "" {
+			// The failed fetch is over once its attempts are; later reads
+			// must fetch again rather than see it.
+			if !strings.Contains(string(resp.Body), "storage unavailable") {
+				t.Fatalf("GET %s?offset=%s: %s; want the reason", stream, offset, resp)
+			}
+			if failed++; failed > 20 {
+				t.Fatalf("GET %s?offset=%s: still %s after %d tries", stream, offset, resp, failed)
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if resp.Status != http.StatusOK {
+			t.Fatalf("GET %s?offset=%s: %s; want 200, or 503 with Retry-After", stream, offset, resp)
+		}
+		got = append(got, resp.Body...)
+		offset = resp.Header.Get("Stream-Next-Offset")
+		if resp.Header.Get("Stream-Up-To-Date") == "true" {
+			break
+		}
+	}
+	if want := bytes.Join(written, nil); !bytes.Equal(got, want) {
+		t.Fatalf("cold read returned %d bytes, want the %d written (equal prefix %d)", len(got), len(want), fhCommonPrefix(got, want))
+	}
+	if n := e.proxy.Counts().Faults - before; n != attempts {
+		t.Fatalf("%d GETs of blob %s failed; the test needs all %d attempts of one fetch to fail", n, blob, attempts)
+	}
+	t.Logf("every attempt of one blob's GET failed; the reader got all %d bytes, %d reads answered 503 first", len(got), failed)
 }
