@@ -1079,13 +1079,23 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.Is(err, streamstore.ErrUnavailable):
 		d.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
-		fail(w, http.StatusServiceUnavailable, "storage unavailable; nothing was acknowledged, retry")
+		fail(w, http.StatusServiceUnavailable, unavailableMessage(r.Method))
 	case r.Context().Err() != nil:
 		// The client left; nobody reads the answer.
 	default:
 		d.log.Error("request failed", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		fail(w, http.StatusInternalServerError, "internal error")
 	}
+}
+
+// unavailableMessage answers a request that failed with
+// streamstore.ErrUnavailable, in either protocol: a write says that none of
+// it was acknowledged, a read only that it may be retried.
+func unavailableMessage(method string) string {
+	if method == http.MethodGet || method == http.MethodHead {
+		return "storage unavailable; retry"
+	}
+	return "storage unavailable; nothing was acknowledged, retry"
 }
 
 // fail writes a short plain-text error. Headers already set (Stream-Closed,

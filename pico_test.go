@@ -1072,6 +1072,47 @@ func TestPicoControlEncoding(t *testing.T) {
 	}
 }
 
+// A storage failure is a 503 with Retry-After in either protocol; a write's
+// reason says nothing of it was acknowledged, a read's does not talk of
+// acknowledgements at all.
+func TestUnavailableAnswers(t *testing.T) {
+	failed := fmt.Errorf("%w: read data/x: connection refused", streamstore.ErrUnavailable)
+	log := zaptest.NewLogger(t)
+	for _, p := range []struct {
+		name   string
+		answer func(http.ResponseWriter, *http.Request, error)
+	}{
+		{"durable-streams", (&durableStreams{log: log}).engineError},
+		{"pico", (&picoProtocol{log: log}).engineError},
+	} {
+		for _, tc := range []struct {
+			method string
+			acked  bool // the reason speaks of acknowledgement
+		}{
+			{http.MethodGet, false},
+			{http.MethodHead, false},
+			{http.MethodPost, true},
+			{http.MethodPut, true},
+			{http.MethodDelete, true},
+		} {
+			t.Run(p.name+"/"+tc.method, func(t *testing.T) {
+				w := httptest.NewRecorder()
+				p.answer(w, httptest.NewRequest(tc.method, "/s", nil), failed)
+				if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
+					t.Fatalf("%d, Retry-After %q; want 503 with Retry-After", w.Code, w.Header().Get("Retry-After"))
+				}
+				body := w.Body.String()
+				if tc.method != http.MethodHead && !strings.Contains(body, "storage unavailable") {
+					t.Errorf("body %q does not say the storage is unavailable", body)
+				}
+				if got := strings.Contains(body, "acknowledged"); got != tc.acked {
+					t.Errorf("body %q: speaks of acknowledgement %v, want %v", body, got, tc.acked)
+				}
+			})
+		}
+	}
+}
+
 // An append refused because too many bytes wait for storage is a 503 with
 // Retry-After and the reason, in either protocol, not a storage failure.
 func TestBusyAnswers(t *testing.T) {

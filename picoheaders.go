@@ -269,7 +269,7 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 	case errors.Is(err, streamstore.ErrUnavailable):
 		p.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
-		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, "storage unavailable; nothing was acknowledged, retry", nil)
+		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, unavailableMessage(r.Method), nil)
 	case r.Context().Err() != nil:
 		// The client left; nobody reads the answer.
 	default:
