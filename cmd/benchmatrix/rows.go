@@ -102,7 +102,11 @@ var rowSettings = map[string]settings{
 			"RSS 115 MiB against 315; it polls each millisecond, so Caddy's writes need not wake it). With the sliced passes, on the rig " +
 			"(20 s windows, the same hour): one writing goroutine per hub instead of one per processor, so that the load generator keeps a " +
 			"core (p99 118-125 ms against 87-90), and slices of 64 feeds instead of 256 (p99 115 ms); the rig's spread for the landed " +
-			"code was 87-124 ms"},
+			"code was 87-124 ms" +
+			"; later (the same hour, alternated): the writing goroutines taking feeds 16 at a time from a shared counter instead of a " +
+			"fixed half each, so that one descheduled by the load generator's reads does not leave the other idle at the end of a " +
+			"slice (p99 95.6, 101 and 132 ms against 96.3, 106 and 129), and Caddy's write idle timeout off (p99 89.8 and 91.8 " +
+			"against 108 and 91.3; its deadline resets are about a tenth of Caddy's CPU but not what sets the p99)"},
 	// Compaction must move the stream into data objects before the cold
 	// read, so it runs often here.
 	"7": {Directives: []string{"compact_interval 2s"},
