@@ -263,8 +263,9 @@ func (e *Engine) fetchAhead(key string) error {
 	if inFlight || e.cache.has(key) {
 		return nil
 	}
-	// Not by cancelling ctx: a reader may be waiting on this fetch
-	// (fetchData joins it) and must get its outcome.
+	// Bounded and ended by Close, but not cut short when the queue is
+	// dropped: a reader may be waiting on this fetch (fetchData joins it)
+	// and must get its outcome.
 	ctx, cancel := context.WithTimeout(e.bgCtx, 30*time.Second)
 	defer cancel()
 	_, err := e.fetchData(ctx, key)
