@@ -87,42 +87,45 @@ func TestColdCatchUpReadsEachObjectOnce(t *testing.T) {
 	}
 }
 
-// TestColdCatchUpKeepsGETsInFlight holds every blob GET of a cold read at
-// the S3 proxy: the reader's own and the read-ahead's must be out at once,
-// the whole window ahead of the reader (11 objects here) and not a couple.
-// Two at a time read 1 MiB objects from a bucket 25 ms away at a third of
-// the speed of eight.
+// TestColdCatchUpKeepsGETsInFlight lets a cold read walk the first blobs
+// of a stream and holds every GET of the rest at the S3 proxy: once the
+// reader has walked four objects, its whole window (the next 16) must be
+// out at once, not a couple. Two at a time read 1 MiB objects from a bucket
+// 25 ms away at a third of the speed of eight.
 func TestColdCatchUpKeepsGETsInFlight(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	const path = "/cold/inflight"
-	const objects = 12
-	e, written := fhColdBlobStream(t, path, objects)
-	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpGet, KeyContains: "/blob/"})
-	released := false
-	defer func() {
-		if !released {
+	const stream = "/cold/inflight"
+	const walked, window = 4, 16
+	e, written := fhColdBlobStream(t, stream, walked+window)
+	var releases []func()
+	releaseAll := func() {
+		for _, release := range releases {
 			release()
 		}
-	}()
+		releases = nil
+	}
+	defer releaseAll()
+	for _, blob := range fhBlobsInReadOrder(t, e)[walked:] {
+		releases = append(releases, e.proxy.Hold(testenv.Fault{Op: testenv.OpGet, KeyContains: blob}))
+	}
 	type result struct {
 		got []byte
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		got, _, err := e.readBytes(path)
+		got, _, err := e.readBytes(stream)
 		done <- result{got, err}
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := e.proxy.WaitHeld(ctx, objects); err != nil {
-		t.Fatalf("the cold read had at most %d blob GETs out at once within 30 s; want %d (its own and %d ahead)",
-			e.proxy.Held(), objects, objects-1)
+	if err := e.proxy.WaitHeld(ctx, window); err != nil {
+		t.Fatalf("the cold read had at most %d blob GETs out at once within 30 s; want %d, the whole window after the %d blobs it walked",
+			e.proxy.Held(), window, walked)
 	}
-	release()
-	released = true
+	releaseAll()
 	r := <-done
 	if r.err != nil {
 		t.Fatalf("cold read: %v", r.err)
@@ -130,6 +133,26 @@ func TestColdCatchUpKeepsGETsInFlight(t *testing.T) {
 	if want := bytes.Join(written, nil); !bytes.Equal(r.got, want) {
 		t.Fatalf("cold read returned %d bytes, want the %d written (equal prefix %d)", len(r.got), len(want), fhCommonPrefix(r.got, want))
 	}
+}
+
+// fhBlobsInReadOrder returns the names of the blobs of the bucket's one
+// stream in the order a reader meets them: their markers sort by end seq
+// and end with the blob's name.
+func fhBlobsInReadOrder(t *testing.T, e *fhEnv) []string {
+	t.Helper()
+	var keys []string
+	for _, m := range e.mustList("data/") {
+		keys = append(keys, m.Key)
+	}
+	slices.Sort(keys)
+	blobs := make([]string, len(keys))
+	for i, k := range keys {
+		blobs[i] = strings.TrimPrefix(path.Ext(k), ".")
+		if !strings.Contains(blobs[i], "-") {
+			t.Fatalf("data key %s is not a blob marker", k)
+		}
+	}
+	return blobs
 }
 
 // fhColdBlobStream writes a stream of n appends of 256 KiB, each a blob of
@@ -174,17 +197,7 @@ func TestColdCatchUpAfterFailedReadAhead(t *testing.T) {
 	const stream = "/cold/failed"
 	const objects = 12
 	e, written := fhColdBlobStream(t, stream, objects)
-	// Markers sort in read order and end with their blob's name.
-	markers := e.mustList("data/")
-	keys := make([]string, len(markers))
-	for i, m := range markers {
-		keys[i] = m.Key
-	}
-	slices.Sort(keys)
-	blob := strings.TrimPrefix(path.Ext(keys[4]), ".")
-	if !strings.Contains(blob, "-") {
-		t.Fatalf("data key %s is not a blob marker", keys[4])
-	}
+	blob := fhBlobsInReadOrder(t, e)[4]
 	// Five attempts is what the store makes of one GET before it gives up.
 	const attempts = 5
 	e.proxy.AddFault(testenv.Fault{Op: testenv.OpGet, KeyContains: blob, Status: http.StatusInternalServerError, Times: attempts})

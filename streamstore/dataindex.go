@@ -49,19 +49,26 @@ func (x *dataIndex) find(seq uint64) int {
 // bandwidth times latency, so two at a time kept up with a store next door
 // but read 1 MiB objects from a bucket 25 ms away at about 64 MiB/s.
 // Across streams, read-ahead GETs hold at most readAheadInFlight bytes.
+//
+// The window opens at readAheadStart objects and doubles each time the
+// reader moves on to the next object, up to readAheadObjects: a single read
+// at an old offset costs a couple of GETs ahead rather than sixteen (which,
+// from many such readers, would also fill the budget the walkers need),
+// and a reader walking the stream has its full window after four objects.
 const (
 	readAheadBytes    = 16 << 20
 	readAheadObjects  = 16
+	readAheadStart    = 2
 	readAheadFetches  = 16
 	readAheadInFlight = 2 * readAheadBytes
 )
 
 // ahead returns the spans after spans[i] that a reader at spans[i] reads
-// ahead.
-func ahead(spans []dataSpan, i int) []dataSpan {
+// ahead with a window of n objects.
+func ahead(spans []dataSpan, i, n int) []dataSpan {
 	var bytes int64
 	j := i + 1
-	for j < len(spans) && j-i <= readAheadObjects && (j == i+1 || bytes+spans[j].size <= readAheadBytes) {
+	for j < len(spans) && j-i <= n && (j == i+1 || bytes+spans[j].size <= readAheadBytes) {
 		bytes += spans[j].size
 		j++
 	}
@@ -77,8 +84,8 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	s.mu.Lock()
 	if x := s.dataIdx; x != nil && x.id == id {
 		if i := x.find(seq); i >= 0 {
-			next := ahead(x.spans, i)
 			sp := x.spans[i]
+			next := ahead(x.spans, i, s.aheadWindowAt(sp))
 			s.mu.Unlock()
 			return sp, next, nil
 		}
@@ -106,8 +113,25 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	}
 	s.mu.Lock()
 	s.dataIdx = &dataIndex{id: id, spans: spans}
+	next := ahead(spans, 0, s.aheadWindowAt(spans[0]))
 	s.mu.Unlock()
-	return spans[0], ahead(spans, 0), nil
+	return spans[0], next, nil
+}
+
+// aheadWindowAt returns how many objects a reader now at sp reads ahead:
+// readAheadStart, doubled each time it moved on from the object it read
+// last to the next one, at most readAheadObjects. Called with s.mu held.
+func (s *stream) aheadWindowAt(sp dataSpan) int {
+	switch {
+	case s.aheadWindow > 0 && sp.first == s.aheadAt.first:
+		// Still the same object (its records come in several reads).
+	case s.aheadWindow > 0 && sp.first == s.aheadAt.end:
+		s.aheadWindow = min(2*s.aheadWindow, readAheadObjects)
+	default:
+		s.aheadWindow = readAheadStart
+	}
+	s.aheadAt = sp
+	return s.aheadWindow
 }
 
 // fetchCall is one data object GET in flight; a reader that wants the

@@ -172,7 +172,7 @@ func TestReadAheadSpans(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := ahead(tt.spans, tt.at)
+			got := ahead(tt.spans, tt.at, readAheadObjects)
 			if len(got) != tt.want {
 				t.Fatalf("%d spans ahead, want %d", len(got), tt.want)
 			}
@@ -292,25 +292,24 @@ func gatedColdStream(t *testing.T, name string, n int) (e *Engine, g *gatedStore
 // one had ended, so one slow GET stalled the pipe.
 func TestReadAheadSlidesWithTheReader(t *testing.T) {
 	ctx := context.Background()
-	const objects = readAheadObjects + 4
+	const objects = 24
 	e, g, _, key := gatedColdStream(t, "/slide", objects)
-	// Every object of the first window arrives but its last.
-	for i := range readAheadObjects {
-		g.openKeys(key(i))
+	const held = 10
+	for i := range objects {
+		if i != held {
+			g.openKeys(key(i))
+		}
 	}
-	if _, err := e.Read(ctx, "/slide", ReadRequest{Seq: 0, MaxRecords: 2}); err != nil {
-		t.Fatal(err)
+	// Walking objects 0 to 3 opens the window to its full size; at object
+	// 2 it reaches the held one.
+	for i := range 4 {
+		if _, err := e.Read(ctx, "/slide", ReadRequest{Seq: uint64(2 * i), MaxRecords: 2}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if !g.waitFor(func() bool { return g.begun(key(readAheadObjects)) == 1 && e.cache.has(key(readAheadObjects-1)) }) {
-		t.Fatalf("the first window was not read ahead")
-	}
-	// The reader moves on by one object; the one after the window's end
-	// must be asked for while the window's last is still held.
-	if _, err := e.Read(ctx, "/slide", ReadRequest{Seq: 2, MaxRecords: 2}); err != nil {
-		t.Fatal(err)
-	}
-	if !g.waitFor(func() bool { return g.begun(key(readAheadObjects+1)) == 1 }) {
-		t.Fatalf("object %d was not read ahead while object %d was held", readAheadObjects+1, readAheadObjects)
+	last := 3 + readAheadObjects
+	if !g.waitFor(func() bool { return g.begun(key(held)) == 1 && g.begun(key(last)) == 1 }) {
+		t.Fatalf("object %d was not read ahead while object %d was held", last, held)
 	}
 	g.openAll()
 	got := readAll(t, e, "/slide")
@@ -329,6 +328,58 @@ func TestReadAheadSlidesWithTheReader(t *testing.T) {
 	}
 }
 
+// The window opens small and doubles while the reader walks on from one
+// object to the next; anything else starts it small again.
+func TestReadAheadWindowRamps(t *testing.T) {
+	obj := func(i uint64) dataSpan { return dataSpan{first: 2 * i, end: 2*i + 2} }
+	tests := []struct {
+		name string
+		at   []uint64 // objects read, in order
+		want []int
+	}{
+		{"first read", []uint64{7}, []int{readAheadStart}},
+		{"walking", []uint64{0, 1, 2, 3, 4}, []int{2, 4, 8, 16, 16}},
+		{"the same object again", []uint64{0, 1, 1, 2}, []int{2, 4, 4, 8}},
+		{"a jump ahead", []uint64{0, 1, 2, 9}, []int{2, 4, 8, 2}},
+		{"back", []uint64{0, 1, 0}, []int{2, 4, 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var s stream
+			for k, i := range tt.at {
+				if got := s.aheadWindowAt(obj(i)); got != tt.want[k] {
+					t.Fatalf("read %d (object %d): window %d, want %d", k, i, got, tt.want[k])
+				}
+			}
+		})
+	}
+}
+
+// A single read at an old offset of a cold stream fetches its object and
+// the few after it, not a whole window.
+func TestOneReadFetchesLittleAhead(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	const objects = 20
+	writeObjects(t, startEngine(t, st, Config{}), "/once", objects)
+	counter := &opCounter{Store: st, prefix: "data/", gets: map[string]int{}}
+	e := startEngine(t, counter, Config{})
+	if _, err := e.Read(ctx, "/once", ReadRequest{Seq: 10, MaxRecords: 2}); err != nil {
+		t.Fatal(err)
+	}
+	gets := func() int { _, n, _ := counter.counts(); return n }
+	want := 1 + readAheadStart
+	deadline := time.Now().Add(5 * time.Second)
+	for gets() < want && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Give any GET beyond the window time to begin.
+	time.Sleep(200 * time.Millisecond)
+	if n := gets(); n != want {
+		t.Fatalf("%d data GETs for one read; want %d (its object and %d ahead)", n, want, readAheadStart)
+	}
+}
+
 // Read-ahead GETs in flight hold at most the engine's limit of bytes, so
 // many cold readers at once cannot fill memory with objects on their way.
 func TestReadAheadBoundsBytesInFlight(t *testing.T) {
@@ -339,24 +390,28 @@ func TestReadAheadBoundsBytesInFlight(t *testing.T) {
 	if err != nil || len(listed) != objects {
 		t.Fatalf("listed %d data objects (%v), want %d", len(listed), err, objects)
 	}
-	size := map[string]int64{}
-	for _, o := range listed {
-		size[o.Key] = o.Size
+	var window []dataSpan // every object after the first, in order
+	for _, o := range listed[1:] {
+		first, end, _, ok := parseDataKey(o.Key)
+		if !ok {
+			t.Fatalf("data key %s", o.Key)
+		}
+		window = append(window, dataSpan{first: first, end: end, key: o.Key, size: o.Size})
 	}
-	// Room for the first five objects after the reader's, not six.
+	// Room for the first five objects of the window, not six.
 	const fit = 5
 	var limit int64
-	for i := 1; i <= fit; i++ {
-		limit += size[key(i)]
+	for _, sp := range window[:fit] {
+		limit += sp.size
 	}
 	e.fetchMu.Lock()
 	e.aheadLimit = limit
 	e.fetchMu.Unlock()
-
-	g.openKeys(key(0))
-	if _, err := e.Read(ctx, "/bound", ReadRequest{Seq: 0, MaxRecords: 2}); err != nil {
+	s, err := e.stream(ctx, "/bound")
+	if err != nil {
 		t.Fatal(err)
 	}
+	e.prefetch(s, window)
 	ahead := func() (n int) {
 		for i := 1; i < objects; i++ {
 			n += g.begun(key(i))
