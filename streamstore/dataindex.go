@@ -85,7 +85,7 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	if x := s.dataIdx; x != nil && x.id == id {
 		if i := x.find(seq); i >= 0 {
 			sp := x.spans[i]
-			next := ahead(x.spans, i, s.aheadWindowAt(sp))
+			next := ahead(x.spans, i, s.readAhead().windowAt(sp))
 			s.mu.Unlock()
 			return sp, next, nil
 		}
@@ -113,25 +113,73 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	}
 	s.mu.Lock()
 	s.dataIdx = &dataIndex{id: id, spans: spans}
-	next := ahead(spans, 0, s.aheadWindowAt(spans[0]))
+	next := ahead(spans, 0, s.readAhead().windowAt(spans[0]))
 	s.mu.Unlock()
 	return spans[0], next, nil
 }
 
-// aheadWindowAt returns how many objects a reader now at sp reads ahead:
-// readAheadStart, doubled each time it moved on from the object it read
-// last to the next one, at most readAheadObjects. Called with s.mu held.
-func (s *stream) aheadWindowAt(sp dataSpan) int {
-	switch {
-	case s.aheadWindow > 0 && sp.first == s.aheadAt.first:
-		// Still the same object (its records come in several reads).
-	case s.aheadWindow > 0 && sp.first == s.aheadAt.end:
-		s.aheadWindow = min(2*s.aheadWindow, readAheadObjects)
-	default:
-		s.aheadWindow = readAheadStart
+// readAheadState is a stream's read-ahead, made at its first cold read
+// (most streams never have one). Guarded by the stream's mutex.
+type readAheadState struct {
+	queue   []dataSpan // data objects to read ahead, in order
+	workers int        // goroutines reading them
+	// cursors are where the readers walking the stream are: each grows
+	// its own window, so readers at different places do not keep
+	// resetting each other's.
+	cursors [readAheadCursors]aheadCursor
+	reads   uint64 // calls to windowAt, to tell the least recently used cursor
+}
+
+// readAheadCursors is how many readers of one stream keep a window of
+// their own; more than that share the least recently moved one.
+const readAheadCursors = 4
+
+type aheadCursor struct {
+	at     dataSpan // the object read last
+	window int      // objects read ahead of it; 0: unused
+	used   uint64
+}
+
+// readAhead returns s's read-ahead, making it. Called with s.mu held.
+func (s *stream) readAhead() *readAheadState {
+	if s.ra == nil {
+		s.ra = &readAheadState{}
 	}
-	s.aheadAt = sp
-	return s.aheadWindow
+	return s.ra
+}
+
+// windowAt returns how many objects a reader now at sp reads ahead:
+// readAheadStart, doubled each time a reader moved on from the object it
+// read last to the next one, at most readAheadObjects.
+func (r *readAheadState) windowAt(sp dataSpan) int {
+	r.reads++
+	var c *aheadCursor
+	for i := range r.cursors {
+		k := &r.cursors[i]
+		switch {
+		case k.window == 0:
+		case sp.first == k.at.first:
+			// Still the same object (its records come in several reads).
+			c = k
+		case sp.first == k.at.end:
+			c = k
+			c.window = min(2*c.window, readAheadObjects)
+		}
+		if c != nil {
+			break
+		}
+	}
+	if c == nil {
+		c = &r.cursors[0]
+		for i := range r.cursors {
+			if r.cursors[i].used < c.used {
+				c = &r.cursors[i]
+			}
+		}
+		c.window = readAheadStart
+	}
+	c.at, c.used = sp, r.reads
+	return c.window
 }
 
 // fetchCall is one data object GET in flight; a reader that wants the
@@ -208,17 +256,18 @@ func (e *Engine) prefetch(s *stream, next []dataSpan) {
 		}
 	}
 	s.mu.Lock()
-	s.ahead = todo
-	start := min(readAheadFetches-s.aheadWorkers, len(todo))
+	ra := s.readAhead()
+	ra.queue = todo
+	start := min(readAheadFetches-ra.workers, len(todo))
 	if start > 0 && !e.roomAhead(todo[0].size) {
 		// Other streams' read-ahead holds the bytes: workers would end at
 		// once; the reader's next call looks again.
 		start = 0
 	}
-	s.aheadWorkers += start
+	ra.workers += start
 	s.mu.Unlock()
 	for range start {
-		go e.readAhead(s)
+		go e.readAheadWorker(s, ra)
 	}
 }
 
@@ -233,26 +282,26 @@ func (e *Engine) roomAheadLocked(size int64) bool {
 	return e.aheadBytes == 0 || e.aheadBytes+size <= e.aheadLimit
 }
 
-// readAhead fetches objects from s's read-ahead queue, in order, until the
+// readAheadWorker fetches objects from s's read-ahead queue, in order, until the
 // queue is empty or the bytes in flight across streams would pass
 // readAheadInFlight (the reader's next call starts it again). After an
 // error the queue is dropped: the reader will ask again and see it. Every
 // GET is bounded and Close cuts it short, so the worker always ends.
-func (e *Engine) readAhead(s *stream) {
+func (e *Engine) readAheadWorker(s *stream, ra *readAheadState) {
 	for {
 		s.mu.Lock()
-		if len(s.ahead) == 0 {
-			s.aheadWorkers--
+		if len(ra.queue) == 0 {
+			ra.workers--
 			s.mu.Unlock()
 			return
 		}
-		sp := s.ahead[0]
+		sp := ra.queue[0]
 		if !e.takeAhead(sp) {
-			s.aheadWorkers--
+			ra.workers--
 			s.mu.Unlock()
 			return
 		}
-		s.ahead = s.ahead[1:]
+		ra.queue = ra.queue[1:]
 		s.mu.Unlock()
 		err := e.fetchAhead(sp.key)
 		e.fetchMu.Lock()
@@ -260,7 +309,7 @@ func (e *Engine) readAhead(s *stream) {
 		e.fetchMu.Unlock()
 		if err != nil {
 			s.mu.Lock()
-			s.ahead = nil
+			ra.queue = nil
 			s.mu.Unlock()
 		}
 	}

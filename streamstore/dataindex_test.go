@@ -328,8 +328,9 @@ func TestReadAheadSlidesWithTheReader(t *testing.T) {
 	}
 }
 
-// The window opens small and doubles while the reader walks on from one
-// object to the next; anything else starts it small again.
+// The window opens small and doubles while a reader walks on from one
+// object to the next; anything else starts it small again. Readers at
+// different places of a stream grow windows of their own.
 func TestReadAheadWindowRamps(t *testing.T) {
 	obj := func(i uint64) dataSpan { return dataSpan{first: 2 * i, end: 2*i + 2} }
 	tests := []struct {
@@ -342,12 +343,17 @@ func TestReadAheadWindowRamps(t *testing.T) {
 		{"the same object again", []uint64{0, 1, 1, 2}, []int{2, 4, 4, 8}},
 		{"a jump ahead", []uint64{0, 1, 2, 9}, []int{2, 4, 8, 2}},
 		{"back", []uint64{0, 1, 0}, []int{2, 4, 2}},
+		{"two readers walking apart", []uint64{0, 50, 1, 51, 2, 52, 3}, []int{2, 2, 4, 4, 8, 8, 16}},
+		// A fifth reader (at 50) takes the cursor moved least recently,
+		// the first reader's, which starts over at 2 and takes the
+		// second's; the third's (at 30) is still there.
+		{"more readers than cursors", []uint64{0, 1, 20, 30, 40, 50, 2, 31}, []int{2, 4, 2, 2, 2, 2, 2, 4}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var s stream
+			var ra readAheadState
 			for k, i := range tt.at {
-				if got := s.aheadWindowAt(obj(i)); got != tt.want[k] {
+				if got := ra.windowAt(obj(i)); got != tt.want[k] {
 					t.Fatalf("read %d (object %d): window %d, want %d", k, i, got, tt.want[k])
 				}
 			}

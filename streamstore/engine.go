@@ -414,11 +414,8 @@ type stream struct {
 
 	uploading chan struct{} // closed when a large append's blob upload ends
 
-	dataIdx      *dataIndex // where the data objects are, once a read looked
-	ahead        []dataSpan // data objects to read ahead, in order
-	aheadWorkers int        // goroutines reading them
-	aheadAt      dataSpan   // the data object a reader read last
-	aheadWindow  int        // how many objects after it are read ahead
+	dataIdx *dataIndex      // where the data objects are, once a read looked
+	ra      *readAheadState // once a read went to data objects
 
 	// The stream's latest WAL entry and its batch, when later appends may
 	// be folded into it (an append entry without close or trim); nil
