@@ -204,6 +204,12 @@ func (e *Engine) fetchData(ctx context.Context, key string) ([]Record, error) {
 			return nil, ctx.Err()
 		}
 	}
+	// A fetch puts the object in the cache before it leaves the table: one
+	// that ended since the caller looked in the cache has left it there.
+	if recs, ok := e.cache.peek(key); ok {
+		e.fetchMu.Unlock()
+		return recs, nil
+	}
 	c := &fetchCall{done: make(chan struct{})}
 	if e.fetching == nil {
 		e.fetching = map[string]*fetchCall{}

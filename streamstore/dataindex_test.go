@@ -118,6 +118,37 @@ func TestColdReadListsOnceAndReadsAhead(t *testing.T) {
 	}
 }
 
+// A fetch of an object that another fetch has just put in the cache (it
+// ended between the caller's cache lookup and its fetch) takes it from the
+// cache instead of reading it again. With a read-ahead running in front of
+// the reader this happened now and then, and an object was read twice.
+func TestFetchAfterAFinishedFetchUsesTheCache(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	writeObjects(t, startEngine(t, st, Config{}), "/again", 1)
+	counter := &opCounter{Store: st, prefix: "data/", gets: map[string]int{}}
+	e := startEngine(t, counter, Config{})
+	info, err := e.Head(ctx, "/again")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := dataKey(info.ID, 0, 2)
+	first, err := e.fetchData(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := e.fetchData(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, gets, _ := counter.counts(); gets != 1 {
+		t.Fatalf("%d GETs for two fetches of a cached object; want 1", gets)
+	}
+	if len(first) != 2 || len(second) != 2 || string(second[1].Body) != "1" {
+		t.Fatalf("fetched %d then %d records", len(first), len(second))
+	}
+}
+
 // A trim rewrites the data object at the trim point; a reader whose index
 // still names the old object lists again instead of failing.
 func TestDataIndexFollowsTrim(t *testing.T) {
