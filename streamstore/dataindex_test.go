@@ -66,17 +66,24 @@ func writeObjects(t *testing.T, e *Engine, name string, n int) {
 	}
 }
 
+// countedColdStream writes stream name as n data objects of two records
+// each, then starts a second engine on the same store that counts its
+// data GETs and LISTs: the stream is cold there.
+func countedColdStream(t *testing.T, name string, n int) (*Engine, *opCounter) {
+	t.Helper()
+	st := memstore.New()
+	writeObjects(t, startEngine(t, st, Config{}), name, n)
+	counter := &opCounter{Store: st, prefix: "data/", gets: map[string]int{}}
+	return startEngine(t, counter, Config{}), counter
+}
+
 // A cold read through many data objects lists them once, not once per
 // object, and reads each object once; the objects after the one being read
 // arrive in the cache ahead of the reader.
 func TestColdReadListsOnceAndReadsAhead(t *testing.T) {
 	ctx := context.Background()
-	st := memstore.New()
 	const objects = 8
-	writeObjects(t, startEngine(t, st, Config{}), "/cold", objects)
-
-	counter := &opCounter{Store: st, prefix: "data/", gets: map[string]int{}}
-	e := startEngine(t, counter, Config{})
+	e, counter := countedColdStream(t, "/cold", objects)
 	info, err := e.Head(ctx, "/cold")
 	if err != nil {
 		t.Fatal(err)
@@ -124,10 +131,7 @@ func TestColdReadListsOnceAndReadsAhead(t *testing.T) {
 // the reader this happened now and then, and an object was read twice.
 func TestFetchAfterAFinishedFetchUsesTheCache(t *testing.T) {
 	ctx := context.Background()
-	st := memstore.New()
-	writeObjects(t, startEngine(t, st, Config{}), "/again", 1)
-	counter := &opCounter{Store: st, prefix: "data/", gets: map[string]int{}}
-	e := startEngine(t, counter, Config{})
+	e, counter := countedColdStream(t, "/again", 1)
 	info, err := e.Head(ctx, "/again")
 	if err != nil {
 		t.Fatal(err)
@@ -396,11 +400,8 @@ func TestReadAheadWindowRamps(t *testing.T) {
 // the few after it, not a whole window.
 func TestOneReadFetchesLittleAhead(t *testing.T) {
 	ctx := context.Background()
-	st := memstore.New()
 	const objects = 20
-	writeObjects(t, startEngine(t, st, Config{}), "/once", objects)
-	counter := &opCounter{Store: st, prefix: "data/", gets: map[string]int{}}
-	e := startEngine(t, counter, Config{})
+	e, counter := countedColdStream(t, "/once", objects)
 	if _, err := e.Read(ctx, "/once", ReadRequest{Seq: 10, MaxRecords: 2}); err != nil {
 		t.Fatal(err)
 	}
