@@ -333,13 +333,14 @@ func (e *Engine) takeAhead(sp dataSpan) bool {
 	return true
 }
 
-// fetchAhead fetches key into the cache unless it is there already or a
-// GET of it is in flight (a reader that wants it waits for that one).
+// fetchAhead fetches key into the cache unless a GET of it is in flight:
+// a reader that wants it waits for that one, and the worker moves on
+// rather than wait too. (fetchData itself finds a key already cached.)
 func (e *Engine) fetchAhead(key string) error {
 	e.fetchMu.Lock()
 	_, inFlight := e.fetching[key]
 	e.fetchMu.Unlock()
-	if inFlight || e.cache.has(key) {
+	if inFlight {
 		return nil
 	}
 	// Bounded and ended by Close, but not cut short when the queue is
