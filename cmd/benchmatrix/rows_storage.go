@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 
@@ -440,15 +439,7 @@ func (m *matrix) row7Cloud(ctx context.Context, e *picoEnv, name string, objs []
 	e.proxy.SetLatency(set.Latency, set.Jitter)
 	defer e.proxy.SetLatency(e.set.Latency, e.set.Jitter)
 
-	v := m.versity
-	client := s3.New(s3.Options{
-		Region:                     v.Region,
-		BaseEndpoint:               aws.String(e.proxy.URL()),
-		UsePathStyle:               true,
-		Credentials:                credentials.NewStaticCredentialsProvider(v.AccessKey, v.SecretKey, ""),
-		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
-		ResponseChecksumValidation: aws.ResponseChecksumValidationWhenRequired,
-	})
+	client := m.versity.ClientVia(e.proxy.URL())
 	t := time.Now()
 	n, err := rangedRead(ctx, client, e.bucket, objs, 8<<20)
 	if err != nil {

@@ -246,10 +246,15 @@ func (v *Versity) Output() string { return v.output.String() }
 // Client returns an S3 client for the server with the root credentials,
 // path-style addressing and the SDK's optional request checksums turned
 // off (see segment/s3.go for why).
-func (v *Versity) Client() *s3.Client {
+func (v *Versity) Client() *s3.Client { return v.ClientVia(v.Endpoint) }
+
+// ClientVia is Client with requests sent to endpoint instead, such as a
+// Proxy in front of the server (it keeps the Host header, so signatures
+// hold).
+func (v *Versity) ClientVia(endpoint string) *s3.Client {
 	return s3.New(s3.Options{
 		Region:                     v.Region,
-		BaseEndpoint:               aws.String(v.Endpoint),
+		BaseEndpoint:               aws.String(endpoint),
 		UsePathStyle:               true,
 		Credentials:                credentials.NewStaticCredentialsProvider(v.AccessKey, v.SecretKey, ""),
 		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
