@@ -110,11 +110,13 @@ var rowSettings = map[string]settings{
 	// Compaction must move the stream into data objects before the cold
 	// read, so it runs often here.
 	"7": {Directives: []string{"compact_interval 2s"},
-		Note: "Each byte takes two more hops than in the reference on the same 2 cores (versitygw to the S3 proxy to Caddy to the client, " +
-			"against versitygw to the client): about 1.3 s of CPU per 256 MiB in Caddy, the proxy and the load generator together, where the " +
-			"reference's whole read takes 0.4-0.5 s. Cold objects take at most 24 MiB of Caddy's cache (they filled all of it before). What is left " +
-			"in Caddy is two socket copies and the checksum, which the first large read of a freshly started process runs several times slower " +
-			"than later ones on this VM (see below): the reference's second pass runs in a process that has read it all once already. " +
+		Note: "Caddy reads straight from versitygw, as the reference does (until 2026-12-01 it read through the S3 proxy, which copies " +
+			"every byte once more on the same two cores: the same read through it is in the details, with its S3 requests). Each byte " +
+			"still takes one more hop than in the reference (versitygw to Caddy to the client, against versitygw to the client): Caddy " +
+			"spends about 0.8 s of CPU per 256 MiB and the load generator 0.27 s, where the reference's whole read takes 0.4-0.5 s. " +
+			"perf puts a third of Caddy's samples in the kernel's receive copy into fresh buffers (page faults included), 12% in the " +
+			"CRC-32C over the same bytes and 2% in the send copy; the rest is spread over the runtime and the S3 client. Cold objects " +
+			"take at most 24 MiB of Caddy's cache (they filled all of it before). " +
 			"Since 8e18c36 the read-ahead keeps its whole 16 MiB window in flight, which row 7-cloud needs; here, where the CPU sets the " +
 			"pace, it changed little (on the rig 237-257 MiB/s against 200-222)",
 		Tried: "responses of 4 or 8 MiB instead of 1 MiB (215-218 against 199-215 MiB/s); checksumming each 64 KiB of a data object as it " +
