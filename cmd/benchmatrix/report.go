@@ -209,7 +209,7 @@ func (rep *report) markdown() string {
 	}
 	b.WriteString("\n\n")
 
-	b.WriteString("PicoMQ in Caddy, on [versitygw](https://github.com/versity/versitygw) (posix backend; where its directory was is in the table below) through the test suite's S3 proxy, measured against what the same machine does without PicoMQ. ")
+	b.WriteString("PicoMQ in Caddy, on [versitygw](https://github.com/versity/versitygw) (posix backend; where its directory was is in the table below) through the test suite's S3 proxy (row 7's timed read excepted, which goes straight to versitygw as its reference does), measured against what the same machine does without PicoMQ. ")
 	b.WriteString("Every figure below comes from one run of `bench/run`; the load generator is `caddy picomq bench`, the same binary for every row and every reference.\n\n")
 
 	b.WriteString("## Machine\n\n| | |\n| --- | --- |\n")
