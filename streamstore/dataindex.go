@@ -24,8 +24,9 @@ type dataSpan struct {
 	size       int64  // bytes
 }
 
-// dataIndex is what a stream knows of its data objects: every object from
-// from on, in seq order (there may be more after the last).
+// dataIndex is what a stream knows of its data objects: one listing's page,
+// every object from the one it started at on, in seq order (there may be
+// more after the last).
 type dataIndex struct {
 	id    string
 	spans []dataSpan
