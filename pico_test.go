@@ -523,6 +523,10 @@ func TestPicoReads(t *testing.T) {
 		t.Errorf("count=3: %+v", recs)
 	}
 	r = s.do(t, "GET", "/pico/r?seq=5&bytes=25", nil).want(t, 200).header(t, hdrPicoNextSeq, "7")
+	// Two 10-byte records fit under 25 bytes; a third would not.
+	if recs := r.records(t); len(recs) != 2 || recs[0].Seq != 5 || string(recs[1].bytes()) != "6666666666" {
+		t.Errorf("bytes=25: %+v", recs)
+	}
 	// At least one record, whatever the byte cap.
 	s.do(t, "GET", "/pico/r?seq=9&bytes=1", nil).want(t, 200).header(t, hdrPicoNextSeq, "10").header(t, hdrPicoUpToDate, "true")
 
