@@ -551,7 +551,7 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 	// Events go straight to the response: a data event is one shared
 	// frame, written whole, and the control event after it fits in the
 	// response's own buffer, so no buffer of ours per feed.
-	es, ok := startEventStream(w, 0)
+	es, ok := startEventStream(w, r, 0)
 	if !ok {
 		return
 	}

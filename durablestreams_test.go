@@ -568,10 +568,17 @@ type sseReader struct {
 
 func (s *dsServer) sse(t *testing.T, query string) *sseReader {
 	t.Helper()
+	return openSSE(t, http.DefaultClient, s.URL+query)
+}
+
+// openSSE opens a live SSE response of url with client.
+func openSSE(t *testing.T, client *http.Client, url string) *sseReader {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "GET", s.URL+query, nil)
-	res, err := http.DefaultClient.Do(req)
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	res, err := client.Do(req)
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	r := &sseReader{res: res, events: make(chan sseEvent, 100), done: make(chan struct{})}

@@ -125,7 +125,7 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 	h.Set("Cache-Control", cacheControlNoStore)
 	// Pico events are written in many small pieces: gather them in a
 	// buffer the size of a typical event.
-	es, ok := startEventStream(w, 4<<10)
+	es, ok := startEventStream(w, r, 4<<10)
 	if !ok {
 		return
 	}

@@ -126,6 +126,11 @@ type eventStream struct {
 	out io.Writer
 	bw  *bufio.Writer // nil when events are written to the response directly
 	rc  *http.ResponseController
+	// deadlineFires is set on HTTP/2, where a write deadline is a timer
+	// that resets the stream when it passes, written to or not: one must
+	// not stay armed while the feed waits for the next event. On HTTP/1
+	// (and HTTP/3) it is only checked by the next write.
+	deadlineFires bool
 }
 
 // startEventStream sends the 200 of an event stream and flushes it, so the
@@ -134,11 +139,11 @@ type eventStream struct {
 // that write an event in many small pieces pass a buffer size. A server
 // write timeout would cut the feed short; the caller's reconnect interval
 // bounds it instead.
-func startEventStream(w http.ResponseWriter, bufSize int) (*eventStream, bool) {
+func startEventStream(w http.ResponseWriter, r *http.Request, bufSize int) (*eventStream, bool) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{})
 	w.WriteHeader(http.StatusOK)
-	es := &eventStream{out: w, rc: rc}
+	es := &eventStream{out: w, rc: rc, deadlineFires: r.ProtoMajor == 2}
 	if bufSize > 0 {
 		es.bw = bufio.NewWriterSize(w, bufSize)
 		es.out = es.bw

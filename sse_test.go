@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -199,5 +200,38 @@ func TestStalledFeedGivesUpItsTurn(t *testing.T) {
 		if ev.typ == "data" {
 			got += len(ev.data)
 		}
+	}
+}
+
+// Over HTTP/2 a write deadline is a timer that resets the stream when it
+// passes, whether a write is in flight or not. A feed parked at the tail
+// that got an event and then waits longer than the feed write timeout for
+// the next must still be open, and get it.
+func TestSSEFeedOverHTTP2OutlivesItsWriteTimeout(t *testing.T) {
+	const writeTimeout = 200 * time.Millisecond
+	s := newDSServer(t, func(d *durableStreams) { d.writeTimeout = writeTimeout })
+	h2 := httptest.NewUnstartedServer(s.Config.Handler)
+	h2.EnableHTTP2 = true
+	h2.StartTLS()
+	t.Cleanup(h2.Close)
+
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	r := openSSE(t, h2.Client(), h2.URL+"/s?offset=-1&live=sse")
+	if r.res.ProtoMajor != 2 {
+		t.Fatalf("SSE response over %s, want HTTP/2", r.res.Proto)
+	}
+	if c := r.control(t); !c.UpToDate {
+		t.Fatalf("first control %+v, want upToDate", c)
+	}
+	s.waitParked(t, 1, 1)
+	for i, body := range []string{"one", "two"} {
+		if i > 0 {
+			time.Sleep(3 * writeTimeout) // idle well past the deadline of the last write
+		}
+		s.do(t, "POST", "/s", body, ct, "text/plain").want(t, 204)
+		if ev := r.next(t); ev.typ != "data" || ev.data != body {
+			t.Fatalf("event %d: %+v, want data %q", i, ev, body)
+		}
+		r.control(t)
 	}
 }

@@ -373,8 +373,12 @@ func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
 	}
 	// One goroutine writes to many feeds, so a client that stopped reading
 	// must not hold it for long: each write has the feed write timeout to
-	// finish. The deadline moves on every half of that, not at every write.
-	if now := time.Now(); !now.Before(hf.renewAt) {
+	// finish. The deadline moves on every half of that, not at every write,
+	// except where an armed deadline fires by itself (HTTP/2): there it is
+	// set for each write and cleared after it, or an idle feed would be
+	// reset one timeout after its last event.
+	fires := hf.es.deadlineFires
+	if now := time.Now(); fires || !now.Before(hf.renewAt) {
 		timeout := h.src.writeTimeout()
 		_ = hf.limit(now.Add(timeout))
 		hf.renewAt = now.Add(timeout / 2)
@@ -384,6 +388,9 @@ func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
 		ok = hf.es.write(b) && hf.es.flush()
 	} else {
 		ok = hf.write(f)
+	}
+	if fires {
+		_ = hf.limit(time.Time{})
 	}
 	if ok {
 		hf.next = f.next
