@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go/http3"
+
 	"github.com/picomq/caddy-picomq/internal/caddytest"
 	"github.com/picomq/caddy-picomq/internal/testenv"
 )
@@ -25,13 +27,13 @@ import (
 // HTTP/2 feed must survive.
 const feedWriteTimeout = 10 * time.Second
 
-// TestHTTPSAndHTTP2: the module behind a TLS site of Caddy's own (tls
-// internal), spoken to over HTTP/2 as browsers do, on versitygw. Live reads
+// TestHTTPS: the module behind a TLS site of Caddy's own (tls internal),
+// spoken to over HTTP/2 and HTTP/3 as browsers do, on versitygw. Live reads
 // work there too: an SSE feed of either protocol that got an event and
 // then waits longer than the feed write timeout for the next one still
 // gets it on the same response (over HTTP/2 a write deadline left armed
 // resets the stream when it passes), and a long-poll wakes on an append.
-func TestHTTPSAndHTTP2(t *testing.T) {
+func TestHTTPS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
@@ -46,7 +48,12 @@ func TestHTTPSAndHTTP2(t *testing.T) {
 		"\thandle_path /pico/* {\n" + site("\t\t\tprotocol pico\n") + "\t}\n}\n"
 	c := caddytest.Start(t, caddytest.Options{Caddyfile: caddyfile, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
 	base := fmt.Sprintf("https://127.0.0.1:%d", c.Port())
-	hc := httpsClient(t, c)
+	roots := localCA(t, c)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}}
+	t.Cleanup(hc.CloseIdleConnections)
+	h3 := &http3.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}
+	t.Cleanup(func() { h3.Close() })
+	hc3 := &http.Client{Transport: h3}
 
 	// The site's certificate is issued in the background after start-up.
 	var created *http.Response
@@ -94,34 +101,40 @@ func TestHTTPSAndHTTP2(t *testing.T) {
 		}
 	})
 
-	// One response per protocol, idling side by side.
+	dsBody := func(ev sseEvent) (string, bool) { return ev.data, ev.event == "data" }
+	picoBody := func(ev sseEvent) (string, bool) {
+		var recs []struct {
+			Body string `json:"body"`
+		}
+		if ev.event != "data" || json.Unmarshal([]byte(ev.data), &recs) != nil || len(recs) != 1 {
+			return "", false
+		}
+		return recs[0].Body, true
+	}
+	if r, err := hcDo(hc3, http.MethodPut, base+"/ds/feed3", ""); err != nil || r.StatusCode != http.StatusCreated || r.ProtoMajor != 3 {
+		t.Fatalf("create over HTTP/3: %s", outcome(r, err))
+	}
+	// The feeds idle side by side.
 	for _, tc := range []struct {
 		name, feed string
+		hc         *http.Client
+		proto      int // the HTTP version the feed must be served over
 		appended   int // the status of an append
 		body       func(ev sseEvent) (string, bool)
 	}{
-		{"durable-streams", "/ds/feed?offset=-1&live=sse", http.StatusNoContent, func(ev sseEvent) (string, bool) {
-			return ev.data, ev.event == "data"
-		}},
-		{"pico", "/pico/pfeed?seq=0&live=sse", http.StatusOK, func(ev sseEvent) (string, bool) {
-			var recs []struct {
-				Body string `json:"body"`
-			}
-			if ev.event != "data" || json.Unmarshal([]byte(ev.data), &recs) != nil || len(recs) != 1 {
-				return "", false
-			}
-			return recs[0].Body, true
-		}},
+		{"durable-streams over HTTP/2", "/ds/feed?offset=-1&live=sse", hc, 2, http.StatusNoContent, dsBody},
+		{"pico over HTTP/2", "/pico/pfeed?seq=0&live=sse", hc, 2, http.StatusOK, picoBody},
+		{"durable-streams over HTTP/3", "/ds/feed3?offset=-1&live=sse", hc3, 3, http.StatusNoContent, dsBody},
 	} {
 		t.Run("idle SSE feed/"+tc.name, func(t *testing.T) {
 			t.Parallel()
 			path := strings.SplitN(tc.feed, "?", 2)[0]
-			events, feedErr := openHTTP2Feed(t, hc, base+tc.feed)
+			events, feedErr := openFeed(t, tc.hc, tc.proto, base+tc.feed)
 			for i, body := range []string{"one", "two"} {
 				if i > 0 {
 					time.Sleep(feedWriteTimeout + time.Second)
 				}
-				if r, err := hcDo(hc, http.MethodPost, base+path, body); err != nil || r.StatusCode != tc.appended {
+				if r, err := hcDo(tc.hc, http.MethodPost, base+path, body); err != nil || r.StatusCode != tc.appended {
 					t.Fatalf("append %q: %s", body, outcome(r, err))
 				}
 				deadline := time.After(10 * time.Second)
@@ -146,8 +159,8 @@ func TestHTTPSAndHTTP2(t *testing.T) {
 	}
 }
 
-// httpsClient trusts the local CA of c (tls internal) and speaks HTTP/2.
-func httpsClient(t *testing.T, c *caddytest.Caddy) *http.Client {
+// localCA is the root certificate of c's local CA (tls internal).
+func localCA(t *testing.T, c *caddytest.Caddy) *x509.CertPool {
 	t.Helper()
 	// Caddy's data directory is XDG_DATA_HOME/caddy (see caddytest.Options).
 	rootPath := filepath.Join(c.DataDir(), "data", "caddy", "pki", "authorities", "local", "root.crt")
@@ -163,9 +176,7 @@ func httpsClient(t *testing.T, c *caddytest.Caddy) *http.Client {
 	if !roots.AppendCertsFromPEM(pem) {
 		t.Fatalf("%s holds no certificate", rootPath)
 	}
-	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr}
+	return roots
 }
 
 // hcDo makes a request with a text/plain body and reads the response.
@@ -211,9 +222,10 @@ func hcGet(hc *http.Client, url string) (*response, error) {
 	return &response{status: resp.StatusCode, header: resp.Header, body: b}, err
 }
 
-// openHTTP2Feed opens an SSE response over HTTP/2 and reads its events
-// until the test ends; errs gets why the response ended, if it does.
-func openHTTP2Feed(t *testing.T, hc *http.Client, url string) (events <-chan sseEvent, errs <-chan error) {
+// openFeed opens an SSE response, which must come over HTTP/proto, and
+// reads its events until the test ends; errs gets why the response ended,
+// if it does.
+func openFeed(t *testing.T, hc *http.Client, proto int, url string) (events <-chan sseEvent, errs <-chan error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -226,10 +238,10 @@ func openHTTP2Feed(t *testing.T, hc *http.Client, url string) (events <-chan sse
 		cancel()
 		t.Fatal(err)
 	}
-	if resp.StatusCode != http.StatusOK || resp.ProtoMajor != 2 {
+	if resp.StatusCode != http.StatusOK || resp.ProtoMajor != proto {
 		resp.Body.Close()
 		cancel()
-		t.Fatalf("SSE %s: %s over %s, want 200 over HTTP/2", url, resp.Status, resp.Proto)
+		t.Fatalf("SSE %s: %s over %s, want 200 over HTTP/%d", url, resp.Status, resp.Proto, proto)
 	}
 	evc := make(chan sseEvent, 64)
 	errc := make(chan error, 1)
