@@ -16,8 +16,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // fileTmpDir is the folder, directly under the root, where a FileStore
@@ -53,6 +51,9 @@ type FileStore struct {
 // NewFileStore returns a FileStore rooted at dir, which must be absolute.
 // It does no I/O: the directory is created by the first Put.
 func NewFileStore(dir string) (*FileStore, error) {
+	if errFileStoreUnsupported != nil {
+		return nil, errFileStoreUnsupported
+	}
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("segment: file store directory %q is not absolute", dir)
 	}
@@ -248,7 +249,7 @@ func (s *FileStore) writeTemp(data []byte, etag string) (string, error) {
 		return fail(err)
 	}
 	// Best effort: without xattrs the ETag is computed when needed.
-	_ = unix.Fsetxattr(int(f.Fd()), etagXattr, []byte(etag), 0)
+	setETagAttr(f, etag)
 	if err := f.Sync(); err != nil {
 		return fail(err)
 	}
@@ -352,7 +353,7 @@ func (s *FileStore) currentETag(path string) (string, error) {
 // fileETag reads the cached ETag of an open object, or computes it.
 func fileETag(f *os.File) (string, error) {
 	buf := make([]byte, 64)
-	if n, err := unix.Fgetxattr(int(f.Fd()), etagXattr, buf); err == nil && n > 2 {
+	if n, err := getETagAttr(f, buf); err == nil && n > 2 {
 		return string(buf[:n]), nil
 	}
 	st, err := f.Stat()
@@ -462,7 +463,7 @@ func (w *fileLister) walk(dir string) error {
 	if err := w.ctx.Err(); err != nil {
 		return err
 	}
-	f, err := os.OpenFile(filepath.Join(w.root, dir), os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	f, err := os.OpenFile(filepath.Join(w.root, dir), os.O_RDONLY|oDirectory, 0)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 		return nil // folder pruned meanwhile, never made, or an object
 	}
@@ -572,7 +573,7 @@ func (s *FileStore) deleteOne(key string, dirty map[string]bool) error {
 	path := s.path(key)
 	unlock := s.lock(key)
 	// unlink, not os.Remove: a key never names a folder, even an empty one.
-	err := unix.Unlink(path)
+	err := unlink(path)
 	unlock()
 	switch {
 	case err == nil:
@@ -587,7 +588,7 @@ func (s *FileStore) deleteOne(key string, dirty map[string]bool) error {
 	// concurrent Put has just written into, which is what keeps this
 	// safe; a Put that made a folder we then remove starts over.
 	for dir != s.root && strings.HasPrefix(dir, s.root+"/") {
-		if err := unix.Rmdir(dir); err != nil {
+		if err := rmdir(dir); err != nil {
 			break
 		}
 		delete(dirty, dir)

@@ -1,0 +1,25 @@
+//go:build !unix
+
+package segment
+
+import (
+	"errors"
+	"os"
+)
+
+// errFileStoreUnsupported says why there is no FileStore here: its
+// atomicity and durability rest on Unix file-system semantics (link(2)
+// failing on an existing name, rename over a file others have open,
+// fsync of a directory) that this project neither has nor tests on other
+// systems. S3 storage works everywhere.
+var errFileStoreUnsupported = errors.New("segment: file:// storage needs a Unix file system (Linux, macOS, BSD); configure s3:// storage on this system")
+
+const oDirectory = 0
+
+func setETagAttr(*os.File, string) {}
+
+func getETagAttr(*os.File, []byte) (int, error) { return 0, errors.ErrUnsupported }
+
+func unlink(string) error { return errors.ErrUnsupported }
+
+func rmdir(string) error { return errors.ErrUnsupported }
