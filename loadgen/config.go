@@ -183,6 +183,9 @@ func (c *Config) normalize() error {
 			return fmt.Errorf("--pid %s=%d: want NAME=PID", p.Name, p.PID)
 		}
 	}
+	if len(c.PIDs) > 0 && !procAvailable() {
+		return errors.New("--pid reads the process's figures from /proc, which this system does not have (Linux only)")
+	}
 	return nil
 }
 

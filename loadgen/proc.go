@@ -11,6 +11,14 @@ import (
 	"time"
 )
 
+// procAvailable reports whether this system has Linux's /proc, where the
+// processes' CPU times and resident memory come from. Elsewhere (macOS,
+// Windows) the bench measures requests only.
+var procAvailable = sync.OnceValue(func() bool {
+	_, err := os.Stat("/proc/self/stat")
+	return err == nil
+})
+
 // clockTicks is the kernel's USER_HZ, the unit of utime and stime in
 // /proc/PID/stat: read from the auxiliary vector (AT_CLKTCK) without cgo,
 // 100 (Linux's value everywhere in practice) if that fails.

@@ -187,7 +187,11 @@ func (r *runner) mark(ctx context.Context, phase string) error {
 
 // processes are the processes to account for: --pid ones, then this one.
 func (r *runner) processes() []NamedPID {
-	return append(append([]NamedPID(nil), r.cfg.PIDs...), NamedPID{Name: "bench", PID: os.Getpid()})
+	procs := append([]NamedPID(nil), r.cfg.PIDs...)
+	if procAvailable() {
+		procs = append(procs, NamedPID{Name: "bench", PID: os.Getpid()})
+	}
+	return procs
 }
 
 // window runs the measured window's bookkeeping: it waits until start,
