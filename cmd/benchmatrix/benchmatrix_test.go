@@ -1,3 +1,5 @@
+//go:build linux
+
 package main
 
 // Tests of the pure parts: verdicts, number formatting, the Markdown table,

@@ -1,7 +1,10 @@
+//go:build linux
+
 // Command benchmatrix runs the benchmark matrix of docs/benchmarks.md in one
-// go and rewrites that file and its chart. It builds ./cmd/caddy, starts
-// versitygw, puts the test suite's S3 proxy between every PicoMQ Caddy and
-// versitygw (its counts are the table's S3 requests), starts the respond
+// go and rewrites that file and its chart (Linux only: it reads the
+// processes' figures from /proc). It builds ./cmd/caddy, starts versitygw,
+// puts the test suite's S3 proxy between every PicoMQ Caddy and versitygw
+// (its counts are the table's S3 requests), starts the respond
 // ceiling and the Node reference server, and drives every row with the load
 // generator `caddy picomq bench`. Run it through bench/run, which raises the
 // open-file limit first:

@@ -150,12 +150,7 @@ func startVersityOnce(ctx context.Context, bin, dir string) (*Versity, error) {
 	}
 	cmd.Stdout = v.output
 	cmd.Stderr = v.output
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setpgid: true,
-		// If the test binary dies without running its cleanups, the
-		// kernel kills the server too.
-		Pdeathsig: syscall.SIGKILL,
-	}
+	cmd.SysProcAttr = serverProcAttr()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", bin, err)
 	}
