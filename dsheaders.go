@@ -191,9 +191,21 @@ func parseProducer(h http.Header) (*streamstore.Producer, error) {
 // errBodyTooLarge reports a request body over max_append_size.
 var errBodyTooLarge = errors.New("request body too large")
 
+// errBodyEncoded reports a request body sent with a content coding: its
+// bytes are not the records the client means (a gzip-encoded append would
+// be stored as gzip), so it is refused (415) rather than stored.
+var errBodyEncoded = errors.New("request bodies are accepted without a content coding")
+
 // readBody reads the whole request body, but never more than max+1 bytes, so
 // an oversized body costs at most that much memory before it is refused.
 func readBody(r *http.Request, max int64) ([]byte, error) {
+	for _, v := range r.Header.Values("Content-Encoding") {
+		for c := range strings.SplitSeq(v, ",") {
+			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
+				return nil, fmt.Errorf("%w: Content-Encoding %q", errBodyEncoded, c)
+			}
+		}
+	}
 	if r.ContentLength > max {
 		return nil, errBodyTooLarge
 	}

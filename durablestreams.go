@@ -1002,6 +1002,10 @@ func (d *durableStreams) readBody(w http.ResponseWriter, r *http.Request) ([]byt
 	case errors.Is(err, errBodyTooLarge):
 		fail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is larger than the %d-byte limit", d.maxAppend))
 		return nil, false
+	case errors.Is(err, errBodyEncoded):
+		w.Header().Set("Accept-Encoding", "identity")
+		fail(w, http.StatusUnsupportedMediaType, err.Error())
+		return nil, false
 	case err != nil:
 		fail(w, http.StatusBadRequest, err.Error())
 		return nil, false

@@ -848,3 +848,49 @@ func TestStorageThatFailedToOpen(t *testing.T) {
 		t.Errorf("503 %q %v", r.body, r.h)
 	}
 }
+
+// A body sent with a content coding is not the bytes the client means to
+// append: both protocols refuse it with 415 and Accept-Encoding: identity,
+// and the stream is left as it was. identity is no coding at all.
+func TestContentEncodedBodiesAreRefused(t *testing.T) {
+	ds := newDSServer(t)
+	ds.do(t, "PUT", "/s", "a", ct, "text/plain").want(t, 201)
+	pico := newPicoServer(t)
+	pico.do(t, "PUT", "/pico/p", []byte("a"), ct, "text/plain").want(t, 201)
+	for _, tc := range []struct {
+		name, coding string
+		status       int
+	}{
+		{"gzip", "gzip", 415},
+		{"upper case", "GZIP", 415},
+		{"a list", "identity, br", 415},
+		{"identity", "identity", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dsWant, picoWant := 204, 200
+			if tc.status != 0 {
+				dsWant, picoWant = tc.status, tc.status
+			}
+			r := ds.do(t, "POST", "/s", "b", ct, "text/plain", "Content-Encoding", tc.coding).want(t, dsWant)
+			p := pico.do(t, "POST", "/pico/p", []byte("b"), ct, "text/plain", "Content-Encoding", tc.coding).want(t, picoWant)
+			if tc.status == 0 {
+				return
+			}
+			if r.h.Get("Accept-Encoding") != "identity" || !strings.Contains(r.body, "Content-Encoding") {
+				t.Errorf("Durable Streams: Accept-Encoding %q, body %q", r.h.Get("Accept-Encoding"), r.body)
+			}
+			if p.h.Get("Accept-Encoding") != "identity" || !strings.Contains(string(p.body), "Content-Encoding") {
+				t.Errorf("Pico: Accept-Encoding %q, body %q", p.h.Get("Accept-Encoding"), p.body)
+			}
+			ds.do(t, "PUT", "/new-"+tc.name, "x", ct, "text/plain", "Content-Encoding", tc.coding).want(t, tc.status)
+			ds.do(t, "HEAD", "/new-"+tc.name, "").want(t, 404)
+		})
+	}
+	// Only the identity appends landed.
+	if got := ds.do(t, "GET", "/s?offset=-1", "").want(t, 200).body; got != "ab" {
+		t.Errorf("Durable Streams stream holds %q, want \"ab\"", got)
+	}
+	if recs := pico.do(t, "GET", "/pico/p?seq=0", nil).want(t, 200).records(t); len(recs) != 2 {
+		t.Errorf("Pico stream holds %d records, want 2", len(recs))
+	}
+}

@@ -99,6 +99,10 @@ func (p *picoProtocol) readBody(w http.ResponseWriter, r *http.Request) ([]byte,
 	case errors.Is(err, errBodyTooLarge):
 		picoFail(w, http.StatusRequestEntityTooLarge, picoErrTooLarge, fmt.Sprintf("body is larger than the %d-byte limit", p.maxAppend), nil)
 		return nil, false
+	case errors.Is(err, errBodyEncoded):
+		w.Header().Set("Accept-Encoding", "identity")
+		picoFail(w, http.StatusUnsupportedMediaType, picoErrBadRequest, err.Error(), nil)
+		return nil, false
 	case err != nil:
 		picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
 		return nil, false

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"compress/gzip"
 	"net/http"
 	"strings"
 	"testing"
@@ -75,6 +76,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 		return fhReq{Method: http.MethodPost, Path: path, Header: hdr(kv...), Body: body}
 	}
 	tooBig := bytes.Repeat([]byte("x"), 2*fhMaxAppend)
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte("hello"))
+	zw.Close()
+	gzipped := gz.Bytes()
 	badOffset := []string{"offset"}
 	badTTL := []string{"ttl"}
 	badAt := []string{"expires"}
@@ -119,6 +125,13 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{name: "content-type/missing", req: post(textPath, []byte("x")), status: 400, reason: badCT},
 		{name: "post/empty-without-close", req: post(textPath, nil, "Content-Type", "text/plain"), status: 400, reason: []string{"empty", "body"}},
 		{name: "post/over-max-append-size", req: post(textPath, tooBig, "Content-Type", "text/plain"), status: 413, reason: tooLarge},
+		// A gzip-encoded body is not the bytes the client means to append.
+		{name: "post/content-encoding", req: post(textPath, gzipped, "Content-Type", "text/plain", "Content-Encoding", "gzip"), status: 415, reason: []string{"content-encoding", "coding"}},
+		{
+			name:   "create-with-body/content-encoding",
+			req:    fhReq{Method: http.MethodPut, Path: "/bi/encoded", Header: hdr("Content-Type", "text/plain", "Content-Encoding", "gzip"), Body: gzipped},
+			status: 415, reason: []string{"content-encoding", "coding"}, absent: "/bi/encoded",
+		},
 		{
 			name:   "post/over-max-append-size-chunked",
 			req:    fhReq{Method: http.MethodPost, Path: textPath, Header: hdr("Content-Type", "text/plain"), Body: tooBig, Chunked: true},

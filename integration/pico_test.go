@@ -398,6 +398,7 @@ func TestPicoProtocol(t *testing.T) {
 			{"trim with body", "text/plain", []byte("x"), 400, []string{"Pico-Trim-Seq", "0"}},
 			{"trim beyond the tail", "", nil, 400, []string{"Pico-Trim-Seq", "5"}},
 			{"other content type", "image/png", []byte("x"), 409, nil},
+			{"content coding", "text/plain", []byte("\x1f\x8b\x08\x00"), 415, []string{"Content-Encoding", "gzip"}},
 		} {
 			hdr := picoHdr(c.hdr...)
 			if c.ct != "" {
