@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -186,6 +187,17 @@ func parseProducer(h http.Header) (*streamstore.Producer, error) {
 		return nil, fmt.Errorf("Producer-Seq must be an integer from 0 to 2^53-1, got %q", seq)
 	}
 	return &streamstore.Producer{ID: id, Epoch: e, Seq: s}, nil
+}
+
+// repeatedParam returns the first of names that q holds more than once,
+// or "": a read that says two things must not be answered by either.
+func repeatedParam(q url.Values, names ...string) string {
+	for _, n := range names {
+		if len(q[n]) > 1 {
+			return n
+		}
+	}
+	return ""
 }
 
 // errBodyTooLarge reports a request body over max_append_size.

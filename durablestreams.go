@@ -410,13 +410,13 @@ func (d *durableStreams) get(w http.ResponseWriter, r *http.Request, name string
 		fail(w, http.StatusBadRequest, fmt.Sprintf("malformed query string: %v", err))
 		return
 	}
+	if name := repeatedParam(q, "offset", "live", "cursor"); name != "" {
+		fail(w, http.StatusBadRequest, name+" given more than once")
+		return
+	}
 	off := readOffset{kind: offsetStart}
 	offs, hasOffset := q["offset"]
 	if hasOffset {
-		if len(offs) != 1 {
-			fail(w, http.StatusBadRequest, "offset given more than once")
-			return
-		}
 		if off, err = parseOffset(offs[0]); err != nil {
 			fail(w, http.StatusBadRequest, fmt.Sprintf("malformed offset %q", offs[0]))
 			return

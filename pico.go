@@ -511,6 +511,9 @@ func (p *picoProtocol) parseReadQuery(r *http.Request) (picoReadQuery, error) {
 	if err != nil {
 		return picoReadQuery{}, fmt.Errorf("malformed query string: %v", err)
 	}
+	if name := repeatedParam(q, "seq", "live", "format", "count", "bytes", "cursor"); name != "" {
+		return picoReadQuery{}, fmt.Errorf("%s given more than once", name)
+	}
 	rq := picoReadQuery{
 		format: q.Get("format"),
 		live:   q.Get("live"),

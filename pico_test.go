@@ -1145,3 +1145,27 @@ func TestBusyAnswers(t *testing.T) {
 		})
 	}
 }
+
+// A read that names one of its parameters twice is refused in both
+// protocols rather than answered by whichever value came first.
+func TestRepeatedReadParametersAreRefused(t *testing.T) {
+	ds := newDSServer(t)
+	ds.do(t, "PUT", "/s", "a", ct, "text/plain").want(t, 201)
+	for _, q := range []string{"offset=-1&offset=now", "offset=-1&live=long-poll&live=sse", "offset=now&live=sse&cursor=1&cursor=2"} {
+		r := ds.do(t, "GET", "/s?"+q, "").want(t, 400)
+		if !strings.Contains(r.body, "more than once") {
+			t.Errorf("Durable Streams ?%s: body %q", q, r.body)
+		}
+	}
+	ds.do(t, "GET", "/s?offset=-1", "").want(t, 200)
+
+	pico := newPicoServer(t)
+	pico.do(t, "PUT", "/pico/p", []byte("a"), ct, "text/plain").want(t, 201)
+	for _, q := range []string{"seq=0&seq=1", "seq=0&live=sse&live=long-poll", "format=json&format=raw", "count=1&count=2", "bytes=1&bytes=2"} {
+		r := pico.do(t, "GET", "/pico/p?"+q, nil).want(t, 400)
+		if !strings.Contains(string(r.body), "more than once") {
+			t.Errorf("Pico ?%s: body %q", q, r.body)
+		}
+	}
+	pico.do(t, "GET", "/pico/p?seq=0&count=1", nil).want(t, 200)
+}

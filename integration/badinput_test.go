@@ -99,6 +99,8 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{name: "offset/long-poll-bad", req: get("live=long-poll&offset=zz"), status: 400, reason: badOffset},
 		{name: "offset/long-poll-missing", req: get("live=long-poll"), status: 400, reason: badOffset},
 		{name: "offset/sse-missing", req: get("live=sse"), status: 400, reason: badOffset},
+		{name: "offset/twice", req: get("offset=-1&offset=now"), status: 400, reason: []string{"more than once"}},
+		{name: "live/twice", req: get("offset=-1&live=long-poll&live=sse"), status: 400, reason: []string{"more than once"}},
 
 		{name: "ttl/plus", req: put("/bi/new-ttl", "Stream-TTL", "+3600"), status: 400, reason: badTTL, absent: "/bi/new-ttl"},
 		{name: "ttl/leading-zero", req: put("/bi/new-ttl", "Stream-TTL", "03600"), status: 400, reason: badTTL, absent: "/bi/new-ttl"},
