@@ -413,6 +413,10 @@ func (p *picoProtocol) list(w http.ResponseWriter, r *http.Request) {
 		picoFail(w, http.StatusBadRequest, picoErrBadRequest, fmt.Sprintf("malformed query string: %v", err), nil)
 		return
 	}
+	if name := repeatedParam(q, "prefix", "limit", "start_after"); name != "" {
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, name+" given more than once", nil)
+		return
+	}
 	prefix := q.Get("prefix")
 	if prefix == "" {
 		prefix = "/"

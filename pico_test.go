@@ -1146,8 +1146,9 @@ func TestBusyAnswers(t *testing.T) {
 	}
 }
 
-// A read that names one of its parameters twice is refused in both
-// protocols rather than answered by whichever value came first.
+// A read (or a Pico listing) that names one of its parameters twice is
+// refused in both protocols rather than answered by whichever value came
+// first.
 func TestRepeatedReadParametersAreRefused(t *testing.T) {
 	ds := newDSServer(t)
 	ds.do(t, "PUT", "/s", "a", ct, "text/plain").want(t, 201)
@@ -1168,4 +1169,12 @@ func TestRepeatedReadParametersAreRefused(t *testing.T) {
 		}
 	}
 	pico.do(t, "GET", "/pico/p?seq=0&count=1", nil).want(t, 200)
+	// The stream listing's parameters too.
+	for _, q := range []string{"prefix=/&prefix=/p", "limit=1&limit=2", "start_after=/a&start_after=/b"} {
+		r := pico.do(t, "GET", "/pico/?"+q, nil).want(t, 400)
+		if !strings.Contains(string(r.body), "more than once") {
+			t.Errorf("Pico list ?%s: body %q", q, r.body)
+		}
+	}
+	pico.do(t, "GET", "/pico/?prefix=/&limit=1", nil).want(t, 200)
 }
