@@ -80,7 +80,9 @@ func TestHTTPS(t *testing.T) {
 		}
 		got := make(chan string, 1)
 		go func() {
-			r, err := hcGet(hc, base+"/ds/poll?offset=now&live=long-poll")
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			r, err := (&dsClient{base: base, hc: hc}).do(ctx, http.MethodGet, "/ds/poll", "offset=now&live=long-poll", nil, nil)
 			if err != nil {
 				got <- err.Error()
 				return
@@ -203,23 +205,6 @@ func outcome(r *http.Response, err error) string {
 		return err.Error()
 	}
 	return r.Status + " over " + r.Proto
-}
-
-// hcGet reads url to its end.
-func hcGet(hc *http.Client, url string) (*response, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return &response{status: resp.StatusCode, header: resp.Header, body: b}, err
 }
 
 // openFeed opens an SSE response, which must come over HTTP/proto, and
