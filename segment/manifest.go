@@ -14,8 +14,14 @@ import (
 	"time"
 )
 
-// FormatVersion is the bucket layout this build reads and writes.
-const FormatVersion = 1
+// FormatVersion is the bucket layout this build reads and writes. Version 2
+// added packs to the manifest: a build that knows only version 1 would
+// ignore them and lose the records they hold, so it must refuse the bucket.
+const FormatVersion = 2
+
+// upgradableFormat is the older layout this build reads and moves on to
+// FormatVersion: everything in it means the same in version 2.
+const upgradableFormat = 1
 
 const (
 	formatKey   = "format"
@@ -24,19 +30,20 @@ const (
 )
 
 // CheckFormat creates the format version object in an empty bucket, or
-// verifies that an existing one names a version this build knows.
+// verifies that an existing one names a version this build knows, moving
+// an older one it can read on to FormatVersion. The caller holds the lease.
 func CheckFormat(ctx context.Context, store Store) error {
-	want := fmt.Sprintf(`{"picomq_format":%d}`, FormatVersion)
-	data, _, err := store.Get(ctx, formatKey, 0, -1)
+	want := []byte(fmt.Sprintf(`{"picomq_format":%d}`, FormatVersion))
+	data, etag, err := store.Get(ctx, formatKey, 0, -1)
 	if errors.Is(err, ErrNotFound) {
-		_, err = store.Put(ctx, formatKey, []byte(want), PutOptions{IfNoneMatch: true})
+		_, err = store.Put(ctx, formatKey, want, PutOptions{IfNoneMatch: true})
 		if err == nil {
 			return nil
 		}
 		if !errors.Is(err, ErrPreconditionFailed) {
 			return fmt.Errorf("create format object: %w", err)
 		}
-		data, _, err = store.Get(ctx, formatKey, 0, -1)
+		data, etag, err = store.Get(ctx, formatKey, 0, -1)
 	}
 	if err != nil {
 		return fmt.Errorf("read format object: %w", err)
@@ -47,10 +54,18 @@ func CheckFormat(ctx context.Context, store Store) error {
 	if err := json.Unmarshal(data, &f); err != nil {
 		return fmt.Errorf("format object is not PicoMQ's: %w", err)
 	}
-	if f.Format != FormatVersion {
-		return fmt.Errorf("storage has PicoMQ format version %d; this build reads version %d only", f.Format, FormatVersion)
+	switch f.Format {
+	case FormatVersion:
+		return nil
+	case upgradableFormat:
+		// Before anything is written in the new layout, so an older build
+		// started later refuses the bucket instead of misreading it.
+		if _, err := store.Put(ctx, formatKey, want, PutOptions{IfMatch: etag}); err != nil {
+			return fmt.Errorf("move format object from version %d to %d: %w", f.Format, FormatVersion, err)
+		}
+		return nil
 	}
-	return nil
+	return fmt.Errorf("storage has PicoMQ format version %d; this build reads versions %d and %d only", f.Format, upgradableFormat, FormatVersion)
 }
 
 // Manifest says where replay starts: which WAL namespaces may still hold
@@ -59,6 +74,9 @@ type Manifest struct {
 	Version       int         `json:"version"`
 	NextNamespace uint64      `json:"next_namespace"`
 	Namespaces    []Namespace `json:"namespaces"`
+	// Packs are the live packs, oldest first: replay reads their indexes
+	// before the WAL, since everything in them was cut from it earlier.
+	Packs []PackRef `json:"packs,omitempty"`
 }
 
 // Namespace is one writer namespace (one process start) in the manifest.
@@ -328,6 +346,9 @@ type ReplayFuncs struct {
 	// ahead of Apply and from several goroutines at once: the place to
 	// start work that Apply will wait for.
 	Fetched func(obj *WALObject)
+	// Packs, when set, is handed the manifest's live packs before any WAL
+	// object is applied.
+	Packs func(packs []PackRef) error
 	// Apply is handed every committed object, in WAL order.
 	Apply func(key string, obj *WALObject) error
 }
@@ -345,6 +366,11 @@ func Replay(ctx context.Context, store Store, m *Manifests, token string, fn Rep
 		return 0, err
 	}
 	sort.Slice(man.Namespaces, func(i, j int) bool { return man.Namespaces[i].ID < man.Namespaces[j].ID })
+	if fn.Packs != nil && len(man.Packs) > 0 {
+		if err := fn.Packs(man.Packs); err != nil {
+			return 0, err
+		}
+	}
 	seals := map[uint64]uint64{}
 	for _, n := range man.Namespaces {
 		end, err := replayNamespace(ctx, store, n, token, fn)

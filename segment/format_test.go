@@ -1,0 +1,59 @@
+package segment_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// The format object: created in an empty bucket, moved on from the version
+// before packs (which a build without packs must then refuse), and a
+// version this build does not know is refused with the reason.
+func TestCheckFormat(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		before  string // "" when the bucket has no format object
+		after   int
+		refused string
+	}{
+		{name: "empty bucket", before: "", after: segment.FormatVersion},
+		{name: "current", before: `{"picomq_format":2}`, after: 2},
+		{name: "before packs", before: `{"picomq_format":1}`, after: 2},
+		{name: "newer", before: `{"picomq_format":3}`, after: 3, refused: "format version 3"},
+		{name: "not ours", before: `{"other":1}`, refused: "version 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			if tc.before != "" {
+				if _, err := st.Put(ctx, "format", []byte(tc.before), segment.PutOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := segment.CheckFormat(ctx, st)
+			if tc.refused != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.refused) {
+					t.Fatalf("CheckFormat over %s: %v; want a refusal naming %q", tc.before, err, tc.refused)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("CheckFormat over %q: %v", tc.before, err)
+			}
+			data, _, err := st.Get(ctx, "format", 0, -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var f struct {
+				Format int `json:"picomq_format"`
+			}
+			if err := json.Unmarshal(data, &f); err != nil || f.Format != tc.after {
+				t.Fatalf("format object after CheckFormat over %q: %s (%v); want version %d", tc.before, data, err, tc.after)
+			}
+		})
+	}
+}
