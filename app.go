@@ -127,6 +127,7 @@ type engineSettings struct {
 	MaxPending      int64
 	CacheBytes      int64
 	CompactInterval time.Duration
+	PackBelow       int64
 	S3Timeout       time.Duration
 	ExpirySweep     time.Duration
 }
@@ -147,7 +148,7 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 	if e, ok := a.refs[key]; ok {
 		if e.settings != s {
 			return nil, fmt.Errorf("handlers using storage %s disagree on engine settings (%+v vs %+v); "+
-				"flush_interval, flush_size, flush_quiet, max_pending, cache_size, compact_interval, s3_timeout and expiry_sweep_interval must match", key, e.settings, s)
+				"flush_interval, flush_size, flush_quiet, max_pending, cache_size, compact_interval, pack_below, s3_timeout and expiry_sweep_interval must match", key, e.settings, s)
 		}
 		return e.ref, nil
 	}
@@ -254,6 +255,7 @@ func (r *engineRef) engineConfig() streamstore.Config {
 		MaxPending:      int(r.settings.MaxPending),
 		CacheBytes:      r.settings.CacheBytes,
 		CompactInterval: r.settings.CompactInterval,
+		PackBelow:       r.settings.PackBelow,
 		ExpirySweep:     r.settings.ExpirySweep,
 		AppendTimeout:   appendTimeout(r.settings),
 		NodeID:          r.nodeID,
@@ -301,7 +303,7 @@ func (r *engineRef) reconfigure(s engineSettings) {
 	r.log.Info("engine settings changed by a config reload",
 		zap.Duration("flush_interval", s.FlushInterval), zap.Int64("flush_size", s.FlushSize), zap.Duration("flush_quiet", s.FlushQuiet),
 		zap.Int64("max_pending", s.MaxPending),
-		zap.Int64("cache_size", s.CacheBytes), zap.Duration("compact_interval", s.CompactInterval))
+		zap.Int64("cache_size", s.CacheBytes), zap.Duration("compact_interval", s.CompactInterval), zap.Int64("pack_below", s.PackBelow))
 }
 
 // engine returns the started engine, waiting for the start if it is still

@@ -79,6 +79,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.CacheSize, err = parseSize(arg)
 		case "compact_interval":
 			h.CompactInterval, err = parseDuration(arg)
+		case "pack_below":
+			h.PackBelow = -1
+			if arg != "off" {
+				h.PackBelow, err = parseSize(arg)
+			}
 		case "s3_timeout":
 			h.S3Timeout, err = parseDuration(arg)
 		case "expiry_sweep_interval":

@@ -29,6 +29,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		max_append_size 8MB
 		cache_size 128MiB
 		compact_interval 1m
+		pack_below 64KiB
 		s3_timeout 3s
 		expiry_sweep_interval 10m
 	}`)
@@ -48,11 +49,31 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		MaxAppendSize:        8_000_000,
 		CacheSize:            128 << 20,
 		CompactInterval:      caddy.Duration(time.Minute),
+		PackBelow:            64 << 10,
 		S3Timeout:            caddy.Duration(3 * time.Second),
 		ExpirySweepInterval:  caddy.Duration(10 * time.Minute),
 	}
 	if got, _ := json.Marshal(h); string(got) != string(mustJSON(t, want)) {
 		t.Errorf("got  %s\nwant %s", got, mustJSON(t, want))
+	}
+}
+
+// pack_below off turns packs off: -1 in JSON, as zero means the default.
+func TestUnmarshalCaddyfilePackBelowOff(t *testing.T) {
+	var h Handler
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("picomq {\n pack_below off\n}")); err != nil {
+		t.Fatal(err)
+	}
+	if h.PackBelow != -1 {
+		t.Fatalf("pack_below off gave %d, want -1", h.PackBelow)
+	}
+	h.applyDefaults()
+	if err := h.Validate(); err != nil {
+		t.Fatalf("pack_below off: %v", err)
+	}
+	h.PackBelow = 32 << 20
+	if err := h.Validate(); err == nil || !strings.Contains(err.Error(), "pack_below") {
+		t.Fatalf("pack_below 32MiB: %v; want refused", err)
 	}
 }
 
@@ -85,6 +106,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"picomq {\n flush_quiet 0\n}",
 		"picomq {\n max_append_size 0\n}",
 		"picomq {\n cache_size 2TiB\n}",
+		"picomq {\n pack_below none\n}",
+		"picomq {\n pack_below 0\n}",
 	} {
 		var h Handler
 		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(src)); err == nil {

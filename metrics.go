@@ -130,6 +130,7 @@ type storageCollector struct {
 	cacheHits, cacheMisses, expired           *prometheus.Desc
 	requests, uploads, subscribers            *prometheus.Desc
 	busy, pending                             *prometheus.Desc
+	folds, packed, packsWritten, packsLive    *prometheus.Desc
 }
 
 // newStorageCollector builds the collector of the storage labelled label.
@@ -170,6 +171,14 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 			"Writes answered 503 at once because the appends waiting for storage already held max_pending bytes: the store is slower than the appends."),
 		pending: desc("wal_pending_bytes",
 			"Bytes of appends waiting for storage now: WAL entries in the open batch, uploading or waiting for an earlier upload's outcome, and large appends in their own uploads."),
+		folds: desc("compaction_folds_total",
+			"Streams a compaction gave data objects of their own and a checkpoint."),
+		packed: desc("compaction_packed_total",
+			"Streams whose new records a compaction put into a pack shared with other streams instead (see pack_below)."),
+		packsWritten: desc("packs_written_total",
+			"Packs written by compactions."),
+		packsLive: desc("packs_live",
+			"Packs that some stream still reads: listed in the manifest, read by a replay."),
 		subscribers: desc("open_subscribers",
 			"Live reads open now: SSE responses and long-polls, by protocol and mode.",
 			"protocol", "mode"),
@@ -181,6 +190,7 @@ func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.appends, c.records, c.bytes, c.flushes, c.aborted,
 		c.cacheHits, c.cacheMisses, c.expired, c.requests, c.uploads, c.subscribers, c.busy, c.pending,
+		c.folds, c.packed, c.packsWritten, c.packsLive,
 	} {
 		ch <- d
 	}
@@ -203,6 +213,10 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.expired, es.Expired)
 	counter(c.busy, es.Busy)
 	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(es.PendingBytes))
+	counter(c.folds, es.Folds)
+	counter(c.packed, es.Packed)
+	counter(c.packsWritten, es.PacksWritten)
+	ch <- prometheus.MustNewConstMetric(c.packsLive, prometheus.GaugeValue, float64(es.LivePacks))
 
 	rs := &c.metrics.requests
 	for _, op := range segment.Ops {

@@ -58,6 +58,7 @@ const (
 //	    max_append_size        <size>
 //	    cache_size             <size>
 //	    compact_interval       <duration>
+//	    pack_below             <size>|off
 //	    s3_timeout             <duration>
 //	    expiry_sweep_interval  <duration>
 //	    allow_loopback_webhooks
@@ -120,6 +121,16 @@ type Handler struct {
 	// How often the write-ahead log is compacted into data objects.
 	// Default 30s.
 	CompactInterval caddy.Duration `json:"compact_interval,omitempty"`
+
+	// A compaction puts the new records of a stream whose records not yet
+	// in data objects of its own are at most this many bytes into a pack
+	// shared with other streams (one PUT for many streams), and gives the
+	// stream data objects of its own only once it has more, has been in
+	// packs for 5 to 10 minutes, or goes idle. Many slow streams then cost
+	// a fraction of the requests. -1 (Caddyfile: off) never packs: every
+	// compaction writes a data object and a checkpoint per stream with new
+	// records. Default 256 KiB; at most 16 MiB.
+	PackBelow int64 `json:"pack_below,omitempty"`
 
 	// Timeout of each object-store request attempt (a request is tried up
 	// to 5 times). An append that cannot be made durable is answered 503
@@ -189,6 +200,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		MaxPending:      h.MaxPending,
 		CacheBytes:      h.CacheSize,
 		CompactInterval: time.Duration(h.CompactInterval),
+		PackBelow:       h.PackBelow,
 		S3Timeout:       time.Duration(h.S3Timeout),
 		ExpirySweep:     time.Duration(h.ExpirySweepInterval),
 	})
@@ -311,6 +323,9 @@ func (h *Handler) Validate() error {
 		if s.v < 0 {
 			return fmt.Errorf("%s must not be negative", s.name)
 		}
+	}
+	if h.PackBelow < -1 || h.PackBelow > 16<<20 {
+		return fmt.Errorf("pack_below must be -1 (off) or at most 16MiB, got %d", h.PackBelow)
 	}
 	if h.FlushQuiet >= h.FlushInterval {
 		return fmt.Errorf("flush_quiet (%s) must be below flush_interval (%s)",

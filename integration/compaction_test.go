@@ -22,7 +22,8 @@ func TestCompactionMovesWALIntoDataObjects(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s"}})
+	// Without packs: their own test is TestPacksKeepManySlowStreamsCheap.
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s", "pack_below off"}})
 	const ct = "application/octet-stream"
 	const streams = 5
 	const doomed = streams - 1 // the stream deleted at the end

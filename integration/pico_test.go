@@ -1073,7 +1073,8 @@ func TestPicoTrimLeavesBucket(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	e := picoStart(t, []string{"compact_interval 1s"}, nil)
+	// Without packs, so the first records are in a data object of their own.
+	e := picoStart(t, []string{"compact_interval 1s", "pack_below off"}, nil)
 	const name = "/trim/t"
 	picoWant(t, "create", picoDo(e, "PUT", "/pico"+name, nil), 201)
 	records := fhRandomRecords(77, 20, 2048)

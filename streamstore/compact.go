@@ -1,9 +1,11 @@
 package streamstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -26,6 +28,11 @@ const compactWorkers = 32
 
 func (e *Engine) compactLoop() {
 	defer e.bg.Done()
+	e.compactMu.Lock()
+	if err := e.sweepPacks(e.bgCtx); err != nil && e.bgCtx.Err() == nil {
+		e.log.Warn("deleting unlisted packs failed; they stay until the next start", zap.Error(err))
+	}
+	e.compactMu.Unlock()
 	for {
 		t := time.NewTimer(e.config().CompactInterval)
 		select {
@@ -89,16 +96,106 @@ func (e *Engine) Compact(ctx context.Context) error {
 	}
 	e.mu.Unlock()
 
+	// Busy streams with small backlogs go into shared packs; the others
+	// are folded into data objects of their own.
+	now := time.Now()
+	idleBefore := now.Add(-e.config().IdleAfter).UnixNano()
+	limit := e.config().PackBelow
+	var fold []*stream
+	var jobs []*packJob
+	staying := 0
+	for _, s := range todo {
+		var j packJob
+		switch decide(s, end, now, idleBefore, limit, &j) {
+		case decideFold:
+			fold = append(fold, s)
+		case decidePack:
+			jobs = append(jobs, &j)
+		case decideLeave:
+			staying++
+		}
+	}
+	// Packed streams stay in memory: no more of them than MaxStreams, the
+	// least recently used folded first.
+	if over := staying + len(jobs) - e.config().MaxStreams; over > 0 {
+		slices.SortFunc(jobs, func(a, b *packJob) int { return cmp.Compare(a.used, b.used) })
+		over = min(over, len(jobs))
+		for _, j := range jobs[:over] {
+			fold = append(fold, j.s)
+		}
+		jobs = jobs[over:]
+	}
+	if err := e.pack(ctx, jobs, end); err != nil {
+		return err
+	}
+	if err := e.fold(ctx, fold, end); err != nil {
+		return err
+	}
+	if err := e.retireWAL(ctx, end); err != nil {
+		return err
+	}
+	if len(fold) > 0 || len(jobs) > 0 {
+		// What folding and packing left behind goes back to the OS at
+		// the next quiet sweep.
+		e.quietReturned.Store(false)
+	}
+	e.log.Debug("compacted", zap.Int("folded", len(fold)), zap.Int("packed", len(jobs)), zap.Int("live_packs", len(e.packs)),
+		zap.Uint64("cache_misses", e.cache.misses.Load()-misses), zap.Duration("took", time.Since(began)))
+	return nil
+}
+
+// fold compacts the streams into data objects of their own, reading back
+// what they have in packs a batch of streams at a time.
+func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos) error {
+	// In pack order (pack's), so a batch reads few, long ranges; streams
+	// with nothing in packs first.
+	sizes := make(map[*stream]int64, len(streams))
+	keys := make(map[*stream]int64, len(streams))
+	for _, s := range streams {
+		s.mu.Lock()
+		for i := 0; i < len(s.runs) && s.runs[i].snap != nil; i++ {
+			sizes[s] += s.runs[i].span.Len
+		}
+		if sizes[s] > 0 {
+			keys[s] = s.leavePacksLocked(time.Time{})
+		}
+		s.mu.Unlock()
+	}
+	slices.SortFunc(streams, func(a, b *stream) int {
+		return cmp.Or(cmp.Compare(keys[a], keys[b]), cmp.Compare(a.name, b.name))
+	})
+	for len(streams) > 0 {
+		n, size := 0, int64(0)
+		for n < len(streams) && (n == 0 || size+sizes[streams[n]] <= packReadBatch) {
+			size += sizes[streams[n]]
+			n++
+		}
+		var pre map[string][]Record
+		if size > 0 {
+			var err error
+			if pre, err = e.readPacked(ctx, streams[:n]); err != nil {
+				return err
+			}
+		}
+		if err := e.foldBatch(ctx, streams[:n], end, pre); err != nil {
+			return err
+		}
+		streams = streams[n:]
+	}
+	return nil
+}
+
+func (e *Engine) foldBatch(ctx context.Context, streams []*stream, end walPos, pre map[string][]Record) error {
 	sem := make(chan struct{}, compactWorkers)
 	var wg sync.WaitGroup
 	var errMu sync.Mutex
 	var firstErr error
-	for _, s := range todo {
+	for _, s := range streams {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := e.compactStream(ctx, s, end); err != nil {
+			if err := e.compactStream(ctx, s, end, pre); err != nil {
 				errMu.Lock()
 				firstErr = errors.Join(firstErr, err)
 				errMu.Unlock()
@@ -106,25 +203,13 @@ func (e *Engine) Compact(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	if firstErr != nil {
-		return firstErr
-	}
-	if err := e.retireWAL(ctx, end); err != nil {
-		return err
-	}
-	if len(todo) > 0 {
-		// What folding left behind goes back to the OS at the next
-		// quiet sweep.
-		e.quietReturned.Store(false)
-	}
-	e.log.Debug("compacted", zap.Int("streams", len(todo)), zap.Uint64("cache_misses", e.cache.misses.Load()-misses),
-		zap.Duration("took", time.Since(began)))
-	return nil
+	return firstErr
 }
 
 // compactStream writes the stream's committed entries before end as data
-// objects and checkpoints its state into its metadata object.
-func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error {
+// objects and checkpoints its state into its metadata object. pre holds
+// records already read back from packs, by run cache key.
+func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre map[string][]Record) error {
 	s.metaMu.Lock()
 	defer s.metaMu.Unlock()
 	s.mu.Lock()
@@ -158,7 +243,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 	}
 	for _, r := range runs {
 		if r.ch.End == r.ch.First {
-			meta.State.apply(r.ch)
+			r.applyTo(&meta.State)
 			meta.Upto = r.pos.next()
 			continue
 		}
@@ -180,7 +265,10 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 		// and its neighbours in the stream's run list under the stream
 		// lock, which for a hot stream (many runs per WAL object) made
 		// compaction quadratic and held up its appends.
-		recs, ok := e.cache.peek(runCacheKey(r.key, r.span))
+		recs, ok := pre[runCacheKey(r.key, r.span)]
+		if !ok {
+			recs, ok = e.cache.peek(runCacheKey(r.key, r.span))
+		}
 		if !ok {
 			var err error
 			if recs, err = e.recordsAt(ctx, s, meta.ID, r.ch.First); err != nil {
@@ -199,7 +287,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 			chunk = append(chunk, rec)
 			size += segment.RecordSize(&rec)
 		}
-		meta.State.apply(r.ch)
+		r.applyTo(&meta.State)
 		meta.Upto = r.pos.next()
 	}
 	if err := flush(); err != nil {
@@ -221,6 +309,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos) error
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: %w", s.name, err)
 	}
+	e.stats.folds.Add(1)
 	s.mu.Lock()
 	s.runs = s.runs[n:]
 	s.meta = &meta
@@ -306,11 +395,14 @@ func (e *Engine) rewriteFrom(ctx context.Context, id, key string, start uint64) 
 	return nil
 }
 
-// retireWAL moves the manifest to end and deletes the WAL objects before it.
+// retireWAL moves the manifest to end, lists the live packs there, and
+// deletes the WAL objects before end and the packs no stream needs.
 func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 	var drop []string // whole namespaces
 	var trimNS, trimTo uint64
+	live, deadPacks := e.livePacks()
 	_, err := e.man.Update(ctx, func(m *segment.Manifest) error {
+		m.Packs = live
 		drop, trimTo = nil, 0
 		kept := m.Namespaces[:0:0]
 		for _, n := range m.Namespaces {
@@ -333,6 +425,14 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 	})
 	if err != nil {
 		return fmt.Errorf("advance manifest: %w", err)
+	}
+	// Unlisted now: a crash before the delete leaves them to sweepPacks.
+	e.packs = live
+	e.stats.packsLive.Store(int64(len(live)))
+	if len(deadPacks) > 0 {
+		if err := e.store.Delete(ctx, deadPacks); err != nil {
+			return fmt.Errorf("delete dead packs: %w", err)
+		}
 	}
 	for _, p := range drop {
 		if err := e.deleteUnder(ctx, p, ""); err != nil {

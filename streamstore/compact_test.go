@@ -27,6 +27,7 @@ func TestCompactionFoldsStreamsConcurrently(t *testing.T) {
 		return nil
 	}
 	e := startEngine(t, st, Config{})
+	setPackBelow(e, -1) // data objects of their own, not packs
 	fillStreams(t, e, 100)
 	counting.Store(true)
 	if err := e.Compact(ctx); err != nil {

@@ -53,6 +53,7 @@ func (c *opCounter) counts() (lists, gets, maxPerKey int) {
 func writeObjects(t *testing.T, e *Engine, name string, n int) {
 	t.Helper()
 	ctx := context.Background()
+	setPackBelow(e, -1) // data objects of their own, not packs
 	if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
 		t.Fatal(err)
 	}

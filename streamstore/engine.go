@@ -28,6 +28,7 @@ type Config struct {
 	NodeID          string        // identity of this node for the storage lease
 	AppendTimeout   time.Duration // longest an append waits for durability before 503 (default 30s)
 	CompactInterval time.Duration // how often WAL data is compacted (default 30s)
+	PackBelow       int64         // backlog bytes up to which a busy stream's compaction goes into a shared pack (default 256 KiB; negative: never)
 	LeaseTTL        time.Duration // storage lease lifetime without renewal (default 30s)
 	MaxStreams      int           // idle streams kept in memory (default 10,000)
 	IdleAfter       time.Duration // a stream untouched this long leaves memory, cache included (default 30s)
@@ -74,6 +75,9 @@ func (c Config) withDefaults() Config {
 	if c.ExpirySweep <= 0 {
 		c.ExpirySweep = 5 * time.Minute
 	}
+	if c.PackBelow == 0 {
+		c.PackBelow = packStreamMax
+	}
 	return c
 }
 
@@ -111,7 +115,8 @@ type Engine struct {
 	creating  map[*stream]struct{} // creates whose metadata is not written yet
 	commitEnd walPos               // just after the last committed WAL position; zero before any
 
-	compactMu   sync.Mutex // one compaction at a time
+	compactMu   sync.Mutex        // one compaction at a time
+	packs       []segment.PackRef // packs written or replayed, oldest first, until they die (compactMu)
 	compactKick chan struct{}
 	// compactReset re-arms the compaction timer: a reload that shortens
 	// compact_interval must not wait out the old one.
@@ -148,7 +153,7 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 		log = zap.NewNop()
 	}
 	bgCtx, bgCancel := context.WithCancel(context.Background())
-	return &Engine{
+	e := &Engine{
 		bgCtx:        bgCtx,
 		bgCancel:     bgCancel,
 		store:        store,
@@ -167,6 +172,7 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 		closing:      make(chan struct{}),
 		returnMemory: debug.FreeOSMemory,
 	}
+	return e
 }
 
 func (e *Engine) config() Config {
@@ -241,6 +247,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	metas := e.newMetaLoader(ctx)
 	ns, err := segment.Replay(ctx, e.store, e.man, token, segment.ReplayFuncs{
 		Fetched: metas.start,
+		Packs: func(refs []segment.PackRef) error {
+			return e.replayPacks(ctx, metas, refs)
+		},
 		Apply: func(key string, obj *segment.WALObject) error {
 			objects++
 			entries += len(obj.Entries)
@@ -446,6 +455,20 @@ type walRun struct {
 	span segment.Span
 	ch   change
 	blob string // the entry's records are in this blob, not in the WAL
+	// snap is set when the run is in a pack (pack.go), not the WAL: it
+	// stands for one or more entries, and is the stream's state after
+	// them. packed is when it went there (Unix ms).
+	snap   *writerState
+	packed int64
+}
+
+// applyTo moves st on past the run.
+func (r *walRun) applyTo(st *writerState) {
+	if r.snap != nil {
+		*st = *r.snap
+		return
+	}
+	st.apply(r.ch)
 }
 
 func (s *stream) info() Info {

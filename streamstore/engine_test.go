@@ -109,8 +109,9 @@ func TestReplayAfterCrashAndCompaction(t *testing.T) {
 	if wal := st.Keys("wal/"); len(wal) != 0 {
 		t.Fatalf("WAL objects left after compaction: %v", wal)
 	}
-	if data := st.Keys("data/"); len(data) != 5 {
-		t.Fatalf("data objects: %v", data)
+	// Five small, busy streams: one shared pack, no data objects.
+	if data, packs := st.Keys("data/"), st.Keys("pack/"); len(data) != 0 || len(packs) != 1 {
+		t.Fatalf("data objects %v, packs %v", data, packs)
 	}
 	if _, err := e2.Append(ctx, "/s3", AppendRequest{Records: recs("more")}); err != nil {
 		t.Fatal(err)
@@ -391,6 +392,7 @@ func TestForkReadsSourceAndCascadesDeletes(t *testing.T) {
 func TestEvictionKeepsSeqsConsistent(t *testing.T) {
 	ctx := context.Background()
 	e := startEngine(t, memstore.New(), Config{MaxStreams: 4})
+	setPackBelow(e, -1) // packed streams stay in memory (pack_test.go)
 	const streams, per = 20, 15
 	for i := 0; i < streams; i++ {
 		if _, _, err := e.Create(ctx, fmt.Sprintf("/e%d", i), CreateRequest{ContentType: "text/plain"}); err != nil {
@@ -525,7 +527,7 @@ func TestReconfigureRearmsCompaction(t *testing.T) {
 	cfg.NodeID = "node-a"
 	e.Reconfigure(cfg)
 	deadline := time.Now().Add(5 * time.Second)
-	for len(st.Keys("data/")) == 0 {
+	for len(st.Keys("pack/")) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("no compaction 5 s after compact_interval became 20ms; keys %v", st.Keys(""))
 		}

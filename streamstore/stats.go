@@ -18,6 +18,10 @@ type Stats struct {
 	abortedBatch atomic.Uint64 // WAL batches aborted after a failed upload
 	expired      atomic.Uint64 // streams deleted for having expired
 	busy         atomic.Uint64 // writes refused with ErrBusy
+	folds        atomic.Uint64 // streams compacted into data objects of their own
+	packed       atomic.Uint64 // stream backlogs compacted into packs
+	packsWritten atomic.Uint64 // packs written
+	packsLive    atomic.Int64  // packs listed, or about to be, in the manifest
 }
 
 // StatsSnapshot is Stats read at one moment.
@@ -48,6 +52,13 @@ type StatsSnapshot struct {
 	// PendingBytes is a gauge: the bytes of appends waiting for storage
 	// now (WAL entries not yet released, large appends' own uploads).
 	PendingBytes uint64
+	// Folds is how many times a compaction gave a stream's records data
+	// objects of their own and checkpointed it; Packed how many times it
+	// put a stream's new records into a shared pack instead, and
+	// PacksWritten the packs that took. LivePacks is a gauge: the packs
+	// some stream still reads.
+	Folds, Packed, PacksWritten uint64
+	LivePacks                   int64
 }
 
 // Stats returns the engine's running totals. The counters are read one by
@@ -66,6 +77,10 @@ func (e *Engine) Stats() StatsSnapshot {
 		CacheMisses:    e.cache.misses.Load(),
 		Expired:        s.expired.Load(),
 		Busy:           s.busy.Load(),
+		Folds:          s.folds.Load(),
+		Packed:         s.packed.Load(),
+		PacksWritten:   s.packsWritten.Load(),
+		LivePacks:      s.packsLive.Load(),
 	}
 	if w := e.statsW.Load(); w != nil {
 		snap.PendingBytes = uint64(w.Pending())

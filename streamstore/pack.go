@@ -1,0 +1,497 @@
+package streamstore
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// Packs keep many slow streams cheap. Retiring the WAL used to cost every
+// stream with new records a data object and a checkpoint at each
+// compaction, however few its records: 10,000 streams sharing 2,000
+// appends/s cost 440 S3 requests per 1,000 appends. Now a compaction puts
+// the small backlogs of busy streams into shared pack objects (one PUT for
+// hundreds of streams) whose index carries each stream's state, and the
+// manifest lists the live packs. A stream leaves the packs, folded into its
+// own data objects and checkpoint as before, once its packed records are
+// many, old or idle; a pack dies when no stream needs it any more.
+//
+// A stream's records are in exactly one of the WAL, a pack or its data
+// objects at every moment that a replay could see: a pack is listed in the
+// manifest in the same update that retires the WAL it was cut from, and a
+// fold's checkpoint (whose Upto passes the packed positions) is written
+// before the manifest stops listing the pack.
+
+const (
+	// packStreamMax is Config.PackBelow's default: a stream whose packed
+	// and new records together pass this many bytes gets data objects of
+	// its own. A busy stream fills a data object of its own soon enough.
+	packStreamMax = 256 << 10
+	// packResidency is the longest a stream's records stay in packs, so
+	// that packs die and a replay's index stays short. Each stream stays
+	// between half of it and all of it (packStay), so that streams that
+	// came into the packs together do not all leave at one compaction.
+	packResidency = 10 * time.Minute
+	// packMaxRuns caps the pack runs of one stream (one per compaction
+	// that packed it): they are what a replay reads (about 200 bytes of
+	// index each) and memory keeps (about 300 bytes each). With 10,000
+	// streams sharing 2,000 appends/s, a busy node compacts every 20 s or
+	// so, and 32 runs a stream came to 90 MB of index for a restart.
+	packMaxRuns = 16
+	// packTarget is the size a pack is closed at.
+	packTarget = maxDataObject
+	// packReadGap: pack runs read back for a fold are fetched by one
+	// ranged GET when the bytes between them are fewer than this.
+	packReadGap = 256 << 10
+	// packReadBatch bounds the records a fold reads back from packs at
+	// once.
+	packReadBatch = 32 << 20
+)
+
+// packStay is how long the stream called name stays in the packs.
+func packStay(name string) time.Duration {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return packResidency/2 + time.Duration(h.Sum32()%8)*packResidency/16
+}
+
+// packIndexEntry is one stream's run in a pack's index: where its entry
+// is, which WAL position the run reaches (for the checkpoint's Upto), and
+// the stream's state after it.
+type packIndexEntry struct {
+	Name   string      `json:"n"`
+	ID     string      `json:"i"`
+	First  uint64      `json:"f"`
+	End    uint64      `json:"e"`
+	Off    int64       `json:"o"`
+	Len    int64       `json:"l"`
+	Pos    walPos      `json:"p"`
+	Packed int64       `json:"t"`
+	State  writerState `json:"s"`
+}
+
+// packJob is a stream whose WAL runs [from, to) are to be packed.
+type packJob struct {
+	s        *stream
+	from, to int
+	first    walPos // the position of runs[from], to check nothing moved
+	leaveAt  int64  // when the stream leaves the packs (Unix ms)
+	used     int64  // its last use (Unix ns)
+	ent      *segment.Entry
+	state    writerState
+	pos      walPos
+	size     int
+}
+
+// packDecision says what a compaction does with a stream that has runs
+// before the cut: fold it (its own data objects and checkpoint), pack its
+// new runs, or leave it (it has nothing new and may stay in the packs).
+type packDecision int
+
+const (
+	decideFold packDecision = iota
+	decidePack
+	decideLeave
+)
+
+// decide picks what the compaction cutting at end does with s, idle meaning
+// unused since idleBefore (Unix ns) and small meaning a backlog of limit
+// bytes or fewer. It fills job when the answer is decidePack.
+func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *packJob) packDecision {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone || s.meta.State.StartSeq > s.meta.Cleaned || s.used.Load() < idleBefore {
+		return decideFold // gone: compactStream does nothing
+	}
+	from := 0
+	for from < len(s.runs) && s.runs[from].snap != nil {
+		from++
+	}
+	leaveAt := s.leavePacksLocked(now)
+	if from >= packMaxRuns || (from > 0 && now.UnixMilli() >= leaveAt) {
+		return decideFold
+	}
+	to, size := 0, int64(0)
+	for ; to < len(s.runs) && end.after(s.runs[to].pos); to++ {
+		r := &s.runs[to]
+		if r.blob != "" || r.ch.TrimTo != 0 {
+			return decideFold
+		}
+		size += r.span.Len
+	}
+	if size > limit {
+		return decideFold
+	}
+	if to == from {
+		return decideLeave
+	}
+	*job = packJob{s: s, from: from, to: to, first: s.runs[from].pos, pos: s.runs[to-1].pos, leaveAt: leaveAt, used: s.used.Load()}
+	return decidePack
+}
+
+// leavePacksLocked is when the stream leaves the packs (Unix ms): packStay
+// after its records first went there, or after now if they are not there.
+func (s *stream) leavePacksLocked(now time.Time) int64 {
+	if len(s.runs) > 0 && s.runs[0].snap != nil {
+		return s.runs[0].packed + packStay(s.name).Milliseconds()
+	}
+	return now.Add(packStay(s.name)).UnixMilli()
+}
+
+// gather reads the records of the job's runs (from the cache, which holds
+// them unless the backlog outgrew it) and works out the stream's state
+// after them.
+func (e *Engine) gather(ctx context.Context, j *packJob) error {
+	s := j.s
+	s.mu.Lock()
+	runs := append([]walRun(nil), s.runs[:j.to]...)
+	meta := *s.meta
+	s.mu.Unlock()
+	st := meta.State
+	for i := range runs[:j.from] {
+		runs[i].applyTo(&st)
+	}
+	ent := &segment.Entry{StreamID: meta.ID, Name: s.name, FirstSeq: runs[j.from].ch.First}
+	for _, r := range runs[j.from:] {
+		if r.ch.End > r.ch.First {
+			recs, ok := e.cache.peek(runCacheKey(r.key, r.span))
+			if !ok {
+				var err error
+				if recs, err = e.recordsAt(ctx, s, meta.ID, r.ch.First); err != nil {
+					return fmt.Errorf("pack %s: %w", s.name, err)
+				}
+			}
+			for _, rec := range recs {
+				if rec.Seq >= r.ch.First && rec.Seq < r.ch.End {
+					ent.Records = append(ent.Records, rec)
+					j.size += segment.RecordSize(&rec)
+				}
+			}
+		}
+		r.applyTo(&st)
+	}
+	if ent.EndSeq() != st.NextSeq {
+		return fmt.Errorf("pack %s: %w: records [%d, %d) do not reach the tail %d", s.name, segment.ErrCorrupt,
+			ent.FirstSeq, ent.EndSeq(), st.NextSeq)
+	}
+	j.ent, j.state = ent, st
+	return nil
+}
+
+// pack writes the jobs' entries as packs of about packTarget bytes, and
+// points each stream's packed runs at its pack.
+func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos) error {
+	// Streams that will leave the packs together sit together in every
+	// pack, so the fold that takes them out reads their records back
+	// with a few large ranged GETs (readPacked).
+	slices.SortFunc(jobs, func(a, b *packJob) int {
+		return cmp.Or(cmp.Compare(a.leaveAt, b.leaveAt), cmp.Compare(a.s.name, b.s.name))
+	})
+	// Several at once, as folds are: entries the cache lost are read back
+	// one ranged GET each.
+	errs := make([]error, len(jobs))
+	sem := make(chan struct{}, compactWorkers)
+	var wg sync.WaitGroup
+	for i := range jobs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = e.gather(ctx, jobs[i])
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for len(jobs) > 0 {
+		n, size := 0, 0
+		for n < len(jobs) && (n == 0 || size+jobs[n].size <= packTarget) {
+			size += jobs[n].size
+			n++
+		}
+		if err := e.writePack(ctx, jobs[:n], end); err != nil {
+			return err
+		}
+		jobs = jobs[n:]
+	}
+	return nil
+}
+
+func (e *Engine) writePack(ctx context.Context, jobs []*packJob, end walPos) error {
+	now := time.Now().UnixMilli()
+	entries := make([]*segment.Entry, len(jobs))
+	for i, j := range jobs {
+		entries[i] = j.ent
+	}
+	var spans []segment.Span
+	data, ref := segment.EncodePack(entries, func(sp []segment.Span) []byte {
+		spans = sp
+		idx := make([]packIndexEntry, len(jobs))
+		for i, j := range jobs {
+			idx[i] = packIndexEntry{Name: j.s.name, ID: j.ent.StreamID, First: j.ent.FirstSeq, End: j.ent.EndSeq(),
+				Off: sp[i].Off, Len: sp[i].Len, Pos: j.pos, Packed: now, State: j.state}
+		}
+		b, err := json.Marshal(idx)
+		if err != nil {
+			panic(err) // plain structs of strings and numbers always encode
+		}
+		return b
+	})
+	ref.Key = segment.PackKey(end.NS, end.Seq, newID())
+	if _, err := e.store.Put(ctx, ref.Key, data, segment.PutOptions{IfNoneMatch: true}); err != nil {
+		return fmt.Errorf("put pack %s: %w", ref.Key, err)
+	}
+	// Listed from now on, in memory: the manifest update that retires the
+	// WAL lists it too, this compaction's or a later one's.
+	e.packs = append(e.packs, ref)
+	e.stats.packsWritten.Add(1)
+	e.stats.packed.Add(uint64(len(jobs)))
+	e.stats.packsLive.Store(int64(len(e.packs)))
+	for i, j := range jobs {
+		e.repoint(j, ref.Key, spans[i], now)
+	}
+	return nil
+}
+
+// repoint replaces the job's WAL runs by one run in the pack.
+func (e *Engine) repoint(j *packJob, key string, sp segment.Span, packed int64) {
+	s := j.s
+	st := j.state
+	run := walRun{pos: j.pos, key: key, span: sp, snap: &st, packed: packed,
+		ch: change{First: j.ent.FirstSeq, End: j.ent.EndSeq(), LastTS: st.LastTS}}
+	s.mu.Lock()
+	// Only compaction (which this is) takes runs off the front, and a
+	// delete marks the stream gone; appends add at the back.
+	if s.gone || len(s.runs) < j.to || s.runs[j.from].pos != j.first || s.runs[j.to-1].pos != j.pos {
+		s.mu.Unlock()
+		return
+	}
+	dead := make([]string, 0, j.to-j.from)
+	for _, r := range s.runs[j.from:j.to] {
+		dead = append(dead, runCacheKey(r.key, r.span))
+	}
+	s.runs = slices.Replace(s.runs, j.from, j.to, run)
+	s.mu.Unlock()
+	// Not cached under the pack's key: the cache is for the WAL entries
+	// the next compactions read, and a backlog that outgrew it was read
+	// back with a GET per entry, one after another, until the compaction
+	// fell behind for good (the fold reads packs back in bulk instead).
+	e.cache.remove(dead)
+}
+
+// livePacks splits the packs into those a stream in memory still reads
+// (every stream with pack runs is in memory: runs pin it) and the dead.
+func (e *Engine) livePacks() (live []segment.PackRef, dead []string) {
+	used := map[string]bool{}
+	e.mu.RLock()
+	for _, s := range e.streams {
+		s.mu.Lock()
+		for i := 0; i < len(s.runs) && s.runs[i].snap != nil; i++ {
+			used[s.runs[i].key] = true
+		}
+		s.mu.Unlock()
+	}
+	e.mu.RUnlock()
+	for _, p := range e.packs {
+		if used[p.Key] {
+			live = append(live, p)
+		} else {
+			dead = append(dead, p.Key)
+		}
+	}
+	return live, dead
+}
+
+// replayPacks rebuilds the packed runs of the streams the manifest's packs
+// hold, oldest pack first, before the WAL is replayed.
+func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segment.PackRef) error {
+	e.packs = append([]segment.PackRef(nil), refs...)
+	e.stats.packsLive.Store(int64(len(e.packs)))
+	// The indexes come in several at a time: on a bucket 25 ms away, one
+	// at a time, a few hundred packs would add seconds to a restart.
+	idxs := make([][]packIndexEntry, len(refs))
+	errs := make([]error, len(refs))
+	sem := make(chan struct{}, replayMetaLoads)
+	var wg sync.WaitGroup
+	for i, ref := range refs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			data, err := segment.ReadPackIndex(ctx, e.store, ref)
+			if err == nil {
+				if err = json.Unmarshal(data, &idxs[i]); err != nil {
+					err = fmt.Errorf("index of %s: %w: %v", ref.Key, segment.ErrCorrupt, err)
+				}
+			}
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			for _, ent := range idxs[i] {
+				metas.load(ent.Name)
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for i, ref := range refs {
+		for _, ent := range idxs[i] {
+			s, ok := e.streams[ent.Name]
+			if !ok {
+				var err error
+				if s, err = metas.stream(ent.Name); err != nil {
+					return err
+				}
+				if s != nil {
+					e.streams[ent.Name] = s
+				}
+			}
+			if s == nil || s.meta.ID != ent.ID || s.meta.Upto.after(ent.Pos) {
+				continue // deleted, or folded since
+			}
+			if ent.First != s.durable.NextSeq || ent.End != ent.State.NextSeq {
+				e.log.Error("pack entry does not continue its stream; ignored",
+					zap.String("key", ref.Key), zap.String("stream", ent.Name),
+					zap.Uint64("first", ent.First), zap.Uint64("tail", s.durable.NextSeq))
+				continue
+			}
+			st := ent.State
+			s.durable, s.pend = st, st
+			s.runs = append(s.runs, walRun{pos: ent.Pos, key: ref.Key, span: segment.Span{Off: ent.Off, Len: ent.Len},
+				snap: &st, packed: ent.Packed, ch: change{First: ent.First, End: ent.End, LastTS: st.LastTS}})
+		}
+	}
+	return nil
+}
+
+// sweepPacks deletes packs the manifest does not list: written by a
+// compaction that did not get to list them before the process ended.
+// Called before this process's first compaction, so every pack it could
+// have written is listed.
+func (e *Engine) sweepPacks(ctx context.Context) error {
+	listed := map[string]bool{}
+	for _, p := range e.packs {
+		listed[p.Key] = true
+	}
+	after := ""
+	for {
+		objs, more, err := e.store.List(ctx, segment.PackPrefix(), after, 1000)
+		if err != nil {
+			return fmt.Errorf("list packs: %w", err)
+		}
+		var dead []string
+		for _, o := range objs {
+			if !listed[o.Key] {
+				dead = append(dead, o.Key)
+			}
+			after = o.Key
+		}
+		if len(dead) > 0 {
+			if err := e.store.Delete(ctx, dead); err != nil {
+				return fmt.Errorf("delete unlisted packs: %w", err)
+			}
+		}
+		if !more || len(objs) == 0 {
+			return nil
+		}
+	}
+}
+
+// packedRange is one ranged GET of a pack that reads back the runs in it.
+type packedRange struct {
+	key      string
+	off, end int64
+	runs     []walRun
+}
+
+// readPacked reads back the pack runs of streams about to be folded,
+// merging runs that sit close together in a pack into one ranged GET. It
+// returns the records by run cache key.
+func (e *Engine) readPacked(ctx context.Context, streams []*stream) (map[string][]Record, error) {
+	byPack := map[string][]walRun{}
+	for _, s := range streams {
+		s.mu.Lock()
+		for i := 0; i < len(s.runs) && s.runs[i].snap != nil; i++ {
+			r := s.runs[i]
+			if r.ch.End > r.ch.First {
+				if _, ok := e.cache.peek(runCacheKey(r.key, r.span)); !ok {
+					byPack[r.key] = append(byPack[r.key], r)
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+	var ranges []packedRange
+	for key, runs := range byPack {
+		slices.SortFunc(runs, func(a, b walRun) int { return cmp.Compare(a.span.Off, b.span.Off) })
+		var cur *packedRange
+		for _, r := range runs {
+			end := r.span.Off + r.span.Len
+			if cur == nil || r.span.Off-cur.end > packReadGap || end-cur.off > maxDataObject {
+				ranges = append(ranges, packedRange{key: key, off: r.span.Off, end: end})
+				cur = &ranges[len(ranges)-1]
+			}
+			cur.end = max(cur.end, end)
+			cur.runs = append(cur.runs, r)
+		}
+	}
+	out := map[string][]Record{}
+	var mu sync.Mutex
+	var firstErr error
+	sem := make(chan struct{}, compactWorkers)
+	var wg sync.WaitGroup
+	for _, rg := range ranges {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			got, err := e.readRange(ctx, rg)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				firstErr = cmp.Or(firstErr, err)
+				return
+			}
+			for k, v := range got {
+				out[k] = v
+			}
+		})
+	}
+	wg.Wait()
+	return out, firstErr
+}
+
+// readRange fetches one range of a pack and decodes the runs in it.
+func (e *Engine) readRange(ctx context.Context, rg packedRange) (map[string][]Record, error) {
+	data, _, err := e.store.Get(ctx, rg.key, rg.off, rg.end-rg.off)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", rg.key, err)
+	}
+	out := make(map[string][]Record, len(rg.runs))
+	for _, r := range rg.runs {
+		off := r.span.Off - rg.off
+		if off+r.span.Len > int64(len(data)) {
+			return nil, fmt.Errorf("read %s: %w: short range", rg.key, segment.ErrCorrupt)
+		}
+		ent, _, err := segment.DecodeEntry(data[off : off+r.span.Len])
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", rg.key, err)
+		}
+		if ent.FirstSeq != r.ch.First || ent.EndSeq() != r.ch.End {
+			return nil, fmt.Errorf("read %s: %w: entry is not the expected one", rg.key, segment.ErrCorrupt)
+		}
+		out[runCacheKey(r.key, r.span)] = ent.Records
+	}
+	return out, nil
+}

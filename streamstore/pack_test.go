@@ -1,0 +1,330 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// opLog counts the store's requests by operation and key prefix while on.
+type opLog struct {
+	mu  sync.Mutex
+	on  bool
+	ops map[string]int // "PUT data/", "GET pack/", ...
+}
+
+func watch(st *memstore.Store) *opLog {
+	l := &opLog{ops: map[string]int{}}
+	st.Fail = func(op, key string) error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.on {
+			prefix, _, _ := strings.Cut(key, "/")
+			l.ops[op+" "+prefix]++
+		}
+		return nil
+	}
+	return l
+}
+
+// during counts the requests fn makes.
+func (l *opLog) during(fn func()) map[string]int {
+	l.mu.Lock()
+	l.on, l.ops = true, map[string]int{}
+	l.mu.Unlock()
+	fn()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.on = false
+	return l.ops
+}
+
+func mustCompact(t *testing.T, e *Engine) {
+	t.Helper()
+	if err := e.Compact(context.Background()); err != nil {
+		t.Fatalf("compact: %v", err)
+	}
+}
+
+func mustAppend(t *testing.T, e *Engine, name string, req AppendRequest) AppendResult {
+	t.Helper()
+	r, err := e.Append(context.Background(), name, req)
+	if err != nil {
+		t.Fatalf("append to %s: %v", name, err)
+	}
+	return r
+}
+
+// Busy streams with a few records each cost one shared pack per
+// compaction, not a data object and a checkpoint each; their records,
+// producers and closure survive a crash, read from the packs.
+func TestPacksHoldSmallBacklogsOfManyStreams(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	ops := watch(st)
+	e := startEngine(t, st, Config{})
+	const n = 50
+	name := func(i int) string { return fmt.Sprintf("/many/%02d", i) }
+	for i := range n {
+		if _, _, err := e.Create(ctx, name(i), CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+		mustAppend(t, e, name(i), AppendRequest{Records: recs("a"), Producer: &Producer{ID: "p", Seq: 0}})
+	}
+	got := ops.during(func() { mustCompact(t, e) })
+	if got["PUT pack"] != 1 || got["PUT data"] != 0 || got["PUT streams"] != 0 {
+		t.Fatalf("compacting %d small streams made %v; want one pack PUT, no data objects or checkpoints", n, got)
+	}
+	if wal := st.Keys("wal/"); len(wal) != 0 {
+		t.Fatalf("WAL objects left after compaction: %v", wal)
+	}
+	// A second round: each stream's records span two packs and the WAL.
+	for i := range n {
+		mustAppend(t, e, name(i), AppendRequest{Records: recs("b"), Producer: &Producer{ID: "p", Seq: 1}})
+	}
+	mustCompact(t, e)
+	if packs := st.Keys("pack/"); len(packs) != 2 {
+		t.Fatalf("packs after two compactions: %v", packs)
+	}
+	mustAppend(t, e, name(0), AppendRequest{Records: recs("c"), Close: true})
+
+	// Crash: a second engine takes over, with a cache too small to help.
+	e2 := startEngine(t, st, Config{CacheBytes: 1})
+	for i := range n {
+		want := "[a b]"
+		if i == 0 {
+			want = "[a b c]"
+		}
+		if got := fmt.Sprint(readAll(t, e2, name(i))); got != want {
+			t.Fatalf("%s after restart: %s, want %s", name(i), got, want)
+		}
+	}
+	if info, _ := e2.Head(ctx, name(0)); !info.Closed {
+		t.Fatalf("%s lost its closure in the restart", name(0))
+	}
+	r, err := e2.Append(ctx, name(1), AppendRequest{Records: recs("b"), Producer: &Producer{ID: "p", Seq: 1}})
+	if err != nil || !r.Duplicate {
+		t.Fatalf("a producer retry after the restart: %+v, %v; want a duplicate", r, err)
+	}
+	if r := mustAppend(t, e2, name(1), AppendRequest{Records: recs("d"), Producer: &Producer{ID: "p", Seq: 2}}); r.FirstSeq != 2 {
+		t.Fatalf("the next append after the restart went to seq %d, want 2", r.FirstSeq)
+	}
+	// The replayed streams pack again, and the old packs die once every
+	// stream has left them.
+	setPackBelow(e2, -1)
+	mustCompact(t, e2)
+	if packs, data := st.Keys("pack/"), st.Keys("data/"); len(packs) != 0 || len(data) != n {
+		t.Fatalf("after folding every stream: packs %v, %d data objects", packs, len(data))
+	}
+	m, _, err := segment.NewManifests(st).Load(ctx)
+	if err != nil || len(m.Packs) != 0 {
+		t.Fatalf("the manifest still lists %v (%v)", m.Packs, err)
+	}
+	e3 := startEngine(t, st, Config{CacheBytes: 1})
+	if got := fmt.Sprint(readAll(t, e3, name(1))); got != "[a b d]" {
+		t.Fatalf("%s after folding and a restart: %s", name(1), got)
+	}
+}
+
+// A packed stream that goes idle is folded at the next compaction, and can
+// then leave memory.
+func TestIdlePackedStreamIsFoldedAndLeavesMemory(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{IdleAfter: time.Hour})
+	if _, _, err := e.Create(ctx, "/quiet", CreateRequest{ContentType: "text/plain", Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, e, "/quiet", AppendRequest{Records: recs("b")})
+	mustCompact(t, e)
+	if len(st.Keys("pack/")) != 1 {
+		t.Fatalf("the busy stream was not packed: %v", st.Keys(""))
+	}
+	if streams, _ := e.sweepIdle(time.Now().Add(2 * time.Hour)); streams != 0 {
+		t.Fatal("a packed stream left memory: its records would be unreachable")
+	}
+	e.Reconfigure(Config{IdleAfter: time.Millisecond, NodeID: "node-a", FlushInterval: time.Millisecond, CompactInterval: time.Hour})
+	time.Sleep(5 * time.Millisecond)
+	mustCompact(t, e)
+	if packs, data := st.Keys("pack/"), st.Keys("data/"); len(packs) != 0 || len(data) != 1 {
+		t.Fatalf("after the idle stream's compaction: packs %v, data %v", packs, data)
+	}
+	if streams, _ := e.sweepIdle(time.Now().Add(2 * time.Hour)); streams != 1 {
+		t.Fatalf("%d streams left memory after the fold; want the idle one", streams)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/quiet")); got != "[a b]" {
+		t.Fatalf("read back %s", got)
+	}
+}
+
+// Streams that leave the packs together are read back with one ranged GET
+// per pack, not one per stream and pack.
+func TestFoldReadsPacksBackInFewGETs(t *testing.T) {
+	st := memstore.New()
+	ops := watch(st)
+	e := startEngine(t, st, Config{CacheBytes: 1}) // nothing stays cached
+	const n, rounds = 100, 3
+	name := func(i int) string { return fmt.Sprintf("/g/%03d", i) }
+	for i := range n {
+		if _, _, err := e.Create(context.Background(), name(i), CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r := range rounds {
+		for i := range n {
+			mustAppend(t, e, name(i), AppendRequest{Records: recs(fmt.Sprint(r))})
+		}
+		mustCompact(t, e)
+	}
+	if packs := st.Keys("pack/"); len(packs) != rounds {
+		t.Fatalf("%d packs after %d compactions", len(packs), rounds)
+	}
+	setPackBelow(e, -1)
+	got := ops.during(func() { mustCompact(t, e) })
+	if got["PUT data"] != n || got["GET pack"] > rounds {
+		t.Fatalf("folding %d streams out of %d packs made %v; want %d data PUTs and at most %d pack GETs", n, rounds, got, n, rounds)
+	}
+	for i := range n {
+		if got := fmt.Sprint(readAll(t, e, name(i))); got != "[0 1 2]" {
+			t.Fatalf("%s: %s", name(i), got)
+		}
+	}
+}
+
+// A crash between a pack's PUT and the manifest that lists it loses
+// nothing: the WAL still holds the records, and the pack nobody lists is
+// deleted when the next process starts.
+func TestUnlistedPackAfterACrash(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var failManifest sync.Mutex
+	failing := false
+	st.Fail = func(op, key string) error {
+		failManifest.Lock()
+		defer failManifest.Unlock()
+		if failing && op == "PUT" && key == "manifest" {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{})
+	for i := range 5 {
+		name := fmt.Sprintf("/c%d", i)
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Records: recs("a")}); err != nil {
+			t.Fatal(err)
+		}
+		mustAppend(t, e, name, AppendRequest{Records: recs("b")})
+	}
+	failManifest.Lock()
+	failing = true
+	failManifest.Unlock()
+	if err := e.Compact(ctx); err == nil {
+		t.Fatal("compaction succeeded without its manifest")
+	}
+	if len(st.Keys("pack/")) != 1 || len(st.Keys("wal/")) == 0 {
+		t.Fatalf("after the failed compaction: %v", st.Keys(""))
+	}
+	failManifest.Lock()
+	failing = false
+	failManifest.Unlock()
+
+	e2 := startEngine(t, st, Config{})
+	for i := range 5 {
+		name := fmt.Sprintf("/c%d", i)
+		if got := fmt.Sprint(readAll(t, e2, name)); got != "[a b]" {
+			t.Fatalf("%s after the crash: %s", name, got)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(st.Keys("pack/")) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the unlisted pack was not swept: %v", st.Keys("pack/"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mustCompact(t, e2)
+	if got := fmt.Sprint(readAll(t, e2, "/c3")); got != "[a b]" {
+		t.Fatalf("/c3 after compacting again: %s", got)
+	}
+}
+
+// A deleted stream's pack entries die with it: the pack goes when nothing
+// else needs it, a replay skips them, and the name starts afresh.
+func TestDeletedPackedStream(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	for _, name := range []string{"/keep", "/drop"} {
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Records: recs(name)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustCompact(t, e)
+	if err := e.Delete(ctx, "/drop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/drop", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	e2 := startEngine(t, st, Config{})
+	if got := readAll(t, e2, "/drop"); len(got) != 0 {
+		t.Fatalf("the recreated stream reads %v", got)
+	}
+	if got := fmt.Sprint(readAll(t, e2, "/keep")); got != "[/keep]" {
+		t.Fatalf("/keep after restart: %s", got)
+	}
+	setPackBelow(e2, -1)
+	mustCompact(t, e2)
+	if packs := st.Keys("pack/"); len(packs) != 0 {
+		t.Fatalf("packs left after every stream in them left: %v", packs)
+	}
+}
+
+// No more streams are held in memory by packs than MaxStreams; the rest
+// are folded, least recently used first.
+func TestPackedStreamsAreCappedByMaxStreams(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{MaxStreams: 4})
+	for i := range 10 {
+		name := fmt.Sprintf("/m%d", i)
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Records: recs("a")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(time.Millisecond)
+	for i := 6; i < 10; i++ { // the most recently used
+		mustAppend(t, e, fmt.Sprintf("/m%d", i), AppendRequest{Records: recs("b")})
+	}
+	mustCompact(t, e)
+	packed := 0
+	e.mu.RLock()
+	for name, s := range e.streams {
+		s.mu.Lock()
+		if len(s.runs) > 0 && s.runs[0].snap != nil {
+			packed++
+			if name < "/m6" {
+				t.Errorf("%s was packed; the least recently used should fold", name)
+			}
+		}
+		s.mu.Unlock()
+	}
+	e.mu.RUnlock()
+	if packed != 4 || len(st.Keys("data/")) != 6 {
+		t.Fatalf("%d streams packed and %d data objects with MaxStreams 4", packed, len(st.Keys("data/")))
+	}
+}
+
+// setPackBelow changes the running engine's Config.PackBelow.
+func setPackBelow(e *Engine, n int64) {
+	e.cfgMu.Lock()
+	defer e.cfgMu.Unlock()
+	e.cfg.PackBelow = n
+}
