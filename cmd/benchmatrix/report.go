@@ -345,7 +345,7 @@ func fmtSize(n int64) string {
 
 const rerunText = "## Rerunning\n\n" +
 	"```sh\n" +
-	"bench/run                     # the whole matrix and the chart; rewrites docs/benchmarks.md and docs/benchmarks.svg (20 to 30 minutes; creating the 100,000 streams of row 8 is most of it)\n" +
+	"bench/run                     # the whole matrix and the chart; rewrites docs/benchmarks.md and docs/benchmarks.svg (about 35 minutes; row 2-many's 10 minutes of load and creating the 100,000 streams of row 8 are most of it)\n" +
 	"bench/run -rows 1 -quick      # row 1 only, short windows: a smoke run of a minute or so\n" +
 	"bench/run -quick              # every row, short windows and small sizes (about 2 minutes)\n" +
 	"bench/run -rows 2,5,sweep -out /tmp/b.md   # a subset, written elsewhere\n" +
