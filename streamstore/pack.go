@@ -46,7 +46,10 @@ const (
 	// that packed it): they are what a replay reads (about 200 bytes of
 	// index each) and memory keeps (about 300 bytes each). With 10,000
 	// streams sharing 2,000 appends/s, a busy node compacts every 20 s or
-	// so, and 32 runs a stream came to 90 MB of index for a restart.
+	// so, and 32 runs a stream came to 90 MB of index for a restart. Each
+	// stream's cap is between 10 and this (packLimits): one cap for all
+	// made streams that came in together leave together, when the cap
+	// comes before packStay, 20,000 PUTs in one compaction.
 	packMaxRuns = 16
 	// packTarget is the size a pack is closed at.
 	packTarget = maxDataObject
@@ -58,11 +61,13 @@ const (
 	packReadBatch = 32 << 20
 )
 
-// packStay is how long the stream called name stays in the packs.
-func packStay(name string) time.Duration {
+// packLimits are how long the stream called name stays in the packs and
+// how many runs it may have there.
+func packLimits(name string) (stay time.Duration, runs int) {
 	h := fnv.New32a()
 	h.Write([]byte(name))
-	return packResidency/2 + time.Duration(h.Sum32()%8)*packResidency/16
+	sum := h.Sum32()
+	return packResidency/2 + time.Duration(sum%8)*packResidency/16, packMaxRuns - int((sum>>8)%7)
 }
 
 // packIndexEntry is one stream's run in a pack's index: where its entry
@@ -86,6 +91,7 @@ type packJob struct {
 	from, to int
 	first    walPos // the position of runs[from], to check nothing moved
 	leaveAt  int64  // when the stream leaves the packs (Unix ms)
+	maxRuns  int    // or after how many runs there
 	used     int64  // its last use (Unix ns)
 	ent      *segment.Entry
 	state    writerState
@@ -118,7 +124,8 @@ func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *
 		from++
 	}
 	leaveAt := s.leavePacksLocked(now)
-	if from >= packMaxRuns || (from > 0 && now.UnixMilli() >= leaveAt) {
+	_, maxRuns := packLimits(s.name)
+	if from >= maxRuns || (from > 0 && now.UnixMilli() >= leaveAt) {
 		return decideFold
 	}
 	to, size := 0, int64(0)
@@ -135,17 +142,19 @@ func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *
 	if to == from {
 		return decideLeave
 	}
-	*job = packJob{s: s, from: from, to: to, first: s.runs[from].pos, pos: s.runs[to-1].pos, leaveAt: leaveAt, used: s.used.Load()}
+	*job = packJob{s: s, from: from, to: to, first: s.runs[from].pos, pos: s.runs[to-1].pos, leaveAt: leaveAt, maxRuns: maxRuns,
+		used: s.used.Load()}
 	return decidePack
 }
 
 // leavePacksLocked is when the stream leaves the packs (Unix ms): packStay
 // after its records first went there, or after now if they are not there.
 func (s *stream) leavePacksLocked(now time.Time) int64 {
+	stay, _ := packLimits(s.name)
 	if len(s.runs) > 0 && s.runs[0].snap != nil {
-		return s.runs[0].packed + packStay(s.name).Milliseconds()
+		return s.runs[0].packed + stay.Milliseconds()
 	}
-	return now.Add(packStay(s.name)).UnixMilli()
+	return now.Add(stay).UnixMilli()
 }
 
 // gather reads the records of the job's runs (from the cache, which holds
@@ -191,11 +200,12 @@ func (e *Engine) gather(ctx context.Context, j *packJob) error {
 // pack writes the jobs' entries as packs of about packTarget bytes, and
 // points each stream's packed runs at its pack.
 func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos) error {
-	// Streams that will leave the packs together sit together in every
-	// pack, so the fold that takes them out reads their records back
-	// with a few large ranged GETs (readPacked).
+	// Streams that will leave the packs together (at one time, or after
+	// as many runs) sit together in every pack, so the fold that takes
+	// them out reads their records back with a few large ranged GETs
+	// (readPacked).
 	slices.SortFunc(jobs, func(a, b *packJob) int {
-		return cmp.Or(cmp.Compare(a.leaveAt, b.leaveAt), cmp.Compare(a.s.name, b.s.name))
+		return cmp.Or(cmp.Compare(a.leaveAt, b.leaveAt), cmp.Compare(a.maxRuns, b.maxRuns), cmp.Compare(a.s.name, b.s.name))
 	})
 	// Several at once, as folds are: entries the cache lost are read back
 	// one ranged GET each.
