@@ -166,18 +166,21 @@ func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos) error 
 	})
 	for len(streams) > 0 {
 		n, size := 0, int64(0)
-		for n < len(streams) && (n == 0 || size+sizes[streams[n]] <= packReadBatch) {
+		packed := sizes[streams[0]] > 0
+		for n < len(streams) && (sizes[streams[n]] > 0) == packed && (n == 0 || size+sizes[streams[n]] <= packReadBatch) {
 			size += sizes[streams[n]]
 			n++
 		}
 		var pre map[string][]Record
-		if size > 0 {
+		workers := compactWorkers
+		if packed {
 			var err error
 			if pre, err = e.readPacked(ctx, streams[:n]); err != nil {
 				return err
 			}
+			workers = packFoldWorkers
 		}
-		if err := e.foldBatch(ctx, streams[:n], end, pre); err != nil {
+		if err := e.foldBatch(ctx, streams[:n], end, pre, workers); err != nil {
 			return err
 		}
 		streams = streams[n:]
@@ -185,8 +188,16 @@ func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos) error 
 	return nil
 }
 
-func (e *Engine) foldBatch(ctx context.Context, streams []*stream, end walPos, pre map[string][]Record) error {
-	sem := make(chan struct{}, compactWorkers)
+// packFoldWorkers is how many streams leaving the packs one compaction
+// folds at once. Their records wait safely in the packs, unlike a WAL
+// backlog the cache must still hold, so they need not hurry: at 32 at a
+// time, a thousand of them leaving in one compaction sent two thousand
+// PUTs at once to the store the WAL uploads share, and appends waited
+// seconds behind them.
+const packFoldWorkers = 4
+
+func (e *Engine) foldBatch(ctx context.Context, streams []*stream, end walPos, pre map[string][]Record, workers int) error {
+	sem := make(chan struct{}, workers)
 	var wg sync.WaitGroup
 	var errMu sync.Mutex
 	var firstErr error
