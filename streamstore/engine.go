@@ -953,19 +953,27 @@ func (m *metaLoader) close() {
 	m.wg.Wait()
 }
 
+// replayStream returns the stream called name during a replay: the one in
+// memory, or the one its metadata describes, now kept in memory; nil when
+// it does not exist.
+func (e *Engine) replayStream(metas *metaLoader, name string) (*stream, error) {
+	if s, ok := e.streams[name]; ok {
+		return s, nil
+	}
+	s, err := metas.stream(name)
+	if s != nil {
+		e.streams[name] = s
+	}
+	return s, err
+}
+
 // replayObject applies one replayed WAL object to the streams it touches.
 func (e *Engine) replayObject(metas *metaLoader, key string, obj *segment.WALObject) error {
 	pos := walPos{obj.Namespace, obj.Seq}
 	for i, ent := range obj.Entries {
-		s, ok := e.streams[ent.Name]
-		if !ok {
-			var err error
-			if s, err = metas.stream(ent.Name); err != nil {
-				return err
-			}
-			if s != nil {
-				e.streams[ent.Name] = s
-			}
+		s, err := e.replayStream(metas, ent.Name)
+		if err != nil {
+			return err
 		}
 		if s == nil || s.meta.ID != ent.StreamID || s.meta.Upto.after(pos) {
 			continue // orphaned by a crashed create, deleted, or already checkpointed

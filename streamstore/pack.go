@@ -358,15 +358,9 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 	}
 	for i, ref := range refs {
 		for _, ent := range idxs[i] {
-			s, ok := e.streams[ent.Name]
-			if !ok {
-				var err error
-				if s, err = metas.stream(ent.Name); err != nil {
-					return err
-				}
-				if s != nil {
-					e.streams[ent.Name] = s
-				}
+			s, err := e.replayStream(metas, ent.Name)
+			if err != nil {
+				return err
 			}
 			if s == nil || s.meta.ID != ent.ID || s.meta.Upto.after(ent.Pos) {
 				continue // deleted, or folded since
@@ -490,16 +484,9 @@ func (e *Engine) readRange(ctx context.Context, rg packedRange) (map[string][]Re
 	}
 	out := make(map[string][]Record, len(rg.runs))
 	for _, r := range rg.runs {
-		off := r.span.Off - rg.off
-		if off+r.span.Len > int64(len(data)) {
-			return nil, fmt.Errorf("read %s: %w: short range", rg.key, segment.ErrCorrupt)
-		}
-		ent, _, err := segment.DecodeEntry(data[off : off+r.span.Len])
+		ent, err := decodeRun(data, rg.off, r)
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", rg.key, err)
-		}
-		if ent.FirstSeq != r.ch.First || ent.EndSeq() != r.ch.End {
-			return nil, fmt.Errorf("read %s: %w: entry is not the expected one", rg.key, segment.ErrCorrupt)
+			return nil, err
 		}
 		out[runCacheKey(r.key, r.span)] = ent.Records
 	}

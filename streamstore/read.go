@@ -162,15 +162,11 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 		}
 		var out []Record
 		for _, r := range runs {
-			off := r.span.Off - first.Off
-			if off+r.span.Len > int64(len(data)) {
-				return nil, fmt.Errorf("read %s: %w: short range", r.key, segment.ErrCorrupt)
-			}
-			ent, _, err := segment.DecodeEntry(data[off : off+r.span.Len])
+			ent, err := decodeRun(data, first.Off, r)
 			if err != nil {
-				return nil, fmt.Errorf("read %s: %w", r.key, err)
+				return nil, err
 			}
-			if ent.StreamID != id || ent.FirstSeq != r.ch.First {
+			if ent.StreamID != id {
 				return nil, fmt.Errorf("read %s: %w: entry is not the expected one", r.key, segment.ErrCorrupt)
 			}
 			e.cache.put(runCacheKey(r.key, r.span), ent.Records)
@@ -178,6 +174,23 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 		}
 		return out, nil
 	}
+}
+
+// decodeRun decodes run r's entry out of data, a ranged read of its
+// object that starts at offset base, and checks it holds r's records.
+func decodeRun(data []byte, base int64, r walRun) (*segment.Entry, error) {
+	off := r.span.Off - base
+	if off < 0 || off+r.span.Len > int64(len(data)) {
+		return nil, fmt.Errorf("read %s: %w: short range", r.key, segment.ErrCorrupt)
+	}
+	ent, _, err := segment.DecodeEntry(data[off : off+r.span.Len])
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", r.key, err)
+	}
+	if ent.FirstSeq != r.ch.First || ent.EndSeq() != r.ch.End {
+		return nil, fmt.Errorf("read %s: %w: entry is not the expected one", r.key, segment.ErrCorrupt)
+	}
+	return ent, nil
 }
 
 // blobRecords reads the records of a committed blob entry of stream id.
