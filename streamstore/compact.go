@@ -197,24 +197,26 @@ func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos) error 
 const packFoldWorkers = 4
 
 func (e *Engine) foldBatch(ctx context.Context, streams []*stream, end walPos, pre map[string][]Record, workers int) error {
+	return inParallel(len(streams), workers, func(i int) error {
+		return e.compactStream(ctx, streams[i], end, pre)
+	})
+}
+
+// inParallel calls fn(0) to fn(n-1), at most workers at a time, and
+// returns every error they returned, joined.
+func inParallel(n, workers int, fn func(i int) error) error {
+	errs := make([]error, n)
 	sem := make(chan struct{}, workers)
 	var wg sync.WaitGroup
-	var errMu sync.Mutex
-	var firstErr error
-	for _, s := range streams {
+	for i := range n {
 		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if err := e.compactStream(ctx, s, end, pre); err != nil {
-				errMu.Lock()
-				firstErr = errors.Join(firstErr, err)
-				errMu.Unlock()
-			}
-		}()
+		wg.Go(func() {
+			defer func() { <-sem }()
+			errs[i] = fn(i)
+		})
 	}
 	wg.Wait()
-	return firstErr
+	return errors.Join(errs...)
 }
 
 // compactStream writes the stream's committed entries before end as data

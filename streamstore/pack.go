@@ -4,9 +4,9 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -209,18 +209,7 @@ func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos) error {
 	})
 	// Several at once, as folds are: entries the cache lost are read back
 	// one ranged GET each.
-	errs := make([]error, len(jobs))
-	sem := make(chan struct{}, compactWorkers)
-	var wg sync.WaitGroup
-	for i := range jobs {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			errs[i] = e.gather(ctx, jobs[i])
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if err := inParallel(len(jobs), compactWorkers, func(i int) error { return e.gather(ctx, jobs[i]) }); err != nil {
 		return err
 	}
 	for len(jobs) > 0 {
@@ -330,30 +319,20 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 	// The indexes come in several at a time: on a bucket 25 ms away, one
 	// at a time, a few hundred packs would add seconds to a restart.
 	idxs := make([][]packIndexEntry, len(refs))
-	errs := make([]error, len(refs))
-	sem := make(chan struct{}, replayMetaLoads)
-	var wg sync.WaitGroup
-	for i, ref := range refs {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			data, err := segment.ReadPackIndex(ctx, e.store, ref)
-			if err == nil {
-				if err = json.Unmarshal(data, &idxs[i]); err != nil {
-					err = fmt.Errorf("index of %s: %w: %v", ref.Key, segment.ErrCorrupt, err)
-				}
-			}
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			for _, ent := range idxs[i] {
-				metas.load(ent.Name)
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	err := inParallel(len(refs), replayMetaLoads, func(i int) error {
+		data, err := segment.ReadPackIndex(ctx, e.store, refs[i])
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(data, &idxs[i]); err != nil {
+			return fmt.Errorf("index of %s: %w: %v", refs[i].Key, segment.ErrCorrupt, err)
+		}
+		for _, ent := range idxs[i] {
+			metas.load(ent.Name)
+		}
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	for i, ref := range refs {
@@ -453,27 +432,17 @@ func (e *Engine) readPacked(ctx context.Context, streams []*stream) (map[string]
 	}
 	out := map[string][]Record{}
 	var mu sync.Mutex
-	var firstErr error
-	sem := make(chan struct{}, compactWorkers)
-	var wg sync.WaitGroup
-	for _, rg := range ranges {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			got, err := e.readRange(ctx, rg)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				firstErr = cmp.Or(firstErr, err)
-				return
-			}
-			for k, v := range got {
-				out[k] = v
-			}
-		})
-	}
-	wg.Wait()
-	return out, firstErr
+	err := inParallel(len(ranges), compactWorkers, func(i int) error {
+		got, err := e.readRange(ctx, ranges[i])
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		maps.Copy(out, got)
+		return nil
+	})
+	return out, err
 }
 
 // readRange fetches one range of a pack and decodes the runs in it.
