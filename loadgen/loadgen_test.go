@@ -153,8 +153,8 @@ func TestResultJSONShape(t *testing.T) {
 			t.Errorf("latency_ms has no %q", k)
 		}
 	}
-	p, _ := json.Marshal(Process{Name: "caddy", PID: 1, CPUS: 1.5, RSSMiB: 2, PeakRSSMiB: 3})
-	if want := `{"name":"caddy","pid":1,"cpu_s":1.5,"rss_mib":2,"peak_rss_mib":3}`; string(p) != want {
+	p, _ := json.Marshal(Process{Name: "caddy", PID: 1, CPUS: 1.5, RSSMiB: 2, PeakRSSMiB: 3, MinorFaults: 4})
+	if want := `{"name":"caddy","pid":1,"cpu_s":1.5,"rss_mib":2,"peak_rss_mib":3,"minor_faults":4}`; string(p) != want {
 		t.Errorf("process JSON = %s, want %s", p, want)
 	}
 }
@@ -199,9 +199,23 @@ func TestProcOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Touch 8 MiB of freshly mapped memory: a minor fault per 4 KiB page
+	// at least, which the watch must count.
+	const fresh = 8 << 20
+	mem, err := syscall.Mmap(-1, 0, fresh, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(mem)
+	for i := 0; i < fresh; i += 4096 {
+		mem[i] = 1
+	}
 	procs, err := w.finish()
 	if err != nil || len(procs) != 1 || procs[0].RSSMiB <= 0 || procs[0].PeakRSSMiB <= 0 || procs[0].PID != pid {
 		t.Errorf("finish = %+v, %v", procs, err)
+	}
+	if len(procs) == 1 && procs[0].MinorFaults < fresh/4096 {
+		t.Errorf("%d minor page faults counted after touching %d fresh pages", procs[0].MinorFaults, fresh/4096)
 	}
 }
 

@@ -44,27 +44,48 @@ var clockTicks = sync.OnceValue(func() float64 {
 // ProcCPU returns the CPU time (user + system) process pid has used so far,
 // from /proc/PID/stat.
 func ProcCPU(pid int) (time.Duration, error) {
+	st, err := procStat(pid)
+	return st.cpu, err
+}
+
+// ProcMinorFaults returns how many minor page faults process pid has taken
+// so far, from /proc/PID/stat: mostly first touches of memory it mapped,
+// which a freshly started process takes for every page its heap grows by.
+func ProcMinorFaults(pid int) (uint64, error) {
+	st, err := procStat(pid)
+	return st.minflt, err
+}
+
+// procCounters are the counters read from one /proc/PID/stat.
+type procCounters struct {
+	cpu    time.Duration
+	minflt uint64
+}
+
+func procStat(pid int) (procCounters, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, err
+		return procCounters{}, err
 	}
 	// The command name (field 2) is in parentheses and may hold spaces and
 	// parentheses itself, so fields are counted from the last ')'.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no ')' in %q", pid, b)
+		return procCounters{}, fmt.Errorf("/proc/%d/stat: no ')' in %q", pid, b)
 	}
 	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	// f[0] is field 3 (state); minflt is field 10, utime and stime are
+	// fields 14 and 15.
 	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: only %d fields after the name", pid, len(f))
+		return procCounters{}, fmt.Errorf("/proc/%d/stat: only %d fields after the name", pid, len(f))
 	}
+	mf, err0 := strconv.ParseUint(f[7], 10, 64)
 	ut, err1 := strconv.ParseUint(f[11], 10, 64)
 	st, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad utime %q or stime %q", pid, f[11], f[12])
+	if err0 != nil || err1 != nil || err2 != nil {
+		return procCounters{}, fmt.Errorf("/proc/%d/stat: bad minflt %q, utime %q or stime %q", pid, f[7], f[11], f[12])
 	}
-	return time.Duration(float64(ut+st) / clockTicks() * float64(time.Second)), nil
+	return procCounters{cpu: time.Duration(float64(ut+st) / clockTicks() * float64(time.Second)), minflt: mf}, nil
 }
 
 // ProcRSS returns the resident set size (VmRSS) of process pid in bytes,
@@ -93,10 +114,11 @@ func ProcRSS(pid int) (int64, error) {
 }
 
 // procWatch accounts for a set of processes over the measured window:
-// CPU time at start and end, and RSS sampled once a second in between.
+// CPU time and page faults at start and end, and RSS sampled once a second
+// in between.
 type procWatch struct {
 	procs    []NamedPID
-	cpu0     []time.Duration
+	start    []procCounters
 	peak     []int64
 	mu       sync.Mutex
 	stop     chan struct{}
@@ -106,14 +128,14 @@ type procWatch struct {
 // startProcWatch reads the starting CPU times; a process that cannot be
 // read is an error, since its figures would be missing silently otherwise.
 func startProcWatch(procs []NamedPID) (*procWatch, error) {
-	w := &procWatch{procs: procs, cpu0: make([]time.Duration, len(procs)), peak: make([]int64, len(procs)),
+	w := &procWatch{procs: procs, start: make([]procCounters, len(procs)), peak: make([]int64, len(procs)),
 		stop: make(chan struct{}), finished: make(chan struct{})}
 	for i, p := range procs {
-		cpu, err := ProcCPU(p.PID)
+		st, err := procStat(p.PID)
 		if err != nil {
 			return nil, fmt.Errorf("process %s (pid %d): %w", p.Name, p.PID, err)
 		}
-		w.cpu0[i] = cpu
+		w.start[i] = st
 	}
 	w.sample()
 	go func() {
@@ -142,7 +164,7 @@ func (w *procWatch) sample() {
 	}
 }
 
-// finish reads the final CPU times and RSS. A process that has gone away
+// finish reads the final CPU times, page faults and RSS. A process that has gone away
 // meanwhile gets what was sampled before and an error.
 func (w *procWatch) finish() ([]Process, error) {
 	close(w.stop)
@@ -152,9 +174,10 @@ func (w *procWatch) finish() ([]Process, error) {
 	out := make([]Process, len(w.procs))
 	for i, p := range w.procs {
 		out[i] = Process{Name: p.Name, PID: p.PID, PeakRSSMiB: mib(w.peak[i])}
-		cpu, err := ProcCPU(p.PID)
+		st, err := procStat(p.PID)
 		if err == nil {
-			out[i].CPUS = (cpu - w.cpu0[i]).Seconds()
+			out[i].CPUS = (st.cpu - w.start[i].cpu).Seconds()
+			out[i].MinorFaults = st.minflt - w.start[i].minflt
 			var rss int64
 			if rss, err = ProcRSS(p.PID); err == nil {
 				out[i].RSSMiB = mib(rss)

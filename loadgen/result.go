@@ -66,6 +66,9 @@ type Process struct {
 	CPUS       float64 `json:"cpu_s"`        // utime+stime used during the window
 	RSSMiB     float64 `json:"rss_mib"`      // VmRSS at the end of the window
 	PeakRSSMiB float64 `json:"peak_rss_mib"` // the largest VmRSS sampled (once a second) during the window
+	// MinorFaults counts the minor page faults taken during the window:
+	// first touches of fresh memory, each a trip into the kernel.
+	MinorFaults uint64 `json:"minor_faults"`
 }
 
 // WriteJSON writes r as indented JSON.
@@ -118,8 +121,8 @@ func (r *Result) WriteSummary(w io.Writer) {
 		fmt.Fprintf(&b, "           %s\n", s)
 	}
 	for _, p := range r.Processes {
-		fmt.Fprintf(&b, "%-10s pid %d  cpu %.2fs (%.0f%% of one core)  rss %.1f MiB  peak %.1f MiB\n",
-			p.Name, p.PID, p.CPUS, 100*p.CPUS/math.Max(r.DurationS, 1e-9), p.RSSMiB, p.PeakRSSMiB)
+		fmt.Fprintf(&b, "%-10s pid %d  cpu %.2fs (%.0f%% of one core)  rss %.1f MiB  peak %.1f MiB  page faults %d\n",
+			p.Name, p.PID, p.CPUS, 100*p.CPUS/math.Max(r.DurationS, 1e-9), p.RSSMiB, p.PeakRSSMiB, p.MinorFaults)
 	}
 	io.WriteString(w, b.String())
 }

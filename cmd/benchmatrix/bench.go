@@ -175,6 +175,7 @@ type benchResult struct {
 		CPUS       num    `json:"cpu_s"`
 		RSSMiB     num    `json:"rss_mib"`
 		PeakRSSMiB num    `json:"peak_rss_mib"`
+		Faults     num    `json:"minor_faults"`
 	} `json:"processes"`
 	Subscribers num `json:"subscribers"`
 	Delivered   num `json:"delivered"`

@@ -426,6 +426,7 @@ func (m *matrix) row7(ctx context.Context) {
 		errorCheck(pr.res))
 	r.Details = append(r.Details, processDetail(pr.res)...)
 	r.Details = append(r.Details, errorDetail(pr.res)...)
+	warm := m.row7Warm(ctx, e, name, r.Reference, refMiBs)
 
 	m.logf("  restarting caddy for the same cold read through the S3 proxy")
 	pp, err := m.coldRead(ctx, e, name, "r7-proxy", false)
@@ -436,9 +437,50 @@ func (m *matrix) row7(ctx context.Context) {
 		r.Details = append(r.Details, "through the S3 proxy: "+err.Error())
 	} else {
 		r.Details = append(r.Details, "the same cold read through the S3 proxy: "+readMeasured(pp)+"; "+s3Breakdown(pp.s3, pp.marked))
+		// Row 7-warm's second read once more, through the proxy, for
+		// its S3 requests: how much of it came from the bucket again.
+		pw, err := m.measurePico(ctx, e, "r7-warm-proxy", coldReadSpec(name))
+		if pw != nil {
+			warm.Commands = append(warm.Commands, "# the same second read through the S3 proxy, after row 7's read through it (for the S3 requests)", pw.cmd)
+		}
+		if err != nil {
+			warm.Details = append(warm.Details, "through the S3 proxy: "+err.Error())
+		} else {
+			warm.Details = append(warm.Details, "the same second read through the S3 proxy: "+readMeasured(pw)+"; "+s3Breakdown(pw.s3, pw.marked))
+		}
 	}
 
 	m.row7Cloud(ctx, e, name, objs, size)
+}
+
+// row7Warm has the Caddy that just made row 7's timed read read the stream
+// again from its start, straight from versitygw as before: the cache keeps
+// few cold objects, so the reads go to the bucket again, but the process is
+// warm (its heap grown, its connections open). A comparison that shows what
+// a freshly started process's first read pays on this machine.
+func (m *matrix) row7Warm(ctx context.Context, e *picoEnv, name, reference string, refMiBs float64) *rowResult {
+	t0 := time.Now()
+	r := newRow("7-warm", "Row 7's read again, by the same Caddy right after its first", "none: a comparison")
+	r.use(rowSettings["7-warm"])
+	m.rows = append(m.rows, r)
+	defer func() { r.Elapsed = time.Since(t0) }()
+	r.Reference = reference
+	m.logf("  the same read again, same caddy")
+	pr, err := m.measurePico(ctx, e, "r7-warm", coldReadSpec(name))
+	if pr != nil {
+		r.Commands = append(r.Commands, "# PicoMQ: the Caddy of row 7's timed read, right after it, reading the stream again", pr.cmd)
+	}
+	if err != nil {
+		r.Err = err.Error()
+		return r
+	}
+	r.Measured = readMeasured(pr)
+	if refMiBs > 0 {
+		r.Ratio = pr.res.mibPerS() / refMiBs
+	}
+	r.Details = append(r.Details, processDetail(pr.res)...)
+	r.Details = append(r.Details, errorDetail(pr.res)...)
+	return r
 }
 
 // row7Cloud reads row 7's stream once more from a freshly started Caddy,
@@ -502,8 +544,12 @@ func (m *matrix) coldRead(ctx context.Context, e *picoEnv, name, label string, d
 	if err := e.caddy.restart(ctx); err != nil {
 		return nil, fmt.Errorf("restarting Caddy: %w", err)
 	}
-	spec := benchSpec{Mode: "read", Stream: name, Readers: 1, NoCreate: true, Timeout: 5 * time.Minute}
-	return m.measurePico(ctx, e, label, spec)
+	return m.measurePico(ctx, e, label, coldReadSpec(name))
+}
+
+// coldReadSpec is one reader reading stream name from its start.
+func coldReadSpec(name string) benchSpec {
+	return benchSpec{Mode: "read", Stream: name, Readers: 1, NoCreate: true, Timeout: 5 * time.Minute}
 }
 
 // readMeasured is the Measured cell of a cold read; S3 requests are left
