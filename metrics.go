@@ -130,7 +130,8 @@ type storageCollector struct {
 	cacheHits, cacheMisses, expired           *prometheus.Desc
 	requests, uploads, subscribers            *prometheus.Desc
 	busy, pending                             *prometheus.Desc
-	folds, packed, packsWritten, packsLive    *prometheus.Desc
+	folds, packed, repacked                   *prometheus.Desc
+	packsWritten, packsLive                   *prometheus.Desc
 }
 
 // newStorageCollector builds the collector of the storage labelled label.
@@ -175,6 +176,8 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 			"Streams a compaction gave data objects of their own and a checkpoint."),
 		packed: desc("compaction_packed_total",
 			"Streams whose new records a compaction put into a pack shared with other streams instead (see pack_below)."),
+		repacked: desc("compaction_repacked_total",
+			"Of compaction_packed_total, the packings that took a stream's records already in packs along with its new ones, so that it keeps one pack run instead of getting data objects of its own."),
 		packsWritten: desc("packs_written_total",
 			"Packs written by compactions."),
 		packsLive: desc("packs_live",
@@ -190,7 +193,7 @@ func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.appends, c.records, c.bytes, c.flushes, c.aborted,
 		c.cacheHits, c.cacheMisses, c.expired, c.requests, c.uploads, c.subscribers, c.busy, c.pending,
-		c.folds, c.packed, c.packsWritten, c.packsLive,
+		c.folds, c.packed, c.repacked, c.packsWritten, c.packsLive,
 	} {
 		ch <- d
 	}
@@ -215,6 +218,7 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(es.PendingBytes))
 	counter(c.folds, es.Folds)
 	counter(c.packed, es.Packed)
+	counter(c.repacked, es.Repacked)
 	counter(c.packsWritten, es.PacksWritten)
 	ch <- prometheus.MustNewConstMetric(c.packsLive, prometheus.GaugeValue, float64(es.LivePacks))
 

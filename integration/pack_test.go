@@ -22,77 +22,15 @@ func TestPacksKeepManySlowStreamsCheap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s"}})
-	const ct = "application/octet-stream"
 	const streams, rounds = 200, 3
-	paths := make([]string, streams)
-	records := make([][][]byte, streams)
-	tails := make([]string, streams)
-	for s := range streams {
-		paths[s] = fmt.Sprintf("/packs/s%03d", s)
-		e.create(paths[s], ct)
-		records[s] = fhRandomRecords(uint64(7000+s), rounds+1, 200+s)
-	}
-
-	// appendRound appends record r to every stream, 16 at a time.
-	appendRound := func(r int) {
-		t.Helper()
-		var wg sync.WaitGroup
-		errs := make(chan error, streams)
-		sem := make(chan struct{}, 16)
-		for s := range streams {
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				resp, err := e.send(fhReq{Method: http.MethodPost, Path: paths[s], Header: map[string]string{"Content-Type": ct}, Body: records[s][r]})
-				switch {
-				case err != nil:
-					errs <- err
-				case resp.Status/100 != 2:
-					errs <- fmt.Errorf("POST %s: %s", paths[s], resp)
-				default:
-					tails[s] = resp.Header.Get("Stream-Next-Offset")
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
-	}
-	// walRetired waits until no WAL object that held records is left.
-	walRetired := func() {
-		t.Helper()
-		wal := e.mustList("wal/")
-		err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-			now := fhKeySet(e.mustList("wal/"))
-			for _, o := range wal {
-				if now[o.Key] {
-					return fmt.Errorf("%s is still there", o.Key)
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatalf("WAL objects not retired by compaction (compact_interval 1s): %v", err)
-		}
-	}
-
-	walRetired() // the creates' entries
+	p := newPackRig(t, "/packs/s", streams, rounds+1)
+	e := p.e
+	p.walRetired() // the creates' entries
 	var packPuts, walPuts int
 	for r := range rounds {
-		before := e.proxy.Counts()
-		appendRound(r)
-		walRetired()
-		after := e.proxy.Counts()
-		d := func(op, sub string) int { return after.Containing(op, sub) - before.Containing(op, sub) }
+		d := p.round(r)
 		packPuts += d(testenv.OpPut, "/pack/")
 		walPuts += d(testenv.OpPut, "/wal/")
-		if data, meta := d(testenv.OpPut, "/data/"), d(testenv.OpPut, "/streams/"); data != 0 || meta != 0 {
-			t.Fatalf("round %d: compacting %d streams with one small append each wrote %d data objects and %d checkpoints; want them packed",
-				r, streams, data, meta)
-		}
 		if d(testenv.OpPut, "/pack/") == 0 {
 			t.Fatalf("round %d: the WAL was retired without a pack", r)
 		}
@@ -106,31 +44,16 @@ func TestPacksKeepManySlowStreamsCheap(t *testing.T) {
 		t.Fatalf("data objects after packing: %d", len(data))
 	}
 
-	readBack := func(when string, n int) {
-		t.Helper()
-		for s := range streams {
-			got, tail, err := e.readBytes(paths[s])
-			if err != nil {
-				t.Fatalf("%s: %v", when, err)
-			}
-			if want := bytes.Join(records[s][:n], nil); !bytes.Equal(got, want) {
-				t.Fatalf("%s: %s reads %d bytes, want the %d written (equal prefix %d)", when, paths[s], len(got), len(want), fhCommonPrefix(got, want))
-			}
-			if tail != tails[s] {
-				t.Fatalf("%s: %s ends at %s; its last append answered %s", when, paths[s], tail, tails[s])
-			}
-		}
-	}
 	// A crash: the replay rebuilds the streams from the packs' indexes.
 	e.caddy.Kill()
 	e.caddy.Restart()
 	before := e.proxy.Counts()
-	readBack("after SIGKILL and restart", rounds)
+	p.readBack("after SIGKILL and restart", rounds)
 	if gets := e.proxy.Counts().Containing(testenv.OpGet, "/pack/") - before.Containing(testenv.OpGet, "/pack/"); gets == 0 {
 		t.Fatal("the reads after the restart fetched nothing from the packs")
 	}
-	appendRound(rounds) // the tails carry on where they were
-	readBack("after appending past the restart", rounds+1)
+	p.appendRound(rounds) // the tails carry on where they were
+	p.readBack("after appending past the restart", rounds+1)
 
 	// pack_below off: the next compaction gives every stream data objects
 	// of its own, and the packs leave the bucket.
@@ -157,5 +80,154 @@ func TestPacksKeepManySlowStreamsCheap(t *testing.T) {
 	}
 	e.caddy.Kill()
 	e.caddy.Restart()
-	readBack("after folding and a restart", rounds+1)
+	p.readBack("after folding and a restart", rounds+1)
+}
+
+// TestPacksRepackStreamsAtTheirRunCap: a stream with an append at every
+// compaction gets a pack run at each; at its cap (10 to 16 runs, by its
+// name) it is repacked into one run instead of getting a data object and a
+// checkpoint. A SIGKILL while older packs still hold the repacked streams'
+// old runs (other streams read those packs) loses nothing, and once every
+// stream has been repacked the older packs leave the bucket.
+func TestPacksRepackStreamsAtTheirRunCap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	const streams, rounds = 40, 19
+	p := newPackRig(t, "/repack/s", streams, rounds)
+	e := p.e
+	p.walRetired()
+	const crashAfter = 12 // streams with caps of 10 and 11 repacked, the others not yet
+	for r := range crashAfter {
+		p.round(r)
+	}
+	repacked := mMust(t, e.caddy.AdminAddr()).sum("picomq_compaction_repacked_total")
+	if repacked == 0 || repacked >= streams {
+		t.Fatalf("%v repacks after %d rounds; want some of the %d streams (those with the lowest caps), not all", repacked, crashAfter, streams)
+	}
+	e.caddy.Kill()
+	e.caddy.Restart()
+	p.readBack("after SIGKILL with some streams repacked", crashAfter)
+	for r := crashAfter; r < rounds; r++ {
+		p.round(r)
+	}
+	// The restarted process counts from zero; the streams it repacked are
+	// those that were not repacked before the crash.
+	if rp := mMust(t, e.caddy.AdminAddr()).sum("picomq_compaction_repacked_total"); repacked+rp < streams {
+		t.Fatalf("%v repacks before the crash and %v after; want every one of the %d streams repacked", repacked, rp, streams)
+	}
+	// Every stream's runs now start in a pack written at round 10 or
+	// later: the earlier packs are dead and gone.
+	if packs := e.mustList("pack/"); len(packs) > rounds-10 {
+		t.Fatalf("%d packs after %d rounds of repacked streams; the older ones did not leave", len(packs), rounds)
+	}
+	e.caddy.Kill()
+	e.caddy.Restart()
+	p.readBack("after every stream was repacked and a SIGKILL", rounds)
+}
+
+// packRig is streams that each take one small append per round, compacted
+// after each round (compact_interval 1s).
+type packRig struct {
+	t       *testing.T
+	e       *fhEnv
+	paths   []string
+	records [][][]byte
+	tails   []string
+}
+
+const packRigType = "application/octet-stream"
+
+func newPackRig(t *testing.T, prefix string, streams, rounds int) *packRig {
+	t.Helper()
+	p := &packRig{t: t, e: fhStart(t, fhOptions{Directives: []string{"compact_interval 1s"}}),
+		paths: make([]string, streams), records: make([][][]byte, streams), tails: make([]string, streams)}
+	for s := range streams {
+		p.paths[s] = fmt.Sprintf("%s%03d", prefix, s)
+		p.e.create(p.paths[s], packRigType)
+		p.records[s] = fhRandomRecords(uint64(7000+s), rounds, 200+s)
+	}
+	return p
+}
+
+// appendRound appends record r to every stream, 16 at a time.
+func (p *packRig) appendRound(r int) {
+	p.t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(p.paths))
+	sem := make(chan struct{}, 16)
+	for s, path := range p.paths {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			resp, err := p.e.send(fhReq{Method: http.MethodPost, Path: path, Header: map[string]string{"Content-Type": packRigType}, Body: p.records[s][r]})
+			switch {
+			case err != nil:
+				errs <- err
+			case resp.Status/100 != 2:
+				errs <- fmt.Errorf("POST %s: %s", path, resp)
+			default:
+				p.tails[s] = resp.Header.Get("Stream-Next-Offset")
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		p.t.Fatal(err)
+	}
+}
+
+// walRetired waits until no WAL object that held records is left.
+func (p *packRig) walRetired() {
+	p.t.Helper()
+	wal := p.e.mustList("wal/")
+	err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		now := fhKeySet(p.e.mustList("wal/"))
+		for _, o := range wal {
+			if now[o.Key] {
+				return fmt.Errorf("%s is still there", o.Key)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		p.t.Fatalf("WAL objects not retired by compaction (compact_interval 1s): %v", err)
+	}
+}
+
+// round appends record r everywhere and waits for the WAL to be retired;
+// retiring it must write no data object or checkpoint. It returns the S3
+// proxy's count of requests of an operation on keys containing a string
+// over the round.
+func (p *packRig) round(r int) func(op, sub string) int {
+	p.t.Helper()
+	before := p.e.proxy.Counts()
+	p.appendRound(r)
+	p.walRetired()
+	after := p.e.proxy.Counts()
+	d := func(op, sub string) int { return after.Containing(op, sub) - before.Containing(op, sub) }
+	if data, meta := d(testenv.OpPut, "/data/"), d(testenv.OpPut, "/streams/"); data != 0 || meta != 0 {
+		p.t.Fatalf("round %d: compacting %d streams with one small append each wrote %d data objects and %d checkpoints; want them packed",
+			r, len(p.paths), data, meta)
+	}
+	return d
+}
+
+// readBack reads every stream byte-exact: its first n records, ending at
+// the offset its last append answered.
+func (p *packRig) readBack(when string, n int) {
+	p.t.Helper()
+	for s, path := range p.paths {
+		got, tail, err := p.e.readBytes(path)
+		if err != nil {
+			p.t.Fatalf("%s: %v", when, err)
+		}
+		if want := bytes.Join(p.records[s][:n], nil); !bytes.Equal(got, want) {
+			p.t.Fatalf("%s: %s reads %d bytes, want the %d written (equal prefix %d)", when, path, len(got), len(want), fhCommonPrefix(got, want))
+		}
+		if tail != p.tails[s] {
+			p.t.Fatalf("%s: %s ends at %s; its last append answered %s", when, path, tail, p.tails[s])
+		}
+	}
 }

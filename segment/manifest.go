@@ -15,13 +15,16 @@ import (
 )
 
 // FormatVersion is the bucket layout this build reads and writes. Version 2
-// added packs to the manifest: a build that knows only version 1 would
-// ignore them and lose the records they hold, so it must refuse the bucket.
-const FormatVersion = 2
+// added packs to the manifest, version 3 repack entries to packs (one that
+// replaces the runs of older packs): a build that knows an older version
+// would lose records that only the new layout holds, so it must refuse the
+// bucket.
+const FormatVersion = 3
 
-// upgradableFormat is the older layout this build reads and moves on to
-// FormatVersion: everything in it means the same in version 2.
-const upgradableFormat = 1
+// upgradableFormat reports whether version v is an older layout this build
+// reads and moves on to FormatVersion: everything in it means the same in
+// the new one.
+func upgradableFormat(v int) bool { return v == 1 || v == 2 }
 
 const (
 	formatKey   = "format"
@@ -54,10 +57,10 @@ func CheckFormat(ctx context.Context, store Store) error {
 	if err := json.Unmarshal(data, &f); err != nil {
 		return fmt.Errorf("format object is not PicoMQ's: %w", err)
 	}
-	switch f.Format {
-	case FormatVersion:
+	if f.Format == FormatVersion {
 		return nil
-	case upgradableFormat:
+	}
+	if upgradableFormat(f.Format) {
 		// Before anything is written in the new layout, so an older build
 		// started later refuses the bucket instead of misreading it.
 		if _, err := store.Put(ctx, formatKey, want, PutOptions{IfMatch: etag}); err != nil {
@@ -65,7 +68,7 @@ func CheckFormat(ctx context.Context, store Store) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("storage has PicoMQ format version %d; this build reads versions %d and %d only", f.Format, upgradableFormat, FormatVersion)
+	return fmt.Errorf("storage has PicoMQ format version %d; this build reads versions 1 to %d only", f.Format, FormatVersion)
 }
 
 // Manifest says where replay starts: which WAL namespaces may still hold

@@ -24,7 +24,11 @@ import (
 // hundreds of streams) whose index carries each stream's state, and the
 // manifest lists the live packs. A stream leaves the packs, folded into its
 // own data objects and checkpoint as before, once its packed records are
-// many, old or idle; a pack dies when no stream needs it any more.
+// big or idle; a pack dies when no stream needs it any more. A stream that
+// has been in the packs long, or has many runs there, is repacked instead:
+// its packed records and its new ones become one entry of the next pack,
+// so it stays cheap for as long as it stays small, and the packs it was in
+// can die.
 //
 // A stream's records are in exactly one of the WAL, a pack or its data
 // objects at every moment that a replay could see: a pack is listed in the
@@ -37,19 +41,22 @@ const (
 	// and new records together pass this many bytes gets data objects of
 	// its own. A busy stream fills a data object of its own soon enough.
 	packStreamMax = 256 << 10
-	// packResidency is the longest a stream's records stay in packs, so
-	// that packs die and a replay's index stays short. Each stream stays
-	// between half of it and all of it (packStay), so that streams that
-	// came into the packs together do not all leave at one compaction.
+	// packResidency bounds how long a stream's records stay in one pack
+	// run, so that packs die and a replay's index stays short: after it,
+	// the stream's packed records are repacked (or folded if big). Each
+	// stream's limit is between half of it and all of it (packLimits), so
+	// that streams that came into the packs together are not all repacked
+	// at one compaction.
 	packResidency = 10 * time.Minute
 	// packMaxRuns caps the pack runs of one stream (one per compaction
 	// that packed it): they are what a replay reads (about 200 bytes of
 	// index each) and memory keeps (about 300 bytes each). With 10,000
 	// streams sharing 2,000 appends/s, a busy node compacts every 20 s or
-	// so, and 32 runs a stream came to 90 MB of index for a restart. Each
-	// stream's cap is between 10 and this (packLimits): one cap for all
-	// made streams that came in together leave together, when the cap
-	// comes before packStay, 20,000 PUTs in one compaction.
+	// so, and 32 runs a stream came to 90 MB of index for a restart. A
+	// stream at its cap is repacked into one run. Each stream's cap is
+	// between 10 and this (packLimits): with one cap for all, streams that
+	// came in together left together (20,000 PUTs in one compaction,
+	// before repacking), and would now be repacked together.
 	packMaxRuns = 16
 	// packTarget is the size a pack is closed at.
 	packTarget = maxDataObject
@@ -57,12 +64,13 @@ const (
 	// ranged GET when the bytes between them are fewer than this.
 	packReadGap = 256 << 10
 	// packReadBatch bounds the records a fold reads back from packs at
-	// once.
+	// once, and the records a compaction gathers for packs at once.
 	packReadBatch = 32 << 20
 )
 
-// packLimits are how long the stream called name stays in the packs and
-// how many runs it may have there.
+// packLimits are how long the oldest pack run of the stream called name
+// may be, and how many runs it may have in the packs, before the stream is
+// repacked.
 func packLimits(name string) (stay time.Duration, runs int) {
 	h := fnv.New32a()
 	h.Write([]byte(name))
@@ -72,7 +80,8 @@ func packLimits(name string) (stay time.Duration, runs int) {
 
 // packIndexEntry is one stream's run in a pack's index: where its entry
 // is, which WAL position the run reaches (for the checkpoint's Upto), and
-// the stream's state after it.
+// the stream's state after it. A repack entry holds every record of the
+// stream since its checkpoint, and replaces the runs older packs have.
 type packIndexEntry struct {
 	Name   string      `json:"n"`
 	ID     string      `json:"i"`
@@ -83,15 +92,19 @@ type packIndexEntry struct {
 	Pos    walPos      `json:"p"`
 	Packed int64       `json:"t"`
 	State  writerState `json:"s"`
+	Repack bool        `json:"r,omitempty"`
 }
 
-// packJob is a stream whose WAL runs [from, to) are to be packed.
+// packJob is a stream whose runs [from, to) are to be packed: its new WAL
+// runs, and with repack its pack runs before them too (from is 0).
 type packJob struct {
 	s        *stream
 	from, to int
+	repack   bool
+	est      int64  // the runs' bytes as stored, before gather reads them
 	first    walPos // the position of runs[from], to check nothing moved
-	leaveAt  int64  // when the stream leaves the packs (Unix ms)
-	maxRuns  int    // or after how many runs there
+	leaveAt  int64  // when the stream is repacked next (Unix ms)
+	maxRuns  int    // or after how many runs
 	used     int64  // its last use (Unix ns)
 	ent      *segment.Entry
 	state    writerState
@@ -101,7 +114,8 @@ type packJob struct {
 
 // packDecision says what a compaction does with a stream that has runs
 // before the cut: fold it (its own data objects and checkpoint), pack its
-// new runs, or leave it (it has nothing new and may stay in the packs).
+// new runs (repacking its packed ones with them when they are old or
+// many), or leave it (it has nothing new and may stay in the packs).
 type packDecision int
 
 const (
@@ -125,42 +139,56 @@ func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *
 	}
 	leaveAt := s.leavePacksLocked(now)
 	_, maxRuns := packLimits(s.name)
-	if from >= maxRuns || (from > 0 && now.UnixMilli() >= leaveAt) {
-		return decideFold
-	}
-	to, size := 0, int64(0)
+	due := from >= maxRuns || (from > 0 && now.UnixMilli() >= leaveAt)
+	to, size, packed := 0, int64(0), int64(0)
 	for ; to < len(s.runs) && end.after(s.runs[to].pos); to++ {
 		r := &s.runs[to]
 		if r.blob != "" || r.ch.TrimTo != 0 {
 			return decideFold
 		}
 		size += r.span.Len
+		if to < from {
+			packed += r.span.Len
+		}
 	}
 	if size > limit {
 		return decideFold
 	}
-	if to == from {
+	if to == from && !due {
 		return decideLeave
 	}
-	*job = packJob{s: s, from: from, to: to, first: s.runs[from].pos, pos: s.runs[to-1].pos, leaveAt: leaveAt, maxRuns: maxRuns,
-		used: s.used.Load()}
+	est := size - packed
+	if due {
+		// Repacked: one run again, in a pack of this compaction, instead
+		// of a data object and a checkpoint of its own.
+		from, est = 0, size
+		leaveAt = now.Add(packStay(s.name)).UnixMilli()
+	}
+	*job = packJob{s: s, from: from, to: to, repack: due, est: est, first: s.runs[from].pos, pos: s.runs[to-1].pos,
+		leaveAt: leaveAt, maxRuns: maxRuns, used: s.used.Load()}
 	return decidePack
 }
 
-// leavePacksLocked is when the stream leaves the packs (Unix ms): packStay
-// after its records first went there, or after now if they are not there.
+// leavePacksLocked is when the stream is repacked (or folded) for the age
+// of its packed records (Unix ms): its stay after its oldest pack run was
+// written, or after now if it has none.
 func (s *stream) leavePacksLocked(now time.Time) int64 {
-	stay, _ := packLimits(s.name)
 	if len(s.runs) > 0 && s.runs[0].snap != nil {
-		return s.runs[0].packed + stay.Milliseconds()
+		return s.runs[0].packed + packStay(s.name).Milliseconds()
 	}
-	return now.Add(stay).UnixMilli()
+	return now.Add(packStay(s.name)).UnixMilli()
 }
 
-// gather reads the records of the job's runs (from the cache, which holds
-// them unless the backlog outgrew it) and works out the stream's state
-// after them.
-func (e *Engine) gather(ctx context.Context, j *packJob) error {
+// packStay is how old the stream called name lets its oldest pack run get.
+func packStay(name string) time.Duration {
+	stay, _ := packLimits(name)
+	return stay
+}
+
+// gather reads the records of the job's runs (WAL runs from the cache,
+// which holds them unless the backlog outgrew it; pack runs from pre, read
+// back in bulk) and works out the stream's state after them.
+func (e *Engine) gather(ctx context.Context, j *packJob, pre map[string][]Record) error {
 	s := j.s
 	s.mu.Lock()
 	runs := append([]walRun(nil), s.runs[:j.to]...)
@@ -174,6 +202,9 @@ func (e *Engine) gather(ctx context.Context, j *packJob) error {
 	for _, r := range runs[j.from:] {
 		if r.ch.End > r.ch.First {
 			recs, ok := e.cache.peek(runCacheKey(r.key, r.span))
+			if !ok {
+				recs, ok = pre[runCacheKey(r.key, r.span)]
+			}
 			if !ok {
 				var err error
 				if recs, err = e.recordsAt(ctx, s, meta.ID, r.ch.First); err != nil {
@@ -200,16 +231,47 @@ func (e *Engine) gather(ctx context.Context, j *packJob) error {
 // pack writes the jobs' entries as packs of about packTarget bytes, and
 // points each stream's packed runs at its pack.
 func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos) error {
-	// Streams that will leave the packs together (at one time, or after
-	// as many runs) sit together in every pack, so the fold that takes
-	// them out reads their records back with a few large ranged GETs
-	// (readPacked).
+	// Streams that will be repacked or leave the packs together (at one
+	// time, or after as many runs) sit together in every pack, so the
+	// compaction that takes them out reads their records back with a few
+	// large ranged GETs (readPacked).
 	slices.SortFunc(jobs, func(a, b *packJob) int {
 		return cmp.Or(cmp.Compare(a.leaveAt, b.leaveAt), cmp.Compare(a.maxRuns, b.maxRuns), cmp.Compare(a.s.name, b.s.name))
 	})
+	// A group of jobs at a time, so that the records gathered (repacks
+	// bring their packed ones) stay bounded.
+	for len(jobs) > 0 {
+		n, est := 0, int64(0)
+		for n < len(jobs) && (n == 0 || est+jobs[n].est <= packReadBatch) {
+			est += jobs[n].est
+			n++
+		}
+		if err := e.packGroup(ctx, jobs[:n], end); err != nil {
+			return err
+		}
+		jobs = jobs[n:]
+	}
+	return nil
+}
+
+// packGroup gathers the records of a group of jobs and writes them out.
+func (e *Engine) packGroup(ctx context.Context, jobs []*packJob, end walPos) error {
+	var repack []*stream
+	for _, j := range jobs {
+		if j.repack {
+			repack = append(repack, j.s)
+		}
+	}
+	var pre map[string][]Record
+	if len(repack) > 0 {
+		var err error
+		if pre, err = e.readPacked(ctx, repack); err != nil {
+			return err
+		}
+	}
 	// Several at once, as folds are: entries the cache lost are read back
 	// one ranged GET each.
-	if err := inParallel(len(jobs), compactWorkers, func(i int) error { return e.gather(ctx, jobs[i]) }); err != nil {
+	if err := inParallel(len(jobs), compactWorkers, func(i int) error { return e.gather(ctx, jobs[i], pre) }); err != nil {
 		return err
 	}
 	for len(jobs) > 0 {
@@ -238,7 +300,7 @@ func (e *Engine) writePack(ctx context.Context, jobs []*packJob, end walPos) err
 		idx := make([]packIndexEntry, len(jobs))
 		for i, j := range jobs {
 			idx[i] = packIndexEntry{Name: j.s.name, ID: j.ent.StreamID, First: j.ent.FirstSeq, End: j.ent.EndSeq(),
-				Off: sp[i].Off, Len: sp[i].Len, Pos: j.pos, Packed: now, State: j.state}
+				Off: sp[i].Off, Len: sp[i].Len, Pos: j.pos, Packed: now, State: j.state, Repack: j.repack}
 		}
 		b, err := json.Marshal(idx)
 		if err != nil {
@@ -255,6 +317,11 @@ func (e *Engine) writePack(ctx context.Context, jobs []*packJob, end walPos) err
 	e.packs = append(e.packs, ref)
 	e.stats.packsWritten.Add(1)
 	e.stats.packed.Add(uint64(len(jobs)))
+	for _, j := range jobs {
+		if j.repack {
+			e.stats.repacked.Add(1)
+		}
+	}
 	e.stats.packsLive.Store(int64(len(e.packs)))
 	for i, j := range jobs {
 		e.repoint(j, ref.Key, spans[i], now)
@@ -344,7 +411,13 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 			if s == nil || s.meta.ID != ent.ID || s.meta.Upto.after(ent.Pos) {
 				continue // deleted, or folded since
 			}
-			if ent.First != s.durable.NextSeq || ent.End != ent.State.NextSeq {
+			tail := s.durable.NextSeq
+			if ent.Repack && ent.First == s.meta.State.NextSeq && ent.End >= tail {
+				// Everything since the checkpoint, written again: it
+				// replaces the runs older packs still listed hold.
+				s.runs, tail = s.runs[:0], ent.First
+			}
+			if ent.First != tail || ent.End != ent.State.NextSeq {
 				e.log.Error("pack entry does not continue its stream; ignored",
 					zap.String("key", ref.Key), zap.String("stream", ent.Name),
 					zap.Uint64("first", ent.First), zap.Uint64("tail", s.durable.NextSeq))

@@ -328,3 +328,167 @@ func setPackBelow(e *Engine, n int64) {
 	defer e.cfgMu.Unlock()
 	e.cfg.PackBelow = n
 }
+
+// packRuns is how many pack runs the stream called name has in memory.
+func packRuns(e *Engine, name string) int {
+	e.mu.RLock()
+	s := e.streams[name]
+	e.mu.RUnlock()
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for n < len(s.runs) && s.runs[n].snap != nil {
+		n++
+	}
+	return n
+}
+
+// nameWithRunCap finds a stream name under prefix whose pack run cap is
+// runs.
+func nameWithRunCap(t *testing.T, prefix string, runs int) string {
+	t.Helper()
+	for i := range 1000 {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		if _, n := packLimits(name); n == runs {
+			return name
+		}
+	}
+	t.Fatalf("no name under %s has a cap of %d runs", prefix, runs)
+	return ""
+}
+
+// A stream at its cap of pack runs is repacked: its packed records and its
+// new ones go into one run of the compaction's pack, with no data object or
+// checkpoint of its own. A replay, with the older packs still listed for a
+// stream that shares them, takes the repacked run instead of theirs; and
+// once no stream reads the older packs, they leave the bucket.
+func TestRepackKeepsStreamInOneRun(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	ops := watch(st)
+	e := startEngine(t, st, Config{CacheBytes: 1}) // packed records come back from the packs
+	a := nameWithRunCap(t, "/rp/a", packMaxRuns-6)
+	b := nameWithRunCap(t, "/rp/b", packMaxRuns)
+	for _, name := range []string{a, b} {
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var bodies []string
+	round := func(r int) map[string]int {
+		t.Helper()
+		body := fmt.Sprint(r)
+		bodies = append(bodies, body)
+		for _, name := range []string{a, b} {
+			mustAppend(t, e, name, AppendRequest{Records: recs(body), Producer: &Producer{ID: "p", Seq: uint64(r)}})
+		}
+		return ops.during(func() { mustCompact(t, e) })
+	}
+	capA := packMaxRuns - 6
+	for r := range capA {
+		if got := round(r); got["PUT data"] != 0 || got["PUT streams"] != 0 {
+			t.Fatalf("round %d: %v; want the two streams packed", r, got)
+		}
+	}
+	if n := packRuns(e, a); n != capA {
+		t.Fatalf("%s has %d pack runs after %d compactions, want %d", a, n, capA, capA)
+	}
+	got := round(capA)
+	if got["PUT data"] != 0 || got["PUT streams"] != 0 || got["PUT pack"] != 1 || got["GET pack"] == 0 {
+		t.Fatalf("the compaction that repacks %s made %v; want one pack PUT, pack GETs, no data objects or checkpoints", a, got)
+	}
+	if na, nb := packRuns(e, a), packRuns(e, b); na != 1 || nb != capA+1 {
+		t.Fatalf("pack runs after the repack: %s %d, %s %d; want 1 and %d", a, na, b, nb, capA+1)
+	}
+	if s := e.Stats(); s.Repacked != 1 || s.Folds != 0 {
+		t.Fatalf("stats after the repack: %d repacked, %d folds; want 1 and 0", s.Repacked, s.Folds)
+	}
+	want := fmt.Sprint(bodies)
+	for _, name := range []string{a, b} {
+		if got := fmt.Sprint(readAll(t, e, name)); got != want {
+			t.Fatalf("%s: %s, want %s", name, got, want)
+		}
+	}
+
+	// Crash. The packs before the repack are still listed (b reads them)
+	// and still hold a's old runs.
+	e2 := startEngine(t, st, Config{CacheBytes: 1})
+	for _, name := range []string{a, b} {
+		if got := fmt.Sprint(readAll(t, e2, name)); got != want {
+			t.Fatalf("%s after a restart: %s, want %s", name, got, want)
+		}
+	}
+	if na := packRuns(e2, a); na != 1 {
+		t.Fatalf("%s has %d pack runs after the replay, want the repacked one", a, na)
+	}
+	r, err := e2.Append(ctx, a, AppendRequest{Records: recs(fmt.Sprint(capA)), Producer: &Producer{ID: "p", Seq: uint64(capA)}})
+	if err != nil || !r.Duplicate {
+		t.Fatalf("a producer retry after the restart: %+v, %v; want a duplicate", r, err)
+	}
+
+	// b reaches its cap too: then nothing reads the packs before a's
+	// repack, and they go.
+	e = e2
+	before := len(st.Keys("pack/"))
+	for r := capA + 1; r <= packMaxRuns+1; r++ {
+		if got := round(r); got["PUT data"] != 0 || got["PUT streams"] != 0 {
+			t.Fatalf("round %d: %v; want the two streams packed", r, got)
+		}
+	}
+	if packs := st.Keys("pack/"); len(packs) >= before {
+		t.Fatalf("%d packs after both streams were repacked, %d before: the old ones did not go", len(packs), before)
+	}
+	want = fmt.Sprint(bodies)
+	e3 := startEngine(t, st, Config{CacheBytes: 1})
+	for _, name := range []string{a, b} {
+		if got := fmt.Sprint(readAll(t, e3, name)); got != want {
+			t.Fatalf("%s after both repacks and a restart: %s, want %s", name, got, want)
+		}
+	}
+}
+
+// A stream whose oldest pack run passed its stay is repacked even without
+// new records, so that the packs it was in can die.
+func TestRepackAfterStay(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	ops := watch(st)
+	e := startEngine(t, st, Config{})
+	const name = "/stay/0"
+	if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{"a", "b"} {
+		mustAppend(t, e, name, AppendRequest{Records: recs(body)})
+		mustCompact(t, e)
+	}
+	// One more stream's append, so that the next compaction has a WAL to
+	// retire, and the packed one's runs written long ago.
+	if _, _, err := e.Create(ctx, "/stay/other", CreateRequest{ContentType: "text/plain", Records: recs("x")}); err != nil {
+		t.Fatal(err)
+	}
+	e.mu.RLock()
+	s := e.streams[name]
+	e.mu.RUnlock()
+	s.mu.Lock()
+	for i := 0; i < len(s.runs) && s.runs[i].snap != nil; i++ {
+		s.runs[i].packed -= packResidency.Milliseconds()
+	}
+	s.mu.Unlock()
+	if n := packRuns(e, name); n != 2 {
+		t.Fatalf("%d pack runs before, want 2", n)
+	}
+	got := ops.during(func() { mustCompact(t, e) })
+	if got["PUT data"] != 0 || got["PUT streams"] != 0 {
+		t.Fatalf("repacking after the stay made %v; want no data objects or checkpoints", got)
+	}
+	if n, r := packRuns(e, name), e.Stats().Repacked; n != 1 || r != 1 {
+		t.Fatalf("after the stay: %d pack runs, %d repacked; want 1 and 1", n, r)
+	}
+	if got := fmt.Sprint(readAll(t, e, name)); got != "[a b]" {
+		t.Fatalf("%s: %s", name, got)
+	}
+}

@@ -20,6 +20,7 @@ type Stats struct {
 	busy         atomic.Uint64 // writes refused with ErrBusy
 	folds        atomic.Uint64 // streams compacted into data objects of their own
 	packed       atomic.Uint64 // stream backlogs compacted into packs
+	repacked     atomic.Uint64 // of which repacks: packed records with the new ones
 	packsWritten atomic.Uint64 // packs written
 	packsLive    atomic.Int64  // packs listed, or about to be, in the manifest
 }
@@ -55,10 +56,12 @@ type StatsSnapshot struct {
 	// Folds is how many times a compaction gave a stream's records data
 	// objects of their own and checkpointed it; Packed how many times it
 	// put a stream's new records into a shared pack instead, and
-	// PacksWritten the packs that took. LivePacks is a gauge: the packs
-	// some stream still reads.
-	Folds, Packed, PacksWritten uint64
-	LivePacks                   int64
+	// PacksWritten the packs that took. Repacked counts the packings that
+	// took a stream's packed records along with its new ones, to keep it
+	// in one pack run. LivePacks is a gauge: the packs some stream still
+	// reads.
+	Folds, Packed, Repacked, PacksWritten uint64
+	LivePacks                             int64
 }
 
 // Stats returns the engine's running totals. The counters are read one by
@@ -79,6 +82,7 @@ func (e *Engine) Stats() StatsSnapshot {
 		Busy:           s.busy.Load(),
 		Folds:          s.folds.Load(),
 		Packed:         s.packed.Load(),
+		Repacked:       s.repacked.Load(),
 		PacksWritten:   s.packsWritten.Load(),
 		LivePacks:      s.packsLive.Load(),
 	}
