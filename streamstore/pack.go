@@ -151,7 +151,12 @@ func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *
 			packed += r.span.Len
 		}
 	}
-	if size > limit {
+	if size > limit || (due && size > limit/2) {
+		// Past half of the limit a stream due to be repacked is folded
+		// instead: it would soon pass the limit anyway, and then at the
+		// same compaction as every stream that grows as fast (10,000
+		// streams at one rate passed it together, 20,000 PUTs at once),
+		// not at a time spread by its name, as its due time is.
 		return decideFold
 	}
 	if to == from && !due {

@@ -492,3 +492,56 @@ func TestRepackAfterStay(t *testing.T) {
 		t.Fatalf("%s: %s", name, got)
 	}
 }
+
+// packedBytes is the size of the pack runs of the stream called name.
+func packedBytes(e *Engine, name string) int64 {
+	e.mu.RLock()
+	s := e.streams[name]
+	e.mu.RUnlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for i := 0; i < len(s.runs) && s.runs[i].snap != nil; i++ {
+		n += s.runs[i].span.Len
+	}
+	return n
+}
+
+// A stream due to be repacked whose packed records are past half of
+// pack_below is folded instead: it would pass the limit soon, at the same
+// compaction as every stream that grows as fast.
+func TestDueStreamPastHalfTheLimitIsFolded(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	ops := watch(st)
+	e := startEngine(t, st, Config{})
+	name := nameWithRunCap(t, "/half/", packMaxRuns-6)
+	if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for r := range packMaxRuns - 6 {
+		body := strings.Repeat(fmt.Sprint(r%10), 1000)
+		want = append(want, body)
+		mustAppend(t, e, name, AppendRequest{Records: recs(body)})
+		mustCompact(t, e)
+	}
+	if n := packRuns(e, name); n != packMaxRuns-6 {
+		t.Fatalf("%d pack runs, want %d", n, packMaxRuns-6)
+	}
+	// The next compaction finds the stream at its cap with its records
+	// between half of pack_below and all of it.
+	setPackBelow(e, packedBytes(e, name)*3/2)
+	want = append(want, "last")
+	mustAppend(t, e, name, AppendRequest{Records: recs("last")})
+	got := ops.during(func() { mustCompact(t, e) })
+	if got["PUT data"] == 0 || got["PUT streams"] == 0 || e.Stats().Repacked != 0 {
+		t.Fatalf("at its cap past half the limit: %v, %d repacked; want a fold (data object and checkpoint)", got, e.Stats().Repacked)
+	}
+	if n := packRuns(e, name); n != 0 {
+		t.Fatalf("%d pack runs after the fold", n)
+	}
+	if got := readAll(t, e, name); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("%s after the fold: %d records, want %d", name, len(got), len(want))
+	}
+}

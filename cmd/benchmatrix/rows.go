@@ -68,14 +68,19 @@ var rowSettings = map[string]settings{
 			"active stream per cycle, and a cycle starts when the backlog reaches 3/4 of the 64 MiB cache: about 4 requests per 1,000 " +
 			"appends of 1 KiB over 100 streams"},
 	"2-many": {Note: "Defaults. A compaction packs the new records of each busy stream with little not yet in data objects of its own " +
-		"(pack_below 256 KiB) into shared pack objects, up to 4 MiB each, instead of writing it a data object and a checkpoint; a stream " +
-		"leaves the packs, with those two PUTs, after 5 to 10 minutes or 10 to 16 compactions. The window starts 7 minutes into the load. " +
-		"At d8d03d7 every stream left after 16 compactions, so the 10,000, which came in together, all left about 5.5 minutes in, before " +
-		"the window, whose PUTs were then nearly all the WAL's (8,820 in 3 minutes, 49/s at flush_interval 20ms: 24.6 requests per 1,000 " +
-		"appends). That leaves out the folds, which cost about as much again over time: 46.1 over minutes 7 to 13 with a cap of 32 " +
-		"compactions, measured outside the matrix. Since then each stream's cap is spread over 10 to 16 by a hash of its name, as its stay " +
-		"is. Before packs (cc73c1b) this row measured 433 requests per 1,000 appends and a p99 of 4.4 s: every compaction folded all 10,000 " +
-		"streams, about 20,000 PUTs through the proxy to versitygw on this box's 2 cores, and the appends waited meanwhile"},
+		"(pack_below 256 KiB) into shared pack objects, up to 4 MiB each, instead of writing it a data object and a checkpoint. At 10 to " +
+		"16 compactions or 5 to 10 minutes in the packs (spread by a hash of its name) a stream is repacked into one run of the " +
+		"compaction's pack while its packed records are at most half of pack_below, and folded (a data PUT and a checkpoint) past " +
+		"half: here, at 0.2 appends/s of 1 KiB, every stream is repacked once, 5 to 10 minutes in, and folded 10 to 20 minutes in. " +
+		"The window starts 7 minutes into the load, before the folds: its requests are the WAL's PUTs (at most 50 a second at " +
+		"flush_interval 20ms, about 25 per 1,000 appends here) and the packs'. On the rig (versitygw direct, the module's own " +
+		"counters, f3a8120 with the half rule), minutes 7 to 22, which hold every stream's first fold: 38.3 requests per 1,000 " +
+		"appends (68,877 for 1,800,150; 55.4 in minutes 10 to 15, where most folds fell), p99 209 ms over the 22 minutes, Caddy's " +
+		"peak RSS 1,013 MiB (a transient heap, 160 MiB after the load). Before repacks (a338a0b) streams left the packs every 5 to 10 " +
+		"minutes: 57.4 per 1,000 in this window. Repacking up to pack_below itself, without the half rule, let 10,000 streams " +
+		"growing at one rate pass the limit together 21 minutes in: 20,000 PUTs and the reads of their packs held compaction up " +
+		"until the WAL outgrew the cache, it then read the WAL back a GET per entry and never caught up (614,000 GETs in 5 " +
+		"minutes, p99 155 s). Before packs (cc73c1b) this row measured 433 requests per 1,000 appends and a p99 of 4.4 s"},
 	"3": {Latency: 25 * time.Millisecond, Note: "Defaults; the proxy adds 25 ms to every S3 request. " +
 		"A compaction starts when the backlog reaches 3/4 of the 64 MiB cache, here every 7-10 s. It folded each of the 1,000 streams with a " +
 		"data PUT and a checkpoint PUT, about 2,000 PUTs per cycle, seven times the WAL's own; since packs (f943223) their few records per " +
