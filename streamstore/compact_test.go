@@ -60,3 +60,24 @@ func (c *concurrency) raise(n int64) {
 		}
 	}
 }
+
+// Streams leaving the packs are folded a few at a time while requests come
+// in, and at full speed on a node nobody is using.
+func TestPackFoldWorkers(t *testing.T) {
+	e := &Engine{}
+	now := time.Now()
+	for _, tt := range []struct {
+		name    string
+		lastUse time.Time
+		want    int
+	}{
+		{"request just now", now, packFoldBusy},
+		{"request under a second ago", now.Add(-packFoldQuiet / 2), packFoldBusy},
+		{"quiet", now.Add(-2 * packFoldQuiet), compactWorkers},
+	} {
+		e.lastUse.Store(tt.lastUse.UnixNano())
+		if got := e.packFoldWorkers(now); got != tt.want {
+			t.Errorf("%s: %d fold workers, want %d", tt.name, got, tt.want)
+		}
+	}
+}
