@@ -246,11 +246,7 @@ func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos) error {
 	// A group of jobs at a time, so that the records gathered (repacks
 	// bring their packed ones) stay bounded.
 	for len(jobs) > 0 {
-		n, est := 0, int64(0)
-		for n < len(jobs) && (n == 0 || est+jobs[n].est <= packReadBatch) {
-			est += jobs[n].est
-			n++
-		}
+		n := fitting(jobs, packReadBatch, func(j *packJob) int64 { return j.est })
 		if err := e.packGroup(ctx, jobs[:n], end); err != nil {
 			return err
 		}
@@ -280,17 +276,24 @@ func (e *Engine) packGroup(ctx context.Context, jobs []*packJob, end walPos) err
 		return err
 	}
 	for len(jobs) > 0 {
-		n, size := 0, 0
-		for n < len(jobs) && (n == 0 || size+jobs[n].size <= packTarget) {
-			size += jobs[n].size
-			n++
-		}
+		n := fitting(jobs, packTarget, func(j *packJob) int64 { return int64(j.size) })
 		if err := e.writePack(ctx, jobs[:n], end); err != nil {
 			return err
 		}
 		jobs = jobs[n:]
 	}
 	return nil
+}
+
+// fitting is how many of the first items fit in limit by size: at least
+// one, however big.
+func fitting[T any](items []T, limit int64, size func(T) int64) int {
+	n, sum := 0, int64(0)
+	for n < len(items) && (n == 0 || sum+size(items[n]) <= limit) {
+		sum += size(items[n])
+		n++
+	}
+	return n
 }
 
 func (e *Engine) writePack(ctx context.Context, jobs []*packJob, end walPos) error {

@@ -331,19 +331,26 @@ func setPackBelow(e *Engine, n int64) {
 
 // packRuns is how many pack runs the stream called name has in memory.
 func packRuns(e *Engine, name string) int {
+	n, _ := packedRuns(e, name)
+	return n
+}
+
+// packedRuns is how many pack runs the stream called name has in memory,
+// and their size.
+func packedRuns(e *Engine, name string) (runs int, bytes int64) {
 	e.mu.RLock()
 	s := e.streams[name]
 	e.mu.RUnlock()
 	if s == nil {
-		return 0
+		return 0, 0
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
-	for n < len(s.runs) && s.runs[n].snap != nil {
-		n++
+	for runs < len(s.runs) && s.runs[runs].snap != nil {
+		bytes += s.runs[runs].span.Len
+		runs++
 	}
-	return n
+	return runs, bytes
 }
 
 // nameWithRunCap finds a stream name under prefix whose pack run cap is
@@ -493,20 +500,6 @@ func TestRepackAfterStay(t *testing.T) {
 	}
 }
 
-// packedBytes is the size of the pack runs of the stream called name.
-func packedBytes(e *Engine, name string) int64 {
-	e.mu.RLock()
-	s := e.streams[name]
-	e.mu.RUnlock()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var n int64
-	for i := 0; i < len(s.runs) && s.runs[i].snap != nil; i++ {
-		n += s.runs[i].span.Len
-	}
-	return n
-}
-
 // A stream due to be repacked whose packed records are past half of
 // pack_below is folded instead: it would pass the limit soon, at the same
 // compaction as every stream that grows as fast.
@@ -531,7 +524,8 @@ func TestDueStreamPastHalfTheLimitIsFolded(t *testing.T) {
 	}
 	// The next compaction finds the stream at its cap with its records
 	// between half of pack_below and all of it.
-	setPackBelow(e, packedBytes(e, name)*3/2)
+	_, packed := packedRuns(e, name)
+	setPackBelow(e, packed*3/2)
 	want = append(want, "last")
 	mustAppend(t, e, name, AppendRequest{Records: recs("last")})
 	got := ops.during(func() { mustCompact(t, e) })

@@ -430,27 +430,29 @@ func (m *matrix) row7(ctx context.Context) {
 
 	m.logf("  restarting caddy for the same cold read through the S3 proxy")
 	pp, err := m.coldRead(ctx, e, name, "r7-proxy", false)
-	if pp != nil {
-		r.Commands = append(r.Commands, "# the same, Caddy's storage through the S3 proxy (for the S3 requests)", pp.cmd)
-	}
-	if err != nil {
-		r.Details = append(r.Details, "through the S3 proxy: "+err.Error())
-	} else {
-		r.Details = append(r.Details, "the same cold read through the S3 proxy: "+readMeasured(pp)+"; "+s3Breakdown(pp.s3, pp.marked))
+	if proxiedRead(r, pp, err, "cold read", "# the same, Caddy's storage through the S3 proxy (for the S3 requests)") {
 		// Row 7-warm's second read once more, through the proxy, for
 		// its S3 requests: how much of it came from the bucket again.
 		pw, err := m.measurePico(ctx, e, "r7-warm-proxy", coldReadSpec(name))
-		if pw != nil {
-			warm.Commands = append(warm.Commands, "# the same second read through the S3 proxy, after row 7's read through it (for the S3 requests)", pw.cmd)
-		}
-		if err != nil {
-			warm.Details = append(warm.Details, "through the S3 proxy: "+err.Error())
-		} else {
-			warm.Details = append(warm.Details, "the same second read through the S3 proxy: "+readMeasured(pw)+"; "+s3Breakdown(pw.s3, pw.marked))
-		}
+		proxiedRead(warm, pw, err, "second read", "# the same second read through the S3 proxy, after row 7's read through it (for the S3 requests)")
 	}
 
 	m.row7Cloud(ctx, e, name, objs, size)
+}
+
+// proxiedRead adds to r a read made through the S3 proxy, for its S3
+// requests: its command, and its figures or its error. It reports whether
+// the read went through.
+func proxiedRead(r *rowResult, pr *picoRun, err error, what, comment string) bool {
+	if pr != nil {
+		r.Commands = append(r.Commands, comment, pr.cmd)
+	}
+	if err != nil {
+		r.Details = append(r.Details, "through the S3 proxy: "+err.Error())
+		return false
+	}
+	r.Details = append(r.Details, "the same "+what+" through the S3 proxy: "+readMeasured(pr)+"; "+s3Breakdown(pr.s3, pr.marked))
+	return true
 }
 
 // row7Warm has the Caddy that just made row 7's timed read read the stream
