@@ -48,14 +48,6 @@ func ProcCPU(pid int) (time.Duration, error) {
 	return st.cpu, err
 }
 
-// ProcMinorFaults returns how many minor page faults process pid has taken
-// so far, from /proc/PID/stat: mostly first touches of memory it mapped,
-// which a freshly started process takes for every page its heap grows by.
-func ProcMinorFaults(pid int) (uint64, error) {
-	st, err := procStat(pid)
-	return st.minflt, err
-}
-
 // procCounters are the counters read from one /proc/PID/stat.
 type procCounters struct {
 	cpu    time.Duration
