@@ -455,6 +455,7 @@ func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *st
 		d.readError(w, r, err)
 		return
 	}
+	defer c.release()
 	switch {
 	case off.kind == offsetNow:
 		// The tail moves, so an offset=now answer must not be cached.
@@ -477,6 +478,7 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 		d.readError(w, r, err)
 		return
 	}
+	defer func() { c.release() }()
 	cursor := nextCursor(time.Now(), clientCursor, d.jitter)
 	for {
 		if c.hasData() {
@@ -508,6 +510,7 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 			fail(w, http.StatusNotFound, "stream was deleted")
 			return
 		}
+		c.release()
 		if c, err = d.read(r.Context(), eng, name, readOffset{kind: offsetAt, pos: c.next}); err != nil {
 			d.readError(w, r, err)
 			return
@@ -582,6 +585,7 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 	t := turn{gate: d.fanout, es: es, timeout: d.writeTimeout}
 	defer t.release()
 	f := frameFromChunk(c, enc, time.Now())
+	c.release()
 	for {
 		t.limitWrites()
 		switch {
@@ -697,6 +701,15 @@ type chunk struct {
 	msgs     [][]byte
 	upToDate bool // the chunk reaches the tail as of the read
 	closed   bool // ... and the stream is closed: EOF
+	done     func()
+}
+
+// release lets the engine reuse the memory of the chunk's bytes, once
+// written or copied.
+func (c *chunk) release() {
+	if c.done != nil {
+		c.done()
+	}
 }
 
 func (c *chunk) add(b []byte) {
@@ -832,7 +845,13 @@ func (d *durableStreams) read(ctx context.Context, eng *streamstore.Engine, name
 	if err != nil {
 		return chunk{}, err
 	}
-	return assemble(res, from, d.chunkBytes)
+	c, err := assemble(res, from, d.chunkBytes)
+	if err != nil {
+		res.Release()
+		return chunk{}, err
+	}
+	c.done = res.Release
+	return c, nil
 }
 
 // assemble turns an engine read into a chunk of at most limit stream bytes.

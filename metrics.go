@@ -128,6 +128,7 @@ type storageCollector struct {
 
 	appends, records, bytes, flushes, aborted *prometheus.Desc
 	cacheHits, cacheMisses, expired           *prometheus.Desc
+	buffersReused                             *prometheus.Desc
 	requests, uploads, subscribers            *prometheus.Desc
 	busy, pending                             *prometheus.Desc
 	folds, packed, repacked                   *prometheus.Desc
@@ -160,6 +161,8 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 			"Reads of committed records served from the block cache."),
 		cacheMisses: desc("cache_misses_total",
 			"Reads of committed records that had to go to the storage."),
+		buffersReused: desc("read_buffers_reused_total",
+			"Data objects read by cold readers into a recycled buffer rather than fresh memory."),
 		expired: desc("streams_expired_total",
 			"Streams deleted for having passed their TTL or Stream-Expires-At: found by an access or by the expiry sweep."),
 		requests: desc("storage_requests_total",
@@ -192,7 +195,7 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.appends, c.records, c.bytes, c.flushes, c.aborted,
-		c.cacheHits, c.cacheMisses, c.expired, c.requests, c.uploads, c.subscribers, c.busy, c.pending,
+		c.cacheHits, c.cacheMisses, c.buffersReused, c.expired, c.requests, c.uploads, c.subscribers, c.busy, c.pending,
 		c.folds, c.packed, c.repacked, c.packsWritten, c.packsLive,
 	} {
 		ch <- d
@@ -213,6 +216,7 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.aborted, es.AbortedBatches)
 	counter(c.cacheHits, es.CacheHits)
 	counter(c.cacheMisses, es.CacheMisses)
+	counter(c.buffersReused, es.BuffersReused)
 	counter(c.expired, es.Expired)
 	counter(c.busy, es.Busy)
 	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(es.PendingBytes))

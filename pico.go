@@ -585,6 +585,15 @@ type picoPage struct {
 	next     uint64 // seq to resume from
 	upToDate bool   // the page reaches the durable tail
 	closed   bool   // ... and the stream is closed: nothing more will come
+	done     func()
+}
+
+// release lets the engine reuse the memory of the page's records, once
+// written or copied.
+func (pg *picoPage) release() {
+	if pg.done != nil {
+		pg.done()
+	}
 }
 
 // belowStartError is a read below a stream's first retained record: those
@@ -633,6 +642,7 @@ func (p *picoProtocol) read(ctx context.Context, eng *streamstore.Engine, name s
 		records:  res.Records,
 		next:     res.NextSeq,
 		upToDate: res.UpToDate,
+		done:     res.Release,
 	}
 	pg.closed = pg.upToDate && pg.info.Closed
 	return pg, nil
@@ -698,6 +708,7 @@ func (p *picoProtocol) catchUp(w http.ResponseWriter, r *http.Request, eng *stre
 		p.engineError(w, r, err)
 		return
 	}
+	defer pg.release()
 	cc := cacheControlCatchUp
 	if q.now || (len(pg.records) == 0 && !pg.closed) {
 		// The tail moves: a cached "nothing here yet" would hide the next
@@ -746,6 +757,7 @@ func (p *picoProtocol) longPoll(w http.ResponseWriter, r *http.Request, eng *str
 		p.engineError(w, r, err)
 		return
 	}
+	defer func() { pg.release() }()
 	cursor := nextCursor(time.Now(), q.cursor, p.jitter)
 	for {
 		switch {
@@ -777,6 +789,7 @@ func (p *picoProtocol) longPoll(w http.ResponseWriter, r *http.Request, eng *str
 		}
 		next := q
 		next.seq, next.now, next.fromStart = pg.next, false, false
+		pg.release()
 		if pg, err = p.read(r.Context(), eng, name, next); err != nil {
 			p.engineError(w, r, err)
 			return

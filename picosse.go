@@ -98,6 +98,7 @@ func (s picoHubSource) frameAt(ctx context.Context, pos position, _ uint64) (*ss
 	if err != nil {
 		return nil, err
 	}
+	defer pg.release()
 	return picoFrame(pg, time.Now()), nil
 }
 
@@ -119,6 +120,7 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 		p.engineError(w, r, err)
 		return
 	}
+	defer func() { pg.release() }()
 	id := pg.info.ID
 	h := w.Header()
 	h.Set("Content-Type", picoMediaSSE)
@@ -218,6 +220,7 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 		if !t.take(r.Context()) {
 			return
 		}
+		pg.release()
 		if pg, err = p.read(r.Context(), eng, name, next); err != nil {
 			if r.Context().Err() == nil {
 				p.log.Warn("SSE read failed", zap.String("stream", name), zap.Error(err))

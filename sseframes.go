@@ -178,6 +178,7 @@ func (d *durableStreams) frameAt(ctx context.Context, eng *streamstore.Engine, n
 		return nil, err
 	}
 	f := frameFromChunk(c, enc, now)
+	c.release()
 	if f.id == id {
 		d.frames.put(k, f)
 	}

@@ -370,32 +370,57 @@ func fileETag(f *os.File) (string, error) {
 	return quoteETag(h.Sum(nil)), nil
 }
 
-// Get implements Store.
-func (s *FileStore) Get(ctx context.Context, key string, offset, length int64) ([]byte, string, error) {
-	if err := checkKey(key); err != nil {
-		return nil, "", err
+// GetBuffer implements BufferGetter.
+func (s *FileStore) GetBuffer(ctx context.Context, key string, alloc func(n int) []byte) ([]byte, error) {
+	f, st, err := s.open(ctx, key)
+	if err != nil {
+		return nil, err
 	}
-	if offset < 0 {
-		return nil, "", fmt.Errorf("segment: get %s: negative offset %d", key, offset)
+	defer f.Close()
+	data := alloc(int(st.Size()))
+	if _, err := io.ReadFull(f, data); err != nil {
+		return nil, fmt.Errorf("segment: get %s: %w", key, err)
+	}
+	return data, nil
+}
+
+// open opens key's file for reading.
+func (s *FileStore) open(ctx context.Context, key string) (*os.File, fs.FileInfo, error) {
+	if err := checkKey(key); err != nil {
+		return nil, nil, err
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, "", err
+		return nil, nil, err
 	}
 	f, err := os.Open(s.path(key))
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
-		return nil, "", ErrNotFound
+		return nil, nil, ErrNotFound
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("segment: get %s: %w", key, err)
+		return nil, nil, fmt.Errorf("segment: get %s: %w", key, err)
 	}
-	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, "", fmt.Errorf("segment: get %s: %w", key, err)
+		f.Close()
+		return nil, nil, fmt.Errorf("segment: get %s: %w", key, err)
 	}
 	if st.IsDir() {
-		return nil, "", ErrNotFound
+		f.Close()
+		return nil, nil, ErrNotFound
 	}
+	return f, st, nil
+}
+
+// Get implements Store.
+func (s *FileStore) Get(ctx context.Context, key string, offset, length int64) ([]byte, string, error) {
+	if offset < 0 {
+		return nil, "", fmt.Errorf("segment: get %s: negative offset %d", key, offset)
+	}
+	f, st, err := s.open(ctx, key)
+	if err != nil {
+		return nil, "", err
+	}
+	defer f.Close()
 	etag, err := fileETag(f)
 	if err != nil {
 		return nil, "", fmt.Errorf("segment: get %s: %w", key, err)

@@ -243,6 +243,18 @@ func (s *S3Store) resolveAmbiguousPut(ctx context.Context, key string, data []by
 
 // Get implements Store.
 func (s *S3Store) Get(ctx context.Context, key string, offset, length int64) ([]byte, string, error) {
+	return s.get(ctx, key, offset, length, nil)
+}
+
+// GetBuffer implements BufferGetter.
+func (s *S3Store) GetBuffer(ctx context.Context, key string, alloc func(n int) []byte) ([]byte, error) {
+	data, _, err := s.get(ctx, key, 0, -1, alloc)
+	return data, err
+}
+
+// get reads a range of key; alloc, when set, supplies the buffer of a body
+// of announced size.
+func (s *S3Store) get(ctx context.Context, key string, offset, length int64, alloc func(n int) []byte) ([]byte, string, error) {
 	if key == "" {
 		return nil, "", errors.New("segment: empty key")
 	}
@@ -284,7 +296,7 @@ func (s *S3Store) Get(ctx context.Context, key string, offset, length int64) ([]
 		defer out.Body.Close()
 		// The body is read inside the attempt so a stalled transfer
 		// is cut off by the attempt timeout and retried.
-		b, err := readBody(out.Body, aws.ToInt64(out.ContentLength))
+		b, err := readBody(out.Body, aws.ToInt64(out.ContentLength), alloc)
 		if err != nil {
 			return true, err
 		}
@@ -311,11 +323,16 @@ func (s *S3Store) Get(ctx context.Context, key string, offset, length int64) ([]
 // readBody reads a response body, into one buffer of the announced size
 // when there is one: ReadAll would grow its way up to a 4 MiB data object
 // in a dozen copies.
-func readBody(body io.Reader, size int64) ([]byte, error) {
+func readBody(body io.Reader, size int64, alloc func(n int) []byte) ([]byte, error) {
 	if size <= 0 {
 		return io.ReadAll(body)
 	}
-	b := make([]byte, size)
+	var b []byte
+	if alloc != nil {
+		b = alloc(int(size))
+	} else {
+		b = make([]byte, size)
+	}
 	if _, err := io.ReadFull(body, b); err != nil {
 		return nil, err
 	}

@@ -33,6 +33,15 @@ type ObjectInfo struct {
 	ETag string
 }
 
+// BufferGetter is a Store that can read a whole object into a buffer its
+// caller supplies: alloc(n) returns a slice of length n, n being the
+// object's size, and GetBuffer returns it filled (or, when the size was not
+// known ahead, a slice of its own). A reader that recycles its buffers
+// reads objects without growing the heap by their size each time.
+type BufferGetter interface {
+	GetBuffer(ctx context.Context, key string, alloc func(n int) []byte) ([]byte, error)
+}
+
 // Store is the small subset of S3 that PicoMQ relies on. Implementations must
 // be safe for concurrent use. Keys are '/'-separated; no key is ever both an
 // object and the prefix-with-slash of another, no path component exceeds 255

@@ -126,7 +126,15 @@ type ReadResult struct {
 	Info     Info
 	NextSeq  uint64 // seq after the last record returned (the resume point)
 	UpToDate bool
+
+	held *holds
 }
+
+// Release lets the engine reuse the memory of the records' bodies: call it
+// once they are written out, and use none of them after. Copies of a
+// result share one release. A result never released costs only that
+// reuse.
+func (r ReadResult) Release() { r.held.release() }
 
 // Errors. Each is matched with errors.Is / errors.As.
 var (

@@ -43,6 +43,7 @@ type cacheItem struct {
 	recs  []segment.Record
 	size  int64
 	cold  *list.Element // in coldLL, for a cold item
+	buf   *objBuf       // a cold item's recycled buffer (held while cached), or nil
 	used  atomic.Int64  // last get or put (Unix ns), for dropIdle
 	moved int64         // when it last went to the front (Unix ns); under mu
 }
@@ -58,17 +59,34 @@ func newBlockCache(budget int64) *blockCache {
 }
 
 func (c *blockCache) get(key string) ([]segment.Record, bool) {
+	recs, buf, ok := c.lookup(key, false)
+	buf.escape()
+	return recs, ok
+}
+
+// getHeld is get for a cold reader that releases what it reads: the
+// object's buffer, if recycled, comes held (release it once done).
+func (c *blockCache) getHeld(key string) ([]segment.Record, *objBuf, bool) {
+	return c.lookup(key, true)
+}
+
+// lookup counts a lookup and refreshes the item's place in the order.
+func (c *blockCache) lookup(key string, hold bool) ([]segment.Record, *objBuf, bool) {
 	now := time.Now().UnixNano()
 	c.mu.RLock()
 	el, ok := c.items[key]
 	if !ok {
 		c.mu.RUnlock()
 		c.misses.Add(1)
-		return nil, false
+		return nil, nil, false
 	}
 	it := el.Value.(*cacheItem)
 	it.used.Store(now)
 	recs, stale := it.recs, now-it.moved > cacheReorder
+	if hold {
+		it.buf.hold()
+	}
+	buf := it.buf
 	c.mu.RUnlock()
 	c.hits.Add(1)
 	if stale {
@@ -79,7 +97,7 @@ func (c *blockCache) get(key string) ([]segment.Record, bool) {
 		}
 		c.mu.Unlock()
 	}
-	return recs, true
+	return recs, buf, true
 }
 
 // peek returns key's records without counting a lookup or refreshing the
@@ -91,7 +109,9 @@ func (c *blockCache) peek(key string) ([]segment.Record, bool) {
 	if !ok {
 		return nil, false
 	}
-	return el.Value.(*cacheItem).recs, true
+	it := el.Value.(*cacheItem)
+	it.buf.escape()
+	return it.recs, true
 }
 
 // has reports whether key is cached, without counting a lookup.
@@ -102,12 +122,16 @@ func (c *blockCache) has(key string) bool {
 	return ok
 }
 
-func (c *blockCache) put(key string, recs []segment.Record) { c.add(key, recs, false) }
+func (c *blockCache) put(key string, recs []segment.Record) { c.add(key, recs, false, nil) }
 
 // putCold caches a data object fetched by a cold read (see blockCache).
-func (c *blockCache) putCold(key string, recs []segment.Record) { c.add(key, recs, true) }
+// The caller holds buf (nil if the object's buffer is not recycled); the
+// cache takes a hold of its own if it keeps the object.
+func (c *blockCache) putCold(key string, recs []segment.Record, buf *objBuf) {
+	c.add(key, recs, true, buf)
+}
 
-func (c *blockCache) add(key string, recs []segment.Record, cold bool) {
+func (c *blockCache) add(key string, recs []segment.Record, cold bool, buf *objBuf) {
 	var size int64 = 64
 	for i := range recs {
 		size += int64(segment.RecordSize(&recs[i]))
@@ -120,7 +144,8 @@ func (c *blockCache) add(key string, recs []segment.Record, cold bool) {
 	if el, ok := c.items[key]; ok {
 		c.unlink(el)
 	}
-	it := &cacheItem{key: key, recs: recs, size: size, moved: time.Now().UnixNano()}
+	it := &cacheItem{key: key, recs: recs, size: size, moved: time.Now().UnixNano(), buf: buf}
+	buf.hold()
 	it.used.Store(it.moved)
 	c.items[key] = c.ll.PushFront(it)
 	c.used += size
@@ -146,6 +171,7 @@ func (c *blockCache) unlink(el *list.Element) {
 		c.coldLL.Remove(it.cold)
 		c.coldUsed -= it.size
 	}
+	it.buf.release()
 }
 
 func (c *blockCache) budgetBytes() int64 {
@@ -191,6 +217,15 @@ func (c *blockCache) shrink() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.items = maps.Collect(maps.All(c.items))
+}
+
+// dropCold drops key if it is a cold item (see putCold).
+func (c *blockCache) dropCold(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.items[key]; ok && el.Value.(*cacheItem).cold != nil {
+		c.unlink(el)
+	}
 }
 
 // remove drops keys from the cache, if there.

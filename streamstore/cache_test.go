@@ -19,7 +19,7 @@ func TestCacheBoundsColdObjects(t *testing.T) {
 	const obj = 1 << 20
 	n := 2 * coldCacheBytes / obj
 	for i := range n {
-		c.putCold(fmt.Sprintf("data/x/%d", i), block(obj))
+		c.putCold(fmt.Sprintf("data/x/%d", i), block(obj), nil)
 	}
 	if !c.has("wal/a@0") {
 		t.Fatal("cold objects pushed a WAL entry out")

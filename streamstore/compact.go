@@ -298,7 +298,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre m
 		}
 		if !ok {
 			var err error
-			if recs, err = e.recordsAt(ctx, s, meta.ID, r.ch.First); err != nil {
+			if recs, err = e.recordsKept(ctx, s, meta.ID, r.ch.First); err != nil {
 				return fmt.Errorf("compact %s: %w", s.name, err)
 			}
 		}

@@ -86,8 +86,12 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	if x := s.dataIdx; x != nil && x.id == id {
 		if i := x.find(seq); i >= 0 {
 			sp := x.spans[i]
-			next := ahead(x.spans, i, s.readAhead().windowAt(sp))
+			window, behind := s.readAhead().windowAt(sp)
+			next := ahead(x.spans, i, window)
 			s.mu.Unlock()
+			if behind != "" {
+				e.cache.dropCold(behind)
+			}
 			return sp, next, nil
 		}
 	}
@@ -114,8 +118,12 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	}
 	s.mu.Lock()
 	s.dataIdx = &dataIndex{id: id, spans: spans}
-	next := ahead(spans, 0, s.readAhead().windowAt(spans[0]))
+	window, behind := s.readAhead().windowAt(spans[0])
+	next := ahead(spans, 0, window)
 	s.mu.Unlock()
+	if behind != "" {
+		e.cache.dropCold(behind)
+	}
 	return spans[0], next, nil
 }
 
@@ -152,7 +160,12 @@ func (s *stream) readAhead() *readAheadState {
 // windowAt returns how many objects a reader now at sp reads ahead:
 // readAheadStart, doubled each time a reader moved on from the object it
 // read last to the next one, at most readAheadObjects.
-func (r *readAheadState) windowAt(sp dataSpan) int {
+//
+// When the reader moved on, behind is the key of the object it left,
+// unless another reader is at it or before it: nobody is coming back for
+// it, and a cold object is dropped from the cache then (its buffer goes
+// back to the pool at once instead of after another 24 MiB).
+func (r *readAheadState) windowAt(sp dataSpan) (window int, behind string) {
 	r.reads++
 	var c *aheadCursor
 	for i := range r.cursors {
@@ -165,6 +178,12 @@ func (r *readAheadState) windowAt(sp dataSpan) int {
 		case sp.first == k.at.end:
 			c = k
 			c.window = min(2*c.window, readAheadObjects)
+			behind = k.at.key
+			for j := range r.cursors {
+				if o := &r.cursors[j]; o != k && o.window != 0 && o.at.first <= k.at.first {
+					behind = ""
+				}
+			}
 		}
 		if c != nil {
 			break
@@ -180,36 +199,35 @@ func (r *readAheadState) windowAt(sp dataSpan) int {
 		c.window = readAheadStart
 	}
 	c.at, c.used = sp, r.reads
-	return c.window
+	return c.window, behind
 }
 
 // fetchCall is one data object GET in flight; a reader that wants the
 // same object (a read-ahead and the reader it runs ahead of) waits for it
 // rather than reading the object twice.
 type fetchCall struct {
-	done chan struct{}
-	recs []Record
-	err  error
+	done    chan struct{}
+	recs    []Record
+	buf     *objBuf
+	err     error
+	waiters int // callers joined so far; under Engine.fetchMu
 }
 
 // fetchData reads and decodes one data object into the cache, joining a
-// fetch of the same object already in flight.
-func (e *Engine) fetchData(ctx context.Context, key string) ([]Record, error) {
+// fetch of the same object already in flight. The object's buffer, if
+// recycled, comes held: release it once done with the records.
+func (e *Engine) fetchData(ctx context.Context, key string) ([]Record, *objBuf, error) {
 	e.fetchMu.Lock()
 	if c, ok := e.fetching[key]; ok {
+		c.waiters++
 		e.fetchMu.Unlock()
-		select {
-		case <-c.done:
-			return c.recs, c.err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+		return e.joinFetch(ctx, key, c)
 	}
 	// A fetch puts the object in the cache before it leaves the table: one
 	// that ended since the caller looked in the cache has left it there.
-	if recs, ok := e.cache.peek(key); ok {
+	if recs, buf, ok := e.cache.getHeld(key); ok {
 		e.fetchMu.Unlock()
-		return recs, nil
+		return recs, buf, nil
 	}
 	c := &fetchCall{done: make(chan struct{})}
 	if e.fetching == nil {
@@ -217,38 +235,89 @@ func (e *Engine) fetchData(ctx context.Context, key string) ([]Record, error) {
 	}
 	e.fetching[key] = c
 	e.fetchMu.Unlock()
-	c.recs, c.err = e.getData(ctx, key)
+	c.recs, c.buf, c.err = e.getData(ctx, key)
 	e.fetchMu.Lock()
 	delete(e.fetching, key)
+	joined := c.waiters
 	e.fetchMu.Unlock()
+	// A hold for every caller that joined: none can join any more, and
+	// this caller's own hold keeps the buffer meanwhile.
+	for range joined {
+		c.buf.hold()
+	}
 	close(c.done)
-	return c.recs, c.err
+	return c.recs, c.buf, c.err
 }
 
-func (e *Engine) getData(ctx context.Context, key string) ([]Record, error) {
-	recs, err := e.readData(ctx, key)
-	if err != nil {
-		return nil, err
+// joinFetch waits for c, a fetch of key the caller joined, and takes the
+// hold c keeps for it.
+func (e *Engine) joinFetch(ctx context.Context, key string, c *fetchCall) ([]Record, *objBuf, error) {
+	select {
+	case <-c.done:
+		return c.recs, c.buf, c.err
+	case <-ctx.Done():
 	}
-	e.cache.putCold(key, recs)
-	return recs, nil
+	e.fetchMu.Lock()
+	if e.fetching[key] == c {
+		c.waiters--
+		e.fetchMu.Unlock()
+		return nil, nil, ctx.Err()
+	}
+	e.fetchMu.Unlock()
+	// The fetch has counted this caller and is about to hand its hold
+	// over.
+	<-c.done
+	c.buf.release()
+	return nil, nil, ctx.Err()
+}
+
+// getData reads and decodes data object key, into a recycled buffer when
+// the store can, and caches it.
+func (e *Engine) getData(ctx context.Context, key string) ([]Record, *objBuf, error) {
+	bg, ok := e.store.(segment.BufferGetter)
+	if !ok {
+		recs, err := e.readData(ctx, key)
+		if err != nil {
+			return nil, nil, err
+		}
+		e.cache.putCold(key, recs, nil)
+		return recs, nil, nil
+	}
+	data, err := bg.GetBuffer(ctx, key, e.bufs.alloc)
+	if err != nil {
+		return nil, nil, storeReadError(key, err)
+	}
+	buf := newObjBuf(data, &e.bufs)
+	recs, err := segment.DecodeData(data)
+	if err != nil {
+		buf.release()
+		return nil, nil, fmt.Errorf("read %s: %w", key, err)
+	}
+	e.cache.putCold(key, recs, buf)
+	return recs, buf, nil
 }
 
 // readData reads and decodes the data object (or blob) key. A missing
 // object is ErrNotFound, any other store failure ErrUnavailable.
 func (e *Engine) readData(ctx context.Context, key string) ([]Record, error) {
 	data, _, err := e.store.Get(ctx, key, 0, -1)
-	if errors.Is(err, segment.ErrNotFound) {
-		return nil, fmt.Errorf("read %s: %w", key, err)
-	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, key, err)
+		return nil, storeReadError(key, err)
 	}
 	recs, err := segment.DecodeData(data)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", key, err)
 	}
 	return recs, nil
+}
+
+// storeReadError is the error of a failed read of key: ErrNotFound for a
+// missing object, ErrUnavailable for any other store failure.
+func storeReadError(key string, err error) error {
+	if errors.Is(err, segment.ErrNotFound) {
+		return fmt.Errorf("read %s: %w", key, err)
+	}
+	return fmt.Errorf("%w: read %s: %v", ErrUnavailable, key, err)
 }
 
 // prefetch makes the objects of next, a reader's window, what s reads
@@ -349,6 +418,7 @@ func (e *Engine) fetchAhead(key string) error {
 	// and must get its outcome.
 	ctx, cancel := context.WithTimeout(e.bgCtx, 30*time.Second)
 	defer cancel()
-	_, err := e.fetchData(ctx, key)
+	_, buf, err := e.fetchData(ctx, key)
+	buf.release()
 	return err
 }

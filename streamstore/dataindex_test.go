@@ -138,14 +138,16 @@ func TestFetchAfterAFinishedFetchUsesTheCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := dataKey(info.ID, 0, 2)
-	first, err := e.fetchData(ctx, key)
+	first, buf, err := e.fetchData(ctx, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := e.fetchData(ctx, key)
+	defer buf.release()
+	second, buf2, err := e.fetchData(ctx, key)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer buf2.release()
 	if _, gets, _ := counter.counts(); gets != 1 {
 		t.Fatalf("%d GETs for two fetches of a cached object; want 1", gets)
 	}
@@ -322,6 +324,15 @@ func gatedColdStream(t *testing.T, name string, n int) (e *Engine, g *gatedStore
 	return e, g, st, func(i int) string { return dataKey(info.ID, uint64(2*i), uint64(2*i+2)) }
 }
 
+// waiting reports whether a GET of key is in flight and, with joined, a
+// reader has joined it (the read-ahead began it).
+func waiting(e *Engine, key string, joined bool) bool {
+	e.fetchMu.Lock()
+	defer e.fetchMu.Unlock()
+	c, ok := e.fetching[key]
+	return ok && (!joined || c.waiters > 0)
+}
+
 // The read-ahead follows the reader: an object it waits on does not hold up
 // the objects that came into the window since. A read-ahead that ran window
 // by window started the next window only when every GET of the previous
@@ -331,31 +342,47 @@ func TestReadAheadSlidesWithTheReader(t *testing.T) {
 	const objects = 24
 	e, g, _, key := gatedColdStream(t, "/slide", objects)
 	const held = 10
-	for i := range objects {
+	// Walking objects 0 to 3, each arriving only once the reader waits
+	// for it, opens the window to its full size; at object 2 it reaches
+	// the held one.
+	const walked = 4
+	for i := range walked {
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.Read(ctx, "/slide", ReadRequest{Seq: uint64(2 * i), MaxRecords: 2})
+			done <- err
+		}()
+		// Object 0 the reader fetches itself; the read-ahead began the
+		// others, and the reader joins.
+		if !g.waitFor(func() bool { return waiting(e, key(i), i > 0) }) {
+			t.Fatalf("the reader did not wait for object %d", i)
+		}
+		g.openKeys(key(i))
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := walked; i < objects; i++ {
 		if i != held {
 			g.openKeys(key(i))
 		}
 	}
-	// Walking objects 0 to 3 opens the window to its full size; at object
-	// 2 it reaches the held one.
-	for i := range 4 {
-		if _, err := e.Read(ctx, "/slide", ReadRequest{Seq: uint64(2 * i), MaxRecords: 2}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	last := 3 + readAheadObjects
+	last := walked - 1 + readAheadObjects
 	if !g.waitFor(func() bool { return g.begun(key(held)) == 1 && g.begun(key(last)) == 1 }) {
 		t.Fatalf("object %d was not read ahead while object %d was held", last, held)
 	}
 	g.openAll()
-	got := readAll(t, e, "/slide")
-	if len(got) != 2*objects {
-		t.Fatalf("read %d records, want %d", len(got), 2*objects)
-	}
-	for i, b := range got {
-		if b != fmt.Sprint(i) {
-			t.Fatalf("record %d is %q", i, b)
+	for seq := uint64(2 * walked); seq < 2*objects; {
+		res, err := e.Read(ctx, "/slide", ReadRequest{Seq: seq, MaxRecords: 2})
+		if err != nil {
+			t.Fatal(err)
 		}
+		for _, r := range res.Records {
+			if string(r.Body) != fmt.Sprint(r.Seq) {
+				t.Fatalf("record %d is %q", r.Seq, r.Body)
+			}
+		}
+		seq = res.NextSeq
 	}
 	for i := range objects {
 		if n := g.begun(key(i)); n != 1 {
@@ -366,31 +393,45 @@ func TestReadAheadSlidesWithTheReader(t *testing.T) {
 
 // The window opens small and doubles while a reader walks on from one
 // object to the next; anything else starts it small again. Readers at
-// different places of a stream grow windows of their own.
+// different places of a stream grow windows of their own. A reader that
+// moves on leaves its last object behind, unless another reader is at or
+// before it.
 func TestReadAheadWindowRamps(t *testing.T) {
-	obj := func(i uint64) dataSpan { return dataSpan{first: 2 * i, end: 2*i + 2} }
+	obj := func(i uint64) dataSpan { return dataSpan{first: 2 * i, end: 2*i + 2, key: fmt.Sprint(i)} }
+	type step struct {
+		at     uint64 // object read
+		want   int
+		behind string
+	}
 	tests := []struct {
-		name string
-		at   []uint64 // objects read, in order
-		want []int
+		name  string
+		steps []step
 	}{
-		{"first read", []uint64{7}, []int{readAheadStart}},
-		{"walking", []uint64{0, 1, 2, 3, 4}, []int{2, 4, 8, 16, 16}},
-		{"the same object again", []uint64{0, 1, 1, 2}, []int{2, 4, 4, 8}},
-		{"a jump ahead", []uint64{0, 1, 2, 9}, []int{2, 4, 8, 2}},
-		{"back", []uint64{0, 1, 0}, []int{2, 4, 2}},
-		{"two readers walking apart", []uint64{0, 50, 1, 51, 2, 52, 3}, []int{2, 2, 4, 4, 8, 8, 16}},
+		{"first read", []step{{7, readAheadStart, ""}}},
+		{"walking", []step{{0, 2, ""}, {1, 4, "0"}, {2, 8, "1"}, {3, 16, "2"}, {4, 16, "3"}}},
+		{"the same object again", []step{{0, 2, ""}, {1, 4, "0"}, {1, 4, ""}, {2, 8, "1"}}},
+		{"a jump ahead", []step{{0, 2, ""}, {1, 4, "0"}, {2, 8, "1"}, {9, 2, ""}}},
+		{"back", []step{{0, 2, ""}, {1, 4, "0"}, {0, 2, ""}}},
+		// The reader at 50 leaves nothing behind: the other one comes
+		// that way.
+		{"two readers walking apart", []step{{0, 2, ""}, {50, 2, ""}, {1, 4, "0"}, {51, 4, ""}, {2, 8, "1"}, {52, 8, ""}, {3, 16, "2"}}},
 		// A fifth reader (at 50) takes the cursor moved least recently,
 		// the first reader's, which starts over at 2 and takes the
-		// second's; the third's (at 30) is still there.
-		{"more readers than cursors", []uint64{0, 1, 20, 30, 40, 50, 2, 31}, []int{2, 4, 2, 2, 2, 2, 2, 4}},
+		// second's; the third's (at 30) is still there, and the reader
+		// at 2 keeps 30 in the cache.
+		{"more readers than cursors", []step{{0, 2, ""}, {1, 4, "0"}, {20, 2, ""}, {30, 2, ""},
+			{40, 2, ""}, {50, 2, ""}, {2, 2, ""}, {31, 4, ""}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var ra readAheadState
-			for k, i := range tt.at {
-				if got := ra.windowAt(obj(i)); got != tt.want[k] {
-					t.Fatalf("read %d (object %d): window %d, want %d", k, i, got, tt.want[k])
+			for k, st := range tt.steps {
+				got, behind := ra.windowAt(obj(st.at))
+				if got != st.want {
+					t.Fatalf("read %d (object %d): window %d, want %d", k, st.at, got, st.want)
+				}
+				if behind != st.behind {
+					t.Fatalf("read %d (object %d): left %q behind, want %q", k, st.at, behind, st.behind)
 				}
 			}
 		})

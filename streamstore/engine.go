@@ -136,6 +136,7 @@ type Engine struct {
 	// aheadBytes is what read-ahead GETs in flight hold, across streams,
 	// up to aheadLimit (readAheadInFlight).
 	aheadBytes, aheadLimit int64
+	bufs                   bufPool // buffers of cold data objects, recycled
 
 	lastUse atomic.Int64 // last stream lookup by a request (Unix ns)
 	// quietReturned: the heap went back to the OS since requests stopped

@@ -67,7 +67,7 @@ func (e *Engine) resolveForkPoint(ctx context.Context, src *stream, seq, bytes u
 		if bytes == 0 {
 			return seq, 0, nil
 		}
-		recs, err := e.collect(ctx, src, id, ReadRequest{Seq: seq, MaxRecords: 1}, next)
+		recs, err := e.collect(ctx, src, id, ReadRequest{Seq: seq, MaxRecords: 1}, next, nil)
 		if err != nil {
 			return 0, 0, err
 		}

@@ -212,7 +212,7 @@ func (e *Engine) gather(ctx context.Context, j *packJob, pre map[string][]Record
 			}
 			if !ok {
 				var err error
-				if recs, err = e.recordsAt(ctx, s, meta.ID, r.ch.First); err != nil {
+				if recs, err = e.recordsKept(ctx, s, meta.ID, r.ch.First); err != nil {
 					return fmt.Errorf("pack %s: %w", s.name, err)
 				}
 			}

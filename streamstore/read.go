@@ -35,8 +35,10 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 	case req.Seq < info.StartSeq:
 		return ReadResult{}, fmt.Errorf("%w: position %d is below the first retained one %d", ErrGone, req.Seq, info.StartSeq)
 	}
-	res.Records, err = e.collect(ctx, s, info.ID, req, info.NextSeq)
+	res.held = &holds{}
+	res.Records, err = e.collect(ctx, s, info.ID, req, info.NextSeq, res.held)
 	if err != nil {
+		res.held.release()
 		return ReadResult{}, err
 	}
 	res.NextSeq = req.Seq + uint64(len(res.Records))
@@ -69,8 +71,9 @@ func (e *Engine) renew(s *stream) {
 // uncompacted WAL entries when the seq is still there, otherwise from data
 // objects, each through the block cache. A fork's inherited records come
 // from its source (by internal id, through the source's state), the last of
-// them cut to the fork point.
-func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequest, end uint64) ([]Record, error) {
+// them cut to the fork point. The buffers the records are in go to h; with
+// h nil they are never recycled.
+func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequest, end uint64, h *holds) ([]Record, error) {
 	var out []Record
 	bytes := 0
 	full := func() bool {
@@ -94,7 +97,7 @@ func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequ
 		if err != nil {
 			return nil, fmt.Errorf("fork source %s: %w", fork.SourceName, err)
 		}
-		inherited, err := e.collect(ctx, src, fork.SourceID, ReadRequest{Seq: seq, MaxRecords: req.MaxRecords, MaxBytes: req.MaxBytes}, min(end, fork.base()))
+		inherited, err := e.collect(ctx, src, fork.SourceID, ReadRequest{Seq: seq, MaxRecords: req.MaxRecords, MaxBytes: req.MaxBytes}, min(end, fork.base()), h)
 		if err != nil {
 			return nil, err
 		}
@@ -112,9 +115,14 @@ func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequ
 		}
 	}
 	for seq < end {
-		recs, err := e.recordsAt(ctx, s, id, seq)
+		recs, buf, err := e.recordsAt(ctx, s, id, seq)
 		if err != nil {
 			return nil, err
+		}
+		if h != nil {
+			h.add(buf)
+		} else {
+			buf.escape()
 		}
 		for _, r := range recs {
 			if r.Seq < seq {
@@ -129,11 +137,12 @@ func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequ
 	return out, nil
 }
 
-// recordsAt returns a run of records that holds seq. When the entry is not
+// recordsAt returns a run of records that holds seq, and the buffer it
+// holds for them (see objBuf), if any. When the entry is not
 // cached, the stream's following entries in the same WAL object come with
 // it in one ranged GET (they sit close together: one batch's worth), so a
 // cold catch-up costs a GET per WAL object, not per append.
-func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64) ([]Record, error) {
+func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64) ([]Record, *objBuf, error) {
 	for attempt := 0; ; attempt++ {
 		s.mu.Lock()
 		runs := sameObjectRuns(s.runs, seq)
@@ -142,15 +151,15 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 			return e.dataRecords(ctx, s, id, seq)
 		}
 		if recs, ok := e.cache.get(runCacheKey(runs[0].key, runs[0].span)); ok {
-			return recs, nil
+			return recs, nil, nil
 		}
 		if r := runs[0]; r.blob != "" {
 			recs, err := e.blobRecords(ctx, id, r)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			e.cache.put(runCacheKey(r.key, r.span), recs)
-			return recs, nil
+			return recs, nil, nil
 		}
 		first, last := runs[0].span, runs[len(runs)-1].span
 		data, _, err := e.store.Get(ctx, runs[0].key, first.Off, last.Off+last.Len-first.Off)
@@ -158,22 +167,30 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 			continue // compacted meanwhile: look again
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, runs[0].key, err)
+			return nil, nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, runs[0].key, err)
 		}
 		var out []Record
 		for _, r := range runs {
 			ent, err := decodeRun(data, first.Off, r)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if ent.StreamID != id {
-				return nil, fmt.Errorf("read %s: %w: entry is not the expected one", r.key, segment.ErrCorrupt)
+				return nil, nil, fmt.Errorf("read %s: %w: entry is not the expected one", r.key, segment.ErrCorrupt)
 			}
 			e.cache.put(runCacheKey(r.key, r.span), ent.Records)
 			out = append(out, ent.Records...)
 		}
-		return out, nil
+		return out, nil, nil
 	}
+}
+
+// recordsKept is recordsAt for a caller that keeps the records for as
+// long as it likes: their buffer, if any, is never recycled.
+func (e *Engine) recordsKept(ctx context.Context, s *stream, id string, seq uint64) ([]Record, error) {
+	recs, buf, err := e.recordsAt(ctx, s, id, seq)
+	buf.escape()
+	return recs, err
 }
 
 // decodeRun decodes run r's entry out of data, a ranged read of its
@@ -233,20 +250,21 @@ func sameObjectRuns(runs []walRun, seq uint64) []walRun {
 }
 
 // dataRecords reads the data object holding seq, through the stream's
-// data index and the cache, and reads ahead after a cache miss.
-func (e *Engine) dataRecords(ctx context.Context, s *stream, id string, seq uint64) ([]Record, error) {
+// data index and the cache, and reads ahead after a cache miss. The
+// object's buffer, if recycled, comes held.
+func (e *Engine) dataRecords(ctx context.Context, s *stream, id string, seq uint64) ([]Record, *objBuf, error) {
 	for attempt := 0; ; attempt++ {
 		sp, next, err := e.dataSpanAt(ctx, s, id, seq)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		// Keep the next objects coming on hits too: a reader that only
 		// read ahead on a miss would wait for every third object.
 		e.prefetch(s, next)
-		if recs, ok := e.cache.get(sp.key); ok {
-			return recs, nil
+		if recs, buf, ok := e.cache.getHeld(sp.key); ok {
+			return recs, buf, nil
 		}
-		recs, err := e.fetchData(ctx, sp.key)
+		recs, buf, err := e.fetchData(ctx, sp.key)
 		if errors.Is(err, segment.ErrNotFound) && attempt == 0 {
 			// A trim rewrote the object since the index was read: list
 			// again.
@@ -256,8 +274,8 @@ func (e *Engine) dataRecords(ctx context.Context, s *stream, id string, seq uint
 			continue
 		}
 		if errors.Is(err, segment.ErrNotFound) {
-			return nil, fmt.Errorf("%w: data object %s is gone", segment.ErrCorrupt, sp.key)
+			return nil, nil, fmt.Errorf("%w: data object %s is gone", segment.ErrCorrupt, sp.key)
 		}
-		return recs, err
+		return recs, buf, err
 	}
 }

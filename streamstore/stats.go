@@ -44,6 +44,9 @@ type StatsSnapshot struct {
 	// CacheHits and CacheMisses count lookups of committed records in the
 	// block cache by reads; a miss costs a GET (or a LIST and a GET).
 	CacheHits, CacheMisses uint64
+	// BuffersReused counts data objects read by cold readers into the
+	// buffer of one read before (see bufPool) rather than fresh memory.
+	BuffersReused uint64
 	// Expired is how many streams were deleted for having expired: found
 	// by an access or by the expiry sweep.
 	Expired uint64
@@ -78,6 +81,7 @@ func (e *Engine) Stats() StatsSnapshot {
 		AbortedBatches: s.abortedBatch.Load(),
 		CacheHits:      e.cache.hits.Load(),
 		CacheMisses:    e.cache.misses.Load(),
+		BuffersReused:  uint64(e.bufs.reused.Load()),
 		Expired:        s.expired.Load(),
 		Busy:           s.busy.Load(),
 		Folds:          s.folds.Load(),

@@ -29,6 +29,7 @@ func Run(t *testing.T, open func(t *testing.T) segment.Store) {
 		{"RangedGet", testRangedGet},
 		{"Overwrite", testOverwrite},
 		{"Missing", testMissing},
+		{"GetBuffer", testGetBuffer},
 		{"IfNoneMatch", testIfNoneMatch},
 		{"IfMatch", testIfMatch},
 		{"ListOrder", testListOrder},
@@ -206,6 +207,36 @@ func testMissing(t *testing.T, s segment.Store) {
 	objs, more, err := s.List(ctxFor(t), "nothing/", "", 10)
 	if err != nil || len(objs) != 0 || more {
 		t.Errorf("List(nothing/) = %v, %v, %v; want empty", objs, more, err)
+	}
+}
+
+// testGetBuffer: a store that reads into its caller's buffers asks for
+// one of the object's size and fills it; a missing key is ErrNotFound.
+// Stores without GetBuffer skip nothing here: they have no such contract.
+func testGetBuffer(t *testing.T, s segment.Store) {
+	bg, ok := s.(segment.BufferGetter)
+	if !ok {
+		return
+	}
+	data := bytes.Repeat([]byte("0123456789abcdef"), 5000)
+	mustPut(t, s, "buf/x", data, segment.PutOptions{})
+	var asked []int
+	alloc := func(n int) []byte {
+		asked = append(asked, n)
+		return make([]byte, n, n+100)
+	}
+	got, err := bg.GetBuffer(ctxFor(t), "buf/x", alloc)
+	if err != nil {
+		t.Fatalf("GetBuffer: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("GetBuffer returned %d bytes, want the %d put", len(got), len(data))
+	}
+	if len(asked) != 1 || asked[0] != len(data) || cap(got) != len(data)+100 {
+		t.Fatalf("asked for buffers of %v bytes, returned one of cap %d; want one of %d, the one allocated", asked, cap(got), len(data))
+	}
+	if _, err := bg.GetBuffer(ctxFor(t), "buf/nothing", alloc); !errors.Is(err, segment.ErrNotFound) {
+		t.Fatalf("GetBuffer of a missing key: %v, want ErrNotFound", err)
 	}
 }
 
