@@ -89,29 +89,29 @@ func TestColdCatchUpReadsEachObjectOnce(t *testing.T) {
 	}
 }
 
-// TestColdCatchUpKeepsGETsInFlight lets a cold read walk the first blobs
-// of a stream and holds every GET of the rest at the S3 proxy: once the
-// reader has walked four objects, its whole window (the next 16) must be
-// out at once, not a couple. Two at a time read 1 MiB objects from a bucket
-// 25 ms away at a third of the speed of eight.
+// TestColdCatchUpKeepsGETsInFlight holds every blob GET of a cold read at
+// the S3 proxy and lets them through one at a time, each once the reader
+// waits for it: a reader that keeps finding its next object not there yet
+// (a bucket far away) must grow its read-ahead to the whole window, 16
+// GETs out at once, not a couple. Two at a time read 1 MiB objects from a
+// bucket 25 ms away at a third of the speed of eight.
 func TestColdCatchUpKeepsGETsInFlight(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
 	const stream = "/cold/inflight"
-	const walked, window = 4, 16
-	e, written := fhColdBlobStream(t, stream, walked+window)
-	var releases []func()
-	releaseAll := func() {
+	const window = 16
+	e, written := fhColdBlobStream(t, stream, window+4)
+	blobs := fhBlobsInReadOrder(t, e)
+	releases := make([]func(), len(blobs))
+	for i, blob := range blobs {
+		releases[i] = e.proxy.Hold(testenv.Fault{Op: testenv.OpGet, KeyContains: blob})
+	}
+	defer func() {
 		for _, release := range releases {
 			release()
 		}
-		releases = nil
-	}
-	defer releaseAll()
-	for _, blob := range fhBlobsInReadOrder(t, e)[walked:] {
-		releases = append(releases, e.proxy.Hold(testenv.Fault{Op: testenv.OpGet, KeyContains: blob}))
-	}
+	}()
 	type result struct {
 		got []byte
 		err error
@@ -123,11 +123,21 @@ func TestColdCatchUpKeepsGETsInFlight(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := e.proxy.WaitHeld(ctx, window); err != nil {
-		t.Fatalf("the cold read had at most %d blob GETs out at once within 30 s; want %d, the whole window after the %d blobs it walked",
-			e.proxy.Held(), window, walked)
+	// Blob i is let through only once the GETs out show the reader has
+	// moved on to it (and found it missing): its window doubles at each
+	// such step, from 2, and each window's GETs go out with the blob the
+	// reader waits on.
+	for i, out := range []int{3, 5, 9, window} {
+		if err := e.proxy.WaitHeld(ctx, out); err != nil {
+			t.Fatalf("the cold read, at blob %d, had %d blob GETs out at once within 30 s; want %d", i, e.proxy.Held(), out)
+		}
+		if i < 3 {
+			releases[i]()
+		}
 	}
-	releaseAll()
+	for _, release := range releases {
+		release()
+	}
 	r := <-done
 	if r.err != nil {
 		t.Fatalf("cold read: %v", r.err)

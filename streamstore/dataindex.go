@@ -52,10 +52,13 @@ func (x *dataIndex) find(seq uint64) int {
 // Across streams, read-ahead GETs hold at most readAheadInFlight bytes.
 //
 // The window opens at readAheadStart objects and doubles each time the
-// reader moves on to the next object, up to readAheadObjects: a single read
-// at an old offset costs a couple of GETs ahead rather than sixteen (which,
-// from many such readers, would also fill the budget the walkers need),
-// and a reader walking the stream has its full window after four objects.
+// reader moves on to the next object and finds it not there yet, up to
+// readAheadObjects: a single read at an old offset costs a couple of GETs
+// ahead rather than sixteen (which, from many such readers, would also
+// fill the budget the walkers need); a reader far from its bucket has its
+// full window after four objects it had to wait for; and one next door,
+// whose objects arrive before it wants them, keeps two or so in flight
+// rather than sixteen objects' worth of heap.
 const (
 	readAheadBytes    = 16 << 20
 	readAheadObjects  = 16
@@ -86,7 +89,7 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	if x := s.dataIdx; x != nil && x.id == id {
 		if i := x.find(seq); i >= 0 {
 			sp := x.spans[i]
-			window, behind := s.readAhead().windowAt(sp)
+			window, behind := s.readAhead().windowAt(sp, e.cache.has(sp.key))
 			next := ahead(x.spans, i, window)
 			s.mu.Unlock()
 			if behind != "" {
@@ -118,7 +121,7 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	}
 	s.mu.Lock()
 	s.dataIdx = &dataIndex{id: id, spans: spans}
-	window, behind := s.readAhead().windowAt(spans[0])
+	window, behind := s.readAhead().windowAt(spans[0], e.cache.has(spans[0].key))
 	next := ahead(spans, 0, window)
 	s.mu.Unlock()
 	if behind != "" {
@@ -159,13 +162,18 @@ func (s *stream) readAhead() *readAheadState {
 
 // windowAt returns how many objects a reader now at sp reads ahead:
 // readAheadStart, doubled each time a reader moved on from the object it
-// read last to the next one, at most readAheadObjects.
+// read last to the next one and found it not there yet (ready false: not
+// cached), at most readAheadObjects. A reader that finds its objects
+// waiting keeps its window: a store next door needs two or so in flight,
+// and every object more held is memory the heap must grow by (see
+// bufPool); a bucket far away leaves the reader waiting until the window
+// covers the round trip.
 //
 // When the reader moved on, behind is the key of the object it left,
 // unless another reader is at it or before it: nobody is coming back for
 // it, and a cold object is dropped from the cache then (its buffer goes
 // back to the pool at once instead of after another 24 MiB).
-func (r *readAheadState) windowAt(sp dataSpan) (window int, behind string) {
+func (r *readAheadState) windowAt(sp dataSpan, ready bool) (window int, behind string) {
 	r.reads++
 	var c *aheadCursor
 	for i := range r.cursors {
@@ -177,7 +185,9 @@ func (r *readAheadState) windowAt(sp dataSpan) (window int, behind string) {
 			c = k
 		case sp.first == k.at.end:
 			c = k
-			c.window = min(2*c.window, readAheadObjects)
+			if !ready {
+				c.window = min(2*c.window, readAheadObjects)
+			}
 			behind = k.at.key
 			for j := range r.cursors {
 				if o := &r.cursors[j]; o != k && o.window != 0 && o.at.first <= k.at.first {

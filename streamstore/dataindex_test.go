@@ -392,14 +392,15 @@ func TestReadAheadSlidesWithTheReader(t *testing.T) {
 }
 
 // The window opens small and doubles while a reader walks on from one
-// object to the next; anything else starts it small again. Readers at
-// different places of a stream grow windows of their own. A reader that
-// moves on leaves its last object behind, unless another reader is at or
-// before it.
+// object to the next and finds it not there yet; anything else but a step
+// to the next object starts it small again. Readers at different places
+// of a stream grow windows of their own. A reader that moves on leaves its
+// last object behind, unless another reader is at or before it.
 func TestReadAheadWindowRamps(t *testing.T) {
 	obj := func(i uint64) dataSpan { return dataSpan{first: 2 * i, end: 2*i + 2, key: fmt.Sprint(i)} }
 	type step struct {
 		at     uint64 // object read
+		ready  bool   // it was cached
 		want   int
 		behind string
 	}
@@ -407,26 +408,27 @@ func TestReadAheadWindowRamps(t *testing.T) {
 		name  string
 		steps []step
 	}{
-		{"first read", []step{{7, readAheadStart, ""}}},
-		{"walking", []step{{0, 2, ""}, {1, 4, "0"}, {2, 8, "1"}, {3, 16, "2"}, {4, 16, "3"}}},
-		{"the same object again", []step{{0, 2, ""}, {1, 4, "0"}, {1, 4, ""}, {2, 8, "1"}}},
-		{"a jump ahead", []step{{0, 2, ""}, {1, 4, "0"}, {2, 8, "1"}, {9, 2, ""}}},
-		{"back", []step{{0, 2, ""}, {1, 4, "0"}, {0, 2, ""}}},
+		{"first read", []step{{7, false, readAheadStart, ""}}},
+		{"walking, every object late", []step{{0, false, 2, ""}, {1, false, 4, "0"}, {2, false, 8, "1"}, {3, false, 16, "2"}, {4, false, 16, "3"}}},
+		{"walking, objects waiting", []step{{0, false, 2, ""}, {1, true, 2, "0"}, {2, true, 2, "1"}, {3, false, 4, "2"}, {4, true, 4, "3"}}},
+		{"the same object again", []step{{0, false, 2, ""}, {1, false, 4, "0"}, {1, false, 4, ""}, {2, false, 8, "1"}}},
+		{"a jump ahead", []step{{0, false, 2, ""}, {1, false, 4, "0"}, {2, false, 8, "1"}, {9, false, 2, ""}}},
+		{"back", []step{{0, false, 2, ""}, {1, false, 4, "0"}, {0, false, 2, ""}}},
 		// The reader at 50 leaves nothing behind: the other one comes
 		// that way.
-		{"two readers walking apart", []step{{0, 2, ""}, {50, 2, ""}, {1, 4, "0"}, {51, 4, ""}, {2, 8, "1"}, {52, 8, ""}, {3, 16, "2"}}},
+		{"two readers walking apart", []step{{0, false, 2, ""}, {50, false, 2, ""}, {1, false, 4, "0"}, {51, false, 4, ""}, {2, false, 8, "1"}, {52, false, 8, ""}, {3, false, 16, "2"}}},
 		// A fifth reader (at 50) takes the cursor moved least recently,
 		// the first reader's, which starts over at 2 and takes the
 		// second's; the third's (at 30) is still there, and the reader
 		// at 2 keeps 30 in the cache.
-		{"more readers than cursors", []step{{0, 2, ""}, {1, 4, "0"}, {20, 2, ""}, {30, 2, ""},
-			{40, 2, ""}, {50, 2, ""}, {2, 2, ""}, {31, 4, ""}}},
+		{"more readers than cursors", []step{{0, false, 2, ""}, {1, false, 4, "0"}, {20, false, 2, ""}, {30, false, 2, ""},
+			{40, false, 2, ""}, {50, false, 2, ""}, {2, false, 2, ""}, {31, false, 4, ""}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var ra readAheadState
 			for k, st := range tt.steps {
-				got, behind := ra.windowAt(obj(st.at))
+				got, behind := ra.windowAt(obj(st.at), st.ready)
 				if got != st.want {
 					t.Fatalf("read %d (object %d): window %d, want %d", k, st.at, got, st.want)
 				}
