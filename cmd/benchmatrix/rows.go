@@ -130,15 +130,14 @@ var rowSettings = map[string]settings{
 	"7": {Directives: []string{"compact_interval 2s"},
 		Note: "Caddy reads straight from versitygw, as the reference does (until 2026-12-01 it read through the S3 proxy, which copies " +
 			"every byte once more on the same two cores: the same read through it is in the details, with its S3 requests). Each byte " +
-			"still takes one more hop than in the reference (versitygw to Caddy to the client, against versitygw to the client): Caddy " +
-			"spends about 0.8 s of CPU per 256 MiB and the load generator 0.27 s, where the reference's whole read takes 0.4-0.5 s. " +
-			"perf puts a third of Caddy's samples in the kernel's receive copy into fresh buffers (page faults included), 12% in the " +
-			"CRC-32C over the same bytes and 2% in the send copy; the rest is spread over the runtime and the S3 client. Cold objects " +
-			"take at most 24 MiB of Caddy's cache (they filled all of it before). " +
-			"Since 8e18c36 the read-ahead keeps its whole 16 MiB window in flight, which row 7-cloud needs; here, where the CPU sets the " +
-			"pace, it changed little (on the rig 237-257 MiB/s against 200-222). What sets this read apart is that it is a freshly started " +
-			"process's first: row 7-warm has the same Caddy read the stream again right after it, from versitygw again, and the two rows' " +
-			"details give each read's CPU and minor page faults (the Machine table has what a fault costs on this VM)",
+			"still takes one more hop than in the reference (versitygw to Caddy to the client, against versitygw to the client), and the " +
+			"three processes share two cores. What set this read apart was that it is a freshly started process's first: every fresh " +
+			"page is a fault (the Machine table has the cost), and a buffer per object grew Caddy's heap by about 60 MiB during the read, " +
+			"some 15,000 faults, a quarter of its CPU (row 7-warm, the same Caddy's second read, is the comparison). Since 4f2506a cold " +
+			"objects are read into recycled buffers that come back once the response is written, and since 5194b5c a reader's " +
+			"read-ahead grows only when it has to wait for an object, so next to versitygw it keeps two or so in flight, not 16 MiB: " +
+			"5,000-7,000 faults and 0.6-0.7 s of Caddy's CPU per read (0.9-1.3 s before). The rest is the kernel's socket copies (half " +
+			"of Caddy's samples) and the CRC-32C of every byte read (a tenth)",
 		Tried: "responses of 4 or 8 MiB instead of 1 MiB (215-218 against 199-215 MiB/s); checksumming each 64 KiB of a data object as it " +
 			"arrives, while it is in the CPU cache, instead of the whole object afterwards (270-310 against 280-293 MiB/s: the 16% the profile " +
 			"put in the checksum was the first touch of memory the socket had just filled, which moved rather than went). Outside the matrix's " +
@@ -152,7 +151,7 @@ var rowSettings = map[string]settings{
 			"checksum over the same bytes (3 and 6 times the samples of the later read), which is how first use of memory costs on this VM"},
 	"7-warm": {Directives: []string{"compact_interval 2s"},
 		Note: "The process of row 7's timed read, right after it: its heap has grown and its connections to versitygw are open. " +
-			"Its cache keeps at most 24 MiB of cold objects, so the objects come from versitygw again (the same second read through " +
+			"Cold objects leave its cache as the reader moves past them, so the objects come from versitygw again (the same second read through " +
 			"the S3 proxy, in the details, counts the GETs). Not the issue's row: a freshly started Caddy is what row 7 asks for; this " +
 			"row shows what that first read pays on this machine"},
 	"7-cloud": {Directives: []string{"compact_interval 2s"}, Latency: 25 * time.Millisecond,
@@ -160,8 +159,9 @@ var rowSettings = map[string]settings{
 			"read must keep in flight is bandwidth times latency. Before 8e18c36 it fetched two at a time, window by window, and read this " +
 			"stream at about 64 MiB/s on the rig. The reference reads one range at a time, so each of its GETs waits the whole delay; it is " +
 			"what a plain sequential reader gets from such a bucket, not a ceiling." +
-			" Since 8b416bf the window opens at two objects and doubles each time the reader moves on to the next, so one read at " +
-			"an old offset does not fetch sixteen; `bench/run -rows 7` at that commit: row 7 289.5 MiB/s, this row 249.2"},
+			" Since 8b416bf the window opens at two objects, so one read at an old offset does not fetch sixteen, and since 5194b5c it " +
+			"doubles only when the reader moves on and finds its next object not there yet, which from this bucket is every object " +
+			"until the window covers the delay"},
 	"8": {},
 	// "At row 1's load": row 1's settings too.
 	"9":     {Directives: rowOneTuning, Note: "Row 1's settings and load"},
