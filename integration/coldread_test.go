@@ -174,9 +174,20 @@ func fhColdBlobStream(t *testing.T, path string, n int) (*fhEnv, [][]byte) {
 	t.Helper()
 	// A held GET must not time out and come again as a second one.
 	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s", "s3_timeout 2m"}})
+	written := fhBlobStream(t, e, path, n, 900)
+	e.caddy.Kill()
+	e.caddy.Restart()
+	return e, written
+}
+
+// fhBlobStream creates stream path in e's empty bucket as n appends of
+// 256 KiB of random bytes from seed, each a blob of its own, and waits
+// until compaction has retired the WAL. It returns the appends' bodies.
+func fhBlobStream(t *testing.T, e *fhEnv, path string, n int, seed uint64) [][]byte {
+	t.Helper()
 	const ct = "application/octet-stream"
 	e.create(path, ct)
-	written := fhRandomRecords(900, n, 256<<10)
+	written := fhRandomRecords(seed, n, 256<<10)
 	for _, r := range written {
 		e.append(path, ct, r)
 	}
@@ -190,11 +201,9 @@ func fhColdBlobStream(t *testing.T, path string, n int) (*fhEnv, [][]byte) {
 		t.Fatalf("not compacted: %v", err)
 	}
 	if got := len(e.mustList("blob/")); got != n {
-		t.Fatalf("%d blobs for %d appends of 256 KiB; the test needs one each", got, n)
+		t.Fatalf("%d blobs for %d appends of 256 KiB to %s; the test needs one each", got, n, path)
 	}
-	e.caddy.Kill()
-	e.caddy.Restart()
-	return e, written
+	return written
 }
 
 // TestColdCatchUpAfterFailedReadAhead fails every attempt of the read-ahead's
@@ -263,22 +272,8 @@ func TestColdReadersOnRecycledBuffers(t *testing.T) {
 		t.Skip("runs Caddy on versitygw")
 	}
 	e := picoStart(t, []string{"compact_interval 1s"}, nil)
-	const ct = "application/octet-stream"
 	const blobs = 24
-	e.create("/ds/cold/shared", ct)
-	written := fhRandomRecords(910, blobs, 256<<10)
-	for _, r := range written {
-		e.append("/ds/cold/shared", ct, r)
-	}
-	err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-		if n := len(e.mustList("wal/")); n > 0 {
-			return fmt.Errorf("%d WAL objects left", n)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("not compacted: %v", err)
-	}
+	written := fhBlobStream(t, e, "/ds/cold/shared", blobs, 910)
 	e.caddy.Kill()
 	e.caddy.Restart()
 	want := bytes.Join(written, nil)
