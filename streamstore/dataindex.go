@@ -239,12 +239,25 @@ func (e *Engine) fetchData(ctx context.Context, key string) ([]Record, *objBuf, 
 		e.fetchMu.Unlock()
 		return recs, buf, nil
 	}
+	c := e.newFetchLocked(key)
+	e.fetchMu.Unlock()
+	return e.runFetch(ctx, key, c)
+}
+
+// newFetchLocked enters a fetch of key in the table, for its caller to
+// run. Called with fetchMu held.
+func (e *Engine) newFetchLocked(key string) *fetchCall {
 	c := &fetchCall{done: make(chan struct{})}
 	if e.fetching == nil {
 		e.fetching = map[string]*fetchCall{}
 	}
 	e.fetching[key] = c
-	e.fetchMu.Unlock()
+	return c
+}
+
+// runFetch runs c, the fetch of key its caller entered, and hands a hold
+// on the object to every caller that joined it.
+func (e *Engine) runFetch(ctx context.Context, key string, c *fetchCall) ([]Record, *objBuf, error) {
 	c.recs, c.buf, c.err = e.getData(ctx, key)
 	e.fetchMu.Lock()
 	delete(e.fetching, key)
@@ -388,8 +401,12 @@ func (e *Engine) readAheadWorker(s *stream, ra *readAheadState) {
 			return
 		}
 		ra.queue = ra.queue[1:]
+		c := e.claimAhead(ra, sp)
 		s.mu.Unlock()
-		err := e.fetchAhead(sp.key)
+		var err error
+		if c != nil {
+			err = e.fetchAhead(sp.key, c)
+		}
 		e.fetchMu.Lock()
 		e.aheadBytes -= sp.size
 		e.fetchMu.Unlock()
@@ -413,22 +430,47 @@ func (e *Engine) takeAhead(sp dataSpan) bool {
 	return true
 }
 
-// fetchAhead fetches key into the cache unless a GET of it is in flight:
-// a reader that wants it waits for that one, and the worker moves on
-// rather than wait too. (fetchData itself finds a key already cached.)
-func (e *Engine) fetchAhead(key string) error {
-	e.fetchMu.Lock()
-	_, inFlight := e.fetching[key]
-	e.fetchMu.Unlock()
-	if inFlight {
+// claimAhead enters the fetch of sp for a read-ahead worker, unless a GET
+// of it is in flight (a reader that wants it waits for that one, and the
+// worker moves on rather than wait too), it is cached, or every reader of
+// the stream has moved past it: a worker that took sp from the queue before
+// the reader read it (with its own GET) and dropped it from the cache would
+// fetch it again for nobody. Called with the stream's mutex held, which
+// orders it with the readers' moves.
+func (e *Engine) claimAhead(ra *readAheadState, sp dataSpan) *fetchCall {
+	if ra.passed(sp) {
 		return nil
 	}
-	// Bounded and ended by Close, but not cut short when the queue is
-	// dropped: a reader may be waiting on this fetch (fetchData joins it)
-	// and must get its outcome.
+	e.fetchMu.Lock()
+	defer e.fetchMu.Unlock()
+	if _, ok := e.fetching[sp.key]; ok || e.cache.has(sp.key) {
+		return nil
+	}
+	return e.newFetchLocked(sp.key)
+}
+
+// passed reports whether every reader of the stream is past sp.
+func (r *readAheadState) passed(sp dataSpan) bool {
+	readers := false
+	for _, c := range r.cursors {
+		if c.window == 0 {
+			continue
+		}
+		if c.at.first <= sp.first {
+			return false
+		}
+		readers = true
+	}
+	return readers
+}
+
+// fetchAhead runs c, a read-ahead's fetch of key into the cache. It is
+// bounded and ended by Close, but not cut short when the queue is dropped:
+// a reader may be waiting on it and must get its outcome.
+func (e *Engine) fetchAhead(key string, c *fetchCall) error {
 	ctx, cancel := context.WithTimeout(e.bgCtx, 30*time.Second)
 	defer cancel()
-	_, buf, err := e.fetchData(ctx, key)
+	_, buf, err := e.runFetch(ctx, key, c)
 	buf.release()
 	return err
 }

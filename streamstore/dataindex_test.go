@@ -324,15 +324,6 @@ func gatedColdStream(t *testing.T, name string, n int) (e *Engine, g *gatedStore
 	return e, g, st, func(i int) string { return dataKey(info.ID, uint64(2*i), uint64(2*i+2)) }
 }
 
-// waiting reports whether a GET of key is in flight and, with joined, a
-// reader has joined it (the read-ahead began it).
-func waiting(e *Engine, key string, joined bool) bool {
-	e.fetchMu.Lock()
-	defer e.fetchMu.Unlock()
-	c, ok := e.fetching[key]
-	return ok && (!joined || c.waiters > 0)
-}
-
 // The read-ahead follows the reader: an object it waits on does not hold up
 // the objects that came into the window since. A read-ahead that ran window
 // by window started the next window only when every GET of the previous
@@ -352,10 +343,17 @@ func TestReadAheadSlidesWithTheReader(t *testing.T) {
 			_, err := e.Read(ctx, "/slide", ReadRequest{Seq: uint64(2 * i), MaxRecords: 2})
 			done <- err
 		}()
-		// Object 0 the reader fetches itself; the read-ahead began the
-		// others, and the reader joins.
-		if !g.waitFor(func() bool { return waiting(e, key(i), i > 0) }) {
-			t.Fatalf("the reader did not wait for object %d", i)
+		// Object i is let through once the GETs begun show the reader is
+		// there: its own GET of object 0, then the first object past what
+		// half the window it opened at object i (doubled from 2 at each
+		// object it had to wait for) would read ahead. (The window's last
+		// objects may wait for a worker.)
+		sign := key(0)
+		if i > 0 {
+			sign = key(i + readAheadStart<<i/2 + 1)
+		}
+		if !g.waitFor(func() bool { return g.begun(sign) > 0 }) {
+			t.Fatalf("the reader did not reach object %d with a window of %d", i, readAheadStart<<i)
 		}
 		g.openKeys(key(i))
 		if err := <-done; err != nil {
@@ -521,5 +519,35 @@ func TestReadAheadBoundsBytesInFlight(t *testing.T) {
 	}
 	if !g.waitFor(func() bool { return inFlight() == 0 }) {
 		t.Fatalf("%d bytes of read-ahead still counted in flight after the read", inFlight())
+	}
+}
+
+// A read-ahead worker skips an object every reader of the stream has
+// moved past (it took it from the queue before they got there).
+func TestReadAheadSkipsWhatEveryReaderPassed(t *testing.T) {
+	obj := func(i uint64) dataSpan { return dataSpan{first: 2 * i, end: 2*i + 2, key: fmt.Sprint(i)} }
+	tests := []struct {
+		name    string
+		readers []uint64 // objects the readers are at
+		obj     uint64
+		passed  bool
+	}{
+		{"no readers", nil, 3, false},
+		{"behind the only reader", []uint64{5}, 3, true},
+		{"at the reader", []uint64{5}, 5, false},
+		{"ahead of the reader", []uint64{5}, 6, false},
+		{"behind one reader, ahead of another", []uint64{5, 1}, 3, false},
+		{"behind both", []uint64{5, 4}, 3, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var ra readAheadState
+			for _, at := range tt.readers {
+				ra.windowAt(obj(at), false)
+			}
+			if got := ra.passed(obj(tt.obj)); got != tt.passed {
+				t.Fatalf("passed(%d) = %v with readers at %v; want %v", tt.obj, got, tt.readers, tt.passed)
+			}
+		})
 	}
 }
