@@ -97,7 +97,7 @@ func TestPacksRepackStreamsAtTheirRunCap(t *testing.T) {
 	p := newPackRig(t, "/repack/s", streams, rounds)
 	e := p.e
 	p.walRetired()
-	const crashAfter = 12 // streams with caps of 10 and 11 repacked, the others not yet
+	const crashAfter = 12     // streams with caps of 10 and 11 repacked, the others not yet
 	var early map[string]bool // the packs of rounds 0 to 9
 	for r := range crashAfter {
 		p.round(r)
