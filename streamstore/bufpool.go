@@ -121,12 +121,6 @@ type holds struct {
 	done atomic.Bool
 }
 
-func (h *holds) add(o *objBuf) {
-	if o != nil {
-		h.bufs = append(h.bufs, o)
-	}
-}
-
 func (h *holds) release() {
 	if h == nil || !h.done.CompareAndSwap(false, true) {
 		return

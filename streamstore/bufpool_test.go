@@ -88,8 +88,7 @@ func TestReadResultReleasesOnce(t *testing.T) {
 	p := &bufPool{poison: true}
 	o := newObjBuf(p.alloc(bufClass), p)
 	o.hold() // the cache's
-	res := ReadResult{held: &holds{}}
-	res.held.add(o)
+	res := ReadResult{held: &holds{bufs: []*objBuf{o}}}
 	cp := res
 	res.Release()
 	cp.Release()

@@ -35,8 +35,13 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 	case req.Seq < info.StartSeq:
 		return ReadResult{}, fmt.Errorf("%w: position %d is below the first retained one %d", ErrGone, req.Seq, info.StartSeq)
 	}
-	res.held = &holds{}
-	res.Records, err = e.collect(ctx, s, info.ID, req, info.NextSeq, res.held)
+	// Most reads are at the tail, from the cache: no buffer to hold, and
+	// no allocation for holding none.
+	var bufs []*objBuf
+	res.Records, err = e.collect(ctx, s, info.ID, req, info.NextSeq, &bufs)
+	if len(bufs) > 0 {
+		res.held = &holds{bufs: bufs}
+	}
 	if err != nil {
 		res.held.release()
 		return ReadResult{}, err
@@ -71,9 +76,9 @@ func (e *Engine) renew(s *stream) {
 // uncompacted WAL entries when the seq is still there, otherwise from data
 // objects, each through the block cache. A fork's inherited records come
 // from its source (by internal id, through the source's state), the last of
-// them cut to the fork point. The buffers the records are in go to h; with
-// h nil they are never recycled.
-func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequest, end uint64, h *holds) ([]Record, error) {
+// them cut to the fork point. The buffers the records are in, held, go to
+// keep; with keep nil they are never recycled.
+func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequest, end uint64, keep *[]*objBuf) ([]Record, error) {
 	var out []Record
 	bytes := 0
 	full := func() bool {
@@ -97,7 +102,7 @@ func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequ
 		if err != nil {
 			return nil, fmt.Errorf("fork source %s: %w", fork.SourceName, err)
 		}
-		inherited, err := e.collect(ctx, src, fork.SourceID, ReadRequest{Seq: seq, MaxRecords: req.MaxRecords, MaxBytes: req.MaxBytes}, min(end, fork.base()), h)
+		inherited, err := e.collect(ctx, src, fork.SourceID, ReadRequest{Seq: seq, MaxRecords: req.MaxRecords, MaxBytes: req.MaxBytes}, min(end, fork.base()), keep)
 		if err != nil {
 			return nil, err
 		}
@@ -119,9 +124,11 @@ func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequ
 		if err != nil {
 			return nil, err
 		}
-		if h != nil {
-			h.add(buf)
-		} else {
+		switch {
+		case buf == nil:
+		case keep != nil:
+			*keep = append(*keep, buf)
+		default:
 			buf.escape()
 		}
 		for _, r := range recs {
