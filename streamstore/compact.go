@@ -96,6 +96,37 @@ func (e *Engine) Compact(ctx context.Context) error {
 	}
 	e.mu.Unlock()
 
+	// A backlog the cache lost part of is compacted a window of the WAL
+	// at a time, each window's lost entries read back first with a GET
+	// per WAL object (see lostWindows).
+	var folded, packed int
+	windows := e.lostWindows(todo, end)
+	for _, upto := range windows {
+		lost, err := e.readRuns(ctx, e.lostRuns(todo, upto))
+		if err != nil {
+			return err
+		}
+		f, p, err := e.compactUpTo(ctx, todo, upto, lost)
+		if err != nil {
+			return err
+		}
+		folded, packed = folded+f, packed+p
+	}
+	if folded > 0 || packed > 0 {
+		// What folding and packing left behind goes back to the OS at
+		// the next quiet sweep.
+		e.quietReturned.Store(false)
+	}
+	e.log.Debug("compacted", zap.Int("folded", folded), zap.Int("packed", packed), zap.Int("windows", len(windows)),
+		zap.Int("live_packs", len(e.packs)), zap.Uint64("cache_misses", e.cache.misses.Load()-misses),
+		zap.Duration("took", time.Since(began)))
+	return nil
+}
+
+// compactUpTo compacts the runs of the streams before end and retires the
+// WAL before it; lost holds the records of runs the cache does not, read
+// back for it. It returns how many streams it folded and packed.
+func (e *Engine) compactUpTo(ctx context.Context, todo []*stream, end walPos, lost map[string][]Record) (folded, packed int, _ error) {
 	// Busy streams with small backlogs go into shared packs; the others
 	// are folded into data objects of their own.
 	now := time.Now()
@@ -125,28 +156,73 @@ func (e *Engine) Compact(ctx context.Context) error {
 		}
 		jobs = jobs[over:]
 	}
-	if err := e.pack(ctx, jobs, end); err != nil {
-		return err
+	if err := e.pack(ctx, jobs, end, lost); err != nil {
+		return 0, 0, err
 	}
-	if err := e.fold(ctx, fold, end); err != nil {
-		return err
+	if err := e.fold(ctx, fold, end, lost); err != nil {
+		return 0, 0, err
 	}
 	if err := e.retireWAL(ctx, end); err != nil {
-		return err
+		return 0, 0, err
 	}
-	if len(fold) > 0 || len(jobs) > 0 {
-		// What folding and packing left behind goes back to the OS at
-		// the next quiet sweep.
-		e.quietReturned.Store(false)
+	return len(fold), len(jobs), nil
+}
+
+// lostWindowBytes bounds the bytes of lost WAL entries one window of a
+// compaction reads back and holds.
+const lostWindowBytes = packReadBatch
+
+// lostWindows splits the compaction of todo's runs before end into
+// windows of the WAL, returned as the end of each (the last is end).
+// Compaction reads its records from the cache, which holds the backlog
+// unless it outgrew it; reading the entries the cache lost back stream
+// by stream cost a GET per entry (a WAL object holds one entry of each
+// of many streams), which a node with 10,000 busy streams could not keep
+// up with once behind: the WAL grew, the cache lost more of it, and it
+// fell further behind. Read back together, a window's lost entries cost
+// a GET per WAL object, and a window holds at most lostWindowBytes of
+// them, so a backlog far past the cache is worked through in bounded
+// memory, each window compacted and its WAL retired before the next is
+// read.
+func (e *Engine) lostWindows(todo []*stream, end walPos) []walPos {
+	lost := e.lostRuns(todo, end)
+	slices.SortFunc(lost, func(a, b walRun) int {
+		return cmp.Or(cmp.Compare(a.pos.NS, b.pos.NS), cmp.Compare(a.pos.Seq, b.pos.Seq))
+	})
+	var ends []walPos
+	var size int64
+	for i, r := range lost {
+		if size > 0 && size+r.span.Len > lostWindowBytes && r.pos != lost[i-1].pos {
+			ends = append(ends, r.pos)
+			size = 0
+		}
+		size += r.span.Len
 	}
-	e.log.Debug("compacted", zap.Int("folded", len(fold)), zap.Int("packed", len(jobs)), zap.Int("live_packs", len(e.packs)),
-		zap.Uint64("cache_misses", e.cache.misses.Load()-misses), zap.Duration("took", time.Since(began)))
-	return nil
+	return append(ends, end)
+}
+
+// lostRuns returns the WAL runs of todo before end whose records the cache
+// does not hold.
+func (e *Engine) lostRuns(todo []*stream, end walPos) []walRun {
+	var lost []walRun
+	for _, s := range todo {
+		s.mu.Lock()
+		for _, r := range s.runs {
+			if !end.after(r.pos) {
+				break
+			}
+			if r.snap == nil && r.blob == "" && r.ch.End > r.ch.First && !e.cache.has(runCacheKey(r.key, r.span)) {
+				lost = append(lost, r)
+			}
+		}
+		s.mu.Unlock()
+	}
+	return lost
 }
 
 // fold compacts the streams into data objects of their own, reading back
 // what they have in packs a batch of streams at a time.
-func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos) error {
+func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos, lost map[string][]Record) error {
 	// In pack order (pack's), so a batch reads few, long ranges; streams
 	// with nothing in packs first.
 	sizes := make(map[*stream]int64, len(streams))
@@ -171,13 +247,14 @@ func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos) error 
 			size += sizes[streams[n]]
 			n++
 		}
-		var pre map[string][]Record
+		pre := readBack{lost}
 		workers := compactWorkers
 		if packed {
-			var err error
-			if pre, err = e.readPacked(ctx, streams[:n]); err != nil {
+			got, err := e.readPacked(ctx, streams[:n])
+			if err != nil {
 				return err
 			}
+			pre = append(pre, got)
 			workers = e.packFoldWorkers(time.Now())
 		}
 		if err := e.foldBatch(ctx, streams[:n], end, pre, workers); err != nil {
@@ -210,7 +287,7 @@ func (e *Engine) packFoldWorkers(now time.Time) int {
 	return packFoldBusy
 }
 
-func (e *Engine) foldBatch(ctx context.Context, streams []*stream, end walPos, pre map[string][]Record, workers int) error {
+func (e *Engine) foldBatch(ctx context.Context, streams []*stream, end walPos, pre readBack, workers int) error {
 	return inParallel(len(streams), workers, func(i int) error {
 		return e.compactStream(ctx, streams[i], end, pre)
 	})
@@ -235,8 +312,8 @@ func inParallel(n, workers int, fn func(i int) error) error {
 
 // compactStream writes the stream's committed entries before end as data
 // objects and checkpoints its state into its metadata object. pre holds
-// records already read back from packs, by run cache key.
-func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre map[string][]Record) error {
+// records already read back from the bucket.
+func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre readBack) error {
 	s.metaMu.Lock()
 	defer s.metaMu.Unlock()
 	s.mu.Lock()
@@ -292,7 +369,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre m
 		// and its neighbours in the stream's run list under the stream
 		// lock, which for a hot stream (many runs per WAL object) made
 		// compaction quadratic and held up its appends.
-		recs, ok := pre[runCacheKey(r.key, r.span)]
+		recs, ok := pre.get(runCacheKey(r.key, r.span))
 		if !ok {
 			recs, ok = e.cache.peek(runCacheKey(r.key, r.span))
 		}

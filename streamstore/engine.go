@@ -791,8 +791,8 @@ func (h hooks) Committed(b *segment.Batch) {
 	e.walBacklog++
 	// Compaction reads the records it folds from the cache; once what
 	// waits for it outgrows most of the cache, the oldest records would
-	// have to come back from the bucket, one ranged GET per entry (or run
-	// of a stream's entries in one WAL object). So a busy node compacts
+	// have to come back from the bucket (a GET per WAL object, see
+	// lostWindows). So a busy node compacts
 	// when the backlog reaches three quarters of the cache, not only at
 	// the interval. Only when the entries are many, though, or large: a
 	// few small entries cost a few small GETs to read back, less than

@@ -193,7 +193,7 @@ func packStay(name string) time.Duration {
 // gather reads the records of the job's runs (WAL runs from the cache,
 // which holds them unless the backlog outgrew it; pack runs from pre, read
 // back in bulk) and works out the stream's state after them.
-func (e *Engine) gather(ctx context.Context, j *packJob, pre map[string][]Record) error {
+func (e *Engine) gather(ctx context.Context, j *packJob, pre readBack) error {
 	s := j.s
 	s.mu.Lock()
 	runs := append([]walRun(nil), s.runs[:j.to]...)
@@ -208,7 +208,7 @@ func (e *Engine) gather(ctx context.Context, j *packJob, pre map[string][]Record
 		if r.ch.End > r.ch.First {
 			recs, ok := e.cache.peek(runCacheKey(r.key, r.span))
 			if !ok {
-				recs, ok = pre[runCacheKey(r.key, r.span)]
+				recs, ok = pre.get(runCacheKey(r.key, r.span))
 			}
 			if !ok {
 				var err error
@@ -235,7 +235,7 @@ func (e *Engine) gather(ctx context.Context, j *packJob, pre map[string][]Record
 
 // pack writes the jobs' entries as packs of about packTarget bytes, and
 // points each stream's packed runs at its pack.
-func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos) error {
+func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos, lost map[string][]Record) error {
 	// Streams that will be repacked or leave the packs together (at one
 	// time, or after as many runs) sit together in every pack, so the
 	// compaction that takes them out reads their records back with a few
@@ -247,7 +247,7 @@ func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos) error {
 	// bring their packed ones) stay bounded.
 	for len(jobs) > 0 {
 		n := fitting(jobs, packReadBatch, func(j *packJob) int64 { return j.est })
-		if err := e.packGroup(ctx, jobs[:n], end); err != nil {
+		if err := e.packGroup(ctx, jobs[:n], end, lost); err != nil {
 			return err
 		}
 		jobs = jobs[n:]
@@ -256,22 +256,22 @@ func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos) error {
 }
 
 // packGroup gathers the records of a group of jobs and writes them out.
-func (e *Engine) packGroup(ctx context.Context, jobs []*packJob, end walPos) error {
+func (e *Engine) packGroup(ctx context.Context, jobs []*packJob, end walPos, lost map[string][]Record) error {
 	var repack []*stream
 	for _, j := range jobs {
 		if j.repack {
 			repack = append(repack, j.s)
 		}
 	}
-	var pre map[string][]Record
+	pre := readBack{lost}
 	if len(repack) > 0 {
-		var err error
-		if pre, err = e.readPacked(ctx, repack); err != nil {
+		got, err := e.readPacked(ctx, repack)
+		if err != nil {
 			return err
 		}
+		pre = append(pre, got)
 	}
-	// Several at once, as folds are: entries the cache lost are read back
-	// one ranged GET each.
+	// Several at once, as folds are.
 	if err := inParallel(len(jobs), compactWorkers, func(i int) error { return e.gather(ctx, jobs[i], pre) }); err != nil {
 		return err
 	}
@@ -473,29 +473,50 @@ func (e *Engine) sweepPacks(ctx context.Context) error {
 	}
 }
 
-// packedRange is one ranged GET of a pack that reads back the runs in it.
+// packedRange is one ranged GET of a pack or WAL object that reads back
+// the runs in it.
 type packedRange struct {
 	key      string
 	off, end int64
 	runs     []walRun
 }
 
-// readPacked reads back the pack runs of streams about to be folded,
-// merging runs that sit close together in a pack into one ranged GET. It
-// returns the records by run cache key.
+// readPacked reads back the pack runs of streams about to be folded or
+// repacked. It returns the records by run cache key.
 func (e *Engine) readPacked(ctx context.Context, streams []*stream) (map[string][]Record, error) {
-	byPack := map[string][]walRun{}
+	var runs []walRun
 	for _, s := range streams {
 		s.mu.Lock()
 		for i := 0; i < len(s.runs) && s.runs[i].snap != nil; i++ {
-			r := s.runs[i]
-			if r.ch.End > r.ch.First {
-				if _, ok := e.cache.peek(runCacheKey(r.key, r.span)); !ok {
-					byPack[r.key] = append(byPack[r.key], r)
-				}
+			if r := s.runs[i]; r.ch.End > r.ch.First && !e.cache.has(runCacheKey(r.key, r.span)) {
+				runs = append(runs, r)
 			}
 		}
 		s.mu.Unlock()
+	}
+	return e.readRuns(ctx, runs)
+}
+
+// readBack is records a compaction read back from the bucket in bulk, by
+// run cache key: pack runs, and WAL entries the cache lost.
+type readBack []map[string][]Record
+
+func (rb readBack) get(key string) ([]Record, bool) {
+	for _, m := range rb {
+		if recs, ok := m[key]; ok {
+			return recs, true
+		}
+	}
+	return nil, false
+}
+
+// readRuns reads back runs of packs or WAL objects, merging runs that sit
+// close together in one object into one ranged GET. It returns the
+// records by run cache key.
+func (e *Engine) readRuns(ctx context.Context, runs []walRun) (map[string][]Record, error) {
+	byPack := map[string][]walRun{}
+	for _, r := range runs {
+		byPack[r.key] = append(byPack[r.key], r)
 	}
 	var ranges []packedRange
 	for key, runs := range byPack {
@@ -526,7 +547,7 @@ func (e *Engine) readPacked(ctx context.Context, streams []*stream) (map[string]
 	return out, err
 }
 
-// readRange fetches one range of a pack and decodes the runs in it. The
+// readRange fetches one range of an object and decodes the runs in it. The
 // runs are copied out of the range first: a range spans other streams'
 // entries between the runs (up to packReadGap each), and records decoded
 // in place would keep the whole range alive for as long as a fold holds
