@@ -102,11 +102,11 @@ func (e *Engine) Compact(ctx context.Context) error {
 	var folded, packed int
 	windows := e.lostWindows(todo, end)
 	for _, upto := range windows {
-		lost, err := e.readRuns(ctx, e.lostRuns(todo, upto))
+		back, err := e.readWindow(ctx, todo, upto)
 		if err != nil {
 			return err
 		}
-		f, p, err := e.compactUpTo(ctx, todo, upto, lost)
+		f, p, err := e.compactUpTo(ctx, todo, upto, back)
 		if err != nil {
 			return err
 		}
@@ -124,9 +124,9 @@ func (e *Engine) Compact(ctx context.Context) error {
 }
 
 // compactUpTo compacts the runs of the streams before end and retires the
-// WAL before it; lost holds the records of runs the cache does not, read
-// back for it. It returns how many streams it folded and packed.
-func (e *Engine) compactUpTo(ctx context.Context, todo []*stream, end walPos, lost map[string][]Record) (folded, packed int, _ error) {
+// WAL before it; back holds the records of their WAL runs (readWindow). It
+// returns how many streams it folded and packed.
+func (e *Engine) compactUpTo(ctx context.Context, todo []*stream, end walPos, back readBack) (folded, packed int, _ error) {
 	// Busy streams with small backlogs go into shared packs; the others
 	// are folded into data objects of their own.
 	now := time.Now()
@@ -156,10 +156,10 @@ func (e *Engine) compactUpTo(ctx context.Context, todo []*stream, end walPos, lo
 		}
 		jobs = jobs[over:]
 	}
-	if err := e.pack(ctx, jobs, end, lost); err != nil {
+	if err := e.pack(ctx, jobs, end, back); err != nil {
 		return 0, 0, err
 	}
-	if err := e.fold(ctx, fold, end, lost); err != nil {
+	if err := e.fold(ctx, fold, end, back); err != nil {
 		return 0, 0, err
 	}
 	if err := e.retireWAL(ctx, end); err != nil {
@@ -201,6 +201,39 @@ func (e *Engine) lostWindows(todo []*stream, end walPos) []walPos {
 	return append(ends, end)
 }
 
+// readWindow gathers the records of todo's WAL runs before end: those in
+// the cache by reference, so that appends made while the compaction runs
+// cannot push them out before it gets to them (one that took long, its
+// packs read back from a bucket 25 ms away, then read thousands of entries
+// back one GET each), and those it lost read back.
+func (e *Engine) readWindow(ctx context.Context, todo []*stream, end walPos) (readBack, error) {
+	held := map[string][]Record{}
+	var lost []walRun
+	for _, s := range todo {
+		s.mu.Lock()
+		for _, r := range s.runs {
+			if !end.after(r.pos) {
+				break
+			}
+			if r.snap != nil || r.blob != "" || r.ch.End == r.ch.First {
+				continue
+			}
+			key := runCacheKey(r.key, r.span)
+			if recs, ok := e.cache.peek(key); ok {
+				held[key] = recs
+			} else {
+				lost = append(lost, r)
+			}
+		}
+		s.mu.Unlock()
+	}
+	got, err := e.readRuns(ctx, lost)
+	if err != nil {
+		return nil, err
+	}
+	return readBack{held, got}, nil
+}
+
 // lostRuns returns the WAL runs of todo before end whose records the cache
 // does not hold.
 func (e *Engine) lostRuns(todo []*stream, end walPos) []walRun {
@@ -222,7 +255,7 @@ func (e *Engine) lostRuns(todo []*stream, end walPos) []walRun {
 
 // fold compacts the streams into data objects of their own, reading back
 // what they have in packs a batch of streams at a time.
-func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos, lost map[string][]Record) error {
+func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos, back readBack) error {
 	// In pack order (pack's), so a batch reads few, long ranges; streams
 	// with nothing in packs first.
 	sizes := make(map[*stream]int64, len(streams))
@@ -247,7 +280,7 @@ func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos, lost m
 			size += sizes[streams[n]]
 			n++
 		}
-		pre := readBack{lost}
+		pre := slices.Clip(back)
 		workers := compactWorkers
 		if packed {
 			got, err := e.readPacked(ctx, streams[:n])

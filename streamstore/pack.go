@@ -235,7 +235,7 @@ func (e *Engine) gather(ctx context.Context, j *packJob, pre readBack) error {
 
 // pack writes the jobs' entries as packs of about packTarget bytes, and
 // points each stream's packed runs at its pack.
-func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos, lost map[string][]Record) error {
+func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos, back readBack) error {
 	// Streams that will be repacked or leave the packs together (at one
 	// time, or after as many runs) sit together in every pack, so the
 	// compaction that takes them out reads their records back with a few
@@ -247,7 +247,7 @@ func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos, lost map
 	// bring their packed ones) stay bounded.
 	for len(jobs) > 0 {
 		n := fitting(jobs, packReadBatch, func(j *packJob) int64 { return j.est })
-		if err := e.packGroup(ctx, jobs[:n], end, lost); err != nil {
+		if err := e.packGroup(ctx, jobs[:n], end, back); err != nil {
 			return err
 		}
 		jobs = jobs[n:]
@@ -256,14 +256,14 @@ func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos, lost map
 }
 
 // packGroup gathers the records of a group of jobs and writes them out.
-func (e *Engine) packGroup(ctx context.Context, jobs []*packJob, end walPos, lost map[string][]Record) error {
+func (e *Engine) packGroup(ctx context.Context, jobs []*packJob, end walPos, back readBack) error {
 	var repack []*stream
 	for _, j := range jobs {
 		if j.repack {
 			repack = append(repack, j.s)
 		}
 	}
-	pre := readBack{lost}
+	pre := slices.Clip(back)
 	if len(repack) > 0 {
 		got, err := e.readPacked(ctx, repack)
 		if err != nil {
