@@ -126,7 +126,7 @@ func (e *Engine) Compact(ctx context.Context) error {
 // compactUpTo compacts the runs of the streams before end and retires the
 // WAL before it; back holds the records of their WAL runs (readWindow). It
 // returns how many streams it folded and packed.
-func (e *Engine) compactUpTo(ctx context.Context, todo []*stream, end walPos, back readBack) (folded, packed int, _ error) {
+func (e *Engine) compactUpTo(ctx context.Context, todo []*stream, end walPos, back *readBack) (folded, packed int, _ error) {
 	// Busy streams with small backlogs go into shared packs; the others
 	// are folded into data objects of their own.
 	now := time.Now()
@@ -206,7 +206,7 @@ func (e *Engine) lostWindows(todo []*stream, end walPos) []walPos {
 // cannot push them out before it gets to them (one that took long, its
 // packs read back from a bucket 25 ms away, then read thousands of entries
 // back one GET each), and those it lost read back.
-func (e *Engine) readWindow(ctx context.Context, todo []*stream, end walPos) (readBack, error) {
+func (e *Engine) readWindow(ctx context.Context, todo []*stream, end walPos) (*readBack, error) {
 	held := map[string][]Record{}
 	var lost []walRun
 	for _, s := range todo {
@@ -231,7 +231,9 @@ func (e *Engine) readWindow(ctx context.Context, todo []*stream, end walPos) (re
 	if err != nil {
 		return nil, err
 	}
-	return readBack{held, got}, nil
+	back := newReadBack(held)
+	back.add(got)
+	return back, nil
 }
 
 // lostRuns returns the WAL runs of todo before end whose records the cache
@@ -255,7 +257,7 @@ func (e *Engine) lostRuns(todo []*stream, end walPos) []walRun {
 
 // fold compacts the streams into data objects of their own, reading back
 // what they have in packs a batch of streams at a time.
-func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos, back readBack) error {
+func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos, back *readBack) error {
 	// In pack order (pack's), so a batch reads few, long ranges; streams
 	// with nothing in packs first.
 	sizes := make(map[*stream]int64, len(streams))
@@ -280,17 +282,16 @@ func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos, back r
 			size += sizes[streams[n]]
 			n++
 		}
-		pre := slices.Clip(back)
 		workers := compactWorkers
 		if packed {
 			got, err := e.readPacked(ctx, streams[:n])
 			if err != nil {
 				return err
 			}
-			pre = append(pre, got)
+			back.add(got)
 			workers = e.packFoldWorkers(time.Now())
 		}
-		if err := e.foldBatch(ctx, streams[:n], end, pre, workers); err != nil {
+		if err := e.foldBatch(ctx, streams[:n], end, back, workers); err != nil {
 			return err
 		}
 		streams = streams[n:]
@@ -320,7 +321,7 @@ func (e *Engine) packFoldWorkers(now time.Time) int {
 	return packFoldBusy
 }
 
-func (e *Engine) foldBatch(ctx context.Context, streams []*stream, end walPos, pre readBack, workers int) error {
+func (e *Engine) foldBatch(ctx context.Context, streams []*stream, end walPos, pre *readBack, workers int) error {
 	return inParallel(len(streams), workers, func(i int) error {
 		return e.compactStream(ctx, streams[i], end, pre)
 	})
@@ -346,7 +347,7 @@ func inParallel(n, workers int, fn func(i int) error) error {
 // compactStream writes the stream's committed entries before end as data
 // objects and checkpoints its state into its metadata object. pre holds
 // records already read back from the bucket.
-func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre readBack) error {
+func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *readBack) error {
 	s.metaMu.Lock()
 	defer s.metaMu.Unlock()
 	s.mu.Lock()
@@ -402,7 +403,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre r
 		// and its neighbours in the stream's run list under the stream
 		// lock, which for a hot stream (many runs per WAL object) made
 		// compaction quadratic and held up its appends.
-		recs, ok := pre.get(runCacheKey(r.key, r.span))
+		recs, ok := pre.take(runCacheKey(r.key, r.span))
 		if !ok {
 			recs, ok = e.cache.peek(runCacheKey(r.key, r.span))
 		}

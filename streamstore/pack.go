@@ -193,7 +193,7 @@ func packStay(name string) time.Duration {
 // gather reads the records of the job's runs (WAL runs from the cache,
 // which holds them unless the backlog outgrew it; pack runs from pre, read
 // back in bulk) and works out the stream's state after them.
-func (e *Engine) gather(ctx context.Context, j *packJob, pre readBack) error {
+func (e *Engine) gather(ctx context.Context, j *packJob, pre *readBack) error {
 	s := j.s
 	s.mu.Lock()
 	runs := append([]walRun(nil), s.runs[:j.to]...)
@@ -206,9 +206,9 @@ func (e *Engine) gather(ctx context.Context, j *packJob, pre readBack) error {
 	ent := &segment.Entry{StreamID: meta.ID, Name: s.name, FirstSeq: runs[j.from].ch.First}
 	for _, r := range runs[j.from:] {
 		if r.ch.End > r.ch.First {
-			recs, ok := e.cache.peek(runCacheKey(r.key, r.span))
+			recs, ok := pre.take(runCacheKey(r.key, r.span))
 			if !ok {
-				recs, ok = pre.get(runCacheKey(r.key, r.span))
+				recs, ok = e.cache.peek(runCacheKey(r.key, r.span))
 			}
 			if !ok {
 				var err error
@@ -235,7 +235,7 @@ func (e *Engine) gather(ctx context.Context, j *packJob, pre readBack) error {
 
 // pack writes the jobs' entries as packs of about packTarget bytes, and
 // points each stream's packed runs at its pack.
-func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos, back readBack) error {
+func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos, back *readBack) error {
 	// Streams that will be repacked or leave the packs together (at one
 	// time, or after as many runs) sit together in every pack, so the
 	// compaction that takes them out reads their records back with a few
@@ -256,23 +256,22 @@ func (e *Engine) pack(ctx context.Context, jobs []*packJob, end walPos, back rea
 }
 
 // packGroup gathers the records of a group of jobs and writes them out.
-func (e *Engine) packGroup(ctx context.Context, jobs []*packJob, end walPos, back readBack) error {
+func (e *Engine) packGroup(ctx context.Context, jobs []*packJob, end walPos, back *readBack) error {
 	var repack []*stream
 	for _, j := range jobs {
 		if j.repack {
 			repack = append(repack, j.s)
 		}
 	}
-	pre := slices.Clip(back)
 	if len(repack) > 0 {
 		got, err := e.readPacked(ctx, repack)
 		if err != nil {
 			return err
 		}
-		pre = append(pre, got)
+		back.add(got)
 	}
 	// Several at once, as folds are.
-	if err := inParallel(len(jobs), compactWorkers, func(i int) error { return e.gather(ctx, jobs[i], pre) }); err != nil {
+	if err := inParallel(len(jobs), compactWorkers, func(i int) error { return e.gather(ctx, jobs[i], back) }); err != nil {
 		return err
 	}
 	for len(jobs) > 0 {
@@ -497,17 +496,35 @@ func (e *Engine) readPacked(ctx context.Context, streams []*stream) (map[string]
 	return e.readRuns(ctx, runs)
 }
 
-// readBack is records a compaction read back from the bucket in bulk, by
-// run cache key: pack runs, and WAL entries the cache lost.
-type readBack []map[string][]Record
+// readBack is the records a compaction has for its runs, by run cache key:
+// WAL entries it found in the cache or read back, and pack runs read back.
+// Each run's records are taken once, by the stream compacted, so what the
+// compaction holds shrinks as it goes.
+type readBack struct {
+	mu   sync.Mutex
+	recs map[string][]Record
+}
 
-func (rb readBack) get(key string) ([]Record, bool) {
-	for _, m := range rb {
-		if recs, ok := m[key]; ok {
-			return recs, true
-		}
+func newReadBack(recs map[string][]Record) *readBack { return &readBack{recs: recs} }
+
+// add joins more records to rb.
+func (rb *readBack) add(recs map[string][]Record) {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if rb.recs == nil {
+		rb.recs = recs
+		return
 	}
-	return nil, false
+	maps.Copy(rb.recs, recs)
+}
+
+// take returns the records of key and lets go of them.
+func (rb *readBack) take(key string) ([]Record, bool) {
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	recs, ok := rb.recs[key]
+	delete(rb.recs, key)
+	return recs, ok
 }
 
 // readRuns reads back runs of packs or WAL objects, merging runs that sit
