@@ -209,24 +209,14 @@ func (e *Engine) lostWindows(todo []*stream, end walPos) []walPos {
 func (e *Engine) readWindow(ctx context.Context, todo []*stream, end walPos) (*readBack, error) {
 	held := map[string][]Record{}
 	var lost []walRun
-	for _, s := range todo {
-		s.mu.Lock()
-		for _, r := range s.runs {
-			if !end.after(r.pos) {
-				break
-			}
-			if r.snap != nil || r.blob != "" || r.ch.End == r.ch.First {
-				continue
-			}
-			key := runCacheKey(r.key, r.span)
-			if recs, ok := e.cache.peek(key); ok {
-				held[key] = recs
-			} else {
-				lost = append(lost, r)
-			}
+	eachWALRun(todo, end, func(r walRun) {
+		key := runCacheKey(r.key, r.span)
+		if recs, ok := e.cache.peek(key); ok {
+			held[key] = recs
+		} else {
+			lost = append(lost, r)
 		}
-		s.mu.Unlock()
-	}
+	})
 	got, err := e.readRuns(ctx, lost)
 	if err != nil {
 		return nil, err
@@ -240,19 +230,29 @@ func (e *Engine) readWindow(ctx context.Context, todo []*stream, end walPos) (*r
 // does not hold.
 func (e *Engine) lostRuns(todo []*stream, end walPos) []walRun {
 	var lost []walRun
+	eachWALRun(todo, end, func(r walRun) {
+		if !e.cache.has(runCacheKey(r.key, r.span)) {
+			lost = append(lost, r)
+		}
+	})
+	return lost
+}
+
+// eachWALRun calls fn, under the stream's lock, with every run of todo
+// before end whose records are in a WAL entry.
+func eachWALRun(todo []*stream, end walPos, fn func(walRun)) {
 	for _, s := range todo {
 		s.mu.Lock()
 		for _, r := range s.runs {
 			if !end.after(r.pos) {
 				break
 			}
-			if r.snap == nil && r.blob == "" && r.ch.End > r.ch.First && !e.cache.has(runCacheKey(r.key, r.span)) {
-				lost = append(lost, r)
+			if r.snap == nil && r.blob == "" && r.ch.End > r.ch.First {
+				fn(r)
 			}
 		}
 		s.mu.Unlock()
 	}
-	return lost
 }
 
 // fold compacts the streams into data objects of their own, reading back
