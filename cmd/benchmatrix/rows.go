@@ -80,7 +80,9 @@ var rowSettings = map[string]settings{
 		"minutes: 57.4 per 1,000 in this window. Repacking up to pack_below itself, without the half rule, let 10,000 streams " +
 		"growing at one rate pass the limit together 21 minutes in: 20,000 PUTs and the reads of their packs held compaction up " +
 		"until the WAL outgrew the cache, it then read the WAL back a GET per entry and never caught up (614,000 GETs in 5 " +
-		"minutes, p99 155 s). Before packs (cc73c1b) this row measured 433 requests per 1,000 appends and a p99 of 4.4 s"},
+		"minutes, p99 155 s); since fb2b514 a compaction that finds entries gone from the cache reads them back a GET per WAL " +
+		"object for all the streams with entries in it, a window of at most 32 MiB of them at a time. Before packs (cc73c1b) this " +
+		"row measured 433 requests per 1,000 appends and a p99 of 4.4 s"},
 	"3": {Latency: 25 * time.Millisecond, Note: "Defaults; the proxy adds 25 ms to every S3 request. " +
 		"A compaction starts when the backlog reaches 3/4 of the 64 MiB cache, here every 7-10 s. It folded each of the 1,000 streams with a " +
 		"data PUT and a checkpoint PUT, about 2,000 PUTs per cycle, seven times the WAL's own; since packs (f943223) their few records per " +
@@ -91,7 +93,12 @@ var rowSettings = map[string]settings{
 		"see even from the respond ceiling, or only just (its own p99 is in the Reference column: 106 ms in the run of a852feb, 99.7 ms in that " +
 		"of 364428f). By Little's law 1,024 closed-loop writers wait 1,024 / X seconds on average at X appends/s, and the ceiling's own p99 " +
 		"is about 2.25 times its mean (99.7 ms at 23,149 requests/s, a mean of 44 ms): with that spread a p99 of 100 ms needs a mean of 44 ms, " +
-		"which is the ceiling's throughput itself. PicoMQ's spread in that run was the same: p99 259 ms at a mean of 122 ms (8,422 appends/s)",
+		"which is the ceiling's throughput itself. PicoMQ's spread in that run was the same: p99 259 ms at a mean of 122 ms (8,422 appends/s). " +
+		"Since fb2b514 a compaction takes the entries it compacts at its start (appends made while it runs, with packs to read back " +
+		"25 ms away, pushed them out of the cache and it read them back one GET each) and reads those already lost back a GET per WAL " +
+		"object: on the rig (this row's load, 40 s, alternated with 2e437bb) 99-110 GETs against 430-824 at the default cache and " +
+		"appends/s inside the spread (9.0k and 8.4k against 9.6k and 8.5k); at cache_size 8MiB 7.5k and 8.5k appends/s against 6.3k and " +
+		"6.7k, with 1.5-1.7k GETs against 11-12k",
 		Tried: "cache_size 256MiB, so compaction runs a quarter as often (PUTs in the run 3,257 against 8,750, but Caddy's CPU up 2.2 s with a heap of " +
 			"cached records four times larger, RSS 727 MiB, and appends/s unchanged: 7,736 against 7,670); as an experiment only, no checkpoint PUTs at " +
 			"all, which is not durable (PUTs down 30-40%, versitygw and the proxy 5% of a core less, appends/s inside the spread: 7,997 and 7,385 " +
@@ -124,7 +131,10 @@ var rowSettings = map[string]settings{
 			"; later (the same hour, alternated): the writing goroutines taking feeds 16 at a time from a shared counter instead of a " +
 			"fixed half each, so that one descheduled by the load generator's reads does not leave the other idle at the end of a " +
 			"slice (p99 95.6, 101 and 132 ms against 96.3, 106 and 129), and Caddy's write idle timeout off (p99 89.8 and 91.8 " +
-			"against 108 and 91.3; its deadline resets are about a tenth of Caddy's CPU but not what sets the p99)"},
+			"against 108 and 91.3; its deadline resets are about a tenth of Caddy's CPU but not what sets the p99). At 2e437bb " +
+			"(2026-12-02, the rig, alternated): the hub writing beneath Caddy's write idle timeout, whose two deadline resets per event " +
+			"its own write deadline makes redundant (Caddy's CPU 3% lower, p99 116, 172 and 106 ms against 117, 115 and 118); perf at " +
+			"1 append/s put 56% of Caddy's samples in the write syscall, a third of that in the loopback delivery to the reader"},
 	// Compaction must move the stream into data objects before the cold
 	// read, so it runs often here.
 	"7": {Directives: []string{"compact_interval 2s"},
