@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -221,9 +222,8 @@ func (e *Engine) readWindow(ctx context.Context, todo []*stream, end walPos) (*r
 	if err != nil {
 		return nil, err
 	}
-	back := newReadBack(held)
-	back.add(got)
-	return back, nil
+	maps.Copy(held, got)
+	return &readBack{recs: held}, nil
 }
 
 // lostRuns returns the WAL runs of todo before end whose records the cache

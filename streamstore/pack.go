@@ -505,16 +505,10 @@ type readBack struct {
 	recs map[string][]Record
 }
 
-func newReadBack(recs map[string][]Record) *readBack { return &readBack{recs: recs} }
-
 // add joins more records to rb.
 func (rb *readBack) add(recs map[string][]Record) {
 	rb.mu.Lock()
 	defer rb.mu.Unlock()
-	if rb.recs == nil {
-		rb.recs = recs
-		return
-	}
 	maps.Copy(rb.recs, recs)
 }
 
