@@ -316,8 +316,15 @@ func TestLostBatchTakesItsBlobWithIt(t *testing.T) {
 			t.Fatalf("the lost batch's blob is still there: %v", st.Keys("blob/"))
 		}
 	}
+	// The writer may still be moving to its new namespace when the blob
+	// goes: a client retries what is refused as unavailable meanwhile.
 	big := body(5, blobMinBytes)
-	if res, err := e.Append(ctx, "/lost", AppendRequest{Records: []NewRecord{{Body: big}}}); err != nil || res.FirstSeq != 0 {
+	res, err := e.Append(ctx, "/lost", AppendRequest{Records: []NewRecord{{Body: big}}})
+	for deadline := time.Now().Add(5 * time.Second); errors.Is(err, ErrUnavailable) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+		res, err = e.Append(ctx, "/lost", AppendRequest{Records: []NewRecord{{Body: big}}})
+	}
+	if err != nil || res.FirstSeq != 0 {
 		t.Fatalf("append after the fault: %+v %v", res, err)
 	}
 	if got := st.Keys("blob/"); len(got) != 1 {
