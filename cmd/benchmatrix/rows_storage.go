@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -699,10 +700,21 @@ func (m *matrix) row8(ctx context.Context) {
 	}
 	peakAfterPopulate, _ := rssMiB(e.caddy.pid())
 	m.logf("  populated (RSS now %.1f MiB); idle for %s", peakAfterPopulate, m.sc.IdleWait)
-	if !sleepCtx(ctx, m.sc.IdleWait) {
-		r.Err = ctx.Err().Error()
-		return
+	// The path to the figure, not only the figure: whether memory is
+	// still falling when the minute ends tells a slow release from a
+	// leak.
+	var path []string
+	idleStart := time.Now()
+	for step := m.sc.IdleWait / 12; time.Since(idleStart) < m.sc.IdleWait; {
+		if !sleepCtx(ctx, min(step, m.sc.IdleWait-time.Since(idleStart))) {
+			r.Err = ctx.Err().Error()
+			return
+		}
+		if v, err := rssMiB(e.caddy.pid()); err == nil {
+			path = append(path, fmt.Sprintf("%s %.1f", time.Since(idleStart).Round(time.Second), v))
+		}
 	}
+	m.logf("  RSS during the idle wait (MiB): %s", strings.Join(path, ", "))
 	after, err := rssMiB(e.caddy.pid())
 	if err != nil {
 		r.Err = "reading RSS: " + err.Error()
@@ -727,6 +739,7 @@ func (m *matrix) row8(ctx context.Context) {
 	)
 	r.Details = append(r.Details,
 		fmt.Sprintf("populate: %s ops at %s ops/s, %d errors; RSS right after it %.1f MiB", fmtInt(float64(pr.res.Ops)), fmtInt(float64(pr.res.OpsPerS)), int64(pr.res.Errors), peakAfterPopulate),
+		"RSS during the idle wait (MiB): "+strings.Join(path, ", "),
 		"populate "+s3Breakdown(pr.s3, pr.marked),
 		fmt.Sprintf("verify: %s ok, %s mismatched, %d errors, %s S3 requests", fmtInt(float64(vr.res.OK)), fmtInt(float64(vr.res.Mismatched)), int64(vr.res.Errors), fmtInt(float64(vr.s3.Total))),
 	)
