@@ -133,6 +133,7 @@ type storageCollector struct {
 	busy, pending                             *prometheus.Desc
 	folds, packed, repacked                   *prometheus.Desc
 	packsWritten, packsLive                   *prometheus.Desc
+	streamsInMemory                           *prometheus.Desc
 }
 
 // newStorageCollector builds the collector of the storage labelled label.
@@ -185,6 +186,8 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 			"Packs written by compactions."),
 		packsLive: desc("packs_live",
 			"Packs that some stream still reads: listed in the manifest, read by a replay."),
+		streamsInMemory: desc("streams_in_memory",
+			"Stream handles held now: streams used within idle_after, and idle ones whose records wait for a compaction. An idle node holds none."),
 		subscribers: desc("open_subscribers",
 			"Live reads open now: SSE responses and long-polls, by protocol and mode.",
 			"protocol", "mode"),
@@ -196,7 +199,7 @@ func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.appends, c.records, c.bytes, c.flushes, c.aborted,
 		c.cacheHits, c.cacheMisses, c.buffersReused, c.expired, c.requests, c.uploads, c.subscribers, c.busy, c.pending,
-		c.folds, c.packed, c.repacked, c.packsWritten, c.packsLive,
+		c.folds, c.packed, c.repacked, c.packsWritten, c.packsLive, c.streamsInMemory,
 	} {
 		ch <- d
 	}
@@ -225,6 +228,7 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.repacked, es.Repacked)
 	counter(c.packsWritten, es.PacksWritten)
 	ch <- prometheus.MustNewConstMetric(c.packsLive, prometheus.GaugeValue, float64(es.LivePacks))
+	ch <- prometheus.MustNewConstMetric(c.streamsInMemory, prometheus.GaugeValue, float64(es.StreamsInMemory))
 
 	rs := &c.metrics.requests
 	for _, op := range segment.Ops {

@@ -67,6 +67,7 @@ func (e *Engine) Compact(ctx context.Context) error {
 	e.compactMu.Lock()
 	defer e.compactMu.Unlock()
 	began := time.Now()
+	e.compactBegan.Store(began.UnixNano())
 	misses := e.cache.misses.Load()
 	ns, _ := e.w.Position()
 	e.mu.Lock()
@@ -117,6 +118,12 @@ func (e *Engine) Compact(ctx context.Context) error {
 		// What folding and packing left behind goes back to the OS at
 		// the next quiet sweep.
 		e.quietReturned.Store(false)
+	}
+	if folded > 0 {
+		// The idle streams just folded leave memory now rather than at
+		// the next sweep: a fold of thousands of them can take the
+		// better part of a sweep period.
+		e.sweepIdle(time.Now())
 	}
 	e.log.Debug("compacted", zap.Int("folded", folded), zap.Int("packed", packed), zap.Int("windows", len(windows)),
 		zap.Int("live_packs", len(e.packs)), zap.Uint64("cache_misses", e.cache.misses.Load()-misses),

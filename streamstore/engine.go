@@ -118,6 +118,9 @@ type Engine struct {
 	compactMu   sync.Mutex        // one compaction at a time
 	packs       []segment.PackRef // packs written or replayed, oldest first, until they die (compactMu)
 	compactKick chan struct{}
+	// compactBegan is when the last compaction began (Unix ns): it folded
+	// the streams already idle then (sweepIdle).
+	compactBegan atomic.Int64
 	// compactReset re-arms the compaction timer: a reload that shortens
 	// compact_interval must not wait out the old one.
 	compactReset chan struct{}
@@ -811,10 +814,15 @@ func (h hooks) Committed(b *segment.Batch) {
 		// Replay time is bounded by the WAL left to replay, and compaction
 		// by what the cache holds: a busy node compacts early rather than
 		// wait for the interval.
-		select {
-		case e.compactKick <- struct{}{}:
-		default:
-		}
+		e.kickCompaction()
+	}
+}
+
+// kickCompaction starts a compaction now rather than at the interval.
+func (e *Engine) kickCompaction() {
+	select {
+	case e.compactKick <- struct{}{}:
+	default:
 	}
 }
 

@@ -229,3 +229,88 @@ func TestQuietNodeReturnsMemoryOnce(t *testing.T) {
 		t.Fatalf("memory returned %d times after a new quiet spell; want a third time", returned)
 	}
 }
+
+// Many streams that went idle with records not yet in data objects start a
+// compaction at the next sweep instead of waiting out the interval, and
+// leave memory as soon as it has folded them; a few such streams, or
+// streams the last compaction already saw idle, wait for the interval.
+func TestIdleStreamsWaitingForAFoldStartACompaction(t *testing.T) {
+	cases := []struct {
+		name    string
+		streams int
+		// seenIdle: a compaction began after the streams went idle.
+		seenIdle bool
+		want     bool
+	}{
+		{"many", idleReturnStreams, false, true},
+		{"few", 10, false, false},
+		{"many, seen by the last compaction", idleReturnStreams, true, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := memstore.New()
+			const idle = time.Hour // the sweeps in this test are its own
+			e := startEngine(t, st, Config{IdleAfter: idle})
+			createMany(t, e, "/waiting/", tc.streams)
+			past := time.Now().Add(-2 * idle).UnixNano()
+			for _, s := range e.allStreams() {
+				s.used.Store(past)
+			}
+			if tc.seenIdle {
+				e.compactBegan.Store(time.Now().UnixNano())
+			}
+			if n, _ := e.sweepIdle(time.Now()); n != 0 {
+				t.Fatalf("the sweep dropped %d streams whose records are only in the WAL", n)
+			}
+			if !tc.want {
+				time.Sleep(300 * time.Millisecond)
+				if keys := st.Keys("data/"); len(keys) != 0 {
+					t.Fatalf("a compaction ran: %d data objects", len(keys))
+				}
+				return
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for len(e.allStreams()) > 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d of %d idle streams still in memory; data objects: %d",
+						len(e.allStreams()), tc.streams, len(st.Keys("data/")))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got := len(st.Keys("data/")); got < tc.streams {
+				t.Fatalf("%d data objects for %d folded streams", got, tc.streams)
+			}
+			if got := readAll(t, e, "/waiting/7"); len(got) != 1 || got[0] != "7" {
+				t.Fatalf("read back %q", got)
+			}
+		})
+	}
+}
+
+// createMany creates n streams called prefix+i, each with the record i,
+// from several goroutines so that they share WAL objects.
+func createMany(t *testing.T, e *Engine, prefix string, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	next := make(chan int)
+	for range 64 {
+		wg.Go(func() {
+			for i := range next {
+				name := fmt.Sprint(prefix, i)
+				if _, _, err := e.Create(context.Background(), name, CreateRequest{ContentType: "text/plain", Records: recs(fmt.Sprint(i))}); err != nil {
+					errs <- fmt.Errorf("create %s: %w", name, err)
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}

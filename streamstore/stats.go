@@ -65,6 +65,10 @@ type StatsSnapshot struct {
 	// reads.
 	Folds, Packed, Repacked, PacksWritten uint64
 	LivePacks                             int64
+	// StreamsInMemory is a gauge: the stream handles held now, which are
+	// the streams used within Config.IdleAfter and those whose records
+	// wait for a compaction; an idle node holds none.
+	StreamsInMemory int64
 }
 
 // Stats returns the engine's running totals. The counters are read one by
@@ -93,6 +97,9 @@ func (e *Engine) Stats() StatsSnapshot {
 	if w := e.statsW.Load(); w != nil {
 		snap.PendingBytes = uint64(w.Pending())
 	}
+	e.mu.RLock()
+	snap.StreamsInMemory = int64(len(e.streams))
+	e.mu.RUnlock()
 	return snap
 }
 
