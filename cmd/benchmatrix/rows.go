@@ -172,11 +172,12 @@ var rowSettings = map[string]settings{
 			" Since 8b416bf the window opens at two objects, so one read at an old offset does not fetch sixteen, and since 5194b5c it " +
 			"doubles only when the reader moves on and finds its next object not there yet, which from this bucket is every object " +
 			"until the window covers the delay"},
-	"8": {Note: "Rerun alone on 2026-12-02 (bench/run -rows 8): +88.1 MiB at beee8a6, +83.5 MiB at 2e437bb and +109.0 MiB at " +
-		"349f00e, whose own matrix had measured +18.5 MiB the day before: the same code lands on either side of the " +
-		"line from run to run, and no change of that day moved it. What decides it is still to be found; the first " +
-		"suspect is whether the fold of the 100,000 streams that go idle 30 s in is still under way, holding its " +
-		"memory, when the minute ends"},
+	"8": {Note: "Until 680a773 this row landed anywhere from +18.5 to +109 MiB for the same code: the streams leave memory only " +
+		"once a compaction has folded them, which the 30 s interval put anywhere from 30 to 60 s after they went idle, and the " +
+		"fold of the last of them (24 s on this box) could still be running, its heap held, when the minute ended. Since " +
+		"680a773 a sweep that finds 1,000 idle streams waiting for a fold starts one, and the compaction lets them go as it " +
+		"ends; the RSS line in the details shows memory back within 35 s of the last request (rerun alone twice on 2026-12-02: " +
+		"+19.3 and +19.3 MiB)"},
 	// "At row 1's load": row 1's settings too.
 	"9":     {Directives: rowOneTuning, Note: "Row 1's settings and load"},
 	"sweep": {Directives: rowOneTuning},
