@@ -224,7 +224,8 @@ type scale struct {
 	SweepWarmup              time.Duration
 	SweepDuration            time.Duration
 	// Rounds is how many times rows 1, 3 and 4 measure their ceiling and
-	// PicoMQ, alternately; the ratio is the median round's. On a shared
+	// PicoMQ, alternately (row 7, whose rounds last seconds, takes
+	// 2*Rounds+1); the ratio is the median round's. On a shared
 	// 2-core VM one window can be off by a fifth either way.
 	Rounds int
 }
