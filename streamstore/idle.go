@@ -60,12 +60,15 @@ func (e *Engine) sweepIdle(now time.Time) (streams int, bytes int64) {
 		}
 		// Work in flight or uncompacted WAL runs pin a handle; waiters
 		// are readers following the tail.
-		if s.pending == 0 && len(s.runs) == 0 && s.waiters.Load() == 0 {
-			s.evicted = true
-			delete(e.streams, name)
-			streams++
-		} else if s.pending == 0 && s.waiters.Load() == 0 && used > seen {
-			unfolded++
+		if s.pending == 0 && s.waiters.Load() == 0 {
+			switch {
+			case len(s.runs) == 0:
+				s.evicted = true
+				delete(e.streams, name)
+				streams++
+			case used > seen:
+				unfolded++
+			}
 		}
 		s.mu.Unlock()
 	}
