@@ -546,16 +546,13 @@ func (m *matrix) throughputRows(ctx context.Context, ids []string, titles []stri
 func judgeRounds(r *rowResult, ceils []*benchResult, runs []*picoRun, minRatio, maxP99 float64) {
 	ratios := make([]float64, len(runs))
 	p99s := make([]float64, len(runs))
-	order := make([]int, len(runs))
 	for k, pr := range runs {
 		if c := ceils[k].OpsPerS; c > 0 {
 			ratios[k] = float64(pr.res.OpsPerS) / float64(c)
 		}
 		p99s[k] = float64(pr.res.Latency.P99)
-		order[k] = k
 	}
-	sort.Slice(order, func(a, b int) bool { return ratios[order[a]] < ratios[order[b]] })
-	mid := order[len(order)/2]
+	mid := medianIndex(ratios)
 	pr, ceil := runs[mid], ceils[mid]
 	sortedP99 := append([]float64(nil), p99s...)
 	sort.Float64s(sortedP99)
@@ -585,6 +582,17 @@ func judgeRounds(r *rowResult, ceils []*benchResult, runs []*picoRun, minRatio, 
 		fmtNum(float64(pr.res.Latency.P999)), fmtNum(float64(pr.res.Latency.Max))))
 	r.Details = append(r.Details, processDetail(pr.res)...)
 	r.Details = append(r.Details, errorDetail(pr.res)...)
+}
+
+// medianIndex returns the index of the median of values (the upper one of
+// an even count).
+func medianIndex(values []float64) int {
+	order := make([]int, len(values))
+	for k := range order {
+		order[k] = k
+	}
+	sort.Slice(order, func(a, b int) bool { return values[order[a]] < values[order[b]] })
+	return order[len(order)/2]
 }
 
 // medianCeiling returns the ceiling run with the median throughput.

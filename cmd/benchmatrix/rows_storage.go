@@ -439,12 +439,7 @@ func (m *matrix) row7(ctx context.Context) {
 			ratios[k] = pr.res.mibPerS() / refs[k]
 		}
 	}
-	order := make([]int, rounds)
-	for k := range order {
-		order[k] = k
-	}
-	sort.Slice(order, func(a, b int) bool { return ratios[order[a]] < ratios[order[b]] })
-	mid := order[rounds/2]
+	mid := medianIndex(ratios)
 	pr, refMiBs := reads[mid], refs[mid]
 	r.Reference = fmt.Sprintf("8 MiB ranged GETs, page cache warm: %.1f MiB/s", refMiBs)
 	r.Measured = readMeasured(pr)
