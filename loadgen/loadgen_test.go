@@ -4,13 +4,39 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"os"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"testing/iotest"
 	"time"
 )
+
+func TestDiscard(t *testing.T) {
+	broken := errors.New("connection reset")
+	tests := []struct {
+		name    string
+		r       io.Reader
+		want    int64
+		wantErr error
+	}{
+		{"empty", strings.NewReader(""), 0, nil},
+		{"past one buffer", bytes.NewReader(make([]byte, 600<<10+7)), 600<<10 + 7, nil},
+		{"a byte at a time", iotest.OneByteReader(strings.NewReader("hello")), 5, nil},
+		{"error after data", io.MultiReader(strings.NewReader("abc"), iotest.ErrReader(broken)), 3, broken},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n, err := Discard(tt.r)
+			if n != tt.want || !errors.Is(err, tt.wantErr) {
+				t.Fatalf("Discard = %d, %v; want %d, %v", n, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
 
 func TestPercentile(t *testing.T) {
 	ten := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}

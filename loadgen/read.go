@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"sync"
@@ -69,7 +68,7 @@ func (r *runner) get(ctx context.Context, rawURL, offset string, buf *bytes.Buff
 	if buf != nil {
 		n, err = buf.ReadFrom(resp.Body)
 	} else {
-		n, err = io.Copy(io.Discard, resp.Body)
+		n, err = Discard(resp.Body)
 	}
 	if err != nil {
 		return "", false, n, fmt.Errorf("reading the body: %w", err)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/picomq/caddy-picomq/internal/caddytest"
 	"github.com/picomq/caddy-picomq/internal/testenv"
+	"github.com/picomq/caddy-picomq/loadgen"
 )
 
 // row5: 1 MiB appends against 1 MiB PUTs straight into versitygw.
@@ -678,7 +679,7 @@ func rangedRead(ctx context.Context, c *s3.Client, bucket string, objs []s3Objec
 			if err != nil {
 				return total, fmt.Errorf("GET %s: %w", o.key, err)
 			}
-			n, err := io.Copy(io.Discard, out.Body)
+			n, err := loadgen.Discard(out.Body)
 			out.Body.Close()
 			total += n
 			if err != nil {
