@@ -133,7 +133,7 @@ type storageCollector struct {
 	busy, pending                             *prometheus.Desc
 	folds, packed, repacked                   *prometheus.Desc
 	packsWritten, packsLive                   *prometheus.Desc
-	streamsInMemory                           *prometheus.Desc
+	streamsInMemory, orphanBlobs              *prometheus.Desc
 }
 
 // newStorageCollector builds the collector of the storage labelled label.
@@ -184,6 +184,8 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 			"Of compaction_packed_total, the packings that took a stream's records already in packs along with its new ones, so that it keeps one pack run instead of getting data objects of its own."),
 		packsWritten: desc("packs_written_total",
 			"Packs written by compactions."),
+		orphanBlobs: desc("orphan_blobs_deleted_total",
+			"Blobs of large appends that never committed (their node died between the blob and its WAL entry) that the sweep after a start deleted."),
 		packsLive: desc("packs_live",
 			"Packs that some stream still reads: listed in the manifest, read by a replay."),
 		streamsInMemory: desc("streams_in_memory",
@@ -199,7 +201,7 @@ func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.appends, c.records, c.bytes, c.flushes, c.aborted,
 		c.cacheHits, c.cacheMisses, c.buffersReused, c.expired, c.requests, c.uploads, c.subscribers, c.busy, c.pending,
-		c.folds, c.packed, c.repacked, c.packsWritten, c.packsLive, c.streamsInMemory,
+		c.folds, c.packed, c.repacked, c.packsWritten, c.packsLive, c.streamsInMemory, c.orphanBlobs,
 	} {
 		ch <- d
 	}
@@ -227,6 +229,7 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.packed, es.Packed)
 	counter(c.repacked, es.Repacked)
 	counter(c.packsWritten, es.PacksWritten)
+	counter(c.orphanBlobs, es.OrphanBlobsDeleted)
 	ch <- prometheus.MustNewConstMetric(c.packsLive, prometheus.GaugeValue, float64(es.LivePacks))
 	ch <- prometheus.MustNewConstMetric(c.streamsInMemory, prometheus.GaugeValue, float64(es.StreamsInMemory))
 

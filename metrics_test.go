@@ -106,7 +106,7 @@ func TestStorageCollector(t *testing.T) {
 	m.liveFor(protocolDurableStreams).begin(liveLongPoll)
 	m.liveFor(protocolDurableStreams).begin(liveLongPoll)
 	snap := streamstore.StatsSnapshot{Appends: 3, Records: 5, Bytes: 42, WALObjects: 2, CacheHits: 7, CacheMisses: 1, Expired: 4,
-		Folds: 6, Packed: 9, PacksWritten: 2, LivePacks: 1, StreamsInMemory: 11}
+		Folds: 6, Packed: 9, PacksWritten: 2, LivePacks: 1, StreamsInMemory: 11, OrphanBlobsDeleted: 13}
 	c := newStorageCollector("file:///x", func() (streamstore.StatsSnapshot, bool) { return snap, true }, m)
 
 	// Caddy's registries are pedantic: they check that every metric
@@ -132,6 +132,7 @@ func TestStorageCollector(t *testing.T) {
 		{`picomq_compaction_folds_total{` + s + `}`, 6},
 		{`picomq_compaction_packed_total{` + s + `}`, 9},
 		{`picomq_packs_written_total{` + s + `}`, 2},
+		{`picomq_orphan_blobs_deleted_total{` + s + `}`, 13},
 		{`picomq_packs_live{` + s + `}`, 1},
 		{`picomq_streams_in_memory{` + s + `}`, 11},
 		{`picomq_storage_requests_total{op="put",outcome="ok",` + s + `}`, 1},

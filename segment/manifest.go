@@ -80,6 +80,11 @@ type Manifest struct {
 	// Packs are the live packs, oldest first: replay reads their indexes
 	// before the WAL, since everything in them was cut from it earlier.
 	Packs []PackRef `json:"packs,omitempty"`
+	// BlobsSweptTo: the blobs of namespaces below it that no entry names
+	// were deleted by an earlier start, so a start sweeps only the blobs
+	// of later namespaces (zero: none swept yet, blobs without a
+	// namespace in their name included).
+	BlobsSweptTo uint64 `json:"blobs_swept_to,omitempty"`
 }
 
 // Namespace is one writer namespace (one process start) in the manifest.

@@ -264,7 +264,7 @@ func TestAppendsWaitBehindABlob(t *testing.T) {
 }
 
 func TestParseDataKey(t *testing.T) {
-	blob := newBlobName(300)
+	blob := newBlobName(300, 0x2a)
 	tests := []struct {
 		key        string
 		first, end uint64

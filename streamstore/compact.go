@@ -546,7 +546,7 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 	var drop []string // whole namespaces
 	var trimNS, trimTo uint64
 	live, deadPacks := e.livePacks()
-	_, err := e.man.Update(ctx, func(m *segment.Manifest) error {
+	man, err := e.man.Update(ctx, func(m *segment.Manifest) error {
 		m.Packs = live
 		drop, trimTo = nil, 0
 		kept := m.Namespaces[:0:0]
@@ -571,6 +571,7 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 	if err != nil {
 		return fmt.Errorf("advance manifest: %w", err)
 	}
+	e.noteRetired(man)
 	// Unlisted now: a crash before the delete leaves them to sweepPacks.
 	e.packs = live
 	e.stats.packsLive.Store(int64(len(live)))
@@ -644,6 +645,7 @@ func (e *Engine) gcLoop() {
 			e.log.Warn("removing deleted streams' data failed; will retry", zap.Error(err))
 		}
 		cancel()
+		e.sweepOrphansIfDue()
 	}
 }
 

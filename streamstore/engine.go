@@ -148,6 +148,8 @@ type Engine struct {
 	returnMemory  func() // debug.FreeOSMemory; a counter in tests
 
 	stats Stats // running totals for metrics (stats.go)
+
+	orphans orphanSweep // this start's sweep of orphaned blobs (orphans.go)
 }
 
 // New builds an engine over store. It does no I/O; Start opens the storage.
@@ -264,6 +266,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err != nil {
 		return fail(fmt.Errorf("replay: %w", err))
 	}
+	e.orphans.mu.Lock()
+	e.orphans.startNS = ns
+	e.orphans.mu.Unlock()
 	e.log.Info("storage opened", zap.Int("wal_objects", objects), zap.Int("wal_entries", entries),
 		zap.Int("active_streams", len(e.streams)), zap.Uint64("namespace", ns), zap.Duration("took", time.Since(began)))
 	w := segment.NewWriter(e.store, ns, 0,

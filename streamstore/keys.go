@@ -156,12 +156,40 @@ func markerKey(id string, first, end uint64, name string) string {
 	return dataKey(id, first, end) + "." + name
 }
 
-// newBlobName names a blob of size bytes: random, so that a blob of an
-// append that failed can never be mistaken for a later one, and carrying
-// its size, which the marker's listing cannot tell (read-ahead is sized
-// by bytes).
-func newBlobName(size int) string {
-	return strconv.FormatInt(int64(size), 10) + "-" + newID()
+// newBlobName names a blob of size bytes written by the writer of WAL
+// namespace ns: random, so that a blob of an append that failed can never
+// be mistaken for a later one; carrying its size, which the marker's
+// listing cannot tell (read-ahead is sized by bytes); and carrying ns, so
+// that a later process can tell the blobs of appends a crash cut short
+// from those of its own appends in flight (sweepOrphanBlobs). Builds before
+// the namespace wrote "<size>-<random>", which they still read.
+func newBlobName(size int, ns uint64) string {
+	return strconv.FormatInt(int64(size), 10) + "-" + strconv.FormatUint(ns, 16) + "-" + newID()
+}
+
+// blobNamespace is the WAL namespace a blob name carries; ok is false for
+// names from before blobs carried one.
+func blobNamespace(name string) (ns uint64, ok bool) {
+	_, rest, _ := strings.Cut(name, "-")
+	nsHex, _, found := strings.Cut(rest, "-")
+	if !found {
+		return 0, false
+	}
+	ns, err := strconv.ParseUint(nsHex, 16, 64)
+	return ns, err == nil
+}
+
+// parseBlobKey splits a key under blob/ into its stream id and blob name.
+func parseBlobKey(key string) (id, name string, ok bool) {
+	rest, found := strings.CutPrefix(key, "blob/")
+	if !found {
+		return "", "", false
+	}
+	id, name, found = strings.Cut(rest, "/")
+	if !found || id == "" || !validBlobName(name) {
+		return "", "", false
+	}
+	return id, name, true
 }
 
 // blobSize is the size a blob name carries.

@@ -505,7 +505,8 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 	s.pending++
 	s.mu.Unlock()
 
-	name := newBlobName(recordBytes(req.Records))
+	ns, _ := w.Position()
+	name := newBlobName(recordBytes(req.Records), ns)
 	key := blobKey(ent.StreamID, name)
 	_, err = e.store.Put(ctx, key, segment.EncodeData(ent.Records), segment.PutOptions{})
 	unreserve()

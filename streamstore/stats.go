@@ -23,6 +23,7 @@ type Stats struct {
 	repacked     atomic.Uint64 // of which repacks: packed records with the new ones
 	packsWritten atomic.Uint64 // packs written
 	packsLive    atomic.Int64  // packs listed, or about to be, in the manifest
+	orphanBlobs  atomic.Int64  // blobs deleted for no entry naming them (orphans.go)
 }
 
 // StatsSnapshot is Stats read at one moment.
@@ -65,6 +66,9 @@ type StatsSnapshot struct {
 	// reads.
 	Folds, Packed, Repacked, PacksWritten uint64
 	LivePacks                             int64
+	// OrphanBlobsDeleted is how many blobs of large appends that never
+	// committed (their process died first) a start's sweep deleted.
+	OrphanBlobsDeleted uint64
 	// StreamsInMemory is a gauge: the stream handles held now, which are
 	// the streams used within Config.IdleAfter and those whose records
 	// wait for a compaction; an idle node holds none.
@@ -93,6 +97,8 @@ func (e *Engine) Stats() StatsSnapshot {
 		Repacked:       s.repacked.Load(),
 		PacksWritten:   s.packsWritten.Load(),
 		LivePacks:      s.packsLive.Load(),
+
+		OrphanBlobsDeleted: uint64(s.orphanBlobs.Load()),
 	}
 	if w := e.statsW.Load(); w != nil {
 		snap.PendingBytes = uint64(w.Pending())
