@@ -61,7 +61,10 @@ var rowSettings = map[string]settings{
 			"against 83 us per request for the ceiling (Caddy 41, load generator 42), so even with both cores busy all the time the box " +
 			"would do 2 s / 195 us = 10,300 appends/s, under half of that run's ceiling of 21,580. Of Caddy's 98 us, the HTTP request " +
 			"itself costs what it costs the ceiling; the rest is spread over compaction, the S3 client, the garbage collector and the append " +
-			"path, none over a tenth"},
+			"path, none over a tenth. Outside the matrix's layout (2026-12-02, the rig, alternated, 15 s each), Caddy writing straight to " +
+			"versitygw instead of through the S3 proxy: 6,450 and 7,352 appends/s against 5,694 and 6,132, p99 31 and 24 ms against 37 " +
+			"and 28: the proxy's hop costs this row about a sixth (18% of a core, some 0.9 ms of CPU per PUT, and its latency in every " +
+			"writer's cycle), and without it the row is still near 35% of the ceiling"},
 	"1-defaults": {Note: "flush_interval 20ms: at most 50 WAL PUTs/s; latency is about the interval plus a PUT"},
 	"2": {Directives: []string{"flush_interval 60ms"},
 		Note: "Tuned for cost: flush_interval 60ms caps WAL PUTs at about 17/s. Compaction costs one data PUT and one metadata PUT per " +
@@ -134,7 +137,9 @@ var rowSettings = map[string]settings{
 			"against 108 and 91.3; its deadline resets are about a tenth of Caddy's CPU but not what sets the p99). At 2e437bb " +
 			"(2026-12-02, the rig, alternated): the hub writing beneath Caddy's write idle timeout, whose two deadline resets per event " +
 			"its own write deadline makes redundant (Caddy's CPU 3% lower, p99 116, 172 and 106 ms against 117, 115 and 118); perf at " +
-			"1 append/s put 56% of Caddy's samples in the write syscall, a third of that in the loopback delivery to the reader"},
+			"1 append/s put 56% of Caddy's samples in the write syscall, a third of that in the loopback delivery to the reader. " +
+			"Later the same day, at 1 append/s: the load generator with GOMAXPROCS=1, whose scheduler spins less between its polls (its " +
+			"CPU 1.84 and 1.93 s against 2.29 and 2.20 s per 20 waves, p99 136 and 128 ms against 113 and 120)"},
 	// Compaction must move the stream into data objects before the cold
 	// read, so it runs often here.
 	"7": {Directives: []string{"compact_interval 2s"},
