@@ -3,6 +3,7 @@ package streamstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -110,42 +111,51 @@ func (e *Engine) sweepOrphansIfDue() {
 // marker names (with from zero, blobs without a namespace too). Every
 // namespace before to must be retired. It returns how many it deleted and
 // their bytes.
-func (e *Engine) sweepOrphanBlobs(ctx context.Context, from, to uint64) (deleted int, bytes int64, _ error) {
-	// Listed in key order, a stream's blobs come together: each stream's
-	// candidates are checked against its markers before the next's.
+func (e *Engine) sweepOrphanBlobs(ctx context.Context, from, to uint64) (int, int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu      sync.Mutex
+		deleted int
+		bytes   int64
+		failed  error
+		wg      sync.WaitGroup
+	)
+	// The first sweep of a bucket written before blobs carried their
+	// namespace checks every stream with blobs, a listing each: a few
+	// at a time.
+	sem := make(chan struct{}, sweepWorkers)
+	check := func(id string, names []string) {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			n, b, err := e.dropOrphans(ctx, id, names)
+			mu.Lock()
+			defer mu.Unlock()
+			deleted, bytes = deleted+n, bytes+b
+			if err != nil && failed == nil {
+				failed = err
+				cancel()
+			}
+		}()
+	}
+	// Listed in key order, a stream's blobs come together.
 	var id string
 	var names []string
-	check := func() error {
-		if len(names) == 0 {
-			return nil
-		}
-		marked, err := e.markedBlobs(ctx, id)
-		if err != nil {
-			return err
-		}
-		var dead []string
-		for _, name := range names {
-			if !marked[name] {
-				dead = append(dead, blobKey(id, name))
-				bytes += blobSize(name)
-			}
-		}
-		names = names[:0]
-		for len(dead) > 0 {
-			batch := dead[:min(len(dead), 1000)]
-			if err := e.store.Delete(ctx, batch); err != nil {
-				return fmt.Errorf("delete orphaned blobs of %s: %w", id, err)
-			}
-			deleted += len(batch)
-			dead = dead[len(batch):]
-		}
-		return nil
-	}
 	after := ""
-	for {
-		objs, more, err := e.store.List(ctx, "blob/", after, 1000)
-		if err != nil {
-			return deleted, bytes, fmt.Errorf("list blobs: %w", err)
+	var err error
+	for err == nil {
+		var objs []segment.ObjectInfo
+		var more bool
+		if objs, more, err = e.store.List(ctx, "blob/", after, 1000); err != nil {
+			err = fmt.Errorf("list blobs: %w", err)
+			break
 		}
 		for _, o := range objs {
 			after = o.Key
@@ -154,10 +164,10 @@ func (e *Engine) sweepOrphanBlobs(ctx context.Context, from, to uint64) (deleted
 				continue // not a blob this build wrote: leave it
 			}
 			if oid != id {
-				if err := check(); err != nil {
-					return deleted, bytes, err
+				if len(names) > 0 {
+					check(id, names)
 				}
-				id = oid
+				id, names = oid, nil
 			}
 			ns, named := blobNamespace(name)
 			if (named && ns >= from && ns < to) || (!named && from == 0) {
@@ -168,7 +178,40 @@ func (e *Engine) sweepOrphanBlobs(ctx context.Context, from, to uint64) (deleted
 			break
 		}
 	}
-	return deleted, bytes, check()
+	if err == nil && len(names) > 0 {
+		check(id, names)
+	}
+	wg.Wait()
+	if failed != nil {
+		err = failed
+	}
+	return deleted, bytes, err
+}
+
+// dropOrphans deletes the blobs of stream id among names that none of its
+// markers names.
+func (e *Engine) dropOrphans(ctx context.Context, id string, names []string) (deleted int, bytes int64, _ error) {
+	marked, err := e.markedBlobs(ctx, id)
+	if err != nil {
+		return 0, 0, err
+	}
+	names = slices.DeleteFunc(names, func(name string) bool { return marked[name] })
+	for len(names) > 0 {
+		batch := names[:min(len(names), 1000)]
+		keys := make([]string, len(batch))
+		for i, name := range batch {
+			keys[i] = blobKey(id, name)
+		}
+		if err := e.store.Delete(ctx, keys); err != nil {
+			return deleted, bytes, fmt.Errorf("delete orphaned blobs of %s: %w", id, err)
+		}
+		for _, name := range batch {
+			bytes += blobSize(name)
+		}
+		deleted += len(batch)
+		names = names[len(batch):]
+	}
+	return deleted, bytes, nil
 }
 
 // markedBlobs is the set of blob names the markers of stream id name.

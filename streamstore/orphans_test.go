@@ -218,3 +218,48 @@ func TestSweepWaitsForEarlierNamespaces(t *testing.T) {
 		})
 	}
 }
+
+// TestSweepManyStreams: the first sweep of a bucket from before blobs
+// carried their namespace checks every stream with blobs, several at once;
+// a failed delete fails the sweep, and the next one finishes the work.
+func TestSweepManyStreams(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var fail atomic.Bool
+	st.Fail = func(op, key string) error {
+		if op == "DELETE" && fail.CompareAndSwap(true, false) {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{})
+	var kept, orphans []string
+	for i := range 3 * sweepWorkers {
+		id := newID()
+		name, orphan := "262144-"+newID(), "262144-"+newID()
+		kept = append(kept, blobKey(id, name))
+		orphans = append(orphans, blobKey(id, orphan))
+		for _, k := range []string{blobKey(id, name), blobKey(id, orphan), markerKey(id, uint64(i), uint64(i+1), name), dataKey(id, 0, uint64(i))} {
+			if _, err := st.Put(ctx, k, nil, segment.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fail.Store(true)
+	to := e.orphans.startNS
+	if _, _, err := e.sweepOrphanBlobs(ctx, 0, to); err == nil {
+		t.Fatal("a sweep whose delete failed reported success")
+	}
+	n, bytes, err := e.sweepOrphanBlobs(ctx, 0, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := st.Keys("blob/")
+	slices.Sort(kept)
+	if !slices.Equal(left, kept) {
+		t.Fatalf("blobs left: %d, want the %d that markers name", len(left), len(kept))
+	}
+	if n == 0 || n > len(orphans) || bytes != int64(n)*262144 {
+		t.Fatalf("second sweep: %d deleted, %d bytes; want what the first left of %d", n, bytes, len(orphans))
+	}
+}
