@@ -89,13 +89,13 @@ func (e *Engine) sweepOrphansIfDue() {
 			return nil
 		})
 	}
+	e.stats.orphanBlobs.Add(int64(n))
 	if err != nil {
 		if e.bgCtx.Err() == nil {
 			e.log.Warn("sweeping orphaned blobs failed; will retry", zap.Int("deleted", n), zap.Error(err))
 		}
 		return
 	}
-	e.stats.orphanBlobs.Add(int64(n))
 	o.mu.Lock()
 	o.state = sweepDone
 	o.mu.Unlock()
