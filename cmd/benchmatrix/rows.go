@@ -233,7 +233,8 @@ type scale struct {
 	SweepDuration            time.Duration
 	// Rounds is how many times rows 1, 3 and 4 measure their ceiling and
 	// PicoMQ, alternately (row 7, whose rounds last seconds, takes
-	// 2*Rounds+1); the ratio is the median round's. On a shared
+	// 2*Rounds+1); the ratio is the median round's. Row 6 runs as many
+	// rounds and counts the median round's p99. On a shared
 	// 2-core VM one window can be off by a fifth either way.
 	Rounds int
 }
