@@ -15,14 +15,11 @@ import (
 
 func TestBlobNames(t *testing.T) {
 	tests := []struct {
-		name   string
-		ns     uint64
-		hasNS  bool
-		size   int64
-		valid  bool
-		keyID  string
-		keyOK  bool
-		keyArg string
+		name  string
+		ns    uint64
+		hasNS bool
+		size  int64
+		valid bool
 	}{
 		{name: newBlobName(300, 0), ns: 0, hasNS: true, size: 300, valid: true},
 		{name: newBlobName(blobMinBytes, 0x1f2e), ns: 0x1f2e, hasNS: true, size: blobMinBytes, valid: true},
