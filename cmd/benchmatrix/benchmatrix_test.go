@@ -84,6 +84,42 @@ func TestFormatting(t *testing.T) {
 	}
 }
 
+func TestCPUTimes(t *testing.T) {
+	for _, c := range []struct {
+		line       string
+		total, stl uint64
+		ok         bool
+	}{
+		{"cpu  100 5 50 800 10 1 4 30 0 0", 1000, 30, true},
+		{"cpu  100 5 50 800 10 1 4 30", 1000, 30, true},
+		{"cpu  100 5 50 800 10 1 4", 0, 0, false},        // no steal column
+		{"cpu0 100 5 50 800 10 1 4 30 0 0", 0, 0, false}, // one processor's line
+		{"cpu  100 5 x 800 10 1 4 30 0 0", 0, 0, false},
+	} {
+		got, ok := parseCPUTimes(c.line)
+		if ok != c.ok || got.total != c.total || got.steal != c.stl {
+			t.Errorf("parseCPUTimes(%q) = %+v, %v; want total %d steal %d, %v", c.line, got, ok, c.total, c.stl, c.ok)
+		}
+	}
+	for _, c := range []struct {
+		from, to cpuTimes
+		want     float64
+	}{
+		{cpuTimes{1000, 30}, cpuTimes{1400, 130}, 25},
+		{cpuTimes{1000, 30}, cpuTimes{1400, 30}, 0},
+		{cpuTimes{1000, 30}, cpuTimes{1000, 30}, math.NaN()}, // no time passed
+		{cpuTimes{1000, 30}, cpuTimes{900, 20}, math.NaN()},  // counters went back
+	} {
+		got := stealPercent(c.from, c.to)
+		if got != c.want && !(math.IsNaN(got) && math.IsNaN(c.want)) {
+			t.Errorf("stealPercent(%+v, %+v) = %v, want %v", c.from, c.to, got, c.want)
+		}
+	}
+	if got := []string{fmtSteal(math.NaN()), fmtSteal(3.14), fmtSteal(42.6)}; got[0] != "—" || got[1] != "3.1%" || got[2] != "43%" {
+		t.Errorf("fmtSteal = %q", got)
+	}
+}
+
 func TestMarkdownTable(t *testing.T) {
 	pass := newRow("1", "Appends, 64 writers over 100 streams", "≥ 50% of the ceiling; p99 ≤ 25 ms")
 	pass.Settings = "`flush_interval 2ms`"
@@ -92,6 +128,7 @@ func TestMarkdownTable(t *testing.T) {
 	pass.Ratio = 0.6
 	pass.Checks = []check{ratioCheck(0.6, 0.5), {What: "p99", Got: 9, Limit: 25, Unit: "ms"}}
 	pass.Commands = []string{"caddy picomq bench --mode append --url http://127.0.0.1:1 --writers 64"}
+	pass.Steal = 23.4
 
 	miss := newRow("2", "Object-store cost", "≤ 10 S3 requests of any kind per 1,000 appends")
 	miss.Measured = "14.5 S3 req/1,000 appends"
@@ -119,17 +156,17 @@ func TestMarkdownTable(t *testing.T) {
 	if len(rows) != 3 {
 		t.Fatalf("want 3 table rows, got %d:\n%s", len(rows), md)
 	}
-	header := "| Row | What | Settings | Reference | Measured | Ratio | Target | Result | Reason |"
+	header := "| Row | What | Settings | Reference | Measured | Ratio | Target | Result | Steal | Reason |"
 	if !strings.Contains(md, header) {
 		t.Errorf("table header missing")
 	}
 	for i, row := range rows {
-		// Nine columns: ten unescaped pipes.
-		if n := strings.Count(strings.ReplaceAll(row, `\|`, ""), "|"); n != 10 {
-			t.Errorf("row %d has %d pipes, want 10: %s", i, n, row)
+		// Ten columns: eleven unescaped pipes.
+		if n := strings.Count(strings.ReplaceAll(row, `\|`, ""), "|"); n != 11 {
+			t.Errorf("row %d has %d pipes, want 11: %s", i, n, row)
 		}
 	}
-	for _, want := range []string{"[1](#row-1)", "60%", "**PASS**"} {
+	for _, want := range []string{"[1](#row-1)", "60%", "**PASS** | 23% |"} {
 		if !strings.Contains(rows[0], want) {
 			t.Errorf("passing row lacks %q: %s", want, rows[0])
 		}
@@ -143,7 +180,7 @@ func TestMarkdownTable(t *testing.T) {
 	if strings.Contains(rows[1], "folding 8") || !strings.Contains(md, "\n- Tried without gain: folding 8 streams at a time\n") {
 		t.Errorf("tried-without-gain line misplaced or missing:\n%s", md)
 	}
-	if !strings.Contains(rows[2], "**ERROR**") || !strings.Contains(rows[2], "too many open files") {
+	if !strings.Contains(rows[2], "**ERROR** | — |") || !strings.Contains(rows[2], "too many open files") {
 		t.Errorf("error row: %s", rows[2])
 	}
 	for _, want := range []string{
@@ -151,6 +188,7 @@ func TestMarkdownTable(t *testing.T) {
 		"caddy picomq bench --mode append --url http://127.0.0.1:1 --writers 64",
 		"![appends/s and p99 latency against writer count](benchmarks.svg)",
 		"bench/run -rows 1 -quick", "## Columns", "Test CPU, 2 cores", "abc123",
+		"- Steal: 23% of the machine's CPU time went to the host's other guests while this row ran\n",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("report lacks %q", want)

@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
@@ -97,6 +98,56 @@ func loadAvg() string {
 		return ""
 	}
 	return f[0]
+}
+
+// cpuTimes are the machine's CPU time counters from the first line of
+// /proc/stat, in clock ticks: all of them, and steal, the time a
+// hypervisor spent running other guests while one of this machine's
+// processors had work to do. On a shared host steal comes and goes with
+// the neighbours' load and slows every process here alike; a row measured
+// under it is slower than the same code on the same machine at a quiet
+// hour, so the report gives it beside each row.
+type cpuTimes struct{ total, steal uint64 }
+
+// readCPUTimes reads the counters; false where /proc/stat has none.
+func readCPUTimes() (cpuTimes, bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuTimes{}, false
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return parseCPUTimes(line)
+}
+
+// parseCPUTimes reads the aggregate "cpu" line of /proc/stat: user, nice,
+// system, idle, iowait, irq, softirq and steal (guest time is counted in
+// user already, so the sum stops at steal).
+func parseCPUTimes(line string) (cpuTimes, bool) {
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return cpuTimes{}, false
+	}
+	var t cpuTimes
+	for i, v := range f[1:9] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return cpuTimes{}, false
+		}
+		t.total += n
+		if i == 7 {
+			t.steal = n
+		}
+	}
+	return t, true
+}
+
+// stealPercent is the share of CPU time stolen between two readings, as a
+// percentage; NaN when it cannot be told.
+func stealPercent(from, to cpuTimes) float64 {
+	if to.total <= from.total || to.steal < from.steal {
+		return math.NaN()
+	}
+	return 100 * float64(to.steal-from.steal) / float64(to.total-from.total)
 }
 
 // faultProbeMiB is how much fresh memory pageFaultCost writes to.

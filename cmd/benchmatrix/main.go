@@ -20,6 +20,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -104,6 +105,7 @@ func run(ctx context.Context, selected []string, rowsFlag string, quick bool, ou
 	}
 	nofile := raiseNoFile()
 	loadStart := loadAvg()
+	cpuStart, cpuOK := readCPUTimes()
 	// The commit is the one the Caddy binary is built from: taken now, not
 	// when the report is written, since work may land during a long run.
 	mi := machine(ctx, root)
@@ -176,14 +178,19 @@ func run(ctx context.Context, selected []string, rowsFlag string, quick bool, ou
 		m.logf("== row %s: %s", def.key, def.title)
 		m.settle()
 		t0 := time.Now()
+		c0, ok0 := readCPUTimes()
 		n := len(m.rows)
 		def.run(m, ctx)
+		c1, ok1 := readCPUTimes()
 		for _, r := range m.rows[n:] {
 			if r.Elapsed == 0 {
 				r.Elapsed = time.Since(t0)
 			}
+			if ok0 && ok1 {
+				r.Steal = stealPercent(c0, c1)
+			}
 			v, reason := r.verdict()
-			m.logf("   row %s: %s %s %s", r.ID, v, r.Measured, reason)
+			m.logf("   row %s: %s %s %s (steal %s)", r.ID, v, r.Measured, reason, fmtSteal(r.Steal))
 		}
 	}
 	if m.ceiling != nil {
@@ -198,6 +205,10 @@ func run(ctx context.Context, selected []string, rowsFlag string, quick bool, ou
 	rep.Machine = mi
 	rep.Machine.NoFile = nofile
 	rep.Machine.LoadStart, rep.Machine.LoadEnd = loadStart, loadAvg()
+	rep.Machine.Steal = math.NaN()
+	if cpuEnd, ok := readCPUTimes(); ok && cpuOK {
+		rep.Machine.Steal = stealPercent(cpuStart, cpuEnd)
+	}
 	rep.Machine.Duration = time.Since(start)
 	rep.Machine.Quick = quick
 	if rowsFlag != "" {

@@ -26,10 +26,13 @@ type rowResult struct {
 	Commands  []string // exact load-generator command lines
 	Details   []string // further figures for the row's section
 	Elapsed   time.Duration
+	// Steal is the percentage of the machine's CPU time the hypervisor
+	// gave to other guests while the row ran; NaN when unknown.
+	Steal float64
 }
 
 func newRow(id, title, target string) *rowResult {
-	return &rowResult{ID: id, Title: title, Target: target, Ratio: math.NaN()}
+	return &rowResult{ID: id, Title: title, Target: target, Ratio: math.NaN(), Steal: math.NaN()}
 }
 
 // use records the settings the row runs with.
@@ -185,9 +188,12 @@ type machineInfo struct {
 	// Load averages (1 minute) when the matrix started and ended: other
 	// work on the machine skews every figure.
 	LoadStart, LoadEnd string
-	Duration           time.Duration
-	Quick              bool
-	Rows               string // the -rows selection, "" for all
+	// Steal is the percentage of CPU time stolen over the whole run (see
+	// cpuTimes); NaN when unknown.
+	Steal    float64
+	Duration time.Duration
+	Quick    bool
+	Rows     string // the -rows selection, "" for all
 }
 
 // report is everything docs/benchmarks.md is made of.
@@ -231,12 +237,14 @@ func (rep *report) markdown() string {
 		fmt.Fprintf(&b, "| first write to a fresh %d KiB page (a minor page fault) | %.1f us (best of 3 passes over %d MiB of new memory) |\n",
 			mi.PageKiB, float64(mi.PageFault)/float64(time.Microsecond), faultProbeMiB)
 	}
-	fmt.Fprintf(&b, "| load average (1 min) at start, at end | %s, %s |\n\n", orDash(mi.LoadStart), orDash(mi.LoadEnd))
-	b.WriteString("Caddy, versitygw, the S3 proxy, the load generator and the Node server all share these cores, as they would on a small single-box deployment; nothing is pinned. Anything else running on the machine at the same time (the load averages above show how busy it was) lowers and scatters the figures, the ceilings' as much as PicoMQ's.\n\n")
+	fmt.Fprintf(&b, "| load average (1 min) at start, at end | %s, %s |\n", orDash(mi.LoadStart), orDash(mi.LoadEnd))
+	fmt.Fprintf(&b, "| CPU time stolen by the hypervisor over the run (steal, /proc/stat) | %s |\n\n", fmtSteal(mi.Steal))
+	b.WriteString("Caddy, versitygw, the S3 proxy, the load generator and the Node server all share these cores, as they would on a small single-box deployment; nothing is pinned. Anything else running on the machine at the same time (the load averages above show how busy it was) lowers and scatters the figures, the ceilings' as much as PicoMQ's. ")
+	b.WriteString("The cores are a virtual machine's: when the host runs other guests on them, the time is stolen from every process here at once. The Steal column gives that share for each row; at the same code and settings, a row measured under a fifth of its time stolen lands well below one measured with none, and latency rows suffer most.\n\n")
 
 	b.WriteString("## Results\n\n")
-	b.WriteString("| Row | What | Settings | Reference | Measured | Ratio | Target | Result | Reason |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| Row | What | Settings | Reference | Measured | Ratio | Target | Result | Steal | Reason |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rep.Rows {
 		v, reason := r.verdict()
 		if r.Note != "" {
@@ -250,9 +258,9 @@ func (rep *report) markdown() string {
 		if v == "PASS" || v == "MISS" || v == "ERROR" {
 			verdict = "**" + v + "**"
 		}
-		fmt.Fprintf(&b, "| [%s](#%s) | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+		fmt.Fprintf(&b, "| [%s](#%s) | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
 			r.ID, anchor(r.ID), cell(r.Title), cell(r.Settings), cell(r.Reference), cell(r.Measured),
-			fmtRatio(r.Ratio), cell(r.Target), verdict, cell(reason))
+			fmtRatio(r.Ratio), cell(r.Target), verdict, fmtSteal(r.Steal), cell(reason))
 	}
 	b.WriteString("\n")
 
@@ -298,6 +306,9 @@ func (rep *report) markdown() string {
 		fmt.Fprintf(&b, "- Settings: %s\n", r.Settings)
 		fmt.Fprintf(&b, "- Reference: %s\n", orDash(r.Reference))
 		fmt.Fprintf(&b, "- Measured: %s\n", orDash(r.Measured))
+		if !math.IsNaN(r.Steal) {
+			fmt.Fprintf(&b, "- Steal: %s of the machine's CPU time went to the host's other guests while this row ran\n", fmtSteal(r.Steal))
+		}
 		for _, c := range r.Checks {
 			mark := "met"
 			if !c.ok() {
@@ -324,6 +335,18 @@ func (rep *report) markdown() string {
 		b.WriteString("\n")
 	}
 	return b.String()
+}
+
+// fmtSteal shows a steal percentage; a dash when unknown.
+func fmtSteal(p float64) string {
+	switch {
+	case math.IsNaN(p):
+		return "—"
+	case p < 10:
+		return fmt.Sprintf("%.1f%%", p)
+	default:
+		return fmt.Sprintf("%.0f%%", p)
+	}
 }
 
 func orDash(s string) string {
@@ -385,5 +408,6 @@ const columnsText = "## Columns\n\n" +
 	"- **Measured**: PicoMQ's figure over the measured window (after the warm-up). p99 is the 99th percentile of the time from sending an append to its acknowledgement (for SSE, from an append's acknowledgement to its receipt). S3 requests are counted by the S3 proxy between the load generator's start and end marks, so compaction, lease renewals and deletes in that window count too; they do not come from the module's own counters.\n" +
 	"- **Ratio**: measured ÷ reference.\n" +
 	"- **Target**: the issue's target for the row.\n" +
+	"- **Steal**: the share of the machine's CPU time that the hypervisor gave to other guests while the row (with its references) ran, from /proc/stat; a figure measured under steal is lower, or slower, than the same code gets on an idle host.\n" +
 	"- **Result**: PASS when every target of the row is met, MISS when one is not, ERROR when the row could not be measured, — when the row has no target of its own.\n" +
 	"- **Reason**: for a MISS, which target missed and by how much, as measured; for an ERROR, what went wrong.\n\n"
