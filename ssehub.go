@@ -3,9 +3,12 @@ package picomq
 import (
 	"context"
 	"errors"
+	"net/http"
 	"runtime"
 	"sync"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/picomq/caddy-picomq/streamstore"
 )
@@ -74,8 +77,12 @@ type hubFeed struct {
 	es    *eventStream
 	write func(f *sseFrame) bool // f's events as the feed writes them, flushed; false: the client is gone
 	// limit sets the connection's write deadline (zero: none).
-	limit   func(time.Time) error
-	renewAt time.Time // when the hub next pushes the deadline on
+	limit func(time.Time) error
+	// direct, when set, is the response beneath Caddy's idle write timeout,
+	// which the hub's writes skip (see skipIdleTimeout); directRC flushes it.
+	direct   http.ResponseWriter
+	directRC *http.ResponseController
+	renewAt  time.Time // when the hub next pushes the deadline on
 	// cursor goes in the feed's control events.
 	cursor string
 	next   position      // where the feed is, after the hub's writes
@@ -385,7 +392,7 @@ func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
 	}
 	var ok bool
 	if b, shared := events[h.src.variant(f, hf.cursor)]; shared {
-		ok = hf.es.write(b) && hf.es.flush()
+		ok = hf.writeShared(b)
 	} else {
 		ok = hf.write(f)
 	}
@@ -399,6 +406,44 @@ func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
 	if !ok {
 		h.end(hf, errFeedBroken)
 	}
+}
+
+// writeShared writes and flushes a pass's shared bytes to the feed.
+func (hf *hubFeed) writeShared(b []byte) bool {
+	if hf.direct == nil {
+		return hf.es.write(b) && hf.es.flush()
+	}
+	if _, err := hf.direct.Write(b); err != nil {
+		return false
+	}
+	err := hf.directRC.Flush()
+	return err == nil || errors.Is(err, http.ErrNotSupported)
+}
+
+// skipIdleTimeout returns the response beneath Caddy's idle write timeout
+// (caddyhttp.IdleTimeoutWriter) when a hub may write to it directly, nil
+// when it may not. The wrapper moves the connection's write deadline before
+// every write and every flush: two deadline updates per event, which with
+// thousands of feeds took an eighth of the fan-out's CPU. A parked feed's
+// writes are bounded by the hub's own deadline instead (send), so the
+// wrapper may be skipped only where that bound is at least as strict: it
+// enforces no minimum rate and no hard deadline, and its idle timeout is
+// no shorter than the hub's. Another wrapper above it (an access log's
+// recorder, an encoder) must see every byte, and then there is nothing to
+// skip; so must a buffer of the feed's own.
+func skipIdleTimeout(es *eventStream, timeout time.Duration) http.ResponseWriter {
+	if es.bw != nil {
+		return nil
+	}
+	iw, ok := es.out.(*caddyhttp.IdleTimeoutWriter)
+	if !ok || iw.ResponseWriterWrapper == nil {
+		return nil
+	}
+	d := iw.Deadline
+	if d.MinRate > 0 || !d.HardDeadline.IsZero() || d.Timeout < timeout {
+		return nil
+	}
+	return iw.ResponseWriter
 }
 
 // stop ends the hub: every feed left goes for err, and no feed parks here
@@ -446,6 +491,9 @@ func (h *sseHub) stopIfIdle() {
 func (hs *sseHubs) parkAtTail(lw *liveWait, src hubSource, eng *streamstore.Engine, key hubKey, pos position, cursor string,
 	es *eventStream, write func(*sseFrame) bool) (position, error) {
 	hf := &hubFeed{es: es, write: write, limit: es.rc.SetWriteDeadline, cursor: cursor, next: pos, done: make(chan struct{})}
+	if d := skipIdleTimeout(es, src.writeTimeout()); d != nil {
+		hf.direct, hf.directRC = d, http.NewResponseController(d)
+	}
 	h := hs.park(src, eng, key, pos, hf)
 	if h == nil {
 		return pos, nil

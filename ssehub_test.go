@@ -1,8 +1,10 @@
 package picomq
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -11,6 +13,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/picomq/caddy-picomq/internal/picowire"
 	"github.com/picomq/caddy-picomq/streamstore"
@@ -473,4 +478,105 @@ func BenchmarkSSEHubPass(b *testing.B) {
 			}
 		}
 	}
+}
+
+// idleWriter wraps w as Caddy's server does by default: every write and
+// flush moves the write deadline to a minute away.
+func idleWriter(w http.ResponseWriter, d caddyhttp.IdleDeadline) *caddyhttp.IdleTimeoutWriter {
+	return &caddyhttp.IdleTimeoutWriter{
+		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+		Ctrl:                  http.NewResponseController(w),
+		Deadline:              d,
+		Logger:                zap.NewNop(),
+	}
+}
+
+// The hub skips Caddy's idle write timeout only where its own deadline is
+// at least as strict, and only where nothing else must see the bytes.
+func TestSkipIdleTimeout(t *testing.T) {
+	const hubTimeout = 10 * time.Second
+	rec := httptest.NewRecorder()
+	plain := caddyhttp.IdleDeadline{Timeout: time.Minute}
+	for _, c := range []struct {
+		name string
+		es   *eventStream
+		want bool
+	}{
+		{"the response itself", &eventStream{out: rec}, false},
+		{"Caddy's default idle timeout", &eventStream{out: idleWriter(rec, plain)}, true},
+		{"idle timeout equal to the hub's", &eventStream{out: idleWriter(rec, caddyhttp.IdleDeadline{Timeout: hubTimeout})}, true},
+		{"idle timeout shorter than the hub's", &eventStream{out: idleWriter(rec, caddyhttp.IdleDeadline{Timeout: time.Second})}, false},
+		{"a minimum rate", &eventStream{out: idleWriter(rec, caddyhttp.IdleDeadline{Timeout: time.Minute, MinRate: 100})}, false},
+		{"a hard write timeout", &eventStream{out: idleWriter(rec, caddyhttp.IdleDeadline{Timeout: time.Minute, HardDeadline: time.Now().Add(time.Hour)})}, false},
+		{"an access log's recorder above it", &eventStream{out: caddyhttp.NewResponseRecorder(idleWriter(rec, plain), nil, nil)}, false},
+		{"a buffer of the feed's own", &eventStream{out: idleWriter(rec, plain), bw: bufio.NewWriter(rec)}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := skipIdleTimeout(c.es, hubTimeout)
+			if (got != nil) != c.want {
+				t.Fatalf("skipIdleTimeout = %v, want the response beneath: %v", got, c.want)
+			}
+			if got != nil && got != http.ResponseWriter(rec) {
+				t.Fatalf("skipIdleTimeout = %T, want the response beneath the wrapper", got)
+			}
+		})
+	}
+}
+
+// A client that stops reading while its feed is parked must not hold the
+// hub, and so every other feed of the stream, for the minute of Caddy's
+// idle timeout, which the hub's writes skip: the hub's own write deadline
+// lets it go, and the feed beside it gets every record.
+func TestHubDropsStalledFeedUnderIdleTimeout(t *testing.T) {
+	const writeTimeout = 300 * time.Millisecond
+	s := newDSServer(t, func(d *durableStreams) { d.writeTimeout = writeTimeout })
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		iw := idleWriter(w, caddyhttp.IdleDeadline{Start: time.Now(), Timeout: time.Minute})
+		defer iw.HandlerDone()
+		s.Config.Handler.ServeHTTP(iw, r)
+	}))
+	t.Cleanup(srv.Close)
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+
+	// The stalled client: a small receive buffer and no reads.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.(*net.TCPConn).SetReadBuffer(4 << 10)
+	if _, err := conn.Write([]byte("GET /s?offset=-1&live=sse HTTP/1.1\r\nHost: test\r\n\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	r := openSSE(t, srv.Client(), srv.URL+"/s?offset=-1&live=sse")
+	if c := r.control(t); !c.UpToDate {
+		t.Fatalf("first control %+v, want upToDate", c)
+	}
+	s.waitParked(t, 2, 1)
+	s.proto.hubs.mu.Lock()
+	for _, h := range s.proto.hubs.hubs {
+		h.mu.Lock()
+		for hf := range h.feeds {
+			if hf.direct == nil {
+				t.Error("a feed parked under Caddy's default idle timeout is written through it")
+			}
+		}
+		h.mu.Unlock()
+	}
+	s.proto.hubs.mu.Unlock()
+
+	record := strings.Repeat("x", 1<<20)
+	start := time.Now()
+	got := 0
+	for i := 0; i < 8; i++ {
+		s.do(t, "POST", "/s", record, ct, "text/plain").want(t, 204)
+		for got < (i+1)*len(record) {
+			ev := r.next(t) // fails after 5 s without an event
+			if ev.typ == "data" {
+				got += len(ev.data)
+			}
+		}
+	}
+	s.waitParked(t, 1, 1) // the stalled feed was let go
+	t.Logf("8 MiB reached the reading feed in %v beside a stalled one", time.Since(start).Round(time.Millisecond))
 }
