@@ -117,8 +117,13 @@ var rowSettings = map[string]settings{
 		"cost. Feeds at the tail park in the stream's hub: one goroutine per processor writes the event, encoded once, to every feed, so an " +
 		"append wakes a few goroutines instead of 5,000. A pass goes 256 feeds at a time and reads the stream again before each slice, so a " +
 		"record that lands mid-pass joins the previous one in the same write to the feeds not yet written, and reaches the others in a pass " +
-		"over just them (since 1d39d50; two runs back to back on this box: p50 54 and p99 122 ms against 78 and 156 before). The line at 1 append/s in the details is the floor on this VM: one wave over every " +
-		"feed, with the machine to itself, already takes about a hundred milliseconds. Row 6-node is the same load on the Node reference server, in memory",
+		"over just them (since 1d39d50; two runs back to back on this box: p50 54 and p99 122 ms against 78 and 156 before). Since 74202b1 " +
+		"the hub writes beneath the idle write timeout Caddy wraps every response in, which moved the connection's deadline before each " +
+		"write and each flush (13% of Caddy's CPU in perf) while the hub's own deadline bounds the write anyway: at 5 appends/s, alternated, " +
+		"9.4-9.8 s of Caddy's CPU against 10.7-11.1 s for the same 500,000 events. The line at 1 append/s in the details is the floor on this VM: one wave over every " +
+		"feed, with the machine to itself, already takes about a hundred milliseconds. The Steal column matters most here: on 2026-12-02 the " +
+		"same binary measured p99 105 and 112 ms in two rounds at 19:12 UTC, and 210 to 1,380 ms between 19:25 and 19:50 with 30 to 57% of the CPU " +
+		"stolen (vmstat's st column, read by the rig around each run). Row 6-node is the same load on the Node reference server, in memory",
 		Tried: "before the hub, a fan-out gate of 1, 2, 8, 16 or 64 x GOMAXPROCS feeds (p99 229-266 ms in all runs), or no gate at all " +
 			"(p50 52-59 ms against 135, p99 242-334 against 266-276); waking feeds with the stream's state in the wake-up itself, so that " +
 			"5,000 of them do not queue on the stream's mutex (no change); Caddy with GOMAXPROCS=1 (p99 137 ms against 245, a third less " +
