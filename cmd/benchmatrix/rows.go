@@ -123,7 +123,7 @@ var rowSettings = map[string]settings{
 		"9.4-9.8 s of Caddy's CPU against 10.7-11.1 s for the same 500,000 events. The line at 1 append/s in the details is the floor on this VM: one wave over every " +
 		"feed, with the machine to itself, already takes about a hundred milliseconds. The Steal column matters most here: on 2026-12-02 the " +
 		"same binary measured p99 105 and 112 ms in two rounds at 19:12 UTC, and 210 to 1,380 ms between 19:25 and 19:50 with 30 to 57% of the CPU " +
-		"stolen (vmstat's st column, read by the rig around each run). Row 6-node is the same load on the Node reference server, in memory",
+		"stolen (/proc/stat's steal counter, read around each run). Row 6-node is the same load on the Node reference server, in memory",
 		Tried: "before the hub, a fan-out gate of 1, 2, 8, 16 or 64 x GOMAXPROCS feeds (p99 229-266 ms in all runs), or no gate at all " +
 			"(p50 52-59 ms against 135, p99 242-334 against 266-276); waking feeds with the stream's state in the wake-up itself, so that " +
 			"5,000 of them do not queue on the stream's mutex (no change); Caddy with GOMAXPROCS=1 (p99 137 ms against 245, a third less " +
