@@ -53,6 +53,20 @@ func TestCheckAndVerdict(t *testing.T) {
 	if got := (check{What: "S3 requests per 1,000 appends", Got: 4.25, Limit: 10}).String(); got != "S3 requests per 1,000 appends 4.25 ≤ 10" {
 		t.Errorf("met check reads %q", got)
 	}
+	// Rounding must not show a miss as equal to its limit.
+	for _, c := range []struct {
+		c    check
+		want string
+	}{
+		{ratioCheck(655.7/936.8, 0.7), "ratio 69.99% < 70%"},
+		{ratioCheck(0.6999996, 0.7), "ratio 69.99996% < 70%"},
+		{check{What: "p99", Got: 25.04, Limit: 25, Unit: "ms"}, "p99 25.04 ms > 25 ms"},
+		{ratioCheck(0.7, 0.7), "ratio 70% ≥ 70%"},
+	} {
+		if got := c.c.String(); got != c.want {
+			t.Errorf("check reads %q, want %q", got, c.want)
+		}
+	}
 }
 
 func TestFormatting(t *testing.T) {

@@ -76,7 +76,17 @@ func (c check) String() string {
 	if unit != "" && unit != "%" {
 		unit = " " + unit
 	}
-	return fmt.Sprintf("%s %s%s %s %s%s", c.What, fmtNum(c.Got), unit, op, fmtNum(c.Limit), unit)
+	got, limit := fmtNum(c.Got), fmtNum(c.Limit)
+	// A figure that misses (or meets) its limit by less than the shown
+	// precision must not read as equal to it: 69.994% is not "70.0% < 70%".
+	shownAsLimit := func(s string) bool {
+		f, err := strconv.ParseFloat(strings.ReplaceAll(s, ",", ""), 64)
+		return err == nil && f == c.Limit
+	}
+	for digits := 2; shownAsLimit(got) && c.Got != c.Limit && digits <= 6; digits++ {
+		got = strconv.FormatFloat(c.Got, 'f', digits, 64)
+	}
+	return fmt.Sprintf("%s %s%s %s %s%s", c.What, got, unit, op, limit, unit)
 }
 
 // ratioCheck is the check "measured/reference ≥ min" in percent.
