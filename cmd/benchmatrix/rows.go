@@ -171,7 +171,10 @@ var rowSettings = map[string]settings{
 			"runtime kept those pages: 150 faults against 14,500, 274-291 against 255-271 MiB/s). What sets the measured read apart is that it " +
 			"is the process's first: in one Caddy, a second cold 256 MiB stream read after the first went at 308-310 MiB/s against 234-241 " +
 			"(Caddy's CPU 0.70 s against 1.07-1.16 s), and perf put the first read's extra time in the kernel's socket copies and in the " +
-			"checksum over the same bytes (3 and 6 times the samples of the later read), which is how first use of memory costs on this VM"},
+			"checksum over the same bytes (3 and 6 times the samples of the later read), which is how first use of memory costs on this VM. " +
+			"On 2026-12-02, with a fault costing 2.3 us that evening: pooled buffers of 2 MiB and more advised to transparent huge pages " +
+			"(madvise, the machine's THP mode), three row 7 runs alternated with the build without: 64.2, 62.9 and 66.2% against 64.3, 67.3 " +
+			"and 64.3%, no gain, not landed"},
 	"7-warm": {Directives: []string{"compact_interval 2s"},
 		Note: "The process of row 7's timed read, right after it: its heap has grown and its connections to versitygw are open. " +
 			"Cold objects leave its cache as the reader moves past them, so the objects come from versitygw again (the same second read through " +
