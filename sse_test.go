@@ -182,15 +182,7 @@ func TestStalledFeedGivesUpItsTurn(t *testing.T) {
 	// The stalled client: a small receive buffer and no reads, so the
 	// server's writes block once its send buffer is full, a few chunks in,
 	// each chunk after the first written holding the gate's only turn.
-	conn, err := net.Dial("tcp", strings.TrimPrefix(s.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.(*net.TCPConn).SetReadBuffer(4 << 10)
-	if _, err := conn.Write([]byte("GET /big?offset=-1&live=sse HTTP/1.1\r\nHost: test\r\n\r\n")); err != nil {
-		t.Fatal(err)
-	}
+	openStalledSSE(t, s.URL, "/big?offset=-1&live=sse")
 	time.Sleep(200 * time.Millisecond) // let it fill the buffers and block
 
 	r := s.sse(t, "/small?offset=-1&live=sse")
@@ -200,6 +192,22 @@ func TestStalledFeedGivesUpItsTurn(t *testing.T) {
 		if ev.typ == "data" {
 			got += len(ev.data)
 		}
+	}
+}
+
+// openStalledSSE opens an SSE request on a connection with a small
+// receive buffer that is never read, so the server's writes to it block
+// once the buffers fill; the connection closes with the test.
+func openStalledSSE(t *testing.T, baseURL, target string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(baseURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.(*net.TCPConn).SetReadBuffer(4 << 10)
+	if _, err := conn.Write([]byte("GET " + target + " HTTP/1.1\r\nHost: test\r\n\r\n")); err != nil {
+		t.Fatal(err)
 	}
 }
 

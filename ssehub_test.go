@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -539,15 +538,7 @@ func TestHubDropsStalledFeedUnderIdleTimeout(t *testing.T) {
 	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
 
 	// The stalled client: a small receive buffer and no reads.
-	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.(*net.TCPConn).SetReadBuffer(4 << 10)
-	if _, err := conn.Write([]byte("GET /s?offset=-1&live=sse HTTP/1.1\r\nHost: test\r\n\r\n")); err != nil {
-		t.Fatal(err)
-	}
+	openStalledSSE(t, srv.URL, "/s?offset=-1&live=sse")
 	r := openSSE(t, srv.Client(), srv.URL+"/s?offset=-1&live=sse")
 	if c := r.control(t); !c.UpToDate {
 		t.Fatalf("first control %+v, want upToDate", c)
