@@ -3,6 +3,8 @@ package segment_test
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -383,5 +385,65 @@ func TestWriterReserveCountsAgainstMaxPending(t *testing.T) {
 	second()
 	if p := w.Pending(); p != 0 {
 		t.Errorf("pending %d with nothing waiting, want 0", p)
+	}
+}
+
+// goroutineLog is a store that records which goroutine ran each PUT.
+type goroutineLog struct {
+	segment.Store
+	mu  sync.Mutex
+	ids map[string]int
+}
+
+func (s *goroutineLog) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	id, _, _ := strings.Cut(strings.TrimPrefix(string(buf), "goroutine "), " ")
+	s.mu.Lock()
+	s.ids[id]++
+	s.mu.Unlock()
+	return s.Store.Put(ctx, key, data, opts)
+}
+
+// uploaderCount counts the goroutines running a writer's uploader.
+func uploaderCount() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "segment.(*Writer).uploader(")
+}
+
+// Uploads one after another run on one goroutine, which stays for the
+// next (a fresh goroutine per PUT grew its stack through the S3 client's
+// deep calls every time), and the uploaders end when the writer closes.
+func TestWriterReusesUploaders(t *testing.T) {
+	before := uploaderCount()
+	store := &goroutineLog{Store: memstore.New(), ids: map[string]int{}}
+	w := segment.NewWriter(store, 1, 0, segment.WriterConfig{FlushInterval: time.Millisecond, MaxInFlight: 4},
+		segment.WriterDeps{Hooks: noHooks{}})
+	const n = 20
+	for seq := uint64(0); seq < n; seq++ {
+		b, err := w.Add(testEntry(seq))
+		if err != nil {
+			t.Fatalf("add %d: %v", seq, err)
+		}
+		waitBatches(t, []*segment.Batch{b})
+	}
+	store.mu.Lock()
+	ids := len(store.ids)
+	store.mu.Unlock()
+	if ids != 1 {
+		t.Errorf("%d sequential uploads ran on %d goroutines, want 1", n, ids)
+	}
+	if got := uploaderCount() - before; got != 1 {
+		t.Errorf("%d uploaders waiting between uploads, want 1", got)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.Close(ctx); err != nil {
+		t.Fatalf("close writer: %v", err)
+	}
+	if got := uploaderCount() - before; got != 0 {
+		t.Errorf("%d uploaders left after Close, want 0", got)
 	}
 }
