@@ -93,8 +93,10 @@ func outcomeOf(err error, timedOut bool) Outcome {
 }
 
 // UploadBuckets are the upper bounds, in seconds, of the upload duration
-// histogram buckets of RequestStats.
-var UploadBuckets = [...]float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+// histogram buckets of RequestStats. They start at a millisecond: a WAL
+// PUT to a store in the same zone or on the same machine takes a few, and
+// telling 1 from 4 ms is what tuning flush_interval against it needs.
+var UploadBuckets = [...]float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
 
 // Histogram counts durations into UploadBuckets with atomic adds only, so
 // it can sit on a request path. The zero value is ready to use.

@@ -26,10 +26,10 @@ func TestHistogramBuckets(t *testing.T) {
 		{name: "empty", at: []int{0, len(segment.UploadBuckets) - 1}, bucket: []int{0, 0}},
 		{
 			name:   "bounds are inclusive",
-			obs:    []time.Duration{5 * time.Millisecond, 10 * time.Millisecond, 11 * time.Millisecond},
-			at:     []int{0, 1, 2},
-			bucket: []int{1, 2, 3},
-			count:  3,
+			obs:    []time.Duration{time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond, 11 * time.Millisecond},
+			at:     []int{0, 1, 2, 3, 4},
+			bucket: []int{1, 2, 3, 4, 5},
+			count:  5,
 		},
 		{
 			name:   "past the last bound only in the count",
