@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/picomq/caddy-picomq/internal/workers"
 )
 
 // ErrWriterUnavailable is returned by Writer.Add while the writer cannot
@@ -24,11 +26,8 @@ var ErrWriterBusy = errors.New("WAL writer busy: too many bytes waiting for uplo
 // plus a PUT), and a bound on memory when the store stalls.
 const DefaultMaxPending = 64 << 20
 
-// maxInFlightLimit caps WriterConfig.MaxInFlight.
-const maxInFlightLimit = 64
-
-// uploaderLinger is how long an uploader with nothing to do waits for the
-// next batch before it ends.
+// uploaderLinger is how long a goroutine that ran an upload waits for the
+// next one before it ends.
 const uploaderLinger = 2 * time.Second
 
 // WriterConfig tunes group commit.
@@ -41,7 +40,7 @@ const uploaderLinger = 2 * time.Second
 type WriterConfig struct {
 	FlushInterval time.Duration // least time between the starts of two uploads
 	FlushSize     int           // encoded bytes that start an upload at once
-	MaxInFlight   int           // uploads in flight at once (at most 64)
+	MaxInFlight   int           // uploads in flight at once
 	// FlushQuiet, when set, holds a batch whose upload could start until
 	// no entry has arrived for FlushQuiet (or the batch has been open for
 	// FlushInterval): closed-loop writers answered by one upload come back
@@ -143,17 +142,14 @@ type Writer struct {
 	closed    bool
 	idle      *sync.Cond // signalled when queue empties
 
-	// Uploads run on uploader goroutines that stay for a while after
-	// their upload to take the next one: the S3 client's call stack is
-	// deep, and a fresh goroutine per upload grew its stack (copying it
-	// several times) on every PUT.
-	uploads       chan *Batch // sealed batches for the uploaders
-	idleUploaders int         // uploaders waiting beyond the batches in uploads
+	// Uploads run on goroutines that stay for the next one: the S3
+	// client's calls are deep, and a goroutine per upload grew a fresh
+	// stack every time.
+	uploaders *workers.Pool
 
 	releaseMu sync.Mutex // serialises hook calls so they stay in order
 	ctx       context.Context
 	cancel    context.CancelFunc
-	wg        sync.WaitGroup
 }
 
 // NewWriter starts a writer in namespace ns at WAL sequence seq.
@@ -167,13 +163,12 @@ func NewWriter(store Store, ns, seq uint64, cfg WriterConfig, deps WriterDeps) *
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = 4
 	}
-	cfg.MaxInFlight = min(cfg.MaxInFlight, maxInFlightLimit)
 	if cfg.MaxPending <= 0 {
 		cfg.MaxPending = DefaultMaxPending
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &Writer{store: store, deps: deps, cfg: cfg, ns: ns, nextSeq: seq, ctx: ctx, cancel: cancel,
-		uploads: make(chan *Batch, maxInFlightLimit)}
+		uploaders: workers.New(uploaderLinger)}
 	w.idle = sync.NewCond(&w.mu)
 	return w
 }
@@ -210,7 +205,7 @@ func (w *Writer) SetConfig(cfg WriterConfig) {
 		w.cfg.FlushSize = cfg.FlushSize
 	}
 	if cfg.MaxInFlight > 0 {
-		w.cfg.MaxInFlight = min(cfg.MaxInFlight, maxInFlightLimit)
+		w.cfg.MaxInFlight = cfg.MaxInFlight
 	}
 	if cfg.MaxPending > 0 {
 		w.cfg.MaxPending = cfg.MaxPending
@@ -381,55 +376,7 @@ func (w *Writer) sealLocked() {
 	w.lastStart = time.Now()
 	w.queue = append(w.queue, b)
 	w.inFlight++
-	// Never blocks: at most MaxInFlight batches are sealed and not done.
-	w.uploads <- b
-	if w.idleUploaders > 0 {
-		w.idleUploaders-- // one of the waiting uploaders takes it
-	} else {
-		w.wg.Add(1)
-		go w.uploader()
-	}
-}
-
-// uploader uploads batches from w.uploads until none has come for
-// uploaderLinger. idleUploaders counts the waiting uploaders beyond the
-// batches sent to them (sealLocked sends, then takes one off or starts an
-// uploader, under w.mu), so an uploader may leave only while it is above
-// zero: when it is zero every waiting uploader has a batch in the channel,
-// whichever of them ends up taking which.
-func (w *Writer) uploader() {
-	defer w.wg.Done()
-	linger := time.NewTimer(uploaderLinger)
-	defer linger.Stop()
-	for {
-		select {
-		case b := <-w.uploads:
-			w.upload(b)
-			w.mu.Lock()
-			w.idleUploaders++
-			w.mu.Unlock()
-		case <-linger.C:
-			if w.leave() {
-				return
-			}
-		case <-w.ctx.Done():
-			if w.leave() {
-				return
-			}
-		}
-		linger.Reset(uploaderLinger)
-	}
-}
-
-// leave reports whether an idle uploader may end, and counts it out.
-func (w *Writer) leave() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.idleUploaders == 0 {
-		return false
-	}
-	w.idleUploaders--
-	return true
+	w.uploaders.Go(func() { w.upload(b) })
 }
 
 func (w *Writer) upload(b *Batch) {
@@ -644,7 +591,7 @@ func (w *Writer) Close(ctx context.Context) error {
 		err = fmt.Errorf("close wal writer: %w", ctx.Err())
 	}
 	w.cancel()
-	w.wg.Wait()
+	w.uploaders.Close()
 	if err != nil {
 		w.mu.Lock()
 		w.idle.Broadcast()

@@ -405,11 +405,12 @@ func (s *goroutineLog) Put(ctx context.Context, key string, data []byte, opts se
 	return s.Store.Put(ctx, key, data, opts)
 }
 
-// uploaderCount counts the goroutines running a writer's uploader.
+// uploaderCount counts the goroutines of worker pools, which is where a
+// writer runs its uploads.
 func uploaderCount() int {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
-	return strings.Count(string(buf), "segment.(*Writer).uploader(")
+	return strings.Count(string(buf), "workers.(*Pool).work(")
 }
 
 // Uploads one after another run on one goroutine, which stays for the
