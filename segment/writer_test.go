@@ -406,11 +406,12 @@ func (s *goroutineLog) Put(ctx context.Context, key string, data []byte, opts se
 }
 
 // uploaderCount counts the goroutines of worker pools, which is where a
-// writer runs its uploads.
+// writer runs its uploads, by their creator: one not yet run shows a
+// wrapper, not Pool.work.
 func uploaderCount() int {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
-	return strings.Count(string(buf), "workers.(*Pool).work(")
+	return strings.Count(string(buf), "created by github.com/picomq/caddy-picomq/internal/workers.(*Pool).Go")
 }
 
 // Uploads one after another run on one goroutine, which stays for the

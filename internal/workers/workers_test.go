@@ -16,15 +16,16 @@ func goid() string {
 	return id
 }
 
-// waiting counts the pool goroutines that exist now, and of them those
+// waiting counts the pool goroutines that exist now (by their creator:
+// one not yet run shows a wrapper, not Pool.work), and of them those
 // waiting for a function.
 func waiting() (all, idle int) {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "workers.(*Pool).work(") {
+		if strings.Contains(g, "created by github.com/picomq/caddy-picomq/internal/workers.(*Pool).Go") {
 			all++
-			if strings.Contains(g, "[select") {
+			if strings.Contains(g, "[select") && strings.Contains(g, "workers.(*Pool).work(") {
 				idle++
 			}
 		}
