@@ -67,6 +67,11 @@ const (
 	readAheadInFlight = 2 * readAheadBytes
 )
 
+// fetcherLinger is how long a read-ahead goroutine waits for the next GET
+// before it ends: long enough to stay from one object of a reader to the
+// next, short enough that an idle node soon holds none.
+const fetcherLinger = 2 * time.Second
+
 // ahead returns the spans after spans[i] that a reader at spans[i] reads
 // ahead with a window of n objects.
 func ahead(spans []dataSpan, i, n int) []dataSpan {
@@ -366,7 +371,7 @@ func (e *Engine) prefetch(s *stream, next []dataSpan) {
 	ra.workers += start
 	s.mu.Unlock()
 	for range start {
-		go e.readAheadWorker(s, ra)
+		e.fetchers.Go(func() { e.readAheadWorker(s, ra) })
 	}
 }
 
