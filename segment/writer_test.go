@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/internal/testenv"
 	"github.com/picomq/caddy-picomq/segment"
 )
 
@@ -405,20 +406,11 @@ func (s *goroutineLog) Put(ctx context.Context, key string, data []byte, opts se
 	return s.Store.Put(ctx, key, data, opts)
 }
 
-// uploaderCount counts the goroutines of worker pools, which is where a
-// writer runs its uploads, by their creator: one not yet run shows a
-// wrapper, not Pool.work.
-func uploaderCount() int {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	return strings.Count(string(buf), "created by github.com/picomq/caddy-picomq/internal/workers.(*Pool).Go")
-}
-
 // Uploads one after another run on one goroutine, which stays for the
 // next (a fresh goroutine per PUT grew its stack through the S3 client's
 // deep calls every time), and the uploaders end when the writer closes.
 func TestWriterReusesUploaders(t *testing.T) {
-	before := uploaderCount()
+	before := testenv.PoolGoroutines()
 	store := &goroutineLog{Store: memstore.New(), ids: map[string]int{}}
 	w := segment.NewWriter(store, 1, 0, segment.WriterConfig{FlushInterval: time.Millisecond, MaxInFlight: 4},
 		segment.WriterDeps{Hooks: noHooks{}})
@@ -436,7 +428,7 @@ func TestWriterReusesUploaders(t *testing.T) {
 	if ids != 1 {
 		t.Errorf("%d sequential uploads ran on %d goroutines, want 1", n, ids)
 	}
-	if got := uploaderCount() - before; got != 1 {
+	if got := testenv.PoolGoroutines() - before; got != 1 {
 		t.Errorf("%d uploaders waiting between uploads, want 1", got)
 	}
 
@@ -445,7 +437,7 @@ func TestWriterReusesUploaders(t *testing.T) {
 	if err := w.Close(ctx); err != nil {
 		t.Fatalf("close writer: %v", err)
 	}
-	if got := uploaderCount() - before; got != 0 {
+	if got := testenv.PoolGoroutines() - before; got != 0 {
 		t.Errorf("%d uploaders left after Close, want 0", got)
 	}
 }

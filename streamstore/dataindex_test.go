@@ -3,13 +3,13 @@ package streamstore
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/internal/testenv"
 	"github.com/picomq/caddy-picomq/segment"
 )
 
@@ -553,14 +553,6 @@ func TestReadAheadSkipsWhatEveryReaderPassed(t *testing.T) {
 	}
 }
 
-// poolGoroutines counts the goroutines of worker pools (internal/workers),
-// by their creator: one not yet run shows a wrapper, not Pool.work.
-func poolGoroutines() int {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	return strings.Count(string(buf), "created by github.com/picomq/caddy-picomq/internal/workers.(*Pool).Go")
-}
-
 // Read-ahead GETs run on the engine's fetchers, which stay after a cold
 // read for the next one (a goroutine per GET grew a fresh stack through
 // the S3 client every time) and end when the engine closes.
@@ -572,7 +564,7 @@ func TestReadAheadGoroutinesEndAtClose(t *testing.T) {
 	if err := w.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	before := poolGoroutines()
+	before := testenv.PoolGoroutines()
 	e := startEngine(t, st, Config{})
 	for seq := uint64(0); seq < 16; {
 		res, err := e.Read(ctx, "/ahead", ReadRequest{Seq: seq, MaxRecords: 2})
@@ -581,13 +573,13 @@ func TestReadAheadGoroutinesEndAtClose(t *testing.T) {
 		}
 		seq = res.NextSeq
 	}
-	if n := poolGoroutines() - before; n < 1 {
+	if n := testenv.PoolGoroutines() - before; n < 1 {
 		t.Errorf("%d fetcher goroutines waiting after a cold read, want some", n)
 	}
 	if err := e.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := poolGoroutines() - before; n != 0 {
+	if n := testenv.PoolGoroutines() - before; n != 0 {
 		t.Errorf("%d pool goroutines left after Close, want 0", n)
 	}
 }
