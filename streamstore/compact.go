@@ -329,20 +329,22 @@ func (e *Engine) packFoldWorkers(now time.Time) int {
 }
 
 func (e *Engine) foldBatch(ctx context.Context, streams []*stream, end walPos, pre *readBack, workers int) error {
-	return inParallel(len(streams), workers, func(i int) error {
+	return e.inParallel(len(streams), workers, func(i int) error {
 		return e.compactStream(ctx, streams[i], end, pre)
 	})
 }
 
-// inParallel calls fn(0) to fn(n-1), at most workers at a time, and
-// returns every error they returned, joined.
-func inParallel(n, workers int, fn func(i int) error) error {
+// inParallel calls fn(0) to fn(n-1), at most workers at a time, on the
+// engine's pool, and returns every error they returned, joined.
+func (e *Engine) inParallel(n, workers int, fn func(i int) error) error {
 	errs := make([]error, n)
 	sem := make(chan struct{}, workers)
 	var wg sync.WaitGroup
 	for i := range n {
 		sem <- struct{}{}
-		wg.Go(func() {
+		wg.Add(1)
+		e.ioPool.Go(func() {
+			defer wg.Done()
 			defer func() { <-sem }()
 			errs[i] = fn(i)
 		})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/internal/testenv"
 )
 
 // Compaction folds many streams at once: each costs two sequential
@@ -39,6 +40,43 @@ func TestCompactionFoldsStreamsConcurrently(t *testing.T) {
 	}
 	if data := st.Keys("data/"); len(data) != 100 {
 		t.Fatalf("%d data objects after compacting 100 streams", len(data))
+	}
+}
+
+// Compaction's S3 calls run on the engine's pool, as read-ahead GETs do:
+// a goroutine per call grew a fresh stack through the S3 client each time.
+func TestCompactionCallsRunOnThePool(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var counting atomic.Bool
+	var onPool, off atomic.Int64
+	st.Fail = func(op, key string) error {
+		if counting.Load() && op == "PUT" && strings.HasPrefix(key, "data/") {
+			if testenv.OnPool() {
+				onPool.Add(1)
+			} else {
+				off.Add(1)
+			}
+		}
+		return nil
+	}
+	before := testenv.PoolGoroutines()
+	e := startEngine(t, st, Config{})
+	setPackBelow(e, -1)
+	fillStreams(t, e, 20)
+	counting.Store(true)
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	counting.Store(false)
+	if onPool.Load() != 20 || off.Load() != 0 {
+		t.Errorf("data PUTs of 20 folds: %d on the pool, %d off it; want 20 and 0", onPool.Load(), off.Load())
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := testenv.PoolGoroutines() - before; n != 0 {
+		t.Errorf("%d pool goroutines left after Close, want 0", n)
 	}
 }
 

@@ -67,10 +67,10 @@ const (
 	readAheadInFlight = 2 * readAheadBytes
 )
 
-// fetcherLinger is how long a read-ahead goroutine waits for the next GET
-// before it ends: long enough to stay from one object of a reader to the
-// next, short enough that an idle node soon holds none.
-const fetcherLinger = 2 * time.Second
+// ioLinger is how long an idle goroutine of the engine's pool waits for
+// the next call before it ends: long enough to stay from one object of a
+// reader to the next, short enough that an idle node soon holds none.
+const ioLinger = 2 * time.Second
 
 // ahead returns the spans after spans[i] that a reader at spans[i] reads
 // ahead with a window of n objects.
@@ -371,7 +371,7 @@ func (e *Engine) prefetch(s *stream, next []dataSpan) {
 	ra.workers += start
 	s.mu.Unlock()
 	for range start {
-		e.fetchers.Go(func() { e.readAheadWorker(s, ra) })
+		e.ioPool.Go(func() { e.readAheadWorker(s, ra) })
 	}
 }
 

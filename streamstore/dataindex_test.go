@@ -553,7 +553,7 @@ func TestReadAheadSkipsWhatEveryReaderPassed(t *testing.T) {
 	}
 }
 
-// Read-ahead GETs run on the engine's fetchers, which stay after a cold
+// Read-ahead GETs run on the engine's pool, which stay after a cold
 // read for the next one (a goroutine per GET grew a fresh stack through
 // the S3 client every time) and end when the engine closes.
 func TestReadAheadGoroutinesEndAtClose(t *testing.T) {
@@ -574,7 +574,7 @@ func TestReadAheadGoroutinesEndAtClose(t *testing.T) {
 		seq = res.NextSeq
 	}
 	if n := testenv.PoolGoroutines() - before; n < 1 {
-		t.Errorf("%d fetcher goroutines waiting after a cold read, want some", n)
+		t.Errorf("%d pool goroutines waiting after a cold read, want some", n)
 	}
 	if err := e.Close(ctx); err != nil {
 		t.Fatal(err)

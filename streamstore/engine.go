@@ -141,9 +141,10 @@ type Engine struct {
 	// up to aheadLimit (readAheadInFlight).
 	aheadBytes, aheadLimit int64
 	bufs                   bufPool // buffers of cold data objects, recycled
-	// fetchers run read-ahead GETs on goroutines that stay for the next,
-	// so each GET does not grow a fresh stack through the S3 client.
-	fetchers *workers.Pool
+	// ioPool runs read-ahead GETs and compaction's S3 calls on goroutines
+	// that stay for the next, so each call does not grow a fresh stack
+	// through the S3 client.
+	ioPool *workers.Pool
 
 	lastUse atomic.Int64 // last stream lookup by a request (Unix ns)
 	// quietReturned: the heap went back to the OS since requests stopped
@@ -181,7 +182,7 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 		compactReset: make(chan struct{}, 1),
 		closing:      make(chan struct{}),
 		returnMemory: debug.FreeOSMemory,
-		fetchers:     workers.New(fetcherLinger),
+		ioPool:       workers.New(ioLinger),
 	}
 	return e
 }
@@ -322,8 +323,9 @@ func (e *Engine) Close(ctx context.Context) error {
 	// Not held while background work winds down: a compaction that was
 	// starting asks for the writer (under startMu) before it sees closing.
 	e.startMu.Unlock()
-	// Read-ahead GETs end with bgCtx; this waits for them.
-	defer e.fetchers.Close()
+	// Read-ahead GETs end with bgCtx; this waits for them and for any
+	// compaction call still on the pool.
+	defer e.ioPool.Close()
 	if !started {
 		return nil
 	}

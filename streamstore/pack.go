@@ -271,7 +271,7 @@ func (e *Engine) packGroup(ctx context.Context, jobs []*packJob, end walPos, bac
 		back.add(got)
 	}
 	// Several at once, as folds are.
-	if err := inParallel(len(jobs), compactWorkers, func(i int) error { return e.gather(ctx, jobs[i], back) }); err != nil {
+	if err := e.inParallel(len(jobs), compactWorkers, func(i int) error { return e.gather(ctx, jobs[i], back) }); err != nil {
 		return err
 	}
 	for len(jobs) > 0 {
@@ -393,7 +393,7 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 	// The indexes come in several at a time: on a bucket 25 ms away, one
 	// at a time, a few hundred packs would add seconds to a restart.
 	idxs := make([][]packIndexEntry, len(refs))
-	err := inParallel(len(refs), replayMetaLoads, func(i int) error {
+	err := e.inParallel(len(refs), replayMetaLoads, func(i int) error {
 		data, err := segment.ReadPackIndex(ctx, e.store, refs[i])
 		if err != nil {
 			return err
@@ -545,7 +545,7 @@ func (e *Engine) readRuns(ctx context.Context, runs []walRun) (map[string][]Reco
 	}
 	out := map[string][]Record{}
 	var mu sync.Mutex
-	err := inParallel(len(ranges), compactWorkers, func(i int) error {
+	err := e.inParallel(len(ranges), compactWorkers, func(i int) error {
 		got, err := e.readRange(ctx, ranges[i])
 		if err != nil {
 			return err

@@ -11,5 +11,14 @@ import (
 func PoolGoroutines() int {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
-	return strings.Count(string(buf), "created by github.com/picomq/caddy-picomq/internal/workers.(*Pool).Go")
+	return strings.Count(string(buf), poolCreator)
 }
+
+// OnPool reports whether the calling goroutine is one of a pool's.
+func OnPool() bool {
+	buf := make([]byte, 64<<10)
+	buf = buf[:runtime.Stack(buf, false)]
+	return strings.Contains(string(buf), poolCreator)
+}
+
+const poolCreator = "created by github.com/picomq/caddy-picomq/internal/workers.(*Pool).Go"
