@@ -67,11 +67,6 @@ const (
 	readAheadInFlight = 2 * readAheadBytes
 )
 
-// ioLinger is how long an idle goroutine of the engine's pool waits for
-// the next call before it ends: long enough to stay from one object of a
-// reader to the next, short enough that an idle node soon holds none.
-const ioLinger = 2 * time.Second
-
 // ahead returns the spans after spans[i] that a reader at spans[i] reads
 // ahead with a window of n objects.
 func ahead(spans []dataSpan, i, n int) []dataSpan {

@@ -157,6 +157,12 @@ type Engine struct {
 	orphans orphanSweep // this start's sweep of orphaned blobs (orphans.go)
 }
 
+// ioLinger is how long an idle goroutine of the engine's pool waits for
+// the next call before it ends: long enough to stay from one object of a
+// reader to the next and through a compaction's calls, short enough that
+// an idle node soon holds none.
+const ioLinger = 2 * time.Second
+
 // New builds an engine over store. It does no I/O; Start opens the storage.
 func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 	cfg = cfg.withDefaults()

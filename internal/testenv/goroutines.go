@@ -11,14 +11,15 @@ import (
 func PoolGoroutines() int {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
-	return strings.Count(string(buf), poolCreator)
+	return strings.Count(string(buf), PoolCreator)
 }
 
 // OnPool reports whether the calling goroutine is one of a pool's.
 func OnPool() bool {
 	buf := make([]byte, 64<<10)
 	buf = buf[:runtime.Stack(buf, false)]
-	return strings.Contains(string(buf), poolCreator)
+	return strings.Contains(string(buf), PoolCreator)
 }
 
-const poolCreator = "created by github.com/picomq/caddy-picomq/internal/workers.(*Pool).Go"
+// PoolCreator is the line a stack dump gives each goroutine of a pool.
+const PoolCreator = "created by github.com/picomq/caddy-picomq/internal/workers.(*Pool).Go"

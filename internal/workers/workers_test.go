@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
 )
 
 // goid returns the calling goroutine's id, from its stack trace's header.
@@ -23,7 +25,7 @@ func waiting() (all, idle int) {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "created by github.com/picomq/caddy-picomq/internal/workers.(*Pool).Go") {
+		if strings.Contains(g, testenv.PoolCreator) {
 			all++
 			if strings.Contains(g, "[select") && strings.Contains(g, "workers.(*Pool).work(") {
 				idle++
