@@ -19,9 +19,14 @@ import (
 	"github.com/picomq/caddy-picomq/streamstore"
 )
 
-// defaultChunkBytes is the most stream bytes one read response (or one SSE
-// data event) carries; longer reads continue at the returned offset.
-const defaultChunkBytes = 1 << 20
+// dsChunkBytes is the most stream bytes one Durable Streams read response
+// (or one SSE data event) carries; longer reads continue at the returned
+// offset. A catch-up reader waits a round trip between responses, during
+// which nothing flows: at 1 MiB a cold read of 1 MiB records spent about a
+// fifth of its time there, at 4 MiB it reads some 20% faster (8 MiB gained
+// nothing more). The records of a response stay pinned until it is written,
+// so the cap is also what one reader holds.
+const dsChunkBytes = 4 << 20
 
 // durableStreams serves the Durable Streams protocol
 // (reference/durable-streams-PROTOCOL.md) on top of the engine. It knows

@@ -51,7 +51,7 @@ func newDSServer(t testing.TB, tweak ...func(*durableStreams)) *dsServer {
 		longPollTimeout: 300 * time.Millisecond,
 		sseInterval:     5 * time.Second,
 		maxAppend:       1 << 20,
-		chunkBytes:      defaultChunkBytes,
+		chunkBytes:      dsChunkBytes,
 		jitter:          randomJitter,
 		hubs:            &sseHubs{},
 		subs:            &subManagers{},

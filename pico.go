@@ -16,17 +16,18 @@ import (
 	"github.com/picomq/caddy-picomq/streamstore"
 )
 
-// Read limits of the Pico protocol. A read returns at most chunkBytes of
-// record bodies unless the client asks for a different cap with bytes=,
-// which may not exceed picoMaxReadBytes; and never more than
-// picoMaxReadRecords records, so that records with empty bodies cannot make
-// a response unbounded.
+// Read limits of the Pico protocol. A read returns at most chunkBytes
+// (picoDefaultReadBytes) of record bodies unless the client asks for a
+// different cap with bytes=, which may not exceed picoMaxReadBytes; and
+// never more than picoMaxReadRecords records, so that records with empty
+// bodies cannot make a response unbounded.
 const (
-	picoMaxReadBytes   = 4 << 20
-	picoMaxReadRecords = 10000
-	picoMaxListLimit   = 1000
-	picoMediaJSON      = "application/json"
-	picoMediaSSE       = "text/event-stream"
+	picoDefaultReadBytes = 1 << 20
+	picoMaxReadBytes     = 4 << 20
+	picoMaxReadRecords   = 10000
+	picoMaxListLimit     = 1000
+	picoMediaJSON        = "application/json"
+	picoMediaSSE         = "text/event-stream"
 )
 
 // picoProtocol serves the Pico protocol (pico-wire.md), PicoMQ's native

@@ -54,7 +54,7 @@ func newPicoServer(t *testing.T, tweak ...func(*picoProtocol)) *picoServer {
 		longPollTimeout: 300 * time.Millisecond,
 		sseInterval:     5 * time.Second,
 		maxAppend:       1 << 20,
-		chunkBytes:      defaultChunkBytes,
+		chunkBytes:      picoDefaultReadBytes,
 		jitter:          randomJitter,
 		hubs:            &sseHubs{},
 	}
@@ -68,7 +68,7 @@ func newPicoServer(t *testing.T, tweak ...func(*picoProtocol)) *picoServer {
 		longPollTimeout: 300 * time.Millisecond,
 		sseInterval:     5 * time.Second,
 		maxAppend:       1 << 20,
-		chunkBytes:      defaultChunkBytes,
+		chunkBytes:      picoDefaultReadBytes,
 		jitter:          randomJitter,
 		subs:            &subManagers{},
 	}

@@ -136,7 +136,7 @@ func startSubNode(t *testing.T, dir string) *subNode {
 	d := &durableStreams{
 		engine: func(context.Context) (*streamstore.Engine, error) { return eng, nil }, shutdown: shutdown,
 		log: zaptest.NewLogger(t), longPollTimeout: 300 * time.Millisecond, sseInterval: time.Second,
-		maxAppend: 1 << 20, chunkBytes: defaultChunkBytes, jitter: randomJitter, allowLoopback: true,
+		maxAppend: 1 << 20, chunkBytes: dsChunkBytes, jitter: randomJitter, allowLoopback: true,
 		subs: &subManagers{},
 	}
 	n := &subNode{Server: httptest.NewServer(d), eng: eng}
