@@ -64,7 +64,11 @@ var rowSettings = map[string]settings{
 			"path, none over a tenth. Outside the matrix's layout (2026-12-02, the rig, alternated, 15 s each), Caddy writing straight to " +
 			"versitygw instead of through the S3 proxy: 6,450 and 7,352 appends/s against 5,694 and 6,132, p99 31 and 24 ms against 37 " +
 			"and 28: the proxy's hop costs this row about a sixth (18% of a core, some 0.9 ms of CPU per PUT, and its latency in every " +
-			"writer's cycle), and without it the row is still near 35% of the ceiling"},
+			"writer's cycle), and without it the row is still near 35% of the ceiling. On 2026-12-03 (the rig, 5,102 appends/s), Caddy's " +
+			"CPU profile: net/http's connection serving 54% (of which the handler 15%, the engine's append 6.4% of it), the worker pool " +
+			"12% (WAL uploads 7.4%, compaction 4.8%), the garbage collector 6.9%, the S3 SDK under 5% in all; per append Caddy 143 us, the " +
+			"proxy 31, versitygw 40, the load generator 80, with the box about 75% busy: latency-bound, no PicoMQ hotspot. GOGC=400 for " +
+			"Caddy: inside the spread (0-14% stolen between runs)"},
 	"1-defaults": {Note: "flush_interval 20ms: at most 50 WAL PUTs/s; latency is about the interval plus a PUT"},
 	"2": {Directives: []string{"flush_interval 60ms"},
 		Note: "Tuned for cost: flush_interval 60ms caps WAL PUTs at about 17/s. Compaction costs one data PUT and one metadata PUT per " +
@@ -160,8 +164,13 @@ var rowSettings = map[string]settings{
 			"of Caddy's samples) and the CRC-32C of every byte read (a tenth). Both readers, the reference's and the load generator's, " +
 			"read their bodies 256 KiB at a time since 2026-12-02; before, io.Copy to io.Discard read 8 KiB at a time, and that held the " +
 			"reference back more than PicoMQ, whose Caddy is what bounds it (on the rig, alternated: the reference 796 and 826 MiB/s " +
-			"against 522 and 649, PicoMQ 467 and 414 against 341 and 439, so 59 and 50% against 65 and 68%)",
-		Tried: "responses of 4 or 8 MiB instead of 1 MiB (215-218 against 199-215 MiB/s); checksumming each 64 KiB of a data object as it " +
+			"against 522 and 649, PicoMQ 467 and 414 against 341 and 439, so 59 and 50% against 65 and 68%). Since 9a7efac a Durable " +
+			"Streams response carries up to 4 MiB instead of 1 MiB: the reader waits a round trip between responses, in which nothing " +
+			"flows, and paid one per 1 MiB record (on the rig, 2026-12-03, fresh Caddy, alternated with the 1 MiB build: faster in 10 of " +
+			"12 pairs, the two others with a fifth of the CPU stolen; e.g. 643 and 659 MiB/s against 546 and 496, Caddy's CPU 0.38-0.41 s " +
+			"per read against 0.42-0.48). During the read Caddy runs at 93-99% of one core, versitygw at about 40% and the reader at 30%",
+		Tried: "responses of 4 or 8 MiB instead of 1 MiB, first when the read went through the proxy at about 200 MiB/s (215-218 " +
+			"against 199-215 MiB/s, not landed then; at today's speed the round trips matter, see the note; 8 MiB gains nothing over 4); checksumming each 64 KiB of a data object as it " +
 			"arrives, while it is in the CPU cache, instead of the whole object afterwards (270-310 against 280-293 MiB/s: the 16% the profile " +
 			"put in the checksum was the first touch of memory the socket had just filled, which moved rather than went). Outside the matrix's " +
 			"layout, Caddy reading straight from versitygw without the proxy: 280-313 MiB/s against 210-213 through it on the rig, still under " +
@@ -174,7 +183,11 @@ var rowSettings = map[string]settings{
 			"checksum over the same bytes (3 and 6 times the samples of the later read), which is how first use of memory costs on this VM. " +
 			"On 2026-12-02, with a fault costing 2.3 us that evening: pooled buffers of 2 MiB and more advised to transparent huge pages " +
 			"(madvise, the machine's THP mode), three row 7 runs alternated with the build without: 64.2, 62.9 and 66.2% against 64.3, 67.3 " +
-			"and 64.3%, no gain, not landed"},
+			"and 64.3%, no gain, not landed. On 2026-12-03 (the rig, fresh Caddy): perf put 25% of Caddy's samples in the socket writes " +
+			"to the reader, 22% in the socket reads from versitygw, 15% in the S3 SDK's handling of each GET (about 280 us per GET: " +
+			"middleware, endpoint resolution, signing) and 6.5% in the CRC. GETs signed with the SDK's own v4 signer and sent on the same " +
+			"HTTP client, skipping its middleware: Caddy's CPU per read 9-10% lower (lower in 21 of 22 alternated pairs), MiB/s +3.5%, " +
+			"inside the spread; not landed, as a second S3 client to keep correct for every store and endpoint form is a poor trade for that"},
 	"7-warm": {Directives: []string{"compact_interval 2s"},
 		Note: "The process of row 7's timed read, right after it: its heap has grown and its connections to versitygw are open. " +
 			"Cold objects leave its cache as the reader moves past them, so the objects come from versitygw again (the same second read through " +
