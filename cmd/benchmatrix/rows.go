@@ -127,7 +127,12 @@ var rowSettings = map[string]settings{
 		"9.4-9.8 s of Caddy's CPU against 10.7-11.1 s for the same 500,000 events. The line at 1 append/s in the details is the floor on this VM: one wave over every " +
 		"feed, with the machine to itself, already takes about a hundred milliseconds. The Steal column matters most here: on 2026-12-02 the " +
 		"same binary measured p99 105 and 112 ms in two rounds at 19:12 UTC, and 210 to 1,380 ms between 19:25 and 19:50 with 30 to 57% of the CPU " +
-		"stolen (/proc/stat's steal counter, read around each run). Row 6-node is the same load on the Node reference server, in memory",
+		"stolen (/proc/stat's steal counter, read around each run); on 2026-12-03 the full matrix's rounds gave 142, 121 and 105 ms with " +
+		"6% stolen, and the row alone, minutes later with 14-17% stolen, 152-336 ms (and 282-483 ms for the build before 9a7efac, whose " +
+		"change does not touch this path). The box has no room to spare here: on the rig at 1 append/s a wave costs Caddy 82-110 ms of " +
+		"CPU (a write syscall of about 9 us per feed against 5 at 20 appends/s, as each wakes an idle reader) and the load generator " +
+		"about 135 ms, so a wave lasts what both need of the two cores, and any CPU taken from them lengthens it. Row 6-node is the " +
+		"same load on the Node reference server, in memory",
 		Tried: "before the hub, a fan-out gate of 1, 2, 8, 16 or 64 x GOMAXPROCS feeds (p99 229-266 ms in all runs), or no gate at all " +
 			"(p50 52-59 ms against 135, p99 242-334 against 266-276); waking feeds with the stream's state in the wake-up itself, so that " +
 			"5,000 of them do not queue on the stream's mutex (no change); Caddy with GOMAXPROCS=1 (p99 137 ms against 245, a third less " +
