@@ -153,7 +153,11 @@ var rowSettings = map[string]settings{
 			"its own write deadline makes redundant (Caddy's CPU 3% lower, p99 116, 172 and 106 ms against 117, 115 and 118); perf at " +
 			"1 append/s put 56% of Caddy's samples in the write syscall, a third of that in the loopback delivery to the reader. " +
 			"Later the same day, at 1 append/s: the load generator with GOMAXPROCS=1, whose scheduler spins less between its polls (its " +
-			"CPU 1.84 and 1.93 s against 2.29 and 2.20 s per 20 waves, p99 136 and 128 ms against 113 and 120)"},
+			"CPU 1.84 and 1.93 s against 2.29 and 2.20 s per 20 waves, p99 136 and 128 ms against 113 and 120). On 2026-12-03 (the rig, " +
+			"alternated, 15 s at 20 appends/s): the writers taking whole slices from a shared counter, each reading the stream for its own, " +
+			"with no wait between slices: better while 7-27% of the CPU was stolen (p99 202, 212 and 173 ms against 253, 240 and 289), " +
+			"the same with nothing stolen (82, 90 and 111 ms against 81, 94 and 89) at 10% more of Caddy's CPU, as slices read at " +
+			"different moments leave the feeds at more positions, each a pass of its own"},
 	// Compaction must move the stream into data objects before the cold
 	// read, so it runs often here.
 	"7": {Directives: []string{"compact_interval 2s"},
