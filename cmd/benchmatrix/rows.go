@@ -131,7 +131,9 @@ var rowSettings = map[string]settings{
 		"6% stolen, and the row alone, minutes later with 14-17% stolen, 152-336 ms (and 282-483 ms for the build before 9a7efac, whose " +
 		"change does not touch this path). The box has no room to spare here: on the rig at 1 append/s a wave costs Caddy 82-110 ms of " +
 		"CPU (a write syscall of about 9 us per feed against 5 at 20 appends/s, as each wakes an idle reader) and the load generator " +
-		"about 135 ms, so a wave lasts what both need of the two cores, and any CPU taken from them lengthens it. Row 6-node is the " +
+		"about 40 ms more than its baseline (measured 2026-12-03 at 0.1 append/s: Caddy 0.24 s and the load generator 1.68 s in 20 s, " +
+		"its pollers' 1 ms ticks costing about 8% of a core, most of it (perf) the Go runtime breaking its network poller's sleep, a write " +
+		"to its eventfd, for each new timer), so a wave lasts what both need of the two cores, and any CPU taken from them lengthens it. Row 6-node is the " +
 		"same load on the Node reference server, in memory",
 		Tried: "before the hub, a fan-out gate of 1, 2, 8, 16 or 64 x GOMAXPROCS feeds (p99 229-266 ms in all runs), or no gate at all " +
 			"(p50 52-59 ms against 135, p99 242-334 against 266-276); waking feeds with the stream's state in the wake-up itself, so that " +
