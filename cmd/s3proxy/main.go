@@ -25,7 +25,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"log"
 	"net"
 	"net/http"
@@ -34,7 +33,6 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/picomq/caddy-picomq/internal/testenv"
 )
@@ -59,7 +57,7 @@ func main() {
 		os.Exit(2)
 	}
 
-	p, err := testenv.NewProxy(*target)
+	p, err := testenv.ListenProxy(*target, *listen)
 	if err != nil {
 		log.Fatalf("s3proxy: %v", err)
 	}
@@ -68,15 +66,6 @@ func main() {
 	if *errorRate > 0 {
 		p.AddFault(testenv.Fault{Status: *errorStatus, Rate: *errorRate})
 	}
-
-	// The proxy listens on a loopback port of its own choosing; relay the
-	// chosen address to it byte for byte, so nothing the client signed
-	// changes.
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		log.Fatalf("s3proxy: %v", err)
-	}
-	go relay(ln, p.Addr())
 
 	if *pprofAddr != "" {
 		pln, err := net.Listen("tcp", *pprofAddr)
@@ -96,47 +85,15 @@ func main() {
 	}
 	go http.Serve(cln, c.mux())
 
-	fmt.Printf("s3proxy: forwarding http://%s to %s (latency %s, jitter %s, error rate %g)\n", ln.Addr(), *target, *latency, *jitter, *errorRate)
+	fmt.Printf("s3proxy: forwarding http://%s to %s (latency %s, jitter %s, error rate %g)\n", p.Addr(), *target, *latency, *jitter, *errorRate)
 	fmt.Printf("s3proxy: control on http://%s (GET /counts, POST /reset, POST /mark?phase=start|end, GET /window)\n", cln.Addr())
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	<-ctx.Done()
-	ln.Close()
+	p.Down() // no new requests while the counts are printed
 	b, _ := json.Marshal(countsJSON(p.Counts()))
 	fmt.Printf("s3proxy: counts %s\n", b)
-}
-
-// relay copies connections accepted on ln to addr and back.
-func relay(ln net.Listener, addr string) {
-	for {
-		in, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer in.Close()
-			out, err := net.DialTimeout("tcp", addr, 5*time.Second)
-			if err != nil {
-				return
-			}
-			defer out.Close()
-			var wg sync.WaitGroup
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				io.Copy(out, in)
-				if tc, ok := out.(*net.TCPConn); ok {
-					tc.CloseWrite()
-				}
-			}()
-			io.Copy(in, out)
-			if tc, ok := in.(*net.TCPConn); ok {
-				tc.CloseWrite()
-			}
-			wg.Wait()
-		}()
-	}
 }
 
 // ctl is the control endpoint.

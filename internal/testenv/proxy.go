@@ -121,6 +121,12 @@ type holdEntry struct {
 // NewProxy starts a proxy on 127.0.0.1 (a free port) in front of target,
 // e.g. a Versity's Endpoint.
 func NewProxy(target string) (*Proxy, error) {
+	return ListenProxy(target, "127.0.0.1:0")
+}
+
+// ListenProxy starts a proxy on addr in front of target; a port of 0 picks
+// a free one.
+func ListenProxy(target, addr string) (*Proxy, error) {
 	tu, err := url.Parse(target)
 	if err != nil {
 		return nil, err
@@ -128,7 +134,7 @@ func NewProxy(target string) (*Proxy, error) {
 	if tu.Scheme == "" || tu.Host == "" {
 		return nil, errors.New("testenv: proxy target must be an absolute URL")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
