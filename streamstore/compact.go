@@ -449,8 +449,8 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 		}
 		meta.Cleaned = meta.State.StartSeq
 	}
-	newTag, err := e.store.Put(ctx, metaKey(s.name), encodeMeta(&meta), segment.PutOptions{IfMatch: etag})
-	if errors.Is(err, segment.ErrPreconditionFailed) || errors.Is(err, segment.ErrNotFound) {
+	newTag, err := e.writeMeta(ctx, s, &meta, etag)
+	if errors.Is(err, errMetaGone) {
 		return nil // deleted meanwhile; its data goes with the gc tombstone
 	}
 	if err != nil {
@@ -545,6 +545,11 @@ func (e *Engine) rewriteFrom(ctx context.Context, id, key string, start uint64) 
 // retireWAL moves the manifest to end, lists the live packs there, and
 // deletes the WAL objects before end and the packs no stream needs.
 func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
+	// A process that lost the storage must not delete what the new owner
+	// replays.
+	if err := e.checkLease(); err != nil {
+		return err
+	}
 	var drop []string // whole namespaces
 	var trimNS, trimTo uint64
 	live, deadPacks := e.livePacks()

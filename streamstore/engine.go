@@ -429,8 +429,11 @@ func (e *Engine) fence(err error) {
 // and what is in the bucket; pend runs ahead of it by the appends whose
 // batches are not committed yet.
 type stream struct {
-	mu      sync.Mutex
-	metaMu  sync.Mutex // serialises metadata object writes
+	mu     sync.Mutex
+	metaMu sync.Mutex // serialises metadata object writes
+	// unsure holds, under metaMu, the bodies of metadata writes that
+	// failed without saying whether they landed (see writeMeta).
+	unsure  [][]byte
 	name    string
 	meta    *metaObject // last written metadata object (config + checkpoint)
 	etag    string

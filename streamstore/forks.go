@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"github.com/picomq/caddy-picomq/segment"
 )
 
 // createFork creates name as a fork of req.Fork.Source. The source's fork
@@ -98,7 +96,7 @@ func (e *Engine) updateMeta(ctx context.Context, s *stream, fn func(*metaObject)
 	m, etag := *s.meta, s.etag
 	s.mu.Unlock()
 	fn(&m)
-	tag, err := e.store.Put(ctx, metaKey(s.name), encodeMeta(&m), segment.PutOptions{IfMatch: etag})
+	tag, err := e.writeMeta(ctx, s, &m, etag)
 	if err != nil {
 		return fmt.Errorf("%w: update metadata of %s: %v", ErrUnavailable, s.name, err)
 	}

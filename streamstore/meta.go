@@ -1,8 +1,12 @@
 package streamstore
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/picomq/caddy-picomq/segment"
@@ -155,4 +159,91 @@ func decodeMeta(data []byte) (*metaObject, error) {
 		return nil, fmt.Errorf("%w: metadata version %d", segment.ErrCorrupt, m.Version)
 	}
 	return &m, nil
+}
+
+// errMetaGone says a stream's metadata object is gone, or belongs to a
+// stream created anew under its name: the stream was deleted meanwhile.
+var errMetaGone = errors.New("metadata object deleted meanwhile")
+
+// maxUnsure bounds the unconfirmed metadata writes a stream remembers.
+const maxUnsure = 4
+
+// metaCheckTimeout bounds reading a metadata object back after a write of
+// it failed.
+const metaCheckTimeout = 10 * time.Second
+
+// readMeta reads name's metadata object back after a write of it failed,
+// with a context of its own: a cancelled request must not leave the answer
+// unknown.
+func (e *Engine) readMeta(ctx context.Context, name string) ([]byte, string, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metaCheckTimeout)
+	defer cancel()
+	return e.store.Get(rctx, metaKey(name), 0, -1)
+}
+
+// writeMeta writes m as s's metadata object over the version etag names,
+// and returns the new version. The caller holds s.metaMu.
+//
+// A conditional write can mislead in two ways: it can fail after it landed
+// (a lost answer, a cancelled request), and from then on every
+// compare-and-swap against the etag we know fails with a precondition
+// error that looks like a delete. So a failed write asks the bucket. Gone,
+// or another stream under the name: errMetaGone. Holding what this process
+// wrote, now or in a write that failed unconfirmed: ours, and the in-memory
+// state wins, as the callers of those writes were told they failed (a
+// compaction that wrote its checkpoint will write it again). Anything else
+// was written by another process: an error, so that nothing retires the
+// WAL entries this one has not checkpointed.
+func (e *Engine) writeMeta(ctx context.Context, s *stream, m *metaObject, etag string) (string, error) {
+	if err := e.checkLease(); err != nil {
+		return "", err
+	}
+	body := encodeMeta(m)
+	tag, err := e.store.Put(ctx, metaKey(s.name), body, segment.PutOptions{IfMatch: etag})
+	if err == nil {
+		s.unsure = s.unsure[:0]
+		return tag, nil
+	}
+	s.rememberUnsure(body, err)
+	cur, curTag, gerr := e.readMeta(ctx, s.name)
+	switch {
+	case errors.Is(gerr, segment.ErrNotFound):
+		return "", errMetaGone
+	case gerr != nil:
+		return "", fmt.Errorf("%w (reading it back: %v)", err, gerr)
+	case bytes.Equal(cur, body):
+		s.unsure = s.unsure[:0]
+		return curTag, nil
+	}
+	if cm, derr := decodeMeta(cur); derr == nil && cm.ID != m.ID {
+		return "", errMetaGone
+	}
+	if curTag == etag {
+		return "", err // the version we know is still there: ours failed
+	}
+	if !slices.ContainsFunc(s.unsure, func(b []byte) bool { return bytes.Equal(b, cur) }) {
+		return "", fmt.Errorf("metadata of %s changed by another writer: %w", s.name, err)
+	}
+	if err := e.checkLease(); err != nil {
+		return "", err
+	}
+	tag, err = e.store.Put(ctx, metaKey(s.name), body, segment.PutOptions{IfMatch: curTag})
+	if err != nil {
+		s.rememberUnsure(body, err)
+		return "", fmt.Errorf("rewrite over an unconfirmed write: %w", err)
+	}
+	s.unsure = s.unsure[:0]
+	return tag, nil
+}
+
+// rememberUnsure records body as possibly written when err leaves that
+// open; a failed precondition says it was not. The caller holds s.metaMu.
+func (s *stream) rememberUnsure(body []byte, err error) {
+	if errors.Is(err, segment.ErrPreconditionFailed) || errors.Is(err, segment.ErrNotFound) {
+		return
+	}
+	s.unsure = append(s.unsure, body)
+	if len(s.unsure) > maxUnsure {
+		s.unsure = slices.Delete(s.unsure, 0, 1)
+	}
 }

@@ -1,0 +1,200 @@
+package streamstore
+
+import (
+	"context"
+
+	"fmt"
+
+	"sync"
+	"testing"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// lostAnswers is a store whose writes can land and still report failure, as
+// an S3 PUT does when its answer is lost or its request is cancelled after
+// the upload, and whose reads of some keys can fail for a while.
+type lostAnswers struct {
+	*memstore.Store
+	mu    sync.Mutex
+	lose  func(key string, opts segment.PutOptions) bool // one matching PUT lands, then fails
+	blind func(key string) bool                          // once a PUT was lost, matching GETs fail
+	// downAfterLoss, once a PUT was lost, fails the PUTs it matches.
+	downAfterLoss func(key string) bool
+	lost          bool
+}
+
+func (l *lostAnswers) loseNext(match func(string, segment.PutOptions) bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lose = match
+}
+
+func (l *lostAnswers) blindTo(match func(string) bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.blind = match
+}
+
+func (l *lostAnswers) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	l.mu.Lock()
+	if l.lost && l.downAfterLoss != nil && l.downAfterLoss(key) {
+		l.mu.Unlock()
+		return "", fmt.Errorf("put %s: connection refused", key)
+	}
+	lost := l.lose != nil && l.lose(key, opts)
+	if lost {
+		l.lose, l.lost = nil, true
+	}
+	l.mu.Unlock()
+	tag, err := l.Store.Put(ctx, key, data, opts)
+	if lost && err == nil {
+		return "", fmt.Errorf("put %s: %w", key, segment.ErrUnknownOutcome)
+	}
+	return tag, err
+}
+
+func (l *lostAnswers) Get(ctx context.Context, key string, off, n int64) ([]byte, string, error) {
+	l.mu.Lock()
+	blind := l.lost && l.blind != nil && l.blind(key)
+	l.mu.Unlock()
+	if blind {
+		return nil, "", fmt.Errorf("get %s: connection refused", key)
+	}
+	return l.Store.Get(ctx, key, off, n)
+}
+
+func conditionalOn(name string) func(string, segment.PutOptions) bool {
+	return func(k string, o segment.PutOptions) bool { return k == metaKey(name) && o.IfMatch != "" }
+}
+
+// A metadata write that landed but reported failure must not leave the
+// engine comparing against a version that is no longer there: the next
+// checkpoint's failed precondition once looked like a delete, compaction
+// retired the WAL entries it had not checkpointed, and acknowledged appends
+// were gone after a restart.
+func TestUnconfirmedMetadataWrites(t *testing.T) {
+	tests := []struct {
+		name string
+		// lose arms the store and runs the operation whose metadata
+		// write lands unconfirmed.
+		lose func(t *testing.T, e *Engine, st *lostAnswers)
+	}{
+		{"checkpoint", func(t *testing.T, e *Engine, st *lostAnswers) {
+			st.loseNext(conditionalOn("/s"))
+			_ = e.Compact(context.Background())
+		}},
+		{"checkpoint, read-back unreachable", func(t *testing.T, e *Engine, st *lostAnswers) {
+			st.loseNext(conditionalOn("/s"))
+			st.blindTo(func(k string) bool { return k == metaKey("/s") })
+			if err := e.Compact(context.Background()); err == nil {
+				t.Error("a compaction whose checkpoint it could not confirm reported success")
+			}
+			st.blindTo(nil)
+		}},
+		{"fork count of a fork create", func(t *testing.T, e *Engine, st *lostAnswers) {
+			st.loseNext(conditionalOn("/s"))
+			_, _, _ = e.Create(context.Background(), "/f", CreateRequest{Fork: &ForkFrom{Source: "/s", Seq: 1}})
+		}},
+		{"soft delete, read-back unreachable", func(t *testing.T, e *Engine, st *lostAnswers) {
+			// A fork keeps the source's data, so its delete is a
+			// metadata write.
+			if _, _, err := e.Create(context.Background(), "/f", CreateRequest{Fork: &ForkFrom{Source: "/s", Seq: 1}}); err != nil {
+				t.Fatal(err)
+			}
+			st.loseNext(conditionalOn("/s"))
+			st.blindTo(func(k string) bool { return k == metaKey("/s") })
+			if err := e.Delete(context.Background(), "/s"); err == nil {
+				t.Fatal("a delete it could not confirm reported success")
+			}
+			st.blindTo(nil)
+			// Told it failed, the stream goes on as if it had.
+			if _, err := e.Append(context.Background(), "/s", AppendRequest{Records: recs("b")}); err != nil {
+				t.Fatalf("append after a failed delete: %v", err)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := &lostAnswers{Store: memstore.New()}
+			e := startEngine(t, st, Config{PackBelow: -1})
+			var acked []string
+			appendOne := func(body string) {
+				t.Helper()
+				if _, err := e.Append(ctx, "/s", AppendRequest{Records: recs(body)}); err != nil {
+					t.Fatalf("append %s: %v", body, err)
+				}
+				acked = append(acked, body)
+			}
+			if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+				t.Fatal(err)
+			}
+			appendOne("a")
+			tc.lose(t, e, st)
+			acked = readAll(t, e, "/s")
+			for _, b := range []string{"c", "d"} {
+				appendOne(b)
+				if err := e.Compact(ctx); err != nil {
+					t.Fatalf("compaction after the unconfirmed write: %v", err)
+				}
+			}
+			if wal := st.Keys("wal/"); len(wal) > 1 {
+				t.Errorf("compaction left %d WAL objects: it no longer checkpoints the stream", len(wal))
+			}
+			// A crash: a new engine on the bucket as it is.
+			e2 := startEngine(t, st.Store, Config{})
+			if got, want := fmt.Sprint(readAll(t, e2, "/s")), fmt.Sprint(acked); got != want {
+				t.Fatalf("after a restart the stream reads %s; acknowledged %s", got, want)
+			}
+		})
+	}
+}
+
+// A metadata object another process wrote is not ours to overwrite, and
+// while it is there compaction must not retire WAL entries it could not
+// checkpoint. Two engines with one node id stand for a process that goes
+// on after another took the storage over.
+func TestForeignMetadataWrite(t *testing.T) {
+	for _, newFirst := range []bool{false, true} {
+		name := map[bool]string{false: "old owner checkpoints first", true: "new owner checkpoints first"}[newFirst]
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			a := startEngine(t, st, Config{PackBelow: -1})
+			if _, _, err := a.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Append(ctx, "/s", AppendRequest{Records: recs("a")}); err != nil {
+				t.Fatal(err)
+			}
+			b := startEngine(t, st, Config{PackBelow: -1})
+			if got := fmt.Sprint(readAll(t, b, "/s")); got != "[a]" {
+				t.Fatalf("the new owner reads %s", got)
+			}
+			if !newFirst {
+				_ = a.Compact(ctx) // the old owner's checkpoint lands under b
+			}
+			if _, err := b.Append(ctx, "/s", AppendRequest{Records: recs("b")}); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Compact(ctx); err != nil && newFirst {
+				t.Fatal(err)
+			}
+			if newFirst {
+				before, _, _ := st.Get(ctx, metaKey("/s"), 0, -1)
+				if err := a.Compact(ctx); err == nil {
+					t.Error("the old owner's compaction wrote over the new owner's checkpoint without a word")
+				}
+				if after, _, _ := st.Get(ctx, metaKey("/s"), 0, -1); string(after) != string(before) {
+					t.Error("the old owner rewrote the new owner's checkpoint")
+				}
+			}
+			c := startEngine(t, st, Config{})
+			if got := fmt.Sprint(readAll(t, c, "/s")); got != "[a b]" {
+				t.Fatalf("acknowledged [a b]; after a restart the stream reads %s", got)
+			}
+		})
+	}
+}
