@@ -1,6 +1,7 @@
 package streamstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -164,14 +165,14 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	if absent {
 		createErr = ErrNotFound
 	}
-	defer func() { publish(created, createErr) }()
 	e.mu.Lock()
 	e.creating[s] = struct{}{}
 	e.mu.Unlock()
+	handedOver := false // settleCreate publishes instead
 	defer func() {
-		e.mu.Lock()
-		delete(e.creating, s)
-		e.mu.Unlock()
+		if !handedOver {
+			e.endCreate(s, publish, created, createErr)
+		}
 	}()
 	// The expiry marker goes first: a crash after it leaves a marker the
 	// sweep drops, but a stream without one would stay in the bucket until
@@ -205,7 +206,33 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 			return Info{}, false, err
 		}
 	}
-	etag, err := e.store.Put(ctx, metaKey(name), encodeMeta(m), segment.PutOptions{IfNoneMatch: true})
+	body := encodeMeta(m)
+	etag, err := e.store.Put(ctx, metaKey(name), body, segment.PutOptions{IfNoneMatch: true})
+	if err != nil && !errors.Is(err, segment.ErrPreconditionFailed) {
+		// It may have landed all the same (a lost answer, a cancelled
+		// request), and then the records are the stream's: ask.
+		cur, tag, gerr := e.readMeta(ctx, name)
+		switch {
+		case gerr == nil && bytes.Equal(cur, body):
+			etag, err = tag, nil
+		case gerr == nil:
+			err = segment.ErrPreconditionFailed // another create's
+		case errors.Is(gerr, segment.ErrNotFound):
+			// It did not land: nothing was acknowledged.
+		case len(req.Records) > 0:
+			// The bucket cannot tell yet. A lookup must not load the
+			// stream without the records the WAL holds for it (it would
+			// hand their seqs out again), so the name stays claimed and
+			// the cut held back until the bucket answers.
+			handedOver = true
+			e.bg.Add(1)
+			go e.settleCreate(s, body, publish)
+			return Info{}, false, fmt.Errorf("%w: %w: write metadata of %s: %v", ErrUnavailable, ErrUnconfirmed, name, err)
+		default:
+			createErr = errLookAgain
+			return Info{}, false, fmt.Errorf("%w: %w: write metadata of %s: %v", ErrUnavailable, ErrUnconfirmed, name, err)
+		}
+	}
 	if err != nil {
 		if errors.Is(err, segment.ErrPreconditionFailed) {
 			createErr = errLookAgain
@@ -226,6 +253,48 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	s.mu.Unlock()
 	created, createErr = s, nil
 	return info, true, nil
+}
+
+// endCreate publishes a create's outcome to the lookups waiting on its
+// name, and only then lets go of the stream: in neither set for a moment,
+// a compaction would move its cut past the stream's WAL entries without
+// checkpointing it, and retire them.
+func (e *Engine) endCreate(s *stream, publish func(*stream, error), created *stream, err error) {
+	publish(created, err)
+	e.mu.Lock()
+	delete(e.creating, s)
+	e.mu.Unlock()
+}
+
+// settleCreate asks the bucket, until it answers or the engine closes,
+// whether the metadata of a create with records landed, and then
+// publishes the stream (with its records) or lets lookups read the bucket.
+func (e *Engine) settleCreate(s *stream, body []byte, publish func(*stream, error)) {
+	defer e.bg.Done()
+	wait := time.Second
+	for {
+		select {
+		case <-e.closing:
+			e.endCreate(s, publish, nil, errLookAgain)
+			return
+		case <-time.After(wait):
+		}
+		cur, tag, err := e.readMeta(e.bgCtx, s.name)
+		if err != nil && !errors.Is(err, segment.ErrNotFound) {
+			wait = min(2*wait, 30*time.Second)
+			continue
+		}
+		if err != nil || !bytes.Equal(cur, body) {
+			e.endCreate(s, publish, nil, errLookAgain)
+			return
+		}
+		s.mu.Lock()
+		s.etag = tag
+		s.mu.Unlock()
+		e.log.Info("a create reported unconfirmed had landed", zap.String("stream", s.name))
+		e.endCreate(s, publish, s, nil)
+		return
+	}
 }
 
 // stamp turns new records into records at seq first on, all with the
@@ -255,10 +324,19 @@ func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
 	defer t.Stop()
 	select {
 	case <-b.Done():
-		if err := b.Err(); err != nil {
+		err := b.Err()
+		switch {
+		case err == nil:
+			return nil
+		case !b.Lost():
+			// Aborted with its upload's fate unknown (the writer closed
+			// while the store was unreachable, or another process took
+			// the storage over): a replay may still find it, so a
+			// retry is not safe to call harmless.
+			return fmt.Errorf("%w: %w: %v", ErrUnavailable, ErrUnconfirmed, err)
+		default:
 			return fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
-		return nil
 	case <-t.C:
 		return fmt.Errorf("%w: %w", ErrUnavailable, ErrUnconfirmed)
 	case <-ctx.Done():
