@@ -700,7 +700,7 @@ func (e *Engine) evictLocked() {
 			continue
 		}
 		if s.mu.TryLock() {
-			if s.pending == 0 && len(s.runs) == 0 && s.waiters.Load() == 0 {
+			if s.evictableLocked(e) {
 				cands = append(cands, cand{name, used})
 			}
 			s.mu.Unlock()
@@ -717,7 +717,7 @@ func (e *Engine) evictLocked() {
 		}
 		// Re-check: a request may have added work since the scan. A
 		// request still holding the handle sees evicted and looks again.
-		if s.pending == 0 && len(s.runs) == 0 && s.waiters.Load() == 0 {
+		if s.evictableLocked(e) {
 			s.evicted = true
 			delete(e.streams, cands[i].name)
 		}
@@ -747,6 +747,16 @@ type nameLock struct {
 }
 
 // lockName serialises creates and deletes of one name.
+// evictableLocked reports whether s may leave memory: no work in flight,
+// no uncompacted WAL runs, no reader following the tail, and no holder of
+// its name lock, whose deletes and metadata writes go through the handle
+// they looked up and must not act on one a lookup has since replaced. The
+// caller holds e.mu and s.mu.
+func (s *stream) evictableLocked(e *Engine) bool {
+	_, locked := e.nameLocks[s.name]
+	return s.pending == 0 && len(s.runs) == 0 && s.waiters.Load() == 0 && !locked
+}
+
 func (e *Engine) lockName(name string) func() {
 	e.mu.Lock()
 	l, ok := e.nameLocks[name]

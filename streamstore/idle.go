@@ -60,7 +60,7 @@ func (e *Engine) sweepIdle(now time.Time) (streams int, bytes int64) {
 		}
 		// Work in flight or uncompacted WAL runs pin a handle; waiters
 		// are readers following the tail.
-		if s.pending == 0 && s.waiters.Load() == 0 {
+		if _, locked := e.nameLocks[name]; s.pending == 0 && s.waiters.Load() == 0 && !locked {
 			switch {
 			case len(s.runs) == 0:
 				s.evicted = true

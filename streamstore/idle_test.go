@@ -314,3 +314,52 @@ func createMany(t *testing.T, e *Engine, prefix string, n int) {
 		t.Fatal(err)
 	}
 }
+
+// A handle whose name lock is held stays in memory: deletes and metadata
+// writes act through the handle they looked up under the lock, and one
+// evicted and replaced by a lookup meanwhile would leave the new handle
+// live beside a deleted stream, or compare against a stale version.
+func TestNameLockPinsHandle(t *testing.T) {
+	tests := []struct {
+		name  string
+		evict func(e *Engine)
+	}{
+		{"past the stream limit", func(e *Engine) {
+			e.mu.Lock()
+			e.evictLocked()
+			e.mu.Unlock()
+		}},
+		{"idle sweep", func(e *Engine) { e.sweepIdle(time.Now().Add(time.Hour)) }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			e := startEngine(t, memstore.New(), Config{MaxStreams: 2, IdleAfter: time.Minute})
+			for _, n := range []string{"/a", "/b", "/c"} {
+				if _, _, err := e.Create(ctx, n, CreateRequest{ContentType: "text/plain"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e.mu.Lock()
+			held := e.streams["/a"]
+			e.mu.Unlock()
+			if held == nil {
+				t.Fatal("/a is not in memory after its create")
+			}
+			held.used.Store(0) // long unused: the first to go
+			unlock := e.lockName("/a")
+			tc.evict(e)
+			e.mu.Lock()
+			cur := e.streams["/a"]
+			e.mu.Unlock()
+			if cur != held || held.evicted {
+				t.Error("the handle left memory while its name lock was held")
+			}
+			unlock()
+			tc.evict(e)
+			if !held.evicted {
+				t.Error("the handle stayed in memory once the lock was released: the test evicts nothing")
+			}
+		})
+	}
+}

@@ -368,6 +368,15 @@ func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*s
 		unlock := func() {}
 		if !haveLock {
 			unlock = e.lockName(name)
+			s.mu.Lock()
+			evicted := s.evicted
+			s.mu.Unlock()
+			if evicted {
+				// Replaced while we waited for the lock: judge the
+				// current handle.
+				unlock()
+				return e.liveLocked(ctx, name, haveLock)
+			}
 		}
 		err := e.deleteStream(ctx, s)
 		unlock()
@@ -785,12 +794,15 @@ func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, e
 // A stream that forks still read is soft-deleted instead: ErrGone to
 // clients until its last fork goes.
 func (e *Engine) Delete(ctx context.Context, name string) error {
-	s, err := e.live(ctx, name)
+	// The handle is looked up under the lock, which keeps it in memory:
+	// one looked up before could be evicted and replaced while the delete
+	// waited, and deleting through it would leave the new one live.
+	unlock := e.lockName(name)
+	defer unlock()
+	s, err := e.liveLocked(ctx, name, true)
 	if err != nil {
 		return err
 	}
-	unlock := e.lockName(name)
-	defer unlock()
 	return e.deleteStream(ctx, s)
 }
 
