@@ -139,6 +139,12 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 
 	info, created, err := eng.Create(r.Context(), name, req)
 	if err != nil {
+		var trimmed *streamstore.TrimmedError
+		if errors.As(err, &trimmed) {
+			// A trim of the source raced this fork past its point.
+			failForkTrimmed(w, position{seq: trimmed.Seq}, trimmed.StartSeq)
+			return
+		}
 		if errors.Is(err, streamstore.ErrGone) {
 			// A soft-deleted stream keeps its name reserved (section 4.2).
 			fail(w, http.StatusConflict, "a deleted stream still holds this name")
@@ -167,6 +173,7 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 type forkRequest struct {
 	from      streamstore.ForkFrom
 	offset    *position // nil: the source's tail
+	fromStart bool      // offset -1: the source's first retained position
 	subOffset uint64    // bytes, or messages on a JSON source
 }
 
@@ -195,7 +202,7 @@ func parseForkHeaders(r *http.Request) (*forkRequest, error) {
 		}
 		switch o.kind {
 		case offsetStart:
-			f.offset = &position{}
+			f.fromStart = true
 		case offsetAt:
 			f.offset = &o.pos
 		}
@@ -255,8 +262,18 @@ func (d *durableStreams) resolveFork(w http.ResponseWriter, r *http.Request, eng
 		return "", false
 	}
 	at := tailOf(src)
-	if f.offset != nil {
+	switch {
+	case f.fromStart:
+		// As on reads, -1 is the first position a trim left.
+		at = position{seq: src.StartSeq}
+	case f.offset != nil:
 		at = *f.offset
+	}
+	if at.seq < src.StartSeq {
+		// The source's records there were trimmed: nothing to inherit
+		// (section 5.6 answers 410 for reads below the retained start).
+		failForkTrimmed(w, at, src.StartSeq)
+		return "", false
 	}
 	if isJSON(src.ContentType) {
 		// Sub-offsets count messages, and each message is one record.
@@ -275,6 +292,13 @@ func (d *durableStreams) resolveFork(w http.ResponseWriter, r *http.Request, eng
 		f.from.Seq, f.from.Bytes = at.seq, at.off+f.subOffset
 	}
 	return src.ContentType, true
+}
+
+// failForkTrimmed answers a fork whose point at is below start, the
+// source's first retained seq.
+func failForkTrimmed(w http.ResponseWriter, at position, start uint64) {
+	fail(w, http.StatusGone, fmt.Sprintf("Stream-Fork-Offset %s is before the source's earliest retained offset %s: "+
+		"the records there were trimmed", at, position{seq: start}))
 }
 
 // append handles POST: append, close, or append and close.

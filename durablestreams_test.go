@@ -804,6 +804,66 @@ func TestForks(t *testing.T) {
 	}
 }
 
+// TestForkOfATrimmedSource: a fork point before the source's first
+// retained offset is 410 with a reason and creates nothing, whether or
+// not compaction removed the trimmed bytes yet; a fork from -1 starts at
+// that offset, and a fork above it reads only retained records.
+func TestForkOfATrimmedSource(t *testing.T) {
+	tests := []struct {
+		name, offset, sub string
+		status            int
+		body              string // the fork read from -1
+	}{
+		{name: "below the start", offset: position{1, 0}.String(), status: 410},
+		{name: "offset 0", offset: position{}.String(), status: 410},
+		{name: "sub-offset reaching past the start", offset: position{}.String(), sub: "5", status: 410},
+		{name: "-1", offset: "-1", status: 201, body: ""},
+		{name: "at the start", offset: position{2, 0}.String(), status: 201, body: ""},
+		{name: "inside a retained record", offset: position{2, 1}.String(), status: 201, body: "c"},
+		{name: "above the start", offset: position{3, 0}.String(), status: 201, body: "cc"},
+	}
+	for _, compact := range []bool{false, true} {
+		t.Run(fmt.Sprintf("compacted=%t", compact), func(t *testing.T) {
+			s := newDSServer(t)
+			s.do(t, "PUT", "/src", "", ct, "text/plain").want(t, 201)
+			for _, b := range []string{"aa", "bb", "cc", "dd"} {
+				s.do(t, "POST", "/src", b, ct, "text/plain").want(t, 204)
+			}
+			if _, err := s.eng.Trim(context.Background(), "/src", 2); err != nil {
+				t.Fatal(err)
+			}
+			if compact {
+				if err := s.eng.Compact(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, tc := range tests {
+				fork := fmt.Sprintf("/f%d", i)
+				hdr := []string{"Stream-Forked-From", "/src", "Stream-Fork-Offset", tc.offset}
+				if tc.sub != "" {
+					hdr = append(hdr, "Stream-Fork-Sub-Offset", tc.sub)
+				}
+				r := s.do(t, "PUT", fork, "", hdr...)
+				if r.status != tc.status {
+					t.Errorf("%s: fork %d %q, want %d", tc.name, r.status, r.body, tc.status)
+					continue
+				}
+				if tc.status != 201 {
+					if !strings.Contains(r.body, "retained") || !strings.Contains(r.body, position{2, 0}.String()) {
+						t.Errorf("%s: body %q does not give the retained start", tc.name, r.body)
+					}
+					s.do(t, "HEAD", fork, "").want(t, 404)
+					continue
+				}
+				g := s.do(t, "GET", fork+"?offset=-1", "").want(t, 200)
+				if g.body != tc.body {
+					t.Errorf("%s: the fork reads %q, want %q", tc.name, g.body, tc.body)
+				}
+			}
+		})
+	}
+}
+
 // TestConcurrentAppends checks that parallel appends all land, in some
 // order, each acknowledged with a distinct offset.
 func TestConcurrentAppends(t *testing.T) {

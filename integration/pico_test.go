@@ -1163,6 +1163,39 @@ func TestPicoTrimLeavesBucket(t *testing.T) {
 	if errors.Is(err, io.EOF) {
 		t.Log(err)
 	}
+
+	// Forks of the trimmed stream, whose trimmed bytes are gone: a fork
+	// point before the retained start is 410 (as a read there is) and
+	// writes nothing; a fork from -1 or above it inherits only retained
+	// records.
+	dsOffset := func(seq, b int) string { return fmt.Sprintf("%016d_%016d", seq, b) }
+	for _, c := range []struct {
+		name string
+		hdr  []string
+	}{
+		{"below the trim", []string{"Stream-Fork-Offset", dsOffset(3, 0)}},
+		{"at 0 with a sub-offset reaching past the trim", []string{"Stream-Fork-Offset", dsOffset(0, 0), "Stream-Fork-Sub-Offset", "40000"}},
+	} {
+		hdr := picoHdr(append([]string{"Stream-Forked-From", "/ds" + name}, c.hdr...)...)
+		resp, writes := fhExpectNoWrites(t, e, fhReq{Method: "PUT", Path: "/ds/trim/refused", Header: hdr})
+		if resp.Status != 410 || !strings.Contains(string(resp.Body), "retained") {
+			t.Errorf("fork %s: %s, want 410 saying where the retained records start", c.name, resp)
+		}
+		if len(writes) > 0 {
+			t.Errorf("fork %s: the refused fork wrote to the bucket: %s", c.name, fhSortedKeys(writes))
+		}
+		picoWant(t, "HEAD after the refused fork "+c.name, picoDo(e, "HEAD", "/ds/trim/refused", nil), 404)
+	}
+	picoWant(t, "fork from -1", picoDo(e, "PUT", "/ds/trim/from-start", nil, "Stream-Forked-From", "/ds"+name, "Stream-Fork-Offset", "-1"),
+		201, "Stream-Next-Offset", dsOffset(trimTo, 0))
+	picoWant(t, "fork above the trim", picoDo(e, "PUT", "/ds/trim/above", nil, "Stream-Forked-From", "/ds"+name, "Stream-Fork-Offset", dsOffset(17, 0)), 201)
+	picoWant(t, "Pico HEAD of the fork", picoDo(e, "HEAD", "/pico/trim/above", nil), 200,
+		"Pico-Start-Seq", strconv.Itoa(trimTo), "Pico-Next-Seq", "17")
+	for fork, want := range map[string][]byte{"/ds/trim/from-start": nil, "/ds/trim/above": bytes.Join(records[trimTo:17], nil)} {
+		if got, _, err := e.readBytes(fork); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s reads %d bytes, want %d (%v)", fork, len(got), len(want), err)
+		}
+	}
 }
 
 // TestPicoLiveEndsAtShutdown parks a Pico long-poll and an SSE reader on an

@@ -164,6 +164,17 @@ type ClosedError struct{ NextSeq uint64 }
 
 func (e *ClosedError) Error() string { return fmt.Sprintf("stream is closed at seq %d", e.NextSeq) }
 
+// TrimmedError: a position is below the stream's first retained seq, so
+// the records it needs were trimmed. It matches ErrGone.
+type TrimmedError struct{ Seq, StartSeq uint64 }
+
+func (e *TrimmedError) Error() string {
+	return fmt.Sprintf("seq %d is below the first retained seq %d", e.Seq, e.StartSeq)
+}
+
+// Is makes a TrimmedError match ErrGone.
+func (e *TrimmedError) Is(target error) bool { return target == ErrGone }
+
 // MatchError: MatchSeq did not equal the stream's next seq.
 type MatchError struct{ NextSeq uint64 }
 

@@ -504,12 +504,22 @@ func (s *stream) info() Info {
 		ID:          s.meta.ID,
 		ContentType: s.meta.ContentType,
 		Expiry:      s.meta.expiry(),
-		StartSeq:    s.durable.StartSeq,
+		StartSeq:    s.startSeq(&s.durable),
 		NextSeq:     s.durable.NextSeq,
 		Closed:      s.durable.Closed,
 		CreatedAt:   time.UnixMilli(s.meta.CreatedAt).UTC(),
 		ForkBase:    s.forkBase(),
 	}
+}
+
+// startSeq is the first readable seq in st, one of s's states: above the
+// stream's trims and, on a fork, above what its source had trimmed when
+// the fork was made. Called with s.mu held.
+func (s *stream) startSeq(st *writerState) uint64 {
+	if f := s.meta.Fork; f != nil {
+		return max(st.StartSeq, f.Start)
+	}
+	return st.StartSeq
 }
 
 func (s *stream) forkBase() uint64 {

@@ -39,10 +39,23 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	if err := e.updateMeta(ctx, src, func(m *metaObject) { m.Forks++ }); err != nil {
 		return Info{}, false, err
 	}
-	ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes}
-	info, created, err := e.create(ctx, name, req, ref, true)
-	if errors.Is(err, errNameTaken) {
-		err = ErrConflict
+	// A trim does not take the name lock and may have moved the source's
+	// start since resolveForkPoint looked. Now that the count is up,
+	// compaction keeps every record of the source from the start read
+	// here on, so that is where the fork's inherited records begin.
+	src.mu.Lock()
+	start := src.startSeq(&src.durable)
+	src.mu.Unlock()
+	var info Info
+	var created bool
+	if seq < start {
+		err = &TrimmedError{Seq: seq, StartSeq: start}
+	} else {
+		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start}
+		info, created, err = e.create(ctx, name, req, ref, true)
+		if errors.Is(err, errNameTaken) {
+			err = ErrConflict
+		}
 	}
 	if err != nil {
 		// Best effort: a failed decrement only keeps the source's data longer.
@@ -52,12 +65,18 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 }
 
 // resolveForkPoint turns (seq, bytes) into a point inside one record: it
-// skips whole records while bytes reach past them. The point must not be
-// beyond the source's durable tail.
+// skips whole records while bytes reach past them. seq must not be below
+// the source's first retained seq (a *TrimmedError): the records there
+// may be gone from the bucket, so neither the fork nor the walk over
+// bytes could read them. The point must not be beyond the source's
+// durable tail.
 func (e *Engine) resolveForkPoint(ctx context.Context, src *stream, seq, bytes uint64) (uint64, uint64, error) {
 	src.mu.Lock()
-	next, id := src.durable.NextSeq, src.meta.ID
+	next, id, start := src.durable.NextSeq, src.meta.ID, src.startSeq(&src.durable)
 	src.mu.Unlock()
+	if seq < start {
+		return 0, 0, &TrimmedError{Seq: seq, StartSeq: start}
+	}
 	for {
 		if seq > next || (seq == next && bytes > 0) {
 			return 0, 0, fmt.Errorf("%w: fork offset is beyond the source's tail", ErrBadRequest)

@@ -116,14 +116,18 @@ type metaObject struct {
 	State   writerState `json:"state"`
 }
 
-// forkRef is a fork's inherited range: the source's records below Seq, and
-// Bytes bytes of record Seq when Bytes > 0 (the fork's own records then
-// start at Seq+1).
+// forkRef is a fork's inherited range: the source's records from Start
+// and below Seq, and Bytes bytes of record Seq when Bytes > 0 (the fork's
+// own records then start at Seq+1).
 type forkRef struct {
 	SourceName string `json:"source_name"`
 	SourceID   string `json:"source_id"`
 	Seq        uint64 `json:"seq"`
 	Bytes      uint64 `json:"bytes,omitempty"`
+	// Start is the source's first retained seq when the fork was made:
+	// the records below it were trimmed, and compaction may have dropped
+	// them, so the fork starts there too.
+	Start uint64 `json:"start,omitempty"`
 }
 
 // base is the first seq of the fork's own records.

@@ -875,7 +875,7 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 		s.mu.Unlock()
 		return Info{}, fmt.Errorf("%w: trim seq %d is beyond the tail %d", ErrBadRequest, seq, next)
 	}
-	if seq <= s.pend.StartSeq {
+	if seq <= s.startSeq(&s.pend) {
 		info := s.info()
 		s.mu.Unlock()
 		return info, nil

@@ -1,0 +1,206 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+)
+
+// hookedStore is a memstore whose Fail hook can be swapped while engines
+// run on it.
+type hookedStore struct {
+	*memstore.Store
+	mu   sync.Mutex
+	hook func(op, key string) error
+}
+
+func newHookedStore() *hookedStore {
+	s := &hookedStore{Store: memstore.New()}
+	s.Fail = func(op, key string) error {
+		s.mu.Lock()
+		h := s.hook
+		s.mu.Unlock()
+		if h != nil {
+			return h(op, key)
+		}
+		return nil
+	}
+	return s
+}
+
+func (s *hookedStore) setHook(h func(op, key string) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hook = h
+}
+
+// trimmedSource creates /src with records aa bb cc dd, trimmed to seq 2,
+// and compacted when compact is set (the trimmed bytes then leave the
+// bucket).
+func trimmedSource(t *testing.T, e *Engine, compact bool) {
+	t.Helper()
+	ctx := context.Background()
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa", "bb", "cc", "dd")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Trim(ctx, "/src", 2); err != nil {
+		t.Fatal(err)
+	}
+	if compact {
+		if err := e.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// bodiesFrom reads name from seq and returns the bodies.
+func bodiesFrom(t *testing.T, e *Engine, name string, seq uint64) []string {
+	t.Helper()
+	res, err := e.Read(context.Background(), name, ReadRequest{Seq: seq})
+	if err != nil {
+		t.Fatalf("read %s from %d: %v", name, seq, err)
+	}
+	out := []string{}
+	for _, r := range res.Records {
+		out = append(out, string(r.Body))
+	}
+	return out
+}
+
+// TestForkOfTrimmedSource: a fork point below the source's first retained
+// seq is refused with a *TrimmedError and writes nothing; a fork above it
+// starts where the source does, so it never reads the trimmed records,
+// which compaction may have removed, also after a restart.
+func TestForkOfTrimmedSource(t *testing.T) {
+	tests := []struct {
+		name      string
+		seq       uint64
+		bytes     uint64
+		trimmed   bool
+		wantNext  uint64
+		wantReads []string // read from the fork's start
+	}{
+		{name: "seq 0", seq: 0, trimmed: true},
+		{name: "below the start", seq: 1, trimmed: true},
+		{name: "bytes reaching past the start", seq: 0, bytes: 5, trimmed: true},
+		{name: "at the start", seq: 2, wantNext: 2, wantReads: []string{}},
+		{name: "inside the first retained record", seq: 2, bytes: 1, wantNext: 3, wantReads: []string{"c"}},
+		{name: "above the start", seq: 4, wantNext: 4, wantReads: []string{"cc", "dd"}},
+	}
+	for _, compact := range []bool{false, true} {
+		for _, tc := range tests {
+			t.Run(fmt.Sprintf("%s/compacted=%t", tc.name, compact), func(t *testing.T) {
+				ctx := context.Background()
+				st := newHookedStore()
+				e := startEngine(t, st, Config{})
+				trimmedSource(t, e, compact)
+
+				var puts atomic.Int64
+				st.setHook(func(op, key string) error {
+					if op == "PUT" {
+						puts.Add(1)
+					}
+					return nil
+				})
+				info, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: tc.seq, Bytes: tc.bytes}})
+				st.setHook(nil)
+				if tc.trimmed {
+					var te *TrimmedError
+					if !errors.As(err, &te) || te.Seq != tc.seq || te.StartSeq != 2 || !errors.Is(err, ErrGone) {
+						t.Fatalf("fork at (%d, %d): %v, want a TrimmedError at start 2", tc.seq, tc.bytes, err)
+					}
+					if n := puts.Load(); n != 0 {
+						t.Errorf("the refused fork wrote %d objects", n)
+					}
+					if _, err := e.Head(ctx, "/fork"); !errors.Is(err, ErrNotFound) {
+						t.Errorf("HEAD of the refused fork: %v", err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatalf("fork at (%d, %d): %v", tc.seq, tc.bytes, err)
+				}
+				if info.StartSeq != 2 || info.NextSeq != tc.wantNext {
+					t.Fatalf("fork info: start %d next %d, want 2 and %d", info.StartSeq, info.NextSeq, tc.wantNext)
+				}
+				for i, eng := range []*Engine{e, startEngine(t, st, Config{CacheBytes: 1})} {
+					if _, err := eng.Read(ctx, "/fork", ReadRequest{Seq: 0}); !errors.Is(err, ErrGone) {
+						t.Errorf("engine %d: read of the fork below its start: %v, want ErrGone", i, err)
+					}
+					if got := bodiesFrom(t, eng, "/fork", 2); fmt.Sprint(got) != fmt.Sprint(tc.wantReads) {
+						t.Errorf("engine %d: fork reads %q, want %q", i, got, tc.wantReads)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestForkOfForkKeepsTheInheritedStart: a fork's own forks cannot reach
+// below the start it inherited.
+func TestForkOfForkKeepsTheInheritedStart(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	trimmedSource(t, e, true)
+	if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	var te *TrimmedError
+	if _, _, err := e.Create(ctx, "/g", CreateRequest{Fork: &ForkFrom{Source: "/f", Seq: 1}}); !errors.As(err, &te) || te.StartSeq != 2 {
+		t.Fatalf("fork of the fork below its start: %v", err)
+	}
+	if _, _, err := e.Create(ctx, "/g", CreateRequest{Fork: &ForkFrom{Source: "/f", Seq: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := bodiesFrom(t, e, "/g", 2); fmt.Sprint(got) != "[cc]" {
+		t.Errorf("fork of the fork reads %q", got)
+	}
+}
+
+// TestForkRacingATrim: a trim that lands between the fork's checks and its
+// raising of the source's fork count is seen after the count is up, and
+// the fork is refused, its count given back.
+func TestForkRacingATrim(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa", "bb", "cc")}); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && key == metaKey("/src") {
+			// The fork count's update: trim past the fork point first.
+			once.Do(func() {
+				if _, err := e.Trim(ctx, "/src", 2); err != nil {
+					t.Errorf("trim: %v", err)
+				}
+			})
+		}
+		return nil
+	})
+	_, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}})
+	st.setHook(nil)
+	var te *TrimmedError
+	if !errors.As(err, &te) || te.StartSeq != 2 {
+		t.Fatalf("fork raced by a trim: %v, want a TrimmedError", err)
+	}
+	src, err := e.stream(ctx, "/src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	forks := src.meta.Forks
+	src.mu.Unlock()
+	if forks != 0 {
+		t.Errorf("source's fork count after the refused fork: %d", forks)
+	}
+	if _, err := e.Head(ctx, "/fork"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("HEAD of the refused fork: %v", err)
+	}
+}
