@@ -83,7 +83,9 @@ func parseExpiry(h http.Header) (streamstore.Expiry, error) {
 		if err != nil {
 			return x, fmt.Errorf("Stream-Expires-At must be an RFC 3339 timestamp, got %q", at)
 		}
-		x.ExpiresAt = t.UTC()
+		// The engine keeps milliseconds: compare a repeated create with
+		// what it stored, or an identical PUT would conflict.
+		x.ExpiresAt = t.UTC().Truncate(time.Millisecond)
 	}
 	return x, nil
 }

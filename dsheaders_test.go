@@ -47,6 +47,9 @@ func TestParseExpiry(t *testing.T) {
 		"2030-01-02T03:04:05.123Z":      time.Date(2030, 1, 2, 3, 4, 5, 123e6, time.UTC),
 		"2030-01-02T05:04:05+02:00":     time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC),
 		"2030-01-02T03:04:05.123+00:00": time.Date(2030, 1, 2, 3, 4, 5, 123e6, time.UTC),
+		// Milliseconds are what the engine keeps.
+		"2030-01-02T03:04:05.123456Z":    time.Date(2030, 1, 2, 3, 4, 5, 123e6, time.UTC),
+		"2030-01-02T03:04:05.999999999Z": time.Date(2030, 1, 2, 3, 4, 5, 999e6, time.UTC),
 	} {
 		h.Set("Stream-Expires-At", in)
 		x, err := parseExpiry(h)

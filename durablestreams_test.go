@@ -181,6 +181,12 @@ func TestCreateIdempotence(t *testing.T) {
 	s.do(t, "PUT", "/s", "", ct, "application/json", "Stream-TTL", "60").want(t, 409)
 	s.do(t, "PUT", "/s", "", ct, "application/json").want(t, 409)
 	s.do(t, "PUT", "/s", "", ct, "application/json", "Stream-TTL", "3600", "Stream-Closed", "true").want(t, 409)
+	// An expiry finer than the milliseconds the engine keeps: the same
+	// PUT again is still the same configuration.
+	at := []string{ct, "text/plain", "Stream-Expires-At", "2099-01-01T00:00:00.123456Z"}
+	s.do(t, "PUT", "/at", "", at...).want(t, 201)
+	s.do(t, "PUT", "/at", "", at...).want(t, 200)
+	s.do(t, "HEAD", "/at", "").want(t, 200).header(t, hdrStreamExpiresAt, "2099-01-01T00:00:00.123Z")
 	// No Content-Type: application/octet-stream.
 	s.do(t, "PUT", "/raw", "").want(t, 201).header(t, ct, "application/octet-stream")
 }

@@ -284,6 +284,11 @@ func TestPicoProtocol(t *testing.T) {
 		picoWant(t, "create with Unix ms expiry", picoDo(e, "PUT", "/pico/exp", nil, "Pico-Expires-At", ms), 201)
 		picoWant(t, "HEAD exp", picoDo(e, "HEAD", "/pico/exp", nil), 200, "Pico-Expires-At", "2099-03-04T05:06:07.008Z")
 		picoWant(t, "same expiry in RFC 3339", picoDo(e, "PUT", "/pico/exp", nil, "Pico-Expires-At", "2099-03-04T05:06:07.008Z"), 200)
+		// Finer than the milliseconds kept: the same create again is 200.
+		subMilli := []string{"Content-Type", "text/plain", "Stream-Expires-At", "2099-03-04T05:06:07.008123Z"}
+		picoWant(t, "DS create with a sub-millisecond expiry", picoDo(e, "PUT", "/ds/exp-sub", nil, subMilli...), 201)
+		picoWant(t, "the same DS create again", picoDo(e, "PUT", "/ds/exp-sub", nil, subMilli...), 200,
+			"Stream-Next-Offset", "0000000000000000_0000000000000000")
 		picoWant(t, "create closed", picoDo(e, "PUT", "/pico/sealed", nil, "Pico-Closed", "true"), 201, "Pico-Closed", "true")
 		picoWant(t, "HEAD sealed", picoDo(e, "HEAD", "/pico/sealed", nil), 200, "Pico-Closed", "true")
 
