@@ -323,6 +323,10 @@ func TestProducers(t *testing.T) {
 	s.do(t, "POST", "/s", "end", append(p("1", "1"), "Stream-Closed", "true")...).want(t, 200).header(t, hdrStreamClosed, "true")
 	s.do(t, "POST", "/s", "END", append(p("1", "1"), "Stream-Closed", "true")...).want(t, 204).header(t, hdrStreamClosed, "true")
 	s.do(t, "POST", "/s", "no", append(p("1", "2"), "Stream-Closed", "true")...).want(t, 409).header(t, hdrStreamClosed, "true")
+	// On the closed stream a stale epoch is told the stream is closed
+	// (section 5.2.1), not fenced.
+	s.do(t, "POST", "/s", "z", p("0", "3")...).want(t, 409).header(t, hdrStreamClosed, "true").
+		header(t, hdrStreamNextOffset, position{4, 0}.String())
 	if got := s.do(t, "GET", "/s", "").body; got != "abcend" {
 		t.Errorf("body %q", got)
 	}

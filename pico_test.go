@@ -440,6 +440,9 @@ func TestPicoProducers(t *testing.T) {
 	if strings.Join(got, "") != "abcde" {
 		t.Errorf("records %q", got)
 	}
+	// Once the stream is closed, a stale epoch is told so, not fenced.
+	s.do(t, "POST", "/pico/p", nil, hdrPicoClosed, "true").want(t, 200)
+	s.do(t, "POST", "/pico/p", []byte("x"), prod(1, 3)...).wantError(t, 409, picoErrClosed, 5).header(t, hdrPicoClosed, "true")
 }
 
 func TestPicoMatchSeq(t *testing.T) {

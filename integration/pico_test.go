@@ -459,6 +459,13 @@ func TestPicoProtocol(t *testing.T) {
 		if len(recs) != 3 || string(recs[2].data(t)) != "c" {
 			t.Errorf("producer stream %+v", recs)
 		}
+		// Closed, the stream tells a stale epoch it is closed (closure is
+		// checked first, section 5.2.1), through either protocol.
+		picoWant(t, "close", picoDo(e, "POST", "/pico/prod", nil, "Pico-Closed", "true"), 200, "Pico-Closed", "true")
+		picoWantError(t, "stale epoch after the close", send(0, 2, "x"), 409, "closed")
+		picoWant(t, "DS stale epoch after the close", picoDo(e, "POST", "/ds/prod", []byte("x"), "Content-Type", "text/plain",
+			"Producer-Id", "writer-1", "Producer-Epoch", "0", "Producer-Seq", "2"), 409,
+			"Stream-Closed", "true", "Stream-Next-Offset", "0000000000000003_0000000000000000")
 	})
 
 	t.Run("match, close, trim", func(t *testing.T) {

@@ -154,6 +154,57 @@ func TestProducerDedupAndFencing(t *testing.T) {
 	}
 }
 
+// TestClosedStreamComesBeforeProducerChecks: on a closed stream every
+// append but a retry of the closing one is a ClosedError, a stale epoch's
+// too (section 5.2.1), and nothing is written.
+func TestClosedStreamComesBeforeProducerChecks(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	if _, _, err := e.Create(ctx, "/p", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	prod := func(epoch, seq uint64) *Producer { return &Producer{ID: "w", Epoch: epoch, Seq: seq} }
+	if _, err := e.Append(ctx, "/p", AppendRequest{Records: recs("a"), Producer: prod(0, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	// A new epoch closes the stream.
+	if _, err := e.Append(ctx, "/p", AppendRequest{Records: recs("b"), Producer: prod(1, 0), Close: true}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		req       AppendRequest
+		duplicate bool // else a ClosedError
+	}{
+		{"stale epoch", AppendRequest{Records: recs("x"), Producer: prod(0, 1)}, false},
+		{"stale epoch closing", AppendRequest{Records: recs("x"), Producer: prod(0, 1), Close: true}, false},
+		{"stale epoch, content type too", AppendRequest{ContentType: "image/png", Records: recs("x"), Producer: prod(0, 1)}, false},
+		{"next seq of the closing epoch", AppendRequest{Records: recs("x"), Producer: prod(1, 1)}, false},
+		{"another producer", AppendRequest{Records: recs("x"), Producer: &Producer{ID: "v"}}, false},
+		{"no producer", AppendRequest{Records: recs("x")}, false},
+		{"retry of the closing append", AppendRequest{Records: recs("b"), Producer: prod(1, 0), Close: true}, true},
+		{"close-only without a producer", AppendRequest{Close: true}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := e.Append(ctx, "/p", tc.req)
+			if tc.duplicate {
+				if err != nil || !res.Duplicate || !res.Closed || res.NextSeq != 2 {
+					t.Fatalf("%+v %v, want a duplicate of the closed tail", res, err)
+				}
+				return
+			}
+			var closed *ClosedError
+			if !errors.As(err, &closed) || closed.NextSeq != 2 {
+				t.Fatalf("%+v %v, want a ClosedError at 2", res, err)
+			}
+		})
+	}
+	if got := fmt.Sprint(readAll(t, e, "/p")); got != "[a b]" {
+		t.Fatalf("records: %s", got)
+	}
+}
+
 func TestFailedUploadRollsBackAndRecovers(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()

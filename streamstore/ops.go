@@ -449,31 +449,33 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 	st := &s.pend
 	s.touched = now
 
-	if p := req.Producer; p != nil {
-		cur, known := st.Producers[p.ID]
-		if known && p.Epoch < cur.Epoch {
-			s.mu.Unlock()
-			return AppendResult{}, nil, &FencedError{CurrentEpoch: cur.Epoch}
-		}
-		if st.Closed {
+	// Closure comes first, before producer fencing too (section 5.2.1):
+	// on a closed stream only a retry of the closing append succeeds.
+	if st.Closed {
+		next := st.NextSeq
+		if p := req.Producer; p != nil {
 			if cb := st.ClosedBy; cb != nil && cb.ID == p.ID && cb.Epoch == p.Epoch && cb.Seq == p.Seq {
 				return e.duplicateLocked(s, p)
 			}
 			s.mu.Unlock()
-			return AppendResult{}, nil, &ClosedError{NextSeq: st.NextSeq}
+			return AppendResult{}, nil, &ClosedError{NextSeq: next}
 		}
-		if known && p.Epoch == cur.Epoch && p.Seq <= cur.Seq {
-			return e.duplicateLocked(s, p)
-		}
-	}
-	if st.Closed {
-		next := st.NextSeq
 		closeOnly := len(req.Records) == 0 && req.Close
 		s.mu.Unlock()
 		if closeOnly {
 			return AppendResult{FirstSeq: next, NextSeq: next, Closed: true, Duplicate: true}, nil, nil
 		}
 		return AppendResult{}, nil, &ClosedError{NextSeq: next}
+	}
+	if p := req.Producer; p != nil {
+		cur, known := st.Producers[p.ID]
+		if known && p.Epoch < cur.Epoch {
+			s.mu.Unlock()
+			return AppendResult{}, nil, &FencedError{CurrentEpoch: cur.Epoch}
+		}
+		if known && p.Epoch == cur.Epoch && p.Seq <= cur.Seq {
+			return e.duplicateLocked(s, p)
+		}
 	}
 	if req.ContentType != "" && len(req.Records) > 0 && !sameMediaType(req.ContentType, s.meta.ContentType) {
 		s.mu.Unlock()
