@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/picomq/caddy-picomq/streamstore"
 )
@@ -260,6 +261,9 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 // An empty array yields no messages; the caller decides whether that is
 // allowed (PUT) or not (POST).
 func jsonMessages(body []byte) ([][]byte, error) {
+	if !utf8.Valid(body) {
+		return nil, errors.New("body is not valid JSON: it is not UTF-8 (RFC 8259 section 8.1)")
+	}
 	if !json.Valid(body) {
 		return nil, errors.New("body is not valid JSON")
 	}
@@ -285,6 +289,11 @@ func jsonMessages(body []byte) ([][]byte, error) {
 	}
 	return out, nil
 }
+
+// validJSON reports whether b is one JSON value encoded in UTF-8.
+// json.Valid alone lets invalid UTF-8 inside strings through, which RFC
+// 8259 (section 8.1) forbids and JSON readers of the stream would choke on.
+func validJSON(b []byte) bool { return utf8.Valid(b) && json.Valid(b) }
 
 // ttlSeconds formats a TTL for the Stream-TTL response header.
 func ttlSeconds(d time.Duration) string {

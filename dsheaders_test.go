@@ -175,7 +175,9 @@ func TestJSONMessages(t *testing.T) {
 			}
 		}
 	}
-	for _, bad := range []string{``, `{ invalid json }`, `[1,`, `{"a":1}{"b":2}`, `[1] [2]`} {
+	for _, bad := range []string{``, `{ invalid json }`, `[1,`, `{"a":1}{"b":2}`, `[1] [2]`,
+		// Not UTF-8 (RFC 8259 section 8.1), inside a string or a key.
+		"{\"a\":\"\xff\xfe\"}", "[\"ok\", \"\xc3\x28\"]", "{\"\x80\":1}"} {
 		if got, err := jsonMessages([]byte(bad)); err == nil {
 			t.Errorf("%q accepted: %q", bad, got)
 		}

@@ -471,6 +471,11 @@ func TestJSONMode(t *testing.T) {
 	}
 	s.do(t, "POST", "/j", "[]", ct, "application/json").want(t, 400)
 	s.do(t, "POST", "/j", "{ invalid json }", ct, "application/json").want(t, 400)
+	// JSON is UTF-8 (RFC 8259 section 8.1): a string of other bytes is
+	// not JSON, at create or append.
+	s.do(t, "POST", "/j", "{\"a\":\"\xff\xfe\"}", ct, "application/json").want(t, 400)
+	s.do(t, "PUT", "/j2", "[\"\xc3\x28\"]", ct, "application/json").want(t, 400)
+	s.do(t, "HEAD", "/j2", "").want(t, 404)
 	s.do(t, "POST", "/j", `{"a": 1}`, ct, "application/json; charset=utf-8").want(t, 204)
 	s.do(t, "POST", "/j", `[[1,2], {"b": "a long string value"}, 3]`, ct, "application/json").want(t, 204).
 		header(t, hdrStreamNextOffset, position{4, 0}.String())

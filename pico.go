@@ -184,11 +184,12 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 }
 
 // firstNonJSON returns the index of the first record whose body is not a
-// JSON value, or -1. Records of an application/json stream must be JSON, so
-// that the stream reads as JSON messages through Durable Streams too.
+// JSON value in UTF-8, or -1. Records of an application/json stream must be
+// JSON, so that the stream reads as JSON messages through Durable Streams
+// too.
 func firstNonJSON(recs []streamstore.NewRecord) int {
 	for i, rec := range recs {
-		if !json.Valid(rec.Body) {
+		if !validJSON(rec.Body) {
 			return i
 		}
 	}
@@ -196,7 +197,7 @@ func firstNonJSON(recs []streamstore.NewRecord) int {
 }
 
 func nonJSONMessage(i int) string {
-	return fmt.Sprintf("record %d is not a JSON value, and the stream is application/json", i)
+	return fmt.Sprintf("record %d is not a JSON value in UTF-8, and the stream is application/json", i)
 }
 
 // picoLocation is the stream's path in the client's URL space (with any

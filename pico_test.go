@@ -974,6 +974,13 @@ func TestPicoCrossProtocol(t *testing.T) {
 	s.do(t, "POST", "/pico/y", []byte(`{"records":[{"body":"1"},{"body":"x"}]}`), hCT, picowire.JSONBatch).wantError(t, 400, picoErrBadRequest, -1)
 	s.do(t, "PUT", "/pico/z", []byte("nope"), hCT, "application/json").wantError(t, 400, picoErrBadRequest, -1)
 	s.do(t, "HEAD", "/pico/z", nil).want(t, 404)
+	// JSON is UTF-8 (RFC 8259 section 8.1).
+	notUTF8 := []byte("{\"a\":\"\xff\xfe\"}")
+	s.do(t, "POST", "/pico/y", notUTF8, hCT, "application/json").wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "POST", "/pico/y", []byte(`{"records":[{"body_b64":"eyJhIjoi//4ifQ=="}]}`), hCT, picowire.JSONBatch).
+		wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "PUT", "/pico/z", notUTF8, hCT, "application/json").wantError(t, 400, picoErrBadRequest, -1)
+	s.do(t, "HEAD", "/pico/z", nil).want(t, 404)
 	s.do(t, "POST", "/ds/y", []byte(`[1,{"a":2}]`), hCT, "application/json").want(t, 204)
 	s.do(t, "HEAD", "/pico/y", nil).want(t, 200).header(t, hdrPicoTTL, "120").header(t, hdrPicoNextSeq, "2")
 	recs = s.readAll(t, "/y")

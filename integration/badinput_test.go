@@ -156,6 +156,13 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{name: "json/invalid", req: post(jsonPath, []byte(`{"k":`), "Content-Type", "application/json"), status: 400, reason: badJSON},
 		{name: "json/trailing-garbage", req: post(jsonPath, []byte(`{"k":1} x`), "Content-Type", "application/json"), status: 400, reason: badJSON},
 		{name: "json/empty-array", req: post(jsonPath, []byte(`[]`), "Content-Type", "application/json"), status: 400, reason: []string{"empty", "array"}},
+		// JSON is UTF-8 (RFC 8259 section 8.1).
+		{name: "json/not-utf8", req: post(jsonPath, []byte("{\"k\":\"\xff\xfe\"}"), "Content-Type", "application/json"), status: 400, reason: []string{"utf-8"}},
+		{
+			name:   "json/not-utf8-initial-body",
+			req:    fhReq{Method: http.MethodPut, Path: "/bi/new-json-utf8", Header: hdr("Content-Type", "application/json"), Body: []byte("[\"\xc3\x28\"]")},
+			status: 400, reason: []string{"utf-8"}, absent: "/bi/new-json-utf8",
+		},
 		{
 			name:   "json/invalid-initial-body",
 			req:    fhReq{Method: http.MethodPut, Path: "/bi/new-json", Header: hdr("Content-Type", "application/json"), Body: []byte(`[1,`)},

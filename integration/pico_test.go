@@ -421,6 +421,27 @@ func TestPicoProtocol(t *testing.T) {
 				t.Errorf("%s: the refused request wrote to the bucket: %s", c.name, fhSortedKeys(writes))
 			}
 		}
+		// An application/json stream's records are JSON values in UTF-8
+		// (RFC 8259 section 8.1).
+		picoWant(t, "create a JSON stream", picoDo(e, "PUT", "/pico/badjson", []byte(`{"ok":1}`), "Content-Type", "application/json"), 201)
+		for _, c := range []struct {
+			name, ct string
+			body     []byte
+		}{
+			{"JSON that is not UTF-8", "application/json", []byte("{\"a\":\"\xff\xfe\"}")},
+			{"JSON that is not UTF-8, in a batch", picoJSONBatch, []byte(`{"records":[{"body_b64":"eyJhIjoi//4ifQ=="}]}`)},
+		} {
+			resp, writes := fhExpectNoWrites(t, e, fhReq{Method: "POST", Path: "/pico/badjson", Header: picoHdr("Content-Type", c.ct), Body: c.body})
+			if resp.Status != 400 || !strings.Contains(string(resp.Body), "UTF-8") {
+				t.Errorf("%s: %s, want 400 saying why", c.name, resp)
+			}
+			if len(writes) > 0 {
+				t.Errorf("%s: the refused request wrote to the bucket: %s", c.name, fhSortedKeys(writes))
+			}
+		}
+		if recs := picoRecords(t, picoDo(e, "GET", "/pico/badjson", nil)); len(recs) != 1 {
+			t.Errorf("JSON stream changed by refused requests: %+v", recs)
+		}
 		for _, c := range []struct {
 			name string
 			hdr  []string
