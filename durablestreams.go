@@ -341,12 +341,11 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 		req.ContentType = ct
 		if isJSON(ct) {
 			msgs, err := jsonMessages(body)
-			if err != nil {
-				fail(w, http.StatusBadRequest, err.Error())
-				return
+			if err == nil && len(msgs) == 0 {
+				err = errors.New("empty JSON array: an append needs at least one message")
 			}
-			if len(msgs) == 0 {
-				fail(w, http.StatusBadRequest, "empty JSON array: an append needs at least one message")
+			if err != nil {
+				d.refuseBody(w, r, name, ct, err)
 				return
 			}
 			req.Records = toRecords(msgs)
@@ -389,6 +388,28 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 		}
 	}
 	w.WriteHeader(status)
+}
+
+// refuseBody answers an append whose body is not valid in its content type
+// ct. Section 5.2 puts a closed stream's 409 and a content-type mismatch's
+// 409 before that 400, and only the stream knows either, so its state is
+// looked up, on this error path only (from memory, unless the stream was
+// evicted). A stream that cannot be looked up gets the 400: the body is
+// wrong whatever the stream.
+func (d *durableStreams) refuseBody(w http.ResponseWriter, r *http.Request, name, ct string, bodyErr error) {
+	if eng, err := d.engine(r.Context()); err == nil {
+		if info, err := eng.Head(r.Context(), name); err == nil {
+			switch {
+			case info.Closed:
+				d.engineError(w, r, &streamstore.ClosedError{NextSeq: info.NextSeq})
+				return
+			case !sameMediaType(ct, info.ContentType):
+				d.engineError(w, r, streamstore.ErrContentType)
+				return
+			}
+		}
+	}
+	fail(w, http.StatusBadRequest, bodyErr.Error())
 }
 
 // head handles HEAD: the stream's metadata, without renewing its TTL.

@@ -256,6 +256,44 @@ func TestAppendErrors(t *testing.T) {
 	}
 }
 
+// TestAppendConflictsComeBeforeBodyValidation: a closed stream's 409 and a
+// content-type mismatch's 409 come before a JSON body's 400 (section 5.2's
+// precedence), and none of them writes.
+func TestAppendConflictsComeBeforeBodyValidation(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/text", "", ct, "text/plain").want(t, 201)
+	s.do(t, "PUT", "/json", "", ct, "application/json").want(t, 201)
+	s.do(t, "PUT", "/sealed", `[1]`, ct, "application/json", "Stream-Closed", "true").want(t, 201)
+	tests := []struct {
+		name, path, body string
+		status           int
+		closed           string // Stream-Closed
+	}{
+		{"text stream, not JSON", "/text", "hello", 409, ""},
+		{"text stream, empty array", "/text", "[]", 409, ""},
+		{"closed JSON stream, empty array", "/sealed", "[]", 409, "true"},
+		{"closed JSON stream, not JSON", "/sealed", "nope", 409, "true"},
+		{"closed JSON stream, not UTF-8", "/sealed", "\"\xff\"", 409, "true"},
+		{"open JSON stream, not JSON", "/json", "nope", 400, ""},
+		{"open JSON stream, empty array", "/json", "[]", 400, ""},
+		{"no stream, not JSON", "/missing", "nope", 400, ""},
+	}
+	for _, tc := range tests {
+		r := s.do(t, "POST", tc.path, tc.body, ct, "application/json")
+		if r.status != tc.status || r.h.Get(hdrStreamClosed) != tc.closed || r.body == "" {
+			t.Errorf("%s: %d %q, Stream-Closed %q; want %d and %q", tc.name, r.status, r.body, r.h.Get(hdrStreamClosed), tc.status, tc.closed)
+		}
+		if tc.closed != "" && r.h.Get(hdrStreamNextOffset) != (position{1, 0}).String() {
+			t.Errorf("%s: Stream-Next-Offset %q", tc.name, r.h.Get(hdrStreamNextOffset))
+		}
+	}
+	for path, want := range map[string]string{"/text": "", "/json": "[]", "/sealed": "[1]"} {
+		if got := s.do(t, "GET", path+"?offset=-1", "").want(t, 200).body; got != want {
+			t.Errorf("%s holds %q, want %q", path, got, want)
+		}
+	}
+}
+
 func TestStreamSeq(t *testing.T) {
 	s := newDSServer(t)
 	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)

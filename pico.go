@@ -310,13 +310,21 @@ func (p *picoProtocol) append(w http.ResponseWriter, r *http.Request, name strin
 		// Records of an application/json stream must be JSON values, or
 		// Durable Streams' JSON-mode reads of the stream would break.
 		// Only the stream knows its type: a lookup, in memory unless
-		// evicted, needed only when a record is not JSON.
+		// evicted, needed only when a record is not JSON. Closure and a
+		// content-type mismatch come first, as the engine orders them.
 		info, err := eng.Head(r.Context(), name)
 		if err != nil {
 			p.engineError(w, r, err)
 			return
 		}
-		if isJSON(info.ContentType) {
+		switch {
+		case info.Closed:
+			p.engineError(w, r, &streamstore.ClosedError{NextSeq: info.NextSeq})
+			return
+		case req.ContentType != "" && !sameMediaType(req.ContentType, info.ContentType):
+			p.engineError(w, r, streamstore.ErrContentType)
+			return
+		case isJSON(info.ContentType):
 			picoFail(w, http.StatusBadRequest, picoErrBadRequest, nonJSONMessage(i), nil)
 			return
 		}

@@ -287,6 +287,41 @@ func (s *picoServer) readAll(t *testing.T, name string) []jsonRecord {
 	return s.do(t, "GET", "/pico"+name+"?seq=0", nil).want(t, 200).records(t)
 }
 
+// TestPicoAppendConflictsComeBeforeJSONValidation: on an application/json
+// stream, closure and a content-type mismatch are told before a record that
+// is not JSON, as the engine orders them; nothing is written.
+func TestPicoAppendConflictsComeBeforeJSONValidation(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/j", []byte(`1`), hCT, "application/json").want(t, 201)
+	s.do(t, "PUT", "/pico/sealed", []byte(`1`), hCT, "application/json", hdrPicoClosed, "true").want(t, 201)
+	tests := []struct {
+		name, path string
+		hdr        []string
+		status     int
+		code       string
+		next       int64
+	}{
+		{"closed", "/pico/sealed", nil, 409, picoErrClosed, 1},
+		{"closed, other type", "/pico/sealed", []string{hCT, "text/plain"}, 409, picoErrClosed, 1},
+		{"other type", "/pico/j", []string{hCT, "text/plain"}, 409, picoErrConflict, -1},
+		{"the stream's type", "/pico/j", []string{hCT, "application/json"}, 400, picoErrBadRequest, -1},
+		{"no type", "/pico/j", nil, 400, picoErrBadRequest, -1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := s.do(t, "POST", tc.path, []byte("not json"), tc.hdr...).wantError(t, tc.status, tc.code, tc.next)
+			if tc.code == picoErrClosed {
+				r.header(t, hdrPicoClosed, "true")
+			}
+		})
+	}
+	for _, name := range []string{"/j", "/sealed"} {
+		if recs := s.readAll(t, name); len(recs) != 1 {
+			t.Errorf("%s holds %d records, want 1", name, len(recs))
+		}
+	}
+}
+
 func TestPicoAppendSingleAndBatches(t *testing.T) {
 	s := newPicoServer(t)
 	s.do(t, "PUT", "/pico/s", nil, hCT, "text/plain").want(t, 201)

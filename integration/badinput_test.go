@@ -41,11 +41,16 @@ func TestBadInputChangesNothing(t *testing.T) {
 		Optional: []string{"compact_interval 1h"},
 	})
 	const (
-		jsonPath = "/bi/json"
-		textPath = "/bi/text"
+		jsonPath   = "/bi/json"
+		textPath   = "/bi/text"
+		closedPath = "/bi/closed"
 	)
 	e.create(jsonPath, "application/json")
 	e.append(jsonPath, "application/json", []byte(`{"k":1}`))
+	if r := e.must(fhReq{Method: http.MethodPut, Path: closedPath, Body: []byte(`[1]`),
+		Header: map[string]string{"Content-Type": "application/json", "Stream-Closed": "true"}}); r.Status != http.StatusCreated {
+		t.Fatalf("creating %s closed: %s", closedPath, r)
+	}
 	e.create(textPath, "text/plain")
 	e.append(textPath, "text/plain", []byte("hello"))
 	jsonBefore, jsonTail, err := e.readBytes(jsonPath)
@@ -125,6 +130,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 			status: 409, reason: append(badCT, "configuration", "exists"),
 		},
 		{name: "content-type/missing", req: post(textPath, []byte("x")), status: 400, reason: badCT},
+		// Section 5.2: closure, then a content-type mismatch, come before
+		// the body's own validity.
+		{name: "content-type/mismatch-not-json", req: post(textPath, []byte(`{"k":`), "Content-Type", "application/json"), status: 409, reason: badCT},
+		{name: "content-type/mismatch-empty-array", req: post(textPath, []byte(`[]`), "Content-Type", "application/json"), status: 409, reason: badCT},
+		{name: "closed/empty-array", req: post(closedPath, []byte(`[]`), "Content-Type", "application/json"), status: 409, reason: []string{"closed"}},
+		{name: "closed/not-json", req: post(closedPath, []byte(`{"k":`), "Content-Type", "application/json"), status: 409, reason: []string{"closed"}},
 		{name: "post/empty-without-close", req: post(textPath, nil, "Content-Type", "text/plain"), status: 400, reason: []string{"empty", "body"}},
 		{name: "post/over-max-append-size", req: post(textPath, tooBig, "Content-Type", "text/plain"), status: 413, reason: tooLarge},
 		// A gzip-encoded body is not the bytes the client means to append.
@@ -206,7 +217,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 	for _, s := range []struct {
 		path       string
 		body, tail string
-	}{{jsonPath, string(jsonBefore), jsonTail}, {textPath, string(textBefore), textTail}} {
+	}{{jsonPath, string(jsonBefore), jsonTail}, {textPath, string(textBefore), textTail}, {closedPath, "[1]", "0000000000000001_0000000000000000"}} {
 		got, tail, err := e.readBytes(s.path)
 		if err != nil {
 			t.Error(err)

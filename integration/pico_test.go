@@ -423,24 +423,33 @@ func TestPicoProtocol(t *testing.T) {
 		}
 		// An application/json stream's records are JSON values in UTF-8
 		// (RFC 8259 section 8.1).
+		// Closure and a content-type mismatch are told before that (409).
 		picoWant(t, "create a JSON stream", picoDo(e, "PUT", "/pico/badjson", []byte(`{"ok":1}`), "Content-Type", "application/json"), 201)
+		picoWant(t, "create a closed JSON stream", picoDo(e, "PUT", "/pico/badjson-sealed", []byte(`{"ok":1}`),
+			"Content-Type", "application/json", "Pico-Closed", "true"), 201)
 		for _, c := range []struct {
-			name, ct string
-			body     []byte
+			name, path, ct string
+			body           []byte
+			status         int
+			reason         string
 		}{
-			{"JSON that is not UTF-8", "application/json", []byte("{\"a\":\"\xff\xfe\"}")},
-			{"JSON that is not UTF-8, in a batch", picoJSONBatch, []byte(`{"records":[{"body_b64":"eyJhIjoi//4ifQ=="}]}`)},
+			{"JSON that is not UTF-8", "/pico/badjson", "application/json", []byte("{\"a\":\"\xff\xfe\"}"), 400, "UTF-8"},
+			{"JSON that is not UTF-8, in a batch", "/pico/badjson", picoJSONBatch, []byte(`{"records":[{"body_b64":"eyJhIjoi//4ifQ=="}]}`), 400, "UTF-8"},
+			{"not JSON, sent as another type", "/pico/badjson", "text/plain", []byte("nope"), 409, "Content-Type"},
+			{"not JSON, to a closed stream", "/pico/badjson-sealed", "application/json", []byte("nope"), 409, "closed"},
 		} {
-			resp, writes := fhExpectNoWrites(t, e, fhReq{Method: "POST", Path: "/pico/badjson", Header: picoHdr("Content-Type", c.ct), Body: c.body})
-			if resp.Status != 400 || !strings.Contains(string(resp.Body), "UTF-8") {
-				t.Errorf("%s: %s, want 400 saying why", c.name, resp)
+			resp, writes := fhExpectNoWrites(t, e, fhReq{Method: "POST", Path: c.path, Header: picoHdr("Content-Type", c.ct), Body: c.body})
+			if resp.Status != c.status || !strings.Contains(string(resp.Body), c.reason) {
+				t.Errorf("%s: %s, want %d saying %q", c.name, resp, c.status, c.reason)
 			}
 			if len(writes) > 0 {
 				t.Errorf("%s: the refused request wrote to the bucket: %s", c.name, fhSortedKeys(writes))
 			}
 		}
-		if recs := picoRecords(t, picoDo(e, "GET", "/pico/badjson", nil)); len(recs) != 1 {
-			t.Errorf("JSON stream changed by refused requests: %+v", recs)
+		for _, name := range []string{"/pico/badjson", "/pico/badjson-sealed"} {
+			if recs := picoRecords(t, picoDo(e, "GET", name, nil)); len(recs) != 1 {
+				t.Errorf("%s changed by refused requests: %+v", name, recs)
+			}
 		}
 		for _, c := range []struct {
 			name string
