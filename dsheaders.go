@@ -64,8 +64,9 @@ func parseTTL(v string) (time.Duration, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
-// parseExpiry reads Stream-TTL and Stream-Expires-At; giving both is an error.
-func parseExpiry(h http.Header) (streamstore.Expiry, error) {
+// parseExpiry reads Stream-TTL and Stream-Expires-At; giving both is an
+// error, and so is an Expires-At that is not after now.
+func parseExpiry(h http.Header, now time.Time) (streamstore.Expiry, error) {
 	ttl, hasTTL := headerValue(h, hdrStreamTTL)
 	at, hasAt := headerValue(h, hdrStreamExpiresAt)
 	var x streamstore.Expiry
@@ -87,8 +88,22 @@ func parseExpiry(h http.Header) (streamstore.Expiry, error) {
 		// The engine keeps milliseconds: compare a repeated create with
 		// what it stored, or an identical PUT would conflict.
 		x.ExpiresAt = t.UTC().Truncate(time.Millisecond)
+		if err := checkFuture(hdrStreamExpiresAt, x.ExpiresAt, now); err != nil {
+			return x, err
+		}
 	}
 	return x, nil
+}
+
+// checkFuture refuses an expiry instant at or before now: the stream would
+// be gone as soon as it was written (or, for Unix millisecond 0, read as no
+// expiry at all), so the create can only be a client's mistake.
+func checkFuture(header string, at, now time.Time) error {
+	if !at.After(now) {
+		return fmt.Errorf("%s %s is not in the future: the stream would expire at once",
+			header, at.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
 }
 
 // headerValue returns a header's first value and whether it was sent at all,

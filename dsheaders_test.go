@@ -29,16 +29,17 @@ func TestParseTTL(t *testing.T) {
 }
 
 func TestParseExpiry(t *testing.T) {
+	now := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
 	h := http.Header{}
-	if x, err := parseExpiry(h); err != nil || !x.IsZero() {
+	if x, err := parseExpiry(h, now); err != nil || !x.IsZero() {
 		t.Errorf("no headers: %+v %v", x, err)
 	}
 	h.Set("Stream-TTL", "60")
-	if x, err := parseExpiry(h); err != nil || x.TTL != time.Minute {
+	if x, err := parseExpiry(h, now); err != nil || x.TTL != time.Minute {
 		t.Errorf("TTL: %+v %v", x, err)
 	}
 	h.Set("Stream-Expires-At", "2030-01-02T03:04:05Z")
-	if _, err := parseExpiry(h); err == nil {
+	if _, err := parseExpiry(h, now); err == nil {
 		t.Error("TTL and Expires-At together were accepted")
 	}
 	h.Del("Stream-TTL")
@@ -52,15 +53,36 @@ func TestParseExpiry(t *testing.T) {
 		"2030-01-02T03:04:05.999999999Z": time.Date(2030, 1, 2, 3, 4, 5, 999e6, time.UTC),
 	} {
 		h.Set("Stream-Expires-At", in)
-		x, err := parseExpiry(h)
+		x, err := parseExpiry(h, now)
 		if err != nil || !x.ExpiresAt.Equal(want) || x.ExpiresAt.Location() != time.UTC {
 			t.Errorf("%s: %+v %v", in, x, err)
 		}
 	}
 	for _, bad := range []string{"not-a-timestamp", "2030-01-02", "2030-01-02 03:04:05Z", "1767225600", ""} {
 		h.Set("Stream-Expires-At", bad)
-		if x, err := parseExpiry(h); err == nil {
+		if x, err := parseExpiry(h, now); err == nil {
 			t.Errorf("Expires-At %q accepted: %+v", bad, x)
+		}
+	}
+	// An expiry at or before now would make a stream that is gone at once.
+	for _, tc := range []struct {
+		at     string
+		future bool
+	}{
+		{"2001-01-01T00:00:00Z", false},
+		{"1970-01-01T00:00:00Z", false},
+		{"2026-06-01T00:00:00Z", false},
+		{"2026-06-01T02:00:00+02:00", false},
+		{"2026-06-01T00:00:00.000999Z", false}, // a millisecond is what is kept
+		{"2026-06-01T00:00:00.001Z", true},
+	} {
+		h.Set("Stream-Expires-At", tc.at)
+		x, err := parseExpiry(h, now)
+		switch {
+		case tc.future && err != nil:
+			t.Errorf("Expires-At %s, after now: %v", tc.at, err)
+		case !tc.future && (err == nil || !strings.Contains(err.Error(), "not in the future")):
+			t.Errorf("Expires-At %s, not after now: %+v %v", tc.at, x, err)
 		}
 	}
 }

@@ -95,7 +95,7 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 			return
 		}
 	}
-	expiry, err := parseExpiry(r.Header)
+	expiry, err := parseExpiry(r.Header, time.Now())
 	if err != nil {
 		fail(w, http.StatusBadRequest, err.Error())
 		return

@@ -199,6 +199,7 @@ func TestCreateRejectsBadHeadersWithoutCreating(t *testing.T) {
 		{"Stream-TTL", "1e3"},
 		{"Stream-TTL", "abc"},
 		{"Stream-Expires-At", "not-a-timestamp"},
+		{"Stream-Expires-At", "2001-01-01T00:00:00Z"}, // in the past
 		{"Stream-TTL", "60", "Stream-Expires-At", "2099-01-01T00:00:00Z"},
 		{ct, "not a type"},
 		{"Stream-Fork-Offset", position{}.String()},

@@ -126,7 +126,7 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 			return
 		}
 	}
-	expiry, err := parsePicoExpiry(r.Header)
+	expiry, err := parsePicoExpiry(r.Header, time.Now())
 	if err != nil {
 		picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
 		return

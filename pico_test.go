@@ -274,11 +274,38 @@ func TestPicoCreateExpiry(t *testing.T) {
 		{hdrPicoTTL, ""},
 		{hdrPicoExpiresAt, "tomorrow"},
 		{hdrPicoExpiresAt, "99999999999999999999"},
+		// Not in the future: 0 would otherwise read as "never expires".
+		{hdrPicoExpiresAt, "0"},
+		{hdrPicoExpiresAt, "2001-01-01T00:00:00Z"},
 		{hCT, "not a type"},
 	} {
 		s.do(t, "PUT", "/pico/bad", nil, hdr...).wantError(t, 400, picoErrBadRequest, -1)
 	}
 	s.do(t, "HEAD", "/pico/bad", nil).want(t, 404)
+}
+
+func TestParsePicoExpiry(t *testing.T) {
+	now := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	nowMS := strconv.FormatInt(now.UnixMilli(), 10)
+	for _, tc := range []struct {
+		at   string
+		want time.Time // zero: refused
+	}{
+		{"0", time.Time{}}, // would otherwise read as "no expiry"
+		{"1000", time.Time{}},
+		{nowMS, time.Time{}},
+		{"2001-01-01T00:00:00Z", time.Time{}},
+		{strconv.FormatInt(now.UnixMilli()+1, 10), now.Add(time.Millisecond)},
+		{"2099-01-02T03:04:05.678999Z", time.Date(2099, 1, 2, 3, 4, 5, 678e6, time.UTC)},
+	} {
+		x, err := parsePicoExpiry(http.Header{"Pico-Expires-At": {tc.at}}, now)
+		switch {
+		case tc.want.IsZero() && (err == nil || !strings.Contains(err.Error(), "not in the future")):
+			t.Errorf("Pico-Expires-At %s: %+v %v, want it refused as not in the future", tc.at, x, err)
+		case !tc.want.IsZero() && (err != nil || !x.ExpiresAt.Equal(tc.want)):
+			t.Errorf("Pico-Expires-At %s: %+v %v, want %v", tc.at, x, err, tc.want)
+		}
+	}
 }
 
 // readAll reads a stream through the Pico handler in format json.

@@ -103,9 +103,10 @@ func parsePicoUint(h http.Header, name string) (n uint64, ok bool, err error) {
 }
 
 // parsePicoExpiry reads Pico-TTL (seconds) and Pico-Expires-At (RFC 3339 or
-// Unix milliseconds); giving both is an error. They are the same settings
-// as Durable Streams' Stream-TTL and Stream-Expires-At.
-func parsePicoExpiry(h http.Header) (streamstore.Expiry, error) {
+// Unix milliseconds); giving both is an error, and so is an Expires-At that
+// is not after now. They are the same settings as Durable Streams'
+// Stream-TTL and Stream-Expires-At.
+func parsePicoExpiry(h http.Header, now time.Time) (streamstore.Expiry, error) {
 	var x streamstore.Expiry
 	ttl, hasTTL := headerValue(h, hdrPicoTTL)
 	at, hasAt := headerValue(h, hdrPicoExpiresAt)
@@ -129,6 +130,9 @@ func parsePicoExpiry(h http.Header) (streamstore.Expiry, error) {
 	if hasAt {
 		t, err := parseInstant(at)
 		if err != nil {
+			return x, err
+		}
+		if err := checkFuture(hdrPicoExpiresAt, t, now); err != nil {
 			return x, err
 		}
 		x.ExpiresAt = t

@@ -458,6 +458,9 @@ func TestPicoProtocol(t *testing.T) {
 			{"TTL and Expires-At", []string{"Pico-TTL", "1", "Pico-Expires-At", "1"}},
 			{"bad TTL", []string{"Pico-TTL", "soon"}},
 			{"bad Expires-At", []string{"Pico-Expires-At", "next week"}},
+			// Not in the future; 0 would otherwise read as "never expires".
+			{"Expires-At 0", []string{"Pico-Expires-At", "0"}},
+			{"Expires-At in the past", []string{"Pico-Expires-At", "2001-01-01T00:00:00Z"}},
 		} {
 			resp, writes := fhExpectNoWrites(t, e, fhReq{Method: "PUT", Path: "/pico/neverthere", Header: picoHdr(c.hdr...)})
 			if resp.Status != 400 || len(writes) > 0 {
