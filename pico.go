@@ -416,7 +416,9 @@ type picoListPage struct {
 // list handles GET on the handler's root: the streams whose names start
 // with prefix and sort after start_after, in name order, at most limit.
 // A page costs one listing of metadata keys in the bucket, two for a full
-// page of the largest size.
+// page of the largest size, and more when expired or soft-deleted streams
+// in the range must be listed past (the engine never returns an empty page
+// while more follow).
 func (p *picoProtocol) list(w http.ResponseWriter, r *http.Request) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {

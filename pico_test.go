@@ -1003,6 +1003,26 @@ func TestPicoList(t *testing.T) {
 	}
 	s.do(t, "GET", "/pico/?limit=x", nil).wantError(t, 400, picoErrBadRequest, -1)
 	s.do(t, "POST", "/pico/", []byte("x")).wantError(t, 400, picoErrBadRequest, -1)
+
+	// Streams a listing leaves out (expired, soft-deleted) do not make a
+	// page empty while more follow: a client has no name to go on from.
+	soon := streamstore.Expiry{ExpiresAt: time.Now().Add(50 * time.Millisecond)}
+	for _, n := range []string{"/hid/a", "/hid/b"} {
+		if _, _, err := s.eng.Create(context.Background(), n, streamstore.CreateRequest{ContentType: "text/plain", Expiry: soon}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.do(t, "PUT", "/pico/hid/c", nil, hCT, "text/plain").want(t, 201)
+	s.do(t, "PUT", "/ds/fork-of-c", nil, "Stream-Forked-From", "/ds/hid/c").want(t, 201)
+	s.do(t, "DELETE", "/pico/hid/c", nil).want(t, 204) // soft: its fork reads it
+	s.do(t, "PUT", "/pico/hid/d", nil, hCT, "text/plain").want(t, 201)
+	time.Sleep(100 * time.Millisecond)
+	for _, limit := range []string{"1", "2"} {
+		p = s.list(t, "?prefix=/hid/&limit="+limit)
+		if len(p.Streams) != 1 || p.Streams[0].Name != "/hid/d" || p.HasMore {
+			t.Errorf("limit %s past hidden streams: %+v", limit, p)
+		}
+	}
 }
 
 func TestPicoCrossProtocol(t *testing.T) {

@@ -687,6 +687,20 @@ func TestPicoProtocol(t *testing.T) {
 		if err := json.Unmarshal(r.Body, &page); err != nil || len(page.Streams) != 1 || page.HasMore || page.Streams[0]["name"] != "/del/c" {
 			t.Errorf("list page 2: %s (%v)", r.Body, err)
 		}
+
+		// Soft-deleted streams are listed past: the first page is not
+		// empty with has_more, which would leave a client no start_after.
+		for _, n := range []string{"/hid/a", "/hid/b"} {
+			picoWant(t, "create", picoDo(e, "PUT", "/pico"+n, nil, "Content-Type", "text/plain"), 201)
+			picoWant(t, "fork", picoDo(e, "PUT", "/ds/forks"+n, nil, "Stream-Forked-From", "/ds"+n), 201)
+			picoWant(t, "soft delete", picoDo(e, "DELETE", "/pico"+n, nil), 204)
+		}
+		picoWant(t, "create", picoDo(e, "PUT", "/pico/hid/c", nil, "Content-Type", "text/plain"), 201)
+		r = picoDo(e, "GET", "/pico/?prefix=/hid/&limit=1", nil)
+		page.Streams, page.HasMore = nil, false
+		if err := json.Unmarshal(r.Body, &page); err != nil || len(page.Streams) != 1 || page.HasMore || page.Streams[0]["name"] != "/hid/c" {
+			t.Errorf("list past soft-deleted streams: %s (%v)", r.Body, err)
+		}
 	})
 
 	t.Run("errors", func(t *testing.T) {

@@ -385,6 +385,81 @@ func TestListStreams(t *testing.T) {
 	}
 }
 
+// TestListSkipsHiddenStreams: expired and soft-deleted streams are left
+// out of a listing, and the listing goes on past them, so a page is not
+// empty (nor short) while more streams follow.
+func TestListSkipsHiddenStreams(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	// hide makes name a soft-deleted source of a fork.
+	hide := func(name string) {
+		t.Helper()
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := e.Create(ctx, "/forks"+name, CreateRequest{Fork: &ForkFrom{Source: name}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Delete(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	soon := Expiry{ExpiresAt: time.Now().Add(50 * time.Millisecond)}
+	for _, n := range []string{"/x/a", "/x/b"} {
+		if _, _, err := e.Create(ctx, n, CreateRequest{ContentType: "text/plain", Expiry: soon}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// More hidden streams in a row than listRounds listings of one key.
+	for i := range 2 * listRounds {
+		hide(fmt.Sprintf("/x/c%d", i))
+	}
+	for _, n := range []string{"/x/d", "/x/f"} {
+		if _, _, err := e.Create(ctx, n, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hide("/x/e")
+	time.Sleep(100 * time.Millisecond) // /x/a and /x/b expire
+	list := func(after string, limit int) ([]string, bool) {
+		t.Helper()
+		page, more, err := e.List(ctx, "/x/", after, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := []string{}
+		for _, in := range page {
+			names = append(names, in.Name)
+		}
+		return names, more
+	}
+	// Paging as a client does, after the last name of each page.
+	for _, limit := range []int{1, 2, 10} {
+		var all []string
+		after := ""
+		for pages := 1; ; pages++ {
+			names, more := list(after, limit)
+			if len(names) > limit || (more && len(names) == 0) || pages > 10 {
+				t.Fatalf("limit %d, page %d after %q: %q more=%t", limit, pages, after, names, more)
+			}
+			all = append(all, names...)
+			if !more {
+				break
+			}
+			after = names[len(names)-1]
+		}
+		if got := fmt.Sprint(all); got != "[/x/d /x/f]" {
+			t.Errorf("limit %d: listed %s", limit, got)
+		}
+	}
+	if names, more := list("", 10); fmt.Sprint(names) != "[/x/d /x/f]" || more {
+		t.Errorf("one page of 10: %q more=%t", names, more)
+	}
+	if names, more := list("/x/f", 1); len(names) != 0 || more {
+		t.Errorf("after the last name: %q more=%t", names, more)
+	}
+}
+
 func TestForkReadsSourceAndCascadesDeletes(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()

@@ -901,9 +901,15 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 }
 
 // List returns up to limit streams whose names start with prefix and sort
-// after startAfter, in name order, and whether more follow. The names come
-// from one listing of metadata keys; a stream not in memory costs a GET of
-// its metadata object.
+// after startAfter, in name order, and whether more follow. A stream not
+// in memory costs a GET of its metadata object.
+//
+// Expired and soft-deleted streams are left out, so one listing of
+// metadata keys may yield fewer streams than it listed: List then lists on
+// from the last key, at most listRounds listings, and further only while
+// it has found none, so that a page is never empty while more follow (a
+// client continues after the last name it got, and an empty page gives it
+// none).
 func (e *Engine) List(ctx context.Context, prefix, startAfter string, limit int) ([]Info, bool, error) {
 	if _, err := e.writer(); err != nil {
 		return nil, false, err
@@ -915,9 +921,38 @@ func (e *Engine) List(ctx context.Context, prefix, startAfter string, limit int)
 	if startAfter != "" {
 		after = metaKey(startAfter)
 	}
+	var out []Info
+	for round := 1; ; round++ {
+		infos, last, more, err := e.listOnce(ctx, prefix, after, limit-len(out))
+		if err != nil {
+			return nil, false, err
+		}
+		out = append(out, infos...)
+		if last == "" {
+			return out, false, nil // nothing listed: nothing to continue from
+		}
+		if !more || len(out) >= limit || (len(out) > 0 && round >= listRounds) {
+			return out, more, nil
+		}
+		after = last
+	}
+}
+
+// listRounds bounds the metadata listings one List makes once it has found
+// a stream to return.
+const listRounds = 4
+
+// listOnce is one listing of up to limit metadata keys after the key
+// after: the live streams among them, the last key listed (to continue
+// from), and whether the store has more.
+func (e *Engine) listOnce(ctx context.Context, prefix, after string, limit int) ([]Info, string, bool, error) {
 	objs, more, err := e.store.List(ctx, metaListPrefix(prefix), after, limit)
 	if err != nil {
-		return nil, false, fmt.Errorf("%w: list streams: %v", ErrUnavailable, err)
+		return nil, "", false, fmt.Errorf("%w: list streams: %v", ErrUnavailable, err)
+	}
+	last := ""
+	if len(objs) > 0 {
+		last = objs[len(objs)-1].Key
 	}
 	infos := make([]Info, len(objs))
 	keep := make([]bool, len(objs))
@@ -953,7 +988,7 @@ func (e *Engine) List(ctx context.Context, prefix, startAfter string, limit int)
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return nil, false, firstErr
+		return nil, "", false, firstErr
 	}
 	out := infos[:0]
 	for i := range infos {
@@ -961,5 +996,5 @@ func (e *Engine) List(ctx context.Context, prefix, startAfter string, limit int)
 			out = append(out, infos[i])
 		}
 	}
-	return out, more, nil
+	return out, last, more, nil
 }
