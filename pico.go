@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -217,10 +218,34 @@ func (p *picoProtocol) post(w http.ResponseWriter, r *http.Request, name string)
 		return
 	}
 	if isTrim {
+		if with := trimConflicts(r.Header); len(with) > 0 {
+			// A trim is no append: it cannot close the stream, check the
+			// tail or be a producer's step, and doing the trim alone would
+			// drop what the client asked for without a word.
+			picoFail(w, http.StatusBadRequest, picoErrBadRequest, fmt.Sprintf(
+				"a trim (Pico-Trim-Seq) cannot be combined with %s; send them in a request of their own",
+				strings.Join(with, ", ")), nil)
+			return
+		}
 		p.trim(w, r, name, trim)
 		return
 	}
 	p.append(w, r, name)
+}
+
+// trimConflicts returns the append headers of a request that a trim
+// cannot honour. Pico-Closed counts only when true, as everywhere.
+func trimConflicts(h http.Header) []string {
+	var with []string
+	if isTrue(h.Get(hdrPicoClosed)) {
+		with = append(with, hdrPicoClosed)
+	}
+	for _, name := range []string{hdrPicoMatchSeq, hdrPicoProducerID, hdrPicoProducerEpoch, hdrPicoProducerSeq} {
+		if _, ok := headerValue(h, name); ok {
+			with = append(with, name)
+		}
+	}
+	return with
 }
 
 // trim handles POST with Pico-Trim-Seq: records below it are gone for good.

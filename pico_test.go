@@ -567,6 +567,28 @@ func TestPicoTrim(t *testing.T) {
 	s.do(t, "POST", "/pico/t", []byte("x"), hdrPicoTrimSeq, "3").wantError(t, 400, picoErrBadRequest, -1)
 	s.do(t, "POST", "/pico/t", nil, hdrPicoTrimSeq, "x").wantError(t, 400, picoErrBadRequest, -1)
 	s.do(t, "POST", "/pico/none", nil, hdrPicoTrimSeq, "0").wantError(t, 404, picoErrNotFound, -1)
+	// A trim with headers only an append honours: refused whole, saying
+	// which, rather than trimmed with them ignored.
+	for _, tc := range []struct {
+		name string
+		hdr  []string
+	}{
+		{"close", []string{hdrPicoClosed, "true"}},
+		{"match", []string{hdrPicoMatchSeq, "5"}},
+		{"producer", []string{hdrPicoProducerID, "w", hdrPicoProducerEpoch, "0", hdrPicoProducerSeq, "0"}},
+		{"partial producer", []string{hdrPicoProducerEpoch, "0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := s.do(t, "POST", "/pico/t", nil, append([]string{hdrPicoTrimSeq, "4"}, tc.hdr...)...).
+				wantError(t, 400, picoErrBadRequest, -1)
+			if !strings.Contains(string(r.body), tc.hdr[0]) {
+				t.Errorf("body %s does not name %s", r.body, tc.hdr[0])
+			}
+		})
+	}
+	// Pico-Closed other than true is no close, here as everywhere.
+	s.do(t, "POST", "/pico/t", nil, hdrPicoTrimSeq, "2", hdrPicoClosed, "false").want(t, 200)
+	s.do(t, "HEAD", "/pico/t", nil).want(t, 200).header(t, hdrPicoStartSeq, "2").header(t, hdrPicoClosed, "")
 	// Trim everything: the stream is empty but keeps its seqs.
 	s.do(t, "POST", "/pico/t", nil, hdrPicoTrimSeq, "5").want(t, 200).header(t, hdrPicoStartSeq, "5")
 	r := s.do(t, "GET", "/pico/t", nil).want(t, 200).header(t, hdrPicoNextSeq, "5").header(t, hdrPicoUpToDate, "true")

@@ -402,6 +402,10 @@ func TestPicoProtocol(t *testing.T) {
 			{"bad match", "text/plain", []byte("x"), 400, []string{"Pico-Match-Seq", "-1"}},
 			{"trim with body", "text/plain", []byte("x"), 400, []string{"Pico-Trim-Seq", "0"}},
 			{"trim beyond the tail", "", nil, 400, []string{"Pico-Trim-Seq", "5"}},
+			// A trim cannot close, match or be a producer's step.
+			{"trim with close", "", nil, 400, []string{"Pico-Trim-Seq", "1", "Pico-Closed", "true"}},
+			{"trim with match", "", nil, 400, []string{"Pico-Trim-Seq", "1", "Pico-Match-Seq", "1"}},
+			{"trim with a producer", "", nil, 400, []string{"Pico-Trim-Seq", "1", "Pico-Producer-Id", "p", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0"}},
 			{"other content type", "image/png", []byte("x"), 409, nil},
 			{"content coding", "text/plain", []byte("\x1f\x8b\x08\x00"), 415, []string{"Content-Encoding", "gzip"}},
 		} {
