@@ -303,6 +303,15 @@ func TestStreamSeq(t *testing.T) {
 	s.do(t, "POST", "/s", "c", ct, "text/plain", "Stream-Seq", "10").want(t, 409)
 	s.do(t, "POST", "/s", "d", ct, "text/plain", "Stream-Seq", "2").want(t, 204)
 	s.do(t, "POST", "/s", "e", ct, "text/plain", "Stream-Seq", "10").want(t, 409)
+	// The scope is the stream, as the README says: another writer (here a
+	// producer of its own) is held to the same order, while another
+	// stream, or a fork (section 4.2), has an order of its own.
+	s.do(t, "POST", "/s", "f", ct, "text/plain", "Stream-Seq", "1",
+		"Producer-Id", "other", "Producer-Epoch", "0", "Producer-Seq", "0").want(t, 409)
+	s.do(t, "PUT", "/t", "", ct, "text/plain").want(t, 201)
+	s.do(t, "POST", "/t", "a", ct, "text/plain", "Stream-Seq", "1").want(t, 204)
+	s.do(t, "PUT", "/f", "", "Stream-Forked-From", "/s").want(t, 201)
+	s.do(t, "POST", "/f", "g", ct, "text/plain", "Stream-Seq", "1").want(t, 204)
 }
 
 func TestClose(t *testing.T) {
