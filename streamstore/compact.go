@@ -656,6 +656,31 @@ func (e *Engine) gcLoop() {
 	}
 }
 
+// tombstoneStale reports whether the stream a gc tombstone names (its body)
+// still has metadata with the tombstone's id: its delete failed after the
+// tombstone was written. The name lock keeps a delete under way from being
+// judged halfway.
+func (e *Engine) tombstoneStale(ctx context.Context, key, id string) (bool, error) {
+	name, _, err := e.store.Get(ctx, key, 0, -1)
+	if errors.Is(err, segment.ErrNotFound) || (err == nil && len(name) == 0) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read tombstone %s: %w", key, err)
+	}
+	unlock := e.lockName(string(name))
+	defer unlock()
+	data, _, err := e.store.Get(ctx, metaKey(string(name)), 0, -1)
+	if errors.Is(err, segment.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read metadata of %s for tombstone %s: %w", name, key, err)
+	}
+	m, err := decodeMeta(data)
+	return err == nil && m.ID == id, nil
+}
+
 func (e *Engine) collectGarbage(ctx context.Context) error {
 	after := ""
 	for {
@@ -665,6 +690,19 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 		}
 		for _, o := range objs {
 			id := strings.TrimPrefix(o.Key, "gc/")
+			live, err := e.tombstoneStale(ctx, o.Key, id)
+			if err != nil {
+				return err
+			}
+			if live {
+				// A delete that failed after its tombstone: the stream
+				// is still there, and so is its data.
+				if err := e.store.Delete(ctx, []string{o.Key}); err != nil {
+					return fmt.Errorf("delete stale tombstone %s: %w", o.Key, err)
+				}
+				after = o.Key
+				continue
+			}
 			// Blobs after data: a marker is never left naming a deleted
 			// blob. Blobs that never made it into the WAL go here too.
 			for _, p := range []string{dataPrefix(id), blobPrefix(id)} {

@@ -885,6 +885,9 @@ func (h hooks) Aborted(b *segment.Batch, err error) {
 		// Every later entry of this stream is aborted too (acks are in
 		// order), so the tail rolls back to the durable one.
 		s.pend = s.durable
+		// A producer's retry waits for the entry it repeats to settle;
+		// rolled back, it may now be applied.
+		s.notifyLocked()
 		s.mu.Unlock()
 	}
 	h.e.log.Warn("WAL batch aborted; its appends were not acknowledged",

@@ -57,7 +57,10 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 			err = ErrConflict
 		}
 	}
-	if err != nil {
+	// A fork whose create is unconfirmed may exist, now or once the
+	// bucket answers: it keeps the count, which at worst keeps the
+	// source's data longer.
+	if err != nil && !errors.Is(err, ErrUnconfirmed) {
 		// Best effort: a failed decrement only keeps the source's data longer.
 		_ = e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.Forks-- })
 	}

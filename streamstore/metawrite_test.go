@@ -397,3 +397,175 @@ func TestCloseDuringOutageLeavesAppendUnconfirmed(t *testing.T) {
 		t.Fatalf("the lost answer's upload did not land: the test sets up nothing (append: %v)", err)
 	}
 }
+
+// A delete whose metadata DELETE fails must leave the stream whole: the
+// gc tombstone it wrote first once made the collector delete the live
+// stream's data. One whose DELETE landed unconfirmed must leave it gone:
+// appends acknowledged after it were lost.
+func TestDeleteMetadataFailure(t *testing.T) {
+	tests := []struct {
+		name     string
+		lands    bool // the DELETE is applied before it reports failure
+		wantGone bool
+	}{
+		{name: "not applied"},
+		{name: "applied unconfirmed", lands: true, wantGone: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			e := startEngine(t, st, Config{PackBelow: -1})
+			if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Compact(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if len(st.Keys("data/")) == 0 {
+				t.Fatal("compaction wrote no data object: the test checks nothing")
+			}
+			var once sync.Once
+			st.Fail = func(op, key string) error {
+				var err error
+				if op == "DELETE" && key == metaKey("/s") {
+					once.Do(func() {
+						err = fmt.Errorf("delete %s: connection reset", key)
+						if tc.lands {
+							st.Fail = nil
+							_ = st.Delete(ctx, []string{key})
+						}
+					})
+				}
+				return err
+			}
+			err := e.Delete(ctx, "/s")
+			st.Fail = nil
+			if gone := err == nil; gone != tc.wantGone {
+				t.Fatalf("delete: %v", err)
+			}
+			if err := e.collectGarbage(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if tomb := st.Keys("gc/"); len(tomb) != 0 {
+				t.Errorf("tombstones left after collection: %v", tomb)
+			}
+			if tc.wantGone {
+				if _, err := e.Append(ctx, "/s", AppendRequest{Records: recs("c")}); !errors.Is(err, ErrNotFound) {
+					t.Fatalf("append to the deleted stream: %v", err)
+				}
+				return
+			}
+			if got := fmt.Sprint(readAll(t, e, "/s")); got != "[a b]" {
+				t.Fatalf("after the failed delete and a collection the stream reads %s", got)
+			}
+			e2 := startEngine(t, st, Config{})
+			if got := fmt.Sprint(readAll(t, e2, "/s")); got != "[a b]" {
+				t.Fatalf("after a restart the stream reads %s", got)
+			}
+		})
+	}
+}
+
+// A fork create that is unconfirmed may have made the fork: the source
+// keeps counting it, or deleting the source would free data the fork
+// reads.
+func TestUnconfirmedForkKeepsSourceCount(t *testing.T) {
+	ctx := context.Background()
+	st := &lostAnswers{Store: memstore.New()}
+	e := startEngine(t, st, Config{PackBelow: -1})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	st.loseNext(func(k string, o segment.PutOptions) bool { return k == metaKey("/f") && o.IfNoneMatch })
+	st.blindTo(func(k string) bool { return k == metaKey("/f") })
+	_, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}})
+	if !errors.Is(err, ErrUnconfirmed) {
+		t.Fatalf("fork create: %v; want it unconfirmed", err)
+	}
+	st.blindTo(nil)
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.collectGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a]" {
+		t.Fatalf("the fork reads %s after its source was deleted", got)
+	}
+}
+
+// A producer's retry that arrives while the original append is in flight
+// waits for it; when the original's batch aborts, the retry must go on
+// (and be applied) rather than wait for some other append to wake it.
+func TestProducerRetryAfterAbort(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{AppendTimeout: 5 * time.Second})
+	if _, _, err := e.Create(ctx, "/p", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	gate := make(chan struct{})
+	var once sync.Once
+	st.Fail = func(op, key string) error {
+		var err error
+		if op == "PUT" && strings.HasPrefix(key, "wal/") {
+			once.Do(func() {
+				<-gate // the upload hangs, then fails; its seal wins
+				err = errors.New("upload failed")
+			})
+		}
+		return err
+	}
+	app := func() error {
+		_, err := e.Append(ctx, "/p", AppendRequest{Records: recs("a"), Producer: &Producer{ID: "w", Epoch: 0, Seq: 0}})
+		return err
+	}
+	first, retry := make(chan error, 1), make(chan error, 1)
+	go func() { first <- app() }()
+	if err := waitUntil(2*time.Second, func() bool {
+		e.mu.Lock()
+		s := e.streams["/p"]
+		e.mu.Unlock()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.pending > 0
+	}); err != nil {
+		t.Fatal("the original append never reached the writer")
+	}
+	go func() { retry <- app() }()
+	time.Sleep(100 * time.Millisecond) // the retry finds the original in flight
+	close(gate)
+	if err := <-first; !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("original: %v", err)
+	}
+	select {
+	case err := <-retry:
+		// It may have joined the aborted batch's namespace and failed
+		// with it; either way it answered.
+		if err != nil && !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("retry: %v", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the retry still waits 3 s after the original was aborted")
+	}
+	// The writer moves to a new namespace after the abort; retries from
+	// then on are applied.
+	var err error
+	if werr := waitUntil(2*time.Second, func() bool { err = app(); return err == nil }); werr != nil {
+		t.Fatalf("later retries: %v", err)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/p")); got != "[a]" {
+		t.Fatalf("the stream reads %s", got)
+	}
+}
+
+// waitUntil polls cond until it holds or d passes.
+func waitUntil(d time.Duration, cond func() bool) error {
+	for end := time.Now().Add(d); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			return fmt.Errorf("not true after %s", d)
+		}
+	}
+	return nil
+}

@@ -835,7 +835,20 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 		return fmt.Errorf("%w: record deletion of %s: %v", ErrUnavailable, name, err)
 	}
 	if err := e.store.Delete(ctx, []string{metaKey(name)}); err != nil {
-		return fmt.Errorf("%w: delete metadata of %s: %v", ErrUnavailable, name, err)
+		// It may have landed all the same; if it did, the stream is gone
+		// and must not take more appends. If it did not, the tombstone
+		// stays behind, and the collector drops it without the data, as
+		// the metadata still names the id (collectGarbage).
+		cur, _, gerr := e.readMeta(ctx, name)
+		gone := errors.Is(gerr, segment.ErrNotFound)
+		if gerr == nil {
+			if m, derr := decodeMeta(cur); derr == nil && m.ID != id {
+				gone = true
+			}
+		}
+		if !gone {
+			return fmt.Errorf("%w: delete metadata of %s: %v", ErrUnavailable, name, err)
+		}
 	}
 	s.mu.Lock()
 	s.gone = true
