@@ -756,17 +756,23 @@ type nameLock struct {
 	refs int
 }
 
-// lockName serialises creates and deletes of one name.
-// evictableLocked reports whether s may leave memory: no work in flight,
-// no uncompacted WAL runs, no reader following the tail, and no holder of
-// its name lock, whose deletes and metadata writes go through the handle
-// they looked up and must not act on one a lookup has since replaced. The
+// pinnedLocked reports whether s must stay in memory whatever its age:
+// work in flight, a reader following the tail, or a holder of its name
+// lock, whose deletes and metadata writes go through the handle they
+// looked up and must not act on one a lookup has since replaced. The
 // caller holds e.mu and s.mu.
-func (s *stream) evictableLocked(e *Engine) bool {
+func (s *stream) pinnedLocked(e *Engine) bool {
 	_, locked := e.nameLocks[s.name]
-	return s.pending == 0 && len(s.runs) == 0 && s.waiters.Load() == 0 && !locked
+	return s.pending > 0 || s.waiters.Load() > 0 || locked
 }
 
+// evictableLocked reports whether s may leave memory: not pinned, and no
+// uncompacted WAL runs. The caller holds e.mu and s.mu.
+func (s *stream) evictableLocked(e *Engine) bool {
+	return !s.pinnedLocked(e) && len(s.runs) == 0
+}
+
+// lockName serialises creates and deletes of one name.
 func (e *Engine) lockName(name string) func() {
 	e.mu.Lock()
 	l, ok := e.nameLocks[name]

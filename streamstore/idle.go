@@ -58,9 +58,8 @@ func (e *Engine) sweepIdle(now time.Time) (streams int, bytes int64) {
 		if used > cutoff.UnixNano() || !s.mu.TryLock() {
 			continue
 		}
-		// Work in flight or uncompacted WAL runs pin a handle; waiters
-		// are readers following the tail.
-		if _, locked := e.nameLocks[name]; s.pending == 0 && s.waiters.Load() == 0 && !locked {
+		// Uncompacted WAL runs keep a handle too (until the fold).
+		if !s.pinnedLocked(e) {
 			switch {
 			case len(s.runs) == 0:
 				s.evicted = true

@@ -176,13 +176,35 @@ const maxUnsure = 4
 // it failed.
 const metaCheckTimeout = 10 * time.Second
 
-// readMeta reads name's metadata object back after a write of it failed,
-// with a context of its own: a cancelled request must not leave the answer
-// unknown.
+// checkContext is the context of a read-back after a write failed: its
+// own deadline, as a cancelled request must not leave the answer unknown.
+func checkContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), metaCheckTimeout)
+}
+
+// readMeta reads name's metadata object back after a write of it failed.
 func (e *Engine) readMeta(ctx context.Context, name string) ([]byte, string, error) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metaCheckTimeout)
+	rctx, cancel := checkContext(ctx)
 	defer cancel()
 	return e.store.Get(rctx, metaKey(name), 0, -1)
+}
+
+// metaOf reads name's metadata object as the stream with internal id:
+// errMetaGone when the object is gone or names another stream (deleted,
+// and maybe created anew). An object that does not decode is returned as
+// it is.
+func (e *Engine) metaOf(ctx context.Context, name, id string) ([]byte, string, error) {
+	data, etag, err := e.store.Get(ctx, metaKey(name), 0, -1)
+	if errors.Is(err, segment.ErrNotFound) {
+		return nil, "", errMetaGone
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	if m, derr := decodeMeta(data); derr == nil && m.ID != id {
+		return nil, "", errMetaGone
+	}
+	return data, etag, nil
 }
 
 // writeMeta writes m as s's metadata object over the version etag names,
@@ -209,18 +231,17 @@ func (e *Engine) writeMeta(ctx context.Context, s *stream, m *metaObject, etag s
 		return tag, nil
 	}
 	s.rememberUnsure(body, err)
-	cur, curTag, gerr := e.readMeta(ctx, s.name)
+	rctx, cancel := checkContext(ctx)
+	defer cancel()
+	cur, curTag, gerr := e.metaOf(rctx, s.name, m.ID)
 	switch {
-	case errors.Is(gerr, segment.ErrNotFound):
+	case errors.Is(gerr, errMetaGone):
 		return "", errMetaGone
 	case gerr != nil:
 		return "", fmt.Errorf("%w (reading it back: %v)", err, gerr)
 	case bytes.Equal(cur, body):
 		s.unsure = s.unsure[:0]
 		return curTag, nil
-	}
-	if cm, derr := decodeMeta(cur); derr == nil && cm.ID != m.ID {
-		return "", errMetaGone
 	}
 	if curTag == etag {
 		return "", err // the version we know is still there: ours failed

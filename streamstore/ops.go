@@ -839,14 +839,10 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 		// and must not take more appends. If it did not, the tombstone
 		// stays behind, and the collector drops it without the data, as
 		// the metadata still names the id (collectGarbage).
-		cur, _, gerr := e.readMeta(ctx, name)
-		gone := errors.Is(gerr, segment.ErrNotFound)
-		if gerr == nil {
-			if m, derr := decodeMeta(cur); derr == nil && m.ID != id {
-				gone = true
-			}
-		}
-		if !gone {
+		rctx, cancel := checkContext(ctx)
+		_, _, gerr := e.metaOf(rctx, name, id)
+		cancel()
+		if !errors.Is(gerr, errMetaGone) {
 			return fmt.Errorf("%w: delete metadata of %s: %v", ErrUnavailable, name, err)
 		}
 	}
