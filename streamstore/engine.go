@@ -541,6 +541,20 @@ func (s *stream) expiredLocked(now time.Time) bool {
 	return at != 0 && now.UnixMilli() >= at
 }
 
+// touchLocked records an access at now (unix milliseconds) for a sliding
+// TTL, and refuses, touching nothing, once the stream has expired. The
+// check and the touch sit under s.mu with the expiry sweep's own look at
+// the expiry, so an append either renews the stream before the sweep looks
+// or finds it expired: none joins the WAL of a stream the sweep is already
+// deleting, and an access after the expiry does not bring a stream back.
+func (s *stream) touchLocked(now int64) bool {
+	if at := s.expiresAtLocked(); at != 0 && now >= at {
+		return false
+	}
+	s.touched = max(s.touched, now)
+	return true
+}
+
 // expiresAtLocked is when the stream expires unless it is accessed before
 // (unix milliseconds; the earlier of its deadline and its TTL past the
 // last access), or 0 if it never does.

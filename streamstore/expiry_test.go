@@ -288,3 +288,66 @@ func TestIdleSweepCostsOneList(t *testing.T) {
 		t.Errorf("a sweep with nothing due made %v on markers and metadata; want one LIST", ops)
 	}
 }
+
+// TestAccessAfterExpiryIsRefused holds a handle that live judged unexpired,
+// lets the stream expire, and then appends through it: the sweep may
+// already be deleting the stream, so the append must not be acknowledged
+// or renew the TTL; it finds the stream gone instead. (Trim and Read take
+// the same check, but look the stream up themselves, so no test can hand
+// them a handle from before the expiry.)
+func TestAccessAfterExpiryIsRefused(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name   string
+		expiry func() Expiry
+		access func(e *Engine, s *stream) error
+	}{
+		{"append, deadline", func() Expiry { return Expiry{ExpiresAt: time.Now().Add(300 * time.Millisecond)} },
+			func(e *Engine, s *stream) error {
+				_, _, err := e.appendTo(ctx, s, AppendRequest{Records: recs("late")})
+				return err
+			}},
+		{"append, ttl", func() Expiry { return Expiry{TTL: time.Second} },
+			func(e *Engine, s *stream) error {
+				_, _, err := e.appendTo(ctx, s, AppendRequest{Records: recs("late")})
+				return err
+			}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := startEngine(t, memstore.New(), Config{})
+			const name = "/expiring"
+			if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Expiry: tc.expiry()}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.Append(ctx, name, AppendRequest{Records: recs("a", "b")}); err != nil {
+				t.Fatal(err)
+			}
+			s, err := e.live(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.mu.Lock()
+			at := s.expiresAtLocked()
+			s.mu.Unlock()
+			time.Sleep(time.Until(time.UnixMilli(at)) + 20*time.Millisecond)
+
+			err = tc.access(e, s)
+			if err == nil {
+				t.Fatal("an access after the expiry was accepted")
+			}
+			if !errors.Is(err, errStale) && !errors.Is(err, ErrNotFound) {
+				t.Fatalf("access after the expiry: %v, want the stream gone", err)
+			}
+			s.mu.Lock()
+			renewed := s.touched >= at
+			s.mu.Unlock()
+			if renewed {
+				t.Error("the access after the expiry renewed the TTL")
+			}
+			if _, err := e.Read(ctx, name, ReadRequest{Seq: 0}); !errors.Is(err, ErrNotFound) {
+				t.Errorf("read after the expiry: %v, want ErrNotFound", err)
+			}
+		})
+	}
+}

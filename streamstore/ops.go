@@ -446,8 +446,12 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		s.mu.Unlock()
 		return AppendResult{}, ch, nil
 	}
+	if !s.touchLocked(now) {
+		// Expired since live looked; live deletes it under the name lock.
+		s.mu.Unlock()
+		return AppendResult{}, nil, errStale
+	}
 	st := &s.pend
-	s.touched = now
 
 	// Closure comes first, before producer fencing too (section 5.2.1):
 	// on a closed stream only a retry of the closing append succeeds.
@@ -877,7 +881,9 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 		s.mu.Unlock()
 		return Info{}, ErrNotFound
 	}
-	if s.evicted {
+	now := time.Now().UnixMilli()
+	if s.evicted || !s.touchLocked(now) {
+		// Replaced, or expired since live looked: look again.
 		s.mu.Unlock()
 		return e.Trim(ctx, name, seq)
 	}
@@ -891,8 +897,6 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 		s.mu.Unlock()
 		return info, nil
 	}
-	now := time.Now().UnixMilli()
-	s.touched = now
 	ent := &segment.Entry{StreamID: s.meta.ID, Name: s.name, FirstSeq: s.pend.NextSeq, TrimTo: seq, AccessedAt: now, Ref: s}
 	b, err := w.Add(ent)
 	if err != nil {

@@ -18,7 +18,11 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 		return ReadResult{}, err
 	}
 	s.mu.Lock()
-	s.touched = time.Now().UnixMilli()
+	if !s.touchLocked(time.Now().UnixMilli()) {
+		// Expired since live looked: this time live deletes it.
+		s.mu.Unlock()
+		return e.Read(ctx, name, req)
+	}
 	info := s.info()
 	sliding := s.meta.TTLSeconds != 0
 	s.mu.Unlock()
