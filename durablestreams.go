@@ -864,7 +864,7 @@ func (e *offsetError) Error() string { return e.msg }
 // read reads one chunk at off.
 func (d *durableStreams) read(ctx context.Context, eng *streamstore.Engine, name string, off readOffset) (chunk, error) {
 	if off.kind == offsetNow {
-		res, err := eng.Read(ctx, name, streamstore.ReadRequest{Seq: streamstore.ReadFromTail})
+		res, err := eng.Read(ctx, name, streamstore.ReadRequest{Tail: true})
 		if err != nil {
 			return chunk{}, err
 		}

@@ -647,7 +647,7 @@ func (e *belowStartError) Is(target error) bool { return target == streamstore.E
 // read reads one page for q from seq on (q.seq for the first page).
 func (p *picoProtocol) read(ctx context.Context, eng *streamstore.Engine, name string, q picoReadQuery) (picoPage, error) {
 	if q.now {
-		res, err := eng.Read(ctx, name, streamstore.ReadRequest{Seq: streamstore.ReadFromTail})
+		res, err := eng.Read(ctx, name, streamstore.ReadRequest{Tail: true})
 		if err != nil {
 			return picoPage{}, err
 		}

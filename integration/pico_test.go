@@ -712,6 +712,10 @@ func TestPicoProtocol(t *testing.T) {
 		picoWantError(t, "bad format", picoDo(e, "GET", "/pico/orders?format=xml", nil), 400, "bad_request")
 		picoWantError(t, "bad seq", picoDo(e, "GET", "/pico/orders?seq=abc", nil), 400, "bad_request")
 		picoWantError(t, "seq twice", picoDo(e, "GET", "/pico/orders?seq=0&seq=1", nil), 400, "bad_request")
+		// The largest seq is a position like any other (the engine once
+		// took it for seq=now).
+		picoWantError(t, "seq beyond the tail", picoDo(e, "GET", "/pico/orders?seq=18446744073709551615", nil), 400, "bad_request")
+		picoWantError(t, "seq overflowing", picoDo(e, "GET", "/pico/orders?seq=18446744073709551616", nil), 400, "bad_request")
 		picoWantError(t, "limit twice", picoDo(e, "GET", "/pico/?prefix=/&limit=1&limit=2", nil), 400, "bad_request")
 		picoWantError(t, "missing", picoDo(e, "GET", "/pico/missing", nil), 404, "not_found")
 		picoWantError(t, "method", picoDo(e, "PATCH", "/pico/orders", nil), 405, "method_not_allowed")

@@ -114,7 +114,11 @@ type Info struct {
 // ReadRequest asks for records from Seq on. Reads never return records past
 // the durable tail.
 type ReadRequest struct {
-	Seq        uint64
+	Seq uint64
+	// Tail reads nothing and answers the tail (offset=now), whatever Seq
+	// says; it renews the TTL like any read. (Not an in-band Seq value: a
+	// client may send any uint64, and it must be judged as a position.)
+	Tail       bool
 	MaxRecords int // 0 means no limit
 	MaxBytes   int // body bytes; 0 means no limit. At least one record is returned when any exists.
 }
@@ -198,10 +202,6 @@ func (e *SequenceGapError) Error() string {
 
 // MaxNameLength is the longest stream name, in bytes, that the engine stores.
 const MaxNameLength = 256
-
-// ReadFromTail may be set as ReadRequest.Seq to read nothing and answer the
-// tail (offset=now); it renews the TTL like any read.
-const ReadFromTail = ^uint64(0)
 
 // ValidateName checks a stream name before any I/O: it must start with '/',
 // be at most MaxNameLength bytes, and hold no NUL byte and no empty, "." or

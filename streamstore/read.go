@@ -32,7 +32,7 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 
 	res := ReadResult{Info: info, NextSeq: info.NextSeq, UpToDate: true}
 	switch {
-	case req.Seq == ReadFromTail || req.Seq == info.NextSeq:
+	case req.Tail || req.Seq == info.NextSeq:
 		return res, nil
 	case req.Seq > info.NextSeq:
 		return ReadResult{}, fmt.Errorf("%w: position %d is beyond the tail %d", ErrBadRequest, req.Seq, info.NextSeq)
