@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -723,5 +725,76 @@ func TestStatsDoNotWaitForStart(t *testing.T) {
 	t.Cleanup(func() { _ = e.Close(context.Background()) })
 	if waited {
 		<-answered // the Stats that waited ends once the start has
+	}
+}
+
+// TestLapsedLeaseCompactsNothingAway cuts a node off from its lease and
+// compacts once the lease has lapsed: another node may own the storage by
+// now and replay this one's WAL, so the compaction must neither checkpoint
+// (a fold) nor move the manifest and delete WAL objects (a pack). The
+// records are all there for the next owner.
+func TestLapsedLeaseCompactsNothingAway(t *testing.T) {
+	tests := []struct {
+		name      string
+		packBelow int64
+	}{
+		{"fold", -1},
+		{"pack", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			var cutOff atomic.Bool
+			var mu sync.Mutex
+			var writes []string
+			st.Fail = func(op, key string) error {
+				if !cutOff.Load() {
+					return nil
+				}
+				if key == "lease" {
+					return errors.New("partitioned")
+				}
+				if op == "PUT" || op == "DELETE" {
+					mu.Lock()
+					writes = append(writes, op+" "+key)
+					mu.Unlock()
+				}
+				return nil
+			}
+			e := startEngine(t, st, Config{NodeID: "node-a", LeaseTTL: 600 * time.Millisecond, PackBelow: tc.packBelow})
+			for i := range 3 {
+				name := fmt.Sprintf("/l%d", i)
+				if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range []string{"a", "b"} {
+					if _, err := e.Append(ctx, name, AppendRequest{Records: recs(r)}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			cutOff.Store(true)
+			time.Sleep(700 * time.Millisecond) // the lease lapses
+			if err := e.Compact(ctx); err == nil {
+				t.Error("a compaction on a lapsed lease reported success")
+			}
+			mu.Lock()
+			for _, w := range writes {
+				op, key, _ := strings.Cut(w, " ")
+				if strings.HasPrefix(key, "streams/") || key == "manifest" || (op == "DELETE" && strings.HasPrefix(key, "wal/")) {
+					t.Errorf("on a lapsed lease the compaction wrote %s", w)
+				}
+			}
+			mu.Unlock()
+			cutOff.Store(false)
+			b := startEngine(t, st, Config{NodeID: "node-b"})
+			for i := range 3 {
+				name := fmt.Sprintf("/l%d", i)
+				if got := fmt.Sprint(readAll(t, b, name)); got != "[a b]" {
+					t.Errorf("the next owner reads %s as %s", name, got)
+				}
+			}
+		})
 	}
 }
