@@ -74,7 +74,11 @@ var rowSettings = map[string]settings{
 			"spinning process (an idle vCPU is slow to wake), and cost versitygw 740 us of CPU each. With compaction kept out of the window " +
 			"(its WAL-count trigger raised to 100,000, cache_size 1GiB, a fresh bucket) the load gave 6,170 and 6,047 appends/s at p99 24.5 " +
 			"and 25.7 ms with 1.4% stolen, against 5,706 and 6,144 at p99 45.6 and 37.6 ms for the landed code within the hour: compaction " +
-			"is where the p99 comes from, but without it the row is still about a third of the ceiling"},
+			"is where the p99 comes from, but without it the row is still about a third of the ceiling. On 2026-12-03 (the rig, 15 s each, " +
+			"alternated, three rounds): classic group commit, one WAL upload in flight at a time and the next starting as it lands (a " +
+			"throwaway build with the writer's MaxInFlight at 1, flush_interval 1ms, with and without flush_quiet 300us): 6,061-6,608 and " +
+			"6,233-6,590 appends/s against 6,613-6,913 for this row's tuning, with twice the WAL PUTs (a lone upload lands in about 1.5 ms on " +
+			"idle cores, but the PUTs back to back take the CPU the HTTP side needs)"},
 	"1-defaults": {Note: "flush_interval 20ms: at most 50 WAL PUTs/s; latency is about the interval plus a PUT"},
 	"2": {Directives: []string{"flush_interval 60ms"},
 		Note: "Tuned for cost: flush_interval 60ms caps WAL PUTs at about 17/s. Compaction costs one data PUT and one metadata PUT per " +
