@@ -133,3 +133,47 @@ func mwWaitCheckpoint(e *fhEnv, key string, n uint64) error {
 		return nil
 	})
 }
+
+// TestCreateWithRecordsRollsForward: every attempt of the metadata PUT of
+// a create with a body fails (503 SlowDown) while the bucket answers reads.
+// The body is durable in the WAL by then, and a PUT that failed may still
+// land later, so the create is not given up: the client gets a 503, the
+// stream appears with its body shortly after, a repeated create finds it
+// (200, the body not doubled), and it survives a restart.
+func TestCreateWithRecordsRollsForward(t *testing.T) {
+	e := fhStart(t, fhOptions{})
+	const name = "/rolls"
+	metaKey := "streams/" + hex.EncodeToString([]byte(name)) + ".m"
+	create := fhReq{Method: http.MethodPut, Path: name, Header: map[string]string{"Content-Type": "text/plain"}, Body: []byte("hello")}
+
+	// As many failures as the module's S3 client makes attempts (s3Attempts).
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: metaKey, Status: http.StatusServiceUnavailable, Times: 5})
+	resp := e.must(create)
+	remove()
+	if resp.Status != http.StatusServiceUnavailable {
+		t.Fatalf("create while its metadata PUT fails: %s, want 503", resp)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	var body []byte
+	for {
+		b, _, err := e.readBytes(name)
+		if err == nil {
+			body = b
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stream 15 s after its create was reported unconfirmed: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if string(body) != "hello" {
+		t.Fatalf("the stream reads %q, want %q", body, "hello")
+	}
+	if resp := e.must(create); resp.Status != http.StatusOK {
+		t.Errorf("the create repeated: %s, want 200", resp)
+	}
+	e.caddy.Restart()
+	if b, _, err := e.readBytes(name); err != nil || string(b) != "hello" {
+		t.Fatalf("after a restart the stream reads %q (%v), want %q", b, err, "hello")
+	}
+}

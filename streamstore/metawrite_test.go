@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -568,4 +569,93 @@ func waitUntil(d time.Duration, cond func() bool) error {
 		}
 	}
 	return nil
+}
+
+// delayedPut fails the first create-only PUT of one key before it lands,
+// and keeps it, as a request still on its way, for the test to land late.
+type delayedPut struct {
+	*memstore.Store
+	key  string
+	mu   sync.Mutex
+	held []byte
+	done bool
+}
+
+func (d *delayedPut) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	d.mu.Lock()
+	if key == d.key && opts.IfNoneMatch && !d.done {
+		d.done, d.held = true, slices.Clone(data)
+		d.mu.Unlock()
+		return "", fmt.Errorf("put %s: 503 SlowDown", key)
+	}
+	d.mu.Unlock()
+	return d.Store.Put(ctx, key, data, opts)
+}
+
+// land lets the held PUT arrive, and reports whether it was written.
+func (d *delayedPut) land(t *testing.T) bool {
+	t.Helper()
+	d.mu.Lock()
+	body := d.held
+	d.mu.Unlock()
+	if body == nil {
+		t.Fatal("no PUT was held")
+	}
+	_, err := d.Store.Put(context.Background(), d.key, body, segment.PutOptions{IfNoneMatch: true})
+	if err != nil && !errors.Is(err, segment.ErrPreconditionFailed) {
+		t.Fatal(err)
+	}
+	return err == nil
+}
+
+// TestCreateRollsForward fails the metadata PUT of a create with records
+// before it lands, with the bucket answering reads: the records are durable
+// in the WAL, so the create must not be given up (the failed PUT may still
+// land, and the stream would then load without them). It is reported
+// unconfirmed, completes in the background, and the late PUT, whenever it
+// lands, changes nothing.
+func TestCreateRollsForward(t *testing.T) {
+	tests := []struct {
+		name      string
+		landFirst bool // the late PUT lands before the engine's own
+	}{
+		{name: "the engine writes the metadata"},
+		{name: "the late PUT lands first", landFirst: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := &delayedPut{Store: memstore.New(), key: metaKey("/c")}
+			e := startEngine(t, st, Config{PackBelow: -1})
+			_, created, err := e.Create(ctx, "/c", CreateRequest{ContentType: "text/plain", Records: recs("x")})
+			if created || !errors.Is(err, ErrUnconfirmed) {
+				t.Fatalf("create: created %v, err %v; want it unconfirmed", created, err)
+			}
+			if tc.landFirst && !st.land(t) {
+				t.Fatal("the late PUT found metadata already there")
+			}
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			_, err = e.Head(wctx, "/c")
+			cancel()
+			if err != nil {
+				t.Fatalf("the stream after its create settled: %v", err)
+			}
+			if !tc.landFirst && st.land(t) {
+				t.Fatal("the late PUT landed over nothing: the engine never wrote the metadata")
+			}
+			if _, err := e.Append(ctx, "/c", AppendRequest{Records: recs("y")}); err != nil {
+				t.Fatal(err)
+			}
+			if got := fmt.Sprint(readAll(t, e, "/c")); got != "[x y]" {
+				t.Fatalf("the stream reads %s", got)
+			}
+			if err := e.Compact(ctx); err != nil {
+				t.Fatal(err)
+			}
+			e2 := startEngine(t, st.Store, Config{})
+			if got := fmt.Sprint(readAll(t, e2, "/c")); got != "[x y]" {
+				t.Fatalf("after a restart the stream reads %s", got)
+			}
+		})
+	}
 }

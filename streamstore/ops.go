@@ -217,17 +217,23 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 			etag, err = tag, nil
 		case gerr == nil:
 			err = segment.ErrPreconditionFailed // another create's
-		case errors.Is(gerr, segment.ErrNotFound):
-			// It did not land: nothing was acknowledged.
 		case len(req.Records) > 0:
-			// The bucket cannot tell yet. A lookup must not load the
-			// stream without the records the WAL holds for it (it would
-			// hand their seqs out again), so the name stays claimed and
-			// the cut held back until the bucket answers.
+			// The records are durable in the WAL, and the metadata is
+			// what makes them the stream's: the create rolls forward.
+			// Giving up would not do, even when the bucket says the PUT
+			// did not land: one still on its way could land later, and
+			// the stream would then load without its records. So the
+			// name stays claimed, and the cut held back, until the
+			// metadata is written (by the late PUT or by settleCreate,
+			// the same bytes either way) or another create's is found.
 			handedOver = true
 			e.bg.Add(1)
 			go e.settleCreate(s, body, publish)
 			return Info{}, false, fmt.Errorf("%w: %w: write metadata of %s: %v", ErrUnavailable, ErrUnconfirmed, name, err)
+		case errors.Is(gerr, segment.ErrNotFound):
+			// It did not land: nothing was acknowledged. (Should it
+			// land late, the stream is the empty one that was asked
+			// for, and a create repeated finds it.)
 		default:
 			createErr = errLookAgain
 			return Info{}, false, fmt.Errorf("%w: %w: write metadata of %s: %v", ErrUnavailable, ErrUnconfirmed, name, err)
@@ -266,12 +272,13 @@ func (e *Engine) endCreate(s *stream, publish func(*stream, error), created *str
 	e.mu.Unlock()
 }
 
-// settleCreate asks the bucket, until it answers or the engine closes,
-// whether the metadata of a create with records landed, and then
-// publishes the stream (with its records) or lets lookups read the bucket.
+// settleCreate finishes a create with records whose metadata PUT failed:
+// until the engine closes, it reads the metadata and, while it is absent,
+// writes it (create-only). Ours found or written, the stream is published
+// with its records; another create's found, lookups read the bucket.
 func (e *Engine) settleCreate(s *stream, body []byte, publish func(*stream, error)) {
 	defer e.bg.Done()
-	wait := time.Second
+	wait := 250 * time.Millisecond
 	for {
 		select {
 		case <-e.closing:
@@ -279,19 +286,31 @@ func (e *Engine) settleCreate(s *stream, body []byte, publish func(*stream, erro
 			return
 		case <-time.After(wait):
 		}
+		wait = min(2*wait, 30*time.Second)
 		cur, tag, err := e.readMeta(e.bgCtx, s.name)
-		if err != nil && !errors.Is(err, segment.ErrNotFound) {
-			wait = min(2*wait, 30*time.Second)
+		if errors.Is(err, segment.ErrNotFound) {
+			// Only while the storage is certainly ours: another node
+			// replaying this WAL found no metadata for these records.
+			if e.checkLease() != nil {
+				continue
+			}
+			tag, err = e.store.Put(e.bgCtx, metaKey(s.name), body, segment.PutOptions{IfNoneMatch: true})
+			if err != nil {
+				continue // failed, or another PUT got there first: look again
+			}
+			cur = body
+		}
+		if err != nil {
 			continue
 		}
-		if err != nil || !bytes.Equal(cur, body) {
+		if !bytes.Equal(cur, body) {
 			e.endCreate(s, publish, nil, errLookAgain)
 			return
 		}
 		s.mu.Lock()
 		s.etag = tag
 		s.mu.Unlock()
-		e.log.Info("a create reported unconfirmed had landed", zap.String("stream", s.name))
+		e.log.Info("a create reported unconfirmed is complete", zap.String("stream", s.name))
 		e.endCreate(s, publish, s, nil)
 		return
 	}
