@@ -181,8 +181,8 @@ func TestRandomFaultsLoseNoAcknowledgedAppend(t *testing.T) {
 			errs[k] += n
 		}
 	}
-	t.Logf("ran %v with %d crashes at %v %v; %d appends acknowledged (%d of them as producer duplicates)",
-		runFor, len(crashes), crashes, crashKinds, acked, dups)
+	t.Logf("ran %v with %d crashes at %v %v, %d failed starts; %d appends acknowledged (%d of them as producer duplicates)",
+		runFor, len(crashes), crashes, crashKinds, h.failedStarts, acked, dups)
 	t.Logf("requests that could fail: %s", h.faults.counts(h.faults.requests))
 	t.Logf("faults injected: %s", h.faults.counts(h.faults.injected))
 	t.Logf("compaction over all incarnations: %d folds, %d stream backlogs packed (%d repacks) into %d packs; %d WAL objects committed, %d aborted",
@@ -252,11 +252,10 @@ type chaosFaults struct {
 // first path element) that fail, in thousandths.
 func faultPerMille(op, class string) int {
 	switch class {
-	case "lease", "format":
+	case "lease":
 		// The lease is renewed every 10 s, too seldom for faults to
 		// matter in a run (segment/lease_test.go covers its lost
-		// answers); the format object is read at start only, before an
-		// incarnation's faults are armed.
+		// answers).
 		return 0
 	case "manifest":
 		// Every namespace switch and WAL retirement rewrites it; rarely,
@@ -323,14 +322,11 @@ func (f *chaosFaults) counts(m map[string]int) string {
 	return b.String()
 }
 
-// chaosStore is the bucket as one engine incarnation sees it: faults while
-// armed, and nothing at all once dead.
+// chaosStore is the bucket as one engine incarnation sees it: faults from
+// its start on, and nothing at all once dead.
 type chaosStore struct {
 	*memstore.Store
 	faults *chaosFaults
-	// armed: off while the incarnation starts, so that startEngine (which
-	// fails the test on any error) gets a clean replay.
-	armed atomic.Bool
 	// Every call holds mu shared while it runs, and kill takes it
 	// exclusively: once kill returns, no request of the dead process is
 	// still on its way to the bucket.
@@ -360,9 +356,6 @@ func (c *chaosStore) kill() {
 }
 
 func (c *chaosStore) fault(op, key string) faultKind {
-	if !c.armed.Load() {
-		return noFault
-	}
 	return c.faults.decide(op, key)
 }
 
@@ -452,9 +445,10 @@ type chaosRun struct {
 	store  *chaosStore            // its store (test goroutine only)
 	closes []chan struct{}        // closes of crashed incarnations, done when closed
 
-	acked    atomic.Int64
-	failures atomic.Int64
-	stats    StatsSnapshot // summed over the crashed incarnations (test goroutine only)
+	acked        atomic.Int64
+	failures     atomic.Int64
+	failedStarts int           // test goroutine only
+	stats        StatsSnapshot // summed over the crashed incarnations (test goroutine only)
 
 	mu   sync.Mutex
 	seen map[string]map[uint64]string // stream, seq: digest of the body a reader was served
@@ -468,23 +462,48 @@ func (h *chaosRun) fail(format string, args ...any) {
 	}
 }
 
-// restart starts a new incarnation on the bucket, and arms its faults once
-// it is up.
+// chaosStartAttempts bounds the starts tried for one incarnation.
+const chaosStartAttempts = 50
+
+// restart starts a new incarnation on the bucket with its faults armed, so
+// that the replay meets them too. A start that fails is torn down like a
+// crash and tried again, as a supervisor restarting the process would: the
+// next start must cope with whatever the failed one left (a lease taken, a
+// namespace registered, seals written).
 func (h *chaosRun) restart() {
 	h.t.Helper()
-	st := &chaosStore{Store: h.mem, faults: h.faults, landed: make(chan struct{})}
-	e := startEngine(h.t, st, h.cfg)
-	st.armed.Store(true)
-	h.store = st
-	h.engine.Store(e)
+	for attempt := 1; ; attempt++ {
+		st := &chaosStore{Store: h.mem, faults: h.faults, landed: make(chan struct{})}
+		e := New(st, testConfig(h.cfg), nil)
+		err := e.Start(context.Background())
+		if err == nil {
+			h.t.Cleanup(func() { closeDead(e) })
+			h.store = st
+			h.engine.Store(e)
+			return
+		}
+		st.kill()
+		closeDead(e)
+		h.failedStarts++
+		if attempt == chaosStartAttempts {
+			h.t.Fatalf("%d starts in a row failed, the last: %v", attempt, err)
+		}
+	}
+}
+
+// closeDead tears an incarnation down with a context that has already
+// ended, as a dead process waits for nothing: its pending appends fail,
+// and its goroutines end. (Close with no deadline waits for ever when the
+// crash caught a WAL upload in flight: the dead store can never settle
+// its batch.)
+func closeDead(e *Engine) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = e.Close(ctx)
 }
 
 // crash kills the live incarnation: from now on none of its requests
-// reaches the bucket. Its process is then torn down with a context that
-// has already ended, as a dead process waits for nothing: its pending
-// appends fail, and its goroutines end. (startEngine's cleanup closes it
-// with no deadline, which waits for ever when the crash caught a WAL
-// upload in flight: the dead store can never settle its batch.)
+// reaches the bucket. Its process is then torn down (closeDead).
 func (h *chaosRun) crash() {
 	h.store.kill()
 	e := h.engine.Load()
@@ -499,9 +518,7 @@ func (h *chaosRun) crash() {
 	h.closes = append(h.closes, done)
 	go func() {
 		defer close(done)
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		_ = e.Close(ctx)
+		closeDead(e)
 	}()
 }
 

@@ -14,8 +14,9 @@ import (
 	"github.com/picomq/caddy-picomq/segment"
 )
 
-func startEngine(t *testing.T, st segment.Store, cfg Config) *Engine {
-	t.Helper()
+// testConfig fills in what the tests' engines share: one node id, a short
+// flush interval, and compaction only when a test asks for it.
+func testConfig(cfg Config) Config {
 	if cfg.NodeID == "" {
 		cfg.NodeID = "node-a"
 	}
@@ -25,7 +26,12 @@ func startEngine(t *testing.T, st segment.Store, cfg Config) *Engine {
 	if cfg.CompactInterval == 0 {
 		cfg.CompactInterval = time.Hour
 	}
-	e := New(st, cfg, nil)
+	return cfg
+}
+
+func startEngine(t *testing.T, st segment.Store, cfg Config) *Engine {
+	t.Helper()
+	e := New(st, testConfig(cfg), nil)
 	if err := e.Start(context.Background()); err != nil {
 		t.Fatalf("start: %v", err)
 	}
