@@ -580,7 +580,7 @@ func (s *FileStore) Delete(ctx context.Context, keys []string) error {
 			errs = append(errs, err)
 			continue
 		}
-		if err := s.deleteOne(key, dirty); err != nil {
+		if err := s.deleteOne(key, "", dirty); err != nil {
 			errs = append(errs, fmt.Errorf("segment: delete %s: %w", key, err))
 		}
 	}
@@ -594,11 +594,55 @@ func (s *FileStore) Delete(ctx context.Context, keys []string) error {
 	return errors.Join(errs...)
 }
 
-func (s *FileStore) deleteOne(key string, dirty map[string]bool) error {
+// DeleteIfMatch implements Store. The key's lock, which Put's
+// compare-and-swap takes as well, makes the check and the unlink one step.
+func (s *FileStore) DeleteIfMatch(ctx context.Context, key, etag string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if etag == "" {
+		return fmt.Errorf("segment: delete %s: empty ETag", key)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	dirty := make(map[string]bool)
+	if err := s.deleteOne(key, etag, dirty); err != nil {
+		if errors.Is(err, ErrPreconditionFailed) {
+			return err
+		}
+		return fmt.Errorf("segment: delete %s: %w", key, err)
+	}
+	dirs := make([]string, 0, len(dirty))
+	for d := range dirty {
+		dirs = append(dirs, d)
+	}
+	if err := syncDirs(dirs); err != nil {
+		return fmt.Errorf("segment: delete %s: %w", key, err)
+	}
+	return nil
+}
+
+// deleteOne removes key, only while its ETag is ifMatch when that is set,
+// and prunes the folders it leaves empty, noting in dirty the folders to
+// sync.
+func (s *FileStore) deleteOne(key, ifMatch string, dirty map[string]bool) error {
 	path := s.path(key)
 	unlock := s.lock(key)
-	// unlink, not os.Remove: a key never names a folder, even an empty one.
-	err := unlink(path)
+	var err error
+	if ifMatch != "" {
+		var cur string
+		cur, err = s.currentETag(path)
+		if err == nil && !etagEqual(cur, ifMatch) {
+			unlock()
+			return ErrPreconditionFailed
+		}
+	}
+	if err == nil {
+		// unlink, not os.Remove: a key never names a folder, even an
+		// empty one.
+		err = unlink(path)
+	}
 	unlock()
 	switch {
 	case err == nil:

@@ -473,6 +473,38 @@ func (s *S3Store) Delete(ctx context.Context, keys []string) error {
 	return errors.Join(errs...)
 }
 
+// DeleteIfMatch implements Store with a DeleteObject carrying If-Match
+// (AWS S3 since 2025, versitygw). A store that ignores the header deletes
+// unconditionally, which is what Delete does anyway.
+func (s *S3Store) DeleteIfMatch(ctx context.Context, key, etag string) error {
+	if key == "" {
+		return errors.New("segment: delete: empty key")
+	}
+	if etag == "" {
+		return fmt.Errorf("segment: delete %s: empty ETag", key)
+	}
+	in := &s3.DeleteObjectInput{
+		Bucket:  aws.String(s.bucket),
+		Key:     aws.String(s.full(key)),
+		IfMatch: aws.String(etag),
+	}
+	return s.do(ctx, OpDelete, key, func(ctx context.Context) (bool, error) {
+		_, err := s.client.DeleteObject(ctx, in)
+		switch {
+		case err == nil:
+			return false, nil
+		case isPreconditionFailed(err):
+			return false, ErrPreconditionFailed
+		case isNoSuchKey(err):
+			// AWS answers 404 to a conditional delete of a missing key
+			// (an earlier attempt of this one may have removed it).
+			return false, nil
+		}
+		retry, _ := classify(err)
+		return retry, err
+	})
+}
+
 // do runs attempt until it succeeds, returns a final error, or runs out of
 // attempts. Each attempt gets its own timeout; between attempts it sleeps
 // an exponentially growing, fully jittered backoff. Every attempt is

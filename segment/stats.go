@@ -245,3 +245,10 @@ func (s observedFileStore) Delete(ctx context.Context, keys []string) error {
 	s.stats.observe(OpDelete, "", time.Since(start), outcomeOf(err, false))
 	return err
 }
+
+func (s observedFileStore) DeleteIfMatch(ctx context.Context, key, etag string) error {
+	start := time.Now()
+	err := s.FileStore.DeleteIfMatch(ctx, key, etag)
+	s.stats.observe(OpDelete, key, time.Since(start), outcomeOf(err, false))
+	return err
+}

@@ -118,6 +118,12 @@ func TestFileStoreCountsCalls(t *testing.T) {
 			return nil
 		}},
 		{"list", func() error { _, _, err := s.List(ctx, "wal/", "", 10); return err }},
+		{"stale conditional delete", func() error {
+			if err := s.DeleteIfMatch(ctx, "streams/a.m", `"00000000000000000000000000000000"`); !errors.Is(err, segment.ErrPreconditionFailed) {
+				return fmt.Errorf("conditional delete with a stale ETag: %v", err)
+			}
+			return nil
+		}},
 		{"delete", func() error { return s.Delete(ctx, []string{"wal/0/0", "streams/a.m"}) }},
 	}
 	for _, step := range steps {
@@ -128,7 +134,7 @@ func TestFileStoreCountsCalls(t *testing.T) {
 	wantRequests(t, st, map[[2]string]uint64{
 		{"put", "ok"}: 2, {"put", "precondition_failed"}: 1,
 		{"get", "ok"}: 1, {"get", "not_found"}: 1, {"head", "ok"}: 1,
-		{"list", "ok"}: 1, {"delete", "ok"}: 1,
+		{"list", "ok"}: 1, {"delete", "ok"}: 1, {"delete", "precondition_failed"}: 1,
 	})
 	if wal, other := st.Uploads(segment.UploadWAL).Count, st.Uploads(segment.UploadOther).Count; wal != 2 || other != 1 {
 		t.Errorf("upload histogram counts wal %d other %d, want 2 and 1", wal, other)

@@ -58,4 +58,9 @@ type Store interface {
 	List(ctx context.Context, prefix, startAfter string, max int) (objects []ObjectInfo, more bool, err error)
 	// Delete removes keys; keys that do not exist are not an error.
 	Delete(ctx context.Context, keys []string) error
+	// DeleteIfMatch removes key only while its ETag is etag, so a delete
+	// that arrives late cannot take a newer object under the same key
+	// with it. It fails with ErrPreconditionFailed, removing nothing, when
+	// key holds another version; a missing key is not an error.
+	DeleteIfMatch(ctx context.Context, key, etag string) error
 }

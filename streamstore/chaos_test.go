@@ -433,6 +433,23 @@ func (c *chaosStore) Delete(ctx context.Context, keys []string) error {
 	return c.Store.Delete(ctx, keys)
 }
 
+func (c *chaosStore) DeleteIfMatch(ctx context.Context, key, etag string) error {
+	if !c.enter() {
+		return fmt.Errorf("delete %s: %w", key, errCrashed)
+	}
+	defer c.mu.RUnlock()
+	switch c.fault("DELETE", key) {
+	case faultBefore:
+		return fmt.Errorf("delete %s: %w", key, errInjected)
+	case faultAfter:
+		if err := c.Store.DeleteIfMatch(ctx, key, etag); err != nil {
+			return err
+		}
+		return fmt.Errorf("delete %s: %w", key, errInjected)
+	}
+	return c.Store.DeleteIfMatch(ctx, key, etag)
+}
+
 // chaosRun is the state one run shares between the test goroutine, the
 // writers and the readers.
 type chaosRun struct {

@@ -350,6 +350,12 @@ func (s *imageStore) Delete(ctx context.Context, keys []string) error {
 	return s.in.Delete(ctx, keys)
 }
 
+func (s *imageStore) DeleteIfMatch(ctx context.Context, key, etag string) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.in.DeleteIfMatch(ctx, key, etag)
+}
+
 func (s *imageStore) image() *memstore.Store {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -114,6 +114,24 @@ func (m *Store) Delete(ctx context.Context, keys []string) error {
 	return nil
 }
 
+// DeleteIfMatch implements segment.Store.
+func (m *Store) DeleteIfMatch(ctx context.Context, key, etag string) error {
+	if err := m.fail("DELETE", key); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cur, ok := m.objs[key]
+	if !ok {
+		return nil
+	}
+	if etagOf(cur) != etag {
+		return segment.ErrPreconditionFailed
+	}
+	delete(m.objs, key)
+	return nil
+}
+
 // Keys returns every key under prefix, sorted.
 func (m *Store) Keys(prefix string) []string {
 	objs, _, _ := m.List(context.Background(), prefix, "", 1<<30)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -40,6 +41,7 @@ func Run(t *testing.T, open func(t *testing.T) segment.Store) {
 		{"DeleteMany", testDeleteMany},
 		{"DeleteBatches", testDeleteBatches},
 		{"DeleteAndRecreate", testDeleteAndRecreate},
+		{"DeleteIfMatch", testDeleteIfMatch},
 		{"RaceIfNoneMatch", testRaceIfNoneMatch},
 		{"RaceIfMatchCounter", testRaceIfMatchCounter},
 		{"RacePutDeleteSameFolder", testRacePutDelete},
@@ -540,6 +542,56 @@ func testDeleteAndRecreate(t *testing.T, s segment.Store) {
 }
 
 const racers = 16
+
+// testDeleteIfMatch checks the conditional delete: a stale ETag removes
+// nothing, the current one removes the key, and a missing key is no error.
+func testDeleteIfMatch(t *testing.T, s segment.Store) {
+	ctx := ctxFor(t)
+	e1 := mustPut(t, s, "dim/sub/key", []byte("v1"), segment.PutOptions{})
+	e2 := mustPut(t, s, "dim/sub/key", []byte("v2"), segment.PutOptions{})
+	mustPut(t, s, "dim/other", []byte("o"), segment.PutOptions{})
+	for _, stale := range []string{e1, `"0123456789abcdef0123456789abcdef"`} {
+		if err := s.DeleteIfMatch(ctx, "dim/sub/key", stale); !errors.Is(err, segment.ErrPreconditionFailed) {
+			t.Fatalf("DeleteIfMatch(%s) over %s: error = %v, want ErrPreconditionFailed", stale, e2, err)
+		}
+		if got, _ := mustGet(t, s, "dim/sub/key"); string(got) != "v2" {
+			t.Fatalf("after a refused delete: %q, want v2", got)
+		}
+	}
+	if err := s.DeleteIfMatch(ctx, "dim/sub/key", e2); err != nil {
+		t.Fatalf("DeleteIfMatch with the current ETag: %v", err)
+	}
+	if _, _, err := s.Get(ctx, "dim/sub/key", 0, -1); !errors.Is(err, segment.ErrNotFound) {
+		t.Fatalf("Get after the delete: %v, want ErrNotFound", err)
+	}
+	// Repeated, as a retry whose first attempt landed would be.
+	if err := s.DeleteIfMatch(ctx, "dim/sub/key", e2); err != nil {
+		t.Fatalf("DeleteIfMatch of a missing key: %v", err)
+	}
+	// The folder it emptied takes keys again; the neighbour is untouched.
+	e3 := mustPut(t, s, "dim/sub/key", []byte("v3"), segment.PutOptions{IfNoneMatch: true})
+	if err := s.DeleteIfMatch(ctx, "dim/sub/key", e2); !errors.Is(err, segment.ErrPreconditionFailed) {
+		t.Fatalf("late delete over a recreated key: error = %v, want ErrPreconditionFailed", err)
+	}
+	if got := listAll(t, s, "dim/"); !slices.Equal(got, []string{"dim/other", "dim/sub/key"}) {
+		t.Fatalf("List = %q", got)
+	}
+	// The ETag from a listing works as well.
+	objs, _, err := s.List(ctx, "dim/sub/", "", 10)
+	if err != nil || len(objs) != 1 || !sameETag(objs[0].ETag, e3) {
+		t.Fatalf("List = %v, %v; want one object with ETag %s", objs, err, e3)
+	}
+	if err := s.DeleteIfMatch(ctx, "dim/sub/key", objs[0].ETag); err != nil {
+		t.Fatalf("DeleteIfMatch with the listed ETag: %v", err)
+	}
+	if got := listAll(t, s, "dim/"); !slices.Equal(got, []string{"dim/other"}) {
+		t.Fatalf("List after the deletes = %q", got)
+	}
+}
+
+func sameETag(a, b string) bool {
+	return strings.Trim(a, `"`) == strings.Trim(b, `"`)
+}
 
 func testRaceIfNoneMatch(t *testing.T, s segment.Store) {
 	ctx := ctxFor(t)
