@@ -94,16 +94,18 @@ type Proxy struct {
 	srv    *http.Server
 	addr   string
 
-	mu       sync.Mutex
-	ln       net.Listener
-	conns    map[net.Conn]struct{}
-	closed   bool
-	counts   Counts
-	latency  time.Duration
-	jitter   time.Duration
-	faults   []*faultEntry
-	holds    []*holdEntry
-	held     int
+	mu      sync.Mutex
+	ln      net.Listener
+	conns   map[net.Conn]struct{}
+	closed  bool
+	counts  Counts
+	latency time.Duration
+	jitter  time.Duration
+	faults  []*faultEntry
+	holds   []*holdEntry
+	held    int
+	// landing counts released requests still on their way to the target.
+	landing  int
 	heldCond *sync.Cond
 }
 
@@ -340,6 +342,27 @@ func (p *Proxy) Up() error {
 }
 
 // request is what the proxy knows about one incoming request.
+// WaitLanded waits until no request is parked by Hold and every released
+// one has had its answer from the target: a test that releases a request
+// to land late knows when it has.
+func (p *Proxy) WaitLanded(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		p.heldCond.Broadcast()
+		p.mu.Unlock()
+	})
+	defer stop()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.held > 0 || p.landing > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		p.heldCond.Wait()
+	}
+	return nil
+}
+
 type request struct {
 	op     string
 	bucket string
@@ -450,7 +473,15 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		<-hold.released
 		p.mu.Lock()
 		p.held--
+		p.landing++
+		p.heldCond.Broadcast()
 		p.mu.Unlock()
+		defer func() {
+			p.mu.Lock()
+			p.landing--
+			p.heldCond.Broadcast()
+			p.mu.Unlock()
+		}()
 		// Forward even if the client is gone (see Hold). The writer is
 		// wrapped so that ReverseProxy cannot find CloseNotify on it and
 		// cancel the forwarded request when the client disconnects.

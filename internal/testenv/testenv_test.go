@@ -355,6 +355,7 @@ func TestProxyHold(t *testing.T) {
 
 	// A client that gives up while its request is parked does not stop the
 	// request from landing on release.
+	p.AddFault(Fault{Op: OpPut, KeyContains: "late", Stall: 300 * time.Millisecond, Times: 1}) // a slow way to the bucket
 	release = p.Hold(Fault{Op: OpPut, KeyContains: "late", Times: 1})
 	cctx, ccancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -367,16 +368,12 @@ func TestProxyHold(t *testing.T) {
 		t.Fatal("cancelled put succeeded")
 	}
 	release()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		got, err := get(ctx, c, bucket, "late/1")
-		if err == nil && got == "late" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("released upload never landed: %q, %v", got, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	// WaitLanded returns once the released upload has its answer.
+	if err := p.WaitLanded(wctx); err != nil {
+		t.Fatalf("WaitLanded: %v", err)
+	}
+	if got, err := get(ctx, c, bucket, "late/1"); err != nil || got != "late" {
+		t.Fatalf("right after WaitLanded: %q, %v; want the released upload there", got, err)
 	}
 }
 
