@@ -261,6 +261,59 @@ func (e *Engine) writeMeta(ctx context.Context, s *stream, m *metaObject, etag s
 	return tag, nil
 }
 
+// maxMetaDeletes bounds deleteMeta's tries: each finds our metadata under
+// a version this process wrote without hearing back, and there are at most
+// maxUnsure of those.
+const maxMetaDeletes = maxUnsure + 2
+
+// errNoVersion stands for the delete deleteMeta could not send: it knows
+// no version of the object to make it conditional on.
+var errNoVersion = errors.New("no known version to delete")
+
+// deleteMeta removes the metadata object of s, the stream with internal id.
+// The delete holds only for the version this process knows: one held up
+// on the way, its retry answered first and the name created again
+// meanwhile, must not remove the new stream's metadata when it lands. A
+// delete that fails or finds another version asks the bucket: gone, or
+// another stream's now, is done (it may be our delete that landed), and
+// ours under another version, a write of this process that failed without
+// saying so and landed, is deleted in its turn. metaMu keeps checkpoints
+// from moving the version in between.
+func (e *Engine) deleteMeta(ctx context.Context, s *stream, id string) error {
+	s.metaMu.Lock()
+	defer s.metaMu.Unlock()
+	s.mu.Lock()
+	etag := s.etag
+	s.mu.Unlock()
+	for try := 1; ; try++ {
+		// A node that may have lost the storage to another must not
+		// delete what that one may have written.
+		if err := e.checkLease(); err != nil {
+			return err
+		}
+		err := errNoVersion
+		if etag != "" {
+			if err = e.store.DeleteIfMatch(ctx, metaKey(s.name), etag); err == nil {
+				return nil
+			}
+		}
+		rctx, cancel := checkContext(ctx)
+		_, cur, gerr := e.metaOf(rctx, s.name, id)
+		cancel()
+		switch {
+		case errors.Is(gerr, errMetaGone):
+			return nil
+		case gerr != nil:
+			return fmt.Errorf("%w (reading it back: %v)", err, gerr)
+		case err != errNoVersion && !errors.Is(err, segment.ErrPreconditionFailed):
+			return err
+		case try == maxMetaDeletes:
+			return fmt.Errorf("metadata of %s keeps changing: %w", s.name, err)
+		}
+		etag = cur
+	}
+}
+
 // rememberUnsure records body as possibly written when err leaves that
 // open; a failed precondition says it was not. The caller holds s.metaMu.
 func (s *stream) rememberUnsure(body []byte, err error) {

@@ -857,17 +857,10 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 	if _, err := e.store.Put(ctx, gcKey(id), []byte(name), segment.PutOptions{}); err != nil {
 		return fmt.Errorf("%w: record deletion of %s: %v", ErrUnavailable, name, err)
 	}
-	if err := e.store.Delete(ctx, []string{metaKey(name)}); err != nil {
-		// It may have landed all the same; if it did, the stream is gone
-		// and must not take more appends. If it did not, the tombstone
-		// stays behind, and the collector drops it without the data, as
-		// the metadata still names the id (collectGarbage).
-		rctx, cancel := checkContext(ctx)
-		_, _, gerr := e.metaOf(rctx, name, id)
-		cancel()
-		if !errors.Is(gerr, errMetaGone) {
-			return fmt.Errorf("%w: delete metadata of %s: %v", ErrUnavailable, name, err)
-		}
+	if err := e.deleteMeta(ctx, s, id); err != nil {
+		// The tombstone stays behind, and the collector drops it without
+		// the data, as the metadata still names the id (collectGarbage).
+		return fmt.Errorf("%w: delete metadata of %s: %v", ErrUnavailable, name, err)
 	}
 	s.mu.Lock()
 	s.gone = true

@@ -1,0 +1,58 @@
+package integration
+
+import (
+	"context"
+	"encoding/hex"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// TestLateDeleteSparesTheNextStream: the first attempt of a stream delete's
+// metadata DELETE is held up on its way to the bucket. Caddy's retry
+// removes the metadata, the client gets its 204 and creates the stream
+// again with a record. Then the held attempt lands. It must change
+// nothing: an unconditional DELETE removed the new stream's metadata, and
+// after a restart the new stream and its acknowledged record were gone.
+func TestLateDeleteSparesTheNextStream(t *testing.T) {
+	e := fhStart(t, fhOptions{Directives: []string{"s3_timeout 1s"}})
+	const path = "/late-delete"
+	key := "streams/" + hex.EncodeToString([]byte(path)) + ".m"
+	e.create(path, "text/plain")
+	e.append(path, "text/plain", []byte("old"))
+
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpDelete, KeyContains: key, Times: 1})
+	defer release()
+	if resp := e.must(fhReq{Method: http.MethodDelete, Path: path}); resp.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s, want 204", path, resp)
+	}
+	if held := e.proxy.Held(); held != 1 {
+		t.Fatalf("%d requests held, want the delete's first attempt", held)
+	}
+	if resp := e.must(fhReq{Method: http.MethodGet, Path: path + "?offset=-1"}); resp.Status != http.StatusNotFound {
+		t.Fatalf("GET after the delete: %s, want 404", resp)
+	}
+	e.create(path, "text/plain")
+	e.append(path, "text/plain", []byte("new"))
+
+	release()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.proxy.WaitLanded(ctx); err != nil {
+		t.Fatalf("the held delete did not land: %v", err)
+	}
+	if _, err := e.get(key); err != nil {
+		t.Errorf("the new stream's metadata after the late delete landed: %v", err)
+	}
+	e.caddy.Kill()
+	e.caddy.Restart()
+	got, _, err := e.readBytes(path)
+	if err != nil {
+		t.Fatalf("after a restart: %v", err)
+	}
+	if string(got) != "new" {
+		t.Fatalf("after a restart %s reads %q, want %q", path, got, "new")
+	}
+}
