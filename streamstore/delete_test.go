@@ -76,8 +76,12 @@ func TestLateDeleteSparesTheNextStream(t *testing.T) {
 		{"as created", func(t *testing.T, e *Engine) {}},
 		{"after a checkpoint", func(t *testing.T, e *Engine) {
 			mustAppend(t, e, "/s", AppendRequest{Records: recs("old2")})
+			before := metaVersion(t, e, "/s")
 			if err := e.Compact(context.Background()); err != nil {
 				t.Fatalf("compact: %v", err)
+			}
+			if metaVersion(t, e, "/s") == before {
+				t.Fatal("the compaction wrote no checkpoint")
 			}
 		}},
 	}
@@ -85,7 +89,8 @@ func TestLateDeleteSparesTheNextStream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			st := &lateDeletes{Store: memstore.New()}
-			e := startEngine(t, st, Config{})
+			// No packs: a compaction checkpoints into the metadata.
+			e := startEngine(t, st, Config{PackBelow: -1})
 			if _, _, err := e.Create(ctx, "/s", CreateRequest{Records: recs("old")}); err != nil {
 				t.Fatal(err)
 			}
@@ -175,4 +180,13 @@ func TestLapsedLeaseDeletesNothing(t *testing.T) {
 	if got := readAll(t, b, "/s"); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("the next owner reads /s as %q, want [a]", got)
 	}
+}
+
+func metaVersion(t *testing.T, e *Engine, name string) string {
+	t.Helper()
+	_, etag, err := e.store.Get(context.Background(), metaKey(name), 0, -1)
+	if err != nil {
+		t.Fatalf("metadata of %s: %v", name, err)
+	}
+	return etag
 }
