@@ -746,8 +746,8 @@ func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	key := subDocKey(root, id)
-	if _, ok := m.subs[key]; ok {
-		if err := m.eng.DeleteDoc(r.Context(), key); err != nil {
+	if s, ok := m.subs[key]; ok {
+		if err := m.deleteLocked(r.Context(), s); err != nil {
 			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 			return
 		}
@@ -756,6 +756,24 @@ func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, 
 	}
 	w.Header().Set("Cache-Control", cacheControlNoStore)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// deleteLocked removes s's document in the version this node wrote last.
+// A conflict is, as in saveLocked, an earlier write of ours whose answer
+// was lost but which landed: that version goes instead.
+func (m *subManager) deleteLocked(ctx context.Context, s *subState) error {
+	err := m.eng.DeleteDoc(ctx, s.key, s.version)
+	if !errors.Is(err, streamstore.ErrDocConflict) {
+		return err
+	}
+	_, etag, gerr := m.eng.GetDoc(ctx, s.key)
+	switch {
+	case errors.Is(gerr, streamstore.ErrNotFound):
+		return nil
+	case gerr != nil:
+		return fmt.Errorf("%w (reading it back: %v)", err, gerr)
+	}
+	return m.eng.DeleteDoc(ctx, s.key, etag)
 }
 
 func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, root, id string) {

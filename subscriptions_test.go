@@ -5,9 +5,11 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -384,5 +386,47 @@ func TestWebhookRetryAndSignature(t *testing.T) {
 		if body["subscription_id"] != "hook" || body["generation"].(float64) != 1 || !strings.HasSuffix(body["callback_url"].(string), "/s/__ds/subscriptions/hook/callback") {
 			t.Errorf("delivery %d body %v", i, body)
 		}
+	}
+}
+
+// A subscription's document rewritten since this node last heard of it
+// (a write of its own whose answer was lost, landing late) still goes
+// with the subscription's delete.
+func TestSubscriptionDeleteTakesLateOwnWrite(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	n := startSubNode(t, dir)
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	if st, _ := n.call(t, "PUT", "/v1/stream/wake/pool", "[]"); st != 201 {
+		t.Fatalf("create wake stream: %d", st)
+	}
+	if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool","lease_ttl_ms":600000}`); st != 201 {
+		t.Fatalf("create subscription: %d %v", st, v)
+	}
+	keys, err := n.eng.ListDocs(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys = slices.DeleteFunc(keys, func(k string) bool { return k == signatureKeyDocKey })
+	if len(keys) != 1 {
+		t.Fatalf("documents %q, want the subscription's and the key's", keys)
+	}
+	doc, ver, err := n.eng.GetDoc(ctx, keys[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.eng.PutDoc(ctx, keys[0], append(doc, ' '), ver); err != nil {
+		t.Fatal(err)
+	}
+	if st, v := n.call(t, "DELETE", sub, ""); st != 204 {
+		t.Fatalf("delete: %d %v", st, v)
+	}
+	if _, _, err := n.eng.GetDoc(ctx, keys[0]); !errors.Is(err, streamstore.ErrNotFound) {
+		t.Fatalf("the document after the delete: %v, want ErrNotFound", err)
+	}
+	n.stop(t)
+	n = startSubNode(t, dir)
+	if st, v := n.call(t, "GET", sub, ""); st != 404 {
+		t.Fatalf("after a restart: %d %v, want 404", st, v)
 	}
 }

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
@@ -54,5 +55,52 @@ func TestLateDeleteSparesTheNextStream(t *testing.T) {
 	}
 	if string(got) != "new" {
 		t.Fatalf("after a restart %s reads %q, want %q", path, got, "new")
+	}
+}
+
+// TestLateSubscriptionDeleteSparesTheNext: the same as above for a
+// subscription's document. A subscription deleted and created again under
+// its id must survive the first delete's held attempt landing late.
+func TestLateSubscriptionDeleteSparesTheNext(t *testing.T) {
+	e := fhStart(t, fhOptions{Directives: []string{"s3_timeout 1s"}})
+	const sub = "/r/__ds/subscriptions/pull"
+	hdr := map[string]string{"Content-Type": "application/json"}
+	subscribe := func(pattern string) {
+		t.Helper()
+		body := `{"type":"pull-wake","pattern":"` + pattern + `","wake_stream":"wake","lease_ttl_ms":600000}`
+		if resp := e.must(fhReq{Method: http.MethodPut, Path: sub, Header: hdr, Body: []byte(body)}); resp.Status != http.StatusCreated {
+			t.Fatalf("PUT %s (%s): %s, want 201", sub, pattern, resp)
+		}
+	}
+	e.create("/r/wake", "application/json")
+	subscribe("events/*")
+
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpDelete, KeyContains: "subs/", Times: 1})
+	defer release()
+	if resp := e.must(fhReq{Method: http.MethodDelete, Path: sub}); resp.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s, want 204", sub, resp)
+	}
+	if held := e.proxy.Held(); held != 1 {
+		t.Fatalf("%d requests held, want the delete's first attempt", held)
+	}
+	subscribe("other/*")
+
+	release()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.proxy.WaitLanded(ctx); err != nil {
+		t.Fatalf("the held delete did not land: %v", err)
+	}
+	e.caddy.Kill()
+	e.caddy.Restart()
+	resp := e.must(fhReq{Method: http.MethodGet, Path: sub})
+	if resp.Status != http.StatusOK {
+		t.Fatalf("after a restart GET %s: %s, want 200", sub, resp)
+	}
+	var got struct {
+		Pattern string `json:"pattern"`
+	}
+	if err := json.Unmarshal(resp.Body, &got); err != nil || got.Pattern != "other/*" {
+		t.Fatalf("after a restart the subscription is %q (%v), want the second one, other/*", resp.Body, err)
 	}
 }

@@ -79,13 +79,16 @@ func (e *Engine) PutDoc(ctx context.Context, key string, data []byte, version st
 	return e.store.Put(ctx, k, data, opts)
 }
 
-// DeleteDoc removes a document; a missing one is not an error.
-func (e *Engine) DeleteDoc(ctx context.Context, key string) error {
+// DeleteDoc removes a document while it is still version, so that a delete
+// held up on its way and landing late cannot remove a document written
+// under the key after it. A missing document is not an error; another
+// version is ErrDocConflict.
+func (e *Engine) DeleteDoc(ctx context.Context, key, version string) error {
 	k, err := docKey(key)
 	if err != nil {
 		return err
 	}
-	return e.store.Delete(ctx, []string{k})
+	return e.store.DeleteIfMatch(ctx, k, version)
 }
 
 // ListDocs returns the keys (without the subs/ prefix) of every document
