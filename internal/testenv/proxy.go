@@ -283,6 +283,19 @@ func (p *Proxy) Held() int {
 
 // WaitHeld waits until at least n requests are parked by Hold.
 func (p *Proxy) WaitHeld(ctx context.Context, n int) error {
+	return p.waitHolds(ctx, func() bool { return p.held >= n })
+}
+
+// WaitLanded waits until no request is parked by Hold and every released
+// one has had its answer from the target: a test that releases a request
+// to land late knows when it has.
+func (p *Proxy) WaitLanded(ctx context.Context) error {
+	return p.waitHolds(ctx, func() bool { return p.held == 0 && p.landing == 0 })
+}
+
+// waitHolds waits, until ctx ends, for done to hold; done runs with p.mu
+// held, after every change to the parked or landing requests.
+func (p *Proxy) waitHolds(ctx context.Context, done func() bool) error {
 	stop := context.AfterFunc(ctx, func() {
 		p.mu.Lock()
 		p.heldCond.Broadcast()
@@ -291,7 +304,7 @@ func (p *Proxy) WaitHeld(ctx context.Context, n int) error {
 	defer stop()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for p.held < n {
+	for !done() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -342,27 +355,6 @@ func (p *Proxy) Up() error {
 }
 
 // request is what the proxy knows about one incoming request.
-// WaitLanded waits until no request is parked by Hold and every released
-// one has had its answer from the target: a test that releases a request
-// to land late knows when it has.
-func (p *Proxy) WaitLanded(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() {
-		p.mu.Lock()
-		p.heldCond.Broadcast()
-		p.mu.Unlock()
-	})
-	defer stop()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for p.held > 0 || p.landing > 0 {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		p.heldCond.Wait()
-	}
-	return nil
-}
-
 type request struct {
 	op     string
 	bucket string
