@@ -181,6 +181,18 @@ func (n *subNode) call(t *testing.T, method, path, body string, hdr ...string) (
 	return res.StatusCode, v
 }
 
+// pullSubscribe creates the wake stream wake/pool and a pull-wake
+// subscription at sub that wakes on it for events/*.
+func (n *subNode) pullSubscribe(t *testing.T, sub string) {
+	t.Helper()
+	if st, _ := n.call(t, "PUT", "/v1/stream/wake/pool", "[]"); st != 201 {
+		t.Fatalf("create wake stream: %d", st)
+	}
+	if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool","lease_ttl_ms":600000}`); st != 201 {
+		t.Fatalf("create subscription: %d %v", st, v)
+	}
+}
+
 func errCode(v map[string]any) string {
 	e, _ := v["error"].(map[string]any)
 	c, _ := e["code"].(string)
@@ -193,12 +205,7 @@ func TestSubscriptionSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	n := startSubNode(t, dir)
 	const sub = "/v1/stream/__ds/subscriptions/p1"
-	if st, _ := n.call(t, "PUT", "/v1/stream/wake/pool", "[]"); st != 201 {
-		t.Fatalf("create wake stream: %d", st)
-	}
-	if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool","lease_ttl_ms":600000}`); st != 201 {
-		t.Fatalf("create subscription: %d %v", st, v)
-	}
+	n.pullSubscribe(t, sub)
 	if st, _ := n.call(t, "PUT", "/v1/stream/events/a", `{"n":1}`); st != 201 {
 		t.Fatalf("create stream: %d", st)
 	}
@@ -397,12 +404,7 @@ func TestSubscriptionDeleteTakesLateOwnWrite(t *testing.T) {
 	dir := t.TempDir()
 	n := startSubNode(t, dir)
 	const sub = "/v1/stream/__ds/subscriptions/p1"
-	if st, _ := n.call(t, "PUT", "/v1/stream/wake/pool", "[]"); st != 201 {
-		t.Fatalf("create wake stream: %d", st)
-	}
-	if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool","lease_ttl_ms":600000}`); st != 201 {
-		t.Fatalf("create subscription: %d %v", st, v)
-	}
+	n.pullSubscribe(t, sub)
 	keys, err := n.eng.ListDocs(ctx, "")
 	if err != nil {
 		t.Fatal(err)
