@@ -416,6 +416,7 @@ func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*s
 
 // Append appends to the stream and returns once the append is durable.
 func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (AppendResult, error) {
+	var timeout <-chan time.Time // set at the first wait
 	for {
 		s, err := e.live(ctx, name)
 		if err != nil {
@@ -428,10 +429,20 @@ func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (Ap
 		if wait == nil {
 			return res, err
 		}
-		// A producer retry of an append still in flight: answer once the
-		// original's fate is known (it may roll back and need applying).
+		// A producer retry of an append still in flight, or any append
+		// behind a close still in flight: answer once the original's fate
+		// is known (it may roll back, and then this one applies). Within
+		// the time an append of its own would wait: a repeat is no more
+		// certain than the attempt it repeats.
+		if timeout == nil {
+			t := time.NewTimer(e.config().AppendTimeout)
+			defer t.Stop()
+			timeout = t.C
+		}
 		select {
 		case <-wait:
+		case <-timeout:
+			return AppendResult{}, fmt.Errorf("%w: %w", ErrUnavailable, ErrUnconfirmed)
 		case <-ctx.Done():
 			return AppendResult{}, ctx.Err()
 		case <-e.closing:
@@ -474,6 +485,14 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 
 	// Closure comes first, before producer fencing too (section 5.2.1):
 	// on a closed stream only a retry of the closing append succeeds.
+	if st.Closed && !s.durable.Closed {
+		// The close is still on its way and may yet roll back: answer,
+		// whether success for a repeated close or refusal for an append,
+		// once its fate is known.
+		ch := s.changed
+		s.mu.Unlock()
+		return AppendResult{}, ch, nil
+	}
 	if st.Closed {
 		next := st.NextSeq
 		if p := req.Producer; p != nil {
@@ -904,11 +923,15 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 		s.mu.Unlock()
 		return Info{}, fmt.Errorf("%w: trim seq %d is beyond the tail %d", ErrBadRequest, seq, next)
 	}
-	if seq <= s.startSeq(&s.pend) {
+	if seq <= s.startSeq(&s.durable) {
 		info := s.info()
 		s.mu.Unlock()
 		return info, nil
 	}
+	// A trim still on its way may cover seq (this one's first attempt,
+	// not confirmed in time), but it can yet be rolled back: trim again in
+	// an entry of this call's own, which is durable only once that one is.
+	// Trims apply as a maximum, so the second changes nothing else.
 	ent := &segment.Entry{StreamID: s.meta.ID, Name: s.name, FirstSeq: s.pend.NextSeq, TrimTo: seq, AccessedAt: now, Ref: s}
 	b, err := w.Add(ent)
 	if err != nil {
