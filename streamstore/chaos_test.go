@@ -53,14 +53,7 @@ const (
 // is applied twice.
 func TestRandomFaultsLoseNoAcknowledgedAppend(t *testing.T) {
 	seed := chaosSeed(t)
-	runFor := chaosRunDefault
-	if s := os.Getenv(chaosRunEnv); s != "" {
-		d, err := time.ParseDuration(s)
-		if err != nil {
-			t.Fatalf("%s: %v", chaosRunEnv, err)
-		}
-		runFor = d
-	}
+	runFor := chaosRunLength(t, chaosRunDefault)
 	t.Logf("random seed %d (set %s=%d to replay its faults and crashes)", seed, chaosSeedEnv, seed)
 	rng := rand.New(rand.NewPCG(seed, 0xc4a05))
 
@@ -198,6 +191,21 @@ func TestRandomFaultsLoseNoAcknowledgedAppend(t *testing.T) {
 }
 
 // chaosSeed is the run's seed: PICOMQ_CHAOS_SEED, or a fresh one.
+// chaosRunLength is how long a randomized test runs: def, or what
+// chaosRunEnv says.
+func chaosRunLength(t *testing.T, def time.Duration) time.Duration {
+	t.Helper()
+	s := os.Getenv(chaosRunEnv)
+	if s == "" {
+		return def
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		t.Fatalf("%s: %v", chaosRunEnv, err)
+	}
+	return d
+}
+
 func chaosSeed(t *testing.T) uint64 {
 	t.Helper()
 	s := os.Getenv(chaosSeedEnv)
