@@ -9,8 +9,10 @@ import (
 	"hash/maphash"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -584,11 +586,7 @@ func (s *FileStore) Delete(ctx context.Context, keys []string) error {
 			errs = append(errs, fmt.Errorf("segment: delete %s: %w", key, err))
 		}
 	}
-	dirs := make([]string, 0, len(dirty))
-	for d := range dirty {
-		dirs = append(dirs, d)
-	}
-	if err := syncDirs(dirs); err != nil {
+	if err := syncDirs(slices.Collect(maps.Keys(dirty))); err != nil {
 		errs = append(errs, fmt.Errorf("segment: delete: %w", err))
 	}
 	return errors.Join(errs...)
@@ -613,11 +611,7 @@ func (s *FileStore) DeleteIfMatch(ctx context.Context, key, etag string) error {
 		}
 		return fmt.Errorf("segment: delete %s: %w", key, err)
 	}
-	dirs := make([]string, 0, len(dirty))
-	for d := range dirty {
-		dirs = append(dirs, d)
-	}
-	if err := syncDirs(dirs); err != nil {
+	if err := syncDirs(slices.Collect(maps.Keys(dirty))); err != nil {
 		return fmt.Errorf("segment: delete %s: %w", key, err)
 	}
 	return nil
