@@ -21,10 +21,11 @@ func TestCheckFormat(t *testing.T) {
 		refused string
 	}{
 		{name: "empty bucket", before: "", after: segment.FormatVersion},
-		{name: "current", before: `{"picomq_format":3}`, after: 3},
-		{name: "before repacks", before: `{"picomq_format":2}`, after: 3},
-		{name: "before packs", before: `{"picomq_format":1}`, after: 3},
-		{name: "newer", before: `{"picomq_format":4}`, after: 4, refused: "format version 4"},
+		{name: "current", before: `{"picomq_format":4}`, after: 4},
+		{name: "before create entries", before: `{"picomq_format":3}`, after: 4},
+		{name: "before repacks", before: `{"picomq_format":2}`, after: 4},
+		{name: "before packs", before: `{"picomq_format":1}`, after: 4},
+		{name: "newer", before: `{"picomq_format":5}`, after: 5, refused: "format version 5"},
 		{name: "not ours", before: `{"other":1}`, refused: "version 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,15 +16,16 @@ import (
 
 // FormatVersion is the bucket layout this build reads and writes. Version 2
 // added packs to the manifest, version 3 repack entries to packs (one that
-// replaces the runs of older packs): a build that knows an older version
-// would lose records that only the new layout holds, so it must refuse the
-// bucket.
-const FormatVersion = 3
+// replaces the runs of older packs), version 4 a create's metadata and drop
+// marks to WAL entries: a build that knows an older version would lose
+// records that only the new layout holds, or take the WAL for corrupt, so
+// it must refuse the bucket.
+const FormatVersion = 4
 
 // upgradableFormat reports whether version v is an older layout this build
 // reads and moves on to FormatVersion: everything in it means the same in
 // the new one.
-func upgradableFormat(v int) bool { return v == 1 || v == 2 }
+func upgradableFormat(v int) bool { return v >= 1 && v <= 3 }
 
 const (
 	formatKey   = "format"

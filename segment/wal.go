@@ -52,6 +52,19 @@ type Entry struct {
 	// bodies; the records are read from the blob.
 	Blob string
 
+	// Create, on the entry of a create with records, is the stream's
+	// metadata object as the create writes it after the entry is durable.
+	// A replay that finds the entry but no metadata writes it itself
+	// (create-only), so a create that dies between the two, or whose
+	// metadata write lands only after a restart, never leaves a stream
+	// without the records it was created with.
+	Create []byte
+	// Drop marks the stream's create as undone: the stream was deleted, or
+	// its create lost the name to another. A replay drops a create it has
+	// not found metadata for once it meets this. Such an entry has no
+	// records.
+	Drop bool
+
 	// Ref is the caller's own handle for the entry; it is not stored.
 	Ref any
 	// Merged counts the appends folded into this entry after its first
@@ -77,6 +90,8 @@ const (
 	flagSSeq   = 1 << 3
 	flagTrim   = 1 << 4
 	flagBlob   = 1 << 5
+	flagCreate = 1 << 6
+	flagDrop   = 1 << 7
 )
 
 // WALObject is the decoded form of one WAL object.
@@ -147,6 +162,12 @@ func AppendEntry(b []byte, e *Entry) []byte {
 	if e.Blob != "" {
 		flags |= flagBlob
 	}
+	if e.Create != nil {
+		flags |= flagCreate
+	}
+	if e.Drop {
+		flags |= flagDrop
+	}
 	b = append(b, flags)
 	b = appendString(b, e.StreamID)
 	b = appendString(b, e.Name)
@@ -162,6 +183,10 @@ func AppendEntry(b []byte, e *Entry) []byte {
 	}
 	if e.TrimTo != 0 {
 		b = binary.BigEndian.AppendUint64(b, e.TrimTo)
+	}
+	if e.Create != nil {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(e.Create)))
+		b = append(b, e.Create...)
 	}
 	b = binary.BigEndian.AppendUint32(b, uint32(len(e.Records)))
 	if e.Blob != "" {
@@ -199,7 +224,7 @@ func entrySize(e *Entry) int {
 	if e.Producer != nil {
 		n += 20 + len(e.Producer.ID)
 	}
-	n += 4 + len(e.StreamSeq)
+	n += 4 + len(e.StreamSeq) + 4 + len(e.Create)
 	if e.Blob != "" {
 		return n + 12 + len(e.Blob)
 	}
@@ -280,7 +305,7 @@ func DecodeEntry(data []byte) (*Entry, int, error) {
 	}
 	d := decoder{b: payload}
 	flags := d.u8()
-	e := &Entry{Closed: flags&flagClosed != 0}
+	e := &Entry{Closed: flags&flagClosed != 0, Drop: flags&flagDrop != 0}
 	e.StreamID = d.str()
 	e.Name = d.str()
 	e.FirstSeq = d.u64()
@@ -293,6 +318,11 @@ func DecodeEntry(data []byte) (*Entry, int, error) {
 	}
 	if flags&flagTrim != 0 {
 		e.TrimTo = d.u64()
+	}
+	if flags&flagCreate != 0 {
+		// Copied: the entry outlives the object it came in (record bodies
+		// do not, and alias it).
+		e.Create = append([]byte{}, d.bytes()...)
 	}
 	n := d.u32()
 	if flags&flagBlob != 0 {

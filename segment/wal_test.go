@@ -13,6 +13,9 @@ func TestWALEntryRoundTrip(t *testing.T) {
 		{"blob", Entry{StreamID: "id", Name: "/a", FirstSeq: 9, Blob: "300-abc", Closed: true,
 			Records: []Record{{Timestamp: 11, Body: make([]byte, 1000)}, {Timestamp: 11, Body: []byte("b")}}}, 2},
 		{"state only", Entry{StreamID: "id", Name: "/a", FirstSeq: 3, TrimTo: 2}, 0},
+		{"create", Entry{StreamID: "id", Name: "/a", Create: []byte(`{"v":1}`), Closed: true,
+			Records: []Record{{Timestamp: 5, Body: []byte("x")}}}, 1},
+		{"drop", Entry{StreamID: "id", Name: "/a", FirstSeq: 4, Drop: true}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -29,7 +32,9 @@ func TestWALEntryRoundTrip(t *testing.T) {
 			}
 			got := obj.Entries[0]
 			if got.Blob != tt.entry.Blob || got.FirstSeq != tt.entry.FirstSeq || got.Closed != tt.entry.Closed ||
-				got.TrimTo != tt.entry.TrimTo || len(got.Records) != tt.records || got.EndSeq() != tt.entry.EndSeq() {
+				got.TrimTo != tt.entry.TrimTo || len(got.Records) != tt.records || got.EndSeq() != tt.entry.EndSeq() ||
+				string(got.Create) != string(tt.entry.Create) || (got.Create == nil) != (tt.entry.Create == nil) ||
+				got.Drop != tt.entry.Drop {
 				t.Fatalf("decoded %+v, want %+v", got, tt.entry)
 			}
 			for i, r := range got.Records {
