@@ -1,6 +1,7 @@
 package streamstore
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -275,6 +276,9 @@ func (e *Engine) Start(ctx context.Context) error {
 		},
 	})
 	metas.close()
+	if err == nil {
+		err = e.settleSeeds(ctx, metas)
+	}
 	if err != nil {
 		return fail(fmt.Errorf("replay: %w", err))
 	}
@@ -947,6 +951,19 @@ type metaLoader struct {
 	loads  map[string]*metaLoad
 	queue  []*metaLoad
 	done   bool
+
+	// seeds holds, by name, the creates with records the WAL holds for
+	// names without a metadata object, in WAL order, less those a drop
+	// entry undid; the last one is the replay's stream for the name until
+	// settleSeeds writes its metadata. Only the replaying goroutine uses
+	// it.
+	seeds map[string][]seed
+}
+
+// seed is a create the replay found in the WAL but not in the bucket.
+type seed struct {
+	s    *stream
+	body []byte // its metadata object, as the create meant to write it
 }
 
 type metaLoad struct {
@@ -958,7 +975,7 @@ type metaLoad struct {
 
 func (e *Engine) newMetaLoader(ctx context.Context) *metaLoader {
 	ctx, cancel := context.WithCancel(ctx)
-	m := &metaLoader{e: e, ctx: ctx, cancel: cancel, loads: map[string]*metaLoad{}}
+	m := &metaLoader{e: e, ctx: ctx, cancel: cancel, loads: map[string]*metaLoad{}, seeds: map[string][]seed{}}
 	m.more = sync.NewCond(&m.mu)
 	for range replayMetaLoads {
 		m.wg.Go(m.work)
@@ -1042,6 +1059,121 @@ func (e *Engine) replayStream(metas *metaLoader, name string) (*stream, error) {
 	return s, err
 }
 
+// seeded reports whether s is a create the replay found only in the WAL.
+func (m *metaLoader) seeded(s *stream) bool {
+	seeds := m.seeds[s.name]
+	return len(seeds) > 0 && seeds[len(seeds)-1].s == s
+}
+
+// seedOf returns the create of stream id the replay found only in the WAL
+// under name, or nil.
+func (m *metaLoader) seedOf(name, id string) *stream {
+	for _, sd := range m.seeds[name] {
+		if sd.s.meta.ID == id {
+			return sd.s
+		}
+	}
+	return nil
+}
+
+// replaySeed handles an entry that creates a stream with records, or undoes
+// such a create, under a name the bucket has no metadata object for (or
+// only one the WAL's creates made): it returns the stream a create makes,
+// now the name's, or nil for a drop, which hands the name back to the
+// create before it, if any.
+func (e *Engine) replaySeed(metas *metaLoader, key string, ent *segment.Entry) *stream {
+	seeds := metas.seeds[ent.Name]
+	if ent.Drop {
+		for i := len(seeds) - 1; i >= 0; i-- {
+			if seeds[i].s.meta.ID == ent.StreamID {
+				seeds = append(seeds[:i], seeds[i+1:]...)
+				break
+			}
+		}
+		metas.seeds[ent.Name] = seeds
+		if len(seeds) == 0 {
+			delete(metas.seeds, ent.Name)
+			delete(e.streams, ent.Name)
+		} else {
+			e.streams[ent.Name] = seeds[len(seeds)-1].s
+		}
+		return nil
+	}
+	m, err := decodeMeta(ent.Create)
+	if err == nil && (m.ID != ent.StreamID || m.Name != ent.Name) {
+		err = fmt.Errorf("metadata of %s (%s) in an entry of %s (%s)", m.Name, m.ID, ent.Name, ent.StreamID)
+	}
+	if err != nil {
+		e.log.Error("create entry with unreadable metadata; ignored", zap.String("key", key),
+			zap.String("stream", ent.Name), zap.Error(err))
+		return e.streams[ent.Name]
+	}
+	s := newStream(ent.Name, m, "")
+	metas.seeds[ent.Name] = append(seeds, seed{s: s, body: ent.Create})
+	e.streams[ent.Name] = s
+	return s
+}
+
+// settleSeeds ends a replay by writing the metadata of the creates it found
+// only in the WAL, create-only, as the creates themselves would have: one
+// whose process died before its write, or whose write is still on its way,
+// exists from now on with its records. A write that finds the name taken
+// reads it back: one of the WAL's creates for the name got there first (a
+// late write of its process), or another stream holds the name and the
+// WAL's creates lost it.
+func (e *Engine) settleSeeds(ctx context.Context, metas *metaLoader) error {
+	names := make([]string, 0, len(metas.seeds))
+	for name := range metas.seeds {
+		names = append(names, name)
+	}
+	won := make([]*stream, len(names))
+	err := e.inParallel(len(names), replayMetaLoads, func(i int) error {
+		seeds := metas.seeds[names[i]]
+		last := seeds[len(seeds)-1]
+		etag, err := e.store.Put(ctx, metaKey(names[i]), last.body, segment.PutOptions{IfNoneMatch: true})
+		if err == nil {
+			last.s.etag = etag
+			won[i] = last.s
+			return nil
+		}
+		if !errors.Is(err, segment.ErrPreconditionFailed) {
+			// Landed or not, the name stays the WAL's to settle: the next
+			// start tries again.
+			return fmt.Errorf("write metadata of %s, created in the WAL: %w", names[i], err)
+		}
+		cur, etag, err := e.readMeta(ctx, names[i])
+		if err != nil && !errors.Is(err, segment.ErrNotFound) {
+			return fmt.Errorf("read metadata of %s back: %w", names[i], err)
+		}
+		for _, sd := range seeds {
+			if bytes.Equal(cur, sd.body) {
+				sd.s.etag = etag
+				won[i] = sd.s
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		// A start tried again replays from scratch; these must not look
+		// like streams the bucket holds.
+		for _, name := range names {
+			delete(e.streams, name)
+		}
+		return err
+	}
+	for i, name := range names {
+		if won[i] == nil {
+			// Another stream's now, or gone: a lookup reads the bucket.
+			delete(e.streams, name)
+			continue
+		}
+		e.streams[name] = won[i]
+		e.log.Info("completed a create found in the WAL", zap.String("stream", name), zap.String("id", won[i].meta.ID))
+	}
+	metas.seeds = nil
+	return nil
+}
+
 // replayObject applies one replayed WAL object to the streams it touches.
 func (e *Engine) replayObject(metas *metaLoader, key string, obj *segment.WALObject) error {
 	pos := walPos{obj.Namespace, obj.Seq}
@@ -1049,6 +1181,11 @@ func (e *Engine) replayObject(metas *metaLoader, key string, obj *segment.WALObj
 		s, err := e.replayStream(metas, ent.Name)
 		if err != nil {
 			return err
+		}
+		if (ent.Create != nil || ent.Drop) && (s == nil || metas.seeded(s)) {
+			s = e.replaySeed(metas, key, ent)
+		} else if s != nil && s.meta.ID != ent.StreamID && metas.seeded(s) {
+			s = metas.seedOf(ent.Name, ent.StreamID)
 		}
 		if s == nil || s.meta.ID != ent.StreamID || s.meta.Upto.after(pos) {
 			continue // orphaned by a crashed create, deleted, or already checkpointed

@@ -112,8 +112,13 @@ type metaObject struct {
 	Forks int `json:"forks,omitempty"`
 	// Deleted marks a soft-deleted stream: gone for clients, kept for its
 	// forks until the last one goes.
-	Deleted bool        `json:"deleted,omitempty"`
-	State   writerState `json:"state"`
+	Deleted bool `json:"deleted,omitempty"`
+	// Seeded marks a stream created with records: its create is a WAL
+	// entry that carries this object, which a replay writes if it is
+	// missing, so deleting the stream first writes an entry that undoes
+	// the create (segment.Entry.Drop).
+	Seeded bool        `json:"seeded,omitempty"`
+	State  writerState `json:"state"`
 }
 
 // forkRef is a fork's inherited range: the source's records from Start

@@ -585,6 +585,9 @@ type delayedPut struct {
 	mu   sync.Mutex
 	held []byte
 	done bool
+	// landFirst lands the held PUT just before the next create-only PUT
+	// of the key, so that one finds it there.
+	landFirst bool
 }
 
 func (d *delayedPut) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
@@ -593,6 +596,13 @@ func (d *delayedPut) Put(ctx context.Context, key string, data []byte, opts segm
 		d.done, d.held = true, slices.Clone(data)
 		d.mu.Unlock()
 		return "", fmt.Errorf("put %s: 503 SlowDown", key)
+	}
+	if key == d.key && opts.IfNoneMatch && d.landFirst {
+		d.landFirst = false
+		if _, err := d.Store.Put(ctx, key, d.held, opts); err != nil {
+			d.mu.Unlock()
+			return "", fmt.Errorf("land the held PUT: %w", err)
+		}
 	}
 	d.mu.Unlock()
 	return d.Store.Put(ctx, key, data, opts)

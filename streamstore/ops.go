@@ -153,6 +153,8 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	if len(req.Records) == 0 {
 		m.State.Closed = req.Closed
 	}
+	m.Seeded = len(req.Records) > 0
+	body := encodeMeta(m)
 	publish, err := e.claimName(ctx, name)
 	if err != nil {
 		return Info{}, false, err
@@ -192,6 +194,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 			Records:    stamp(req.Records, m.State.NextSeq, now.UnixMilli()),
 			Closed:     req.Closed,
 			AccessedAt: now.UnixMilli(),
+			Create:     body,
 			Ref:        s,
 		}
 		s.mu.Lock()
@@ -206,7 +209,6 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 			return Info{}, false, err
 		}
 	}
-	body := encodeMeta(m)
 	etag, err := e.store.Put(ctx, metaKey(name), body, segment.PutOptions{IfNoneMatch: true})
 	if err != nil && !errors.Is(err, segment.ErrPreconditionFailed) {
 		// It may have landed all the same (a lost answer, a cancelled
@@ -242,6 +244,14 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	if err != nil {
 		if errors.Is(err, segment.ErrPreconditionFailed) {
 			createErr = errLookAgain
+			if len(req.Records) > 0 {
+				// Should the name come free before the WAL is retired, a
+				// replay would complete this create from its entry.
+				if err := e.dropCreate(ctx, s); err != nil {
+					return Info{}, false, fmt.Errorf("%w: %w: undo the create of %s that found the name taken: %v",
+						ErrUnavailable, ErrUnconfirmed, name, err)
+				}
+			}
 			// The name is taken: this create wrote nothing after all.
 			if marker != "" {
 				if err := e.store.Delete(ctx, []string{marker}); err != nil {
@@ -304,6 +314,10 @@ func (e *Engine) settleCreate(s *stream, body []byte, publish func(*stream, erro
 			continue
 		}
 		if !bytes.Equal(cur, body) {
+			if err := e.dropCreate(e.bgCtx, s); err != nil {
+				e.log.Warn("undoing a create that found the name taken failed; a restart before its WAL is retired "+
+					"would complete it should the name be free", zap.String("stream", s.name), zap.Error(err))
+			}
 			e.endCreate(s, publish, nil, errLookAgain)
 			return
 		}
@@ -314,6 +328,25 @@ func (e *Engine) settleCreate(s *stream, body []byte, publish func(*stream, erro
 		e.endCreate(s, publish, s, nil)
 		return
 	}
+}
+
+// dropCreate writes a WAL entry that undoes s's create for a replay (see
+// segment.Entry.Drop) and waits until it is durable.
+func (e *Engine) dropCreate(ctx context.Context, s *stream) error {
+	w, err := e.writer()
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	ent := &segment.Entry{StreamID: s.meta.ID, Name: s.name, FirstSeq: s.pend.NextSeq, Drop: true, Ref: s}
+	b, err := w.Add(ent)
+	if err != nil {
+		s.mu.Unlock()
+		return e.addError(err)
+	}
+	s.joined(ent, b, false)
+	s.mu.Unlock()
+	return e.awaitBatch(ctx, b)
 }
 
 // stamp turns new records into records at seq first on, all with the
@@ -859,7 +892,7 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 		s.mu.Unlock()
 		return ErrNotFound
 	}
-	id, name := s.meta.ID, s.name
+	id, name, seeded := s.meta.ID, s.name, s.meta.Seeded
 	s.mu.Unlock()
 	publish, err := e.claimName(ctx, name)
 	if err != nil {
@@ -875,6 +908,13 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 	}()
 	if _, err := e.store.Put(ctx, gcKey(id), []byte(name), segment.PutOptions{}); err != nil {
 		return fmt.Errorf("%w: record deletion of %s: %v", ErrUnavailable, name, err)
+	}
+	if seeded {
+		// Before the metadata goes: a replay that met the create's entry
+		// without its metadata would otherwise write it back.
+		if err := e.dropCreate(ctx, s); err != nil {
+			return fmt.Errorf("delete %s: %w", name, err)
+		}
 	}
 	if err := e.deleteMeta(ctx, s, id); err != nil {
 		// The tombstone stays behind, and the collector drops it without
