@@ -639,11 +639,18 @@ func (e *Engine) kickGC() {
 func (e *Engine) gcLoop() {
 	defer e.bg.Done()
 	for {
+		// Every few minutes, and when the first grave that waits is due.
+		wait := 5 * time.Minute
+		e.gravesMu.Lock()
+		for _, due := range e.graves {
+			wait = min(wait, max(time.Until(due), 0))
+		}
+		e.gravesMu.Unlock()
 		select {
 		case <-e.closing:
 			return
 		case <-e.gcKick:
-		case <-time.After(5 * time.Minute):
+		case <-time.After(wait):
 		}
 		// Close cancels a compaction under way: it is safe to stop at any
 		// point (what it wrote is found again or overwritten next time).
@@ -656,31 +663,59 @@ func (e *Engine) gcLoop() {
 	}
 }
 
-// tombstoneStale reports whether the stream a gc tombstone names (its body)
-// still has metadata with the tombstone's id: its delete failed after the
-// tombstone was written. The name lock keeps a delete under way from being
-// judged halfway.
-func (e *Engine) tombstoneStale(ctx context.Context, key, id string) (bool, error) {
+// tombstoneStale reports whether the stream a gc tombstone names (its body,
+// returned) still has metadata with the tombstone's id: its delete failed
+// after the tombstone was written. The name lock keeps a delete under way
+// from being judged halfway.
+func (e *Engine) tombstoneStale(ctx context.Context, key, id string) (string, bool, error) {
 	name, _, err := e.store.Get(ctx, key, 0, -1)
 	if errors.Is(err, segment.ErrNotFound) || (err == nil && len(name) == 0) {
-		return false, nil
+		return "", false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read tombstone %s: %w", key, err)
+		return "", false, fmt.Errorf("read tombstone %s: %w", key, err)
 	}
 	unlock := e.lockName(string(name))
 	defer unlock()
 	data, _, err := e.metaOf(ctx, string(name), id)
 	if errors.Is(err, errMetaGone) {
-		return false, nil
+		return string(name), false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("read metadata of %s for tombstone %s: %w", name, key, err)
+		return "", false, fmt.Errorf("read metadata of %s for tombstone %s: %w", name, key, err)
 	}
 	// Undecodable metadata says nothing about the id: collect, as before
 	// tombstones were checked.
 	_, err = decodeMeta(data)
-	return err == nil, nil
+	return string(name), err == nil, nil
+}
+
+// removeGrave removes the grave of stream id from name's metadata key once
+// it is older than Config.GraveTime, and otherwise returns when it will
+// be. A grave of another stream, or a stream created over the grave, is
+// left alone.
+func (e *Engine) removeGrave(ctx context.Context, name, id string) (time.Time, error) {
+	unlock := e.lockName(name)
+	defer unlock()
+	data, etag, err := e.store.Get(ctx, metaKey(name), 0, -1)
+	if errors.Is(err, segment.ErrNotFound) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the grave of %s: %w", name, err)
+	}
+	g, ok := decodeGrave(data)
+	if !ok || g.ID != id {
+		return time.Time{}, nil
+	}
+	if due := time.UnixMilli(g.At).Add(e.config().GraveTime); time.Now().Before(due) {
+		return due, nil
+	}
+	// Conditional: a create may have replaced the grave since the read.
+	if err := e.store.DeleteIfMatch(ctx, metaKey(name), etag); err != nil && !errors.Is(err, segment.ErrPreconditionFailed) {
+		return time.Time{}, fmt.Errorf("remove the grave of %s: %w", name, err)
+	}
+	return time.Time{}, nil
 }
 
 func (e *Engine) collectGarbage(ctx context.Context) error {
@@ -692,7 +727,14 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 		}
 		for _, o := range objs {
 			id := strings.TrimPrefix(o.Key, "gc/")
-			live, err := e.tombstoneStale(ctx, o.Key, id)
+			e.gravesMu.Lock()
+			due, waiting := e.graves[id]
+			e.gravesMu.Unlock()
+			if waiting && time.Now().Before(due) {
+				after = o.Key
+				continue
+			}
+			name, live, err := e.tombstoneStale(ctx, o.Key, id)
 			if err != nil {
 				return err
 			}
@@ -707,11 +749,31 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 			}
 			// Blobs after data: a marker is never left naming a deleted
 			// blob. Blobs that never made it into the WAL go here too.
-			for _, p := range []string{dataPrefix(id), blobPrefix(id)} {
-				if err := e.deleteUnder(ctx, p, ""); err != nil {
-					return err
+			if !waiting {
+				for _, p := range []string{dataPrefix(id), blobPrefix(id)} {
+					if err := e.deleteUnder(ctx, p, ""); err != nil {
+						return err
+					}
 				}
 			}
+			// The tombstone stays while the grave does: it is what brings
+			// the collector back to the grave.
+			if name != "" {
+				due, err := e.removeGrave(ctx, name, id)
+				if err != nil {
+					return err
+				}
+				if !due.IsZero() {
+					e.gravesMu.Lock()
+					e.graves[id] = due
+					e.gravesMu.Unlock()
+					after = o.Key
+					continue
+				}
+			}
+			e.gravesMu.Lock()
+			delete(e.graves, id)
+			e.gravesMu.Unlock()
 			if err := e.store.Delete(ctx, []string{o.Key}); err != nil {
 				return fmt.Errorf("delete tombstone %s: %w", o.Key, err)
 			}

@@ -3,6 +3,7 @@ package streamstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -15,18 +16,32 @@ import (
 )
 
 // lateDeletes is a store that keeps a copy of every delete of a metadata
-// object, so that a test can send it again later: a request held up on its
-// way that lands after its retry was answered.
+// object (the swap for a grave, or a plain delete) and, when creates is
+// set, of every create-only write of one, so that a test can send them
+// again later: requests held up on their way that land after their
+// retries were answered.
 type lateDeletes struct {
 	*memstore.Store
-	mu     sync.Mutex
-	copies []func(context.Context) error
+	creates bool
+	mu      sync.Mutex
+	copies  []func(context.Context) error
 }
 
 func (l *lateDeletes) keep(f func(context.Context) error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.copies = append(l.copies, f)
+}
+
+func (l *lateDeletes) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	if isMetaKey(key) && (opts.IfMatch != "" && isGrave(data) || opts.IfNoneMatch && l.creates) {
+		data := slices.Clone(data)
+		l.keep(func(ctx context.Context) error {
+			_, err := l.Store.Put(ctx, key, data, opts)
+			return err
+		})
+	}
+	return l.Store.Put(ctx, key, data, opts)
 }
 
 func (l *lateDeletes) Delete(ctx context.Context, keys []string) error {
@@ -66,7 +81,8 @@ func isMetaKey(k string) bool {
 // A stream's delete that lands a second time, after the name was created
 // again, must not delete the new stream: with an unconditional DELETE its
 // metadata was gone, and after a restart the new stream and its
-// acknowledged records with it.
+// acknowledged records with it. (The delete is now a swap for a grave,
+// conditional on the version it replaces.)
 func TestLateDeleteSparesTheNextStream(t *testing.T) {
 	tests := []struct {
 		name string
@@ -142,8 +158,8 @@ func TestDeleteRemovesOwnUnconfirmedVersion(t *testing.T) {
 	if err := e.Delete(ctx, "/s"); err != nil {
 		t.Fatalf("delete: %v", err)
 	}
-	if keys := st.Keys(metaPrefix); len(keys) != 0 {
-		t.Fatalf("metadata left after the delete: %q", keys)
+	if data, _, err := st.Get(ctx, metaKey("/s"), 0, -1); err != nil || !isGrave(data) {
+		t.Fatalf("the key after the delete holds %q, %v; want a grave", data, err)
 	}
 	if _, err := e.Read(ctx, "/s", ReadRequest{}); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("read after the delete: %v, want ErrNotFound", err)
@@ -172,8 +188,8 @@ func TestLapsedLeaseDeletesNothing(t *testing.T) {
 	if err := e.Delete(ctx, "/s"); err == nil {
 		t.Error("a delete on a lapsed lease reported success")
 	}
-	if keys := st.Keys(metaKey("/s")); len(keys) != 1 {
-		t.Errorf("metadata after the refused delete: %q", keys)
+	if data, _, err := st.Get(ctx, metaKey("/s"), 0, -1); err != nil || isGrave(data) {
+		t.Errorf("metadata after the refused delete: %q, %v", data, err)
 	}
 	cutOff.Store(false)
 	b := startEngine(t, st, Config{NodeID: "node-b"})
@@ -189,4 +205,80 @@ func metaVersion(t *testing.T, e *Engine, name string) string {
 		t.Fatalf("metadata of %s: %v", name, err)
 	}
 	return etag
+}
+
+// A create's write that lands a second time, after the stream was deleted
+// (its first attempt held up on the way, its retry answered first), must
+// find the grave there and change nothing: a create-only write used to
+// find the key free and bring the deleted stream back. Once the grave is
+// collected the name is free again, and a create takes it at once.
+func TestLateCreateSparesTheDeletedName(t *testing.T) {
+	for _, records := range []bool{false, true} {
+		t.Run(fmt.Sprintf("records %v", records), func(t *testing.T) {
+			ctx := context.Background()
+			st := &lateDeletes{Store: memstore.New(), creates: true}
+			e := startEngine(t, st, Config{GraveTime: time.Hour})
+			req := CreateRequest{ContentType: "text/plain"}
+			if records {
+				req.Records = recs("old")
+			}
+			if _, _, err := e.Create(ctx, "/s", req); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Delete(ctx, "/s"); err != nil {
+				t.Fatalf("delete: %v", err)
+			}
+			if refused := st.landLate(ctx); refused != 2 {
+				t.Errorf("the store refused %d late writes, want 2 (the create's and the delete's)", refused)
+			}
+			if _, err := e.Head(ctx, "/s"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("head after the late create landed: %v, want ErrNotFound", err)
+			}
+			if err := e.collectGarbage(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if data, _, err := st.Get(ctx, metaKey("/s"), 0, -1); err != nil || !isGrave(data) {
+				t.Fatalf("before its time the key holds %q, %v; want the grave", data, err)
+			}
+			if len(st.Keys("gc/")) != 1 {
+				t.Fatalf("tombstones %q while the grave stays; want its own", st.Keys("gc/"))
+			}
+			if err := e.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			e2 := startEngine(t, st.Store, Config{GraveTime: time.Millisecond})
+			if _, err := e2.Head(ctx, "/s"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("after a restart: %v, want ErrNotFound", err)
+			}
+			time.Sleep(2 * time.Millisecond)
+			if err := e2.collectGarbage(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if keys := st.Keys(""); slices.ContainsFunc(keys, func(k string) bool {
+				return isMetaKey(k) || strings.HasPrefix(k, "gc/") || strings.HasPrefix(k, "data/")
+			}) {
+				t.Fatalf("left after the grave's time and a collection: %q", keys)
+			}
+		})
+	}
+}
+
+// streamKeys returns the metadata keys under prefix that hold a stream's
+// metadata, leaving graves out.
+func streamKeys(t *testing.T, st *memstore.Store, prefix string) []string {
+	t.Helper()
+	var out []string
+	for _, k := range st.Keys(prefix) {
+		data, _, err := st.Get(context.Background(), k, 0, -1)
+		if errors.Is(err, segment.ErrNotFound) {
+			continue // removed since the listing
+		}
+		if err != nil {
+			t.Fatalf("read %s: %v", k, err)
+		}
+		if !isGrave(data) {
+			out = append(out, k)
+		}
+	}
+	return out
 }

@@ -35,6 +35,7 @@ type Config struct {
 	MaxStreams      int           // idle streams kept in memory (default 10,000)
 	IdleAfter       time.Duration // a stream untouched this long leaves memory, cache included (default 30s)
 	ExpirySweep     time.Duration // how often streams past their expiry that nobody accessed are deleted (default 5m)
+	GraveTime       time.Duration // how long a deleted stream's grave holds its name against creates still on their way (default 20m)
 }
 
 // writerConfig is the WAL writer's share of c.
@@ -79,6 +80,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PackBelow == 0 {
 		c.PackBelow = packStreamMax
+	}
+	if c.GraveTime <= 0 {
+		c.GraveTime = defaultGraveTime
 	}
 	return c
 }
@@ -131,10 +135,15 @@ type Engine struct {
 	walEntries   int   // entries with records committed since then
 	compactFull  bool  // the backlog has outgrown the cache: a compaction was asked for
 	gcKick       chan struct{}
-	closing      chan struct{}
-	bg           sync.WaitGroup
-	bgCtx        context.Context // ends at Close: for work nobody waits on
-	bgCancel     context.CancelFunc
+	// graves holds, by stream id, when the grave of a deleted stream
+	// whose data is collected may go: the collector skips its tombstone
+	// until then. Only in memory: after a restart each is read once more.
+	gravesMu sync.Mutex
+	graves   map[string]time.Time
+	closing  chan struct{}
+	bg       sync.WaitGroup
+	bgCtx    context.Context // ends at Close: for work nobody waits on
+	bgCancel context.CancelFunc
 
 	fetchMu  sync.Mutex
 	fetching map[string]*fetchCall // data object GETs in flight, by key
@@ -185,6 +194,7 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 		nameLocks:    map[string]*nameLock{},
 		creating:     map[*stream]struct{}{},
 		gcKick:       make(chan struct{}, 1),
+		graves:       map[string]time.Time{},
 		compactKick:  make(chan struct{}, 1),
 		compactReset: make(chan struct{}, 1),
 		closing:      make(chan struct{}),
@@ -699,6 +709,9 @@ func (e *Engine) loadMeta(ctx context.Context, name string) (*stream, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: read metadata of %s: %v", ErrUnavailable, name, err)
 	}
+	if isGrave(data) {
+		return nil, ErrNotFound
+	}
 	m, err := decodeMeta(data)
 	if err != nil {
 		return nil, err
@@ -1130,7 +1143,7 @@ func (e *Engine) settleSeeds(ctx context.Context, metas *metaLoader) error {
 	err := e.inParallel(len(names), replayMetaLoads, func(i int) error {
 		seeds := metas.seeds[names[i]]
 		last := seeds[len(seeds)-1]
-		etag, err := e.store.Put(ctx, metaKey(names[i]), last.body, segment.PutOptions{IfNoneMatch: true})
+		etag, err := e.putNew(ctx, names[i], last.body)
 		if err == nil {
 			last.s.etag = etag
 			won[i] = last.s

@@ -515,9 +515,9 @@ func TestForkReadsSourceAndCascadesDeletes(t *testing.T) {
 		t.Fatalf("source after last fork went: %v", err)
 	}
 	deadline := time.Now().Add(2 * time.Second)
-	for len(st.Keys("data/")) > 0 || len(st.Keys("streams/")) > 0 {
+	for len(st.Keys("data/")) > 0 || len(streamKeys(t, st, metaPrefix)) > 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("left in the bucket: %v %v", st.Keys("data/"), st.Keys("streams/"))
+			t.Fatalf("left in the bucket: %v %v", st.Keys("data/"), streamKeys(t, st, metaPrefix))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

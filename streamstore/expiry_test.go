@@ -91,7 +91,7 @@ func TestSweepDeletesExpiredStreams(t *testing.T) {
 	s.touched = begin.Add(10 * time.Minute).UnixMilli()
 	s.mu.Unlock()
 
-	exists := func(name string) bool { return len(st.Keys(metaKey(name))) == 1 }
+	exists := func(name string) bool { return len(streamKeys(t, st, metaKey(name))) == 1 }
 	steps := []struct {
 		at      time.Duration // after begin
 		deleted int
@@ -235,7 +235,7 @@ func TestSweepKeepsExpiredSourcesWhileForksRead(t *testing.T) {
 		{"/fork-b", false},
 		{"/fork-a", true},
 	} {
-		if got := len(st.Keys(metaKey(tc.name))) == 1; got != tc.inMeta {
+		if got := len(streamKeys(t, st, metaKey(tc.name))) == 1; got != tc.inMeta {
 			t.Errorf("%s: metadata in the bucket %v, want %v", tc.name, got, tc.inMeta)
 		}
 	}
@@ -245,7 +245,7 @@ func TestSweepKeepsExpiredSourcesWhileForksRead(t *testing.T) {
 	if err := e.Delete(ctx, "/fork-a"); err != nil {
 		t.Fatal(err)
 	}
-	if got := st.Keys(metaPrefix); len(got) != 0 {
+	if got := streamKeys(t, st, metaPrefix); len(got) != 0 {
 		t.Errorf("after the last fork went: %v in the bucket", got)
 	}
 }

@@ -187,11 +187,86 @@ func checkContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), metaCheckTimeout)
 }
 
-// readMeta reads name's metadata object back after a write of it failed.
+// readMeta reads name's metadata object back after a write of it failed:
+// segment.ErrNotFound when there is none or a grave.
 func (e *Engine) readMeta(ctx context.Context, name string) ([]byte, string, error) {
 	rctx, cancel := checkContext(ctx)
 	defer cancel()
-	return e.store.Get(rctx, metaKey(name), 0, -1)
+	data, etag, err := e.store.Get(rctx, metaKey(name), 0, -1)
+	if err == nil && isGrave(data) {
+		return nil, "", segment.ErrNotFound
+	}
+	return data, etag, err
+}
+
+// A grave is what a deleted stream leaves in its metadata key: a delete
+// swaps the metadata for it by compare-and-swap, and a create replaces it
+// the same way. A create's write held up on its way (its retry answered
+// first, the stream deleted since) is create-only and so fails against it,
+// where it would have found the key free and brought the deleted stream
+// back. The collector removes a grave after Config.GraveTime, when no such
+// write can land any more: S3 refuses a request signed more than 15
+// minutes before it arrives.
+type grave struct {
+	Grave int    `json:"grave"` // 1; tells a grave from metadata (version "v")
+	ID    string `json:"id"`    // the deleted stream's internal id
+	At    int64  `json:"at_ms"` // when it was deleted
+}
+
+// defaultGraveTime outlasts SigV4's 15 minutes of allowed clock skew, the
+// longest a signed request can take to reach S3 and still be served.
+const defaultGraveTime = 20 * time.Minute
+
+// graveTag starts every grave, and never metadata (which starts {"v":).
+var graveTag = []byte(`{"grave":`)
+
+func encodeGrave(id string, at time.Time) []byte {
+	b, err := json.Marshal(grave{Grave: 1, ID: id, At: at.UnixMilli()})
+	if err != nil {
+		panic(fmt.Sprintf("encode grave: %v", err)) // only plain types: cannot fail
+	}
+	return b
+}
+
+func isGrave(data []byte) bool { return bytes.HasPrefix(data, graveTag) }
+
+// decodeGrave returns the grave data holds; ok is false for anything else.
+func decodeGrave(data []byte) (g grave, ok bool) {
+	if !isGrave(data) || json.Unmarshal(data, &g) != nil {
+		return grave{}, false
+	}
+	return g, true
+}
+
+// maxGravePasses bounds putNew's rounds: each finds a grave replaced or
+// removed since it read it.
+const maxGravePasses = 4
+
+// putNew writes body as name's metadata where there is none or a grave,
+// and returns its version: segment.ErrPreconditionFailed when a stream
+// holds the name. Other errors leave open whether the write landed, as a
+// create-only PUT's do.
+func (e *Engine) putNew(ctx context.Context, name string, body []byte) (string, error) {
+	opts := segment.PutOptions{IfNoneMatch: true}
+	for pass := 1; ; pass++ {
+		etag, err := e.store.Put(ctx, metaKey(name), body, opts)
+		if !errors.Is(err, segment.ErrPreconditionFailed) || pass == maxGravePasses {
+			return etag, err
+		}
+		cur, tag, gerr := e.store.Get(ctx, metaKey(name), 0, -1)
+		switch {
+		case errors.Is(gerr, segment.ErrNotFound):
+			opts = segment.PutOptions{IfNoneMatch: true}
+		case gerr != nil:
+			// Not the precondition error: whether a stream holds the
+			// name is not known.
+			return "", fmt.Errorf("read metadata of %s after a create-only write was refused: %w", name, gerr)
+		case isGrave(cur):
+			opts = segment.PutOptions{IfMatch: tag}
+		default:
+			return "", err
+		}
+	}
 }
 
 // metaOf reads name's metadata object as the stream with internal id:
@@ -205,6 +280,9 @@ func (e *Engine) metaOf(ctx context.Context, name, id string) ([]byte, string, e
 	}
 	if err != nil {
 		return nil, "", err
+	}
+	if isGrave(data) {
+		return nil, "", errMetaGone
 	}
 	if m, derr := decodeMeta(data); derr == nil && m.ID != id {
 		return nil, "", errMetaGone
@@ -275,14 +353,14 @@ const maxMetaDeletes = maxUnsure + 2
 // no version of the object to make it conditional on.
 var errNoVersion = errors.New("no known version to delete")
 
-// deleteMeta removes the metadata object of s, the stream with internal id.
-// The delete holds only for the version this process knows: one held up
-// on the way, its retry answered first and the name created again
-// meanwhile, must not remove the new stream's metadata when it lands. A
-// delete that fails or finds another version asks the bucket: gone, or
-// another stream's now, is done (it may be our delete that landed), and
+// deleteMeta replaces the metadata object of s, the stream with internal
+// id, with a grave. The swap holds only for the version this process
+// knows: one held up on the way, its retry answered first and the name
+// created again meanwhile, must not bury the new stream when it lands. A
+// swap that fails or finds another version asks the bucket: gone, a grave
+// or another stream's now is done (it may be our swap that landed), and
 // ours under another version, a write of this process that failed without
-// saying so and landed, is deleted in its turn. metaMu keeps checkpoints
+// saying so and landed, is buried in its turn. metaMu keeps checkpoints
 // from moving the version in between.
 func (e *Engine) deleteMeta(ctx context.Context, s *stream, id string) error {
 	s.metaMu.Lock()
@@ -290,6 +368,7 @@ func (e *Engine) deleteMeta(ctx context.Context, s *stream, id string) error {
 	s.mu.Lock()
 	etag := s.etag
 	s.mu.Unlock()
+	body := encodeGrave(id, time.Now())
 	for try := 1; ; try++ {
 		// A node that may have lost the storage to another must not
 		// delete what that one may have written.
@@ -298,7 +377,7 @@ func (e *Engine) deleteMeta(ctx context.Context, s *stream, id string) error {
 		}
 		err := errNoVersion
 		if etag != "" {
-			if err = e.store.DeleteIfMatch(ctx, metaKey(s.name), etag); err == nil {
+			if _, err = e.store.Put(ctx, metaKey(s.name), body, segment.PutOptions{IfMatch: etag}); err == nil {
 				return nil
 			}
 		}

@@ -209,7 +209,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 			return Info{}, false, err
 		}
 	}
-	etag, err := e.store.Put(ctx, metaKey(name), body, segment.PutOptions{IfNoneMatch: true})
+	etag, err := e.putNew(ctx, name, body)
 	if err != nil && !errors.Is(err, segment.ErrPreconditionFailed) {
 		// It may have landed all the same (a lost answer, a cancelled
 		// request), and then the records are the stream's: ask.
@@ -304,7 +304,7 @@ func (e *Engine) settleCreate(s *stream, body []byte, publish func(*stream, erro
 			if e.checkLease() != nil {
 				continue
 			}
-			tag, err = e.store.Put(e.bgCtx, metaKey(s.name), body, segment.PutOptions{IfNoneMatch: true})
+			tag, err = e.putNew(e.bgCtx, s.name, body)
 			if err != nil {
 				continue // failed, or another PUT got there first: look again
 			}

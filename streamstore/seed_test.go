@@ -108,7 +108,7 @@ func TestDropUndoesReplayedCreate(t *testing.T) {
 				if _, err := e2.Head(ctx, "/d"); !errors.Is(err, ErrNotFound) {
 					t.Fatalf("after the restart the deleted stream answers %v; want not found", err)
 				}
-				if len(st.Keys(metaKey("/d"))) != 0 {
+				if len(streamKeys(t, st, metaKey("/d"))) != 0 {
 					t.Fatal("the replay wrote the deleted stream's metadata back")
 				}
 				return
