@@ -130,6 +130,7 @@ type engineSettings struct {
 	PackBelow       int64
 	S3Timeout       time.Duration
 	ExpirySweep     time.Duration
+	GraveTime       time.Duration
 }
 
 // acquire returns the engine for the storage at rawURL (placeholders already
@@ -148,7 +149,7 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 	if e, ok := a.refs[key]; ok {
 		if e.settings != s {
 			return nil, fmt.Errorf("handlers using storage %s disagree on engine settings (%+v vs %+v); "+
-				"flush_interval, flush_size, flush_quiet, max_pending, cache_size, compact_interval, pack_below, s3_timeout and expiry_sweep_interval must match", key, e.settings, s)
+				"flush_interval, flush_size, flush_quiet, max_pending, cache_size, compact_interval, pack_below, s3_timeout, expiry_sweep_interval and grave_time must match", key, e.settings, s)
 		}
 		return e.ref, nil
 	}
@@ -257,6 +258,7 @@ func (r *engineRef) engineConfig() streamstore.Config {
 		CompactInterval: r.settings.CompactInterval,
 		PackBelow:       r.settings.PackBelow,
 		ExpirySweep:     r.settings.ExpirySweep,
+		GraveTime:       r.settings.GraveTime,
 		AppendTimeout:   appendTimeout(r.settings),
 		NodeID:          r.nodeID,
 	}

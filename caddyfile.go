@@ -88,6 +88,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.S3Timeout, err = parseDuration(arg)
 		case "expiry_sweep_interval":
 			h.ExpirySweepInterval, err = parseDuration(arg)
+		case "grave_time":
+			h.GraveTime, err = parseDuration(arg)
 		default:
 			return d.Errf("unrecognized picomq option %q", opt)
 		}

@@ -32,6 +32,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		pack_below 64KiB
 		s3_timeout 3s
 		expiry_sweep_interval 10m
+		grave_time 30m
 	}`)
 	var h Handler
 	if err := h.UnmarshalCaddyfile(d); err != nil {
@@ -52,6 +53,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		PackBelow:            64 << 10,
 		S3Timeout:            caddy.Duration(3 * time.Second),
 		ExpirySweepInterval:  caddy.Duration(10 * time.Minute),
+		GraveTime:            caddy.Duration(30 * time.Minute),
 	}
 	if got, _ := json.Marshal(h); string(got) != string(mustJSON(t, want)) {
 		t.Errorf("got  %s\nwant %s", got, mustJSON(t, want))

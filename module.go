@@ -38,6 +38,7 @@ const (
 	defaultS3Timeout            = 10 * time.Second
 	defaultCompactInterval      = 30 * time.Second
 	defaultExpirySweepInterval  = 5 * time.Minute
+	defaultGraveTime            = 20 * time.Minute
 )
 
 // Handler serves durable streams: every request path below the handler is a
@@ -61,6 +62,7 @@ const (
 //	    pack_below             <size>|off
 //	    s3_timeout             <duration>
 //	    expiry_sweep_interval  <duration>
+//	    grave_time             <duration>
 //	    allow_loopback_webhooks
 //	}
 //
@@ -143,6 +145,15 @@ type Handler struct {
 	// due, so an idle storage costs one LIST per interval. Default 5m.
 	ExpirySweepInterval caddy.Duration `json:"expiry_sweep_interval,omitempty"`
 
+	// How long a deleted stream's name keeps a grave in the bucket, which
+	// a create's write still on its way (its first attempt held up, its
+	// retry answered, the stream deleted since) fails against instead of
+	// bringing the stream back. It must outlast the longest a request can
+	// take to reach the store: S3 refuses one signed more than 15 minutes
+	// earlier. A create over a grave costs a read and a second write.
+	// Default 20m.
+	GraveTime caddy.Duration `json:"grave_time,omitempty"`
+
 	// Accept webhook subscriptions whose URL is on this machine
 	// (http://localhost, http://127.0.0.x): the development exception of
 	// protocol section 6.2. Off by default: webhook URLs must be https to a
@@ -203,6 +214,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		PackBelow:       h.PackBelow,
 		S3Timeout:       time.Duration(h.S3Timeout),
 		ExpirySweep:     time.Duration(h.ExpirySweepInterval),
+		GraveTime:       time.Duration(h.GraveTime),
 	})
 	if err != nil {
 		return fmt.Errorf("storage: %w", err)
@@ -286,6 +298,9 @@ func (h *Handler) applyDefaults() {
 	if h.ExpirySweepInterval == 0 {
 		h.ExpirySweepInterval = caddy.Duration(defaultExpirySweepInterval)
 	}
+	if h.GraveTime == 0 {
+		h.GraveTime = caddy.Duration(defaultGraveTime)
+	}
 }
 
 // Validate checks the options after defaults are applied.
@@ -306,6 +321,7 @@ func (h *Handler) Validate() error {
 		{"s3_timeout", h.S3Timeout},
 		{"compact_interval", h.CompactInterval},
 		{"expiry_sweep_interval", h.ExpirySweepInterval},
+		{"grave_time", h.GraveTime},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("%s must not be negative", d.name)
