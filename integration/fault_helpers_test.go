@@ -328,6 +328,10 @@ func (e *fhEnv) get(key string) ([]byte, error) {
 	return io.ReadAll(out.Body)
 }
 
+// isGrave reports whether a stream's metadata key holds the grave a
+// delete leaves there rather than a stream's metadata.
+func isGrave(body []byte) bool { return bytes.HasPrefix(body, []byte(`{"grave":`)) }
+
 // fhWriteOps are the proxy operations that change the bucket.
 var fhWriteOps = []string{testenv.OpPut, testenv.OpDelete, testenv.OpOther}
 

@@ -12,19 +12,22 @@ import (
 )
 
 // TestLateDeleteSparesTheNextStream: the first attempt of a stream delete's
-// metadata DELETE is held up on its way to the bucket. Caddy's retry
-// removes the metadata, the client gets its 204 and creates the stream
-// again with a record. Then the held attempt lands. It must change
-// nothing: an unconditional DELETE removed the new stream's metadata, and
-// after a restart the new stream and its acknowledged record were gone.
+// metadata write (its swap for a grave) is held up on its way to the
+// bucket. Caddy's retry buries the stream, the client gets its 204 and
+// creates the stream again with a record. Then the held attempt lands. It
+// must change nothing: an unconditional DELETE removed the new stream's
+// metadata, and after a restart the new stream and its acknowledged record
+// were gone.
 func TestLateDeleteSparesTheNextStream(t *testing.T) {
-	e := fhStart(t, fhOptions{Directives: []string{"s3_timeout 1s"}})
+	e := fhStart(t, fhOptions{Directives: []string{"s3_timeout 1s"}, Optional: []string{"compact_interval 1h"}})
 	const path = "/late-delete"
 	key := "streams/" + hex.EncodeToString([]byte(path)) + ".m"
 	e.create(path, "text/plain")
 	e.append(path, "text/plain", []byte("old"))
 
-	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpDelete, KeyContains: key, Times: 1})
+	// No checkpoint runs (compact_interval): the next write of the key is
+	// the delete's.
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: key, Times: 1})
 	defer release()
 	if resp := e.must(fhReq{Method: http.MethodDelete, Path: path}); resp.Status != http.StatusNoContent {
 		t.Fatalf("DELETE %s: %s, want 204", path, resp)
@@ -56,6 +59,44 @@ func TestLateDeleteSparesTheNextStream(t *testing.T) {
 	if string(got) != "new" {
 		t.Fatalf("after a restart %s reads %q, want %q", path, got, "new")
 	}
+}
+
+// TestLateCreateSparesTheDeletedStream: the first attempt of a create's
+// metadata write is held up on its way to the bucket; Caddy's retry
+// creates the stream (201), and the client deletes it (204). Then the held
+// attempt lands. It must find the deleted stream's grave and change
+// nothing: create-only, it used to find the key free and bring the deleted
+// stream back, before and after a restart.
+func TestLateCreateSparesTheDeletedStream(t *testing.T) {
+	e := fhStart(t, fhOptions{Directives: []string{"s3_timeout 1s"}})
+	const path = "/late-create"
+	key := "streams/" + hex.EncodeToString([]byte(path)) + ".m"
+
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: key, Times: 1})
+	defer release()
+	e.create(path, "text/plain")
+	if held := e.proxy.Held(); held != 1 {
+		t.Fatalf("%d requests held, want the create's first attempt", held)
+	}
+	if resp := e.must(fhReq{Method: http.MethodDelete, Path: path}); resp.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s, want 204", path, resp)
+	}
+
+	release()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.proxy.WaitLanded(ctx); err != nil {
+		t.Fatalf("the held create did not land: %v", err)
+	}
+	if resp := e.must(fhReq{Method: http.MethodGet, Path: path + "?offset=-1"}); resp.Status != http.StatusNotFound {
+		t.Fatalf("GET after the late create landed: %s, want 404", resp)
+	}
+	e.caddy.Kill()
+	e.caddy.Restart()
+	if resp := e.must(fhReq{Method: http.MethodGet, Path: path + "?offset=-1"}); resp.Status != http.StatusNotFound {
+		t.Fatalf("after a restart GET %s: %s, want 404", path, resp)
+	}
+	e.create(path, "text/plain") // the name is free for a new stream
 }
 
 // TestLateSubscriptionDeleteSparesTheNext: the same as above for a
