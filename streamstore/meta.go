@@ -247,20 +247,27 @@ const maxGravePasses = 4
 // holds the name. Other errors leave open whether the write landed, as a
 // create-only PUT's do.
 func (e *Engine) putNew(ctx context.Context, name string, body []byte) (string, error) {
+	return e.putOverGrave(ctx, metaKey(name), body)
+}
+
+// putOverGrave writes body at key where there is nothing or a grave, and
+// returns its version: segment.ErrPreconditionFailed when anything else is
+// there.
+func (e *Engine) putOverGrave(ctx context.Context, key string, body []byte) (string, error) {
 	opts := segment.PutOptions{IfNoneMatch: true}
 	for pass := 1; ; pass++ {
-		etag, err := e.store.Put(ctx, metaKey(name), body, opts)
+		etag, err := e.store.Put(ctx, key, body, opts)
 		if !errors.Is(err, segment.ErrPreconditionFailed) || pass == maxGravePasses {
 			return etag, err
 		}
-		cur, tag, gerr := e.store.Get(ctx, metaKey(name), 0, -1)
+		cur, tag, gerr := e.store.Get(ctx, key, 0, -1)
 		switch {
 		case errors.Is(gerr, segment.ErrNotFound):
 			opts = segment.PutOptions{IfNoneMatch: true}
 		case gerr != nil:
-			// Not the precondition error: whether a stream holds the
-			// name is not known.
-			return "", fmt.Errorf("read metadata of %s after a create-only write was refused: %w", name, gerr)
+			// Not the precondition error: whether something holds the
+			// key is not known.
+			return "", fmt.Errorf("read %s after a create-only write was refused: %w", key, gerr)
 		case isGrave(cur):
 			opts = segment.PutOptions{IfMatch: tag}
 		default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/picomq/caddy-picomq/segment"
 )
@@ -54,7 +55,8 @@ func docKey(key string) (string, error) {
 }
 
 // GetDoc reads the document stored under subs/KEY and its version.
-// A missing document returns ErrNotFound.
+// A missing document returns ErrNotFound, and so does a deleted one: its
+// grave, which GetDoc removes once it is GraveTime old.
 func (e *Engine) GetDoc(ctx context.Context, key string) ([]byte, string, error) {
 	k, err := docKey(key)
 	if err != nil {
@@ -64,35 +66,52 @@ func (e *Engine) GetDoc(ctx context.Context, key string) ([]byte, string, error)
 	if err == segment.ErrNotFound {
 		return nil, "", ErrNotFound
 	}
-	return data, etag, err
+	if err != nil {
+		return nil, "", err
+	}
+	if g, ok := decodeGrave(data); ok {
+		if time.Since(time.UnixMilli(g.At)) > e.config().GraveTime && e.checkLease() == nil {
+			// Best effort: a grave left behind is read and tried again.
+			_ = e.store.DeleteIfMatch(ctx, k, etag)
+		}
+		return nil, "", ErrNotFound
+	}
+	return data, etag, nil
 }
 
 // PutDoc writes a document with compare-and-swap: version "" creates it
-// only if absent, any other version replaces it only if it is still that
-// version. It returns the new version, or ErrDocConflict.
+// only if absent (or deleted: over its grave), any other version replaces
+// it only if it is still that version. It returns the new version, or
+// ErrDocConflict.
 func (e *Engine) PutDoc(ctx context.Context, key string, data []byte, version string) (string, error) {
 	k, err := docKey(key)
 	if err != nil {
 		return "", err
 	}
-	opts := segment.PutOptions{IfNoneMatch: version == "", IfMatch: version}
-	return e.store.Put(ctx, k, data, opts)
+	if version == "" {
+		return e.putOverGrave(ctx, k, data)
+	}
+	return e.store.Put(ctx, k, data, segment.PutOptions{IfMatch: version})
 }
 
-// DeleteDoc removes a document while it is still version, so that a delete
-// held up on its way and landing late cannot remove a document written
-// under the key after it. A missing document is not an error; another
-// version is ErrDocConflict.
+// DeleteDoc replaces a document with a grave while it is still version:
+// a delete held up on its way and landing late cannot touch a document
+// written under the key after it, and a create held up on its way fails
+// against the grave instead of bringing the document back. Another
+// version, a grave or no document at all is ErrDocConflict: the caller
+// reads the key to tell them apart.
 func (e *Engine) DeleteDoc(ctx context.Context, key, version string) error {
 	k, err := docKey(key)
 	if err != nil {
 		return err
 	}
-	return e.store.DeleteIfMatch(ctx, k, version)
+	_, err = e.store.Put(ctx, k, encodeGrave("", time.Now()), segment.PutOptions{IfMatch: version})
+	return err
 }
 
 // ListDocs returns the keys (without the subs/ prefix) of every document
-// whose key starts with prefix.
+// whose key starts with prefix, deleted ones' graves included (GetDoc
+// answers ErrNotFound for those).
 func (e *Engine) ListDocs(ctx context.Context, prefix string) ([]string, error) {
 	var keys []string
 	after := ""
