@@ -76,7 +76,9 @@ func TestForkLargeStream(t *testing.T) {
 		t.Skip("writes 100 MiB through Caddy")
 	}
 	began := time.Now()
-	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 2s"}})
+	// grave_time 1s: the collector finishes with the deleted streams,
+	// graves and tombstones, inside the test's wait.
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 2s", "grave_time 1s"}})
 	cl := newClient(t, e.caddy.URL(), true)
 	const src, fork = "/fork-large/src", "/fork-large/fork"
 	e.create(src, textPlain)

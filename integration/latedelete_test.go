@@ -101,7 +101,8 @@ func TestLateCreateSparesTheDeletedStream(t *testing.T) {
 
 // TestLateSubscriptionDeleteSparesTheNext: the same as above for a
 // subscription's document. A subscription deleted and created again under
-// its id must survive the first delete's held attempt landing late.
+// its id must survive the first delete's held attempt (its write of a
+// grave) landing late.
 func TestLateSubscriptionDeleteSparesTheNext(t *testing.T) {
 	e := fhStart(t, fhOptions{Directives: []string{"s3_timeout 1s"}})
 	const sub = "/r/__ds/subscriptions/pull"
@@ -116,7 +117,8 @@ func TestLateSubscriptionDeleteSparesTheNext(t *testing.T) {
 	e.create("/r/wake", "application/json")
 	subscribe("events/*")
 
-	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpDelete, KeyContains: "subs/", Times: 1})
+	doc := "subs/" + hex.EncodeToString([]byte("/r/")) + "/" + hex.EncodeToString([]byte("pull"))
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: doc, Times: 1})
 	defer release()
 	if resp := e.must(fhReq{Method: http.MethodDelete, Path: sub}); resp.Status != http.StatusNoContent {
 		t.Fatalf("DELETE %s: %s, want 204", sub, resp)
@@ -143,5 +145,46 @@ func TestLateSubscriptionDeleteSparesTheNext(t *testing.T) {
 	}
 	if err := json.Unmarshal(resp.Body, &got); err != nil || got.Pattern != "other/*" {
 		t.Fatalf("after a restart the subscription is %q (%v), want the second one, other/*", resp.Body, err)
+	}
+}
+
+// TestLateSubscriptionCreateSparesTheDeleted: the first attempt of a
+// subscription create's document write is held up on its way to the
+// bucket; Caddy's retry creates it (201) and the client deletes it (204).
+// Then the held attempt lands. It must find the subscription's grave and
+// change nothing: create-only, it used to find the key free and bring the
+// deleted subscription back, as a restart showed.
+func TestLateSubscriptionCreateSparesTheDeleted(t *testing.T) {
+	e := fhStart(t, fhOptions{Directives: []string{"s3_timeout 1s"}})
+	const sub = "/r/__ds/subscriptions/late"
+	e.create("/r/wake", "application/json")
+
+	// The subscription's own document (subs/<hex root>/<hex id>), not the
+	// signing key its first use writes.
+	doc := "subs/" + hex.EncodeToString([]byte("/r/")) + "/" + hex.EncodeToString([]byte("late"))
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: doc, Times: 1})
+	defer release()
+	body := `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake","lease_ttl_ms":600000}`
+	hdr := map[string]string{"Content-Type": "application/json"}
+	if resp := e.must(fhReq{Method: http.MethodPut, Path: sub, Header: hdr, Body: []byte(body)}); resp.Status != http.StatusCreated {
+		t.Fatalf("PUT %s: %s, want 201", sub, resp)
+	}
+	if held := e.proxy.Held(); held != 1 {
+		t.Fatalf("%d requests held, want the create's first attempt", held)
+	}
+	if resp := e.must(fhReq{Method: http.MethodDelete, Path: sub}); resp.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s, want 204", sub, resp)
+	}
+
+	release()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.proxy.WaitLanded(ctx); err != nil {
+		t.Fatalf("the held create did not land: %v", err)
+	}
+	e.caddy.Kill()
+	e.caddy.Restart()
+	if resp := e.must(fhReq{Method: http.MethodGet, Path: sub}); resp.Status != http.StatusNotFound {
+		t.Fatalf("after a restart GET %s: %s, want 404", sub, resp)
 	}
 }
