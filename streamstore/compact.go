@@ -639,13 +639,11 @@ func (e *Engine) kickGC() {
 func (e *Engine) gcLoop() {
 	defer e.bg.Done()
 	for {
-		// Every few minutes, and when the first grave that waits is due.
+		// Every few minutes, and when the next grave is due.
 		wait := 5 * time.Minute
-		e.gravesMu.Lock()
-		for _, due := range e.graves {
-			wait = min(wait, max(time.Until(due), 0))
+		if next := e.nextGrave.Load(); next != 0 {
+			wait = min(wait, max(time.Until(time.UnixMilli(next)), 0))
 		}
-		e.gravesMu.Unlock()
 		select {
 		case <-e.closing:
 			return
@@ -718,6 +716,9 @@ func (e *Engine) removeGrave(ctx context.Context, name, id string) (time.Time, e
 	return time.Time{}, nil
 }
 
+// collectGarbage works off the tombstones of deleted streams (their data
+// and blobs go, and their graves into the grave index) and then removes
+// the graves that are due.
 func (e *Engine) collectGarbage(ctx context.Context) error {
 	after := ""
 	for {
@@ -727,13 +728,6 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 		}
 		for _, o := range objs {
 			id := strings.TrimPrefix(o.Key, "gc/")
-			e.gravesMu.Lock()
-			due, waiting := e.graves[id]
-			e.gravesMu.Unlock()
-			if waiting && time.Now().Before(due) {
-				after = o.Key
-				continue
-			}
 			name, live, err := e.tombstoneStale(ctx, o.Key, id)
 			if err != nil {
 				return err
@@ -749,35 +743,76 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 			}
 			// Blobs after data: a marker is never left naming a deleted
 			// blob. Blobs that never made it into the WAL go here too.
-			if !waiting {
-				for _, p := range []string{dataPrefix(id), blobPrefix(id)} {
-					if err := e.deleteUnder(ctx, p, ""); err != nil {
-						return err
-					}
-				}
-			}
-			// The tombstone stays while the grave does: it is what brings
-			// the collector back to the grave.
-			if name != "" {
-				due, err := e.removeGrave(ctx, name, id)
-				if err != nil {
+			for _, p := range []string{dataPrefix(id), blobPrefix(id)} {
+				if err := e.deleteUnder(ctx, p, ""); err != nil {
 					return err
 				}
-				if !due.IsZero() {
-					e.gravesMu.Lock()
-					e.graves[id] = due
-					e.gravesMu.Unlock()
-					after = o.Key
-					continue
+			}
+			// The grave was written before the tombstone was listed, so
+			// it is due at the latest one grave time from now. Indexed by
+			// that time, it costs no request until then, however many
+			// wait.
+			if name != "" {
+				due := time.Now().Add(e.config().GraveTime)
+				if _, err := e.store.Put(ctx, graveIndexKey(due, id), []byte(name), segment.PutOptions{}); err != nil {
+					return fmt.Errorf("index the grave of %s: %w", name, err)
 				}
 			}
-			e.gravesMu.Lock()
-			delete(e.graves, id)
-			e.gravesMu.Unlock()
 			if err := e.store.Delete(ctx, []string{o.Key}); err != nil {
 				return fmt.Errorf("delete tombstone %s: %w", o.Key, err)
 			}
 			after = o.Key
+		}
+		if !more || len(objs) == 0 {
+			break
+		}
+	}
+	return e.removeDueGraves(ctx)
+}
+
+// removeDueGraves removes the graves whose index entries are due, oldest
+// first, and notes when the next one is.
+func (e *Engine) removeDueGraves(ctx context.Context) error {
+	e.nextGrave.Store(0)
+	now := time.Now()
+	after := ""
+	for {
+		objs, more, err := e.store.List(ctx, gravesPrefix, after, 1000)
+		if err != nil {
+			return fmt.Errorf("list the grave index: %w", err)
+		}
+		for _, o := range objs {
+			after = o.Key
+			due, id, err := parseGraveIndexKey(o.Key)
+			if err != nil {
+				e.log.Warn("not a grave index entry; left alone", zap.String("key", o.Key), zap.Error(err))
+				continue
+			}
+			if due.After(now) {
+				e.nextGrave.Store(due.UnixMilli())
+				return nil
+			}
+			name, _, err := e.store.Get(ctx, o.Key, 0, -1)
+			if errors.Is(err, segment.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("read grave index entry %s: %w", o.Key, err)
+			}
+			later, err := e.removeGrave(ctx, string(name), id)
+			if err != nil {
+				return err
+			}
+			if !later.IsZero() {
+				// The grave is younger than its entry says (grave_time
+				// grew since): index it again at its own time.
+				if _, err := e.store.Put(ctx, graveIndexKey(later, id), name, segment.PutOptions{}); err != nil {
+					return fmt.Errorf("index the grave of %s again: %w", name, err)
+				}
+			}
+			if err := e.store.Delete(ctx, []string{o.Key}); err != nil {
+				return fmt.Errorf("delete grave index entry %s: %w", o.Key, err)
+			}
 		}
 		if !more || len(objs) == 0 {
 			return nil

@@ -135,11 +135,7 @@ type Engine struct {
 	walEntries   int   // entries with records committed since then
 	compactFull  bool  // the backlog has outgrown the cache: a compaction was asked for
 	gcKick       chan struct{}
-	// graves holds, by stream id, when the grave of a deleted stream
-	// whose data is collected may go: the collector skips its tombstone
-	// until then. Only in memory: after a restart each is read once more.
-	gravesMu sync.Mutex
-	graves   map[string]time.Time
+	nextGrave    atomic.Int64 // when the next indexed grave is due (Unix ms), 0 for none
 	closing  chan struct{}
 	bg       sync.WaitGroup
 	bgCtx    context.Context // ends at Close: for work nobody waits on
@@ -194,7 +190,6 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 		nameLocks:    map[string]*nameLock{},
 		creating:     map[*stream]struct{}{},
 		gcKick:       make(chan struct{}, 1),
-		graves:       map[string]time.Time{},
 		compactKick:  make(chan struct{}, 1),
 		compactReset: make(chan struct{}, 1),
 		closing:      make(chan struct{}),

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Stream names become metadata keys through an order-preserving, reversible
@@ -209,3 +210,28 @@ func validBlobName(name string) bool {
 }
 
 func gcKey(id string) string { return "gc/" + id }
+
+// gravesPrefix starts the grave index: an entry per grave still to remove,
+// keyed by when it is due, so a listing from the start finds the due ones
+// first and stops at the first that is not.
+const gravesPrefix = "graves/"
+
+// graveIndexKey is the index entry of stream id's grave, due at due; its
+// body is the stream's name.
+func graveIndexKey(due time.Time, id string) string {
+	return fmt.Sprintf("%s%013d-%s", gravesPrefix, due.UnixMilli(), id)
+}
+
+// parseGraveIndexKey reverses graveIndexKey.
+func parseGraveIndexKey(key string) (time.Time, string, error) {
+	rest, ok := strings.CutPrefix(key, gravesPrefix)
+	ms, id, dash := strings.Cut(rest, "-")
+	if !ok || !dash || id == "" {
+		return time.Time{}, "", fmt.Errorf("not a grave index entry: %q", key)
+	}
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return time.Time{}, "", fmt.Errorf("grave index entry %q: %w", key, err)
+	}
+	return time.UnixMilli(n), id, nil
+}
