@@ -799,7 +799,12 @@ func (e *Engine) removeDueGraves(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("read grave index entry %s: %w", o.Key, err)
 			}
-			later, err := e.removeGrave(ctx, string(name), id)
+			var later time.Time
+			if strings.HasPrefix(id, docGraveID) {
+				later, err = e.removeDocGrave(ctx, string(name))
+			} else {
+				later, err = e.removeGrave(ctx, string(name), id)
+			}
 			if err != nil {
 				return err
 			}

@@ -63,3 +63,36 @@ func TestDocGraves(t *testing.T) {
 		t.Fatalf("the grave is still there after a read past its time: %q", keys)
 	}
 }
+
+// TestDocGraveIndexed: a deleted document's grave is in the grave index,
+// so the collector removes it once it is due, without anyone reading it.
+func TestDocGraveIndexed(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	const graveTime = 300 * time.Millisecond
+	e := startEngine(t, st, Config{GraveTime: graveTime})
+	const objKey = docPrefix + "root/sub"
+	v, err := e.PutDoc(ctx, "root/sub", []byte(`{"n":1}`), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.DeleteDoc(ctx, "root/sub", v); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Keys(gravesPrefix); len(got) != 1 {
+		t.Fatalf("grave index %q; want the document grave's entry", got)
+	}
+	if err := e.collectGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Keys(objKey)) != 1 {
+		t.Fatal("the grave went before its time")
+	}
+	time.Sleep(graveTime)
+	if err := e.collectGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := append(st.Keys(objKey), st.Keys(gravesPrefix)...); len(got) != 0 {
+		t.Fatalf("left after the grave time and a collection: %q", got)
+	}
+}

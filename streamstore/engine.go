@@ -136,10 +136,10 @@ type Engine struct {
 	compactFull  bool  // the backlog has outgrown the cache: a compaction was asked for
 	gcKick       chan struct{}
 	nextGrave    atomic.Int64 // when the next indexed grave is due (Unix ms), 0 for none
-	closing  chan struct{}
-	bg       sync.WaitGroup
-	bgCtx    context.Context // ends at Close: for work nobody waits on
-	bgCancel context.CancelFunc
+	closing      chan struct{}
+	bg           sync.WaitGroup
+	bgCtx        context.Context // ends at Close: for work nobody waits on
+	bgCancel     context.CancelFunc
 
 	fetchMu  sync.Mutex
 	fetching map[string]*fetchCall // data object GETs in flight, by key

@@ -2,9 +2,12 @@ package streamstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/picomq/caddy-picomq/segment"
 )
@@ -56,7 +59,8 @@ func docKey(key string) (string, error) {
 
 // GetDoc reads the document stored under subs/KEY and its version.
 // A missing document returns ErrNotFound, and so does a deleted one: its
-// grave, which GetDoc removes once it is GraveTime old.
+// grave, which GetDoc removes once it is GraveTime old (the collector
+// does too, through the grave index).
 func (e *Engine) GetDoc(ctx context.Context, key string) ([]byte, string, error) {
 	k, err := docKey(key)
 	if err != nil {
@@ -105,8 +109,47 @@ func (e *Engine) DeleteDoc(ctx context.Context, key, version string) error {
 	if err != nil {
 		return err
 	}
-	_, err = e.store.Put(ctx, k, encodeGrave("", time.Now()), segment.PutOptions{IfMatch: version})
-	return err
+	now := time.Now()
+	if _, err := e.store.Put(ctx, k, encodeGrave("", now), segment.PutOptions{IfMatch: version}); err != nil {
+		return err
+	}
+	// Best effort: a grave the index misses is removed when it is read,
+	// at the latest at the next start.
+	due := now.Add(e.config().GraveTime)
+	if _, err := e.store.Put(ctx, graveIndexKey(due, docGraveID+newID()), []byte(k), segment.PutOptions{}); err != nil {
+		e.log.Warn("indexing a deleted document's grave failed; it goes when next read", zap.String("key", k), zap.Error(err))
+	}
+	e.kickGC() // so that the collector knows when it is due
+	return nil
+}
+
+// docGraveID starts the id of a document grave's index entry, whose body
+// is the document's object key (a stream's entry has the stream's id and
+// its name).
+const docGraveID = "doc."
+
+// removeDocGrave removes the grave at object key k once it is GraveTime
+// old, and otherwise returns when it will be; a document written over the
+// grave is left alone.
+func (e *Engine) removeDocGrave(ctx context.Context, k string) (time.Time, error) {
+	data, etag, err := e.store.Get(ctx, k, 0, -1)
+	if errors.Is(err, segment.ErrNotFound) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the grave at %s: %w", k, err)
+	}
+	g, ok := decodeGrave(data)
+	if !ok {
+		return time.Time{}, nil
+	}
+	if due := time.UnixMilli(g.At).Add(e.config().GraveTime); time.Now().Before(due) {
+		return due, nil
+	}
+	if err := e.store.DeleteIfMatch(ctx, k, etag); err != nil && !errors.Is(err, segment.ErrPreconditionFailed) {
+		return time.Time{}, fmt.Errorf("remove the grave at %s: %w", k, err)
+	}
+	return time.Time{}, nil
 }
 
 // ListDocs returns the keys (without the subs/ prefix) of every document
