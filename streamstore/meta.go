@@ -238,6 +238,18 @@ func decodeGrave(data []byte) (g grave, ok bool) {
 	return g, true
 }
 
+// nameTaken is putOverGrave's failed precondition when the key holds
+// something other than a grave: what it read there, so that its caller
+// need not read it again.
+type nameTaken struct {
+	data []byte
+	etag string
+	err  error
+}
+
+func (t *nameTaken) Error() string { return t.err.Error() }
+func (t *nameTaken) Unwrap() error { return t.err }
+
 // maxGravePasses bounds putNew's rounds: each finds a grave replaced or
 // removed since it read it.
 const maxGravePasses = 4
@@ -252,7 +264,7 @@ func (e *Engine) putNew(ctx context.Context, name string, body []byte) (string, 
 
 // putOverGrave writes body at key where there is nothing or a grave, and
 // returns its version: segment.ErrPreconditionFailed when anything else is
-// there.
+// there, as a *nameTaken holding what it read.
 func (e *Engine) putOverGrave(ctx context.Context, key string, body []byte) (string, error) {
 	opts := segment.PutOptions{IfNoneMatch: true}
 	for pass := 1; ; pass++ {
@@ -271,7 +283,7 @@ func (e *Engine) putOverGrave(ctx context.Context, key string, body []byte) (str
 		case isGrave(cur):
 			opts = segment.PutOptions{IfMatch: tag}
 		default:
-			return "", err
+			return "", &nameTaken{data: cur, etag: tag, err: err}
 		}
 	}
 }

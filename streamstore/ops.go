@@ -244,6 +244,14 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	if err != nil {
 		if errors.Is(err, segment.ErrPreconditionFailed) {
 			createErr = errLookAgain
+			var taken *nameTaken
+			if errors.As(err, &taken) {
+				// The stream that holds the name, read already: lookups,
+				// the caller's included, need not read it again.
+				if m, derr := decodeMeta(taken.data); derr == nil && m.Name == name {
+					created, createErr = newStream(name, m, taken.etag), nil
+				}
+			}
 			if len(req.Records) > 0 {
 				// Should the name come free before the WAL is retired, a
 				// replay would complete this create from its entry.
