@@ -960,12 +960,11 @@ type metaLoader struct {
 	queue  []*metaLoad
 	done   bool
 
-	// seeds holds, by name, the creates with records the WAL holds for
-	// names without a metadata object, in WAL order, less those a drop
-	// entry undid; the last one is the replay's stream for the name until
-	// settleSeeds writes its metadata. Only the replaying goroutine uses
-	// it.
-	seeds map[string][]seed
+	// seeds holds, by name, the last create with records the WAL holds
+	// for a name without a metadata object, unless a drop entry undid it:
+	// the replay's stream for the name until settleSeeds writes its
+	// metadata. Only the replaying goroutine uses it.
+	seeds map[string]seed
 }
 
 // seed is a create the replay found in the WAL but not in the bucket.
@@ -983,7 +982,7 @@ type metaLoad struct {
 
 func (e *Engine) newMetaLoader(ctx context.Context) *metaLoader {
 	ctx, cancel := context.WithCancel(ctx)
-	m := &metaLoader{e: e, ctx: ctx, cancel: cancel, loads: map[string]*metaLoad{}, seeds: map[string][]seed{}}
+	m := &metaLoader{e: e, ctx: ctx, cancel: cancel, loads: map[string]*metaLoad{}, seeds: map[string]seed{}}
 	m.more = sync.NewCond(&m.mu)
 	for range replayMetaLoads {
 		m.wg.Go(m.work)
@@ -1069,41 +1068,26 @@ func (e *Engine) replayStream(metas *metaLoader, name string) (*stream, error) {
 
 // seeded reports whether s is a create the replay found only in the WAL.
 func (m *metaLoader) seeded(s *stream) bool {
-	seeds := m.seeds[s.name]
-	return len(seeds) > 0 && seeds[len(seeds)-1].s == s
-}
-
-// seedOf returns the create of stream id the replay found only in the WAL
-// under name, or nil.
-func (m *metaLoader) seedOf(name, id string) *stream {
-	for _, sd := range m.seeds[name] {
-		if sd.s.meta.ID == id {
-			return sd.s
-		}
-	}
-	return nil
+	sd, ok := m.seeds[s.name]
+	return ok && sd.s == s
 }
 
 // replaySeed handles an entry that creates a stream with records, or undoes
 // such a create, under a name the bucket has no metadata object for (or
-// only one the WAL's creates made): it returns the stream a create makes,
-// now the name's, or nil for a drop, which hands the name back to the
-// create before it, if any.
+// only one a create in the WAL made): it returns the stream a create
+// makes, now the name's, or nil for a drop.
+//
+// A create supersedes any earlier one of the name still without metadata:
+// the process made it because it found the name free, so the earlier one
+// never took the name. (It may have stayed unconfirmed, its WAL entry
+// committing after its caller was told so: nothing dropped it, and a
+// replay that kept it behind the later one brought it back once the later
+// one was deleted.)
 func (e *Engine) replaySeed(metas *metaLoader, key string, ent *segment.Entry) *stream {
-	seeds := metas.seeds[ent.Name]
 	if ent.Drop {
-		for i := len(seeds) - 1; i >= 0; i-- {
-			if seeds[i].s.meta.ID == ent.StreamID {
-				seeds = append(seeds[:i], seeds[i+1:]...)
-				break
-			}
-		}
-		metas.seeds[ent.Name] = seeds
-		if len(seeds) == 0 {
+		if sd, ok := metas.seeds[ent.Name]; ok && sd.s.meta.ID == ent.StreamID {
 			delete(metas.seeds, ent.Name)
 			delete(e.streams, ent.Name)
-		} else {
-			e.streams[ent.Name] = seeds[len(seeds)-1].s
 		}
 		return nil
 	}
@@ -1117,7 +1101,7 @@ func (e *Engine) replaySeed(metas *metaLoader, key string, ent *segment.Entry) *
 		return e.streams[ent.Name]
 	}
 	s := newStream(ent.Name, m, "")
-	metas.seeds[ent.Name] = append(seeds, seed{s: s, body: ent.Create})
+	metas.seeds[ent.Name] = seed{s: s, body: ent.Create}
 	e.streams[ent.Name] = s
 	return s
 }
@@ -1126,9 +1110,8 @@ func (e *Engine) replaySeed(metas *metaLoader, key string, ent *segment.Entry) *
 // only in the WAL, create-only, as the creates themselves would have: one
 // whose process died before its write, or whose write is still on its way,
 // exists from now on with its records. A write that finds the name taken
-// reads it back: one of the WAL's creates for the name got there first (a
-// late write of its process), or another stream holds the name and the
-// WAL's creates lost it.
+// reads it back: the create's own write got there first (late, from its
+// process), or another stream holds the name and the create lost it.
 func (e *Engine) settleSeeds(ctx context.Context, metas *metaLoader) error {
 	names := make([]string, 0, len(metas.seeds))
 	for name := range metas.seeds {
@@ -1136,12 +1119,11 @@ func (e *Engine) settleSeeds(ctx context.Context, metas *metaLoader) error {
 	}
 	won := make([]*stream, len(names))
 	err := e.inParallel(len(names), replayMetaLoads, func(i int) error {
-		seeds := metas.seeds[names[i]]
-		last := seeds[len(seeds)-1]
-		etag, err := e.putNew(ctx, names[i], last.body)
+		sd := metas.seeds[names[i]]
+		etag, err := e.putNew(ctx, names[i], sd.body)
 		if err == nil {
-			last.s.etag = etag
-			won[i] = last.s
+			sd.s.etag = etag
+			won[i] = sd.s
 			return nil
 		}
 		if !errors.Is(err, segment.ErrPreconditionFailed) {
@@ -1153,11 +1135,9 @@ func (e *Engine) settleSeeds(ctx context.Context, metas *metaLoader) error {
 		if err != nil && !errors.Is(err, segment.ErrNotFound) {
 			return fmt.Errorf("read metadata of %s back: %w", names[i], err)
 		}
-		for _, sd := range seeds {
-			if bytes.Equal(cur, sd.body) {
-				sd.s.etag = etag
-				won[i] = sd.s
-			}
+		if bytes.Equal(cur, sd.body) {
+			sd.s.etag = etag
+			won[i] = sd.s
 		}
 		return nil
 	})
@@ -1192,8 +1172,6 @@ func (e *Engine) replayObject(metas *metaLoader, key string, obj *segment.WALObj
 		}
 		if (ent.Create != nil || ent.Drop) && (s == nil || metas.seeded(s)) {
 			s = e.replaySeed(metas, key, ent)
-		} else if s != nil && s.meta.ID != ent.StreamID && metas.seeded(s) {
-			s = metas.seedOf(ent.Name, ent.StreamID)
 		}
 		if s == nil || s.meta.ID != ent.StreamID || s.meta.Upto.after(pos) {
 			continue // orphaned by a crashed create, deleted, or already checkpointed

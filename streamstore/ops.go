@@ -206,6 +206,10 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 		s.joined(ent, b, false)
 		s.mu.Unlock()
 		if err := e.awaitBatch(ctx, b); err != nil {
+			// The entry may commit all the same. Its caller, told it
+			// failed, will create the name again, perhaps without
+			// records; a replay must not complete this create then.
+			e.abandonCreate(s)
 			return Info{}, false, err
 		}
 	}
@@ -341,20 +345,39 @@ func (e *Engine) settleCreate(s *stream, body []byte, publish func(*stream, erro
 // dropCreate writes a WAL entry that undoes s's create for a replay (see
 // segment.Entry.Drop) and waits until it is durable.
 func (e *Engine) dropCreate(ctx context.Context, s *stream) error {
-	w, err := e.writer()
+	b, err := e.addDrop(s)
 	if err != nil {
 		return err
 	}
+	return e.awaitBatch(ctx, b)
+}
+
+// abandonCreate adds a drop of s's create to the WAL without waiting: it
+// follows the create's entry there, so a replay drops the create if both
+// commit (and if only the create does, its outcome stays what its caller
+// was told: unknown).
+func (e *Engine) abandonCreate(s *stream) {
+	if _, err := e.addDrop(s); err != nil {
+		e.log.Warn("undoing a create that failed unconfirmed failed; a restart may complete it",
+			zap.String("stream", s.name), zap.Error(err))
+	}
+}
+
+// addDrop adds a drop of s's create to the WAL writer.
+func (e *Engine) addDrop(s *stream) (*segment.Batch, error) {
+	w, err := e.writer()
+	if err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	ent := &segment.Entry{StreamID: s.meta.ID, Name: s.name, FirstSeq: s.pend.NextSeq, Drop: true, Ref: s}
 	b, err := w.Add(ent)
 	if err != nil {
-		s.mu.Unlock()
-		return e.addError(err)
+		return nil, e.addError(err)
 	}
 	s.joined(ent, b, false)
-	s.mu.Unlock()
-	return e.awaitBatch(ctx, b)
+	return b, nil
 }
 
 // stamp turns new records into records at seq first on, all with the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -195,6 +196,65 @@ func TestCreateLosingNameIsUndone(t *testing.T) {
 			e2 := restart(t, e, st)
 			if info, err := e2.Head(ctx, "/n"); !errors.Is(err, ErrNotFound) {
 				t.Fatalf("after the restart the name answers %+v, %v; want not found", info, err)
+			}
+		})
+	}
+}
+
+// slowFirstWAL holds the first WAL upload back for a while before it
+// lands: long enough that an append or create waiting on it is answered
+// "unconfirmed", and then it commits all the same.
+type slowFirstWAL struct {
+	*memstore.Store
+	delay time.Duration
+	once  sync.Once
+}
+
+func (s *slowFirstWAL) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	if strings.HasPrefix(key, "wal/") {
+		s.once.Do(func() { time.Sleep(s.delay) })
+	}
+	return s.Store.Put(ctx, key, data, opts)
+}
+
+// TestUnconfirmedCreateSupersededStaysGone: a create whose WAL entry
+// commits only after its caller was told "unconfirmed" writes no metadata.
+// The client creates the name again, which succeeds, and deletes it. The
+// next start finds the first create's entry without metadata: it must not
+// complete it. It did, when the replay kept every create without metadata
+// and the second create's drop handed the name back to the first, or when
+// the second create had no records and so no entry at all. The first
+// create's own drop, added when it failed, and a later create superseding
+// an earlier one each close it.
+func TestUnconfirmedCreateSupersededStaysGone(t *testing.T) {
+	for _, second := range [][]string{{"second"}, nil} {
+		t.Run(fmt.Sprintf("second create with records %v", second != nil), func(t *testing.T) {
+			ctx := context.Background()
+			st := &slowFirstWAL{Store: memstore.New(), delay: 300 * time.Millisecond}
+			e := startEngine(t, st, Config{AppendTimeout: 50 * time.Millisecond})
+			req := CreateRequest{ContentType: "text/plain", Records: recs("first")}
+			if _, _, err := e.Create(ctx, "/u", req); !errors.Is(err, ErrUnconfirmed) {
+				t.Fatalf("create: %v; want it unconfirmed", err)
+			}
+			req.Records = recs(second...)
+			var err error
+			for range 50 { // the first upload is still on its way
+				if _, _, err = e.Create(ctx, "/u", req); !errors.Is(err, ErrUnconfirmed) {
+					break
+				}
+			}
+			if err != nil {
+				t.Fatalf("create again: %v", err)
+			}
+			if got, want := fmt.Sprint(readAll(t, e, "/u")), fmt.Sprint(second); got != want {
+				t.Fatalf("the name reads %s, want %s", got, want)
+			}
+			if err := e.Delete(ctx, "/u"); err != nil {
+				t.Fatal(err)
+			}
+			e2 := restart(t, e, st)
+			if info, err := e2.Head(ctx, "/u"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("after a restart the name answers %+v, %v; want not found", info, err)
 			}
 		})
 	}
