@@ -661,13 +661,22 @@ func (e *Engine) gcLoop() {
 	}
 }
 
+// errTombstoneGone says a tombstone listed a moment ago is gone: another
+// collector got to it.
+var errTombstoneGone = errors.New("tombstone gone since the listing")
+
 // tombstoneStale reports whether the stream a gc tombstone names (its body,
 // returned) still has metadata with the tombstone's id: its delete failed
 // after the tombstone was written. The name lock keeps a delete under way
 // from being judged halfway.
 func (e *Engine) tombstoneStale(ctx context.Context, key, id string) (string, bool, error) {
 	name, _, err := e.store.Get(ctx, key, 0, -1)
-	if errors.Is(err, segment.ErrNotFound) || (err == nil && len(name) == 0) {
+	if errors.Is(err, segment.ErrNotFound) {
+		// Judged and removed by another collector, perhaps as stale:
+		// collecting the id's data now could take a live stream's.
+		return "", false, errTombstoneGone
+	}
+	if err == nil && len(name) == 0 {
 		return "", false, nil
 	}
 	if err != nil {
@@ -720,6 +729,11 @@ func (e *Engine) removeGrave(ctx context.Context, name, id string) (time.Time, e
 // and blobs go, and their graves into the grave index) and then removes
 // the graves that are due.
 func (e *Engine) collectGarbage(ctx context.Context) error {
+	// One collector at a time: two that judge one tombstone could take a
+	// live stream's data (one finds it stale and removes it, the other
+	// then finds it gone).
+	e.gcMu.Lock()
+	defer e.gcMu.Unlock()
 	after := ""
 	for {
 		objs, more, err := e.store.List(ctx, "gc/", after, 1000)
@@ -729,6 +743,10 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 		for _, o := range objs {
 			id := strings.TrimPrefix(o.Key, "gc/")
 			name, live, err := e.tombstoneStale(ctx, o.Key, id)
+			if errors.Is(err, errTombstoneGone) {
+				after = o.Key
+				continue
+			}
 			if err != nil {
 				return err
 			}

@@ -287,3 +287,56 @@ func streamKeys(t *testing.T, st *memstore.Store, prefix string) []string {
 	}
 	return out
 }
+
+// TestCollectorSkipsTombstoneGoneSinceListing: a tombstone listed by the
+// collector and gone when it reads it was judged by another collector
+// (found stale, say: its stream's delete failed). The data must stay:
+// taking the missing tombstone for "collect" deleted a live stream's data
+// objects when the test's collection met the engine's own.
+func TestCollectorSkipsTombstoneGoneSinceListing(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	// Installed before the engine starts, armed later: its goroutines
+	// read the hook.
+	var armed atomic.Pointer[string]
+	st.Fail = func(op, key string) error {
+		if k := armed.Load(); op == "GET" && k != nil && key == *k && armed.CompareAndSwap(k, nil) {
+			_ = st.Delete(ctx, []string{key})
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{PackBelow: -1})
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.Head(ctx, "/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := st.Keys("data/" + info.ID + "/")
+	if len(data) == 0 {
+		t.Fatal("compaction wrote no data object: the test checks nothing")
+	}
+	// A delete that failed after its tombstone, which another collector
+	// removes between this one's listing and its read.
+	if _, err := st.Put(ctx, gcKey(info.ID), []byte("/s"), segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tomb := gcKey(info.ID)
+	armed.Store(&tomb)
+	if err := e.collectGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if armed.Load() != nil {
+		t.Fatal("the collector never read the tombstone")
+	}
+	if got := st.Keys("data/" + info.ID + "/"); !slices.Equal(got, data) {
+		t.Fatalf("data objects of the live stream after the collection: %q, want %q", got, data)
+	}
+	if got := fmt.Sprint(readAll(t, startEngine(t, st, Config{CacheBytes: 1}), "/s")); got != "[a b]" {
+		t.Fatalf("after a restart the stream reads %s", got)
+	}
+}

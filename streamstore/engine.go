@@ -136,6 +136,7 @@ type Engine struct {
 	compactFull  bool  // the backlog has outgrown the cache: a compaction was asked for
 	gcKick       chan struct{}
 	nextGrave    atomic.Int64 // when the next indexed grave is due (Unix ms), 0 for none
+	gcMu         sync.Mutex   // held by the collector (collectGarbage)
 	closing      chan struct{}
 	bg           sync.WaitGroup
 	bgCtx        context.Context // ends at Close: for work nobody waits on
