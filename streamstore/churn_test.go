@@ -45,6 +45,9 @@ const (
 	// the run, and the late creates meet names whose graves are gone.
 	churnGraveTime = 2 * churnLateMax
 	// Below these the run proves little.
+	// churnCrashes is how many times the process dies in a default-length
+	// run (more in longer ones).
+	churnCrashes      = 3
 	churnMinAcks      = 300
 	churnMinRecreates = 40
 )
@@ -103,22 +106,32 @@ func TestRandomFaultsDeleteAndRecreate(t *testing.T) {
 	})
 	var st *chaosStore
 	var e *Engine
-	for attempt := 1; ; attempt++ {
-		st = &chaosStore{Store: mem, faults: faults, landed: make(chan struct{})}
-		e = New(&churnStore{chaosStore: st, late: late}, cfg, nil)
-		err := e.Start(context.Background())
-		if err == nil {
-			break
-		}
-		st.kill()
-		closeDead(e)
-		if attempt == chaosStartAttempts {
-			t.Fatalf("%d starts in a row failed, the last: %v", attempt, err)
+	var failedStarts int
+	// start starts an incarnation with the faults armed, trying again as a
+	// supervisor would until one starts.
+	start := func() {
+		t.Helper()
+		for attempt := 1; ; attempt++ {
+			st = &chaosStore{Store: mem, faults: faults, landed: make(chan struct{})}
+			e = New(&churnStore{chaosStore: st, late: late}, cfg, nil)
+			err := e.Start(context.Background())
+			if err == nil {
+				inc := e
+				t.Cleanup(func() { closeDead(inc) })
+				return
+			}
+			st.kill()
+			closeDead(e)
+			failedStarts++
+			if attempt == chaosStartAttempts {
+				t.Fatalf("%d starts in a row failed, the last: %v", attempt, err)
+			}
 		}
 	}
-	t.Cleanup(func() { closeDead(e) })
+	start()
 
-	r := &churnRun{t: t, e: e}
+	r := &churnRun{t: t}
+	r.eng.Store(e)
 	names := make([]*churnName, churnNames)
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -131,7 +144,38 @@ func TestRandomFaultsDeleteAndRecreate(t *testing.T) {
 		rng := rand.New(rand.NewPCG(seed, uint64(i)+1))
 		wg.Go(func() { r.churn(ctx, n, rng) })
 	}
-	time.Sleep(runFor)
+	// Crashes at random moments: the process dies with creates, deletes
+	// and their metadata writes on their way, and the next one replays
+	// the WAL (creates it finds without metadata are completed, undone
+	// ones dropped) while late copies keep landing.
+	rng := rand.New(rand.NewPCG(seed, 0xc4a5))
+	crashes := make([]time.Duration, churnCrashes*max(1, int(runFor/chaosRunDefault)))
+	for i := range crashes {
+		crashes[i] = runFor/10 + time.Duration(rng.Int64N(int64(runFor*8/10)))
+	}
+	slices.Sort(crashes)
+	var dead sync.WaitGroup
+	crashKinds := map[string]int{}
+	for _, at := range crashes {
+		time.Sleep(time.Until(began.Add(at)))
+		kind := "at a random moment"
+		if prefix := churnLastActs[rng.IntN(len(churnLastActs))]; prefix != "" {
+			st.dying.Store(&prefix)
+			select {
+			case <-st.landed:
+				kind = "after a PUT of " + prefix + " landed"
+			case <-time.After(time.Second):
+				kind = "when no PUT of " + prefix + " came"
+			}
+		}
+		crashKinds[kind]++
+		st.kill()
+		old := e
+		dead.Go(func() { closeDead(old) })
+		start()
+		r.eng.Store(e)
+	}
+	time.Sleep(time.Until(began.Add(runFor)))
 	stop()
 	wg.Wait()
 	ran := time.Since(began)
@@ -140,6 +184,7 @@ func TestRandomFaultsDeleteAndRecreate(t *testing.T) {
 	// engine goes. Its store is cut off after the close, so that nothing
 	// it still had in flight reaches the bucket behind the check.
 	late.landAll()
+	dead.Wait()
 	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	if err := e.Close(closeCtx); err != nil {
 		t.Logf("closing the engine of the run: %v", err)
@@ -210,6 +255,7 @@ func TestRandomFaultsDeleteAndRecreate(t *testing.T) {
 		ran.Round(time.Millisecond), (time.Since(began) - ran).Round(time.Millisecond), acks, creates, recreates, deletes, trims, reads, pending)
 	t.Logf("failed requests retried, by kind: %v", errs)
 	t.Logf("late copies: %s", late.summary())
+	t.Logf("crashes: %v, each followed by a start on the faulty bucket (%d starts failed and were tried again)", crashKinds, failedStarts)
 	t.Logf("requests that could fail: %s", faults.counts(faults.requests))
 	t.Logf("faults injected: %s", faults.counts(faults.injected))
 	t.Logf("compaction: %d folds (each a checkpoint), %d backlogs packed into %d packs; %d WAL objects committed, %d aborted",
@@ -222,6 +268,13 @@ func TestRandomFaultsDeleteAndRecreate(t *testing.T) {
 			acks, recreates, churnMinAcks, churnMinRecreates)
 	}
 }
+
+// churnLastActs are the crashes the churn test picks from: at a random
+// moment (""), or right after a PUT under the prefix landed, before its
+// answer: a WAL upload (creates in it have their records durable and no
+// metadata yet, which the next start must complete), a metadata write (a
+// create, a checkpoint or a grave), a tombstone or a grave index entry.
+var churnLastActs = []string{"", "wal/", "wal/", "streams/", "gc/", "graves/"}
 
 // churnStore is the bucket as the churn test's engine sees it: the chaos
 // test's faults, and a network that delivers some requests a second time,
@@ -385,9 +438,13 @@ func (l *lateCopies) summary() string {
 // churnRun is what the goroutines of one run share.
 type churnRun struct {
 	t        *testing.T
-	e        *Engine
+	eng      atomic.Pointer[Engine] // the live incarnation
 	failures atomic.Int64
 }
+
+// e is the live incarnation; a request sent to one that crashed fails and
+// is sent again to the next.
+func (r *churnRun) e() *Engine { return r.eng.Load() }
 
 // fail reports a violation from any goroutine, the first few in full.
 func (r *churnRun) fail(format string, args ...any) {
@@ -465,7 +522,7 @@ func (r *churnRun) churn(ctx context.Context, n *churnName, rng *rand.Rand) {
 // ErrUnavailable is a violation.
 func (r *churnRun) retry(ctx context.Context, n *churnName, op *churnOp, err error) bool {
 	r.t.Helper()
-	if ctx.Err() == nil && !errors.Is(err, ErrUnavailable) {
+	if ctx.Err() == nil && !errors.Is(err, ErrUnavailable) && !errors.Is(err, ErrShuttingDown) {
 		r.fail("%s: %s: unexpected error: %v", n.name, op, err)
 		n.broken = true
 		return false
@@ -487,7 +544,7 @@ func (r *churnRun) create(ctx context.Context, n *churnName) {
 	tag := fmt.Sprintf("%s#%d", n.name, n.inc)
 	op := &churnOp{kind: "create", recs: []string{tag}}
 	for attempt := 0; ; attempt++ {
-		_, created, err := r.e.Create(ctx, n.name, CreateRequest{ContentType: "text/plain", Records: recs(tag)})
+		_, created, err := r.e().Create(ctx, n.name, CreateRequest{ContentType: "text/plain", Records: recs(tag)})
 		if err == nil {
 			n.exists, n.start, n.recs, n.pseq = true, 0, []string{tag}, 0
 			n.creates++
@@ -521,7 +578,7 @@ func (r *churnRun) append(ctx context.Context, n *churnName, k int) {
 	op := &churnOp{kind: "append", recs: bodies}
 	req := AppendRequest{Records: recs(bodies...), Producer: &Producer{ID: "churn", Seq: n.pseq}}
 	for attempt := 0; ; attempt++ {
-		res, err := r.e.Append(ctx, n.name, req)
+		res, err := r.e().Append(ctx, n.name, req)
 		if err == nil {
 			tail := uint64(len(n.recs))
 			switch {
@@ -556,7 +613,7 @@ func (r *churnRun) append(ctx context.Context, n *churnName, k int) {
 func (r *churnRun) trim(ctx context.Context, n *churnName, to uint64) {
 	op := &churnOp{kind: "trim", to: to}
 	for {
-		info, err := r.e.Trim(ctx, n.name, to)
+		info, err := r.e().Trim(ctx, n.name, to)
 		switch {
 		case err == nil && info.StartSeq != to:
 			r.fail("%s: %s acknowledged; its answer says the stream starts at %d", n.name, op, info.StartSeq)
@@ -577,7 +634,7 @@ func (r *churnRun) trim(ctx context.Context, n *churnName, to uint64) {
 func (r *churnRun) delete(ctx context.Context, n *churnName) {
 	op := &churnOp{kind: "delete"}
 	for attempt := 0; ; attempt++ {
-		err := r.e.Delete(ctx, n.name)
+		err := r.e().Delete(ctx, n.name)
 		if err == nil || (attempt > 0 && errors.Is(err, ErrNotFound)) {
 			n.exists, n.start, n.recs = false, 0, nil
 			n.deletes++
@@ -597,11 +654,11 @@ func (r *churnRun) delete(ctx context.Context, n *churnName) {
 // readBack reads the name through the engine under load: it must hold
 // what the model says now, as no request of the name is open.
 func (r *churnRun) readBack(ctx context.Context, n *churnName) {
-	got, err := observe(ctx, r.e, n.name)
+	got, err := observe(ctx, r.e(), n.name)
 	switch {
 	case ctx.Err() != nil:
 		return
-	case errors.Is(err, ErrUnavailable):
+	case errors.Is(err, ErrUnavailable), errors.Is(err, ErrShuttingDown):
 		n.errs["read "+errKind(err)]++
 		return
 	case err != nil:
