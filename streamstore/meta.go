@@ -250,7 +250,7 @@ type nameTaken struct {
 func (t *nameTaken) Error() string { return t.err.Error() }
 func (t *nameTaken) Unwrap() error { return t.err }
 
-// maxGravePasses bounds putNew's rounds: each finds a grave replaced or
+// maxGravePasses bounds putOverGrave's rounds: each finds a grave replaced or
 // removed since it read it.
 const maxGravePasses = 4
 
