@@ -698,31 +698,11 @@ func (e *Engine) tombstoneStale(ctx context.Context, key, id string) (string, bo
 }
 
 // removeGrave removes the grave of stream id from name's metadata key once
-// it is older than Config.GraveTime, and otherwise returns when it will
-// be. A grave of another stream, or a stream created over the grave, is
-// left alone.
+// it is due (removeGraveAt), under the name lock.
 func (e *Engine) removeGrave(ctx context.Context, name, id string) (time.Time, error) {
 	unlock := e.lockName(name)
 	defer unlock()
-	data, etag, err := e.store.Get(ctx, metaKey(name), 0, -1)
-	if errors.Is(err, segment.ErrNotFound) {
-		return time.Time{}, nil
-	}
-	if err != nil {
-		return time.Time{}, fmt.Errorf("read the grave of %s: %w", name, err)
-	}
-	g, ok := decodeGrave(data)
-	if !ok || g.ID != id {
-		return time.Time{}, nil
-	}
-	if due := time.UnixMilli(g.At).Add(e.config().GraveTime); time.Now().Before(due) {
-		return due, nil
-	}
-	// Conditional: a create may have replaced the grave since the read.
-	if err := e.store.DeleteIfMatch(ctx, metaKey(name), etag); err != nil && !errors.Is(err, segment.ErrPreconditionFailed) {
-		return time.Time{}, fmt.Errorf("remove the grave of %s: %w", name, err)
-	}
-	return time.Time{}, nil
+	return e.removeGraveAt(ctx, metaKey(name), id)
 }
 
 // collectGarbage works off the tombstones of deleted streams (their data
@@ -819,7 +799,7 @@ func (e *Engine) removeDueGraves(ctx context.Context) error {
 			}
 			var later time.Time
 			if strings.HasPrefix(id, docGraveID) {
-				later, err = e.removeDocGrave(ctx, string(name))
+				later, err = e.removeGraveAt(ctx, string(name), "")
 			} else {
 				later, err = e.removeGrave(ctx, string(name), id)
 			}

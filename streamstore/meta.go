@@ -238,6 +238,37 @@ func decodeGrave(data []byte) (g grave, ok bool) {
 	return g, true
 }
 
+// removeGraveAt removes the grave at key, of stream id ("" for a
+// document's), once it is due, and otherwise returns when it will be;
+// anything else at key is left alone.
+func (e *Engine) removeGraveAt(ctx context.Context, key, id string) (time.Time, error) {
+	data, etag, err := e.store.Get(ctx, key, 0, -1)
+	if errors.Is(err, segment.ErrNotFound) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("read the grave at %s: %w", key, err)
+	}
+	g, ok := decodeGrave(data)
+	if !ok || g.ID != id {
+		return time.Time{}, nil
+	}
+	return e.dropGraveIfDue(ctx, key, etag, g)
+}
+
+// dropGraveIfDue removes grave g, version etag at key, once it is
+// Config.GraveTime old, and otherwise returns when it will be.
+func (e *Engine) dropGraveIfDue(ctx context.Context, key, etag string, g grave) (time.Time, error) {
+	if due := time.UnixMilli(g.At).Add(e.config().GraveTime); time.Now().Before(due) {
+		return due, nil
+	}
+	// Conditional: a create may have replaced the grave since it was read.
+	if err := e.store.DeleteIfMatch(ctx, key, etag); err != nil && !errors.Is(err, segment.ErrPreconditionFailed) {
+		return time.Time{}, fmt.Errorf("remove the grave at %s: %w", key, err)
+	}
+	return time.Time{}, nil
+}
+
 // nameTaken is putOverGrave's failed precondition when the key holds
 // something other than a grave: what it read there, so that its caller
 // need not read it again.

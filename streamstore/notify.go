@@ -2,7 +2,6 @@ package streamstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -74,9 +73,9 @@ func (e *Engine) GetDoc(ctx context.Context, key string) ([]byte, string, error)
 		return nil, "", err
 	}
 	if g, ok := decodeGrave(data); ok {
-		if time.Since(time.UnixMilli(g.At)) > e.config().GraveTime && e.checkLease() == nil {
+		if e.checkLease() == nil {
 			// Best effort: a grave left behind is read and tried again.
-			_ = e.store.DeleteIfMatch(ctx, k, etag)
+			_, _ = e.dropGraveIfDue(ctx, k, etag, g)
 		}
 		return nil, "", ErrNotFound
 	}
@@ -125,32 +124,8 @@ func (e *Engine) DeleteDoc(ctx context.Context, key, version string) error {
 
 // docGraveID starts the id of a document grave's index entry, whose body
 // is the document's object key (a stream's entry has the stream's id and
-// its name).
+// its name). A document's grave itself names no id.
 const docGraveID = "doc."
-
-// removeDocGrave removes the grave at object key k once it is GraveTime
-// old, and otherwise returns when it will be; a document written over the
-// grave is left alone.
-func (e *Engine) removeDocGrave(ctx context.Context, k string) (time.Time, error) {
-	data, etag, err := e.store.Get(ctx, k, 0, -1)
-	if errors.Is(err, segment.ErrNotFound) {
-		return time.Time{}, nil
-	}
-	if err != nil {
-		return time.Time{}, fmt.Errorf("read the grave at %s: %w", k, err)
-	}
-	g, ok := decodeGrave(data)
-	if !ok {
-		return time.Time{}, nil
-	}
-	if due := time.UnixMilli(g.At).Add(e.config().GraveTime); time.Now().Before(due) {
-		return due, nil
-	}
-	if err := e.store.DeleteIfMatch(ctx, k, etag); err != nil && !errors.Is(err, segment.ErrPreconditionFailed) {
-		return time.Time{}, fmt.Errorf("remove the grave at %s: %w", k, err)
-	}
-	return time.Time{}, nil
-}
 
 // ListDocs returns the keys (without the subs/ prefix) of every document
 // whose key starts with prefix, deleted ones' graves included (GetDoc
