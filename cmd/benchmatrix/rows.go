@@ -78,7 +78,12 @@ var rowSettings = map[string]settings{
 			"alternated, three rounds): classic group commit, one WAL upload in flight at a time and the next starting as it lands (a " +
 			"throwaway build with the writer's MaxInFlight at 1, flush_interval 1ms, with and without flush_quiet 300us): 6,061-6,608 and " +
 			"6,233-6,590 appends/s against 6,613-6,913 for this row's tuning, with twice the WAL PUTs (a lone upload lands in about 1.5 ms on " +
-			"idle cores, but the PUTs back to back take the CPU the HTTP side needs)"},
+			"idle cores, but the PUTs back to back take the CPU the HTTP side needs). On 2026-12-04 (the rig, 10-15 s each): flush_interval 3, 4 " +
+			"and 5 ms gave 8,517, 8,937 and 7,995-8,694 appends/s, 7 ms a p50 of 7.8 ms against 6.3-6.4; at 5 ms the WAL went out 143 times a " +
+			"second, not 200, about 56 appends each, its PUTs averaging 4.27 ms in Caddy's upload histogram against 0.75 ms for the same 56 KiB " +
+			"conditional PUT straight to versitygw and 1.06 ms through the proxy on the idle box. The acknowledgements of one batch come back " +
+			"after the interval has passed, so the uploads clock themselves at PUT plus the writers' round trip plus flush_quiet, whatever the " +
+			"interval: the row would need a PUT that keeps its idle latency with the box 70% busy"},
 	"1-defaults": {Note: "flush_interval 20ms: at most 50 WAL PUTs/s; latency is about the interval plus a PUT"},
 	"2": {Directives: []string{"flush_interval 60ms"},
 		Note: "Tuned for cost: flush_interval 60ms caps WAL PUTs at about 17/s. Compaction costs one data PUT and one metadata PUT per " +
@@ -215,7 +220,11 @@ var rowSettings = map[string]settings{
 			"to the reader, 22% in the socket reads from versitygw, 15% in the S3 SDK's handling of each GET (about 280 us per GET: " +
 			"middleware, endpoint resolution, signing) and 6.5% in the CRC. GETs signed with the SDK's own v4 signer and sent on the same " +
 			"HTTP client, skipping its middleware: Caddy's CPU per read 9-10% lower (lower in 21 of 22 alternated pairs), MiB/s +3.5%, " +
-			"inside the spread; not landed, as a second S3 client to keep correct for every store and endpoint form is a poor trade for that"},
+			"inside the spread; not landed, as a second S3 client to keep correct for every store and endpoint form is a poor trade for that. On 2026-12-04 (the rig, fresh Caddy, perf): 11% of Caddy's samples in the " +
+			"CRC-32C (about 6 GB/s over bytes the socket copy had just written), 17% in that copy and 7.5% in the page faults it takes. The " +
+			"faults (6,400-7,600 per read) are the heap growing by the cold cache's 24 MiB, not buffers failing to come back: a build that " +
+			"dropped each cold object from the cache once the reader moved past it still took 7,596, and one that capped cold objects at " +
+			"6 MiB evicted the read-ahead's objects before they were read (189-280 MiB/s)"},
 	"7-warm": {Directives: []string{"compact_interval 2s"},
 		Note: "The process of row 7's timed read, right after it: its heap has grown and its connections to versitygw are open. " +
 			"Cold objects leave its cache as the reader moves past them, so the objects come from versitygw again (the same second read through " +
