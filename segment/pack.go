@@ -40,9 +40,12 @@ type PackRef struct {
 
 // EncodePack lays out entries and their index as one pack object; index
 // is handed the span of every entry. It returns the object and the
-// reference the manifest keeps (its Key left for the caller).
-func EncodePack(entries []*Entry, index func([]Span) []byte) ([]byte, PackRef) {
-	size := len(packMagic) + 1
+// reference the manifest keeps (its Key left for the caller). indexHint is
+// the caller's guess at the index's length: the object is allocated once
+// with room for it, where an index that did not fit would copy the whole
+// pack (megabytes) into a buffer twice its size.
+func EncodePack(entries []*Entry, indexHint int, index func([]Span) []byte) ([]byte, PackRef) {
+	size := len(packMagic) + 1 + max(indexHint, 0)
 	for _, e := range entries {
 		size += entrySize(e)
 	}

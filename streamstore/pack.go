@@ -95,6 +95,11 @@ type packIndexEntry struct {
 	Repack bool        `json:"r,omitempty"`
 }
 
+// packIndexBytes is about what a pack index entry takes besides its
+// stream's name and ID (JSON field names, numbers, a writer state without
+// producers): EncodePack's hint.
+const packIndexBytes = 320
+
 // packJob is a stream whose runs [from, to) are to be packed: its new WAL
 // runs, and with repack its pack runs before them too (from is 0).
 type packJob struct {
@@ -302,7 +307,11 @@ func (e *Engine) writePack(ctx context.Context, jobs []*packJob, end walPos) err
 		entries[i] = j.ent
 	}
 	var spans []segment.Span
-	data, ref := segment.EncodePack(entries, func(sp []segment.Span) []byte {
+	hint := 0
+	for _, j := range jobs {
+		hint += packIndexBytes + len(j.s.name) + len(j.ent.StreamID)
+	}
+	data, ref := segment.EncodePack(entries, hint, func(sp []segment.Span) []byte {
 		spans = sp
 		idx := make([]packIndexEntry, len(jobs))
 		for i, j := range jobs {
