@@ -2,6 +2,7 @@ package streamstore
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/picomq/caddy-picomq/segment"
@@ -43,5 +44,26 @@ func TestCacheBoundsColdObjects(t *testing.T) {
 	c.put("wal/b@0", block(1<<20))
 	if c.used > 2<<20 || c.coldUsed > c.used {
 		t.Fatalf("after shrinking: used %d, cold %d", c.used, c.coldUsed)
+	}
+}
+
+// Run keys are what the cache, compaction and readers agree on: the
+// object's key and the run's offset in it, and nothing else.
+func TestRunCacheKey(t *testing.T) {
+	for _, tc := range []struct {
+		key  string
+		off  int64
+		want string
+	}{
+		{"wal/0000000000000001/0000000000000002", 0, "wal/0000000000000001/0000000000000002@0"},
+		{"wal/0000000000000001/0000000000000002", 1234567, "wal/0000000000000001/0000000000000002@1234567"},
+		{"pack/" + strings.Repeat("k", 200), 42, "pack/" + strings.Repeat("k", 200) + "@42"},
+	} {
+		if got := runCacheKey(tc.key, segment.Span{Off: tc.off}); got != tc.want {
+			t.Errorf("runCacheKey(%q, %d) = %q, want %q", tc.key, tc.off, got, tc.want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = runCacheKey("wal/0000000000000001/0000000000000002", segment.Span{Off: 99}) }); n > 1 {
+		t.Errorf("runCacheKey allocates %v times per call; want 1", n)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -936,8 +937,15 @@ func (h hooks) Aborted(b *segment.Batch, err error) {
 // start with "wal/"), which tells them from data objects in the cache.
 const walCachePrefix = "wal/"
 
+// runCacheKey names the run of key at sp in the cache: key@offset. Built
+// for every entry an append commits and again when compaction takes it,
+// so with one allocation, not Sprintf's three.
 func runCacheKey(key string, sp segment.Span) string {
-	return fmt.Sprintf("%s@%d", key, sp.Off)
+	var b [96]byte
+	n := append(b[:0], key...)
+	n = append(n, '@')
+	n = strconv.AppendInt(n, sp.Off, 10)
+	return string(n)
 }
 
 // replayMetaLoads is how many metadata objects a replay reads at once. One
