@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -246,4 +247,33 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += n
 	return n, err
+}
+
+// The common headers of one response share a backing array; a later
+// handler that adds to one of them must not change the others, nor those
+// of another response.
+func TestCommonHeadersIndependent(t *testing.T) {
+	a, b := http.Header{}, http.Header{}
+	setCommonHeaders(a)
+	setCommonHeaders(b)
+	a.Add("X-Content-Type-Options", "extra")
+	a["Access-Control-Allow-Origin"][0] = "https://example.com"
+	for _, tc := range []struct {
+		h    http.Header
+		name string
+		want []string
+	}{
+		{a, "X-Content-Type-Options", []string{"nosniff", "extra"}},
+		{a, "Cross-Origin-Resource-Policy", []string{"cross-origin"}},
+		{a, "Access-Control-Allow-Origin", []string{"https://example.com"}},
+		{a, "Access-Control-Expose-Headers", []string{exposedHeaders}},
+		{b, "X-Content-Type-Options", []string{"nosniff"}},
+		{b, "Cross-Origin-Resource-Policy", []string{"cross-origin"}},
+		{b, "Access-Control-Allow-Origin", []string{"*"}},
+		{b, "Access-Control-Expose-Headers", []string{exposedHeaders}},
+	} {
+		if got := tc.h.Values(tc.name); !slices.Equal(got, tc.want) {
+			t.Errorf("%s = %q, want %q", tc.name, got, tc.want)
+		}
+	}
 }
