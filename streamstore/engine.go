@@ -94,6 +94,7 @@ type Engine struct {
 	log   *zap.Logger
 
 	appendHook atomic.Pointer[AppendHook] // told of durable appends (notify.go)
+	deadlines  deadlines                  // appends' waits for their batches
 	man        *segment.Manifests
 	cache      *blockCache
 

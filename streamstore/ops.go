@@ -403,8 +403,6 @@ func (e *Engine) addError(err error) error {
 // answers "unavailable" but leaves the entry in the writer: its fate is
 // settled in order, and the stream's tail moves only when it is.
 func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
-	t := time.NewTimer(e.config().AppendTimeout)
-	defer t.Stop()
 	select {
 	case <-b.Done():
 		err := b.Err()
@@ -420,7 +418,7 @@ func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
 		default:
 			return fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
-	case <-t.C:
+	case <-e.deadlines.after(e.config().AppendTimeout):
 		return fmt.Errorf("%w: %w", ErrUnavailable, ErrUnconfirmed)
 	case <-ctx.Done():
 		return ctx.Err()
@@ -480,7 +478,7 @@ func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*s
 
 // Append appends to the stream and returns once the append is durable.
 func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (AppendResult, error) {
-	var timeout <-chan time.Time // set at the first wait
+	var timeout <-chan struct{} // set at the first wait
 	for {
 		s, err := e.live(ctx, name)
 		if err != nil {
@@ -499,9 +497,7 @@ func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (Ap
 		// the time an append of its own would wait: a repeat is no more
 		// certain than the attempt it repeats.
 		if timeout == nil {
-			t := time.NewTimer(e.config().AppendTimeout)
-			defer t.Stop()
-			timeout = t.C
+			timeout = e.deadlines.after(e.config().AppendTimeout)
 		}
 		select {
 		case <-wait:
