@@ -451,14 +451,14 @@ type stream struct {
 	etag    string
 	durable writerState
 	pend    writerState
-	pending int      // entries in flight
-	runs    []walRun // committed entries not yet in data objects, by seq
-	changed chan struct{}
-	gone    bool         // deleted or expired: the handle is dead
-	evicted bool         // dropped from memory: look the stream up again
-	waiters atomic.Int32 // live readers waiting in Wait
-	touched int64        // last access (ms), for a sliding TTL
-	used    atomic.Int64 // last lookup (Unix ns), for eviction
+	pending int           // entries in flight
+	runs    []walRun      // committed entries not yet in data objects, by seq
+	changed chan struct{} // closed at the next change; nil until someone waits
+	gone    bool          // deleted or expired: the handle is dead
+	evicted bool          // dropped from memory: look the stream up again
+	waiters atomic.Int32  // live readers waiting in Wait
+	touched int64         // last access (ms), for a sliding TTL
+	used    atomic.Int64  // last lookup (Unix ns), for eviction
 
 	uploading chan struct{} // closed when a large append's blob upload ends
 
@@ -541,10 +541,22 @@ func (s *stream) forkBase() uint64 {
 	return 0
 }
 
-// notifyLocked wakes every waiter of the stream.
+// notifyLocked wakes every waiter of the stream. The next channel is made
+// only when a waiter asks for it (changedLocked): most commits have none,
+// and this runs for every stream in every batch.
 func (s *stream) notifyLocked() {
-	close(s.changed)
-	s.changed = make(chan struct{})
+	if s.changed != nil {
+		close(s.changed)
+		s.changed = nil
+	}
+}
+
+// changedLocked returns a channel closed at the stream's next change.
+func (s *stream) changedLocked() <-chan struct{} {
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	return s.changed
 }
 
 // expiredLocked reports whether the stream's TTL or deadline has passed.
@@ -594,7 +606,6 @@ func newStream(name string, m *metaObject, etag string) *stream {
 		etag:    etag,
 		durable: m.State,
 		pend:    m.State,
-		changed: make(chan struct{}),
 		touched: max(m.State.AccessedAt, m.CreatedAt),
 	}
 	s.used.Store(time.Now().UnixNano())

@@ -549,7 +549,7 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		// The close is still on its way and may yet roll back: answer,
 		// whether success for a repeated close or refusal for an append,
 		// once its fate is known.
-		ch := s.changed
+		ch := s.changedLocked()
 		s.mu.Unlock()
 		return AppendResult{}, ch, nil
 	}
@@ -804,7 +804,7 @@ func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, <-chan s
 		durable = true
 	}
 	if !durable {
-		ch := s.changed
+		ch := s.changedLocked()
 		s.mu.Unlock()
 		return AppendResult{}, ch, nil
 	}
@@ -877,7 +877,7 @@ func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, e
 			s.mu.Unlock()
 			return info, nil
 		}
-		ch := s.changed
+		ch := s.changedLocked()
 		s.waiters.Add(1)
 		s.mu.Unlock()
 		select {
