@@ -31,8 +31,8 @@ func (p position) before(q position) bool {
 // String encodes p as the opaque offset token clients see.
 func (p position) String() string {
 	// Every response and SSE control event carries one: no fmt.
-	b := make([]byte, 0, 2*offsetDigits+1)
-	b = appendPadded(b, p.seq)
+	var buf [2*offsetDigits + 1]byte
+	b := appendPadded(buf[:0], p.seq)
 	b = append(b, '_')
 	return string(appendPadded(b, p.off))
 }

@@ -34,6 +34,11 @@ func TestPositionStringIsPadded(t *testing.T) {
 			t.Errorf("%v.String() = %q, want %q", p, got, want)
 		}
 	}
+	// Every append's response carries one: the string itself is the only
+	// allocation.
+	if n := testing.AllocsPerRun(100, func() { _ = position{7, 123}.String() }); n > 1 {
+		t.Errorf("position.String allocates %v times; want 1", n)
+	}
 }
 
 func TestOffsetsSortLikePositions(t *testing.T) {
