@@ -370,10 +370,14 @@ func TestSettingsTable(t *testing.T) {
 		t.Errorf("settings string %q", got)
 	}
 	cf := caddyPicoMQ(8080, "s3://b/picomq?region=us-east-1&path_style=true&endpoint=http://127.0.0.1:9", []string{"flush_interval 2ms"})
-	for _, want := range []string{"admin off", "persist_config off", "http://:8080", "bind 127.0.0.1", "\t\t\tflush_interval 2ms\n", `storage "s3://b/picomq?`} {
+	for _, want := range []string{"admin off", "persist_config off", "http://:8080", "bind 127.0.0.1", "\t\tflush_interval 2ms\n", `storage "s3://b/picomq?`} {
 		if !strings.Contains(cf, want) {
 			t.Errorf("Caddyfile lacks %q:\n%s", want, cf)
 		}
+	}
+	// As the README configures it: no route block (a subroute per request).
+	if strings.Contains(cf, "route") {
+		t.Errorf("Caddyfile wraps picomq in a route:\n%s", cf)
 	}
 	if strings.Count(cf, "{") != strings.Count(cf, "}") {
 		t.Errorf("unbalanced braces:\n%s", cf)

@@ -146,15 +146,17 @@ http://:%d {
 }
 
 // caddyPicoMQ is the Caddyfile of a PicoMQ instance on storage with extra
-// picomq directives.
+// picomq directives. The directive sits in the site block as the README
+// shows it and as the ceiling's respond does: a route block around it
+// would compile a subroute on every request, a cost users do not pay.
 func caddyPicoMQ(port int, storage string, directives []string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "{\n\tadmin off\n\tpersist_config off\n}\n\nhttp://:%d {\n\tbind 127.0.0.1\n\troute {\n\t\tpicomq {\n", port)
-	fmt.Fprintf(&b, "\t\t\tstorage %q\n", storage)
+	fmt.Fprintf(&b, "{\n\tadmin off\n\tpersist_config off\n}\n\nhttp://:%d {\n\tbind 127.0.0.1\n\tpicomq {\n", port)
+	fmt.Fprintf(&b, "\t\tstorage %q\n", storage)
 	for _, d := range directives {
-		fmt.Fprintf(&b, "\t\t\t%s\n", d)
+		fmt.Fprintf(&b, "\t\t%s\n", d)
 	}
-	b.WriteString("\t\t}\n\t}\n}\n")
+	b.WriteString("\t}\n}\n")
 	return b.String()
 }
 
