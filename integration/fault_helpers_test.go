@@ -66,19 +66,32 @@ type fhOptions struct {
 	// Client is the HTTP client for requests to Caddy; nil gives one with
 	// a 2-minute timeout.
 	Client *http.Client
+	// TLS serves versitygw over HTTPS, its authority given to Caddy in
+	// AWS_CA_BUNDLE, and points Caddy straight at it: the proxy speaks
+	// plain HTTP, so there is none (proxy is nil: no counts, no faults).
+	TLS bool
 }
 
 // fhStart starts versitygw, a proxy in front of it, and Caddy on a fresh
-// bucket reached through the proxy. Everything is stopped and removed when
-// the test ends.
+// bucket reached through the proxy (with o.TLS, versitygw over HTTPS and
+// no proxy). Everything is stopped and removed when the test ends.
 func fhStart(t testing.TB, o fhOptions) *fhEnv {
 	t.Helper()
-	v := testenv.NewVersity(t)
-	p, err := testenv.NewProxy(v.Endpoint)
-	if err != nil {
-		t.Fatalf("S3 proxy: %v", err)
+	var v *testenv.Versity
+	var p *testenv.Proxy
+	endpoint := ""
+	if o.TLS {
+		v = testenv.NewVersityTLS(t)
+		endpoint = v.Endpoint
+	} else {
+		v = testenv.NewVersity(t)
+		var err error
+		if p, err = testenv.NewProxy(v.Endpoint); err != nil {
+			t.Fatalf("S3 proxy: %v", err)
+		}
+		t.Cleanup(func() { p.Close() })
+		endpoint = p.URL()
 	}
-	t.Cleanup(func() { p.Close() })
 	bucket := v.NewBucket(t)
 	e := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, client: o.Client}
 	if e.client == nil {
@@ -87,7 +100,7 @@ func fhStart(t testing.TB, o fhOptions) *fhEnv {
 	e.directives = append(append([]string(nil), o.Directives...), o.Optional...)
 	for attempt := 0; attempt <= len(o.Optional); attempt++ {
 		c, err := caddytest.Launch(t, caddytest.Options{
-			Storage:    testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix),
+			Storage:    testenv.StoreURL(endpoint, bucket, caddytest.S3Prefix),
 			Directives: e.directives,
 			Env:        caddytest.S3Env(v),
 		})

@@ -40,6 +40,20 @@ func TestS3StoreContract(t *testing.T) {
 	})
 }
 
+// TestS3StoreContractTLS runs the contract against versitygw over HTTPS,
+// as S3 in the cloud is reached. Over TLS the SDK signs requests without
+// their bodies (UNSIGNED-PAYLOAD; over plain HTTP it signs the body's
+// SHA-256), and the server's certificate comes from AWS_CA_BUNDLE, which
+// the store's transport must honour.
+func TestS3StoreContractTLS(t *testing.T) {
+	v := testenv.NewVersityTLS(t)
+	t.Setenv("AWS_CA_BUNDLE", v.CAFile)
+	bucket := v.NewBucket(t)
+	storetest.Run(t, func(t *testing.T) segment.Store {
+		return openS3(t, v, v.Endpoint, bucket, segment.OpenOptions{})
+	})
+}
+
 // TestS3StorePrefixIsolation checks that keys live under the URL's prefix
 // and that stores on neighbouring prefixes do not see each other.
 func TestS3StorePrefixIsolation(t *testing.T) {

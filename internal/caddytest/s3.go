@@ -22,15 +22,22 @@ func S3Storage(t testing.TB, v *testenv.Versity, endpointURL string) string {
 }
 
 // S3Env is the environment that gives the child Caddy v's credentials
-// through the AWS SDK's standard chain.
+// through the AWS SDK's standard chain, and for a server over TLS the
+// authority that signed its certificate.
 func S3Env(v *testenv.Versity) []string {
 	region := v.Region
 	if region == "" {
 		region = testenv.VersityRegion
 	}
-	return []string{
+	env := []string{
 		"AWS_ACCESS_KEY_ID=" + v.AccessKey,
 		"AWS_SECRET_ACCESS_KEY=" + v.SecretKey,
 		"AWS_REGION=" + region,
 	}
+	if v.CAFile != "" {
+		// The SDK's own setting for a private authority, as a user of an
+		// S3-compatible store with an in-house certificate would set it.
+		env = append(env, "AWS_CA_BUNDLE="+v.CAFile)
+	}
+	return env
 }

@@ -44,7 +44,10 @@ const (
 // Versity is a running versitygw server with the posix backend: each bucket
 // is a folder under Dir.
 type Versity struct {
-	Endpoint  string // http://127.0.0.1:PORT
+	Endpoint string // http://127.0.0.1:PORT, or https:// with TLS
+	// CAFile, with TLS, is the PEM file of the authority that signed the
+	// server's certificate (for AWS_CA_BUNDLE); empty without TLS.
+	CAFile    string
 	AccessKey string
 	SecretKey string
 	Region    string
@@ -55,6 +58,7 @@ type Versity struct {
 	exited   chan struct{}
 	waitErr  error
 	output   *limitedBuffer
+	tls      *testTLS // nil: plain HTTP
 	ownDir   bool
 	stopOnce sync.Once
 	stopErr  error
@@ -64,9 +68,26 @@ type Versity struct {
 // when the test ends. It fails the test if the server cannot be started.
 func NewVersity(t testing.TB) *Versity {
 	t.Helper()
+	return newVersity(t, false)
+}
+
+// NewVersityTLS is NewVersity serving HTTPS, with a certificate for
+// 127.0.0.1 from an authority made for this server alone (its PEM in
+// CAFile), as S3 in the cloud is always reached.
+func NewVersityTLS(t testing.TB) *Versity {
+	t.Helper()
+	return newVersity(t, true)
+}
+
+func newVersity(t testing.TB, withTLS bool) *Versity {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	v, err := StartVersity(ctx, t.TempDir())
+	start := StartVersity
+	if withTLS {
+		start = StartVersityTLS
+	}
+	v, err := start(ctx, t.TempDir())
 	if err != nil {
 		t.Fatalf("testenv: start versitygw: %v", err)
 	}
@@ -84,6 +105,17 @@ func NewVersity(t testing.TB) *Versity {
 // directory, and installed with `go install` when missing (about two minutes
 // the first time). Call Stop when done.
 func StartVersity(ctx context.Context, dir string) (*Versity, error) {
+	return startVersity(ctx, dir, false)
+}
+
+// StartVersityTLS is StartVersity serving HTTPS (see NewVersityTLS). The
+// certificate files are written beside dir's buckets, in a folder of their
+// own that Stop removes.
+func StartVersityTLS(ctx context.Context, dir string) (*Versity, error) {
+	return startVersity(ctx, dir, true)
+}
+
+func startVersity(ctx context.Context, dir string, withTLS bool) (*Versity, error) {
 	bin, err := VersityBinary(ctx)
 	if err != nil {
 		return nil, err
@@ -98,11 +130,20 @@ func StartVersity(ctx context.Context, dir string) (*Versity, error) {
 	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
+	var tt *testTLS
+	if withTLS {
+		if tt, err = newTestTLS(); err != nil {
+			if ownDir {
+				os.RemoveAll(dir)
+			}
+			return nil, err
+		}
+	}
 	var lastErr error
 	// A port found free can be taken by someone else before versitygw binds
 	// it; try a few ports before giving up.
 	for attempt := 0; attempt < 5; attempt++ {
-		v, err := startVersityOnce(ctx, bin, dir)
+		v, err := startVersityOnce(ctx, bin, dir, tt)
 		if err == nil {
 			v.ownDir = ownDir
 			return v, nil
@@ -115,19 +156,26 @@ func StartVersity(ctx context.Context, dir string) (*Versity, error) {
 	if ownDir {
 		os.RemoveAll(dir)
 	}
+	if tt != nil {
+		tt.remove()
+	}
 	return nil, lastErr
 }
 
 var errPortInUse = errors.New("port in use")
 
-func startVersityOnce(ctx context.Context, bin, dir string) (*Versity, error) {
+func startVersityOnce(ctx context.Context, bin, dir string, tt *testTLS) (*Versity, error) {
 	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	scheme := "http://"
+	if tt != nil {
+		scheme = "https://"
+	}
 	v := &Versity{
-		Endpoint:  "http://" + addr,
+		Endpoint:  scheme + addr,
 		AccessKey: VersityAccessKey,
 		SecretKey: VersitySecretKey,
 		Region:    VersityRegion,
@@ -135,10 +183,16 @@ func startVersityOnce(ctx context.Context, bin, dir string) (*Versity, error) {
 		Port:      port,
 		exited:    make(chan struct{}),
 		output:    &limitedBuffer{max: 64 << 10},
+		tls:       tt,
+	}
+	args := []string{"--port", addr, "--keep-alive", "--quiet"}
+	if tt != nil {
+		v.CAFile = tt.caFile
+		args = append(args, "--cert", tt.certFile, "--key", tt.keyFile)
 	}
 	// Not CommandContext: the context bounds the start-up, not the life of
 	// the server.
-	cmd := exec.Command(bin, "--port", addr, "--keep-alive", "--quiet", "posix", dir)
+	cmd := exec.Command(bin, append(args, "posix", dir)...)
 	// A clean environment: settings such as VGW_PORT or LOGFILE in the
 	// caller's environment would otherwise change the server.
 	cmd.Env = []string{
@@ -174,7 +228,8 @@ func startVersityOnce(ctx context.Context, bin, dir string) (*Versity, error) {
 func (v *Versity) waitReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	client := &http.Client{Timeout: 2 * time.Second}
+	client := &http.Client{Timeout: 2 * time.Second, Transport: v.transport()}
+	defer client.CloseIdleConnections()
 	delay := 5 * time.Millisecond
 	for {
 		select {
@@ -228,6 +283,11 @@ func (v *Versity) Stop() error {
 				v.stopErr = err
 			}
 		}
+		if v.tls != nil {
+			if err := v.tls.remove(); err != nil && v.stopErr == nil {
+				v.stopErr = err
+			}
+		}
 	})
 	return v.stopErr
 }
@@ -247,14 +307,18 @@ func (v *Versity) Client() *s3.Client { return v.ClientVia(v.Endpoint) }
 // Proxy in front of the server (it keeps the Host header, so signatures
 // hold).
 func (v *Versity) ClientVia(endpoint string) *s3.Client {
-	return s3.New(s3.Options{
+	opts := s3.Options{
 		Region:                     v.Region,
 		BaseEndpoint:               aws.String(endpoint),
 		UsePathStyle:               true,
 		Credentials:                credentials.NewStaticCredentialsProvider(v.AccessKey, v.SecretKey, ""),
 		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
 		ResponseChecksumValidation: aws.ResponseChecksumValidationWhenRequired,
-	})
+	}
+	if v.tls != nil {
+		opts.HTTPClient = &http.Client{Transport: v.transport()}
+	}
+	return s3.New(opts)
 }
 
 // CreateBucket creates a bucket (3 to 63 lowercase letters, digits, '-').
