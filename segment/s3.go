@@ -3,6 +3,7 @@ package segment
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -650,6 +651,12 @@ func classify(err error) (retry, maybeApplied bool) {
 		default:
 			return false, false
 		}
+	}
+	// The server's certificate failed verification: a setting to fix
+	// (AWS_CA_BUNDLE, the endpoint's host name), which no retry changes.
+	var certErr *tls.CertificateVerificationError
+	if errors.As(err, &certErr) {
+		return false, false
 	}
 	// No HTTP answer: a transport error.
 	var opErr *net.OpError

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -52,6 +53,29 @@ func TestS3StoreContractTLS(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) segment.Store {
 		return openS3(t, v, v.Endpoint, bucket, segment.OpenOptions{})
 	})
+}
+
+// TestS3StoreRefusesUnknownCertificateAtOnce: a server whose certificate
+// does not verify is a setting to fix, reported by the first attempt with
+// the reason, not after five attempts and their backoff.
+func TestS3StoreRefusesUnknownCertificateAtOnce(t *testing.T) {
+	v := testenv.NewVersityTLS(t)
+	bucket := v.NewBucket(t)
+	t.Setenv("AWS_CA_BUNDLE", "")
+	os.Unsetenv("AWS_CA_BUNDLE")
+	stats := &segment.RequestStats{}
+	s := openS3(t, v, v.Endpoint, bucket, segment.OpenOptions{Stats: stats})
+	_, err := s.Put(context.Background(), "k", []byte("v"), segment.PutOptions{})
+	if err == nil || !strings.Contains(err.Error(), "x509") {
+		t.Fatalf("Put to a server with an unknown authority: %v, want a certificate error", err)
+	}
+	var n uint64
+	for _, o := range segment.Outcomes {
+		n += stats.Requests(segment.OpPut, o)
+	}
+	if n != 1 {
+		t.Fatalf("%d attempts, want 1: %v", n, err)
+	}
 }
 
 // TestS3StorePrefixIsolation checks that keys live under the URL's prefix
