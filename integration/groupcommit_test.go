@@ -292,3 +292,81 @@ func TestFlushQuietBurstSharesOneUpload(t *testing.T) {
 		})
 	}
 }
+
+// flush_size sends a batch as soon as it holds that many bytes, without
+// waiting out flush_interval: a burst of 8 KiB of appends right after an
+// upload goes out in 4 KiB batches at once, where by default it waits for
+// the interval and goes out as one.
+func TestFlushSizeSendsAFullBatchAtOnce(t *testing.T) {
+	const (
+		interval = 3 * time.Second
+		appends  = 8
+		record   = 1024
+	)
+	for _, tc := range []struct {
+		name string
+		size string // flush_size directive, if any
+		fast bool   // the burst is acknowledged well inside the interval
+	}{
+		{name: "default"},
+		{name: "4KiB", size: "flush_size 4KiB", fast: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dirs := []string{fmt.Sprintf("flush_interval %s", interval)}
+			if tc.size != "" {
+				dirs = append(dirs, tc.size)
+			}
+			e := fhStart(t, fhOptions{Directives: dirs, Optional: []string{"compact_interval 1h"}})
+			const ct = "application/octet-stream"
+			e.create("/size/s", ct)
+			// An idle writer sends the first append at once; its upload
+			// starts the interval the burst then falls in.
+			time.Sleep(interval + 200*time.Millisecond)
+			before := e.proxy.Counts().Containing("PUT", "/wal/")
+			e.append("/size/s", ct, []byte("lead"))
+
+			bodies := fhRandomRecords(41, appends, record)
+			start := time.Now()
+			var wg sync.WaitGroup
+			results := make([]fhResp, appends)
+			errs := make([]error, appends)
+			for i := range appends {
+				wg.Go(func() {
+					results[i], errs[i] = e.send(fhReq{Method: http.MethodPost, Path: "/size/s",
+						Header: map[string]string{"Content-Type": ct}, Body: bodies[i]})
+				})
+			}
+			wg.Wait()
+			took := time.Since(start)
+			for i := range appends {
+				if errs[i] != nil || results[i].Status != http.StatusNoContent {
+					t.Fatalf("append %d: %v %s", i, errs[i], results[i])
+				}
+			}
+			puts := e.proxy.Counts().Containing("PUT", "/wal/") - before - 1
+			t.Logf("%d appends of %d bytes after an upload: %d WAL PUTs, acknowledged in %s", appends, record, puts, took.Round(time.Millisecond))
+			if tc.fast {
+				if puts < 2 {
+					t.Errorf("%d WAL PUTs for %d KiB of appends, want 2 or more (one per 4 KiB)", puts, appends*record>>10)
+				}
+				if took > interval/2 {
+					t.Errorf("the burst took %s; want it sent as its batches filled, well before flush_interval %s", took, interval)
+				}
+			} else {
+				if puts != 1 {
+					t.Errorf("%d WAL PUTs for the burst, want 1 (one batch at the interval)", puts)
+				}
+				if took < interval/2 {
+					t.Errorf("the burst took %s; by default it waits for flush_interval %s", took, interval)
+				}
+			}
+			got, _, err := e.readBytes("/size/s")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len("lead")+appends*record {
+				t.Errorf("the stream holds %d bytes, want %d", len(got), len("lead")+appends*record)
+			}
+		})
+	}
+}
