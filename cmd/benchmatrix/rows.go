@@ -88,7 +88,10 @@ var rowSettings = map[string]settings{
 			"7,650 and 7,100 appends/s against 6,585 and 7,092: with four Go processes on two cores, a runtime that wakes a second processor " +
 			"for each readied goroutine pays for it in futex calls and spinning. A setting for a box that shares its cores with the S3 " +
 			"server, not for a deployment, so the matrix leaves it at the default; and the S3 proxy's CPU profile under this load (13% of a " +
-			"core) is mostly loopback syscalls and the scheduler, nothing the proxy itself could drop"},
+			"core) is mostly loopback syscalls and the scheduler, nothing the proxy itself could drop. Also on 2026-12-04 (the rig, 15 s " +
+			"each, alternated): versitygw and the proxy at nice -10, so that the S3 side's wake-ups are never queued behind Caddy's and " +
+			"the load generator's work, as a remote bucket's would not be: 6,914 and 6,194 appends/s against 7,432 and 6,948 at equal " +
+			"priority, no gain; the PUT's time under load is not the S3 processes waiting for a core"},
 	"1-defaults": {Note: "flush_interval 20ms: at most 50 WAL PUTs/s; latency is about the interval plus a PUT"},
 	"2": {Directives: []string{"flush_interval 60ms"},
 		Note: "Tuned for cost: flush_interval 60ms caps WAL PUTs at about 17/s. Compaction costs one data PUT and one metadata PUT per " +
