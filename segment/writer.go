@@ -268,6 +268,11 @@ func (w *Writer) Add(e *Entry) (*Batch, error) {
 	}
 	if w.open == nil {
 		w.open = &Batch{done: make(chan struct{})}
+		// A wish to flush belongs to the batch open when it was made. One
+		// left by a batch doomed with a failed upload, or by a Flush with
+		// nothing open, would keep this batch from arming its timer, and
+		// with no upload in flight to seal it, it would never go out.
+		w.wantFlush = false
 	}
 	b := w.open
 	b.Entries = append(b.Entries, e)

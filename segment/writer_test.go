@@ -441,3 +441,100 @@ func TestWriterReusesUploaders(t *testing.T) {
 		t.Errorf("%d uploaders left after Close, want 0", got)
 	}
 }
+
+// failFirstWALPut holds the first WAL PUT until release is closed and then
+// fails it; every other PUT, the seal's included, goes through.
+type failFirstWALPut struct {
+	segment.Store
+	release chan struct{}
+	mu      sync.Mutex
+	taken   bool
+}
+
+func (s *failFirstWALPut) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	s.mu.Lock()
+	first := !s.taken && strings.HasPrefix(key, "wal/")
+	s.taken = s.taken || first
+	s.mu.Unlock()
+	if first {
+		<-s.release
+		return "", errors.New("injected upload failure")
+	}
+	return s.Store.Put(ctx, key, data, opts)
+}
+
+// A wish to flush belongs to the batch that is open when it is made. A
+// batch that wanted out while every upload slot was busy, and was then
+// doomed with the failed upload ahead of it, left the wish behind; so did
+// a Flush with nothing open. The next batch took it for its own upload
+// already asked for, armed no timer, and never went out: every append
+// after the writer recovered waited for its timeout.
+func TestWriterFlushWishDoesNotOutliveItsBatch(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		prepare func(t *testing.T, w *segment.Writer, store *failFirstWALPut)
+	}{
+		{"batch doomed by a failed upload", func(t *testing.T, w *segment.Writer, store *failFirstWALPut) {
+			held, err := w.Add(testEntry(0)) // goes out at once and is held
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond)
+			// Opens a batch whose interval passes while the one slot is taken.
+			waiting, err := w.Add(testEntry(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			close(store.release)
+			for _, b := range []*segment.Batch{held, waiting} {
+				<-b.Done()
+				if b.Err() == nil {
+					t.Fatal("a batch behind the failed upload committed")
+				}
+			}
+		}},
+		{"Flush with nothing open", func(t *testing.T, w *segment.Writer, store *failFirstWALPut) {
+			store.mu.Lock()
+			store.taken = true // no upload fails here
+			store.mu.Unlock()
+			w.Flush()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := &failFirstWALPut{Store: memstore.New(), release: make(chan struct{})}
+			w := segment.NewWriter(store, 1, 0,
+				segment.WriterConfig{FlushInterval: 5 * time.Millisecond, MaxInFlight: 1},
+				segment.WriterDeps{Hooks: noHooks{}, NewNamespace: func(context.Context) (uint64, error) { return 2, nil }})
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				_ = w.Close(ctx)
+			})
+			tc.prepare(t, w, store)
+			// Once the writer takes entries again (after a failure, in a
+			// new namespace), the next one goes out within the interval.
+			var b *segment.Batch
+			deadline := time.Now().Add(2 * time.Second)
+			for {
+				var err error
+				if b, err = w.Add(testEntry(0)); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the writer never took entries again: %v", err)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			select {
+			case <-b.Done():
+				if err := b.Err(); err != nil {
+					t.Fatalf("the next batch: %v", err)
+				}
+			case <-time.After(3 * time.Second):
+				ns, seq := w.Position()
+				t.Fatalf("the next batch was not uploaded within 3 s at flush_interval 5ms (writer at namespace %d, seq %d)", ns, seq)
+			}
+		})
+	}
+}
