@@ -81,7 +81,7 @@ func parseExpiry(h http.Header, now time.Time) (streamstore.Expiry, error) {
 		x.TTL = d
 	}
 	if hasAt {
-		t, err := time.Parse(time.RFC3339Nano, at)
+		t, err := parseRFC3339(at)
 		if err != nil {
 			return x, fmt.Errorf("Stream-Expires-At must be an RFC 3339 timestamp, got %q", at)
 		}
@@ -93,6 +93,13 @@ func parseExpiry(h http.Header, now time.Time) (streamstore.Expiry, error) {
 		}
 	}
 	return x, nil
+}
+
+// parseRFC3339 parses an RFC 3339 timestamp, fractional seconds optional.
+// RFC 3339 lets its "T" and "Z" be lower case (section 5.6), which Go's
+// layout does not; the syntax has no other letters.
+func parseRFC3339(v string) (time.Time, error) {
+	return time.Parse(time.RFC3339Nano, strings.ToUpper(v))
 }
 
 // checkFuture refuses an expiry instant at or before now: the stream would

@@ -52,6 +52,8 @@ func TestParseExpiry(t *testing.T) {
 		// Milliseconds are what the engine keeps.
 		"2030-01-02T03:04:05.123456Z":    time.Date(2030, 1, 2, 3, 4, 5, 123e6, time.UTC),
 		"2030-01-02T03:04:05.999999999Z": time.Date(2030, 1, 2, 3, 4, 5, 999e6, time.UTC),
+		// RFC 3339 section 5.6 allows a lower-case t and z.
+		"2030-01-02t03:04:05z": time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC),
 	} {
 		h.Set("Stream-Expires-At", in)
 		x, err := parseExpiry(h, now)

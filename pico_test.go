@@ -297,6 +297,7 @@ func TestParsePicoExpiry(t *testing.T) {
 		{"2001-01-01T00:00:00Z", time.Time{}},
 		{strconv.FormatInt(now.UnixMilli()+1, 10), now.Add(time.Millisecond)},
 		{"2099-01-02T03:04:05.678999Z", time.Date(2099, 1, 2, 3, 4, 5, 678e6, time.UTC)},
+		{"2099-01-02t03:04:05z", time.Date(2099, 1, 2, 3, 4, 5, 0, time.UTC)},
 	} {
 		x, err := parsePicoExpiry(http.Header{"Pico-Expires-At": {tc.at}}, now)
 		switch {

@@ -154,7 +154,7 @@ func parseInstant(v string) (time.Time, error) {
 		}
 		return time.UnixMilli(int64(n)).UTC(), nil
 	}
-	t, err := time.Parse(time.RFC3339Nano, v)
+	t, err := parseRFC3339(v)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("Pico-Expires-At must be an RFC 3339 timestamp or Unix milliseconds, got %q", v)
 	}
