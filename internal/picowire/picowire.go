@@ -209,6 +209,11 @@ func DecodeJSON(data []byte) ([]Record, error) {
 		if key != "records" {
 			return skipValue(dec)
 		}
+		if seen {
+			// encoding/json would keep the last array, this loop would
+			// append both: refuse a batch that means two things.
+			return malformed("records given twice")
+		}
 		seen = true
 		if err := expectDelim(dec, '['); err != nil {
 			return malformed("records must be an array")
@@ -240,8 +245,11 @@ func DecodeJSON(data []byte) ([]Record, error) {
 
 func jsonRecord(dec *json.Decoder) (Record, error) {
 	var rec Record
-	var hasBody, hasB64 bool
+	var hasBody, hasB64, hasHeaders bool
 	err := object(dec, func(key string) error {
+		if (key == "body" && hasBody) || (key == "body_b64" && hasB64) || (key == "headers" && hasHeaders) {
+			return malformed("a record has %s twice", key)
+		}
 		switch key {
 		case "body":
 			s, err := stringValue(dec, "body")
@@ -259,6 +267,7 @@ func jsonRecord(dec *json.Decoder) (Record, error) {
 			rec.Body, hasB64 = b, true
 			return nil
 		case "headers":
+			hasHeaders = true
 			return object(dec, func(name string) error {
 				v, err := stringValue(dec, "header "+strconv.Quote(name))
 				rec.Headers = append(rec.Headers, segment.Header{Name: name, Value: v})

@@ -93,6 +93,10 @@ func TestDecodeJSONMalformed(t *testing.T) {
 		"both bodies":     `{"records":[{"body":"a","body_b64":"AA=="}]}`,
 		"invalid utf8":    "{\"records\":[{\"body\":\"\xff\"}]}",
 		"trailing":        `{"records":[{"body":"a"}]} {}`,
+		"records twice":   `{"records":[{"body":"a"}],"records":[{"body":"b"}]}`,
+		"body twice":      `{"records":[{"body":"a","body":"b"}]}`,
+		"body_b64 twice":  `{"records":[{"body_b64":"AA==","body_b64":"AQ=="}]}`,
+		"headers twice":   `{"records":[{"body":"a","headers":{"k":"1"},"headers":{"k":"2"}}]}`,
 	}
 	for name, data := range cases {
 		t.Run(name, func(t *testing.T) {
