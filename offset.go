@@ -2,6 +2,8 @@ package picomq
 
 import (
 	"errors"
+	"math"
+	"math/big"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -92,13 +94,8 @@ func parseOffset(s string) (readOffset, error) {
 // parseDigits parses a run of ASCII digits; strconv alone would also take a
 // sign or underscores.
 func parseDigits(s string) (uint64, bool) {
-	if s == "" {
+	if s == "" || !allDigits(s) {
 		return 0, false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
 	}
 	n, err := strconv.ParseUint(s, 10, 64)
 	return n, err == nil
@@ -128,13 +125,31 @@ func cursorAt(t time.Time) uint64 {
 // value in [1, cursorMaxJitter] (randomJitter in production).
 func nextCursor(now time.Time, clientCursor string, jitterSeconds func() int) string {
 	cur := cursorAt(now)
-	if c, ok := parseDigits(clientCursor); ok && c >= cur {
-		// Stay strictly ahead of the client so its next request has a new
-		// cache key; the jitter spreads clients over several keys.
-		step := uint64(jitterSeconds()) / uint64(cursorInterval/time.Second)
-		cur = c + max(step, 1)
+	c, fits := parseDigits(clientCursor)
+	// A cursor of digits too long for a uint64 is ahead of any clock.
+	ahead := (fits && c >= cur) || (!fits && clientCursor != "" && allDigits(clientCursor))
+	if !ahead {
+		return strconv.FormatUint(cur, 10)
 	}
-	return strconv.FormatUint(cur, 10)
+	// Stay strictly ahead of the client so its next request has a new cache
+	// key; the jitter spreads clients over several keys.
+	step := max(uint64(jitterSeconds())/uint64(cursorInterval/time.Second), 1)
+	if fits && c <= math.MaxUint64-step {
+		return strconv.FormatUint(c+step, 10)
+	}
+	// Past what a uint64 holds the sum is still a larger decimal number,
+	// which is all a cursor is (section 10.1 says it must never go back).
+	n, _ := new(big.Int).SetString(clientCursor, 10)
+	return n.Add(n, new(big.Int).SetUint64(step)).String()
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // randomJitter is the production jitter source for nextCursor.

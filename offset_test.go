@@ -123,6 +123,18 @@ func TestNextCursor(t *testing.T) {
 			}
 		}
 	}
+	// Section 10.1: never a cursor below the client's, however large.
+	for _, tc := range []struct{ client, want string }{
+		{"18446744073709551615", "18446744073709551620"},        // the largest uint64
+		{"18446744073709551610", "18446744073709551615"},        // lands on it
+		{"18446744073709551611", "18446744073709551616"},        // one past it
+		{"99999999999999999999999", "100000000000000000000004"}, // no uint64 at all
+		{"000000000000000000000000000000000001", curS},          // long, but behind the clock
+	} {
+		if got := nextCursor(now, tc.client, func() int { return 100 }); got != tc.want {
+			t.Errorf("client %s: %s, want %s", tc.client, got, tc.want)
+		}
+	}
 	for range 1000 {
 		if j := randomJitter(); j < 1 || j > cursorMaxJitter {
 			t.Fatalf("jitter %d out of range", j)
