@@ -145,11 +145,6 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 			failForkTrimmed(w, position{seq: trimmed.Seq}, trimmed.StartSeq)
 			return
 		}
-		if errors.Is(err, streamstore.ErrGone) {
-			// A soft-deleted stream keeps its name reserved (section 4.2).
-			fail(w, http.StatusConflict, "a deleted stream still holds this name")
-			return
-		}
 		d.engineError(w, r, err)
 		return
 	}
@@ -1129,7 +1124,9 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.Is(err, streamstore.ErrGone):
 		fail(w, http.StatusGone, "stream is gone, or the offset is before its retained data")
 	case errors.Is(err, streamstore.ErrConflict):
-		fail(w, http.StatusConflict, "stream exists with a different configuration")
+		// The engine's reason: another configuration, a fork's content
+		// type, a name a soft-deleted stream still holds (section 4.2).
+		fail(w, http.StatusConflict, err.Error())
 	case errors.Is(err, streamstore.ErrContentType):
 		fail(w, http.StatusConflict, "Content-Type does not match the stream's")
 	case errors.Is(err, streamstore.ErrStreamSeq):

@@ -845,7 +845,12 @@ func TestForks(t *testing.T) {
 	s.do(t, "PUT", "/api/f4", "", "Stream-Forked-From", "/api/src", "Stream-Fork-Offset", position{0, 0}.String(),
 		"Stream-Fork-Sub-Offset", "05").want(t, 400)
 	s.do(t, "PUT", "/api/f4", "", "Stream-Forked-From", "/api/src", "Stream-Fork-Sub-Offset", "1").want(t, 400)
-	s.do(t, "PUT", "/api/f4", "", ct, "application/json", "Stream-Forked-From", "/api/src").want(t, 409)
+	// A 409 says why: here the fork does not exist, so not "stream exists".
+	r = s.do(t, "PUT", "/api/f4", "", ct, "application/json", "Stream-Forked-From", "/api/src").want(t, 409)
+	if !strings.Contains(r.body, `source's content type "text/plain"`) || strings.Contains(r.body, "exists") {
+		t.Errorf("fork of another content type: 409 %q, want the source's content type as the reason", r.body)
+	}
+	s.do(t, "HEAD", "/api/f4", "").want(t, 404)
 
 	// JSON sub-offsets count messages.
 	s.do(t, "PUT", "/api/j", `[1,2,3]`, ct, "application/json").want(t, 201)
@@ -860,7 +865,10 @@ func TestForks(t *testing.T) {
 	// Soft delete: the source is gone, the fork reads on.
 	s.do(t, "DELETE", "/api/src", "").want(t, 204)
 	s.do(t, "HEAD", "/api/src", "").want(t, 410)
-	s.do(t, "PUT", "/api/src", "", ct, "text/plain").want(t, 409)
+	r = s.do(t, "PUT", "/api/src", "", ct, "text/plain").want(t, 409)
+	if !strings.Contains(r.body, "deleted stream that forks still read holds this name") {
+		t.Errorf("create over a soft-deleted name: 409 %q, want that reason", r.body)
+	}
 	s.do(t, "PUT", "/api/f5", "", "Stream-Forked-From", "/api/src").want(t, 409)
 	if got := s.do(t, "GET", "/api/f1", "").body; got != "hello world!" {
 		t.Errorf("fork of a deleted source reads %q", got)

@@ -140,6 +140,19 @@ type ReadResult struct {
 // reuse.
 func (r ReadResult) Release() { r.held.release() }
 
+// conflictError is ErrConflict with its own reason as the whole message:
+// wrapping would lead every reason with ErrConflict's "stream exists",
+// which is wrong where the stream does not (a fork refused for its content
+// type) or is deleted.
+type conflictError struct{ reason string }
+
+func (e *conflictError) Error() string        { return e.reason }
+func (e *conflictError) Is(target error) bool { return target == ErrConflict }
+
+func conflictf(format string, args ...any) error {
+	return &conflictError{reason: fmt.Sprintf(format, args...)}
+}
+
 // Errors. Each is matched with errors.Is / errors.As.
 var (
 	ErrNotFound    = errors.New("stream not found")

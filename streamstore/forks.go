@@ -16,7 +16,7 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	defer unlock()
 	src, err := e.liveLocked(ctx, req.Fork.Source, true)
 	if errors.Is(err, ErrGone) {
-		return Info{}, false, fmt.Errorf("%w: the source stream was deleted", ErrConflict)
+		return Info{}, false, conflictf("the source stream was deleted")
 	}
 	if err != nil {
 		return Info{}, false, err
@@ -27,7 +27,7 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	if req.ContentType == "" {
 		req.ContentType = srcMeta.ContentType
 	} else if !sameMediaType(req.ContentType, srcMeta.ContentType) {
-		return Info{}, false, fmt.Errorf("%w: a fork has its source's content type %q", ErrConflict, srcMeta.ContentType)
+		return Info{}, false, conflictf("a fork has its source's content type %q", srcMeta.ContentType)
 	}
 	if req.Expiry.IsZero() {
 		req.Expiry = srcMeta.expiry()

@@ -62,13 +62,13 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 		}
 		s.mu.Unlock()
 		if deleted {
-			return Info{}, false, fmt.Errorf("%w: the stream was deleted but its forks still use it", ErrConflict)
+			return Info{}, false, conflictf("a deleted stream that forks still read holds this name")
 		}
 		if err := e.deleteStream(ctx, s); err != nil {
 			return Info{}, false, err
 		}
 		if s.meta.Deleted { // expired, but forks keep it
-			return Info{}, false, fmt.Errorf("%w: the stream expired but its forks still use it", ErrConflict)
+			return Info{}, false, conflictf("an expired stream that forks still read holds this name")
 		}
 	}
 	if req.Fork != nil {
