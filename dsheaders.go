@@ -113,6 +113,28 @@ func checkFuture(header string, at, now time.Time) error {
 	return nil
 }
 
+// dsSingleHeaders are the request headers of Durable Streams that carry
+// one value each.
+var dsSingleHeaders = []string{"Content-Type", hdrStreamClosed, hdrStreamTTL, hdrStreamExpiresAt, hdrStreamSeq,
+	hdrProducerID, hdrProducerEpoch, hdrProducerSeq, hdrForkedFrom, hdrForkOffset, hdrForkSubOffset}
+
+// conflictingHeader returns the first of names (canonical) that the request
+// gives more than once with different values. Each holds one value (RFC
+// 9110 section 5.3 forbids repeating such a field): taking the first of two
+// would be a guess at what the client meant, so the request is refused.
+// The same value twice is taken as once.
+func conflictingHeader(h http.Header, names []string) (string, bool) {
+	for _, name := range names {
+		vs := h[name]
+		for _, v := range vs[min(1, len(vs)):] {
+			if v != vs[0] {
+				return name, true
+			}
+		}
+	}
+	return "", false
+}
+
 // headerValue returns a header's first value and whether it was sent at all,
 // so that an empty value is told apart from an absent header.
 func headerValue(h http.Header, name string) (string, bool) {

@@ -279,3 +279,26 @@ func TestCommonHeadersIndependent(t *testing.T) {
 		}
 	}
 }
+
+func TestConflictingHeader(t *testing.T) {
+	names := []string{"Content-Type", hdrStreamTTL}
+	for _, tc := range []struct {
+		name string
+		h    http.Header
+		want string // "" when the request is fine
+	}{
+		{"none", http.Header{}, ""},
+		{"once each", http.Header{"Content-Type": {"text/plain"}, "Stream-Ttl": {"60"}}, ""},
+		{"the same value twice", http.Header{"Stream-Ttl": {"60", "60"}}, ""},
+		{"two values", http.Header{"Stream-Ttl": {"60", "61"}}, hdrStreamTTL},
+		{"a third that differs", http.Header{"Content-Type": {"a/b", "a/b", "c/d"}}, "Content-Type"},
+		{"a header not listed", http.Header{"Accept": {"a/b", "c/d"}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, bad := conflictingHeader(tc.h, names)
+			if got != tc.want || bad != (tc.want != "") {
+				t.Errorf("conflictingHeader = %q, %v; want %q", got, bad, tc.want)
+			}
+		})
+	}
+}

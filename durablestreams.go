@@ -52,6 +52,10 @@ type durableStreams struct {
 // ServeHTTP dispatches on the method. The stream name is the request path as
 // this handler sees it, checked before any I/O.
 func (d *durableStreams) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if name, bad := conflictingHeader(r.Header, dsSingleHeaders); bad {
+		fail(w, http.StatusBadRequest, fmt.Sprintf("%s is given more than once, with different values", name))
+		return
+	}
 	if d.serveReserved(w, r) { // __ds control paths come before streams (subscriptions.go)
 		return
 	}

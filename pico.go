@@ -54,6 +54,10 @@ type picoProtocol struct {
 // other path is a stream name, checked before any I/O.
 func (p *picoProtocol) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Access-Control-Expose-Headers", picoExposedHeaders)
+	if name, bad := conflictingHeader(r.Header, picoSingleHeaders); bad {
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, fmt.Sprintf("%s is given more than once, with different values", name), nil)
+		return
+	}
 	name := r.URL.Path
 	if name == "/" || name == "" {
 		if r.Method == http.MethodGet {

@@ -144,6 +144,11 @@ func parsePicoExpiry(h http.Header, now time.Time) (streamstore.Expiry, error) {
 // range (year 9999).
 const maxUnixMilli = 253402300799999
 
+// picoSingleHeaders are the request headers of Pico that carry one value
+// each (see conflictingHeader).
+var picoSingleHeaders = []string{"Content-Type", hdrPicoMatchSeq, hdrPicoTrimSeq, hdrPicoTTL, hdrPicoExpiresAt,
+	hdrPicoClosed, hdrPicoProducerID, hdrPicoProducerEpoch, hdrPicoProducerSeq, hdrLastEventID}
+
 // parseInstant parses Pico-Expires-At: Unix milliseconds (digits only) or
 // RFC 3339. The engine keeps milliseconds, so the instant is truncated to
 // them, which keeps a retried create with the same header idempotent.

@@ -183,6 +183,26 @@ func TestBadInputChangesNothing(t *testing.T) {
 		},
 
 		{name: "producer/partial", req: post(textPath, []byte("x"), "Content-Type", "text/plain", "Producer-Id", "p1"), status: 400, reason: []string{"producer"}},
+
+		// A header of one value sent twice with two means two things.
+		{
+			name: "repeated/ttl",
+			req: fhReq{Method: http.MethodPut, Path: "/bi/new-ttl", Header: hdr("Content-Type", "text/plain", "Stream-TTL", "100"),
+				More: [][2]string{{"Stream-TTL", "200"}}},
+			status: 400, reason: []string{"stream-ttl", "more than once"}, absent: "/bi/new-ttl",
+		},
+		{
+			name: "repeated/producer-id",
+			req: fhReq{Method: http.MethodPost, Path: textPath, Body: []byte("x"),
+				Header: hdr("Content-Type", "text/plain", "Producer-Id", "p", "Producer-Epoch", "0", "Producer-Seq", "0"),
+				More:   [][2]string{{"Producer-Id", "q"}}},
+			status: 400, reason: []string{"producer-id", "more than once"},
+		},
+		{
+			name:   "repeated/content-type",
+			req:    fhReq{Method: http.MethodPost, Path: textPath, Body: []byte("x"), Header: hdr("Content-Type", "text/plain"), More: [][2]string{{"Content-Type", "application/json"}}},
+			status: 400, reason: []string{"content-type", "more than once"},
+		},
 		{
 			name:   "producer/bad-epoch",
 			req:    post(textPath, []byte("x"), "Content-Type", "text/plain", "Producer-Id", "p1", "Producer-Epoch", "x", "Producer-Seq", "0"),

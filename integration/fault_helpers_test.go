@@ -147,6 +147,9 @@ type fhReq struct {
 	Header  map[string]string
 	Body    []byte
 	Chunked bool // send the body without Content-Length
+	// More are header lines added after Header's, so that a name can be
+	// sent twice.
+	More [][2]string
 }
 
 // send performs r and reads the whole response.
@@ -170,6 +173,9 @@ func fhSend(client *http.Client, base string, r fhReq) (fhResp, error) {
 	}
 	for k, v := range r.Header {
 		req.Header.Set(k, v)
+	}
+	for _, kv := range r.More {
+		req.Header.Add(kv[0], kv[1])
 	}
 	start := time.Now()
 	resp, err := client.Do(req)

@@ -396,6 +396,7 @@ func TestPicoProtocol(t *testing.T) {
 			{"empty records", picoJSONBatch, []byte(`{"records":[]}`), 400, nil},
 			{"invalid UTF-8 JSON", picoJSONBatch, []byte("{\"records\":[{\"body\":\"a\xfe\"}]}"), 400, nil},
 			{"not JSON", picoJSONBatch, []byte(`{"records":[{"body":"x"`), 400, nil},
+			{"records twice", picoJSONBatch, []byte(`{"records":[{"body":"a"}],"records":[{"body":"b"}]}`), 400, nil},
 			{"empty body", "text/plain", nil, 400, nil},
 			{"too large", "text/plain", bytes.Repeat([]byte("x"), 65*1024), 413, nil},
 			{"bad producer", "text/plain", []byte("x"), 400, []string{"Pico-Producer-Id", "p"}},
@@ -423,6 +424,18 @@ func TestPicoProtocol(t *testing.T) {
 			}
 			if len(writes) > 0 {
 				t.Errorf("%s: the refused request wrote to the bucket: %s", c.name, fhSortedKeys(writes))
+			}
+		}
+		// A header of one value sent twice with two means two things.
+		for _, more := range [][2]string{{"Pico-Producer-Id", "q"}, {"Content-Type", "application/json"}} {
+			req := fhReq{Method: "POST", Path: "/pico/bad", Body: []byte("x"), More: [][2]string{more},
+				Header: picoHdr("Content-Type", "text/plain", "Pico-Producer-Id", "p", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0")}
+			resp, writes := fhExpectNoWrites(t, e, req)
+			if resp.Status != http.StatusBadRequest || !strings.Contains(string(resp.Body), "more than once") {
+				t.Errorf("%s twice: %s, want 400 saying so", more[0], resp)
+			}
+			if len(writes) > 0 {
+				t.Errorf("%s twice: the refused request wrote to the bucket: %s", more[0], fhSortedKeys(writes))
 			}
 		}
 		// An application/json stream's records are JSON values in UTF-8
