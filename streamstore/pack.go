@@ -164,7 +164,12 @@ func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *
 		// not at a time spread by its name, as its due time is.
 		return decideFold
 	}
-	if to == from && !due {
+	if to < from || (to == from && !due) {
+		// Nothing new before the cut; or the cut comes before some of the
+		// stream's pack runs, as a window of a compaction after a failed
+		// one can (that one packed the stream and retired no WAL): those
+		// runs are later in the WAL than this window, whose job is not
+		// to take them apart.
 		return decideLeave
 	}
 	est := size - packed
