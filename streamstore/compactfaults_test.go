@@ -5,7 +5,60 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
 )
+
+func TestPackAfterUnconfirmedCheckpointKeepsRecords(t *testing.T) {
+	for _, why := range []string{"idle", "pack_below"} {
+		t.Run(why, func(t *testing.T) {
+			ctx := context.Background()
+			st := &lostAnswers{Store: memstore.New()}
+			cfg := testConfig(Config{})
+			e := startEngine(t, st, cfg)
+			if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+				t.Fatal(err)
+			}
+			mustAppend(t, e, "/s", AppendRequest{Records: recs("a", "b")})
+
+			// Compaction 1 folds /s: it went idle (the production
+			// trigger), or pack_below forces it. Its checkpoint lands
+			// unconfirmed and the read-back cannot reach the bucket.
+			if why == "idle" {
+				c := cfg
+				c.IdleAfter = time.Millisecond
+				e.Reconfigure(c)
+				time.Sleep(5 * time.Millisecond)
+			} else {
+				setPackBelow(e, -1)
+			}
+			st.loseNext(conditionalOn("/s"))
+			st.blindTo(func(k string) bool { return k == metaKey("/s") })
+			if err := e.Compact(ctx); err == nil {
+				t.Fatal("compaction with an unconfirmed checkpoint reported success")
+			}
+			st.blindTo(nil)
+			e.Reconfigure(cfg) // busy again, default pack_below
+
+			// More acknowledged appends; compaction 2 packs /s.
+			mustAppend(t, e, "/s", AppendRequest{Records: recs("c", "d")})
+			mustCompact(t, e)
+			if got := fmt.Sprint(readAll(t, e, "/s")); got != "[a b c d]" {
+				t.Fatalf("before the restart the stream reads %s", got)
+			}
+			t.Logf("bucket after compaction 2: packs %v, data %v, wal %v", st.Keys("pack/"), st.Keys("data/"), st.Keys("wal/"))
+
+			// A crash: a new engine on the bucket as it is.
+			e2 := startEngine(t, st.Store, Config{})
+			got := fmt.Sprint(readAll(t, e2, "/s"))
+			if got != "[a b c d]" {
+				r, err := e2.Append(ctx, "/s", AppendRequest{Records: recs("e")})
+				t.Fatalf("acknowledged [a b c d]; after a restart the stream reads %s (next append got seq %d, %v)", got, r.FirstSeq, err)
+			}
+		})
+	}
+}
 
 func TestWindowBeforeAPackLeavesTheStream(t *testing.T) {
 	ctx := context.Background()

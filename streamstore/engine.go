@@ -445,20 +445,24 @@ type stream struct {
 	metaMu sync.Mutex // serialises metadata object writes
 	// unsure holds, under metaMu, the bodies of metadata writes that
 	// failed without saying whether they landed (see writeMeta).
-	unsure  [][]byte
-	name    string
-	meta    *metaObject // last written metadata object (config + checkpoint)
-	etag    string
-	durable writerState
-	pend    writerState
-	pending int           // entries in flight
-	runs    []walRun      // committed entries not yet in data objects, by seq
-	changed chan struct{} // closed at the next change; nil until someone waits
-	gone    bool          // deleted or expired: the handle is dead
-	evicted bool          // dropped from memory: look the stream up again
-	waiters atomic.Int32  // live readers waiting in Wait
-	touched int64         // last access (ms), for a sliding TTL
-	used    atomic.Int64  // last lookup (Unix ns), for eviction
+	unsure [][]byte
+	// metaUnsure is len(unsure) > 0, for decide, which holds mu only: a
+	// stream whose checkpoint may have landed unseen is folded, whose
+	// writeMeta settles that, not packed against the checkpoint it knows.
+	metaUnsure atomic.Bool
+	name       string
+	meta       *metaObject // last written metadata object (config + checkpoint)
+	etag       string
+	durable    writerState
+	pend       writerState
+	pending    int           // entries in flight
+	runs       []walRun      // committed entries not yet in data objects, by seq
+	changed    chan struct{} // closed at the next change; nil until someone waits
+	gone       bool          // deleted or expired: the handle is dead
+	evicted    bool          // dropped from memory: look the stream up again
+	waiters    atomic.Int32  // live readers waiting in Wait
+	touched    int64         // last access (ms), for a sliding TTL
+	used       atomic.Int64  // last lookup (Unix ns), for eviction
 
 	uploading chan struct{} // closed when a large append's blob upload ends
 

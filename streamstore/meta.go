@@ -360,7 +360,7 @@ func (e *Engine) writeMeta(ctx context.Context, s *stream, m *metaObject, etag s
 	body := encodeMeta(m)
 	tag, err := e.store.Put(ctx, metaKey(s.name), body, segment.PutOptions{IfMatch: etag})
 	if err == nil {
-		s.unsure = s.unsure[:0]
+		s.clearUnsure()
 		return tag, nil
 	}
 	s.rememberUnsure(body, err)
@@ -373,7 +373,7 @@ func (e *Engine) writeMeta(ctx context.Context, s *stream, m *metaObject, etag s
 	case gerr != nil:
 		return "", fmt.Errorf("%w (reading it back: %v)", err, gerr)
 	case bytes.Equal(cur, body):
-		s.unsure = s.unsure[:0]
+		s.clearUnsure()
 		return curTag, nil
 	}
 	if curTag == etag {
@@ -390,7 +390,7 @@ func (e *Engine) writeMeta(ctx context.Context, s *stream, m *metaObject, etag s
 		s.rememberUnsure(body, err)
 		return "", fmt.Errorf("rewrite over an unconfirmed write: %w", err)
 	}
-	s.unsure = s.unsure[:0]
+	s.clearUnsure()
 	return tag, nil
 }
 
@@ -458,4 +458,12 @@ func (s *stream) rememberUnsure(body []byte, err error) {
 	if len(s.unsure) > maxUnsure {
 		s.unsure = slices.Delete(s.unsure, 0, 1)
 	}
+	s.metaUnsure.Store(true)
+}
+
+// clearUnsure forgets the unconfirmed writes once a write is confirmed.
+// The caller holds s.metaMu.
+func (s *stream) clearUnsure() {
+	s.unsure = s.unsure[:0]
+	s.metaUnsure.Store(false)
 }

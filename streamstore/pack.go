@@ -135,8 +135,13 @@ const (
 func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *packJob) packDecision {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gone || s.meta.State.StartSeq > s.meta.Cleaned || s.used.Load() < idleBefore {
-		return decideFold // gone: compactStream does nothing
+	if s.gone || s.meta.State.StartSeq > s.meta.Cleaned || s.used.Load() < idleBefore || s.metaUnsure.Load() {
+		// Gone: compactStream does nothing. Unsure: a checkpoint that may
+		// have landed unseen moved the stream's tail in the bucket past
+		// the one known here, and a pack entry must continue the bucket's
+		// (replay ignores one that does not); the fold's writeMeta finds
+		// out and writes over it.
+		return decideFold
 	}
 	from := 0
 	for from < len(s.runs) && s.runs[from].snap != nil {
