@@ -60,6 +60,44 @@ func TestPackAfterUnconfirmedCheckpointKeepsRecords(t *testing.T) {
 	}
 }
 
+func TestLateForkCreateKeepsSourceData(t *testing.T) {
+	ctx := context.Background()
+	st := &delayedPut{Store: memstore.New(), key: metaKey("/f")}
+	e := startEngine(t, st, Config{PackBelow: -1})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
+		t.Fatal(err)
+	}
+	mustCompact(t, e) // the source's records are in its data objects
+	_, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 2}})
+	if err == nil {
+		t.Fatal("the fork's create succeeded although its metadata PUT failed")
+	}
+	t.Logf("fork create: %v", err)
+	if !st.land(t) {
+		t.Fatal("the late PUT did not land")
+	}
+	// The client repeats its create: the fork is there, as asked.
+	if _, created, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 2}}); err != nil {
+		t.Fatalf("repeated fork create: %v", err)
+	} else {
+		t.Logf("repeated fork create: created=%v (exists, confirmed)", created)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a b]" {
+		t.Fatalf("fork reads %s", got)
+	}
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.collectGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("source data left: %v", st.Keys("data/"))
+	res, err := e.Read(ctx, "/f", ReadRequest{})
+	if err != nil || len(res.Records) != 2 {
+		t.Fatalf("the confirmed fork's inherited records after the source's delete: %d records, %v", len(res.Records), err)
+	}
+}
+
 func TestWindowBeforeAPackLeavesTheStream(t *testing.T) {
 	ctx := context.Background()
 	st := newHookedStore()

@@ -57,10 +57,12 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 			err = ErrConflict
 		}
 	}
-	// A fork whose create is unconfirmed may exist, now or once the
-	// bucket answers: it keeps the count, which at worst keeps the
-	// source's data longer.
-	if err != nil && !errors.Is(err, ErrUnconfirmed) {
+	// A fork whose create failed on the bucket may exist, now or once the
+	// bucket answers: a metadata PUT the read-back did not find can still
+	// land, and a create repeated then confirms the fork. It keeps the
+	// count, which at worst keeps the source's data longer; only a create
+	// refused outright gives it back.
+	if err != nil && !errors.Is(err, ErrUnavailable) {
 		// Best effort: a failed decrement only keeps the source's data longer.
 		_ = e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.Forks-- })
 	}
