@@ -546,9 +546,17 @@ func (e *Engine) rewriteFrom(ctx context.Context, id, key string, start uint64) 
 // deletes the WAL objects before end and the packs no stream needs.
 func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 	// A process that lost the storage must not delete what the new owner
-	// replays.
+	// replays, nor write the manifest over the new owner's: the update
+	// below sets the pack list from this process's view, which would
+	// delist a pack the other has listed. The lease's local validity is
+	// not proof enough: a process of the same node id takes it over at
+	// once, and the old one finds out only at its next renewal, so the
+	// lease object is read first, as before registering a namespace.
 	if err := e.checkLease(); err != nil {
 		return err
+	}
+	if err := e.lease.Confirm(ctx); err != nil {
+		return fmt.Errorf("confirm the lease before retiring the WAL: %w", err)
 	}
 	var drop []string // whole namespaces
 	var trimNS, trimTo uint64

@@ -8,8 +8,24 @@ import (
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
 )
 
+// A fold's checkpoint lands but its answer is lost, and the read-back that
+// follows fails too, so the compaction fails and memory keeps the old
+// checkpoint (as TestUnconfirmedMetadataWrites' "checkpoint, read-back
+// unreachable"). The next compaction packs the stream instead of folding it:
+// packing writes no metadata, so nothing reconciles, and the pack entry
+// starts at the old checkpoint while the bucket's metadata is the landed one.
+// After a restart replayPacks ignores the entry ("does not continue its
+// stream") and acknowledged records are gone.
+// A checkpoint whose PUT landed but whose answer, and read-back, were lost
+// leaves the bucket's tail past the one this process knows. Packing the
+// stream then wrote a pack entry from the old tail, which replay ignores
+// as not continuing the stream: after a restart the records after the
+// landed checkpoint were gone and their seqs handed out again. Such a
+// stream is folded instead, whose checkpoint write finds and settles the
+// unconfirmed one. Both reasons to pack: the stream idle, and small.
 func TestPackAfterUnconfirmedCheckpointKeepsRecords(t *testing.T) {
 	for _, why := range []string{"idle", "pack_below"} {
 		t.Run(why, func(t *testing.T) {
@@ -60,6 +76,19 @@ func TestPackAfterUnconfirmedCheckpointKeepsRecords(t *testing.T) {
 	}
 }
 
+// A fork's metadata PUT fails before it lands and the read-back finds
+// nothing, so create reports a plain failure (not ErrUnconfirmed) and
+// createFork gives the source's fork count back. The PUT lands late (create
+// itself says it may: "Should it land late, the stream is the empty one that
+// was asked for, and a create repeated finds it"). The fork now exists, and a
+// repeated create confirms it, but the source counts no fork: its delete is
+// hard, the collector removes its data, and the fork's inherited records are
+// gone.
+// A fork's metadata PUT that failed, with a read-back that did not find
+// it, can still land, and a create repeated then confirms the fork. Its
+// source gave its fork count back on the failure, so deleting the source
+// was a hard delete and took the fork's inherited records with it. The
+// count now stays on any failure the bucket could still undo.
 func TestLateForkCreateKeepsSourceData(t *testing.T) {
 	ctx := context.Background()
 	st := &delayedPut{Store: memstore.New(), key: metaKey("/f")}
@@ -98,6 +127,60 @@ func TestLateForkCreateKeepsSourceData(t *testing.T) {
 	}
 }
 
+// A process that goes on after another took the storage over (two engines
+// with one node id, as TestForeignMetadataWrite models it) runs a
+// compaction before its lease renewal notices. Its retireWAL writes the
+// manifest's pack list from its own memory (m.Packs = live), dropping the
+// pack the new owner listed; the new owner had retired the WAL those records
+// came from, so after the next restart they are gone (and sweepPacks deletes
+// the pack).
+// A second process of the same node id takes the storage over at once;
+// the first learns of it only at its next lease renewal. A compaction of
+// the first in between wrote the manifest's pack list from its own view
+// and delisted the pack the new owner had just written: after a restart
+// the new owner's acknowledged record was gone. The lease object is now
+// read before the manifest moves.
+func TestStaleOwnerCompactionLeavesTheManifest(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	a := startEngine(t, st, Config{})
+	if _, _, err := a.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, a, "/s", AppendRequest{Records: recs("a")})
+
+	b := startEngine(t, st, Config{})
+	if _, _, err := b.Create(ctx, "/t", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, b, "/t", AppendRequest{Records: recs("t1")})
+	mustCompact(t, b) // /s and /t packed; the WAL retired
+	m, _, _ := segment.NewManifests(st).Load(ctx)
+	t.Logf("manifest after the new owner's compaction: packs %v", m.Packs)
+
+	// The old owner's compaction, before its renewal finds the takeover.
+	t.Logf("old owner's compaction: %v", a.Compact(ctx))
+	m, _, _ = segment.NewManifests(st).Load(ctx)
+	t.Logf("manifest after the old owner's compaction: packs %v", m.Packs)
+
+	// The new owner crashes; a third engine starts on the bucket.
+	c := startEngine(t, st, Config{})
+	if got := fmt.Sprint(readAll(t, c, "/t")); got != "[t1]" {
+		t.Fatalf("acknowledged [t1] to the new owner; after a restart /t reads %s", got)
+	}
+}
+
+// A compaction packs a stream and then fails (a fold's PUT fails), so the
+// pack is written and the stream's runs point into it, but the WAL is not
+// retired. The next compaction finds a lost backlog past lostWindowBytes
+// (the failed fold's runs, pushed out of the cache) and works in windows:
+// the first window ends before the pack run's WAL position, and decide()
+// then sees the stream's pack run at the front (from = 1) but no run before
+// the cut (to = 0), and builds a job with s.runs[to-1].
+// A compaction that packed a stream and then failed retires no WAL, so
+// the next one may work in windows that end before that pack's position.
+// Its decision for the stream indexed past the stream's runs and
+// panicked, which would take the whole process down.
 func TestWindowBeforeAPackLeavesTheStream(t *testing.T) {
 	ctx := context.Background()
 	st := newHookedStore()
