@@ -85,9 +85,11 @@ type hubFeed struct {
 	renewAt  time.Time // when the hub next pushes the deadline on
 	// cursor goes in the feed's control events.
 	cursor string
-	next   position      // where the feed is, after the hub's writes
-	ended  error         // why the hub let the feed go; nil while parked
-	done   chan struct{} // closed when ended is set
+	next   position // where the feed is, after the hub's writes
+	// closeSent: the hub wrote the feed the stream's closing events.
+	closeSent bool
+	ended     error         // why the hub let the feed go; nil while parked
+	done      chan struct{} // closed when ended is set
 }
 
 // Reasons a hub lets a feed go.
@@ -165,6 +167,12 @@ func (h *sseHub) remove(f *hubFeed) {
 // end lets f go for err, unless it went already.
 func (h *sseHub) end(f *hubFeed, err error) {
 	f.mu.Lock()
+	if errors.Is(err, errFeedClosed) && !f.closeSent {
+		// Parked during the closing pass, after its list of feeds was
+		// taken: nothing was written to it, and it goes on by itself to
+		// write the closing events (section 5.8 wants them on every feed).
+		err = errHubStopped
+	}
 	if f.ended == nil {
 		f.ended = err
 		close(f.done)
@@ -269,6 +277,14 @@ func (h *sseHub) catchUp(ctx context.Context, gen uint64, tail uint64, scratch *
 				return errHubStopped
 			}
 			h.mu.Lock()
+			if h.gen != gen {
+				// Replaced while reading (the last feed left and another
+				// parked): moving h.next now would put the new run's wait
+				// past the feed that parked at it, which would then miss
+				// the record read here until the next one.
+				h.mu.Unlock()
+				return errSuperseded
+			}
 			if h.next.before(f.next) {
 				h.next = f.next
 			}
@@ -401,6 +417,7 @@ func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
 	}
 	if ok {
 		hf.next = f.next
+		hf.closeSent = f.closed
 	}
 	hf.mu.Unlock()
 	if !ok {
