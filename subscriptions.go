@@ -856,15 +856,22 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 	if s == nil {
 		return
 	}
-	for _, a := range body.Acks {
+	// Every ack is checked before any applies: a request refused with 400
+	// moves no cursor (bad input changes nothing).
+	acked := make([]uint64, len(body.Acks))
+	for i, a := range body.Acks {
 		l := s.Links[strings.Trim(a.Stream, "/")]
 		off, err := parseOffset(a.Offset)
 		if l == nil || err != nil || off.kind != offsetAt {
 			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "bad ack for stream "+a.Stream)
 			return
 		}
-		if off.pos.seq > l.Acked && off.pos.seq <= l.Tail {
-			l.Acked = off.pos.seq
+		acked[i] = off.pos.seq
+	}
+	for i, a := range body.Acks {
+		l := s.Links[strings.Trim(a.Stream, "/")]
+		if acked[i] > l.Acked && acked[i] <= l.Tail {
+			l.Acked = acked[i]
 		}
 	}
 	if body.Done {
@@ -911,6 +918,7 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 	}
 	s.Holder = body.Worker
 	s.LeaseUntil = now.Add(s.lease()).UnixMilli()
+	s.NextTry, s.Failures = 0, 0 // claimed: no more announcing the wake
 	if err := m.saveLocked(s); err != nil {
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
@@ -958,7 +966,10 @@ func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, roo
 		subError(w, http.StatusUnauthorized, "UNAUTHORIZED", "invalid token")
 		return nil
 	}
-	if claims.Gen != s.Generation || gen != s.Generation || s.WakeID == "" || wakeID != s.WakeID || claims.Wake != s.WakeID {
+	// A lease past its time is over (section 7.3) whether or not the
+	// manager's tick has cleared it yet: no heartbeat revives it.
+	expired := s.LeaseUntil > 0 && time.Now().UnixMilli() >= s.LeaseUntil
+	if expired || claims.Gen != s.Generation || gen != s.Generation || s.WakeID == "" || wakeID != s.WakeID || claims.Wake != s.WakeID {
 		writeJSONStatus(w, http.StatusConflict, "application/json", map[string]any{"error": map[string]any{"code": "FENCED", "generation": s.Generation}})
 		return nil
 	}
@@ -1080,6 +1091,10 @@ func (m *subManager) tickLocked(now time.Time) {
 			s.LeaseUntil = now.Add(s.lease()).UnixMilli()
 			m.saveOrLog(s)
 			m.deliverLocked(s)
+		case s.Config.Type != "webhook" && s.WakeID != "" && s.Holder == "" && s.NextTry > 0 && ms >= s.NextTry:
+			// A pull-wake whose wake event could not be written.
+			s.NextTry = 0
+			m.writeWakeEventLocked(s)
 		case s.WakeID != "" && s.NextTry == 0 && s.LeaseUntil > 0 && ms >= s.LeaseUntil &&
 			(s.Config.Type == "webhook" || s.Holder != ""):
 			// The lease ran out: clear holder and wake; wake again if needed.
@@ -1145,7 +1160,8 @@ func (m *subManager) deliverLocked(s *subState) {
 	}()
 }
 
-// webhookBackoff is exponential from 1s to 60s with 20% jitter.
+// webhookBackoff is exponential from 1s to 60s with 20% jitter. Pull-wake
+// announcements that failed are retried on it too.
 func webhookBackoff(failures int) time.Duration {
 	d := webhookMinBackoff << min(failures-1, 6)
 	d = min(d, webhookMaxBackoff)
@@ -1199,13 +1215,27 @@ func (m *subManager) writeWakeEventLocked(s *subState) {
 		"generation": s.Generation, "ts": time.Now().UnixMilli(),
 	})
 	name := s.Root + s.Config.WakeStream
+	key, gen, wake := s.key, s.Generation, s.WakeID
 	go func() {
 		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
 		defer cancel()
 		_, err := m.eng.Append(ctx, name, streamstore.AppendRequest{Records: []streamstore.NewRecord{{Body: ev}}})
-		if err != nil {
-			m.log.Warn("writing wake event", zap.String("stream", name), zap.Error(err))
+		if err == nil {
+			return
 		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		s, ok := m.subs[key]
+		if !ok || s.Generation != gen || s.WakeID != wake || s.Holder != "" {
+			return // deleted, or claimed or moved on meanwhile
+		}
+		// A wake no worker heard of waits for a claim nobody makes, and
+		// nothing else would wake the subscription again: announce it
+		// again after a pause (the tick does), as a webhook is retried.
+		s.Failures++
+		s.NextTry = time.Now().Add(webhookBackoff(s.Failures)).UnixMilli()
+		m.log.Warn("writing wake event failed", zap.String("id", s.ID), zap.String("stream", name),
+			zap.Int("failures", s.Failures), zap.Error(err))
 	}()
 }
 

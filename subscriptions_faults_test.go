@@ -1,0 +1,151 @@
+package picomq
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// wakeEvents returns the wake stream's body.
+func (n *subNode) wakeEvents(t *testing.T, path string) string {
+	t.Helper()
+	res, err := http.Get(n.URL + path + "?offset=-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	if res.StatusCode != 200 {
+		return ""
+	}
+	return string(b)
+}
+
+// A pull-wake subscription whose wake event could not be appended (here:
+// the wake stream did not exist yet; a storage error does the same) keeps
+// the wake "in flight" forever: no lease runs for an unclaimed pull-wake,
+// maybeWakeLocked never starts another wake while WakeID is set, and no
+// tick retries the append. Pending work never produces a wake event again.
+// A pull-wake whose wake event could not be appended (here its wake
+// stream did not exist yet) was issued but never announced: no worker
+// claimed it, nothing retried it, and the subscription stayed stuck with
+// pending work. The announcement is now retried with backoff until the
+// wake is claimed.
+func TestPullWakeAnnouncedAgainAfterFailedAppend(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool","lease_ttl_ms":1000}`); st != 201 {
+		t.Fatalf("create subscription: %d %v", st, v)
+	}
+	if st, _ := n.call(t, "PUT", "/v1/stream/events/a", `{"n":1}`); st != 201 {
+		t.Fatalf("create stream: %d", st)
+	}
+	time.Sleep(500 * time.Millisecond) // the wake is issued; its event append fails (no wake stream)
+	if st, _ := n.call(t, "PUT", "/v1/stream/wake/pool", "[]"); st != 201 {
+		t.Fatalf("create wake stream: %d", st)
+	}
+	// More records arrive; the subscription has pending work.
+	for i := 0; i < 3; i++ {
+		if st, _ := n.call(t, "POST", "/v1/stream/events/a", `{"n":2}`); st != 204 {
+			t.Fatalf("append: %d", st)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second) // five lease TTLs
+	for time.Now().Before(deadline) {
+		if strings.Contains(n.wakeEvents(t, "/v1/stream/wake/pool"), `"subscription_id":"p1"`) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, v := n.call(t, "GET", sub, "")
+	t.Fatalf("no wake event in 5s although the subscription has pending work: %v; wake stream %q",
+		v["streams"], n.wakeEvents(t, "/v1/stream/wake/pool"))
+}
+
+// An ack request that is refused (400: one of its acks names a stream that
+// is not linked) has already moved the cursors of the acks before the bad
+// one; the next save of the subscription makes that durable.
+// An ack whose second entry is bad is refused with 400, and moves no
+// cursor: before, the first entry had already moved its link's.
+func TestRefusedAckMovesNoCursor(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	n.pullSubscribe(t, sub)
+	if st, _ := n.call(t, "PUT", "/v1/stream/events/a", `{"n":1}`); st != 201 {
+		t.Fatalf("create stream: %d", st)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(n.wakeEvents(t, "/v1/stream/wake/pool"), `"subscription_id":"p1"`) {
+		if time.Now().After(deadline) {
+			t.Fatal("no wake event")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, claim := n.call(t, "POST", sub+"/claim", `{"worker":"w1"}`)
+	if st != 200 {
+		t.Fatalf("claim: %d %v", st, claim)
+	}
+	token, wake := claim["token"].(string), claim["wake_id"].(string)
+	gen := int(claim["generation"].(float64))
+	tail := claim["streams"].([]any)[0].(map[string]any)["tail_offset"].(string)
+	body := `{"wake_id":"` + wake + `","generation":` + strconv.Itoa(gen) + `,"acks":[` +
+		`{"stream":"events/a","offset":"` + tail + `"},{"stream":"events/not-linked","offset":"` + tail + `"}]}`
+	if st, v := n.call(t, "POST", sub+"/ack", body, "Authorization", "Bearer "+token); st != 400 {
+		t.Fatalf("ack with a bad entry: %d %v, want 400", st, v)
+	}
+	_, v := n.call(t, "GET", sub, "")
+	link := v["streams"].([]any)[0].(map[string]any)
+	if link["acked_offset"] != (position{}).String() {
+		t.Fatalf("after a refused (400) ack, events/a is acked at %v; want it unchanged at %s", link["acked_offset"], position{})
+	}
+}
+
+// A lease that has run out is enforced only by the manager's 100 ms tick:
+// until the tick comes round, the expired holder's heartbeat ack is
+// accepted and revives the lease (checkWakeLocked never looks at
+// LeaseUntil), although section 7.3 says an expired lease clears the holder
+// and wake token.
+// A heartbeat that arrives after its lease ran out, but before the
+// manager's tick cleared it, was accepted and renewed the lease; section
+// 7.3 ends the lease at its time. It is now fenced (409).
+func TestHeartbeatAfterLeaseExpiryIsFenced(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	if st, _ := n.call(t, "PUT", "/v1/stream/wake/pool", "[]"); st != 201 {
+		t.Fatal("wake stream")
+	}
+	if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool","lease_ttl_ms":1000}`); st != 201 {
+		t.Fatalf("create subscription: %d %v", st, v)
+	}
+	accepted := 0
+	for try := 0; try < 3; try++ {
+		st, claim := n.call(t, "POST", sub+"/claim", `{"worker":"w1"}`)
+		claimed := time.Now()
+		if st != 200 {
+			t.Fatalf("claim: %d %v", st, claim)
+		}
+		token, wake := claim["token"].(string), claim["wake_id"].(string)
+		gen := int(claim["generation"].(float64))
+		// The lease ran out at most claimed+1s; ack 3 ms after that.
+		time.Sleep(time.Until(claimed.Add(time.Second + 3*time.Millisecond)))
+		body := `{"wake_id":"` + wake + `","generation":` + strconv.Itoa(gen) + `}`
+		st, v := n.call(t, "POST", sub+"/ack", body, "Authorization", "Bearer "+token)
+		if st == 200 {
+			accepted++
+			t.Logf("try %d: heartbeat %v after the lease expired: %d %v", try, time.Since(claimed)-time.Second, st, v)
+			// Release it for the next try.
+			n.call(t, "POST", sub+"/release", body, "Authorization", "Bearer "+token)
+		} else {
+			// The tick came first this time; wait for a clean state.
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	if accepted > 0 {
+		t.Fatalf("%d of 3 heartbeats sent after the lease had expired were accepted (and renewed the lease)", accepted)
+	}
+}
+
+// countWakes counts the wake events of subscription id on the wake stream.
