@@ -410,7 +410,7 @@ func (s *goroutineLog) Put(ctx context.Context, key string, data []byte, opts se
 // next (a fresh goroutine per PUT grew its stack through the S3 client's
 // deep calls every time), and the uploaders end when the writer closes.
 func TestWriterReusesUploaders(t *testing.T) {
-	before := testenv.PoolGoroutines()
+	before := testenv.WaitPoolGoroutines(0, 5*time.Second)
 	store := &goroutineLog{Store: memstore.New(), ids: map[string]int{}}
 	w := segment.NewWriter(store, 1, 0, segment.WriterConfig{FlushInterval: time.Millisecond, MaxInFlight: 4},
 		segment.WriterDeps{Hooks: noHooks{}})
@@ -437,7 +437,7 @@ func TestWriterReusesUploaders(t *testing.T) {
 	if err := w.Close(ctx); err != nil {
 		t.Fatalf("close writer: %v", err)
 	}
-	if got := testenv.PoolGoroutines() - before; got != 0 {
+	if got := testenv.WaitPoolGoroutines(before, time.Second) - before; got != 0 {
 		t.Errorf("%d uploaders left after Close, want 0", got)
 	}
 }

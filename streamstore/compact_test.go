@@ -60,7 +60,7 @@ func TestCompactionCallsRunOnThePool(t *testing.T) {
 		}
 		return nil
 	}
-	before := testenv.PoolGoroutines()
+	before := testenv.WaitPoolGoroutines(0, 5*time.Second)
 	e := startEngine(t, st, Config{})
 	setPackBelow(e, -1)
 	fillStreams(t, e, 20)
@@ -75,7 +75,7 @@ func TestCompactionCallsRunOnThePool(t *testing.T) {
 	if err := e.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := testenv.PoolGoroutines() - before; n != 0 {
+	if n := testenv.WaitPoolGoroutines(before, time.Second) - before; n != 0 {
 		t.Errorf("%d pool goroutines left after Close, want 0", n)
 	}
 }

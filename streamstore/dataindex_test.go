@@ -564,7 +564,7 @@ func TestReadAheadGoroutinesEndAtClose(t *testing.T) {
 	if err := w.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	before := testenv.PoolGoroutines()
+	before := testenv.WaitPoolGoroutines(0, 5*time.Second)
 	e := startEngine(t, st, Config{})
 	for seq := uint64(0); seq < 16; {
 		res, err := e.Read(ctx, "/ahead", ReadRequest{Seq: seq, MaxRecords: 2})
@@ -579,7 +579,7 @@ func TestReadAheadGoroutinesEndAtClose(t *testing.T) {
 	if err := e.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := testenv.PoolGoroutines() - before; n != 0 {
+	if n := testenv.WaitPoolGoroutines(before, time.Second) - before; n != 0 {
 		t.Errorf("%d pool goroutines left after Close, want 0", n)
 	}
 }
