@@ -306,7 +306,7 @@ func (sm *subManagers) managerFor(eng *streamstore.Engine, log *zap.Logger) *sub
 }
 
 // noteAppend is the engine's append hook: it queues and never blocks.
-func (m *subManager) noteAppend(name string, first, next uint64) {
+func (m *subManager) noteAppend(name, _ string, first, next uint64) {
 	m.qmu.Lock()
 	if m.queue == nil {
 		m.queue = map[string]appendNote{}

@@ -94,6 +94,7 @@ type Engine struct {
 	log   *zap.Logger
 
 	appendHook atomic.Pointer[AppendHook] // told of durable appends (notify.go)
+	deleteHook atomic.Pointer[DeleteHook] // told of deleted streams (notify.go)
 	deadlines  deadlines                  // appends' waits for their batches
 	man        *segment.Manifests
 	cache      *blockCache
@@ -878,8 +879,8 @@ func (h hooks) Committed(b *segment.Batch) {
 		}
 		s.runs = append(s.runs, walRun{pos: pos, key: b.Key, span: b.Spans[i], ch: ch, blob: ent.Blob})
 		s.notifyLocked()
+		e.appended(s, ent)
 		s.mu.Unlock()
-		e.appended(ent)
 	}
 	e.stats.committed(b)
 	e.mu.Lock()

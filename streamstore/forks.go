@@ -136,17 +136,22 @@ func (e *Engine) updateMeta(ctx context.Context, s *stream, fn func(*metaObject)
 // lock.
 func (e *Engine) deleteStream(ctx context.Context, s *stream) error {
 	s.mu.Lock()
-	forks, deleted, fork := s.meta.Forks, s.meta.Deleted, s.meta.Fork
+	forks, deleted, fork, id := s.meta.Forks, s.meta.Deleted, s.meta.Fork, s.meta.ID
 	s.mu.Unlock()
 	if deleted {
 		return ErrGone
 	}
 	if forks > 0 {
-		return e.updateMeta(ctx, s, func(m *metaObject) { m.Deleted = true })
+		if err := e.updateMeta(ctx, s, func(m *metaObject) { m.Deleted = true }); err != nil {
+			return err
+		}
+		e.deleted(s.name, id)
+		return nil
 	}
 	if err := e.remove(ctx, s); err != nil {
 		return err
 	}
+	e.deleted(s.name, id)
 	if fork != nil {
 		e.releaseSource(ctx, fork)
 	}

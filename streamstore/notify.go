@@ -12,10 +12,18 @@ import (
 )
 
 // AppendHook is told about records that became durable: the stream's name,
-// the seq of the first new record and the stream's next seq after them.
-// It is called on the WAL commit path, in commit order, so it must not
-// block (hand the work to another goroutine) and must not call the engine.
-type AppendHook func(name string, firstSeq, nextSeq uint64)
+// its id (fresh at every create, so a stream deleted and created again
+// under the name has another one), the seq of the first new record and the
+// stream's next seq after them. It is called on the WAL commit path, in
+// commit order and with the stream's lock held, so it must not block (hand
+// the work to another goroutine) and must not call the engine. No call
+// for a stream comes after the DeleteHook call for it.
+type AppendHook func(name, streamID string, firstSeq, nextSeq uint64)
+
+// DeleteHook is told that a stream was deleted for clients (by a request
+// or because it expired): its name and id. Every AppendHook call for that
+// stream came before. The same rules as for AppendHook apply.
+type DeleteHook func(name, streamID string)
 
 // OnAppend registers fn as the engine's append hook, replacing any earlier
 // one; nil removes it. See AppendHook for what fn may do.
@@ -27,13 +35,34 @@ func (e *Engine) OnAppend(fn AppendHook) {
 	e.appendHook.Store(&fn)
 }
 
-// appended is called by the commit hook once an entry is durable.
-func (e *Engine) appended(ent *segment.Entry) {
-	if len(ent.Records) == 0 {
+// OnDelete registers fn as the engine's delete hook, replacing any earlier
+// one; nil removes it. See DeleteHook for what fn may do.
+func (e *Engine) OnDelete(fn DeleteHook) {
+	if fn == nil {
+		e.deleteHook.Store(nil)
+		return
+	}
+	e.deleteHook.Store(&fn)
+}
+
+// appended is called by the commit hook once an entry is durable, with
+// s.mu held: an entry that commits after its stream was deleted (it was
+// on its way when the delete came) is not announced, and one that is,
+// is announced before the delete is (deleted, below, runs after the
+// stream is marked gone under s.mu).
+func (e *Engine) appended(s *stream, ent *segment.Entry) {
+	if len(ent.Records) == 0 || s.gone || s.meta.Deleted {
 		return
 	}
 	if fn := e.appendHook.Load(); fn != nil {
-		(*fn)(ent.Name, ent.FirstSeq, ent.EndSeq())
+		(*fn)(ent.Name, ent.StreamID, ent.FirstSeq, ent.EndSeq())
+	}
+}
+
+// deleted tells the delete hook that the stream name with id is gone.
+func (e *Engine) deleted(name, id string) {
+	if fn := e.deleteHook.Load(); fn != nil {
+		(*fn)(name, id)
 	}
 }
 
