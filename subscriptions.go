@@ -19,7 +19,8 @@ package picomq
 // restart (or another node taking the storage lease) finds every
 // subscription, generation and cursor where it was, and a stale generation
 // stays fenced. Stream tails learned from the engine's append hook are kept
-// in the same documents.
+// in the same documents, with the id of the stream they count in (see
+// subLink).
 //
 // One subManager serves each engine; it runs one goroutine (the loop: append
 // notifications, lease expiry, webhook retries) and short-lived delivery
@@ -141,11 +142,79 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 
 // subLink is one stream linked to a subscription. Offsets are stream seqs:
 // the position after the last acknowledged (or existing) record.
+//
+// A link follows a name, but its offsets count in one stream: the one whose
+// engine id is Stream. When that stream is deleted the offsets mean nothing
+// any more (a stream created again under the name starts at seq 0), so the
+// link starts over: a glob link goes (the pattern links the name again when
+// a stream under it gets records), an explicit one stays at 0 with no
+// stream, and a link that meets another stream under its name is at 0 in
+// that one (every record of it is new to the subscriber).
 type subLink struct {
 	Glob     bool   `json:"glob,omitempty"`
 	Explicit bool   `json:"explicit,omitempty"`
 	Acked    uint64 `json:"acked"`
 	Tail     uint64 `json:"tail"`
+	// Stream is the id of the stream the offsets count in; "" when no
+	// stream existed under the name when it was linked (or since its
+	// delete), and in documents written before ids were kept.
+	Stream string `json:"stream_id,omitempty"`
+	// ResetGen is the generation that was current when the offsets last
+	// started over: a worker acking in that generation was offered the
+	// old stream's offsets, so its acks for this link move nothing.
+	ResetGen uint64 `json:"reset_gen,omitempty"`
+	// Gone is a glob link whose stream was deleted while a wake was in
+	// flight: it stays, unseen and not pending, so that the worker's acks
+	// for it are not refused, and goes when the wake ends.
+	Gone bool `json:"gone,omitempty"`
+}
+
+// startOver makes l count in stream id from acked on (id "" when there
+// is no stream under the name), and forgets what the wake in flight was
+// offered for it: acks and a snapshot of the old stream's offsets must
+// not move the new stream's.
+func (s *subState) startOver(p string, l *subLink, id string, acked uint64) {
+	l.Acked, l.Tail, l.Stream, l.ResetGen, l.Gone = acked, acked, id, s.Generation, false
+	delete(s.Snapshot, p)
+}
+
+// streamGone applies the delete of the stream link p counts in.
+func (s *subState) streamGone(p string, l *subLink) {
+	s.startOver(p, l, "", 0)
+	switch {
+	case l.Explicit:
+	case s.WakeID == "" && s.Holder == "":
+		delete(s.Links, p)
+	default:
+		l.Gone = true
+	}
+}
+
+// dropGone removes the links of deleted streams kept for a wake that has
+// ended.
+func (s *subState) dropGone() {
+	if s.WakeID != "" || s.Holder != "" {
+		return
+	}
+	for p, l := range s.Links {
+		if l.Gone {
+			delete(s.Links, p)
+		}
+	}
+}
+
+// resetInWake reports whether a link started over during the wake in
+// flight: what that wake offered for it is of the old stream.
+func (s *subState) resetInWake() bool {
+	if s.WakeID == "" {
+		return false
+	}
+	for _, l := range s.Links {
+		if l.ResetGen == s.Generation {
+			return true
+		}
+	}
+	return false
 }
 
 // subConfig is what a PUT sets; its hash decides 200 against 409.
@@ -213,6 +282,9 @@ func (s *subState) streams(withTail bool) []subStreamView {
 	out := make([]subStreamView, 0, len(paths))
 	for _, p := range paths {
 		l := s.Links[p]
+		if l.Gone {
+			continue
+		}
 		v := subStreamView{Path: p, LinkType: "glob", Acked: position{seq: l.Acked}.String()}
 		if l.Explicit {
 			v.LinkType = "explicit"
@@ -249,9 +321,12 @@ type subManager struct {
 	ctx    context.Context // ends when the engine closes
 }
 
+// appendNote is what the engine's hooks said about a stream: records
+// appended to stream id (first to next), or, with deleted, its delete.
 type appendNote struct {
-	name        string
+	name, id    string
 	first, next uint64
+	deleted     bool
 }
 
 // subManagers holds the subscription manager of an engine, started on
@@ -293,6 +368,7 @@ func (sm *subManagers) managerFor(eng *streamstore.Engine, log *zap.Logger) *sub
 	}
 	sm.cur.Store(m)
 	eng.OnAppend(m.noteAppend)
+	eng.OnDelete(m.noteDelete)
 	go func() {
 		defer cancel()
 		m.run()
@@ -306,15 +382,29 @@ func (sm *subManagers) managerFor(eng *streamstore.Engine, log *zap.Logger) *sub
 }
 
 // noteAppend is the engine's append hook: it queues and never blocks.
-func (m *subManager) noteAppend(name, _ string, first, next uint64) {
+func (m *subManager) noteAppend(name, id string, first, next uint64) {
+	m.note(appendNote{name: name, id: id, first: first, next: next})
+}
+
+// noteDelete is the engine's delete hook: it queues and never blocks.
+func (m *subManager) noteDelete(name, id string) {
+	m.note(appendNote{name: name, id: id, deleted: true})
+}
+
+// note queues n, coalesced with the note queued for its name. The engine
+// announces a stream's appends before its delete, and both before any of
+// a stream created after it under the name, so a later note of another
+// stream replaces the queued one: that stream is gone, and the newer
+// note alone makes a link start over (see applyNoteLocked).
+func (m *subManager) note(n appendNote) {
 	m.qmu.Lock()
 	if m.queue == nil {
 		m.queue = map[string]appendNote{}
 	}
-	if q, ok := m.queue[name]; ok {
-		first, next = min(first, q.first), max(next, q.next)
+	if q, ok := m.queue[n.name]; ok && q.id == n.id && !n.deleted && !q.deleted {
+		n.first, n.next = min(n.first, q.first), max(n.next, q.next)
 	}
-	m.queue[name] = appendNote{name, first, next}
+	m.queue[n.name] = n
 	m.qmu.Unlock()
 	select {
 	case m.kick <- struct{}{}:
@@ -461,8 +551,14 @@ func (m *subManager) load() error {
 		s.key, s.version = k, ver
 		subs[k] = &s
 	}
+	heads := m.headLinks(ctx, subs)
 	m.mu.Lock()
 	m.subs = subs
+	for _, s := range subs {
+		if s.reconcile(heads) {
+			m.saveOrLog(s)
+		}
+	}
 	// Wakes in flight before a restart are delivered again (same generation).
 	for _, s := range subs {
 		if s.Config.Type == "webhook" && s.WakeID != "" && s.NextTry == 0 {
@@ -471,6 +567,91 @@ func (m *subManager) load() error {
 	}
 	m.mu.Unlock()
 	return nil
+}
+
+// linkHead is what the engine said of a linked stream at load.
+type linkHead struct {
+	info streamstore.Info
+	err  error
+}
+
+// subHeadWorkers bounds the streams looked up at once when loading.
+const subHeadWorkers = 8
+
+// headLinks looks up every stream the subscriptions link, by full name.
+// The documents may be older than the streams: the node died between a
+// stream's delete (or create, or append) and the write of a subscription
+// that learned of it, or another node served the streams meanwhile. So
+// what they say is compared with the engine at load (reconcile); one
+// HEAD per linked stream, once per start.
+func (m *subManager) headLinks(ctx context.Context, subs map[string]*subState) map[string]linkHead {
+	names := map[string]bool{}
+	for _, s := range subs {
+		for p := range s.Links {
+			names[s.Root+p] = true
+		}
+	}
+	work := make(chan string)
+	var mu sync.Mutex
+	heads := make(map[string]linkHead, len(names))
+	var wg sync.WaitGroup
+	for i := 0; i < min(subHeadWorkers, len(names)); i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range work {
+				info, err := m.eng.Head(ctx, name)
+				mu.Lock()
+				heads[name] = linkHead{info, err}
+				mu.Unlock()
+			}
+		}()
+	}
+	for name := range names {
+		work <- name
+	}
+	close(work)
+	wg.Wait()
+	return heads
+}
+
+// reconcile brings s's links in line with the streams under their names
+// (see headLinks) and reports whether it changed any.
+func (s *subState) reconcile(heads map[string]linkHead) bool {
+	changed := false
+	for p, l := range s.Links {
+		h, ok := heads[s.Root+p]
+		switch {
+		case !ok:
+			continue
+		case errors.Is(h.err, streamstore.ErrNotFound) || errors.Is(h.err, streamstore.ErrGone):
+			if l.Stream == "" && l.Tail == 0 && (l.Explicit || l.Gone) {
+				continue // already without a stream
+			}
+			s.streamGone(p, l)
+		case h.err != nil:
+			// Left as stored: a note about the stream corrects it.
+			continue
+		case l.Stream == h.info.ID:
+			if h.info.NextSeq <= l.Tail {
+				continue
+			}
+			// Records whose note was not saved before the node stopped.
+			l.Tail = h.info.NextSeq
+		case l.Stream != "" || h.info.NextSeq < l.Tail:
+			// Another stream than the one the offsets count in (one
+			// stored without an id is another when it is shorter).
+			s.startOver(p, l, h.info.ID, h.info.StartSeq)
+			l.Tail = h.info.NextSeq
+		default:
+			// Stored without an id (or linked before the stream existed):
+			// the stream under the name is taken to be the linked one.
+			l.Stream, l.Gone = h.info.ID, false
+			l.Tail = max(l.Tail, h.info.NextSeq)
+		}
+		changed = true
+	}
+	return changed
 }
 
 func randBytes(n int) []byte {
@@ -637,7 +818,7 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 			for _, in := range infos {
 				rel := strings.TrimPrefix(in.Name, root)
 				if globMatch(cfg.Pattern, rel) {
-					links[rel] = &subLink{Glob: true, Acked: in.NextSeq, Tail: in.NextSeq}
+					links[rel] = &subLink{Glob: true, Acked: in.NextSeq, Tail: in.NextSeq, Stream: in.ID}
 				}
 				after = in.Name
 			}
@@ -649,8 +830,8 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	for _, p := range cfg.Streams {
 		l := links[p]
 		if l == nil {
-			tail := m.tailOf(r.Context(), root+p)
-			l = &subLink{Acked: tail, Tail: tail}
+			tail, sid := m.tailOf(r.Context(), root+p)
+			l = &subLink{Acked: tail, Tail: tail, Stream: sid}
 			links[p] = l
 		}
 		l.Explicit = true
@@ -679,12 +860,14 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	writeJSONStatus(w, http.StatusCreated, "application/json", m.viewLocked(s, r))
 }
 
-func (m *subManager) tailOf(ctx context.Context, name string) uint64 {
+// tailOf returns the tail and id of stream name, 0 and "" when there is
+// none.
+func (m *subManager) tailOf(ctx context.Context, name string) (uint64, string) {
 	in, err := m.eng.Head(ctx, name)
 	if err != nil {
-		return 0
+		return 0, ""
 	}
-	return in.NextSeq
+	return in.NextSeq, in.ID
 }
 
 func (m *subManager) viewLocked(s *subState, r *http.Request) map[string]any {
@@ -783,14 +966,19 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 	if !readJSONBody(w, r, &body) {
 		return
 	}
-	tails := map[string]uint64{}
+	type tailID struct {
+		tail uint64
+		id   string
+	}
+	tails := map[string]tailID{}
 	for _, p := range body.Streams {
 		p = strings.Trim(p, "/")
 		if !validRelPath(root, p) {
 			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "invalid stream path "+p)
 			return
 		}
-		tails[p] = m.tailOf(r.Context(), root+p)
+		tail, sid := m.tailOf(r.Context(), root+p)
+		tails[p] = tailID{tail, sid}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -800,8 +988,8 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 	}
 	for p, t := range tails {
 		l := s.Links[p]
-		if l == nil {
-			l = &subLink{Acked: t, Tail: t}
+		if l == nil || l.Gone {
+			l = &subLink{Acked: t.tail, Tail: t.tail, Stream: t.id}
 			s.Links[p] = l
 		}
 		l.Explicit = true
@@ -870,6 +1058,11 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 	}
 	for i, a := range body.Acks {
 		l := s.Links[strings.Trim(a.Stream, "/")]
+		if l.ResetGen == s.Generation {
+			// The link started over during this wake: the worker acks
+			// the offsets of a stream that is no more.
+			continue
+		}
 		if acked[i] > l.Acked && acked[i] <= l.Tail {
 			l.Acked = acked[i]
 		}
@@ -911,8 +1104,9 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 		}})
 		return
 	}
-	if s.Holder != "" || s.WakeID == "" {
-		// No wake to take over (or its lease ran out): a new generation.
+	if s.Holder != "" || s.WakeID == "" || s.resetInWake() {
+		// No wake to take over (or its lease ran out, or what it was
+		// about is of a stream deleted since): a new generation.
 		s.Generation++
 		s.WakeID = newWakeID()
 	}
@@ -1027,35 +1221,70 @@ func newWakeID() string { return "w_" + hex.EncodeToString(randBytes(12)) }
 
 // --- wakes -----------------------------------------------------------------
 
-// applyNoteLocked links and advances streams that got records.
+// applyNoteLocked links and advances streams that got records, and starts
+// over the links of streams deleted or created again.
 func (m *subManager) applyNoteLocked(n appendNote) {
 	for _, s := range m.subs {
 		rel, ok := strings.CutPrefix(n.name, s.Root)
 		if !ok || rel == "" {
 			continue
 		}
-		l := s.Links[rel]
-		if l == nil {
-			if s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel) {
-				continue
+		changed, grew := s.applyNote(rel, n)
+		switch {
+		case grew:
+			if !m.maybeWakeLocked(s) {
+				m.saveOrLog(s)
 			}
-			// Discovered by this append: linked before it.
-			l = &subLink{Glob: true, Acked: n.first, Tail: n.first}
-			s.Links[rel] = l
-		}
-		if n.next <= l.Tail {
-			continue
-		}
-		l.Tail = n.next
-		if !m.maybeWakeLocked(s) {
+		case changed:
 			m.saveOrLog(s)
 		}
 	}
 }
 
+// applyNote applies n to s's link of rel (n.name relative to s.Root) and
+// reports whether s changed, and whether it was by the link's tail growing.
+func (s *subState) applyNote(rel string, n appendNote) (changed, grew bool) {
+	l := s.Links[rel]
+	if n.deleted {
+		// A link that counts in another stream (a newer one) stays.
+		if l == nil || (l.Stream != "" && l.Stream != n.id) || (l.Stream == "" && l.Tail == 0 && (l.Explicit || l.Gone)) {
+			return false, false
+		}
+		s.streamGone(rel, l)
+		return true, false
+	}
+	switch {
+	case l == nil:
+		if s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel) {
+			return false, false
+		}
+		// Discovered by this append: linked before it.
+		l = &subLink{Glob: true, Acked: n.first, Tail: n.first, Stream: n.id}
+		s.Links[rel] = l
+		changed = true
+	case l.Stream == n.id:
+	case l.Stream != "" || n.first < l.Tail:
+		// Another stream under the name than the one the offsets count
+		// in (one without an id is another when its records start below
+		// the tail: a stream's appends come in order).
+		s.startOver(rel, l, n.id, 0)
+		changed = true
+	default:
+		// Linked when no stream was there, or stored without an id.
+		l.Stream, l.Gone = n.id, false
+		changed = true
+	}
+	if n.next <= l.Tail {
+		return changed, false
+	}
+	l.Tail = n.next
+	return true, true
+}
+
 // maybeWakeLocked starts a wake when s has pending work and none is in
 // flight, and saves s when it does. It reports whether it saved.
 func (m *subManager) maybeWakeLocked(s *subState) bool {
+	s.dropGone()
 	if s.WakeID != "" || s.Holder != "" || !s.pending() {
 		m.saveOrLog(s)
 		return true
@@ -1113,7 +1342,9 @@ func (m *subManager) tickLocked(now time.Time) {
 func (m *subManager) deliverLocked(s *subState) {
 	snap := map[string]uint64{}
 	for p, l := range s.Links {
-		snap[p] = l.Tail
+		if !l.Gone {
+			snap[p] = l.Tail
+		}
 	}
 	s.Snapshot = snap
 	payload := map[string]any{
