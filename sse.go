@@ -250,8 +250,9 @@ type turn struct {
 	limited bool          // a write deadline is set
 }
 
-// defaultFeedWriteTimeout bounds a write that other feeds wait for: one
-// made holding a turn, or by a hub (ssehub.go).
+// defaultFeedWriteTimeout bounds a write that other feeds wait for, one
+// made holding a turn, and a hub's write (ssehub.go), which the others stop
+// waiting for after a tick but which keeps a stalled client until then.
 const defaultFeedWriteTimeout = 10 * time.Second
 
 // feedWriteTimeout is timeout, or the default when it is not set.

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -21,12 +22,17 @@ import (
 // instead: one goroutine waits for the stream to move, reads the new
 // records once and writes them to every parked feed, whose own goroutine
 // sleeps until its feed needs it (its time is up, the client left, the
-// server shuts down, a write failed, the stream closed or went away).
+// server shuts down, a write failed, the stream closed or went away, or a
+// write to it did not finish at once: see hubStallTick).
 
 // sseHubs are the hubs of one handler, by stream and feed shape.
 type sseHubs struct {
 	mu   sync.Mutex
 	hubs map[hubKey]*sseHub
+	// stallTick is how often a pass looks for a write stuck on a client
+	// (see sendAll); 0: hubStallTick. Tests whose writes block on purpose
+	// set it long.
+	stallTick time.Duration
 }
 
 // hubKey tells hubs apart: feeds share a hub when they read the same
@@ -290,7 +296,11 @@ func (h *sseHub) catchUp(ctx context.Context, gen uint64, tail uint64, scratch *
 			}
 			h.mu.Unlock()
 			slice := group[i:min(i+hubSlice, len(group))]
-			h.sendAll(slice, f, h.encodeForFeeds(f, slice))
+			if scratch.tick == nil {
+				scratch.tick = time.NewTimer(time.Hour)
+				scratch.tick.Stop()
+			}
+			h.sendAll(slice, f, h.encodeForFeeds(f, slice), scratch.tick)
 			last = f
 			tail = max(tail, f.tail)
 		}
@@ -302,6 +312,7 @@ func (h *sseHub) catchUp(ctx context.Context, gen uint64, tail uint64, scratch *
 // of what the hub allocated, and so of the collections it caused.
 type passScratch struct {
 	feeds, group []*hubFeed
+	tick         *time.Timer // the passes' watchdog timer (sendAll), stopped between passes
 }
 
 // release drops the lists' references, so that feeds that left are not
@@ -335,27 +346,110 @@ func furthestBehind(feeds, group []*hubFeed) (at position, _ []*hubFeed, all boo
 	return at, group, len(group) == live
 }
 
+// A write to a client that stopped reading (a phone gone without a FIN, a
+// stuck consumer) does not finish until its socket drains or the write
+// deadline passes, up to the feed write timeout. Every feed behind it in
+// the pass, and every later append to all of them, used to wait that long.
+// So a pass's writes run on goroutines of their own while the hub's
+// goroutine watches them: a write still in progress at two looks in a row,
+// hubStallTick apart, is left to finish on the goroutine that is making it,
+// its feed leaves the hub, and a new goroutine takes over the rest of the
+// pass. When that write ends, the feed goes on by itself from where it left
+// off (errHubStopped): a client that was slow for a moment keeps its
+// connection and catches up on its own, one that is gone is let go when the
+// write times out, which a broken connection ends. The healthy feeds lose a
+// tick or two once per stalled client, not a timeout per event. One look
+// per tick costs the hub one timer per pass, not one per write.
+const hubStallTick = 10 * time.Millisecond
+
+// hubPass is one frame being written to a slice of feeds.
+type hubPass struct {
+	h      *sseHub
+	feeds  []*hubFeed
+	f      *sseFrame
+	events map[string][]byte
+	next   atomic.Int64 // index of the next feed a writer takes
+	active atomic.Int32 // writers still counted; the last one out closes done
+	done   chan struct{}
+}
+
+// passWriter is one goroutine writing a pass's feeds.
+type passWriter struct {
+	// state counts the writer's writes, two steps each: odd while one is
+	// in progress. The watchdog sets writerDetached on a write it saw in
+	// progress at two looks; a writer that finds its state changed when
+	// its write returns knows it was detached.
+	state atomic.Uint64
+	// cur is the feed of the write in progress. It is set before state
+	// turns odd, and the watchdog reads it only after detaching the
+	// writer, which then never sets it again.
+	cur *hubFeed
+}
+
+const writerDetached = 1 << 63
+
+// work writes the pass's feeds one by one until none is left, or until
+// the watchdog detached it from the pass.
+func (p *hubPass) work(w *passWriter) {
+	for {
+		i := p.next.Add(1) - 1
+		if i >= int64(len(p.feeds)) {
+			if p.active.Add(-1) == 0 {
+				close(p.done)
+			}
+			return
+		}
+		if !p.h.send(p.feeds[i], p.f, p.events, w) {
+			return // detached: a new writer took this one's place
+		}
+	}
+}
+
 // sendAll writes frame f to the feeds, split over one goroutine per
-// processor when there are enough of them to be worth it.
-func (h *sseHub) sendAll(feeds []*hubFeed, f *sseFrame, events map[string][]byte) {
+// processor when there are enough of them to be worth it, and returns once
+// every write is done except those it left to finish on their own (see
+// hubStallTick). tick is the hub's timer, stopped.
+func (h *sseHub) sendAll(feeds []*hubFeed, f *sseFrame, events map[string][]byte, tick *time.Timer) {
 	n := runtime.GOMAXPROCS(0)
 	if len(feeds) < 64*n {
 		n = 1
 	}
-	per := (len(feeds) + n - 1) / n
-	var wg sync.WaitGroup
-	for i := 1; i < n; i++ {
-		part := feeds[min(i*per, len(feeds)):min((i+1)*per, len(feeds))]
-		wg.Go(func() {
-			for _, hf := range part {
-				h.send(hf, f, events)
+	p := &hubPass{h: h, feeds: feeds, f: f, events: events, done: make(chan struct{})}
+	p.active.Store(int32(n))
+	writers := make([]*passWriter, n)
+	seen := make([]uint64, n) // each writer's state at the last look
+	for i := range writers {
+		writers[i] = &passWriter{}
+		go p.work(writers[i])
+	}
+	every := h.hubs.stallTick
+	if every <= 0 {
+		every = hubStallTick
+	}
+	tick.Reset(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.done:
+			return
+		case <-tick.C:
+		}
+		for i, w := range writers {
+			s := w.state.Load()
+			if s%2 == 1 && s == seen[i] && w.state.CompareAndSwap(s, s|writerDetached) {
+				// The same write as at the last look: its feed leaves the
+				// hub, so no later pass waits on it either, and a new
+				// writer goes on with the pass (it counts in active for
+				// the detached one).
+				h.remove(w.cur)
+				writers[i], seen[i] = &passWriter{}, 0
+				go p.work(writers[i])
+				continue
 			}
-		})
+			seen[i] = s
+		}
+		tick.Reset(every)
 	}
-	for _, hf := range feeds[:min(per, len(feeds))] {
-		h.send(hf, f, events)
-	}
-	wg.Wait()
 }
 
 // maxPassVariants bounds the events one pass encodes ahead.
@@ -380,32 +474,36 @@ func (h *sseHub) encodeForFeeds(f *sseFrame, feeds []*hubFeed) map[string][]byte
 }
 
 // send writes frame f to one feed, as the feed itself would have: the
-// pass's shared bytes for the feed's variant when there are some.
-func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
+// pass's shared bytes for the feed's variant when there are some. It
+// reports false when the pass's watchdog detached w during the write: the
+// feed has left the hub then, and send lets it go on by itself.
+func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte, w *passWriter) bool {
 	hf.mu.Lock()
 	if hf.ended != nil {
 		hf.mu.Unlock()
-		return
+		return true
 	}
 	if hf.next != f.start {
 		// Not where the frame starts (it cannot happen with one run at a
 		// time; never write a gap or a repeat): the feed goes on alone.
 		hf.mu.Unlock()
 		h.end(hf, errHubStopped)
-		return
+		return true
 	}
-	// One goroutine writes to many feeds, so a client that stopped reading
-	// must not hold it for long: each write has the feed write timeout to
-	// finish. The deadline moves on every half of that, not at every write,
-	// except where an armed deadline fires by itself (HTTP/2): there it is
-	// set for each write and cleared after it, or an idle feed would be
-	// reset one timeout after its last event.
+	// Each write has the feed write timeout to finish, so a write the pass
+	// left to finish alone ends in time (and with it a client that stopped
+	// reading). The deadline moves on every half of that, not at every
+	// write, except where an armed deadline fires by itself (HTTP/2):
+	// there it is set for each write and cleared after it, or an idle feed
+	// would be reset one timeout after its last event.
 	fires := hf.es.deadlineFires
 	if now := time.Now(); fires || !now.Before(hf.renewAt) {
 		timeout := h.src.writeTimeout()
 		_ = hf.limit(now.Add(timeout))
 		hf.renewAt = now.Add(timeout / 2)
 	}
+	w.cur = hf
+	s := w.state.Add(1) // odd: a write in progress
 	var ok bool
 	if b, shared := events[h.src.variant(f, hf.cursor)]; shared {
 		ok = hf.writeShared(b)
@@ -415,14 +513,31 @@ func (h *sseHub) send(hf *hubFeed, f *sseFrame, events map[string][]byte) {
 	if fires {
 		_ = hf.limit(time.Time{})
 	}
+	detached := !w.state.CompareAndSwap(s, s+1)
 	if ok {
 		hf.next = f.next
 		hf.closeSent = f.closed
+	}
+	if detached {
+		// The feed is out of the hub already (the watchdog removed it).
+		// The whole event was written, or the connection is broken.
+		switch {
+		case !ok:
+			hf.ended = errFeedBroken
+		case f.closed:
+			hf.ended = errFeedClosed
+		default:
+			hf.ended = errHubStopped // go on alone from hf.next
+		}
+		close(hf.done)
+		hf.mu.Unlock()
+		return false
 	}
 	hf.mu.Unlock()
 	if !ok {
 		h.end(hf, errFeedBroken)
 	}
+	return true
 }
 
 // writeShared writes and flushes a pass's shared bytes to the feed.

@@ -377,6 +377,8 @@ func (g gatedRecorder) Write(b []byte) (int, error) {
 func TestSSEHubJoinsRecordsArrivingMidPass(t *testing.T) {
 	const n = hubSlice + 44
 	s, eng, key, pos := newHubStream(t)
+	// The writes are held on purpose while "two" is appended: not a stall.
+	s.proto.hubs.stallTick = time.Hour
 	src := dsHubSource{d: s.proto, eng: eng, key: key}
 	gate, signal, once := make(chan struct{}), make(chan struct{}), &sync.Once{}
 	recs := make([]*httptest.ResponseRecorder, n)

@@ -87,10 +87,12 @@ func TestHubReplacedRunLeavesItsPlace(t *testing.T) {
 	}
 }
 
-// stallWriter is a response whose first write waits for release.
+// stallWriter is a response whose first write waits for release, then
+// fails with fail if that is set (the client was gone).
 type stallWriter struct {
 	*httptest.ResponseRecorder
 	entered, release chan struct{}
+	fail             error
 	n                int
 }
 
@@ -99,6 +101,9 @@ func (w *stallWriter) Write(b []byte) (int, error) {
 	if w.n == 1 {
 		close(w.entered)
 		<-w.release
+		if w.fail != nil {
+			return 0, w.fail
+		}
 	}
 	return w.ResponseRecorder.Write(b)
 }
@@ -116,6 +121,8 @@ func (w *stallWriter) Flush() {}
 // and writes them.
 func TestHubFeedParkedDuringCloseGetsTheCloseEvents(t *testing.T) {
 	s, eng, key, pos := newHubStream(t)
+	// a's write is held on purpose while c parks: not a stall.
+	s.proto.hubs.stallTick = time.Hour
 	src := dsHubSource{d: s.proto, eng: eng, key: key}
 	slow := &stallWriter{ResponseRecorder: httptest.NewRecorder(), entered: make(chan struct{}), release: make(chan struct{})}
 	a := fakeHubFeed(slow, "c", pos)
