@@ -478,7 +478,7 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, token string
 		}
 		key := WALKey(n.ID, seq)
 		if !present[seq] {
-			outcome, err := seal(ctx, store, n.ID, seq, token, 6)
+			outcome, err := seal(ctx, store, n.ID, seq, token, 6, false)
 			if err != nil {
 				return 0, err
 			}
@@ -522,16 +522,32 @@ const (
 // that leaves the outcome open (a lost response, or a write the store
 // could not confirm) is settled by reading the key back. It tries at most
 // attempts times (0: until ctx ends), with backoff.
-func seal(ctx context.Context, store Store, ns, seq uint64, token string, attempts int) (sealOutcome, error) {
+//
+// An object at the key that does not decode (a checksum or framing error)
+// fails the seal, unless replaceCorrupt: the writer that owns the
+// namespace passes it, as the key can then only hold its own batch, whose
+// upload failed and was never acknowledged, or a seal. The seal takes the
+// corrupt object's place (if-match on its ETag), so replay stops there as
+// at any seal; failing instead left the writer broken for good, every
+// later append refused, over one object nothing can ever read.
+func seal(ctx context.Context, store Store, ns, seq uint64, token string, attempts int, replaceCorrupt bool) (sealOutcome, error) {
 	key := WALKey(ns, seq)
+	body := EncodeSeal(ns, seq, token)
 	for attempt := 0; ; attempt++ {
-		_, err := store.Put(ctx, key, EncodeSeal(ns, seq, token), PutOptions{IfNoneMatch: true})
+		_, err := store.Put(ctx, key, body, PutOptions{IfNoneMatch: true})
 		if err == nil {
 			return sealWon, nil
 		}
-		if data, _, gerr := store.Get(ctx, key, 0, -1); gerr == nil {
+		if data, etag, gerr := store.Get(ctx, key, 0, -1); gerr == nil {
 			obj, derr := DecodeWAL(data)
 			switch {
+			case derr != nil && replaceCorrupt && etag != "":
+				// A failed swap (the object changed, or the answer was
+				// lost) is judged by the next attempt's read.
+				if _, err = store.Put(ctx, key, body, PutOptions{IfMatch: etag}); err == nil {
+					return sealWon, nil
+				}
+				err = fmt.Errorf("replace corrupt object: %w (it did not decode: %v)", err, derr)
 			case derr != nil:
 				return 0, fmt.Errorf("seal %s: %w", key, derr)
 			case !obj.Sealed:

@@ -482,7 +482,7 @@ func (w *Writer) settle(queue []*Batch) {
 		// A doomed batch was never given a WAL sequence, so only a batch
 		// whose upload failed needs a seal to fix its fate.
 		if !b.doomed {
-			outcome, err := seal(w.ctx, w.store, b.Namespace, b.Seq, w.deps.Token, 0)
+			outcome, err := seal(w.ctx, w.store, b.Namespace, b.Seq, w.deps.Token, 0, true)
 			switch {
 			case err != nil: // writer closed while the store was unreachable
 				w.abort(queue[i:], err, false)

@@ -538,3 +538,68 @@ func TestWriterFlushWishDoesNotOutliveItsBatch(t *testing.T) {
 		})
 	}
 }
+
+// An object that fails its checksum at the key of a failed upload must not
+// wedge the writer. The seal that settles the upload used to read it back,
+// fail to decode it and give up, leaving the writer broken: every later
+// append refused until a restart. The seal now takes its place, so replay
+// stops there, and the writer goes on in a new namespace.
+func TestWriterSealReplacesCorruptObject(t *testing.T) {
+	store := memstore.New()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	key := segment.WALKey(1, 0)
+	// The upload below finds the key taken (if-none-match) and fails; the
+	// seal then reads back bytes that are no WAL object.
+	if _, err := store.Put(ctx, key, []byte("PMQW\x01 torn and unreadable"), segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w := segment.NewWriter(store, 1, 0, segment.WriterConfig{FlushInterval: time.Millisecond}, segment.WriterDeps{
+		Hooks:        noHooks{},
+		Token:        "me",
+		NewNamespace: func(context.Context) (uint64, error) { return 2, nil },
+	})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = w.Close(ctx)
+	})
+	first, err := w.Add(testEntry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-first.Done()
+	if first.Err() == nil {
+		t.Fatal("the batch committed though its key held another object")
+	}
+
+	var next *segment.Batch
+	for {
+		if next, err = w.Add(testEntry(0)); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the writer never took entries again after the corrupt object: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case <-next.Done():
+	case <-ctx.Done():
+		t.Fatal("the next batch never settled")
+	}
+	if err := next.Err(); err != nil {
+		t.Fatalf("the next batch: %v", err)
+	}
+	if next.Namespace != 2 {
+		t.Errorf("the next batch went to namespace %d, want 2 (a new one)", next.Namespace)
+	}
+	data, _, err := store.Get(ctx, key, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := segment.DecodeWAL(data)
+	if err != nil || !obj.Sealed || obj.SealToken != "me" {
+		t.Fatalf("%s holds %q (decode: %v), want this writer's seal", key, data, err)
+	}
+}
