@@ -3,6 +3,7 @@ package streamstore
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -160,5 +161,119 @@ func TestLookupDuringRefusedCreateSeesTheStream(t *testing.T) {
 	}
 	if err := <-headDone; err != nil {
 		t.Fatalf("head while the create was refused: %v", err)
+	}
+}
+
+// heldWALPut parks the first WAL upload once armed, until release, and
+// then fails it or lets it through.
+type heldWALPut struct {
+	mu      sync.Mutex
+	armed   bool
+	fail    bool
+	held    chan struct{} // closed when the upload is parked
+	release chan struct{}
+}
+
+func (h *heldWALPut) hook(op, key string) error {
+	h.mu.Lock()
+	park := h.armed && op == "PUT" && strings.HasPrefix(key, "wal/")
+	h.armed = h.armed && !park
+	h.mu.Unlock()
+	if !park {
+		return nil
+	}
+	close(h.held)
+	<-h.release
+	if h.fail {
+		return errors.New("injected upload failure")
+	}
+	return nil
+}
+
+// TestCreateWaitsForAPendingClose: a create of an existing stream is
+// judged on its closure (Stream-Closed must match), and a close that is
+// not yet durable may still roll back. Judged against the pending close,
+// a create with Stream-Closed was told the stream exists closed while the
+// close then failed and the stream stayed open, and one without it was
+// refused over a close that never happened. The create now waits for the
+// close's fate.
+func TestCreateWaitsForAPendingClose(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		closeFail bool
+		closed    bool // the create's Stream-Closed
+		want      error
+	}{
+		{"close rolls back, create closed", true, true, ErrConflict},
+		{"close rolls back, create open", true, false, nil},
+		{"close lands, create closed", false, true, nil},
+		{"close lands, create open", false, false, ErrConflict},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			h := &heldWALPut{fail: tc.closeFail, held: make(chan struct{}), release: make(chan struct{})}
+			st.Fail = h.hook
+			e := startEngine(t, st, Config{AppendTimeout: 10 * time.Second})
+			if _, _, err := e.Create(ctx, "/c", CreateRequest{ContentType: "text/plain"}); err != nil {
+				t.Fatal(err)
+			}
+			h.mu.Lock()
+			h.armed = true
+			h.mu.Unlock()
+			closed := make(chan error, 1)
+			go func() {
+				_, err := e.Append(ctx, "/c", AppendRequest{Close: true})
+				closed <- err
+			}()
+			<-h.held
+			created := make(chan error, 1)
+			go func() {
+				_, _, err := e.Create(ctx, "/c", CreateRequest{ContentType: "text/plain", Closed: tc.closed})
+				created <- err
+			}()
+			// The close is released once the create has answered or waits
+			// for the stream's next change.
+			s, err := e.stream(ctx, "/c")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var early error
+			answered := false
+			for deadline := time.Now().Add(10 * time.Second); !answered; {
+				select {
+				case early = <-created:
+					answered = true
+				default:
+				}
+				s.mu.Lock()
+				waiting := s.changed != nil
+				s.mu.Unlock()
+				if waiting {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the create neither answered nor waited for the close")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if answered {
+				created <- early
+			}
+			close(h.release)
+			if err := <-closed; (err != nil) != tc.closeFail {
+				t.Fatalf("close: %v (failure injected: %v)", err, tc.closeFail)
+			}
+			if err := <-created; !errors.Is(err, tc.want) {
+				t.Fatalf("create with Closed %v: %v, want %v", tc.closed, err, tc.want)
+			}
+			info, err := e.Head(ctx, "/c")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.Closed != !tc.closeFail {
+				t.Fatalf("the stream's closure is %v after the close %s", info.Closed, map[bool]string{true: "failed", false: "landed"}[tc.closeFail])
+			}
+		})
 	}
 }

@@ -44,7 +44,7 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 			return info, created, err
 		}
 	}
-	s, err := e.stream(ctx, name)
+	s, err := e.settledStream(ctx, name)
 	switch {
 	case errors.Is(err, ErrNotFound):
 	case err != nil:
@@ -81,6 +81,42 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 	return info, created, err
 }
 
+// settledStream looks name up for a create to judge, once no close of it
+// is on its way: a create is compared with the stream's closure, and a
+// close not yet durable may still roll back. Judged against it, a create
+// with Stream-Closed was told the stream exists closed while it stayed
+// open, and one without it was refused over a close that never happened.
+// It waits as an append behind a pending close does, within the append
+// timeout. The caller holds the name lock.
+func (e *Engine) settledStream(ctx context.Context, name string) (*stream, error) {
+	var timeout <-chan struct{} // set at the first wait
+	for {
+		s, err := e.stream(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		if !s.pend.Closed || s.durable.Closed {
+			s.mu.Unlock()
+			return s, nil
+		}
+		ch := s.changedLocked()
+		s.mu.Unlock()
+		if timeout == nil {
+			timeout = e.deadlines.after(e.config().AppendTimeout)
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			return nil, fmt.Errorf("%w: a close of %s is not settled yet: %w", ErrUnavailable, name, ErrUnconfirmed)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-e.closing:
+			return nil, ErrShuttingDown
+		}
+	}
+}
+
 // errNameTaken says a create found a metadata object already there.
 var errNameTaken = errors.New("a metadata object exists for the name")
 
@@ -101,7 +137,7 @@ func (e *Engine) resident(name string) bool {
 // caller holds s.mu.
 func (e *Engine) sameConfig(ctx context.Context, s *stream, req CreateRequest) bool {
 	m := s.meta
-	if (req.Fork != nil) != (m.Fork != nil) || s.pend.Closed != req.Closed {
+	if (req.Fork != nil) != (m.Fork != nil) || s.durable.Closed != req.Closed {
 		return false
 	}
 	if req.Fork != nil {
