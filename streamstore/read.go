@@ -48,6 +48,15 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 	}
 	if err != nil {
 		res.held.release()
+		// A trim that a compaction applied while the records were being
+		// fetched removed them: they are gone, as for a read that came
+		// after it, not lost by the bucket.
+		s.mu.Lock()
+		start := s.startSeq(&s.durable)
+		s.mu.Unlock()
+		if req.Seq < start {
+			return ReadResult{}, fmt.Errorf("%w: position %d is below the first retained one %d (trimmed during the read: %v)", ErrGone, req.Seq, start, err)
+		}
 		return ReadResult{}, err
 	}
 	res.NextSeq = req.Seq + uint64(len(res.Records))
@@ -166,6 +175,13 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 		}
 		if r := runs[0]; r.blob != "" {
 			recs, err := e.blobRecords(ctx, id, r)
+			if errors.Is(err, segment.ErrNotFound) {
+				// A compaction applying a trim that cut into the blob
+				// rewrote its retained records as a data object and
+				// deleted it, before the stream's runs let go of it:
+				// the data index finds them.
+				return e.dataRecords(ctx, s, id, seq)
+			}
 			if err != nil {
 				return nil, nil, err
 			}
