@@ -357,17 +357,13 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 	if !ok {
 		return
 	}
+	// Closing a closed stream is idempotent (section 5.2): the engine
+	// answers a close-only request without a producer as a success, and
+	// with one only when it repeats the request that closed the stream
+	// (section 5.2.1); any other producer tuple is refused with 409 and
+	// Stream-Closed, as the reference server does and as an append is.
 	res, err := eng.Append(r.Context(), name, req)
 	if err != nil {
-		var closed *streamstore.ClosedError
-		if errors.As(err, &closed) && len(req.Records) == 0 {
-			// Closing a closed stream is idempotent (section 5.2).
-			h := w.Header()
-			h.Set(hdrStreamNextOffset, position{seq: closed.NextSeq}.String())
-			h.Set(hdrStreamClosed, "true")
-			w.WriteHeader(http.StatusNoContent)
-			return
-		}
 		d.engineError(w, r, err)
 		return
 	}

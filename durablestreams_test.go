@@ -1025,3 +1025,47 @@ func TestContentEncodedBodiesAreRefused(t *testing.T) {
 		t.Errorf("Pico stream holds %d records, want 2", len(recs))
 	}
 }
+
+// TestProducerCloseOnlyOnAClosedStream: a close-only request with producer
+// headers on a closed stream. The retry of the request that closed it
+// (same Producer-Id, epoch and seq) is an idempotent success: 204 with
+// Stream-Closed and the producer echo headers (section 5.2.1). Any other
+// producer tuple is refused as an append to a closed stream is: 409 with
+// Stream-Closed and the final offset, as the reference server answers and
+// as Pico does. It was answered 204 without the producer headers, telling
+// a producer whose close never applied that it had.
+func TestProducerCloseOnlyOnAClosedStream(t *testing.T) {
+	prod := func(id, epoch, seq string) []string {
+		return []string{"Stream-Closed", "true", "Producer-Id", id, "Producer-Epoch", epoch, "Producer-Seq", seq}
+	}
+	tail := position{2, 0}.String()
+	for _, tc := range []struct {
+		name   string
+		closer []string // the close-only request that closed the stream
+		req    []string // the close-only request sent afterwards
+		status int
+		epoch  string // Producer-Epoch and Producer-Seq wanted ("" absent)
+		seq    string
+	}{
+		{"retry of the producer's close", prod("p1", "0", "2"), prod("p1", "0", "2"), 204, "0", "2"},
+		{"the producer's next seq", prod("p1", "0", "2"), prod("p1", "0", "3"), 409, "", ""},
+		{"another producer", prod("p1", "0", "2"), prod("p2", "0", "0"), 409, "", ""},
+		{"a producer on a stream closed without one", []string{"Stream-Closed", "true"}, prod("p1", "0", "2"), 409, "", ""},
+		{"no producer", prod("p1", "0", "2"), []string{"Stream-Closed", "true"}, 204, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newDSServer(t)
+			s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+			for i, b := range []string{"a", "b"} {
+				s.do(t, "POST", "/s", b, ct, "text/plain", "Producer-Id", "p1", "Producer-Epoch", "0", "Producer-Seq", fmt.Sprint(i)).want(t, 200)
+			}
+			s.do(t, "POST", "/s", "", tc.closer...).want(t, 204).header(t, hdrStreamClosed, "true")
+			s.do(t, "POST", "/s", "", tc.req...).want(t, tc.status).
+				header(t, hdrStreamClosed, "true").header(t, hdrStreamNextOffset, tail).
+				header(t, hdrProducerEpoch, tc.epoch).header(t, hdrProducerSeq, tc.seq)
+			if got := s.do(t, "GET", "/s", "").body; got != "ab" {
+				t.Errorf("body %q, want %q", got, "ab")
+			}
+		})
+	}
+}
