@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -186,5 +187,63 @@ func TestLateSubscriptionCreateSparesTheDeleted(t *testing.T) {
 	e.caddy.Restart()
 	if resp := e.must(fhReq{Method: http.MethodGet, Path: sub}); resp.Status != http.StatusNotFound {
 		t.Fatalf("after a restart GET %s: %s, want 404", sub, resp)
+	}
+}
+
+// TestLateDataPUTOfADeletedStreamIsCollected: a compaction's PUT of a
+// stream's data object is held up on its way (every attempt, each given up
+// by its client after s3_timeout), so the fold fails; the stream is
+// deleted, and the collector removes its data. Then the held PUTs land.
+// S3 takes a request up to 15 minutes after it was signed, so this is a
+// write the bucket can see; nothing listed the dead id's data again, and
+// the object stayed for good. The collector now sweeps the id's data once
+// more when it removes the grave (grave_time later).
+func TestLateDataPUTOfADeletedStreamIsCollected(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"s3_timeout 1s", "compact_interval 1s", "pack_below off", "grave_time 2s"}})
+	const path = "/late-data"
+	e.create(path, "text/plain")
+	e.append(path, "text/plain", []byte("records"))
+
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/data/"})
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.proxy.WaitHeld(ctx, 1); err != nil {
+		t.Fatalf("no compaction PUT of a data object within a minute (compact_interval 1s): %v", err)
+	}
+	// The delete waits for the fold to give up (it holds the stream's
+	// metadata), then buries the stream.
+	if resp := e.must(fhReq{Method: http.MethodDelete, Path: path}); resp.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s, want 204", path, resp)
+	}
+	err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if left := e.mustList("gc/"); len(left) > 0 {
+			return fmt.Errorf("tombstones %v", left)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the collector did not work off the delete: %v", err)
+	}
+	release()
+	if err := e.proxy.WaitLanded(ctx); err != nil {
+		t.Fatalf("the held PUTs did not land: %v", err)
+	}
+	landed := e.mustList("data/")
+	if len(landed) == 0 {
+		t.Fatal("no data object landed late: this tests nothing")
+	}
+	t.Logf("landed after the delete: %v", landed)
+	err = fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
+		if left := append(e.mustList("data/"), e.mustList("graves/")...); len(left) > 0 {
+			return fmt.Errorf("left in the bucket: %v", left)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("a deleted stream's data that landed late stayed: %v", err)
 	}
 }

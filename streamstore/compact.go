@@ -747,12 +747,8 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 				after = o.Key
 				continue
 			}
-			// Blobs after data: a marker is never left naming a deleted
-			// blob. Blobs that never made it into the WAL go here too.
-			for _, p := range []string{dataPrefix(id), blobPrefix(id)} {
-				if err := e.deleteUnder(ctx, p, ""); err != nil {
-					return err
-				}
+			if err := e.sweepStreamData(ctx, id); err != nil {
+				return err
 			}
 			// The grave was written before the tombstone was listed, so
 			// it is due at the latest one grave time from now. Indexed by
@@ -774,6 +770,18 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 		}
 	}
 	return e.removeDueGraves(ctx)
+}
+
+// sweepStreamData deletes the data objects and blobs of the deleted
+// stream id. Blobs after data: a marker is never left naming a deleted
+// blob. Blobs that never made it into the WAL go here too.
+func (e *Engine) sweepStreamData(ctx context.Context, id string) error {
+	for _, p := range []string{dataPrefix(id), blobPrefix(id)} {
+		if err := e.deleteUnder(ctx, p, ""); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // removeDueGraves removes the graves whose index entries are due, oldest
@@ -809,6 +817,14 @@ func (e *Engine) removeDueGraves(ctx context.Context) error {
 			if strings.HasPrefix(id, docGraveID) {
 				later, err = e.removeGraveAt(ctx, string(name), "")
 			} else {
+				// A write of the stream's data held up on its way (a
+				// fold's or a blob's PUT whose client gave up) can land
+				// after the tombstone's sweep. It was signed before the
+				// delete, so it has landed or never will by now: a sweep
+				// of the id's keys again leaves nothing behind.
+				if err := e.sweepStreamData(ctx, id); err != nil {
+					return err
+				}
 				later, err = e.removeGrave(ctx, string(name), id)
 			}
 			if err != nil {

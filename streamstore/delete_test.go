@@ -340,3 +340,65 @@ func TestCollectorSkipsTombstoneGoneSinceListing(t *testing.T) {
 		t.Fatalf("after a restart the stream reads %s", got)
 	}
 }
+
+// A compaction's PUT of a data object that its client gave up on (held up
+// on its way, so the fold failed) can land after the stream was deleted
+// and the collector removed its data: a S3 request is accepted up to 15
+// minutes after it was signed. Nothing listed data/<id>/ again, so the
+// object stayed for good. The collector now removes the id's data and
+// blobs again when it removes the grave, grave_time later, past any
+// request of the stream still on its way. Writes of the data of a stream
+// being deleted are otherwise ordered before the delete's swap (the fold
+// holds the stream's metadata lock), so only late ones matter.
+func TestLateDataPUTOfADeletedStreamIsCollected(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var mu sync.Mutex
+	var lateKey string
+	failData := true
+	st.Fail = func(op, key string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failData && op == "PUT" && strings.HasPrefix(key, "data/") {
+			lateKey = key
+			return errors.New("timed out; the request is still on its way")
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{GraveTime: 200 * time.Millisecond})
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
+		t.Fatal(err)
+	}
+	setPackBelow(e, -1) // folded into a data object of its own
+	if err := e.Compact(ctx); err == nil {
+		t.Fatal("the compaction succeeded though its data PUT failed")
+	}
+	mu.Lock()
+	failData = false
+	key := lateKey
+	mu.Unlock()
+	if key == "" {
+		t.Fatal("the compaction wrote no data object")
+	}
+	lateBody := segment.EncodeData([]Record{{Seq: 0, Body: []byte("a")}, {Seq: 1, Body: []byte("b")}})
+	if err := e.Delete(ctx, "/s"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.collectGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The held-up PUT lands now, after the collector removed the data.
+	if _, err := st.Put(ctx, key, lateBody, segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(st.Keys("data/")) > 0 || len(st.Keys("graves/")) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("data %v and grave index %v left after the grave was due", st.Keys("data/"), st.Keys("graves/"))
+		}
+		if err := e.collectGarbage(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
