@@ -402,3 +402,61 @@ func TestLateDataPUTOfADeletedStreamIsCollected(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A delete that arrives while a fold of the stream is writing its data
+// waits for the fold (which holds the stream's metadata lock across its
+// PUTs and its checkpoint) before it swaps the metadata for a grave, so
+// the collector's sweep, which follows the swap, finds every object the
+// fold wrote: nothing of the deleted stream is left in the bucket.
+func TestDeleteRacingAFoldLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	st.Fail = func(op, key string) error {
+		if op == "PUT" && strings.HasPrefix(key, "data/") {
+			once.Do(func() {
+				close(held)
+				<-release
+			})
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{})
+	// Before the engine closes, on any way out: a held PUT holds it up.
+	unblock := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(unblock)
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
+		t.Fatal(err)
+	}
+	setPackBelow(e, -1)
+	compacted := make(chan error, 1)
+	go func() { compacted <- e.Compact(ctx) }()
+	<-held
+	// What orders the delete after the fold: the fold holds the stream's
+	// metadata lock while its PUT is on its way, and the delete's swap
+	// takes it.
+	s, err := e.stream(ctx, "/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.metaMu.TryLock() {
+		s.metaMu.Unlock()
+		t.Fatal("the fold's data PUT is on its way without the stream's metadata lock held")
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- e.Delete(ctx, "/s") }()
+	unblock()
+	if err := <-compacted; err != nil {
+		t.Fatalf("compact: %v", err)
+	}
+	if err := <-deleted; err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if err := e.collectGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left := append(st.Keys("data/"), st.Keys("blob/")...); len(left) > 0 {
+		t.Fatalf("the deleted stream's objects are left: %v", left)
+	}
+}
