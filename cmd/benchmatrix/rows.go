@@ -164,7 +164,11 @@ var rowSettings = map[string]settings{
 		"CPU (a write syscall of about 9 us per feed against 5 at 20 appends/s, as each wakes an idle reader) and the load generator " +
 		"about 40 ms more than its baseline (measured 2026-12-03 at 0.1 append/s: Caddy 0.24 s and the load generator 1.68 s in 20 s, " +
 		"its pollers' 1 ms ticks costing about 8% of a core, most of it (perf) the Go runtime breaking its network poller's sleep, a write " +
-		"to its eventfd, for each new timer), so a wave lasts what both need of the two cores, and any CPU taken from them lengthens it. Row 6-node is the " +
+		"to its eventfd, for each new timer), so a wave lasts what both need of the two cores, and any CPU taken from them lengthens it. Since 4d129f3 a pass's " +
+		"writes run on goroutines the hub watches every 10 ms, so that a client that stopped reading (its socket full) leaves the hub " +
+		"instead of holding every other feed up to the write timeout (through Caddy, 20 readers beside one such client: a record 7.4-8.2 s " +
+		"late before, 155-560 ms after on a busy box); this row, alternated on 2026-12-04 with the build before (bench/run -rows 6, same " +
+		"hour, no steal): rounds 112, 92.5 and 111 ms against 127, 118 and 104, Caddy's CPU 29.8 s against 29.4. Row 6-node is the " +
 		"same load on the Node reference server, in memory",
 		Tried: "before the hub, a fan-out gate of 1, 2, 8, 16 or 64 x GOMAXPROCS feeds (p99 229-266 ms in all runs), or no gate at all " +
 			"(p50 52-59 ms against 135, p99 242-334 against 266-276); waking feeds with the stream's state in the wake-up itself, so that " +
