@@ -525,9 +525,18 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 	}
 	defer func() { c.release() }()
 	cursor := nextCursor(time.Now(), clientCursor, d.jitter)
+	// An answer is cacheable under its offset and cursor (section 10.1),
+	// except at offset=now: the URL names the tail, which moves, and a
+	// cached answer would give clients that come later records from
+	// before they asked, not the first ones after. As for a catch-up read
+	// at now, no-store and no ETag.
+	cacheControl, withETag := cacheControlCatchUp, true
+	if off.kind == offsetNow {
+		cacheControl, withETag = cacheControlNoStore, false
+	}
 	for {
 		if c.hasData() {
-			d.writeChunk(w, r, c, cursor, cacheControlCatchUp, true)
+			d.writeChunk(w, r, c, cursor, cacheControl, withETag)
 			return
 		}
 		if c.closed {

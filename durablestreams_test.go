@@ -1069,3 +1069,43 @@ func TestProducerCloseOnlyOnAClosedStream(t *testing.T) {
 		})
 	}
 }
+
+// TestLongPollAtNowIsNotCached: a long-poll at offset=now that data wakes
+// answers 200 with the data, but "now" names another position a moment
+// later, so a CDN must not hand that answer to the next client polling the
+// same URL (it keyed every new subscriber of the stream to old records). A
+// long-poll at a real offset stays cacheable (section 10.1).
+func TestLongPollAtNowIsNotCached(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.longPollTimeout = 10 * time.Second })
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	for _, tc := range []struct {
+		offset, cacheControl string // offset "tail": the tail's own offset
+		etag                 bool
+	}{
+		{"now", cacheControlNoStore, false},
+		{"tail", cacheControlCatchUp, true},
+	} {
+		if tc.offset == "tail" {
+			tc.offset = s.do(t, "HEAD", "/s", "").want(t, 200).h.Get(hdrStreamNextOffset)
+		}
+		done := make(chan resp, 1)
+		go func() { done <- s.do(t, "GET", "/s?live=long-poll&offset="+tc.offset, "") }()
+		// Append until the long-poll answers: an append that lands before
+		// it reads the tail leaves it waiting for the next one.
+		var r resp
+		for r.status == 0 {
+			s.do(t, "POST", "/s", "x", ct, "text/plain").want(t, 204)
+			select {
+			case r = <-done:
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		r.want(t, 200)
+		if got := r.h.Get("Cache-Control"); got != tc.cacheControl {
+			t.Errorf("offset=%s: Cache-Control %q, want %q", tc.offset, got, tc.cacheControl)
+		}
+		if got := r.h.Get("ETag") != ""; got != tc.etag {
+			t.Errorf("offset=%s: ETag %q, want one: %v", tc.offset, r.h.Get("ETag"), tc.etag)
+		}
+	}
+}
