@@ -904,6 +904,15 @@ func (d *durableStreams) read(ctx context.Context, eng *streamstore.Engine, name
 		res.Release()
 		return chunk{}, err
 	}
+	if !c.hasData() && !c.upToDate && c.start != from {
+		// off was the end of its record (a fork cut there), and that
+		// record filled the engine's read by itself: nothing of it is
+		// sent, so the read brought nothing yet stopped short of the
+		// tail. Read on from the next record; the offset names the same
+		// position.
+		res.Release()
+		return d.read(ctx, eng, name, readOffset{kind: offsetAt, pos: c.start})
+	}
 	c.done = res.Release
 	return c, nil
 }

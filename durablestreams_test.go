@@ -1109,3 +1109,45 @@ func TestLongPollAtNowIsNotCached(t *testing.T) {
 		}
 	}
 }
+
+// TestReadForkFromItsOffsetInsideALargeRecord: a fork cut deep inside a
+// record that the source handed out in pieces (at the offset after a
+// chunk-limited read), read from its fork offset, is at the end of the
+// cut record and reads on with the fork's own records in every mode. When
+// the cut part filled the engine's read by itself, the read came back
+// with nothing and not up to date: catch-up answered an empty 200, a
+// long-poll 500 and an SSE feed ended without an event.
+func TestReadForkFromItsOffsetInsideALargeRecord(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.chunkBytes = 10 })
+	s.do(t, "PUT", "/src", strings.Repeat("s", 36), ct, "text/plain").want(t, 201)
+	// The source hands out (0,10), then (0,20): the fork point is one the
+	// server gave out.
+	off := "-1"
+	for range 2 {
+		off = s.do(t, "GET", "/src?offset="+off, "").want(t, 200).h.Get(hdrStreamNextOffset)
+	}
+	if off != (position{0, 20}).String() {
+		t.Fatalf("source's second offset %s", off)
+	}
+	s.do(t, "PUT", "/fork", "", "Stream-Forked-From", "/src", "Stream-Fork-Offset", off).want(t, 201)
+	s.do(t, "POST", "/fork", "own", ct, "text/plain").want(t, 204)
+	tail := position{2, 0}.String()
+
+	r := s.do(t, "GET", "/fork?offset="+off, "").want(t, 200)
+	if r.body != "own" || r.h.Get(hdrStreamNextOffset) != tail || r.h.Get(hdrStreamUpToDate) != "true" {
+		t.Errorf("catch-up from the fork offset: %q, next %s, up to date %q; want %q to %s, up to date",
+			r.body, r.h.Get(hdrStreamNextOffset), r.h.Get(hdrStreamUpToDate), "own", tail)
+	}
+	r = s.do(t, "GET", "/fork?live=long-poll&offset="+off, "")
+	if r.status != 200 || r.body != "own" || r.h.Get(hdrStreamNextOffset) != tail {
+		t.Errorf("long-poll from the fork offset: %d %q, next %s; want 200 %q to %s",
+			r.status, r.body, r.h.Get(hdrStreamNextOffset), "own", tail)
+	}
+	sr := s.sse(t, "/fork?live=sse&offset="+off)
+	if ev := sr.next(t); ev.typ != "data" || ev.data != "own" {
+		t.Errorf("SSE from the fork offset: first event %+v, want data %q", ev, "own")
+	}
+	if c := sr.control(t); c.StreamNextOffset != tail || !c.UpToDate {
+		t.Errorf("SSE control %+v, want next %s, up to date", c, tail)
+	}
+}
