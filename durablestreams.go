@@ -708,10 +708,10 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 				}
 				return
 			case err != nil:
-				if r.Context().Err() == nil {
+				if r.Context().Err() == nil && !streamDeleted(err) {
 					d.log.Warn("SSE wait failed", zap.String("stream", name), zap.Error(err))
 				}
-				return
+				return // deleted: a reconnect reports it (404, or 410 when soft)
 			case info.ID != id:
 				return // deleted or recreated; a reconnect reports it
 			}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -1149,5 +1150,48 @@ func TestReadForkFromItsOffsetInsideALargeRecord(t *testing.T) {
 	}
 	if c := sr.control(t); c.StreamNextOffset != tail || !c.UpToDate {
 		t.Errorf("SSE control %+v, want next %s, up to date", c, tail)
+	}
+}
+
+// TestLiveReadsEndWhenTheStreamIsSoftDeleted: a stream that forks still
+// read is soft-deleted by DELETE, and then every request to it is 410
+// (section 4.2). Live reads waiting at its tail used to go on waiting: a
+// long-poll answered 204, up to date with a cursor to poll again, at its
+// timeout, and an SSE feed stayed open until its reconnect interval. Now
+// the long-poll answers 410 and the feed ends, as they answer 404 and end
+// when a delete removes the stream.
+func TestLiveReadsEndWhenTheStreamIsSoftDeleted(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) {
+		d.longPollTimeout = 10 * time.Second
+		d.sseInterval = 10 * time.Minute
+		d.live = &liveReaders{}
+	})
+	s.do(t, "PUT", "/src", "a", ct, "text/plain").want(t, 201)
+	s.do(t, "PUT", "/fork", "", "Stream-Forked-From", "/src").want(t, 201)
+	tail := position{1, 0}.String()
+
+	sr := s.sse(t, "/src?live=sse&offset="+tail)
+	if c := sr.control(t); !c.UpToDate {
+		t.Fatalf("SSE at the tail: %+v", c)
+	}
+	done := make(chan resp, 1)
+	go func() { done <- s.do(t, "GET", "/src?live=long-poll&offset="+tail, "") }()
+	// The long-poll has begun; its read of the tail is in memory, the
+	// delete writes metadata first, so the long-poll waits by then.
+	for s.proto.live.longPoll.Load() == 0 {
+		runtime.Gosched()
+	}
+	s.do(t, "DELETE", "/src", "").want(t, 204)
+	s.do(t, "GET", "/src", "").want(t, 410)
+
+	r := <-done
+	if r.status != 410 {
+		t.Errorf("long-poll on a stream soft-deleted while it waited: %d %q %v, want 410", r.status, r.body, r.h)
+	}
+	// Within far less than the reconnect interval.
+	sr.ends(t, 30*time.Second)
+	// The fork still reads its inherited record.
+	if got := s.do(t, "GET", "/fork", "").want(t, 200).body; got != "a" {
+		t.Errorf("the fork reads %q", got)
 	}
 }

@@ -209,6 +209,12 @@ func (lw *liveWait) wait(eng *streamstore.Engine, name, id string, seq uint64) (
 	return info, err
 }
 
+// streamDeleted reports whether a live read's wait ended because the stream
+// was deleted (or soft-deleted): the feed ends, which is no failure to log.
+func streamDeleted(err error) bool {
+	return errors.Is(err, streamstore.ErrNotFound) || errors.Is(err, streamstore.ErrGone)
+}
+
 // fanout bounds how many live feeds turn a wake-up into a read and a write
 // at the same time. An append to a stream with thousands of subscribers
 // wakes them all at once; unbounded, they flood the scheduler's run queues

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
 )
@@ -202,5 +204,47 @@ func TestForkRacingATrim(t *testing.T) {
 	}
 	if _, err := e.Head(ctx, "/fork"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("HEAD of the refused fork: %v", err)
+	}
+}
+
+// TestWaitEndsWhenTheStreamIsSoftDeleted: a reader waiting at the tail of
+// a stream that is then soft-deleted (its forks still read it) gets
+// ErrGone, as every later request does, rather than waiting on for
+// records that can no longer come.
+func TestWaitEndsWhenTheStreamIsSoftDeleted(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	info, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/src", AppendRequest{Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.live(ctx, "/src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		_, err := e.Wait(wctx, "/src", info.ID, 1)
+		got <- err
+	}()
+	for s.waiters.Load() == 0 {
+		runtime.Gosched()
+	}
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Head(ctx, "/src"); !errors.Is(err, ErrGone) {
+		t.Fatalf("Head after the delete: %v, want ErrGone (soft-deleted)", err)
+	}
+	if err := <-got; !errors.Is(err, ErrGone) {
+		t.Errorf("Wait on the soft-deleted stream: %v, want ErrGone", err)
 	}
 }

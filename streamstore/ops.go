@@ -887,8 +887,9 @@ func (e *Engine) Head(ctx context.Context, name string) (Info, error) {
 
 // Wait blocks until the stream identified by name and id has a durable record
 // at seq (NextSeq > seq), is closed, or is deleted or recreated. It returns the
-// stream's state then, ctx.Err() when ctx ends first, or ErrShuttingDown when
-// the engine closes.
+// stream's state then, ErrNotFound when it was deleted or recreated, ErrGone
+// when it was soft-deleted (as every later request is answered), ctx.Err()
+// when ctx ends first, or ErrShuttingDown when the engine closes.
 func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, error) {
 	s, err := e.live(ctx, name)
 	if err != nil {
@@ -907,6 +908,13 @@ func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, e
 		if s.gone || s.meta.ID != id {
 			s.mu.Unlock()
 			return Info{}, ErrNotFound
+		}
+		if s.meta.Deleted {
+			// Soft-deleted while waiting (forks still read it): no record
+			// can come, and a waiter that went on would tell its client
+			// to poll again a stream that answers 410.
+			s.mu.Unlock()
+			return Info{}, fmt.Errorf("%w: stream %s was deleted", ErrGone, name)
 		}
 		if s.durable.NextSeq > seq || s.durable.Closed {
 			info := s.info()
