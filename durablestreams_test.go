@@ -1195,3 +1195,20 @@ func TestLiveReadsEndWhenTheStreamIsSoftDeleted(t *testing.T) {
 		t.Errorf("the fork reads %q", got)
 	}
 }
+
+// TestLongPollKeepsATTLStreamAlive: a client that long-polls a stream
+// without pause reads it all the while, and reads renew Stream-TTL
+// (section 5.5). With a TTL shorter than the long-poll timeout the stream
+// used to expire during the first long-poll, and the next one got 404.
+func TestLongPollKeepsATTLStreamAlive(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.longPollTimeout = 2500 * time.Millisecond })
+	s.do(t, "PUT", "/s", "a", ct, "text/plain", "Stream-TTL", "1").want(t, 201)
+	tail := position{1, 0}.String()
+	for i := range 2 {
+		r := s.do(t, "GET", "/s?live=long-poll&offset="+tail, "")
+		if r.status != 204 {
+			t.Fatalf("long-poll %d: %d %q, want 204 at the timeout", i, r.status, r.body)
+		}
+	}
+	s.do(t, "GET", "/s?offset=-1", "").want(t, 200)
+}

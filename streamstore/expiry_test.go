@@ -351,3 +351,40 @@ func TestAccessAfterExpiryIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitingReadersKeepATTLStreamAlive: a reader waiting at the tail of a
+// stream whose TTL is shorter than the wait (a long-poll, an SSE feed) is
+// reading it all along, and reads renew the TTL: the stream is still there
+// when the wait ends. It used to expire under the waiter, whose next
+// request found it gone. A deadline (ExpiresAt) is not renewed: the wait
+// ends at it, the stream gone, rather than go on waiting for a stream
+// that no longer exists.
+func TestWaitingReadersKeepATTLStreamAlive(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	for _, tc := range []struct {
+		name    string
+		expiry  Expiry
+		wait    time.Duration
+		wantErr error // what Wait returns
+		alive   bool  // the stream exists after the wait
+	}{
+		{"/ttl", Expiry{TTL: time.Second}, 2500 * time.Millisecond, context.DeadlineExceeded, true},
+		{"/deadline", Expiry{ExpiresAt: time.Now().Add(1500 * time.Millisecond)}, time.Minute, ErrNotFound, false},
+		{"/ttl-and-deadline", Expiry{TTL: time.Second, ExpiresAt: time.Now().Add(1500 * time.Millisecond)}, time.Minute, ErrNotFound, false},
+	} {
+		info, _, err := e.Create(ctx, tc.name, CreateRequest{ContentType: "text/plain", Expiry: tc.expiry})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, tc.wait)
+		_, err = e.Wait(wctx, tc.name, info.ID, 0)
+		cancel()
+		if !errors.Is(err, tc.wantErr) {
+			t.Errorf("%s: Wait returned %v, want %v", tc.name, err, tc.wantErr)
+		}
+		if _, err := e.Head(ctx, tc.name); (err == nil) != tc.alive {
+			t.Errorf("%s: Head after the wait: %v, want the stream alive: %v", tc.name, err, tc.alive)
+		}
+	}
+}

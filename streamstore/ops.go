@@ -922,16 +922,50 @@ func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, e
 			return info, nil
 		}
 		ch := s.changedLocked()
+		// A waiter is a reader all the while it waits, and reads renew a
+		// sliding TTL: one shorter than the wait (a long-poll, an SSE
+		// feed's minute) would otherwise expire the stream under it. The
+		// renewal comes halfway through the TTL, as a reader polling at
+		// that pace would make it.
+		var renewal *time.Timer
+		var renewC <-chan time.Time
+		if ttl := s.meta.TTLSeconds * 1000; ttl > 0 {
+			last := max(s.touched, s.durable.AccessedAt)
+			renewal = time.NewTimer(max(time.Duration(last+ttl/2-time.Now().UnixMilli())*time.Millisecond, 0))
+			renewC = renewal.C
+		}
 		s.waiters.Add(1)
 		s.mu.Unlock()
+		renew := false
 		select {
 		case <-ch:
+		case <-renewC:
+			renew = true
 		case <-ctx.Done():
 			err = ctx.Err()
 		case <-e.closing:
 			err = ErrShuttingDown
 		}
+		if renewal != nil {
+			renewal.Stop()
+		}
 		s.waiters.Add(-1)
+		if renew {
+			s.mu.Lock()
+			alive := s.gone || s.touchLocked(time.Now().UnixMilli())
+			s.mu.Unlock()
+			if !alive {
+				// Its deadline came (or the renewal came too late): the
+				// stream expired, and is deleted as any access would
+				// delete it.
+				if _, err := e.live(ctx, name); err != nil {
+					return Info{}, err
+				}
+				return Info{}, ErrNotFound
+			}
+			e.renew(s) // nothing when gone
+			continue
+		}
 		if err != nil {
 			return Info{}, err
 		}
