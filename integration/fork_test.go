@@ -288,3 +288,81 @@ func TestForkLargeStream(t *testing.T) {
 		forkRecords, wrote.Round(time.Millisecond), compacted.Round(time.Millisecond), len(srcData), forkPut,
 		time.Since(began).Round(time.Millisecond))
 }
+
+// TestForkReleaseDropsKeptTrims: records a trim dropped while a fork read
+// them stay in the bucket for the fork, and leave it once the last fork is
+// deleted, though the source is never written again. (Compaction drops
+// trimmed bytes when it folds a stream, and an idle source was never
+// folded again: they stayed for as long as the source lived.)
+func TestForkReleaseDropsKeptTrims(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, []string{"compact_interval 1s", "pack_below off"}, nil)
+	const src, fork = "/kepttrim/src", "/kepttrim/fork"
+	const n, trimTo = 8, 6
+	records := fhRandomRecords(91, n, 1024)
+	picoWant(t, "create", picoDo(e, "PUT", "/pico"+src, nil, "Content-Type", "application/octet-stream"), 201)
+	for i, r := range records {
+		picoWant(t, "append", picoDo(e, "POST", "/pico"+src, r, "Content-Type", "application/octet-stream"), 200,
+			"Pico-Start-Seq", strconv.Itoa(i))
+	}
+	e.must(fhReq{Method: http.MethodPut, Path: "/ds" + fork, Header: map[string]string{"Stream-Forked-From": "/ds" + src}})
+	picoWant(t, "trim", picoDo(e, "POST", "/pico"+src, nil, "Pico-Trim-Seq", strconv.Itoa(trimTo)), 200,
+		"Pico-Start-Seq", strconv.Itoa(trimTo))
+
+	// held says which records some object in the bucket holds.
+	held := func() []bool {
+		objs, bodies := fhReadAll(t, e, "")
+		out := make([]bool, n)
+		for i, r := range records {
+			for j, b := range bodies {
+				if !strings.HasPrefix(objs[j].Key, "wal/") && bytes.Contains(b, r) {
+					out[i] = true
+				}
+			}
+		}
+		return out
+	}
+	// Compaction folds the trim while the fork exists: every record is in
+	// a data object, none left only in the WAL.
+	if err := fhWaitFor(fhCompactWait, 250*time.Millisecond, func() error {
+		if wal := e.mustList("wal/"); forkSum(wal) > 0 {
+			return fmt.Errorf("WAL objects still hold %d bytes", forkSum(wal))
+		}
+		for i, ok := range held() {
+			if !ok {
+				return fmt.Errorf("record %d is in no data object", i)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("compaction with the fork present: %v", err)
+	}
+	if got, _, err := e.readBytes("/ds" + fork); err != nil || !bytes.Equal(got, bytes.Join(records, nil)) {
+		t.Fatalf("the fork reads %d bytes (%v), want its source's %d records whole", len(got), err, n)
+	}
+
+	e.must(fhReq{Method: http.MethodDelete, Path: "/ds" + fork})
+	if err := fhWaitFor(fhCompactWait, 250*time.Millisecond, func() error {
+		h := held()
+		for i := range trimTo {
+			if h[i] {
+				return fmt.Errorf("trimmed record %d is still in the bucket", i)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("after the last fork went: %v", err)
+	}
+	h := held()
+	for i := trimTo; i < n; i++ {
+		if !h[i] {
+			t.Errorf("kept record %d is in no object", i)
+		}
+	}
+	got, _, err := e.readBytes("/ds" + src)
+	if err != nil || !bytes.Equal(got, bytes.Join(records[trimTo:], nil)) {
+		t.Errorf("the source reads %d bytes (%v), want its records from %d", len(got), err, trimTo)
+	}
+}

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/picomq/caddy-picomq/segment"
 )
 
 // createFork creates name as a fork of req.Fork.Source. The source's fork
@@ -64,7 +68,9 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	// refused outright gives it back.
 	if err != nil && !errors.Is(err, ErrUnavailable) {
 		// Best effort: a failed decrement only keeps the source's data longer.
-		_ = e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.Forks-- })
+		if e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.Forks-- }) == nil {
+			e.dropKeptTrims(context.WithoutCancel(ctx), src)
+		}
 	}
 	return info, created, err
 }
@@ -164,7 +170,14 @@ func (e *Engine) releaseSource(ctx context.Context, f *forkRef) {
 	for f != nil {
 		unlock := e.lockName(f.SourceName)
 		src, err := e.stream(ctx, f.SourceName)
-		if err != nil || src.meta.ID != f.SourceID {
+		if err != nil {
+			unlock()
+			return
+		}
+		src.mu.Lock()
+		same := src.meta.ID == f.SourceID
+		src.mu.Unlock()
+		if !same {
 			unlock()
 			return
 		}
@@ -174,6 +187,9 @@ func (e *Engine) releaseSource(ctx context.Context, f *forkRef) {
 		next := src.meta.Fork
 		src.mu.Unlock()
 		if err != nil || !last {
+			if err == nil {
+				e.dropKeptTrims(ctx, src)
+			}
 			unlock()
 			if err != nil {
 				e.log.Warn("release fork source failed; its data is kept")
@@ -186,5 +202,41 @@ func (e *Engine) releaseSource(ctx context.Context, f *forkRef) {
 			return
 		}
 		f = next
+	}
+}
+
+// dropKeptTrims has compaction visit a live stream whose last fork just
+// let go of it while it holds trimmed records that were kept for forks:
+// compaction drops trimmed bytes only when it folds a stream, and an idle
+// source would otherwise keep them in the bucket for as long as it lives.
+// The visit is asked for with a WAL entry that trims at the stream's own
+// start, which changes nothing else (trims apply as a maximum) and leaves
+// its TTL alone; it returns once the entry is durable, so the next
+// compaction sees it. Best effort: should it fail, the bytes go at the
+// stream's next fold, as before.
+func (e *Engine) dropKeptTrims(ctx context.Context, s *stream) {
+	w, err := e.writer()
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	start := s.pend.StartSeq
+	if s.gone || s.evicted || s.meta.Deleted || s.meta.Forks > 0 || start <= s.meta.Cleaned {
+		s.mu.Unlock()
+		return
+	}
+	ent := &segment.Entry{StreamID: s.meta.ID, Name: s.name, FirstSeq: s.pend.NextSeq, TrimTo: start, Ref: s}
+	b, err := w.Add(ent)
+	if err != nil {
+		s.mu.Unlock()
+		err = e.addError(err)
+	} else {
+		s.joined(ent, b, false)
+		s.mu.Unlock()
+		err = e.awaitBatch(ctx, b)
+	}
+	if err != nil {
+		e.log.Warn("asking for the trimmed records of a stream no fork reads to be dropped failed; "+
+			"they go at its next compaction", zap.String("stream", s.name), zap.Error(err))
 	}
 }

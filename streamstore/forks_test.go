@@ -248,3 +248,75 @@ func TestWaitEndsWhenTheStreamIsSoftDeleted(t *testing.T) {
 		t.Errorf("Wait on the soft-deleted stream: %v, want ErrGone", err)
 	}
 }
+
+// TestLastForkReleaseDropsKeptTrims: a trim folded while forks read the
+// source keeps its records in the bucket; once the last fork is deleted
+// they leave at the next compaction, though the source is never written
+// again. While a fork remains they stay.
+func TestLastForkReleaseDropsKeptTrims(t *testing.T) {
+	tests := []struct {
+		name  string
+		forks []string // created before the trim
+		gone  []string // deleted after the trim's fold
+		kept  bool     // trimmed records stay in the bucket
+	}{
+		{name: "last fork deleted", forks: []string{"/f"}, gone: []string{"/f"}},
+		{name: "one of two forks deleted", forks: []string{"/f", "/g"}, gone: []string{"/f"}, kept: true},
+		{name: "both forks deleted", forks: []string{"/f", "/g"}, gone: []string{"/g", "/f"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			e := startEngine(t, st, Config{})
+			if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa", "bb", "cc", "dd")}); err != nil {
+				t.Fatal(err)
+			}
+			info, err := e.Head(ctx, "/src")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range tc.forks {
+				if _, _, err := e.Create(ctx, f, CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 4}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := e.Trim(ctx, "/src", 3); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Compact(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := st.Keys(dataPrefix(info.ID)); len(got) == 0 {
+				t.Fatalf("the source's records are in no data object after the fold")
+			}
+			for _, f := range tc.gone {
+				if err := e.Delete(ctx, f); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := e.Compact(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// The trimmed records' bytes are in the bucket iff some data
+			// object holds seqs below the trim.
+			kept := false
+			for _, k := range st.Keys(dataPrefix(info.ID)) {
+				if first, _, _, ok := parseDataKey(k); ok && first < 3 {
+					kept = true
+				}
+			}
+			if kept != tc.kept {
+				t.Errorf("trimmed records in the bucket: %t, want %t (%v)", kept, tc.kept, st.Keys(dataPrefix(info.ID)))
+			}
+			if got := bodiesFrom(t, e, "/src", 3); fmt.Sprint(got) != "[dd]" {
+				t.Errorf("the source reads %q from its start", got)
+			}
+			for _, f := range tc.forks[len(tc.gone):] {
+				if got := readAll(t, e, f); fmt.Sprint(got) != "[aa bb cc dd]" {
+					t.Errorf("%s reads %q", f, got)
+				}
+			}
+		})
+	}
+}
