@@ -118,30 +118,64 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 	if !ok {
 		return
 	}
-	if fork != nil {
-		srcCT, ok := d.resolveFork(w, r, eng, fork)
-		if !ok {
-			return
-		}
-		req.Fork = &fork.from
-		if ct == "" {
-			ct = srcCT // the initial body is read as the inherited type
-		}
-	}
-	if len(body) > 0 {
-		if isJSON(ct) {
-			msgs, err := jsonMessages(body)
+	var (
+		info    streamstore.Info
+		created bool
+	)
+	// A fork create is judged first against a fork of the same source
+	// already under the name, without the source: a create repeated is
+	// confirmed whatever became of the source since (deleted while forks
+	// read it, trimmed past the point, grown past a tail the request left
+	// implicit), as section 4.2 asks. Only when there is none is the
+	// source looked at, and the fork made.
+	confirm := fork != nil
+	for {
+		req.Records = nil
+		ct := ct
+		if confirm {
+			cur, err := eng.Head(r.Context(), name)
+			if err != nil || cur.Fork.Source != fork.from.Source {
+				confirm = false
+				continue
+			}
+			from, err := forkPointOn(cur, fork)
 			if err != nil {
 				fail(w, http.StatusBadRequest, err.Error())
 				return
 			}
-			req.Records = toRecords(msgs) // "[]" creates an empty stream
-		} else {
-			req.Records = []streamstore.NewRecord{{Body: body}}
+			req.Fork = &from
+			if ct == "" {
+				ct = cur.ContentType
+			}
+		} else if fork != nil {
+			srcCT, ok := d.resolveFork(w, r, eng, fork)
+			if !ok {
+				return
+			}
+			req.Fork = &fork.from
+			if ct == "" {
+				ct = srcCT // the initial body is read as the inherited type
+			}
 		}
+		if len(body) > 0 {
+			if isJSON(ct) {
+				msgs, err := jsonMessages(body)
+				if err != nil {
+					fail(w, http.StatusBadRequest, err.Error())
+					return
+				}
+				req.Records = toRecords(msgs) // "[]" creates an empty stream
+			} else {
+				req.Records = []streamstore.NewRecord{{Body: body}}
+			}
+		}
+		info, created, err = eng.Create(r.Context(), name, req)
+		if confirm && errors.Is(err, streamstore.ErrNotFound) {
+			confirm = false // deleted since the look: a fork to make
+			continue
+		}
+		break
 	}
-
-	info, created, err := eng.Create(r.Context(), name, req)
 	if err != nil {
 		var trimmed *streamstore.TrimmedError
 		if errors.As(err, &trimmed) {
@@ -291,6 +325,34 @@ func (d *durableStreams) resolveFork(w http.ResponseWriter, r *http.Request, eng
 		f.from.Seq, f.from.Bytes = at.seq, at.off+f.subOffset
 	}
 	return src.ContentType, true
+}
+
+// forkPointOn is the fork point f asks for, in the engine's terms, judged
+// against cur, an existing fork of the same source: an offset is read as
+// resolveFork reads it, with cur's content type (a fork's is its
+// source's); -1 is the source's start when cur was made, and no offset is
+// cur's own point (the source's tail then). The point only confirms cur.
+func forkPointOn(cur streamstore.Info, f *forkRequest) (streamstore.ForkFrom, error) {
+	from := streamstore.ForkFrom{Source: f.from.Source, Existing: true}
+	var at position
+	switch {
+	case f.fromStart:
+		at = position{seq: cur.Fork.Start}
+	case f.offset != nil:
+		at = *f.offset
+	default:
+		from.Seq, from.Bytes = cur.Fork.Seq, cur.Fork.Bytes
+		return from, nil
+	}
+	if isJSON(cur.ContentType) {
+		if at.off > 0 {
+			return from, errors.New("Stream-Fork-Offset points inside a JSON message")
+		}
+		from.Seq = at.seq + f.subOffset
+	} else {
+		from.Seq, from.Bytes = at.seq, at.off+f.subOffset
+	}
+	return from, nil
 }
 
 // failForkTrimmed answers a fork whose point at is below start, the

@@ -1212,3 +1212,69 @@ func TestLongPollKeepsATTLStreamAlive(t *testing.T) {
 	}
 	s.do(t, "GET", "/s?offset=-1", "").want(t, 200)
 }
+
+// TestForkCreateRepeated: a fork create repeated is 200 (section 4.2)
+// whatever became of the source since: grown past the tail an omitted
+// offset meant, trimmed past the fork point, deleted while its forks read
+// it. A repeat that asks for another point or source is still 409.
+func TestForkCreateRepeated(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/src", "hello", ct, "text/plain").want(t, 201)
+	s.do(t, "POST", "/src", " world", ct, "text/plain").want(t, 204)
+	s.do(t, "PUT", "/other", "hello world", ct, "text/plain").want(t, 201)
+	s.do(t, "PUT", "/js", `[1,2,3]`, ct, "application/json").want(t, 201)
+	forks := []struct {
+		name string
+		hdr  []string
+		body string // what the fork reads
+	}{
+		{"/tail", []string{"Stream-Forked-From", "/src"}, "hello world"},
+		{"/at", []string{"Stream-Forked-From", "/src", "Stream-Fork-Offset", position{1, 0}.String(), "Stream-Fork-Sub-Offset", "3"}, "hello wo"},
+		{"/start", []string{"Stream-Forked-From", "/src", "Stream-Fork-Offset", "-1"}, ""},
+		{"/jf", []string{"Stream-Forked-From", "/js", "Stream-Fork-Offset", position{}.String(), "Stream-Fork-Sub-Offset", "2"}, "[1,2]"},
+	}
+	for _, f := range forks {
+		s.do(t, "PUT", f.name, "", f.hdr...).want(t, 201)
+	}
+	ctx := context.Background()
+	for _, step := range []struct {
+		name string
+		do   func()
+	}{
+		{"the source grew", func() { s.do(t, "POST", "/src", "!", ct, "text/plain").want(t, 204) }},
+		{"the source was trimmed past the points", func() {
+			if _, err := s.eng.Trim(ctx, "/src", 3); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"the sources were deleted", func() {
+			s.do(t, "DELETE", "/src", "").want(t, 204)
+			s.do(t, "DELETE", "/js", "").want(t, 204)
+		}},
+	} {
+		step.do()
+		for _, f := range forks {
+			if r := s.do(t, "PUT", f.name, "", f.hdr...); r.status != 200 {
+				t.Errorf("%s: PUT %s repeated: %d %q, want 200", step.name, f.name, r.status, r.body)
+			}
+			if got := s.do(t, "GET", f.name, "").body; got != f.body {
+				t.Errorf("%s: %s reads %q, want %q", step.name, f.name, got, f.body)
+			}
+		}
+	}
+	for _, c := range []struct {
+		name string
+		hdr  []string
+	}{
+		{"/at", []string{"Stream-Forked-From", "/src", "Stream-Fork-Offset", position{1, 0}.String(), "Stream-Fork-Sub-Offset", "2"}},
+		{"/at", []string{"Stream-Forked-From", "/src", "Stream-Fork-Offset", "-1"}},
+		{"/tail", []string{"Stream-Forked-From", "/other"}},
+		{"/jf", []string{"Stream-Forked-From", "/js", "Stream-Fork-Offset", position{}.String(), "Stream-Fork-Sub-Offset", "1"}},
+		{"/tail", []string{"Stream-Forked-From", "/src", "Stream-TTL", "60"}},
+	} {
+		if r := s.do(t, "PUT", c.name, "", c.hdr...); r.status != 409 {
+			t.Errorf("PUT %s %v: %d %q, want 409", c.name, c.hdr, r.status, r.body)
+		}
+	}
+	s.do(t, "PUT", "/jf", "", "Stream-Forked-From", "/js", "Stream-Fork-Offset", position{0, 1}.String()).want(t, 400)
+}

@@ -366,3 +366,54 @@ func TestForkReleaseDropsKeptTrims(t *testing.T) {
 		t.Errorf("the source reads %d bytes (%v), want its records from %d", len(got), err, trimTo)
 	}
 }
+
+// TestForkCreateRepeatedAfterSourceChanged: a fork create repeated, as a
+// client repeats a PUT whose answer it lost, is 200 whatever became of
+// the source meanwhile (section 4.2): grown past the tail the omitted
+// offset meant, trimmed past the fork point, deleted while the fork reads
+// it. It was 409 or 410, telling the client the name held something else
+// or its fork could not be made.
+func TestForkCreateRepeatedAfterSourceChanged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, nil, nil)
+	const src = "/repeatfork/src"
+	e.create("/ds"+src, textPlain)
+	e.append("/ds"+src, textPlain, []byte("hello"))
+	at := e.append("/ds"+src, textPlain, []byte(" world"))
+	forks := []struct {
+		name string
+		hdr  map[string]string
+		body string
+	}{
+		{"/ds/repeatfork/tail", map[string]string{"Stream-Forked-From": "/ds" + src}, "hello world"},
+		{"/ds/repeatfork/at", map[string]string{"Stream-Forked-From": "/ds" + src, "Stream-Fork-Offset": at}, "hello world"},
+	}
+	for _, f := range forks {
+		if r := e.must(fhReq{Method: http.MethodPut, Path: f.name, Header: f.hdr}); r.Status != http.StatusCreated {
+			t.Fatalf("PUT %s: %s", f.name, r)
+		}
+	}
+	for _, step := range []struct {
+		name string
+		req  fhReq
+		want int
+	}{
+		{"the source grew", fhReq{Method: http.MethodPost, Path: "/ds" + src, Body: []byte("!"), Header: map[string]string{"Content-Type": textPlain}}, 204},
+		{"the source was trimmed past the points", fhReq{Method: http.MethodPost, Path: "/pico" + src, Header: map[string]string{"Pico-Trim-Seq": "3"}}, 200},
+		{"the source was deleted", fhReq{Method: http.MethodDelete, Path: "/ds" + src}, 204},
+	} {
+		if r := e.must(step.req); r.Status != step.want {
+			t.Fatalf("%s: %s", step.name, r)
+		}
+		for _, f := range forks {
+			if r := e.must(fhReq{Method: http.MethodPut, Path: f.name, Header: f.hdr}); r.Status != http.StatusOK {
+				t.Errorf("%s: PUT %s repeated: %s, want 200", step.name, f.name, r)
+			}
+			if got, _, err := e.readBytes(f.name); err != nil || string(got) != f.body {
+				t.Errorf("%s: %s reads %q (%v), want %q", step.name, f.name, got, err, f.body)
+			}
+		}
+	}
+}

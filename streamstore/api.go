@@ -53,6 +53,23 @@ type ForkFrom struct {
 	Source string
 	Seq    uint64
 	Bytes  uint64
+	// Existing only confirms a fork already under the name: a create that
+	// finds no stream there answers ErrNotFound and writes nothing. A
+	// caller that took the point from that fork (Info.Fork) uses it, so
+	// that a fork it has not looked at is never made there.
+	Existing bool
+}
+
+// ForkOrigin is where a fork branched off: its source, the point its
+// create resolved (its inherited records are the source's below Seq, and
+// Bytes bytes of record Seq), and Start, the source's first retained seq
+// then, where the fork's records begin. Source is empty for a stream that
+// is not a fork.
+type ForkOrigin struct {
+	Source string
+	Seq    uint64
+	Bytes  uint64
+	Start  uint64
 }
 
 // Producer is an idempotent producer's claim on an append.
@@ -109,6 +126,8 @@ type Info struct {
 	// ForkBase is the first seq of the fork's own records (0 for a stream
 	// that is not a fork); records below it are inherited.
 	ForkBase uint64
+	// Fork is where a fork branched off (zero for other streams).
+	Fork ForkOrigin
 }
 
 // ReadRequest asks for records from Seq on. Reads never return records past

@@ -526,7 +526,16 @@ func (s *stream) info() Info {
 		Closed:      s.durable.Closed,
 		CreatedAt:   time.UnixMilli(s.meta.CreatedAt).UTC(),
 		ForkBase:    s.forkBase(),
+		Fork:        s.forkOrigin(),
 	}
+}
+
+func (s *stream) forkOrigin() ForkOrigin {
+	f := s.meta.Fork
+	if f == nil {
+		return ForkOrigin{}
+	}
+	return ForkOrigin{Source: f.SourceName, Seq: f.Seq, Bytes: f.Bytes, Start: f.Start}
 }
 
 // startSeq is the first readable seq in st, one of s's states: above the

@@ -320,3 +320,47 @@ func TestLastForkReleaseDropsKeptTrims(t *testing.T) {
 		})
 	}
 }
+
+// TestForkCreateExistingOnlyConfirms: a create with ForkFrom.Existing
+// confirms the fork under the name, even once its source is soft-deleted,
+// and where there is none answers ErrNotFound and writes nothing.
+func TestForkCreateExistingOnlyConfirms(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa", "bb")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1, Bytes: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.Head(ctx, "/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (ForkOrigin{Source: "/src", Seq: 1, Bytes: 1}); info.Fork != want {
+		t.Errorf("Info.Fork %+v, want %+v", info.Fork, want)
+	}
+	_, created, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1, Bytes: 1, Existing: true}})
+	if err != nil || created {
+		t.Errorf("confirming /f: created %t, %v; want confirmed", created, err)
+	}
+	var puts atomic.Int64
+	st.setHook(func(op, key string) error {
+		if op == "PUT" {
+			puts.Add(1)
+		}
+		return nil
+	})
+	_, _, err = e.Create(ctx, "/g", CreateRequest{Fork: &ForkFrom{Source: "/f", Seq: 1, Existing: true}})
+	st.setHook(nil)
+	if !errors.Is(err, ErrNotFound) {
+		t.Errorf("confirming /g, which does not exist: %v, want ErrNotFound", err)
+	}
+	if n := puts.Load(); n != 0 {
+		t.Errorf("confirming /g wrote %d objects", n)
+	}
+}

@@ -72,6 +72,9 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 		}
 	}
 	if req.Fork != nil {
+		if req.Fork.Existing {
+			return Info{}, false, fmt.Errorf("%w: no fork to confirm", ErrNotFound)
+		}
 		return e.createFork(ctx, name, req)
 	}
 	info, created, err := e.create(ctx, name, req, nil, true)
