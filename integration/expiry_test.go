@@ -125,3 +125,43 @@ func streamNamesInBucket(t *testing.T, e *fhEnv) []string {
 	}
 	return names
 }
+
+// TestExpiredSourceOfAForkIsGone: a source that passes its
+// Stream-Expires-At while a fork reads it is kept for the fork, soft-
+// deleted: the request that finds it expired answers 410, as every later
+// one does (it answered 404, and the next one 410), its name stays
+// taken, and the fork reads on.
+func TestExpiredSourceOfAForkIsGone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	// No sweep in the test's time: the request finds the expiry.
+	e := fhStart(t, fhOptions{Directives: []string{"expiry_sweep_interval 1h"}})
+	const src, fork = "/expfork/src", "/expfork/fork"
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	if r := e.must(fhReq{Method: http.MethodPut, Path: src, Body: []byte("hello"), Header: map[string]string{
+		"Content-Type": textPlain, "Stream-Expires-At": deadline.UTC().Format(time.RFC3339Nano)}}); r.Status != http.StatusCreated {
+		t.Fatalf("PUT %s: %s", src, r)
+	}
+	if r := e.must(fhReq{Method: http.MethodPut, Path: fork, Header: map[string]string{
+		"Stream-Forked-From": src, "Stream-Expires-At": deadline.Add(time.Hour).UTC().Format(time.RFC3339Nano)}}); r.Status != http.StatusCreated {
+		t.Fatalf("PUT %s: %s", fork, r)
+	}
+	time.Sleep(time.Until(deadline) + 50*time.Millisecond)
+	for _, req := range []fhReq{
+		{Method: http.MethodHead, Path: src},
+		{Method: http.MethodGet, Path: src + "?offset=-1"},
+		{Method: http.MethodPost, Path: src, Body: []byte("x"), Header: map[string]string{"Content-Type": textPlain}},
+		{Method: http.MethodDelete, Path: src},
+	} {
+		if r := e.must(req); r.Status != http.StatusGone {
+			t.Errorf("%s %s after the expiry: %s, want 410", req.Method, req.Path, r)
+		}
+	}
+	if r := e.must(fhReq{Method: http.MethodPut, Path: src, Header: map[string]string{"Content-Type": textPlain}}); r.Status != http.StatusConflict {
+		t.Errorf("PUT %s after the expiry: %s, want 409", src, r)
+	}
+	if got, _, err := e.readBytes(fork); err != nil || string(got) != "hello" {
+		t.Errorf("the fork reads %q (%v)", got, err)
+	}
+}

@@ -388,3 +388,28 @@ func TestWaitingReadersKeepATTLStreamAlive(t *testing.T) {
 		}
 	}
 }
+
+// TestExpiredSourceIsGoneFromTheFirstAccess: a source that expires while a
+// fork reads it is soft-deleted by the access that finds it expired, and
+// that access answers ErrGone, as every later one does (it answered
+// ErrNotFound, and the next ErrGone); the fork reads on.
+func TestExpiredSourceIsGoneFromTheFirstAccess(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	deadline := time.Now().Add(300 * time.Millisecond)
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Expiry: Expiry{ExpiresAt: deadline}, Records: recs("ab")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}, Expiry: Expiry{ExpiresAt: deadline.Add(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(deadline) + 20*time.Millisecond)
+	for i := range 2 {
+		if _, err := e.Head(ctx, "/src"); !errors.Is(err, ErrGone) {
+			t.Errorf("access %d after the expiry: %v, want ErrGone", i+1, err)
+		}
+	}
+	if got := readAll(t, e, "/fork"); fmt.Sprint(got) != "[ab]" {
+		t.Errorf("the fork reads %q", got)
+	}
+}

@@ -499,12 +499,20 @@ func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*s
 			}
 		}
 		err := e.deleteStream(ctx, s)
+		s.mu.Lock()
+		kept := s.meta.Deleted && !s.gone
+		s.mu.Unlock()
 		unlock()
 		if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrGone) {
 			return nil, err
 		}
 		if err == nil {
 			e.stats.expired.Add(1)
+		}
+		if kept {
+			// Forks still read it: soft-deleted, and answered as the
+			// next access will find it.
+			return nil, ErrGone
 		}
 		return nil, ErrNotFound
 	case gone:
