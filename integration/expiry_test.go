@@ -165,3 +165,28 @@ func TestExpiredSourceOfAForkIsGone(t *testing.T) {
 		t.Errorf("the fork reads %q (%v)", got, err)
 	}
 }
+
+// TestDeleteLeavesNoDeadlineMarker: a stream created with a
+// Stream-Expires-At a year away and then deleted leaves no expiry marker
+// in the bucket (it stayed until the deadline, when the sweep would have
+// found nothing to expire).
+func TestDeleteLeavesNoDeadlineMarker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{})
+	const name = "/deadline/deleted"
+	if r := e.must(fhReq{Method: http.MethodPut, Path: name, Header: map[string]string{
+		"Content-Type": textPlain, "Stream-Expires-At": time.Now().Add(365 * 24 * time.Hour).UTC().Format(time.RFC3339)}}); r.Status != http.StatusCreated {
+		t.Fatalf("PUT %s: %s", name, r)
+	}
+	if got := e.mustList("expiry/"); len(got) != 1 {
+		t.Fatalf("expiry markers after the create: %v, want one", got)
+	}
+	if r := e.must(fhReq{Method: http.MethodDelete, Path: name}); r.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s", name, r)
+	}
+	if got := e.mustList("expiry/"); len(got) != 0 {
+		t.Errorf("expiry markers after the delete: %v, want none", got)
+	}
+}

@@ -413,3 +413,39 @@ func TestExpiredSourceIsGoneFromTheFirstAccess(t *testing.T) {
 		t.Errorf("the fork reads %q", got)
 	}
 }
+
+// TestDeleteRemovesADeadlineMarker: deleting a stream with a deadline (and
+// no TTL) removes its expiry marker, which would otherwise stay in the
+// bucket until the deadline; a marker whose stream is soft-deleted stays,
+// as the stream does.
+func TestDeleteRemovesADeadlineMarker(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	far := Expiry{ExpiresAt: time.Now().Add(365 * 24 * time.Hour)}
+	for _, name := range []string{"/a", "/b"} {
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Expiry: far, Records: recs("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := e.Create(ctx, "/bf", CreateRequest{Fork: &ForkFrom{Source: "/b", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Keys(expiryPrefix); len(got) != 3 {
+		t.Fatalf("markers %v, want one per stream", got)
+	}
+	for _, name := range []string{"/a", "/b"} {
+		if err := e.Delete(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := st.Keys(expiryPrefix); len(got) != 2 {
+		t.Errorf("markers after the deletes: %v, want /b's (soft-deleted) and /bf's", got)
+	}
+	if err := e.Delete(ctx, "/bf"); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Keys(expiryPrefix); len(got) != 0 {
+		t.Errorf("markers once every stream is gone: %v", got)
+	}
+}

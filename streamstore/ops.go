@@ -1009,6 +1009,13 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 		return ErrNotFound
 	}
 	id, name, seeded := s.meta.ID, s.name, s.meta.Seeded
+	// A stream with a deadline and no TTL has its expiry marker where its
+	// create put it, at the deadline, which may be years away: the sweep
+	// would only drop it then.
+	marker := ""
+	if s.meta.ExpiresAt != 0 && s.meta.TTLSeconds == 0 {
+		marker = expiryKey(s.meta.ExpiresAt, name, id)
+	}
 	s.mu.Unlock()
 	publish, err := e.claimName(ctx, name)
 	if err != nil {
@@ -1048,6 +1055,12 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 	e.mu.Unlock()
 	removed = true
 	e.kickGC()
+	if marker != "" {
+		if err := e.store.Delete(ctx, []string{marker}); err != nil {
+			e.log.Warn("removing a deleted stream's expiry marker failed; the sweep drops it when it is due",
+				zap.String("stream", name), zap.Error(err))
+		}
+	}
 	return nil
 }
 
