@@ -1278,3 +1278,33 @@ func TestForkCreateRepeated(t *testing.T) {
 	}
 	s.do(t, "PUT", "/jf", "", "Stream-Forked-From", "/js", "Stream-Fork-Offset", position{0, 1}.String()).want(t, 400)
 }
+
+// TestLiveReadsEndAtSoftDelete: an SSE feed and a long-poll at the tail
+// of a stream end when it is deleted while a fork reads it, as they do at
+// a delete outright, rather than waiting out their time (a minute here)
+// on a stream every request now answers 410.
+func TestLiveReadsEndAtSoftDelete(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.longPollTimeout, d.sseInterval = time.Minute, time.Minute })
+	s.do(t, "PUT", "/src", "hello", ct, "text/plain").want(t, 201)
+	tail := s.do(t, "PUT", "/f", "", "Stream-Forked-From", "/src").want(t, 201).h.Get(hdrStreamNextOffset)
+	r := s.sse(t, "/src?offset=-1&live=sse")
+	if ev := r.next(t); ev.typ != "data" || ev.data != "hello" {
+		t.Fatalf("first event %s %q", ev.typ, ev.data)
+	}
+	if c := r.control(t); !c.UpToDate {
+		t.Fatalf("control %+v, want up to date", c)
+	}
+	polled := make(chan resp, 1)
+	go func() { polled <- s.do(t, "GET", "/src?live=long-poll&offset="+tail, "") }()
+	s.do(t, "DELETE", "/src", "").want(t, 204)
+	r.ends(t, 10*time.Second)
+	select {
+	case p := <-polled:
+		if p.status != 410 {
+			t.Errorf("long-poll across the soft delete: %d %q, want 410", p.status, p.body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the long-poll is still waiting 10s after the soft delete")
+	}
+	s.do(t, "GET", "/src?offset=-1&live=sse", "").want(t, 410)
+}
