@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
 )
 
 const (
@@ -415,5 +417,41 @@ func TestForkCreateRepeatedAfterSourceChanged(t *testing.T) {
 				t.Errorf("%s: %s reads %q (%v), want %q", step.name, f.name, got, err, f.body)
 			}
 		}
+	}
+}
+
+// TestFailedForkCreateFreesTheSource: a fork create the bucket fails
+// before anything of the fork is written (its expiry marker's PUT refused)
+// answers 503 and leaves its source's fork count as it was: the source's
+// DELETE is then a hard one, its name free at once. The count used to
+// stay raised for good, the deleted source answering 410 and its name
+// 409 for as long as the bucket lived, its data never collected.
+func TestFailedForkCreateFreesTheSource(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{})
+	const src, fork = "/failedfork/src", "/failedfork/fork"
+	if r := e.must(fhReq{Method: http.MethodPut, Path: src, Body: []byte("hello"), Header: map[string]string{
+		"Content-Type": textPlain, "Stream-TTL": "3600"}}); r.Status != http.StatusCreated {
+		t.Fatalf("PUT %s: %s", src, r)
+	}
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "expiry/", Status: http.StatusInternalServerError})
+	r := e.must(fhReq{Method: http.MethodPut, Path: fork, Header: map[string]string{"Stream-Forked-From": src}})
+	remove()
+	if r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("fork create with its marker refused: %s, want 503", r)
+	}
+	if r := e.must(fhReq{Method: http.MethodHead, Path: fork}); r.Status != http.StatusNotFound {
+		t.Fatalf("HEAD of the failed fork: %s", r)
+	}
+	if r := e.must(fhReq{Method: http.MethodDelete, Path: src}); r.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s", src, r)
+	}
+	if r := e.must(fhReq{Method: http.MethodHead, Path: src}); r.Status != http.StatusNotFound {
+		t.Errorf("HEAD of the deleted source: %s, want 404 (nothing reads it)", r)
+	}
+	if r := e.must(fhReq{Method: http.MethodPut, Path: src, Header: map[string]string{"Content-Type": textPlain}}); r.Status != http.StatusCreated {
+		t.Errorf("PUT of the deleted source's name: %s, want 201", r)
 	}
 }

@@ -64,9 +64,13 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	// A fork whose create failed on the bucket may exist, now or once the
 	// bucket answers: a metadata PUT the read-back did not find can still
 	// land, and a create repeated then confirms the fork. It keeps the
-	// count, which at worst keeps the source's data longer; only a create
-	// refused outright gives it back.
-	if err != nil && !errors.Is(err, ErrUnavailable) {
+	// count, which at worst keeps the source's data longer; a create
+	// refused outright, or one that failed before it wrote anything (an
+	// expiry marker the bucket refused, a WAL writer too busy to take its
+	// records), gives it back: kept, the count would never come down, and
+	// the source, once deleted, would stay soft-deleted for good.
+	var unwritten unwrittenError
+	if err != nil && (!errors.Is(err, ErrUnavailable) || errors.As(err, &unwritten)) {
 		// Best effort: a failed decrement only keeps the source's data longer.
 		if e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.Forks-- }) == nil {
 			e.dropKeptTrims(context.WithoutCancel(ctx), src)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -362,5 +363,45 @@ func TestForkCreateExistingOnlyConfirms(t *testing.T) {
 	}
 	if n := puts.Load(); n != 0 {
 		t.Errorf("confirming /g wrote %d objects", n)
+	}
+}
+
+// TestForkCreateFailedBeforeWritingGivesTheCountBack: a fork create that
+// fails before it writes anything that could make the fork exist (here
+// its expiry marker, refused by the bucket) gives its source's fork count
+// back: the source's delete is then a hard one. Kept, the count never came
+// down, and the source stayed soft-deleted, its name taken and its data
+// in the bucket, for good.
+func TestForkCreateFailedBeforeWritingGivesTheCountBack(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Hour}, Records: recs("aa")}); err != nil {
+		t.Fatal(err)
+	}
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && strings.HasPrefix(key, expiryPrefix) {
+			return errors.New("injected: marker PUT refused")
+		}
+		return nil
+	})
+	_, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}})
+	st.setHook(nil)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("fork create with its marker refused: %v, want ErrUnavailable", err)
+	}
+	if _, err := e.Head(ctx, "/fork"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("HEAD of the failed fork: %v", err)
+	}
+	// A fresh engine reads the count from the bucket.
+	e2 := startEngine(t, st, Config{})
+	if err := e2.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e2.Head(ctx, "/src"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("HEAD of the source after its delete: %v, want ErrNotFound (a hard delete)", err)
+	}
+	if _, _, err := e2.Create(ctx, "/src", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Errorf("create of the source's name after its delete: %v", err)
 	}
 }

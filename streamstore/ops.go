@@ -120,6 +120,15 @@ func (e *Engine) settledStream(ctx context.Context, name string) (*stream, error
 	}
 }
 
+// unwrittenError is a create's error from before it wrote anything that
+// could make the stream exist (its metadata object, or a WAL entry a
+// replay would complete it from): the stream certainly does not exist, and
+// a fork's create gives its source's count back.
+type unwrittenError struct{ err error }
+
+func (u unwrittenError) Error() string { return u.err.Error() }
+func (u unwrittenError) Unwrap() error { return u.err }
+
 // errNameTaken says a create found a metadata object already there.
 var errNameTaken = errors.New("a metadata object exists for the name")
 
@@ -170,7 +179,7 @@ func (e *Engine) sameConfig(ctx context.Context, s *stream, req CreateRequest) b
 func (e *Engine) create(ctx context.Context, name string, req CreateRequest, fork *forkRef, absent bool) (Info, bool, error) {
 	w, err := e.writer()
 	if err != nil {
-		return Info{}, false, err
+		return Info{}, false, unwrittenError{err}
 	}
 	now := time.Now()
 	m := &metaObject{
@@ -196,7 +205,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	body := encodeMeta(m)
 	publish, err := e.claimName(ctx, name)
 	if err != nil {
-		return Info{}, false, err
+		return Info{}, false, unwrittenError{err}
 	}
 	s := newStream(name, m, "")
 	var created *stream
@@ -222,7 +231,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	if at := expiresAt(m, m.CreatedAt); at != 0 {
 		marker = expiryKey(at, name, m.ID)
 		if _, err := e.store.Put(ctx, marker, nil, segment.PutOptions{}); err != nil {
-			return Info{}, false, fmt.Errorf("%w: write expiry marker of %s: %v", ErrUnavailable, name, err)
+			return Info{}, false, unwrittenError{fmt.Errorf("%w: write expiry marker of %s: %v", ErrUnavailable, name, err)}
 		}
 	}
 	if len(req.Records) > 0 {
@@ -240,7 +249,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 		b, err := w.Add(ent)
 		if err != nil {
 			s.mu.Unlock()
-			return Info{}, false, e.addError(err)
+			return Info{}, false, unwrittenError{e.addError(err)}
 		}
 		s.joined(ent, b, false)
 		s.mu.Unlock()
