@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"sort"
@@ -453,5 +454,39 @@ func TestFailedForkCreateFreesTheSource(t *testing.T) {
 	}
 	if r := e.must(fhReq{Method: http.MethodPut, Path: src, Header: map[string]string{"Content-Type": textPlain}}); r.Status != http.StatusCreated {
 		t.Errorf("PUT of the deleted source's name: %s, want 201", r)
+	}
+}
+
+// TestFailedForkReleaseIsRetried: a fork's DELETE during which the bucket
+// refuses the lowering of its source's fork count still answers 204 (the
+// fork is gone), and the count comes down in the background once the
+// bucket answers: the source's DELETE then removes it. The count stayed
+// raised for good, the deleted source answering 410 and its name taken
+// for as long as the bucket lived.
+func TestFailedForkReleaseIsRetried(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{})
+	const src, fork = "/failedrelease/src", "/failedrelease/fork"
+	e.create(src, textPlain)
+	e.append(src, textPlain, []byte("hello"))
+	e.must(fhReq{Method: http.MethodPut, Path: fork, Header: map[string]string{"Stream-Forked-From": src}})
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: hex.EncodeToString([]byte(src)) + ".m", Status: http.StatusInternalServerError})
+	r := e.must(fhReq{Method: http.MethodDelete, Path: fork})
+	remove()
+	if r.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s", fork, r)
+	}
+	if r := e.must(fhReq{Method: http.MethodDelete, Path: src}); r.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s", src, r)
+	}
+	if err := fhWaitFor(30*time.Second, 100*time.Millisecond, func() error {
+		if r := e.must(fhReq{Method: http.MethodHead, Path: src}); r.Status != http.StatusNotFound {
+			return fmt.Errorf("HEAD %s: %s", src, r)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("the deleted source, no fork reading it: %v, want 404", err)
 	}
 }

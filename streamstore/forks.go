@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -169,43 +170,90 @@ func (e *Engine) deleteStream(ctx context.Context, s *stream) error {
 }
 
 // releaseSource drops a fork's reference to its source; a soft-deleted
-// source whose last fork went is removed, and so on up the chain.
+// source whose last fork went is removed, and so on up the chain. A step
+// the bucket fails is tried again in the background until it succeeds or
+// the engine closes: the fork is gone already, and nothing else would
+// ever bring the count down, so the source, once deleted, would stay
+// soft-deleted for good (410, its name taken, its data kept).
 func (e *Engine) releaseSource(ctx context.Context, f *forkRef) {
+	left, err := e.releaseChain(ctx, f)
+	if err == nil {
+		return
+	}
+	e.log.Warn("releasing a fork's source failed; trying again in the background",
+		zap.String("source", left.SourceName), zap.Error(err))
+	e.bg.Add(1)
+	go e.retryRelease(left)
+}
+
+// releaseChain is releaseSource's work. On failure it returns the
+// reference whose release failed, to be released again: a repeated
+// release of a reference whose count went down but whose removal failed
+// finds the count at zero and removes; one whose decrement may have landed
+// unseen writes the same metadata again (its base is the count this
+// process last knew, which the failed write did not change).
+func (e *Engine) releaseChain(ctx context.Context, f *forkRef) (*forkRef, error) {
 	for f != nil {
 		unlock := e.lockName(f.SourceName)
 		src, err := e.stream(ctx, f.SourceName)
+		if errors.Is(err, ErrNotFound) {
+			unlock()
+			return nil, nil
+		}
 		if err != nil {
 			unlock()
-			return
+			return f, err
 		}
 		src.mu.Lock()
 		same := src.meta.ID == f.SourceID
 		src.mu.Unlock()
 		if !same {
 			unlock()
-			return
+			return nil, nil
 		}
 		err = e.updateMeta(ctx, src, func(m *metaObject) { m.Forks = max(m.Forks-1, 0) })
+		if err != nil {
+			unlock()
+			return f, err
+		}
 		src.mu.Lock()
 		last := src.meta.Deleted && src.meta.Forks == 0
 		next := src.meta.Fork
 		src.mu.Unlock()
-		if err != nil || !last {
-			if err == nil {
-				e.dropKeptTrims(ctx, src)
-			}
+		if !last {
+			e.dropKeptTrims(ctx, src)
 			unlock()
-			if err != nil {
-				e.log.Warn("release fork source failed; its data is kept")
-			}
-			return
+			return nil, nil
 		}
 		err = e.remove(ctx, src)
 		unlock()
-		if err != nil {
-			return
+		if err != nil && !errors.Is(err, ErrNotFound) { // not found: removed already
+			return f, err
 		}
 		f = next
+	}
+	return nil, nil
+}
+
+// retryRelease releases f again, backing off, until it succeeds or the
+// engine closes.
+func (e *Engine) retryRelease(f *forkRef) {
+	defer e.bg.Done()
+	wait := 250 * time.Millisecond
+	for {
+		select {
+		case <-e.closing:
+			e.log.Warn("a fork's source was not released before the engine closed; its data is kept",
+				zap.String("source", f.SourceName))
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
+		left, err := e.releaseChain(e.bgCtx, f)
+		if err == nil {
+			return
+		}
+		f = left
 	}
 }
 

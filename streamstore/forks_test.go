@@ -405,3 +405,54 @@ func TestForkCreateFailedBeforeWritingGivesTheCountBack(t *testing.T) {
 		t.Errorf("create of the source's name after its delete: %v", err)
 	}
 }
+
+// TestFailedForkReleaseIsRetried: when the bucket fails the lowering of
+// the source's fork count as a fork is deleted (the fork is gone
+// already), the release is tried again in the background: the count comes
+// down, and the source's delete is a hard one. It stayed raised for good,
+// keeping the deleted source soft-deleted forever.
+func TestFailedForkReleaseIsRetried(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	var refused atomic.Int64
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && key == metaKey("/src") && refused.Add(1) <= 3 {
+			return errors.New("injected: source metadata PUT refused")
+		}
+		return nil
+	})
+	defer st.setHook(nil)
+	if err := e.Delete(ctx, "/fork"); err != nil {
+		t.Fatal(err)
+	}
+	src, err := e.stream(ctx, "/src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		src.mu.Lock()
+		forks := src.meta.Forks
+		src.mu.Unlock()
+		if forks == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the source still counts %d forks 10s after its fork was deleted", forks)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Head(ctx, "/src"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("HEAD of the source after its delete: %v, want ErrNotFound (a hard delete)", err)
+	}
+}
