@@ -138,10 +138,14 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 				confirm = false
 				continue
 			}
-			from, err := forkPointOn(cur, fork)
+			from, ok, err := forkPointOn(cur, fork)
 			if err != nil {
 				fail(w, http.StatusBadRequest, err.Error())
 				return
+			}
+			if !ok {
+				confirm = false
+				continue
 			}
 			req.Fork = &from
 			if ct == "" {
@@ -295,6 +299,7 @@ func (d *durableStreams) resolveFork(w http.ResponseWriter, r *http.Request, eng
 		return "", false
 	}
 	at := tailOf(src)
+	f.from.Tail = !f.fromStart && f.offset == nil
 	switch {
 	case f.fromStart:
 		// As on reads, -1 is the first position a trim left.
@@ -330,29 +335,34 @@ func (d *durableStreams) resolveFork(w http.ResponseWriter, r *http.Request, eng
 // forkPointOn is the fork point f asks for, in the engine's terms, judged
 // against cur, an existing fork of the same source: an offset is read as
 // resolveFork reads it, with cur's content type (a fork's is its
-// source's); -1 is the source's start when cur was made, and no offset is
-// cur's own point (the source's tail then). The point only confirms cur.
-func forkPointOn(cur streamstore.Info, f *forkRequest) (streamstore.ForkFrom, error) {
-	from := streamstore.ForkFrom{Source: f.from.Source, Existing: true}
+// source's), and -1 is the source's start when cur was made. No offset is
+// cur's own point if cur's create named none either (the source's tail
+// then); otherwise ok is false and the request is judged against the
+// source's tail now, as before forks remembered it. The point only
+// confirms cur.
+func forkPointOn(cur streamstore.Info, f *forkRequest) (from streamstore.ForkFrom, ok bool, err error) {
+	from = streamstore.ForkFrom{Source: f.from.Source, Existing: true}
 	var at position
 	switch {
 	case f.fromStart:
 		at = position{seq: cur.Fork.Start}
 	case f.offset != nil:
 		at = *f.offset
+	case cur.Fork.Tail:
+		from.Seq, from.Bytes, from.Tail = cur.Fork.Seq, cur.Fork.Bytes, true
+		return from, true, nil
 	default:
-		from.Seq, from.Bytes = cur.Fork.Seq, cur.Fork.Bytes
-		return from, nil
+		return from, false, nil
 	}
 	if isJSON(cur.ContentType) {
 		if at.off > 0 {
-			return from, errors.New("Stream-Fork-Offset points inside a JSON message")
+			return from, false, errors.New("Stream-Fork-Offset points inside a JSON message")
 		}
 		from.Seq = at.seq + f.subOffset
 	} else {
 		from.Seq, from.Bytes = at.seq, at.off+f.subOffset
 	}
-	return from, nil
+	return from, true, nil
 }
 
 // failForkTrimmed answers a fork whose point at is below start, the

@@ -1216,7 +1216,8 @@ func TestLongPollKeepsATTLStreamAlive(t *testing.T) {
 // TestForkCreateRepeated: a fork create repeated is 200 (section 4.2)
 // whatever became of the source since: grown past the tail an omitted
 // offset meant, trimmed past the fork point, deleted while its forks read
-// it. A repeat that asks for another point or source is still 409.
+// it. A repeat that asks for another point or source is still 409, and so
+// is one without an offset of a fork made with one.
 func TestForkCreateRepeated(t *testing.T) {
 	s := newDSServer(t)
 	s.do(t, "PUT", "/src", "hello", ct, "text/plain").want(t, 201)
@@ -1269,6 +1270,9 @@ func TestForkCreateRepeated(t *testing.T) {
 		{"/at", []string{"Stream-Forked-From", "/src", "Stream-Fork-Offset", position{1, 0}.String(), "Stream-Fork-Sub-Offset", "2"}},
 		{"/at", []string{"Stream-Forked-From", "/src", "Stream-Fork-Offset", "-1"}},
 		{"/tail", []string{"Stream-Forked-From", "/other"}},
+		// No offset is the fork's own point only for a fork made without
+		// one: otherwise it is the source's tail now.
+		{"/at", []string{"Stream-Forked-From", "/src"}},
 		{"/jf", []string{"Stream-Forked-From", "/js", "Stream-Fork-Offset", position{}.String(), "Stream-Fork-Sub-Offset", "1"}},
 		{"/tail", []string{"Stream-Forked-From", "/src", "Stream-TTL", "60"}},
 	} {

@@ -58,6 +58,9 @@ type ForkFrom struct {
 	// caller that took the point from that fork (Info.Fork) uses it, so
 	// that a fork it has not looked at is never made there.
 	Existing bool
+	// Tail says the request named no point: Seq and Bytes are the
+	// source's tail, as the caller found it. The fork remembers it.
+	Tail bool
 }
 
 // ForkOrigin is where a fork branched off: its source, the point its
@@ -70,6 +73,7 @@ type ForkOrigin struct {
 	Seq    uint64
 	Bytes  uint64
 	Start  uint64
+	Tail   bool // its create named no point: the source's tail then
 }
 
 // Producer is an idempotent producer's claim on an append.

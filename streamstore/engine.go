@@ -535,7 +535,7 @@ func (s *stream) forkOrigin() ForkOrigin {
 	if f == nil {
 		return ForkOrigin{}
 	}
-	return ForkOrigin{Source: f.SourceName, Seq: f.Seq, Bytes: f.Bytes, Start: f.Start}
+	return ForkOrigin{Source: f.SourceName, Seq: f.Seq, Bytes: f.Bytes, Start: f.Start, Tail: f.Tail}
 }
 
 // startSeq is the first readable seq in st, one of s's states: above the

@@ -56,7 +56,7 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	if seq < start {
 		err = &TrimmedError{Seq: seq, StartSeq: start}
 	} else {
-		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start}
+		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start, Tail: req.Fork.Tail}
 		info, created, err = e.create(ctx, name, req, ref, true)
 		if errors.Is(err, errNameTaken) {
 			err = ErrConflict

@@ -133,6 +133,9 @@ type forkRef struct {
 	// the records below it were trimmed, and compaction may have dropped
 	// them, so the fork starts there too.
 	Start uint64 `json:"start,omitempty"`
+	// Tail says the create named no point: the source's tail then. A
+	// create repeated without a point matches only such a fork.
+	Tail bool `json:"tail,omitempty"`
 }
 
 // base is the first seq of the fork's own records.
