@@ -779,8 +779,6 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 					es.flush()
 				}
 				return
-			case errors.Is(err, streamstore.ErrNotFound) || errors.Is(err, streamstore.ErrGone):
-				return // deleted, perhaps kept for forks; a reconnect reports it
 			case err != nil:
 				if r.Context().Err() == nil && !streamDeleted(err) {
 					d.log.Warn("SSE wait failed", zap.String("stream", name), zap.Error(err))

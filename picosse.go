@@ -207,8 +207,6 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 					p.finalControl(bw, pg, flush)
 				}
 				return
-			case errors.Is(err, streamstore.ErrNotFound) || errors.Is(err, streamstore.ErrGone):
-				return // deleted, perhaps kept for forks; a reconnect reports it
 			case err != nil:
 				if r.Context().Err() == nil && !streamDeleted(err) {
 					p.log.Warn("SSE wait failed", zap.String("stream", name), zap.Error(err))
