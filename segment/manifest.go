@@ -96,11 +96,41 @@ type Namespace struct {
 	// SealedAt, once set, is the first sequence that was never committed;
 	// objects at or above it are ignored for good.
 	SealedAt *uint64 `json:"sealed_at,omitempty"`
+	// Owner is the token of the process that registered the namespace:
+	// the manifest's newest namespace names the process that owns the
+	// storage (see Manifests.Update).
+	Owner string `json:"owner,omitempty"`
 }
 
 // Manifests loads and updates the manifest with compare-and-swap.
 type Manifests struct {
 	store Store
+
+	mu    sync.Mutex
+	owner string // this process's token, once Replay registered its namespace
+}
+
+// fenced reports ErrFenced when this process has registered a namespace
+// and cur's newest namespace is not one of its own: another process
+// (perhaps of the same node id, which takes the lease at once) started on
+// the storage since. The lease alone cannot stop a manifest write of the
+// process it replaced: that process checks the lease and then writes, and
+// the takeover can fall in between. The manifest is written with
+// compare-and-swap, so this check and the write are one step.
+func (m *Manifests) fenced(cur *Manifest) error {
+	m.mu.Lock()
+	owner := m.owner
+	m.mu.Unlock()
+	if owner == "" || cur.NextNamespace == 0 {
+		return nil
+	}
+	newest := cur.NextNamespace - 1
+	for _, n := range cur.Namespaces {
+		if n.ID == newest && n.Owner == owner {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: namespace %d of the manifest was registered by another process", ErrFenced, newest)
 }
 
 // NewManifests returns the manifest accessor of store.
@@ -108,10 +138,15 @@ func NewManifests(store Store) *Manifests { return &Manifests{store: store} }
 
 // Update applies fn to the current manifest and writes it back with
 // if-match (or if-none-match when there is none yet), retrying on a lost race.
+// Once this process has registered its namespace (Replay), Update refuses
+// with ErrFenced a manifest whose newest namespace is another process's.
 func (m *Manifests) Update(ctx context.Context, fn func(*Manifest) error) (Manifest, error) {
 	for attempt := 0; ; attempt++ {
 		cur, etag, err := m.Load(ctx)
 		if err != nil {
+			return Manifest{}, err
+		}
+		if err := m.fenced(&cur); err != nil {
 			return Manifest{}, err
 		}
 		if err := fn(&cur); err != nil {
@@ -155,10 +190,16 @@ func (m *Manifests) RegisterNamespace(ctx context.Context) (uint64, error) {
 		man.NextNamespace++
 		// A namespace being replaced is sealed by whoever replaces it; the
 		// live one of this process is the only unsealed entry it adds.
-		man.Namespaces = append(man.Namespaces, Namespace{ID: id})
+		man.Namespaces = append(man.Namespaces, Namespace{ID: id, Owner: m.token()})
 		return nil
 	})
 	return id, err
+}
+
+func (m *Manifests) token() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.owner
 }
 
 // Lease is the single-writer lock on a storage: an object naming its holder
@@ -362,18 +403,39 @@ type ReplayFuncs struct {
 	Apply func(key string, obj *WALObject) error
 }
 
-// Replay reads the WAL after a restart. For every namespace in the manifest
-// it seals the first missing sequence (if the seal loses, that object
-// landed: it is replayed and the next missing one is sealed), then hands
-// every committed object below the seal to fn.Apply, in WAL order. Finally
-// it records the seals and registers a fresh namespace for this process,
-// which it returns.
-// token identifies this process in the seals it writes.
+// Replay reads the WAL after a restart. It first registers a fresh
+// namespace for this process (returned), owned by token: from then on a
+// process that held the storage before can no longer write the manifest
+// (see Manifests.Update), so the manifest replayed is the last one it
+// wrote. For every earlier namespace in the manifest it seals the first
+// missing sequence (if the seal loses, that object landed: it is replayed
+// and the next missing one is sealed), then hands every committed object
+// below the seal to fn.Apply, in WAL order. Finally it records the seals.
+// token also identifies this process in the seals it writes.
+//
+// Registering first matters when the storage is taken over from a running
+// process, as a process of the same node id does at once: a namespace that
+// process registered, or a WAL retirement it recorded, after the manifest
+// was read here would otherwise go unseen, and what it acknowledged in
+// that namespace, or compacted into packs, would be missing here.
 func Replay(ctx context.Context, store Store, m *Manifests, token string, fn ReplayFuncs) (ns uint64, err error) {
-	man, _, err := m.Load(ctx)
+	// The lease is this process's now: a namespace registered by an
+	// earlier attempt of this process's start is no claim to check.
+	m.mu.Lock()
+	m.owner = ""
+	m.mu.Unlock()
+	man, err := m.Update(ctx, func(cur *Manifest) error {
+		ns = cur.NextNamespace
+		cur.NextNamespace++
+		cur.Namespaces = append(cur.Namespaces, Namespace{ID: ns, Owner: token})
+		return nil
+	})
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("register a namespace: %w", err)
 	}
+	m.mu.Lock()
+	m.owner = token
+	m.mu.Unlock()
 	sort.Slice(man.Namespaces, func(i, j int) bool { return man.Namespaces[i].ID < man.Namespaces[j].ID })
 	if fn.Packs != nil && len(man.Packs) > 0 {
 		if err := fn.Packs(man.Packs); err != nil {
@@ -382,11 +444,17 @@ func Replay(ctx context.Context, store Store, m *Manifests, token string, fn Rep
 	}
 	seals := map[uint64]uint64{}
 	for _, n := range man.Namespaces {
+		if n.ID == ns {
+			continue
+		}
 		end, err := replayNamespace(ctx, store, n, token, fn)
 		if err != nil {
 			return 0, err
 		}
 		seals[n.ID] = end
+	}
+	if len(seals) == 0 {
+		return ns, nil
 	}
 	_, err = m.Update(ctx, func(cur *Manifest) error {
 		for i := range cur.Namespaces {
@@ -394,9 +462,6 @@ func Replay(ctx context.Context, store Store, m *Manifests, token string, fn Rep
 				cur.Namespaces[i].SealedAt = &end
 			}
 		}
-		ns = cur.NextNamespace
-		cur.NextNamespace++
-		cur.Namespaces = append(cur.Namespaces, Namespace{ID: ns})
 		return nil
 	})
 	return ns, err

@@ -51,7 +51,15 @@ func (e *Engine) compactLoop() {
 		// point (what it wrote is found again or overwritten next time).
 		ctx, cancel := context.WithTimeout(e.bgCtx, 5*time.Minute)
 		if err := e.Compact(ctx); err != nil && e.bgCtx.Err() == nil {
-			e.log.Warn("compaction failed; will retry", zap.Error(err))
+			if errors.Is(err, segment.ErrFenced) {
+				// The manifest names another process: it owns the
+				// storage, and waiting for the next renewal to say so
+				// would let this one acknowledge appends meanwhile.
+				e.log.Error("storage taken over by another process; this node writes no more", zap.Error(err))
+				e.fence(err)
+			} else {
+				e.log.Warn("compaction failed; will retry", zap.Error(err))
+			}
 		}
 		cancel()
 	}

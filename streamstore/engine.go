@@ -386,7 +386,13 @@ func (e *Engine) registerNamespace(ctx context.Context) (uint64, error) {
 	if err := e.lease.Confirm(ctx); err != nil {
 		return 0, err
 	}
-	return e.man.RegisterNamespace(ctx)
+	ns, err := e.man.RegisterNamespace(ctx)
+	if errors.Is(err, segment.ErrFenced) {
+		// Another process registered a namespace after the lease check:
+		// it took the storage over (the manifest says so first).
+		e.fence(err)
+	}
+	return ns, err
 }
 
 // renewLease renews l at a third of its lifetime, and retries every second

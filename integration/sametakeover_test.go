@@ -1,0 +1,100 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/caddytest"
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// TestSameNodeTakeoverDuringNamespaceSwitch: a second process of the same
+// node id (same data directory) takes the storage over at once, while the
+// first is moving its WAL writer to a fresh namespace after a failed
+// upload, its manifest write held up on its way. The first process's lease
+// is still valid by its own clock (its renewal is held too), so only the
+// manifest can tell it that it lost the storage. Whatever the first process
+// acknowledges afterwards must be readable from the second; before the
+// manifest fenced writers, the first registered a namespace the second
+// never replays and acknowledged appends written there.
+func TestSameNodeTakeoverDuringNamespaceSwitch(t *testing.T) {
+	const (
+		name = "/takeover/s"
+		text = "text/plain"
+	)
+	a := fhStart(t, fhOptions{Optional: []string{"compact_interval 1h"}})
+	a.create(name, text)
+	want := []byte("before\n")
+	a.append(name, text, want)
+
+	// The first process's next namespace registration waits in the proxy.
+	releaseMan := a.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "manifest"})
+	defer releaseMan()
+	// 403 is not retried: the upload fails at once, the writer's own seal
+	// wins, and it asks for a new namespace.
+	removeFault := a.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/", Status: http.StatusForbidden, Times: 1})
+	defer removeFault()
+	if r := a.must(fhReq{Method: http.MethodPost, Path: name, Header: map[string]string{"Content-Type": text}, Body: []byte("refused\n")}); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("append whose WAL upload was refused: %s, want 503", r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.proxy.WaitHeld(ctx, 1); err != nil {
+		t.Fatalf("the first process's namespace registration never reached the store: %v", err)
+	}
+	// From here on the first process's renewals do not land either, so its
+	// lease stays valid by its clock for a while yet: only the storage can
+	// tell it another process took over.
+	releaseLease := a.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "lease"})
+	defer releaseLease()
+
+	// The second process: the same data directory, so the same node id,
+	// straight to versitygw.
+	b, err := caddytest.Launch(t, caddytest.Options{
+		Storage: testenv.StoreURL(a.v.Endpoint, a.bucket, caddytest.S3Prefix),
+		DataDir: a.caddy.DataDir(),
+		Env:     caddytest.S3Env(a.v),
+	})
+	if err == nil {
+		err = waitServing(b, 30*time.Second)
+	}
+	if err != nil {
+		t.Fatalf("second process of the same node: %v", err)
+	}
+	bEnv := &fhEnv{t: t, v: a.v, bucket: a.bucket, caddy: b, client: a.client}
+
+	// The first process's registration lands now, after the takeover.
+	releaseMan()
+	if err := a.proxy.WaitLanded(ctx); err != nil {
+		t.Fatalf("held manifest write: %v", err)
+	}
+	var acked [][]byte
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		body := []byte("late-" + string(rune('a'+i%26)) + "\n")
+		r := a.must(fhReq{Method: http.MethodPost, Path: name, Header: map[string]string{"Content-Type": text}, Body: body})
+		if r.Status/100 == 2 {
+			acked = append(acked, body)
+			t.Logf("the first process acknowledged %q after the takeover: %s", body, r)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	got, _, err := bEnv.readBytes(name)
+	if err != nil {
+		t.Fatalf("read from the second process: %v", err)
+	}
+	if !bytes.HasPrefix(got, want) {
+		t.Fatalf("the second process reads %q, want it to begin with %q", got, want)
+	}
+	for _, body := range acked {
+		if !bytes.Contains(got, body) {
+			t.Errorf("the first process acknowledged %q after the second took the storage over, "+
+				"and the second does not have it: it reads %q", body, got)
+		}
+	}
+}

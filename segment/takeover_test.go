@@ -1,0 +1,96 @@
+package segment_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// A process that took the storage over (a process of the same node id
+// takes the lease at once) must fence the manifest writes of the one it
+// replaced from the moment its replay reads the manifest: the old process
+// checks the lease and then writes, and a namespace it registered, or a
+// WAL retirement it recorded, after the replay read the manifest went
+// unseen by the new owner, along with what it acknowledged there.
+func TestReplayFencesTheProcessItReplaced(t *testing.T) {
+	retire := func(m *segment.Manifest) error {
+		for i := range m.Namespaces {
+			m.Namespaces[i].ReplayFrom++
+		}
+		return nil
+	}
+	cases := []struct {
+		name  string
+		write func(ctx context.Context, old *segment.Manifests) error
+	}{
+		{"register a namespace", func(ctx context.Context, old *segment.Manifests) error {
+			_, err := old.RegisterNamespace(ctx)
+			return err
+		}},
+		{"retire WAL objects", func(ctx context.Context, old *segment.Manifests) error {
+			_, err := old.Update(ctx, retire)
+			return err
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			old := segment.NewManifests(st)
+			nsOld, err := segment.Replay(ctx, st, old, "old", segment.ReplayFuncs{Apply: func(string, *segment.WALObject) error { return nil }})
+			if err != nil {
+				t.Fatalf("first replay: %v", err)
+			}
+			data, _ := segment.EncodeWAL(nsOld, 0, nil)
+			if _, err := st.Put(ctx, segment.WALKey(nsOld, 0), data, segment.PutOptions{IfNoneMatch: true}); err != nil {
+				t.Fatal(err)
+			}
+
+			// The old process writes the manifest while the new one replays.
+			var during error
+			applied := 0
+			cur := segment.NewManifests(st)
+			nsNew, err := segment.Replay(ctx, st, cur, "new", segment.ReplayFuncs{Apply: func(string, *segment.WALObject) error {
+				applied++
+				during = tc.write(ctx, old)
+				return nil
+			}})
+			if err != nil {
+				t.Fatalf("replay of the process taking over: %v", err)
+			}
+			if applied != 1 {
+				t.Fatalf("the new process replayed %d WAL objects, want 1", applied)
+			}
+			if !errors.Is(during, segment.ErrFenced) {
+				t.Errorf("the old process's manifest write during the new one's replay: %v, want ErrFenced", during)
+			}
+			if after := tc.write(ctx, old); !errors.Is(after, segment.ErrFenced) {
+				t.Errorf("the old process's manifest write after the new one's replay: %v, want ErrFenced", after)
+			}
+
+			man, _, err := cur.Load(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if man.NextNamespace != nsNew+1 {
+				t.Errorf("next namespace %d, want %d: a namespace was registered after the new process's", man.NextNamespace, nsNew+1)
+			}
+			for _, n := range man.Namespaces {
+				if n.ID == nsOld && (n.ReplayFrom != 0 || n.SealedAt == nil || *n.SealedAt != 1) {
+					t.Errorf("old namespace in the manifest: %+v, want replay from 0 sealed at 1", n)
+				}
+			}
+			// The new owner writes on, and takes itself over again (a
+			// start that failed after its replay and is tried once more).
+			if _, err := cur.RegisterNamespace(ctx); err != nil {
+				t.Errorf("the new owner registering a namespace: %v", err)
+			}
+			if _, err := segment.Replay(ctx, st, cur, "new-again", segment.ReplayFuncs{Apply: func(string, *segment.WALObject) error { return nil }}); err != nil {
+				t.Errorf("the new owner's start tried again: %v", err)
+			}
+		})
+	}
+}
