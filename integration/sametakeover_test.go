@@ -3,7 +3,10 @@ package integration
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,4 +100,89 @@ func TestSameNodeTakeoverDuringNamespaceSwitch(t *testing.T) {
 				"and the second does not have it: it reads %q", body, got)
 		}
 	}
+}
+
+// TestCheckpointOfReplacedProcessLandsLate: the process a takeover
+// replaced was checkpointing a stream (its metadata write held up on its
+// way) when the new owner loaded that stream, and the write lands after.
+// The new owner's checkpoints of the stream are compare-and-swaps on the
+// version it loaded: it must get past the stale process's version, or its
+// compactions fail for good and the WAL is never retired.
+func TestCheckpointOfReplacedProcessLandsLate(t *testing.T) {
+	const (
+		name = "/takeover/meta"
+		text = "text/plain"
+	)
+	a := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s"}})
+	a.create(name, text)
+	if err := fhWaitFor(10*time.Second, 50*time.Millisecond, func() error {
+		if len(a.mustList("streams/")) == 0 {
+			return errors.New("no metadata object yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	releaseMeta := a.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/streams/", Times: 1})
+	defer releaseMeta()
+	// A large append is folded by the next compaction (a small one may
+	// be packed, which writes no checkpoint).
+	want := bytes.Repeat([]byte("B"), 300<<10)
+	a.append(name, text, want)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.proxy.WaitHeld(ctx, 1); err != nil {
+		t.Fatalf("the first process's checkpoint never reached the store: %v", err)
+	}
+
+	b, err := caddytest.Launch(t, caddytest.Options{
+		Storage:    testenv.StoreURL(a.v.Endpoint, a.bucket, caddytest.S3Prefix),
+		DataDir:    a.caddy.DataDir(),
+		Env:        caddytest.S3Env(a.v),
+		Directives: []string{"compact_interval 1s"},
+	})
+	if err == nil {
+		err = waitServing(b, 30*time.Second)
+	}
+	if err != nil {
+		t.Fatalf("second process of the same node: %v", err)
+	}
+	bEnv := &fhEnv{t: t, v: a.v, bucket: a.bucket, caddy: b, client: a.client}
+
+	// The stale checkpoint lands over the version the new owner loaded.
+	releaseMeta()
+	if err := a.proxy.WaitLanded(ctx); err != nil {
+		t.Fatalf("held checkpoint: %v", err)
+	}
+	more := []byte("after\n")
+	bEnv.append(name, text, more)
+
+	// The new owner compacts the first process's WAL away.
+	oldWAL := "wal/" + strings.Repeat("0", 16) + "/"
+	if err := fhWaitFor(20*time.Second, 200*time.Millisecond, func() error {
+		if left := bEnv.mustList(oldWAL); len(left) > 0 {
+			return fmt.Errorf("%d WAL objects of the first process still in the bucket", len(left))
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("the new owner does not compact: %v\n%s", err, compactionLine(b.Logs()))
+	}
+	got, _, err := bEnv.readBytes(name)
+	if err != nil {
+		t.Fatalf("read from the second process: %v", err)
+	}
+	if w := append(append([]byte(nil), want...), more...); !bytes.Equal(got, w) {
+		t.Errorf("the second process reads %q, want %q", got, w)
+	}
+}
+
+// compactionLine picks the last log line of s about a failed compaction.
+func compactionLine(s string) string {
+	lines := strings.Split(s, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], "compaction failed") {
+			return truncate(strings.TrimSpace(lines[i]), 600)
+		}
+	}
+	return ""
 }

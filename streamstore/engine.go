@@ -113,6 +113,11 @@ type Engine struct {
 	// replay (bgCtx ending ends it too).
 	stopRenewal context.CancelFunc
 
+	// ownNS is one more than the WAL namespace this process registered at
+	// start (0 before): metadata a process wrote from earlier namespaces
+	// is a replaced process's (writeMeta).
+	ownNS atomic.Uint64
+
 	fenceMu  sync.Mutex
 	fencedBy error           // the lease was taken by another node
 	fenceW   *segment.Writer // the writer to fence, once there is one
@@ -286,6 +291,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	})
 	metas.close()
 	if err == nil {
+		e.ownNS.Store(ns + 1)
 		err = e.settleSeeds(ctx, metas)
 	}
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/picomq/caddy-picomq/segment"
 )
 
@@ -383,7 +385,16 @@ func (e *Engine) writeMeta(ctx context.Context, s *stream, m *metaObject, etag s
 		return "", err // the version we know is still there: ours failed
 	}
 	if !slices.ContainsFunc(s.unsure, func(b []byte) bool { return bytes.Equal(b, cur) }) {
-		return "", fmt.Errorf("metadata of %s changed by another writer: %w", s.name, err)
+		if !e.replacedWrote(cur) {
+			return "", fmt.Errorf("metadata of %s changed by another writer: %w", s.name, err)
+		}
+		// A checkpoint of the process this one took the storage over
+		// from, landed after this one loaded the stream: it describes
+		// only what that process committed, which this one replayed, so
+		// it is written over. Refusing, the stream could never be
+		// checkpointed again, and no compaction would get through.
+		e.log.Info("writing over a late checkpoint of the process that held the storage before",
+			zap.String("stream", s.name))
 	}
 	if err := e.checkLease(); err != nil {
 		return "", err
@@ -395,6 +406,21 @@ func (e *Engine) writeMeta(ctx context.Context, s *stream, m *metaObject, etag s
 	}
 	s.clearUnsure()
 	return tag, nil
+}
+
+// replacedWrote reports whether metadata body cur, a version this process
+// did not write, was written by a process that held the storage before
+// this one: its checkpoint is of WAL positions in namespaces registered
+// before this process's own. A process that took the storage over from
+// this one replays this one's namespace, so its checkpoints are of this
+// namespace or later, and are not written over.
+func (e *Engine) replacedWrote(cur []byte) bool {
+	own := e.ownNS.Load()
+	if own == 0 {
+		return false
+	}
+	m, err := decodeMeta(cur)
+	return err == nil && m.Upto.NS < own-1
 }
 
 // maxMetaDeletes bounds deleteMeta's tries: each finds our metadata under

@@ -1,0 +1,65 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// A process of the same node id takes the storage over at once, while the
+// one it replaced may still be compacting: that one's checkpoint of a
+// stream can land after the new owner loaded the stream. The new owner's
+// checkpoints must get past it; refusing a version it did not write, it
+// could never checkpoint the stream again, and every compaction failed.
+func TestLateCheckpointOfReplacedProcess(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	old := startEngine(t, st, Config{})
+	const name = "/late"
+	if _, _, err := old.Create(ctx, name, CreateRequest{ContentType: "application/octet-stream"}); err != nil {
+		t.Fatal(err)
+	}
+	// A large append is a blob, which compaction always folds (and so
+	// checkpoints) rather than packs.
+	want := [][]byte{body(1, blobMinBytes)}
+	if _, err := old.Append(ctx, name, AppendRequest{Records: []NewRecord{{Body: want[0]}}}); err != nil {
+		t.Fatal(err)
+	}
+
+	cur := startEngine(t, st, Config{}) // the same node id: at once
+	sameBodies(t, "new owner before the late checkpoint", readBodies(t, cur, name, 0), want)
+	_, before, err := st.Get(ctx, metaKey(name), 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old process's compaction checkpoints the stream, then finds the
+	// manifest is the new owner's.
+	if err := old.Compact(ctx); !errors.Is(err, segment.ErrFenced) {
+		t.Fatalf("the replaced process's compaction: %v, want ErrFenced", err)
+	}
+	if _, after, _ := st.Get(ctx, metaKey(name), 0, -1); after == before {
+		t.Fatal("the replaced process's compaction wrote no checkpoint: the test provokes nothing")
+	}
+
+	want = append(want, []byte("after"))
+	if _, err := cur.Append(ctx, name, AppendRequest{Records: []NewRecord{{Body: want[1]}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cur.Compact(ctx); err != nil {
+		t.Fatalf("the new owner's compaction after the late checkpoint: %v", err)
+	}
+	if err := cur.Compact(ctx); err != nil {
+		t.Fatalf("the new owner's next compaction: %v", err)
+	}
+	sameBodies(t, "new owner after its compaction", readBodies(t, cur, name, 0), want)
+
+	// And a restart finds it all.
+	if err := cur.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := startEngine(t, st, Config{})
+	sameBodies(t, "after a restart", readBodies(t, again, name, 0), want)
+}
