@@ -47,6 +47,9 @@ func (e *Engine) compactLoop() {
 			t.Stop()
 			continue
 		}
+		if e.fenced() != nil {
+			continue // another node owns the storage: nothing to do
+		}
 		// Close cancels a compaction under way: it is safe to stop at any
 		// point (what it wrote is found again or overwritten next time).
 		ctx, cancel := context.WithTimeout(e.bgCtx, 5*time.Minute)
@@ -71,6 +74,12 @@ func (e *Engine) compactLoop() {
 func (e *Engine) Compact(ctx context.Context) error {
 	if _, err := e.writer(); err != nil {
 		return err
+	}
+	// A node that lost the storage folds nothing: its data objects and
+	// checkpoints would land in the bucket the new owner holds, and only
+	// the manifest, written last, would refuse it.
+	if err := e.fenced(); err != nil {
+		return fmt.Errorf("compact: %w", err)
 	}
 	e.compactMu.Lock()
 	defer e.compactMu.Unlock()

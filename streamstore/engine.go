@@ -439,6 +439,14 @@ func (e *Engine) renewLease(ctx context.Context, l *segment.Lease) {
 	}
 }
 
+// fenced returns why this node writes no more (another node took the
+// storage over), or nil.
+func (e *Engine) fenced() error {
+	e.fenceMu.Lock()
+	defer e.fenceMu.Unlock()
+	return e.fencedBy
+}
+
 // fence stops the writer for good. Before the writer exists (the lease
 // was lost during the replay), Start fences it as it creates it.
 func (e *Engine) fence(err error) {

@@ -63,3 +63,36 @@ func TestLateCheckpointOfReplacedProcess(t *testing.T) {
 	again := startEngine(t, st, Config{})
 	sameBodies(t, "after a restart", readBodies(t, again, name, 0), want)
 }
+
+// A node that learned another took the storage over (its renewal found
+// the lease another process's) must stop compacting: each compaction
+// wrote data objects and checkpoints into the bucket the other owns
+// before it reached the manifest and was refused.
+func TestFencedNodeDoesNotCompact(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	old := startEngine(t, st, Config{})
+	const name = "/fenced"
+	if _, _, err := old.Create(ctx, name, CreateRequest{ContentType: "application/octet-stream"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Append(ctx, name, AppendRequest{Records: []NewRecord{{Body: body(2, blobMinBytes)}}}); err != nil {
+		t.Fatal(err)
+	}
+	startEngine(t, st, Config{})
+	old.fence(segment.ErrFenced) // as its renewal does
+	_, before, err := st.Get(ctx, metaKey(name), 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := len(st.Keys("data/"))
+	if err := old.Compact(ctx); !errors.Is(err, segment.ErrFenced) {
+		t.Errorf("compaction of a fenced node: %v, want ErrFenced", err)
+	}
+	if _, after, _ := st.Get(ctx, metaKey(name), 0, -1); after != before {
+		t.Error("a fenced node's compaction wrote a checkpoint")
+	}
+	if n := len(st.Keys("data/")); n != data {
+		t.Errorf("a fenced node's compaction wrote %d data objects", n-data)
+	}
+}
