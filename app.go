@@ -261,6 +261,9 @@ func (r *engineRef) engineConfig() streamstore.Config {
 		GraveTime:       r.settings.GraveTime,
 		AppendTimeout:   appendTimeout(r.settings),
 		NodeID:          r.nodeID,
+		// Two storage URLs of one bucket and prefix are two pool keys:
+		// the second engine must not take the lease from the first.
+		OneEnginePerProcess: true,
 	}
 }
 

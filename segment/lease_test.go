@@ -111,3 +111,42 @@ func TestLeaseReleaseAfterLostWrite(t *testing.T) {
 		t.Errorf("another node after the release: %v", err)
 	}
 }
+
+// With NotFromThisProcess, a lease a live Lease of this process holds is
+// refused rather than taken over, as a restart of the node takes it: one
+// process's two engines on one storage would fence each other. Once it is
+// released or abandoned (a start that failed after taking it), it is taken.
+// Without the option, or from another process, the node takes it at once.
+func TestLeaseNotTakenFromThisProcess(t *testing.T) {
+	ctx := context.Background()
+	store := memstore.New()
+	here := segment.LeaseOptions{NotFromThisProcess: true}
+	first, err := segment.AcquireLeaseWith(ctx, store, "node-a", time.Minute, here)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := segment.AcquireLeaseWith(ctx, store, "node-a", time.Minute, here); !errors.Is(err, segment.ErrLeaseHeldHere) {
+		t.Fatalf("a second lease of this process while the first is live: %v, want ErrLeaseHeldHere", err)
+	}
+	if err := first.Renew(ctx); err != nil {
+		t.Errorf("the first lease after the refused takeover: %v", err)
+	}
+
+	first.Abandon()
+	second, err := segment.AcquireLeaseWith(ctx, store, "node-a", time.Minute, here)
+	if err != nil {
+		t.Fatalf("after the first was abandoned: %v", err)
+	}
+	if err := second.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	third, err := segment.AcquireLeaseWith(ctx, store, "node-a", time.Minute, here)
+	if err != nil {
+		t.Fatalf("after the second was released: %v", err)
+	}
+	// Without the option: a restart played in one process.
+	if _, err := segment.AcquireLease(ctx, store, "node-a", time.Minute); err != nil {
+		t.Errorf("without NotFromThisProcess: %v", err)
+	}
+	third.Abandon()
+}

@@ -233,9 +233,35 @@ type leaseBody struct {
 // ErrLeaseHeld is returned when another node holds the storage lease.
 var ErrLeaseHeld = errors.New("storage is in use by another PicoMQ node")
 
+// ErrLeaseHeldHere is returned by AcquireLeaseWith, with
+// LeaseOptions.NotFromThisProcess, when the storage's lease is held by a
+// live Lease of this very process.
+var ErrLeaseHeldHere = errors.New("storage is already open in this process (under another storage URL, " +
+	"which names the same bucket and prefix); changing a storage URL takes a restart")
+
+// heldHere holds the tokens of the leases this process holds (from their
+// acquisition until Release or Abandon).
+var heldHere sync.Map
+
+// LeaseOptions tune AcquireLeaseWith.
+type LeaseOptions struct {
+	// NotFromThisProcess refuses, with ErrLeaseHeldHere, a lease that a
+	// live Lease of this process holds, instead of taking it over as a
+	// restart of the node does. Two engines of one process on one storage
+	// (named by two URLs) would otherwise take it from each other, each
+	// fencing the other: a config reload that failed after taking it left
+	// the running engine unable to write until a restart.
+	NotFromThisProcess bool
+}
+
 // AcquireLease takes the storage lease for node. The same node takes it back
 // at once (a restart); another node only after it expires.
 func AcquireLease(ctx context.Context, store Store, node string, ttl time.Duration) (*Lease, error) {
+	return AcquireLeaseWith(ctx, store, node, ttl, LeaseOptions{})
+}
+
+// AcquireLeaseWith is AcquireLease with options.
+func AcquireLeaseWith(ctx context.Context, store Store, node string, ttl time.Duration, o LeaseOptions) (*Lease, error) {
 	var tok [8]byte
 	rand.Read(tok[:])
 	l := &Lease{store: store, node: node, token: hex.EncodeToString(tok[:]), ttl: ttl}
@@ -249,13 +275,19 @@ func AcquireLease(ctx context.Context, store Store, node string, ttl time.Durati
 			return nil, fmt.Errorf("read lease: %w", err)
 		default:
 			var cur leaseBody
-			if jerr := json.Unmarshal(data, &cur); jerr == nil && cur.Node != node && time.Now().UnixMilli() < cur.ExpiresAt {
+			jerr := json.Unmarshal(data, &cur)
+			live := jerr == nil && time.Now().UnixMilli() < cur.ExpiresAt
+			if live && cur.Node != node {
 				return nil, fmt.Errorf("%w: node %s holds it until %s", ErrLeaseHeld, cur.Node,
 					time.UnixMilli(cur.ExpiresAt).UTC().Format(time.RFC3339))
+			}
+			if _, here := heldHere.Load(cur.Token); live && o.NotFromThisProcess && here {
+				return nil, ErrLeaseHeldHere
 			}
 			opts.IfMatch = etag
 		}
 		if err := l.put(ctx, opts); err == nil {
+			heldHere.Store(l.token, struct{}{})
 			return l, nil
 		} else if !errors.Is(err, ErrPreconditionFailed) {
 			return nil, err
@@ -349,8 +381,19 @@ func (l *Lease) Confirm(ctx context.Context) error {
 	return nil
 }
 
+// Abandon stops counting the lease as this process's, without writing
+// it (a start that failed after taking it): a later acquisition by this
+// process takes it over.
+func (l *Lease) Abandon() {
+	heldHere.Delete(l.token)
+	l.mu.Lock()
+	l.validUntil = time.Time{}
+	l.mu.Unlock()
+}
+
 // Release gives the lease up so another node may take it at once.
 func (l *Lease) Release(ctx context.Context) error {
+	heldHere.Delete(l.token)
 	l.mu.Lock()
 	l.validUntil = time.Time{}
 	l.mu.Unlock()

@@ -33,10 +33,16 @@ type Config struct {
 	CompactInterval time.Duration // how often WAL data is compacted (default 30s)
 	PackBelow       int64         // backlog bytes up to which a busy stream's compaction goes into a shared pack (default 256 KiB; negative: never)
 	LeaseTTL        time.Duration // storage lease lifetime without renewal (default 30s)
-	MaxStreams      int           // idle streams kept in memory (default 10,000)
-	IdleAfter       time.Duration // a stream untouched this long leaves memory, cache included (default 30s)
-	ExpirySweep     time.Duration // how often streams past their expiry that nobody accessed are deleted (default 5m)
-	GraveTime       time.Duration // how long a deleted stream's grave holds its name against creates still on their way (default 20m)
+	// OneEnginePerProcess refuses to start on a storage whose lease another
+	// engine of this process holds (segment.LeaseOptions.NotFromThisProcess):
+	// a process runs one engine per storage, and two URLs naming the same
+	// bucket and prefix must not make two that fence each other. Tests that
+	// play a restart with a second engine in one process leave it unset.
+	OneEnginePerProcess bool
+	MaxStreams          int           // idle streams kept in memory (default 10,000)
+	IdleAfter           time.Duration // a stream untouched this long leaves memory, cache included (default 30s)
+	ExpirySweep         time.Duration // how often streams past their expiry that nobody accessed are deleted (default 5m)
+	GraveTime           time.Duration // how long a deleted stream's grave holds its name against creates still on their way (default 20m)
 }
 
 // writerConfig is the WAL writer's share of c.
@@ -249,7 +255,8 @@ func (e *Engine) Start(ctx context.Context) error {
 	if cfg.NodeID == "" {
 		return errors.New("start engine: no node id configured")
 	}
-	lease, err := segment.AcquireLease(ctx, e.store, cfg.NodeID, cfg.LeaseTTL)
+	lease, err := segment.AcquireLeaseWith(ctx, e.store, cfg.NodeID, cfg.LeaseTTL,
+		segment.LeaseOptions{NotFromThisProcess: cfg.OneEnginePerProcess})
 	if err != nil {
 		return fmt.Errorf("start engine: %w", err)
 	}
@@ -269,6 +276,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		// race it (a renewal that lost that race would fence the node).
 		stopRenewal()
 		<-renewed
+		lease.Abandon()
 		return fmt.Errorf("start engine: %w", err)
 	}
 	if err := segment.CheckFormat(ctx, e.store); err != nil {
