@@ -186,3 +186,47 @@ func compactionLine(s string) string {
 	}
 	return ""
 }
+
+// TestDeleteByReplacedProcess: the process a takeover replaced (its lease
+// still valid by its own clock, its renewals held up) is asked to delete a
+// stream the new owner has loaded. A delete writes no WAL entry, so the
+// seal that fences the old process's appends does not fence it: it
+// swapped the stream's metadata for a grave and acknowledged the delete,
+// and the new owner went on acknowledging appends to the stream, which
+// its next compaction found deleted and collected.
+func TestDeleteByReplacedProcess(t *testing.T) {
+	const (
+		name = "/takeover/delete"
+		text = "text/plain"
+	)
+	a := fhStart(t, fhOptions{Optional: []string{"compact_interval 1h"}})
+	a.create(name, text)
+	a.append(name, text, []byte("before\n"))
+	releaseLease := a.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "lease"})
+	defer releaseLease()
+
+	b, err := caddytest.Launch(t, caddytest.Options{
+		Storage: testenv.StoreURL(a.v.Endpoint, a.bucket, caddytest.S3Prefix),
+		DataDir: a.caddy.DataDir(),
+		Env:     caddytest.S3Env(a.v),
+	})
+	if err == nil {
+		err = waitServing(b, 30*time.Second)
+	}
+	if err != nil {
+		t.Fatalf("second process of the same node: %v", err)
+	}
+	bEnv := &fhEnv{t: t, v: a.v, bucket: a.bucket, caddy: b, client: a.client}
+	if got, _, err := bEnv.readBytes(name); err != nil || string(got) != "before\n" {
+		t.Fatalf("the new owner reads %q (%v), want %q", got, err, "before\n")
+	}
+
+	del := a.must(fhReq{Method: http.MethodDelete, Path: name})
+	t.Logf("the replaced process answered the delete: %s", del)
+	app := bEnv.must(fhReq{Method: http.MethodPost, Path: name, Header: map[string]string{"Content-Type": text}, Body: []byte("after\n")})
+	t.Logf("the new owner answered an append after it: %s", app)
+	if del.Status/100 == 2 && app.Status/100 == 2 {
+		t.Errorf("the replaced process acknowledged the delete of %s (%d), and the new owner then acknowledged an "+
+			"append to it (%d): the append is lost with the stream", name, del.Status, app.Status)
+	}
+}

@@ -390,6 +390,27 @@ func (e *Engine) checkLease() error {
 	return nil
 }
 
+// confirmOwner reads the lease object and checks that it is still this
+// process's, before a change that no WAL entry carries (a delete, a
+// fork's count): the seal that fences a replaced process's appends does
+// not fence those, and a process of the same node id takes the lease at
+// once, while the one it replaced counts it valid until its next renewal.
+// Such a change acknowledged by the replaced process, over a stream the
+// new owner had loaded, went unseen by it: it acknowledged appends to a
+// stream that was deleted. One GET per such change.
+func (e *Engine) confirmOwner(ctx context.Context) error {
+	if err := e.checkLease(); err != nil {
+		return err
+	}
+	if err := e.lease.Confirm(ctx); err != nil {
+		if errors.Is(err, segment.ErrFenced) {
+			e.fence(err)
+		}
+		return err
+	}
+	return nil
+}
+
 // registerNamespace gives the writer a fresh namespace, but only while the
 // lease is certainly ours: a node that lost the storage must not add to
 // the manifest another node replays.

@@ -125,6 +125,9 @@ func (e *Engine) sameForkPoint(ctx context.Context, f *forkRef, want *ForkFrom) 
 // updateMeta rewrites the stream's metadata object with fn applied, by
 // compare-and-swap. metaMu keeps it from racing compaction's checkpoints.
 func (e *Engine) updateMeta(ctx context.Context, s *stream, fn func(*metaObject)) error {
+	if err := e.confirmOwner(ctx); err != nil {
+		return fmt.Errorf("%w: update metadata of %s: %v", ErrUnavailable, s.name, err)
+	}
 	s.metaMu.Lock()
 	defer s.metaMu.Unlock()
 	s.mu.Lock()

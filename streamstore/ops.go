@@ -1026,6 +1026,9 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 		marker = expiryKey(s.meta.ExpiresAt, name, id)
 	}
 	s.mu.Unlock()
+	if err := e.confirmOwner(ctx); err != nil {
+		return fmt.Errorf("%w: delete %s: %v", ErrUnavailable, name, err)
+	}
 	publish, err := e.claimName(ctx, name)
 	if err != nil {
 		return err

@@ -96,3 +96,49 @@ func TestFencedNodeDoesNotCompact(t *testing.T) {
 		t.Errorf("a fenced node's compaction wrote %d data objects", n-data)
 	}
 }
+
+// A delete (and a fork's count) is no WAL entry, so the seal that fences
+// a replaced process's appends does not fence it. A process of the same
+// node id takes the lease at once, and the one it replaced, its lease
+// valid by its own clock, swapped the stream's metadata for a grave over
+// a stream the new owner had loaded: the new owner went on acknowledging
+// appends to a deleted stream.
+func TestReplacedProcessDeletesNothing(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	old := startEngine(t, st, Config{})
+	// Created empty: a seeded create's delete writes a WAL entry, which
+	// the seal does fence.
+	for _, name := range []string{"/del", "/src"} {
+		if _, _, err := old.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := old.Append(ctx, name, AppendRequest{Records: recs("before")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := old.Create(ctx, "/fork", CreateRequest{ContentType: "text/plain", Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	cur := startEngine(t, st, Config{})
+	for _, name := range []string{"/del", "/src"} {
+		if got := readAll(t, cur, name); len(got) != 1 {
+			t.Fatalf("the new owner reads %s as %q", name, got)
+		}
+	}
+	// /del is removed outright, /src (with a fork) soft-deleted.
+	for _, name := range []string{"/del", "/src"} {
+		if err := old.Delete(ctx, name); !errors.Is(err, ErrUnavailable) {
+			t.Errorf("delete of %s by the replaced process: %v, want ErrUnavailable", name, err)
+		}
+		if _, err := cur.Append(ctx, name, AppendRequest{Records: recs("after")}); err != nil {
+			t.Fatalf("append to %s by the new owner: %v", name, err)
+		}
+		if err := cur.Compact(ctx); err != nil {
+			t.Fatalf("compaction by the new owner: %v", err)
+		}
+		if got := readAll(t, cur, name); len(got) != 2 {
+			t.Errorf("the new owner reads %s as %q after its compaction, want both records", name, got)
+		}
+	}
+}
