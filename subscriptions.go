@@ -692,9 +692,15 @@ func (m *subManager) saveLocked(s *subState) error {
 	defer cancel()
 	ver, err := m.eng.PutDoc(ctx, s.key, b, s.version)
 	if errors.Is(err, streamstore.ErrDocConflict) {
-		// This node holds the storage lease and writes under m.mu, so the
+		// This node writes under m.mu, so while it holds the storage the
 		// only other writer was an earlier attempt of ours whose response
-		// was lost but which landed: take the stored version and write again.
+		// was lost but which landed: take the stored version and write
+		// again. Another process of the same node id takes the storage
+		// over at once, and its writes would be overwritten just the same,
+		// so the lease object is read first.
+		if cerr := m.eng.ConfirmOwner(ctx); cerr != nil {
+			return cerr
+		}
 		cur, etag, gerr := m.eng.GetDoc(ctx, s.key)
 		switch {
 		case gerr == nil && bytes.Equal(cur, b):

@@ -3,9 +3,11 @@ package integration
 import (
 	"bytes"
 	"context"
+	encjson "encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -228,5 +230,89 @@ func TestDeleteByReplacedProcess(t *testing.T) {
 	if del.Status/100 == 2 && app.Status/100 == 2 {
 		t.Errorf("the replaced process acknowledged the delete of %s (%d), and the new owner then acknowledged an "+
 			"append to it (%d): the append is lost with the stream", name, del.Status, app.Status)
+	}
+}
+
+// TestSubscriptionWriteByReplacedProcess: the process a takeover replaced
+// (its lease valid by its own clock, its renewals held up) saves a change
+// of a subscription whose document the new owner has written since. It
+// took the other version for a write of its own whose answer was lost and
+// wrote over it, undoing the ack the new owner had acknowledged.
+func TestSubscriptionWriteByReplacedProcess(t *testing.T) {
+	const (
+		sub  = "/v1/stream/__ds/subscriptions/p1"
+		json = "application/json"
+	)
+	a := fhStart(t, fhOptions{Optional: []string{"compact_interval 1h"}, Directives: []string{"allow_loopback_webhooks"}})
+	call := func(e *fhEnv, method, path, body string, hdr ...string) (int, map[string]any) {
+		t.Helper()
+		h := map[string]string{"Content-Type": json}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			h[hdr[i]] = hdr[i+1]
+		}
+		r := e.must(fhReq{Method: method, Path: path, Header: h, Body: []byte(body)})
+		var v map[string]any
+		_ = encjson.Unmarshal(r.Body, &v)
+		return r.Status, v
+	}
+	if st, v := call(a, "PUT", "/v1/stream/wake/pool", "[]"); st != 201 {
+		t.Fatalf("create wake stream: %d %v", st, v)
+	}
+	if st, v := call(a, "PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool","lease_ttl_ms":600000}`); st != 201 {
+		t.Fatalf("create subscription: %d %v", st, v)
+	}
+	if st, v := call(a, "PUT", "/v1/stream/events/a", `{"n":1}`); st != 201 {
+		t.Fatalf("create stream: %d %v", st, v)
+	}
+	var claim map[string]any
+	if err := fhWaitFor(10*time.Second, 50*time.Millisecond, func() error {
+		st, v := call(a, "POST", sub+"/claim", `{"worker":"w1"}`)
+		if st != 200 {
+			return fmt.Errorf("claim: %d %v", st, v)
+		}
+		claim = v
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	gen := strconv.Itoa(int(claim["generation"].(float64)))
+	token, wake := claim["token"].(string), claim["wake_id"].(string)
+	tail := claim["streams"].([]any)[0].(map[string]any)["tail_offset"].(string)
+
+	releaseLease := a.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "lease"})
+	defer releaseLease()
+	b, err := caddytest.Launch(t, caddytest.Options{
+		Storage:    testenv.StoreURL(a.v.Endpoint, a.bucket, caddytest.S3Prefix),
+		DataDir:    a.caddy.DataDir(),
+		Env:        caddytest.S3Env(a.v),
+		Directives: []string{"allow_loopback_webhooks"},
+	})
+	if err == nil {
+		err = waitServing(b, 30*time.Second)
+	}
+	if err != nil {
+		t.Fatalf("second process of the same node: %v", err)
+	}
+	bEnv := &fhEnv{t: t, v: a.v, bucket: a.bucket, caddy: b, client: a.client}
+	ack := `{"wake_id":"` + wake + `","generation":` + gen + `,"acks":[{"stream":"events/a","offset":"` + tail + `"}],"done":true}`
+	if st, v := call(bEnv, "POST", sub+"/ack", ack, "Authorization", "Bearer "+token); st != 200 {
+		t.Fatalf("ack on the new owner: %d %v", st, v)
+	}
+	st, _ := call(a, "POST", sub+"/release", `{"wake_id":"`+wake+`","generation":`+gen+`}`, "Authorization", "Bearer "+token)
+	t.Logf("release on the replaced process: %d", st)
+
+	// What the bucket holds: the new owner, started again, reads it.
+	a.caddy.Kill()
+	b.Restart()
+	if err := waitServing(b, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st, v := call(bEnv, "GET", sub, "")
+	if st != 200 {
+		t.Fatalf("get: %d %v", st, v)
+	}
+	if link := v["streams"].([]any)[0].(map[string]any); link["acked_offset"] != tail {
+		t.Errorf("after the replaced process's release the subscription has acked %v, want %s (the new owner's ack)",
+			link["acked_offset"], tail)
 	}
 }

@@ -111,6 +111,32 @@ func (e *Engine) GetDoc(ctx context.Context, key string) ([]byte, string, error)
 	return data, etag, nil
 }
 
+// mayWrite refuses a document write while the storage is not certainly
+// this process's: its lease lapsed, or another process took it over.
+func (e *Engine) mayWrite() error {
+	if _, err := e.writer(); err != nil {
+		return err // not started: there is no lease yet
+	}
+	if err := e.fenced(); err != nil {
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	if err := e.checkLease(); err != nil {
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// ConfirmOwner reads the storage lease and checks that it is still this
+// process's (one GET), fencing the engine if another process took it:
+// for a caller about to write over a document version it did not write,
+// which only a process that took the storage over can have written.
+func (e *Engine) ConfirmOwner(ctx context.Context) error {
+	if err := e.confirmOwner(ctx); err != nil {
+		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	return nil
+}
+
 // PutDoc writes a document with compare-and-swap: version "" creates it
 // only if absent (or deleted: over its grave), any other version replaces
 // it only if it is still that version. It returns the new version, or
@@ -118,6 +144,9 @@ func (e *Engine) GetDoc(ctx context.Context, key string) ([]byte, string, error)
 func (e *Engine) PutDoc(ctx context.Context, key string, data []byte, version string) (string, error) {
 	k, err := docKey(key)
 	if err != nil {
+		return "", err
+	}
+	if err := e.mayWrite(); err != nil {
 		return "", err
 	}
 	if version == "" {
@@ -135,6 +164,9 @@ func (e *Engine) PutDoc(ctx context.Context, key string, data []byte, version st
 func (e *Engine) DeleteDoc(ctx context.Context, key, version string) error {
 	k, err := docKey(key)
 	if err != nil {
+		return err
+	}
+	if err := e.mayWrite(); err != nil {
 		return err
 	}
 	now := time.Now()
