@@ -58,18 +58,7 @@ func TestSameNodeTakeoverDuringNamespaceSwitch(t *testing.T) {
 
 	// The second process: the same data directory, so the same node id,
 	// straight to versitygw.
-	b, err := caddytest.Launch(t, caddytest.Options{
-		Storage: testenv.StoreURL(a.v.Endpoint, a.bucket, caddytest.S3Prefix),
-		DataDir: a.caddy.DataDir(),
-		Env:     caddytest.S3Env(a.v),
-	})
-	if err == nil {
-		err = waitServing(b, 30*time.Second)
-	}
-	if err != nil {
-		t.Fatalf("second process of the same node: %v", err)
-	}
-	bEnv := &fhEnv{t: t, v: a.v, bucket: a.bucket, caddy: b, client: a.client}
+	bEnv := launchSameNode(t, a)
 
 	// The first process's registration lands now, after the takeover.
 	releaseMan()
@@ -137,19 +126,7 @@ func TestCheckpointOfReplacedProcessLandsLate(t *testing.T) {
 		t.Fatalf("the first process's checkpoint never reached the store: %v", err)
 	}
 
-	b, err := caddytest.Launch(t, caddytest.Options{
-		Storage:    testenv.StoreURL(a.v.Endpoint, a.bucket, caddytest.S3Prefix),
-		DataDir:    a.caddy.DataDir(),
-		Env:        caddytest.S3Env(a.v),
-		Directives: []string{"compact_interval 1s"},
-	})
-	if err == nil {
-		err = waitServing(b, 30*time.Second)
-	}
-	if err != nil {
-		t.Fatalf("second process of the same node: %v", err)
-	}
-	bEnv := &fhEnv{t: t, v: a.v, bucket: a.bucket, caddy: b, client: a.client}
+	bEnv := launchSameNode(t, a, "compact_interval 1s")
 
 	// The stale checkpoint lands over the version the new owner loaded.
 	releaseMeta()
@@ -167,7 +144,7 @@ func TestCheckpointOfReplacedProcessLandsLate(t *testing.T) {
 		}
 		return nil
 	}); err != nil {
-		t.Errorf("the new owner does not compact: %v\n%s", err, compactionLine(b.Logs()))
+		t.Errorf("the new owner does not compact: %v\n%s", err, compactionLine(bEnv.caddy.Logs()))
 	}
 	got, _, err := bEnv.readBytes(name)
 	if err != nil {
@@ -207,18 +184,7 @@ func TestDeleteByReplacedProcess(t *testing.T) {
 	releaseLease := a.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "lease"})
 	defer releaseLease()
 
-	b, err := caddytest.Launch(t, caddytest.Options{
-		Storage: testenv.StoreURL(a.v.Endpoint, a.bucket, caddytest.S3Prefix),
-		DataDir: a.caddy.DataDir(),
-		Env:     caddytest.S3Env(a.v),
-	})
-	if err == nil {
-		err = waitServing(b, 30*time.Second)
-	}
-	if err != nil {
-		t.Fatalf("second process of the same node: %v", err)
-	}
-	bEnv := &fhEnv{t: t, v: a.v, bucket: a.bucket, caddy: b, client: a.client}
+	bEnv := launchSameNode(t, a)
 	if got, _, err := bEnv.readBytes(name); err != nil || string(got) != "before\n" {
 		t.Fatalf("the new owner reads %q (%v), want %q", got, err, "before\n")
 	}
@@ -281,19 +247,7 @@ func TestSubscriptionWriteByReplacedProcess(t *testing.T) {
 
 	releaseLease := a.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "lease"})
 	defer releaseLease()
-	b, err := caddytest.Launch(t, caddytest.Options{
-		Storage:    testenv.StoreURL(a.v.Endpoint, a.bucket, caddytest.S3Prefix),
-		DataDir:    a.caddy.DataDir(),
-		Env:        caddytest.S3Env(a.v),
-		Directives: []string{"allow_loopback_webhooks"},
-	})
-	if err == nil {
-		err = waitServing(b, 30*time.Second)
-	}
-	if err != nil {
-		t.Fatalf("second process of the same node: %v", err)
-	}
-	bEnv := &fhEnv{t: t, v: a.v, bucket: a.bucket, caddy: b, client: a.client}
+	bEnv := launchSameNode(t, a, "allow_loopback_webhooks")
 	ack := `{"wake_id":"` + wake + `","generation":` + gen + `,"acks":[{"stream":"events/a","offset":"` + tail + `"}],"done":true}`
 	if st, v := call(bEnv, "POST", sub+"/ack", ack, "Authorization", "Bearer "+token); st != 200 {
 		t.Fatalf("ack on the new owner: %d %v", st, v)
@@ -303,8 +257,8 @@ func TestSubscriptionWriteByReplacedProcess(t *testing.T) {
 
 	// What the bucket holds: the new owner, started again, reads it.
 	a.caddy.Kill()
-	b.Restart()
-	if err := waitServing(b, 30*time.Second); err != nil {
+	bEnv.caddy.Restart()
+	if err := waitServing(bEnv.caddy, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	st, v := call(bEnv, "GET", sub, "")
@@ -315,4 +269,24 @@ func TestSubscriptionWriteByReplacedProcess(t *testing.T) {
 		t.Errorf("after the replaced process's release the subscription has acked %v, want %s (the new owner's ack)",
 			link["acked_offset"], tail)
 	}
+}
+
+// launchSameNode starts a second Caddy on a's storage and data directory,
+// so with a's node id, straight to versitygw (not through a's proxy), as a
+// restart of the node would while the first process still runs.
+func launchSameNode(t *testing.T, a *fhEnv, directives ...string) *fhEnv {
+	t.Helper()
+	b, err := caddytest.Launch(t, caddytest.Options{
+		Storage:    testenv.StoreURL(a.v.Endpoint, a.bucket, caddytest.S3Prefix),
+		DataDir:    a.caddy.DataDir(),
+		Env:        caddytest.S3Env(a.v),
+		Directives: directives,
+	})
+	if err == nil {
+		err = waitServing(b, 30*time.Second)
+	}
+	if err != nil {
+		t.Fatalf("second process of the same node: %v", err)
+	}
+	return &fhEnv{t: t, v: a.v, bucket: a.bucket, caddy: b, client: a.client}
 }
