@@ -116,15 +116,7 @@ func TestSubLinkApplyNote(t *testing.T) {
 			if changed != c.changed || grew != c.grew {
 				t.Errorf("changed, grew = %v, %v; want %v, %v", changed, grew, c.changed, c.grew)
 			}
-			got := s.Links["events/a"]
-			switch {
-			case c.want == nil && got != nil:
-				t.Errorf("link %+v; want none", *got)
-			case c.want != nil && got == nil:
-				t.Errorf("no link; want %+v", *c.want)
-			case c.want != nil && *got != *c.want:
-				t.Errorf("link %+v; want %+v", *got, *c.want)
-			}
+			checkLink(t, s.Links["events/a"], c.want)
 			// What the wake in flight was offered of the old stream is
 			// not acked into the new one when the webhook says done.
 			if _, kept := s.Snapshot["events/a"]; kept == c.over {
@@ -181,15 +173,7 @@ func TestSubLinkReconcile(t *testing.T) {
 			if changed != c.changed {
 				t.Errorf("changed = %v, want %v", changed, c.changed)
 			}
-			got := s.Links["events/a"]
-			switch {
-			case c.want == nil && got != nil:
-				t.Errorf("link %+v; want none", *got)
-			case c.want != nil && got == nil:
-				t.Errorf("no link; want %+v", *c.want)
-			case c.want != nil && *got != *c.want:
-				t.Errorf("link %+v; want %+v", *got, *c.want)
-			}
+			checkLink(t, s.Links["events/a"], c.want)
 		})
 	}
 }
@@ -373,5 +357,18 @@ func TestSubscriptionLoadFollowsStreamsChangedWhileDown(t *testing.T) {
 	}
 	if l := s.Links["events/a"]; l == nil || l.Stream != info.ID {
 		t.Fatalf("stored link of events/a: %+v; want stream %s", l, info.ID)
+	}
+}
+
+// checkLink fails t unless got is want (both nil: no link).
+func checkLink(t *testing.T, got, want *subLink) {
+	t.Helper()
+	switch {
+	case want == nil && got != nil:
+		t.Errorf("link %+v; want none", *got)
+	case want != nil && got == nil:
+		t.Errorf("no link; want %+v", *want)
+	case want != nil && *got != *want:
+		t.Errorf("link %+v; want %+v", *got, *want)
 	}
 }

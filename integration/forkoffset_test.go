@@ -1,8 +1,8 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -53,16 +53,7 @@ func TestReadForkFromItsOffsetInsideALargeRecord(t *testing.T) {
 		}
 	}
 
-	req, err := http.NewRequest(http.MethodGet, e.caddy.URL()+fork+"?live=sse&offset="+off, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sse, err := e.client.Do(req)
-	if err != nil {
-		t.Fatalf("SSE: %v", err)
-	}
-	defer sse.Body.Close()
-	br := bufio.NewReader(sse.Body)
+	br := openSSE(context.Background(), t, e, fork+"?live=sse&offset="+off)
 	var got []string
 	for len(got) < 2 {
 		ev, err := readSSEEvent(br)

@@ -649,6 +649,22 @@ type sseEvent struct {
 	data  string // data lines joined by "\n"
 }
 
+// openSSE starts an SSE read of path (its query included) that ends with
+// ctx or the test, and returns its body to read events from.
+func openSSE(ctx context.Context, t *testing.T, e *fhEnv, path string) *bufio.Reader {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.caddy.URL()+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		t.Fatalf("SSE: %v", err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return bufio.NewReader(resp.Body)
+}
+
 // readSSEEvent reads the next event. It returns io.EOF when the stream ends
 // cleanly between events and io.ErrUnexpectedEOF when it ends inside one.
 func readSSEEvent(br *bufio.Reader) (sseEvent, error) {

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -31,16 +30,7 @@ func TestLiveReadsEndWhenTheStreamIsSoftDeleted(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.caddy.URL()+"/ds"+src+"?live=sse&offset="+tail, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sse, err := e.client.Do(req)
-	if err != nil {
-		t.Fatalf("SSE: %v", err)
-	}
-	defer sse.Body.Close()
-	br := bufio.NewReader(sse.Body)
+	br := openSSE(ctx, t, e, "/ds"+src+"?live=sse&offset="+tail)
 	if ev, err := readSSEEvent(br); err != nil || ev.event != "control" {
 		t.Fatalf("SSE at the tail: %+v, %v; want a control event", ev, err)
 	}
