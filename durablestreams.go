@@ -1236,6 +1236,10 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.Is(err, streamstore.ErrBusy):
 		h.Set("Retry-After", "1")
 		fail(w, http.StatusServiceUnavailable, busyMessage)
+	case errors.Is(err, streamstore.ErrDamaged):
+		// The engine logged it once; a reader polling it must not
+		// make a log line per request.
+		fail(w, http.StatusInternalServerError, damagedMessage(err))
 	case errors.Is(err, streamstore.ErrUnavailable):
 		d.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
@@ -1246,6 +1250,12 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		d.log.Error("request failed", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		fail(w, http.StatusInternalServerError, "internal error")
 	}
+}
+
+// damagedMessage answers a read that met streamstore.ErrDamaged, in either
+// protocol: no retry helps until an operator restores the object named.
+func damagedMessage(err error) string {
+	return err.Error() + "; a retry does not help until the object is restored"
 }
 
 // unavailableMessage answers a request that failed with

@@ -275,6 +275,8 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 	case errors.Is(err, streamstore.ErrBusy):
 		h.Set("Retry-After", "1")
 		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, busyMessage, nil)
+	case errors.Is(err, streamstore.ErrDamaged):
+		picoFail(w, http.StatusInternalServerError, picoErrInternal, damagedMessage(err), nil)
 	case errors.Is(err, streamstore.ErrUnavailable):
 		p.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")

@@ -160,7 +160,15 @@ func (e *Engine) compactUpTo(ctx context.Context, todo []*stream, end walPos, ba
 	var fold []*stream
 	var jobs []*packJob
 	staying := 0
+	damaged := map[*stream]walPos{}
 	for _, s := range todo {
+		s.mu.Lock()
+		d := s.damagedAt
+		s.mu.Unlock()
+		if d != nil {
+			damaged[s] = d.pos // compacted up to its damage, below
+			continue
+		}
 		var j packJob
 		switch decide(s, end, now, idleBefore, limit, &j) {
 		case decideFold:
@@ -187,10 +195,25 @@ func (e *Engine) compactUpTo(ctx context.Context, todo []*stream, end walPos, ba
 	if err := e.fold(ctx, fold, end, back); err != nil {
 		return 0, 0, err
 	}
-	if err := e.retireWAL(ctx, end); err != nil {
+	// A stream with a damaged entry is folded up to the WAL object that
+	// holds it, and the WAL is retired up to there: what lies beyond is
+	// the only copy of its acknowledged changes, damaged or not.
+	retire := end
+	for s, at := range damaged {
+		if at.after(end) {
+			at = end
+		}
+		if err := e.fold(ctx, []*stream{s}, at, back); err != nil {
+			return 0, 0, err
+		}
+		if retire.after(at) {
+			retire = at
+		}
+	}
+	if err := e.retireWAL(ctx, retire); err != nil {
 		return 0, 0, err
 	}
-	return len(fold), len(jobs), nil
+	return len(fold) + len(damaged), len(jobs), nil
 }
 
 // lostWindowBytes bounds the bytes of lost WAL entries one window of a
@@ -231,18 +254,32 @@ func (e *Engine) lostWindows(todo []*stream, end walPos) []walPos {
 // cannot push them out before it gets to them (one that took long, its
 // packs read back from a bucket 25 ms away, then read thousands of entries
 // back one GET each), and those it lost read back.
+//
+// A lost run that does not decode is damage (damaged.go), not a failure
+// of the read: its stream's damagedAt is set, and the rest is read back as
+// usual.
 func (e *Engine) readWindow(ctx context.Context, todo []*stream, end walPos) (*readBack, error) {
 	held := map[string][]Record{}
 	var lost []walRun
-	eachWALRun(todo, end, func(r walRun) {
+	owner := map[string]*stream{}
+	eachWALRun(todo, end, func(s *stream, r walRun) {
 		key := runCacheKey(r.key, r.span)
 		if recs, ok := e.cache.peek(key); ok {
 			held[key] = recs
 		} else {
 			lost = append(lost, r)
+			owner[key] = s
 		}
 	})
-	got, err := e.readRuns(ctx, lost)
+	got, err := e.readRuns(ctx, lost, func(r walRun, cause error) {
+		s := owner[runCacheKey(r.key, r.span)]
+		_ = e.damaged(s.name, r, cause)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.damagedAt == nil || s.damagedAt.pos.after(r.pos) {
+			s.damagedAt = &r
+		}
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -254,7 +291,7 @@ func (e *Engine) readWindow(ctx context.Context, todo []*stream, end walPos) (*r
 // does not hold.
 func (e *Engine) lostRuns(todo []*stream, end walPos) []walRun {
 	var lost []walRun
-	eachWALRun(todo, end, func(r walRun) {
+	eachWALRun(todo, end, func(_ *stream, r walRun) {
 		if !e.cache.has(runCacheKey(r.key, r.span)) {
 			lost = append(lost, r)
 		}
@@ -264,15 +301,15 @@ func (e *Engine) lostRuns(todo []*stream, end walPos) []walRun {
 
 // eachWALRun calls fn, under the stream's lock, with every run of todo
 // before end whose records are in a WAL entry.
-func eachWALRun(todo []*stream, end walPos, fn func(walRun)) {
+func eachWALRun(todo []*stream, end walPos, fn func(*stream, walRun)) {
 	for _, s := range todo {
 		s.mu.Lock()
 		for _, r := range s.runs {
-			if !end.after(r.pos) {
+			if !end.after(r.pos) || (s.damagedAt != nil && !s.damagedAt.pos.after(r.pos)) {
 				break
 			}
 			if r.snap == nil && r.blob == "" && r.ch.End > r.ch.First {
-				fn(r)
+				fn(s, r)
 			}
 		}
 		s.mu.Unlock()

@@ -136,6 +136,7 @@ type Engine struct {
 	commitEnd walPos               // just after the last committed WAL position; zero before any
 
 	compactMu   sync.Mutex        // one compaction at a time
+	damage      damageLog         // WAL entries found damaged (damaged.go)
 	packs       []segment.PackRef // packs written or replayed, oldest first, until they die (compactMu)
 	compactKick chan struct{}
 	// compactBegan is when the last compaction began (Unix ns): it folded
@@ -301,6 +302,15 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err == nil {
 		e.ownNS.Store(ns + 1)
 		err = e.settleSeeds(ctx, metas)
+	}
+	if err != nil && isDamage(err) {
+		// An object to replay fails its checksum or framing. Which
+		// streams its damaged entries changed, and how, cannot be told,
+		// so starting without them would drop acknowledged changes
+		// unseen: the start fails, naming the object, until it is
+		// restored. Deleting it would be worse: a replay stops at the
+		// first missing WAL object and drops everything after it.
+		return fail(fmt.Errorf("replay: %w (restore the object from a copy; do not delete it): %w", ErrDamaged, err))
 	}
 	if err != nil {
 		return fail(fmt.Errorf("replay: %w", err))
@@ -515,6 +525,11 @@ type stream struct {
 	used       atomic.Int64  // last lookup (Unix ns), for eviction
 
 	uploading chan struct{} // closed when a large append's blob upload ends
+
+	// damagedAt, once set, is the first of runs that a compaction found
+	// damaged (damaged.go): compactions stop before it, and read back
+	// nothing from it on.
+	damagedAt *walRun
 
 	dataIdx *dataIndex      // where the data objects are, once a read looked
 	ra      *readAheadState // once a read went to data objects

@@ -512,7 +512,7 @@ func (e *Engine) readPacked(ctx context.Context, streams []*stream) (map[string]
 		}
 		s.mu.Unlock()
 	}
-	return e.readRuns(ctx, runs)
+	return e.readRuns(ctx, runs, nil)
 }
 
 // readBack is the records a compaction has for its runs, by run cache key:
@@ -542,8 +542,10 @@ func (rb *readBack) take(key string) ([]Record, bool) {
 
 // readRuns reads back runs of packs or WAL objects, merging runs that sit
 // close together in one object into one ranged GET. It returns the
-// records by run cache key.
-func (e *Engine) readRuns(ctx context.Context, runs []walRun) (map[string][]Record, error) {
+// records by run cache key. A run that does not decode fails the read,
+// unless damaged is set: it is then told of the run, and the others are
+// still returned.
+func (e *Engine) readRuns(ctx context.Context, runs []walRun, damaged func(walRun, error)) (map[string][]Record, error) {
 	byPack := map[string][]walRun{}
 	for _, r := range runs {
 		byPack[r.key] = append(byPack[r.key], r)
@@ -565,7 +567,7 @@ func (e *Engine) readRuns(ctx context.Context, runs []walRun) (map[string][]Reco
 	out := map[string][]Record{}
 	var mu sync.Mutex
 	err := e.inParallel(len(ranges), compactWorkers, func(i int) error {
-		got, err := e.readRange(ctx, ranges[i])
+		got, err := e.readRange(ctx, ranges[i], damaged)
 		if err != nil {
 			return err
 		}
@@ -584,7 +586,7 @@ func (e *Engine) readRuns(ctx context.Context, runs []walRun) (map[string][]Reco
 // them. Compacted, a fold batch holds what it folds, not up to a hundred
 // times that (a Caddy folding 10,000 streams out of the packs peaked near
 // 1 GB of heap).
-func (e *Engine) readRange(ctx context.Context, rg packedRange) (map[string][]Record, error) {
+func (e *Engine) readRange(ctx context.Context, rg packedRange, damaged func(walRun, error)) (map[string][]Record, error) {
 	data, _, err := e.store.Get(ctx, rg.key, rg.off, rg.end-rg.off)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", rg.key, err)
@@ -596,15 +598,28 @@ func (e *Engine) readRange(ctx context.Context, rg packedRange) (map[string][]Re
 	own := make([]byte, 0, size)
 	out := make(map[string][]Record, len(rg.runs))
 	for _, r := range rg.runs {
+		// Each run is checked on its own (its span is known here, not
+		// taken from the object), so a damaged entry costs only its own
+		// run, not its neighbours in the range.
 		off := r.span.Off - rg.off
 		if off < 0 || off+r.span.Len > int64(len(data)) {
-			return nil, fmt.Errorf("read %s: %w: short range", r.key, segment.ErrCorrupt)
+			err := fmt.Errorf("read %s: %w: short range", r.key, segment.ErrCorrupt)
+			if damaged == nil {
+				return nil, err
+			}
+			damaged(r, err)
+			continue
 		}
 		at := int64(len(own))
 		own = append(own, data[off:off+r.span.Len]...)
 		ent, err := decodeRun(own[at:], r.span.Off, r)
 		if err != nil {
-			return nil, err
+			if damaged == nil || !isDamage(err) {
+				return nil, err
+			}
+			own = own[:at]
+			damaged(r, err)
+			continue
 		}
 		out[runCacheKey(r.key, r.span)] = ent.Records
 	}

@@ -134,6 +134,11 @@ func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequ
 	}
 	for seq < end {
 		recs, buf, err := e.recordsAt(ctx, s, id, seq)
+		if err != nil && len(out) > 0 && errors.Is(err, ErrDamaged) {
+			// The records before the damage are served; the read from
+			// it fails.
+			return out, nil
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -199,11 +204,16 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 		var out []Record
 		for _, r := range runs {
 			ent, err := decodeRun(data, first.Off, r)
-			if err != nil {
-				return nil, nil, err
+			if err == nil && ent.StreamID != id {
+				err = fmt.Errorf("read %s: %w: entry is not the expected one", r.key, segment.ErrCorrupt)
 			}
-			if ent.StreamID != id {
-				return nil, nil, fmt.Errorf("read %s: %w: entry is not the expected one", r.key, segment.ErrCorrupt)
+			if err != nil && len(out) > 0 {
+				// The records before the damaged run are served; a
+				// read from the damaged one fails.
+				return out, nil, nil
+			}
+			if err != nil {
+				return nil, nil, e.damaged(s.name, r, err)
 			}
 			e.cache.put(runCacheKey(r.key, r.span), ent.Records)
 			out = append(out, ent.Records...)

@@ -24,6 +24,7 @@ type Stats struct {
 	packsWritten atomic.Uint64 // packs written
 	packsLive    atomic.Int64  // packs listed, or about to be, in the manifest
 	orphanBlobs  atomic.Int64  // blobs deleted for no entry naming them (orphans.go)
+	damagedWAL   atomic.Uint64 // distinct WAL entries found damaged (damaged.go)
 }
 
 // StatsSnapshot is Stats read at one moment.
@@ -69,6 +70,11 @@ type StatsSnapshot struct {
 	// OrphanBlobsDeleted is how many blobs of large appends that never
 	// committed (their process died first) a start's sweep deleted.
 	OrphanBlobsDeleted uint64
+	// DamagedWALEntries is how many committed WAL entries this process
+	// found failing their checksum or framing when it read them back (each
+	// once): their streams are not compacted past them, and reads of their
+	// records fail with ErrDamaged.
+	DamagedWALEntries uint64
 	// StreamsInMemory is a gauge: the stream handles held now, which are
 	// the streams used within Config.IdleAfter and those whose records
 	// wait for a compaction; an idle node holds none.
@@ -99,6 +105,7 @@ func (e *Engine) Stats() StatsSnapshot {
 		LivePacks:      s.packsLive.Load(),
 
 		OrphanBlobsDeleted: uint64(s.orphanBlobs.Load()),
+		DamagedWALEntries:  s.damagedWAL.Load(),
 	}
 	if w := e.statsW.Load(); w != nil {
 		snap.PendingBytes = uint64(w.Pending())

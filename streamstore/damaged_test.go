@@ -1,0 +1,298 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// walRunOf returns the WAL run of the stream called name that holds seq.
+func walRunOf(t *testing.T, e *Engine, name string, seq uint64) walRun {
+	t.Helper()
+	e.mu.RLock()
+	s := e.streams[name]
+	e.mu.RUnlock()
+	if s == nil {
+		t.Fatalf("%s is not in memory", name)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.runs {
+		if r.snap == nil && r.blob == "" && r.ch.First <= seq && seq < r.ch.End {
+			return r
+		}
+	}
+	t.Fatalf("%s has no WAL run holding seq %d", name, seq)
+	return walRun{}
+}
+
+// damageRun flips a byte inside run r's entry in its WAL object, as bit
+// rot on a local disk would, or cuts the object short just before the end
+// of the entry.
+func damageRun(t *testing.T, st *memstore.Store, r walRun, truncate bool) {
+	t.Helper()
+	ctx := context.Background()
+	data, _, err := st.Get(ctx, r.key, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if truncate {
+		data = data[:r.span.Off+r.span.Len-1]
+	} else {
+		data = slices.Clone(data)
+		data[r.span.Off+r.span.Len-2] ^= 0x40
+	}
+	if _, err := st.Put(ctx, r.key, data, segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A WAL object that fails its checksum where compaction must read it back
+// (the cache no longer holds the entry) confines the damage to the stream
+// whose entry it is: that stream is compacted up to the object and no
+// further, and reads of the damaged records fail naming the corruption;
+// every other stream is compacted as usual, and the WAL before the object
+// is retired. Compaction used to fail as a whole on it, every time: no
+// stream was compacted and no WAL retired again, however long the node ran.
+func TestDamagedWALEntryIsConfinedToItsStream(t *testing.T) {
+	tests := []struct {
+		name      string
+		packBelow int64 // 0: every stream folds
+		truncate  bool
+	}{
+		{name: "bit flip, folds"},
+		{name: "bit flip, packs", packBelow: 1 << 20},
+		{name: "truncated object", truncate: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			core, logs := observer.New(zap.ErrorLevel)
+			e := New(st, testConfig(Config{}), zap.New(core))
+			if err := e.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = e.Close(context.Background()) })
+			setPackBelow(e, tt.packBelow)
+			for _, name := range []string{"/bad", "/good"} {
+				if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// One append at a time, so each is a WAL object of its own.
+			for _, a := range []struct{ name, body string }{
+				{"/good", "g0"}, {"/bad", "b0"}, {"/bad", "b1"}, {"/good", "g1"}, {"/bad", "b2"}, {"/good", "g2"},
+			} {
+				mustAppend(t, e, a.name, AppendRequest{Records: recs(a.body)})
+			}
+			bad := walRunOf(t, e, "/bad", 1)
+			before := walRunOf(t, e, "/bad", 0)
+			dropCache(e)
+			damageRun(t, st, bad, tt.truncate)
+
+			if err := e.Compact(ctx); err != nil {
+				t.Fatalf("compaction failed over one damaged entry: %v", err)
+			}
+			// Later compactions know the damage: they read nothing of
+			// the stream back from there on.
+			gets := countWALGets(st)
+			for i := range 2 {
+				if err := e.Compact(ctx); err != nil {
+					t.Fatalf("compaction %d after the damage: %v", i+2, err)
+				}
+			}
+			if got := gets.take(); len(got) != 0 {
+				t.Errorf("compactions after the damage read WAL objects back: %v", got)
+			}
+			st.Fail = nil
+			if got := readAll(t, e, "/good"); !slices.Equal(got, []string{"g0", "g1", "g2"}) {
+				t.Fatalf("/good reads %q", got)
+			}
+			if n := len(walRunsOf(e, "/good")); n != 0 {
+				t.Errorf("/good still has %d runs in the WAL", n)
+			}
+			// /bad was compacted up to the damaged object, not past it.
+			if runs := walRunsOf(e, "/bad"); len(runs) != 2 || runs[0].key != bad.key {
+				t.Errorf("/bad's WAL runs after the compactions: %v; want the damaged one and the one after it", runs)
+			}
+			// A read stops short of the damage, and the next one fails.
+			if got := readAll(t, e, "/bad"); !slices.Equal(got, []string{"b0"}) {
+				t.Fatalf("a read of /bad from 0 returned %q; want the record before the damage", got)
+			}
+			_, err := e.Read(ctx, "/bad", ReadRequest{Seq: 1})
+			if !errors.Is(err, ErrDamaged) || !errors.Is(err, segment.ErrCorrupt) || !strings.Contains(err.Error(), bad.key) {
+				t.Fatalf("a read of /bad from the damage answered %v; want ErrDamaged naming %s", err, bad.key)
+			}
+			res, err := e.Read(ctx, "/bad", ReadRequest{Seq: 2})
+			if err != nil || len(res.Records) != 1 || string(res.Records[0].Body) != "b2" {
+				t.Fatalf("a read of /bad after the damage: %v, %v", res.Records, err)
+			}
+			// The WAL before the damaged object is retired; it stays.
+			wal := st.Keys("wal/")
+			if len(wal) == 0 || wal[0] != bad.key {
+				t.Fatalf("WAL objects left: %v; want them to start at the damaged one %s", wal, bad.key)
+			}
+			if _, _, err := st.Get(ctx, before.key, 0, -1); !errors.Is(err, segment.ErrNotFound) {
+				t.Errorf("%s, before the damage, was not retired: %v", before.key, err)
+			}
+			if n := logs.FilterMessageSnippet("damaged").Len(); n != 1 {
+				t.Errorf("%d error logs of the damage over 3 compactions; want 1: %v", n, logs.All())
+			}
+			if got := e.Stats().DamagedWALEntries; got != 1 {
+				t.Errorf("DamagedWALEntries = %d; want 1", got)
+			}
+		})
+	}
+}
+
+// walRunsOf returns the runs of the stream called name that are in the WAL.
+func walRunsOf(e *Engine, name string) []walRun {
+	e.mu.RLock()
+	s := e.streams[name]
+	e.mu.RUnlock()
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []walRun
+	for _, r := range s.runs {
+		if r.snap == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// A transient error reading a WAL object back is no damage: the
+// compaction fails and is tried again, and nothing is held back for good.
+func TestWALReadErrorIsNotDamage(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	setPackBelow(e, 0)
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, e, "/s", AppendRequest{Records: recs("a")})
+	dropCache(e)
+	failing := true
+	st.Fail = func(op, key string) error {
+		if failing && op == "GET" && strings.HasPrefix(key, "wal/") {
+			return errors.New("503 slow down")
+		}
+		return nil
+	}
+	if err := e.Compact(ctx); err == nil {
+		t.Fatal("a compaction whose WAL read failed succeeded")
+	}
+	failing = false
+	mustCompact(t, e)
+	if n := len(walRunsOf(e, "/s")); n != 0 {
+		t.Fatalf("/s still has %d WAL runs after the retry", n)
+	}
+	if got := e.Stats().DamagedWALEntries; got != 0 {
+		t.Errorf("DamagedWALEntries = %d after a transient error; want 0", got)
+	}
+	if got := readAll(t, e, "/s"); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("/s reads %q", got)
+	}
+}
+
+// A restart that finds a damaged WAL object to replay refuses to start and
+// says which object: it cannot tell whose acknowledged changes the damaged
+// entries held, and going on without them would drop them silently.
+func TestReplayRefusesADamagedWALObject(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, e, "/s", AppendRequest{Records: recs("a")})
+	r := walRunOf(t, e, "/s", 0)
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	damageRun(t, st, r, false)
+	e2 := New(st, testConfig(Config{}), nil)
+	err := e2.Start(ctx)
+	if err == nil {
+		_ = e2.Close(ctx)
+		t.Fatal("a start replayed a damaged WAL object")
+	}
+	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), r.key) {
+		t.Fatalf("start: %v; want ErrDamaged naming %s", err, r.key)
+	}
+	// The object is left as it is, for an operator to restore.
+	if _, _, err := st.Get(ctx, r.key, 0, -1); err != nil {
+		t.Fatalf("the damaged object: %v", err)
+	}
+}
+
+// Runs read back in one range are checked one by one: a damaged entry
+// costs its own run only, not its neighbours in the range, and only when
+// the caller takes damage (compaction's read of the WAL); a pack's reader
+// fails as before.
+func TestReadRunsConfinesDamageToItsRun(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	var ents []*segment.Entry
+	for i, name := range []string{"/a", "/b", "/c"} {
+		ents = append(ents, &segment.Entry{StreamID: name, Name: name, FirstSeq: uint64(i),
+			Records: []segment.Record{{Body: []byte("body of " + name)}}})
+	}
+	const key = "wal/00000000000000ff/0000000000000000"
+	data, spans := segment.EncodeWAL(0xff, 0, ents)
+	runs := make([]walRun, len(ents))
+	for i, ent := range ents {
+		runs[i] = walRun{key: key, span: spans[i], ch: change{First: ent.FirstSeq, End: ent.EndSeq()}}
+	}
+	tests := []struct {
+		name   string
+		damage func([]byte) []byte
+	}{
+		{name: "payload", damage: func(b []byte) []byte { b[spans[1].Off+spans[1].Len-1] ^= 1; return b }},
+		{name: "length", damage: func(b []byte) []byte { b[spans[1].Off+3] ^= 1; return b }},
+		{name: "checksum", damage: func(b []byte) []byte { b[spans[1].Off+4] ^= 1; return b }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := st.Put(ctx, key, tt.damage(slices.Clone(data)), segment.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			var damaged []walRun
+			got, err := e.readRuns(ctx, runs, func(r walRun, err error) {
+				if !isDamage(err) {
+					t.Errorf("damage reported as %v", err)
+				}
+				damaged = append(damaged, r)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(damaged) != 1 || damaged[0].span != spans[1] {
+				t.Fatalf("damaged runs %v; want the second only", damaged)
+			}
+			for _, i := range []int{0, 2} {
+				recs := got[runCacheKey(key, spans[i])]
+				if len(recs) != 1 || string(recs[0].Body) != "body of "+ents[i].Name {
+					t.Errorf("run %d read back as %v", i, recs)
+				}
+			}
+			if _, err := e.readRuns(ctx, runs, nil); !isDamage(err) {
+				t.Errorf("readRuns without a damage handler: %v; want the corruption", err)
+			}
+		})
+	}
+}
