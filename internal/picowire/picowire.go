@@ -91,6 +91,32 @@ func (r *reader) headers() []segment.Header {
 	return hs
 }
 
+// repeatedName returns a header name that hs holds more than once. A
+// record's headers are a string-to-string map (pico-wire.md): two values
+// for one name have no meaning, and the JSON read form, an object, could
+// not carry them both.
+func repeatedName(hs []segment.Header) (string, bool) {
+	if len(hs) <= 16 {
+		// Records carry a few headers: comparing them beats a map.
+		for i := 1; i < len(hs); i++ {
+			for j := range i {
+				if hs[i].Name == hs[j].Name {
+					return hs[i].Name, true
+				}
+			}
+		}
+		return "", false
+	}
+	seen := make(map[string]struct{}, len(hs))
+	for _, h := range hs {
+		if _, ok := seen[h.Name]; ok {
+			return h.Name, true
+		}
+		seen[h.Name] = struct{}{}
+	}
+	return "", false
+}
+
 // DecodeBinary decodes a binary append batch. Bodies alias data.
 func DecodeBinary(data []byte) ([]Record, error) {
 	r := &reader{b: data}
@@ -111,6 +137,9 @@ func DecodeBinary(data []byte) ([]Record, error) {
 	}
 	for i := range recs {
 		recs[i].Headers = r.headers()
+		if name, dup := repeatedName(recs[i].Headers); r.err == nil && dup {
+			r.err = malformed("record %d has header %q twice", i, name)
+		}
 		recs[i].Body = r.take(uint64(r.u32("body length")), "body")
 		if r.err != nil {
 			break
@@ -268,11 +297,17 @@ func jsonRecord(dec *json.Decoder) (Record, error) {
 			return nil
 		case "headers":
 			hasHeaders = true
-			return object(dec, func(name string) error {
+			err := object(dec, func(name string) error {
 				v, err := stringValue(dec, "header "+strconv.Quote(name))
 				rec.Headers = append(rec.Headers, segment.Header{Name: name, Value: v})
 				return err
 			})
+			if name, dup := repeatedName(rec.Headers); err == nil && dup {
+				// encoding/json would keep the last value, this loop
+				// both: refuse a record that means two things.
+				return malformed("a record has header %q twice", name)
+			}
+			return err
 		default:
 			return skipValue(dec)
 		}

@@ -48,14 +48,25 @@ func TestBinaryReadRoundTrip(t *testing.T) {
 func TestDecodeBinaryMalformed(t *testing.T) {
 	good := EncodeBinary([]Record{{Headers: []segment.Header{{Name: "k", Value: "v"}}, Body: []byte("b")}})
 	badUTF8 := EncodeBinary([]Record{{Headers: []segment.Header{{Name: "\xff", Value: "v"}}}})
+	// A record's headers are a map: one name twice is refused, among a
+	// few headers and among many.
+	dupHeader := EncodeBinary([]Record{{Body: []byte("a")}, {Headers: []segment.Header{{Name: "k", Value: "1"}, {Name: "j", Value: ""}, {Name: "k", Value: "2"}}}})
+	many := make([]segment.Header, 40)
+	for i := range many {
+		many[i] = segment.Header{Name: string(rune('A' + i))}
+	}
+	many[39].Name = many[20].Name
+	dupAmongMany := EncodeBinary([]Record{{Headers: many}})
 	cases := map[string][]byte{
-		"empty":            {},
-		"bad version":      append([]byte{2}, good[1:]...),
-		"no records":       {1, 0, 0, 0, 0},
-		"truncated":        good[:len(good)-1],
-		"trailing bytes":   append(append([]byte{}, good...), 0),
-		"huge count":       {1, 0xff, 0xff, 0xff, 0xff},
-		"invalid utf8 hdr": badUTF8,
+		"empty":              {},
+		"bad version":        append([]byte{2}, good[1:]...),
+		"no records":         {1, 0, 0, 0, 0},
+		"truncated":          good[:len(good)-1],
+		"trailing bytes":     append(append([]byte{}, good...), 0),
+		"huge count":         {1, 0xff, 0xff, 0xff, 0xff},
+		"invalid utf8 hdr":   badUTF8,
+		"header twice":       dupHeader,
+		"header twice of 40": dupAmongMany,
 	}
 	for name, data := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -82,21 +93,23 @@ func TestDecodeJSON(t *testing.T) {
 
 func TestDecodeJSONMalformed(t *testing.T) {
 	cases := map[string]string{
-		"not json":        `{`,
-		"no records":      `{}`,
-		"empty records":   `{"records":[]}`,
-		"records object":  `{"records":{}}`,
-		"bad base64":      `{"records":[{"body_b64":"@@"}]}`,
-		"body not string": `{"records":[{"body":1}]}`,
-		"header number":   `{"records":[{"body":"x","headers":{"k":1}}]}`,
-		"no body":         `{"records":[{"headers":{}}]}`,
-		"both bodies":     `{"records":[{"body":"a","body_b64":"AA=="}]}`,
-		"invalid utf8":    "{\"records\":[{\"body\":\"\xff\"}]}",
-		"trailing":        `{"records":[{"body":"a"}]} {}`,
-		"records twice":   `{"records":[{"body":"a"}],"records":[{"body":"b"}]}`,
-		"body twice":      `{"records":[{"body":"a","body":"b"}]}`,
-		"body_b64 twice":  `{"records":[{"body_b64":"AA==","body_b64":"AQ=="}]}`,
-		"headers twice":   `{"records":[{"body":"a","headers":{"k":"1"},"headers":{"k":"2"}}]}`,
+		"not json":             `{`,
+		"no records":           `{}`,
+		"empty records":        `{"records":[]}`,
+		"records object":       `{"records":{}}`,
+		"bad base64":           `{"records":[{"body_b64":"@@"}]}`,
+		"body not string":      `{"records":[{"body":1}]}`,
+		"header number":        `{"records":[{"body":"x","headers":{"k":1}}]}`,
+		"no body":              `{"records":[{"headers":{}}]}`,
+		"both bodies":          `{"records":[{"body":"a","body_b64":"AA=="}]}`,
+		"invalid utf8":         "{\"records\":[{\"body\":\"\xff\"}]}",
+		"trailing":             `{"records":[{"body":"a"}]} {}`,
+		"records twice":        `{"records":[{"body":"a"}],"records":[{"body":"b"}]}`,
+		"body twice":           `{"records":[{"body":"a","body":"b"}]}`,
+		"body_b64 twice":       `{"records":[{"body_b64":"AA==","body_b64":"AQ=="}]}`,
+		"headers twice":        `{"records":[{"body":"a","headers":{"k":"1"},"headers":{"k":"2"}}]}`,
+		"header twice":         `{"records":[{"body":"a","headers":{"k":"1","j":"","k":"2"}}]}`,
+		"header escaped twice": `{"records":[{"body":"a","headers":{"k":"1","\u006b":"2"}}]}`,
 	}
 	for name, data := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -1,0 +1,140 @@
+package integration
+
+import (
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// picoRefStep is one request of TestPicoReference and what the Pico
+// reference (picomq-api.md, picomq-openapi.yaml, pico-wire.md) says it gets.
+type picoRefStep struct {
+	name         string
+	method, path string
+	body         []byte
+	hdr          []string // request headers, name/value pairs
+	status       int
+	code         string   // the error name of an error body; "" for a success
+	want         []string // response headers, name/value pairs; "" means absent
+	wantBody     *string  // the exact body, when set
+	writeNothing bool     // a refused request: the bucket sees no write
+}
+
+// TestPicoReference walks through documented behaviours of the Pico
+// protocol, in order on one server, the way a client written from the
+// reference alone would meet them: statuses, headers, error names and
+// bodies, including the corners the main protocol test leaves out.
+func TestPicoReference(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, []string{"compact_interval 1h"}, []string{"long_poll_timeout 1s"})
+	str := func(s string) *string { return &s }
+	const catchUpCache = "public, max-age=60, stale-while-revalidate=300"
+	twice := picoEncodeBinary([]picoNewRecord{{body: []byte("a")}, {headers: [][2]string{{"k", "1"}, {"j", ""}, {"k", "2"}}, body: []byte("b")}})
+	steps := []picoRefStep{
+		// Unknown streams are 404 not_found for every operation.
+		{name: "append to a missing stream", method: "POST", path: "/pico/ref/missing", body: []byte("x"), status: 404, code: "not_found", writeNothing: true},
+		{name: "trim a missing stream", method: "POST", path: "/pico/ref/missing", hdr: []string{"Pico-Trim-Seq", "0"}, status: 404, code: "not_found", writeNothing: true},
+		{name: "delete a missing stream", method: "DELETE", path: "/pico/ref/missing", status: 404, code: "not_found", writeNothing: true},
+		{name: "long-poll a missing stream", method: "GET", path: "/pico/ref/missing?live=long-poll", status: 404, code: "not_found"},
+		{name: "HEAD a missing stream", method: "HEAD", path: "/pico/ref/missing", status: 404},
+
+		{name: "create", method: "PUT", path: "/pico/ref/s", body: []byte("r0"), hdr: []string{"Content-Type", "text/plain"}, status: 201,
+			want: []string{"Pico-Next-Seq", "1", "Location", "/pico/ref/s"}},
+		// A record's headers are a string-to-string map: a batch that
+		// gives one name twice is malformed, and writes nothing.
+		{name: "binary batch with a header twice", method: "POST", path: "/pico/ref/s", body: twice, hdr: []string{"Content-Type", picoBinaryBatch},
+			status: 400, code: "bad_request", writeNothing: true},
+		{name: "JSON batch with a header twice", method: "POST", path: "/pico/ref/s", body: []byte(`{"records":[{"body":"a","headers":{"k":"1","k":"2"}}]}`),
+			hdr: []string{"Content-Type", picoJSONBatch}, status: 400, code: "bad_request", writeNothing: true},
+		{name: "create with a batch giving a header twice", method: "PUT", path: "/pico/ref/dup", body: twice, hdr: []string{"Content-Type", picoBinaryBatch},
+			status: 400, code: "bad_request", writeNothing: true},
+		{name: "no stream made by the refused create", method: "HEAD", path: "/pico/ref/dup", status: 404},
+		{name: "nothing appended by the refused batches", method: "GET", path: "/pico/ref/s?format=raw", status: 200, wantBody: str("r0")},
+
+		// Reads at the tail, in each format.
+		{name: "read at the tail", method: "GET", path: "/pico/ref/s?seq=1", status: 200, wantBody: str("[]"),
+			want: []string{"Pico-Next-Seq", "1", "Pico-Up-To-Date", "true", "Content-Type", "application/json", "Cache-Control", "no-store"}},
+		{name: "seq=now, binary", method: "GET", path: "/pico/ref/s?seq=now&format=binary", status: 200, wantBody: str("\x01\x00\x00\x00\x00"),
+			want: []string{"Pico-Next-Seq", "1", "Content-Type", picoBinaryBatch}},
+		{name: "seq=now, raw", method: "GET", path: "/pico/ref/s?seq=now&format=raw", status: 200, wantBody: str(""),
+			want: []string{"Pico-Next-Seq", "1", "Content-Type", "text/plain"}},
+		{name: "count caps a page", method: "GET", path: "/pico/ref/s?count=1", status: 200,
+			want: []string{"Pico-Next-Seq", "1", "Pico-Up-To-Date", "true", "Cache-Control", catchUpCache}},
+
+		// Producers: any seq already taken is acknowledged without writing,
+		// and without the position of records written now.
+		{name: "producer 0", method: "POST", path: "/pico/ref/s", body: []byte("r1"), hdr: []string{"Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0"},
+			status: 200, want: []string{"Pico-Start-Seq", "1", "Pico-Next-Seq", "2", "Pico-Producer-Seq", "0"}},
+		{name: "producer 1", method: "POST", path: "/pico/ref/s", body: []byte("r2"), hdr: []string{"Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "1"},
+			status: 200, want: []string{"Pico-Start-Seq", "2", "Pico-Next-Seq", "3"}},
+		{name: "producer 0 again, an older seq", method: "POST", path: "/pico/ref/s", body: []byte("r1"), hdr: []string{"Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0"},
+			status: 200, want: []string{"Pico-Start-Seq", "", "Pico-Timestamp", "", "Pico-Next-Seq", "3"}},
+
+		// A conditional close that does not match closes nothing.
+		{name: "close with a stale Pico-Match-Seq", method: "POST", path: "/pico/ref/s", hdr: []string{"Pico-Closed", "true", "Pico-Match-Seq", "1"},
+			status: 412, code: "match_failed", want: []string{"Pico-Next-Seq", "3", "Pico-Closed", ""}},
+		{name: "still open", method: "HEAD", path: "/pico/ref/s", status: 200, want: []string{"Pico-Closed", "", "Pico-Next-Seq", "3"}},
+		{name: "trim below nothing retained yet", method: "POST", path: "/pico/ref/s", hdr: []string{"Pico-Trim-Seq", "1"}, status: 200,
+			want: []string{"Pico-Start-Seq", "1", "Pico-Next-Seq", "3"}},
+		{name: "a trim below the start is a no-op", method: "POST", path: "/pico/ref/s", hdr: []string{"Pico-Trim-Seq", "0"}, status: 200,
+			want: []string{"Pico-Start-Seq", "1"}},
+		{name: "close with the matching Pico-Match-Seq", method: "POST", path: "/pico/ref/s", hdr: []string{"Pico-Closed", "true", "Pico-Match-Seq", "3"},
+			status: 200, want: []string{"Pico-Closed", "true", "Pico-Next-Seq", "3"}},
+		{name: "long-poll at the end of a closed stream", method: "GET", path: "/pico/ref/s?seq=3&live=long-poll", status: 204,
+			want: []string{"Pico-Closed", "true", "Pico-Up-To-Date", "true", "Pico-Next-Seq", "3", "Cache-Control", "no-store"}},
+		{name: "read the end of a closed stream", method: "GET", path: "/pico/ref/s?seq=2", status: 200,
+			want: []string{"Pico-Closed", "true", "Pico-Up-To-Date", "true", "Pico-Next-Seq", "3"}},
+		{name: "a page short of the end of a closed stream", method: "GET", path: "/pico/ref/s?seq=1&count=1", status: 200,
+			want: []string{"Pico-Closed", "", "Pico-Up-To-Date", "", "Pico-Next-Seq", "2"}},
+
+		// Expiry: an RFC 3339 time with an offset is the same instant.
+		{name: "create with an Expires-At offset", method: "PUT", path: "/pico/ref/exp", hdr: []string{"Pico-Expires-At", "2099-01-01T00:00:00+02:00"}, status: 201,
+			want: []string{"Content-Type", "application/octet-stream"}},
+		{name: "HEAD shows the instant", method: "HEAD", path: "/pico/ref/exp", status: 200,
+			want: []string{"Pico-Expires-At", "2098-12-31T22:00:00Z", "Pico-TTL", "", "Pico-Start-Seq", "0", "Pico-Next-Seq", "0"}},
+		{name: "the same instant in Unix ms is the same create", method: "PUT", path: "/pico/ref/exp",
+			hdr: []string{"Pico-Expires-At", strconv.FormatInt(time.Date(2098, 12, 31, 22, 0, 0, 0, time.UTC).UnixMilli(), 10)}, status: 200},
+
+		// Listing: limit=0 is no cap beyond the server's own.
+		{name: "list with limit=0", method: "GET", path: "/pico/?prefix=/ref/&limit=0", status: 200,
+			want: []string{"Content-Type", "application/json", "Cache-Control", "no-store"},
+			wantBody: str(`{"streams":[{"name":"/ref/exp","content_type":"application/octet-stream","start_seq":0,"next_seq":0,"closed":false,"expires_at":"2098-12-31T22:00:00Z"},` +
+				`{"name":"/ref/s","content_type":"text/plain","start_seq":1,"next_seq":3,"closed":true}],"has_more":false}`)},
+	}
+	for _, s := range steps {
+		req := fhReq{Method: s.method, Path: s.path, Body: s.body, Header: picoHdr(s.hdr...)}
+		var resp fhResp
+		if s.writeNothing {
+			var writes map[string]int
+			resp, writes = fhExpectNoWrites(t, e, req)
+			if len(writes) > 0 {
+				t.Errorf("%s: the refused request wrote to the bucket: %s", s.name, fhSortedKeys(writes))
+			}
+		} else {
+			resp = e.must(req)
+		}
+		if s.code != "" {
+			body := picoWantError(t, s.name, resp, s.status, s.code)
+			if msg, _ := body["message"].(string); msg == "" {
+				t.Errorf("%s: error body %s has no message", s.name, resp.Body)
+			}
+		}
+		picoWant(t, s.name, resp, s.status, s.want...)
+		if s.wantBody != nil && string(resp.Body) != *s.wantBody {
+			t.Errorf("%s: body %q, want %q", s.name, resp.Body, *s.wantBody)
+		}
+	}
+
+	// The 304 of a page names it again and tells where to resume.
+	r := picoDo(e, "GET", "/pico/ref/s?seq=1&count=1", nil)
+	tag := r.Header.Get("ETag")
+	picoWant(t, "revalidated page", picoDo(e, "GET", "/pico/ref/s?seq=1&count=1", nil, "If-None-Match", tag), 304,
+		"ETag", tag, "Pico-Next-Seq", "2", "Cache-Control", catchUpCache)
+	var recs []picoRecord
+	if err := json.Unmarshal(r.Body, &recs); err != nil || len(recs) != 1 || recs[0].Seq != 1 || recs[0].Headers != nil {
+		t.Errorf("page from seq 1: %s (%v)", r.Body, err)
+	}
+}
