@@ -379,7 +379,13 @@ func (h *Handler) engine(ctx context.Context) (*streamstore.Engine, error) {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
 	setCommonHeaders(w.Header())
 	if r.Method == http.MethodOptions {
-		writePreflight(w, r)
+		expose, allow := exposedHeaders, allowedRequestHeaders
+		if _, pico := h.proto.(*picoProtocol); pico {
+			// A Pico handler's clients send and read Pico-* headers, not
+			// Durable Streams' ones.
+			expose, allow = picoExposedHeaders, picoAllowedRequestHeaders
+		}
+		writePreflight(w, r, expose, allow)
 		return nil
 	}
 	h.proto.ServeHTTP(w, r)
@@ -415,15 +421,18 @@ func setCommonHeaders(h http.Header) {
 	h["Access-Control-Expose-Headers"] = vals[3:4:4]
 }
 
-// writePreflight answers an OPTIONS request (a CORS preflight or not).
-func writePreflight(w http.ResponseWriter, r *http.Request) {
+// writePreflight answers an OPTIONS request (a CORS preflight or not) with
+// the protocol's exposed response headers and its default allowed request
+// headers.
+func writePreflight(w http.ResponseWriter, r *http.Request, expose, allow string) {
 	h := w.Header()
+	h.Set("Access-Control-Expose-Headers", expose)
 	h.Set("Allow", allowedMethods)
 	h.Set("Access-Control-Allow-Methods", allowedMethods)
 	if req := r.Header.Get("Access-Control-Request-Headers"); req != "" {
 		h.Set("Access-Control-Allow-Headers", req)
 	} else {
-		h.Set("Access-Control-Allow-Headers", allowedRequestHeaders)
+		h.Set("Access-Control-Allow-Headers", allow)
 	}
 	h.Set("Access-Control-Max-Age", "86400")
 	h.Set("Cache-Control", cacheControlNoStore)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1148,6 +1149,33 @@ func TestPicoCORS(t *testing.T) {
 	}
 	s.do(t, "OPTIONS", "/pico/c", nil, "Access-Control-Request-Headers", "pico-match-seq").want(t, 204).
 		header(t, "Access-Control-Allow-Headers", "pico-match-seq")
+
+	// A preflight that names no headers gets each protocol's own: the
+	// request headers of the Pico reference, and the Pico-* response
+	// headers exposed.
+	for _, c := range []struct {
+		path           string
+		allowed, shown []string
+	}{
+		{"/pico/c", []string{"Content-Type", "If-None-Match", "Last-Event-ID", "Pico-TTL", "Pico-Expires-At", "Pico-Closed",
+			"Pico-Match-Seq", "Pico-Trim-Seq", "Pico-Producer-Id", "Pico-Producer-Epoch", "Pico-Producer-Seq"},
+			[]string{"Pico-Next-Seq", "Pico-Start-Seq", "Pico-Cursor", "Pico-TTL", "ETag", "Content-Type"}},
+		{"/ds/c", []string{"Content-Type", "Stream-TTL", "Producer-Id"}, []string{"Stream-Next-Offset", "ETag"}},
+	} {
+		r := s.do(t, "OPTIONS", c.path, nil).want(t, 204)
+		allowed := strings.Split(r.h.Get("Access-Control-Allow-Headers"), ", ")
+		shown := strings.Split(r.h.Get("Access-Control-Expose-Headers"), ", ")
+		for _, h := range c.allowed {
+			if !slices.Contains(allowed, h) {
+				t.Errorf("OPTIONS %s: %s is not allowed: %q", c.path, h, allowed)
+			}
+		}
+		for _, h := range c.shown {
+			if !slices.Contains(shown, h) {
+				t.Errorf("OPTIONS %s: %s is not exposed: %q", c.path, h, shown)
+			}
+		}
+	}
 }
 
 func TestPicoConfigValidates(t *testing.T) {

@@ -41,6 +41,12 @@ const picoExposedHeaders = "Pico-Start-Seq, Pico-Next-Seq, Pico-Timestamp, Pico-
 	"Pico-Producer-Epoch, Pico-Producer-Seq, Pico-Expected-Seq, Pico-Received-Seq, " +
 	"ETag, Content-Type, Location, Retry-After"
 
+// picoAllowedRequestHeaders are the request headers a preflight on a Pico
+// handler allows when the browser does not list the ones it wants.
+const picoAllowedRequestHeaders = "Content-Type, If-None-Match, Authorization, Last-Event-ID, " +
+	"Pico-TTL, Pico-Expires-At, Pico-Closed, Pico-Match-Seq, Pico-Trim-Seq, " +
+	"Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq"
+
 // Pico error names (the "error" member of an error body).
 const (
 	picoErrBadRequest  = "bad_request"

@@ -2,7 +2,9 @@ package integration
 
 import (
 	"encoding/json"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -128,8 +130,26 @@ func TestPicoReference(t *testing.T) {
 		}
 	}
 
+	// A browser's preflight that names no headers is told the Pico ones:
+	// those the reference has clients send, and the Pico-* it answers.
+	r := picoDo(e, "OPTIONS", "/pico/ref/s", nil, "Origin", "https://app.example", "Access-Control-Request-Method", "POST")
+	picoWant(t, "preflight", r, 204, "Access-Control-Allow-Origin", "*")
+	for name, want := range map[string][]string{
+		"Access-Control-Allow-Headers": {"Content-Type", "If-None-Match", "Last-Event-ID", "Pico-TTL", "Pico-Expires-At", "Pico-Closed",
+			"Pico-Match-Seq", "Pico-Trim-Seq", "Pico-Producer-Id", "Pico-Producer-Epoch", "Pico-Producer-Seq"},
+		"Access-Control-Expose-Headers": {"Pico-Start-Seq", "Pico-Next-Seq", "Pico-Timestamp", "Pico-Up-To-Date", "Pico-Closed",
+			"Pico-Cursor", "Pico-Expected-Seq", "Pico-Received-Seq", "ETag", "Content-Type"},
+	} {
+		got := strings.Split(r.Header.Get(name), ", ")
+		for _, h := range want {
+			if !slices.ContainsFunc(got, func(g string) bool { return strings.EqualFold(g, h) }) {
+				t.Errorf("preflight: %s %q lacks %s", name, got, h)
+			}
+		}
+	}
+
 	// The 304 of a page names it again and tells where to resume.
-	r := picoDo(e, "GET", "/pico/ref/s?seq=1&count=1", nil)
+	r = picoDo(e, "GET", "/pico/ref/s?seq=1&count=1", nil)
 	tag := r.Header.Get("ETag")
 	picoWant(t, "revalidated page", picoDo(e, "GET", "/pico/ref/s?seq=1&count=1", nil, "If-None-Match", tag), 304,
 		"ETag", tag, "Pico-Next-Seq", "2", "Cache-Control", catchUpCache)
