@@ -119,7 +119,7 @@ func (p *picoProtocol) readBody(w http.ResponseWriter, r *http.Request) ([]byte,
 // create handles PUT: create a stream, or confirm an identical one. A body
 // becomes the first record, or the first records when its Content-Type is a
 // batch format; a batch-typed create makes an application/octet-stream
-// stream.
+// stream, with no records when it has no body.
 func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name string) {
 	raw := r.Header.Get("Content-Type")
 	batch := raw != "" && isBatchType(raw)
@@ -146,7 +146,7 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 		Closed:      isTrue(r.Header.Get(hdrPicoClosed)),
 	}
 	switch {
-	case batch:
+	case batch && len(body) > 0:
 		if req.Records, err = decodeBatch(raw, body); err != nil {
 			picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
 			return

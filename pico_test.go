@@ -238,6 +238,14 @@ func TestPicoCreate(t *testing.T) {
 	s.do(t, "PUT", "/pico/firsts", batch, hCT, picowire.BinaryBatch).want(t, 200).header(t, hdrPicoNextSeq, "2")
 	s.do(t, "PUT", "/pico/badfirst", []byte{2, 0, 0, 0, 1}, hCT, picowire.BinaryBatch).wantError(t, 400, picoErrBadRequest, -1)
 	s.do(t, "HEAD", "/pico/badfirst", nil).want(t, 404)
+	// A batch type without a body is a create without initial records,
+	// for the batches to come, not a malformed batch.
+	for _, ct := range []string{picowire.BinaryBatch, picowire.JSONBatch} {
+		s.do(t, "PUT", "/pico/forbatches", nil, hCT, ct).want(t, 201).header(t, hdrPicoNextSeq, "0").
+			header(t, hCT, "application/octet-stream")
+		s.do(t, "PUT", "/pico/forbatches", nil, hCT, ct).want(t, 200).header(t, hdrPicoNextSeq, "0")
+		s.do(t, "DELETE", "/pico/forbatches", nil).want(t, 204)
+	}
 
 	// Closed at creation.
 	s.do(t, "PUT", "/pico/sealed", nil, hdrPicoClosed, "true").want(t, 201).header(t, hdrPicoClosed, "true")

@@ -56,6 +56,16 @@ func TestPicoReference(t *testing.T) {
 		{name: "no stream made by the refused create", method: "HEAD", path: "/pico/ref/dup", status: 404},
 		{name: "nothing appended by the refused batches", method: "GET", path: "/pico/ref/s?format=raw", status: 200, wantBody: str("r0")},
 
+		// A batch type without a body is a create without records, to
+		// append batches to, and repeats as such.
+		{name: "create for batches", method: "PUT", path: "/pico/ref/batches", hdr: []string{"Content-Type", picoBinaryBatch}, status: 201,
+			want: []string{"Pico-Next-Seq", "0", "Content-Type", "application/octet-stream"}},
+		{name: "create for batches again", method: "PUT", path: "/pico/ref/batches", hdr: []string{"Content-Type", picoJSONBatch}, status: 200,
+			want: []string{"Pico-Next-Seq", "0"}},
+		{name: "a batch to the stream made for batches", method: "POST", path: "/pico/ref/batches", body: picoEncodeBinary([]picoNewRecord{{body: []byte("b0")}, {body: []byte("b1")}}),
+			hdr: []string{"Content-Type", picoBinaryBatch}, status: 200, want: []string{"Pico-Start-Seq", "0", "Pico-Next-Seq", "2"}},
+		{name: "delete the stream made for batches", method: "DELETE", path: "/pico/ref/batches", status: 204},
+
 		// Reads at the tail, in each format.
 		{name: "read at the tail", method: "GET", path: "/pico/ref/s?seq=1", status: 200, wantBody: str("[]"),
 			want: []string{"Pico-Next-Seq", "1", "Pico-Up-To-Date", "true", "Content-Type", "application/json", "Cache-Control", "no-store"}},
