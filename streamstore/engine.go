@@ -523,6 +523,14 @@ type stream struct {
 	waiters    atomic.Int32  // live readers waiting in Wait
 	touched    int64         // last access (ms), for a sliding TTL
 	used       atomic.Int64  // last lookup (Unix ns), for eviction
+	// forksChecked is when settleForks last looked the forks of this
+	// soft-deleted stream up (Unix ms), to do so at most every
+	// forkCheckEvery while its 410s are read.
+	forksChecked atomic.Int64
+	// forksSeen holds, under mu, the internal ids of forks settleForks
+	// found to exist: it need not look them up again, as a fork deleted
+	// later is released by this process (retried until it closes).
+	forksSeen map[string]struct{}
 
 	uploading chan struct{} // closed when a large append's blob upload ends
 

@@ -152,7 +152,9 @@ func (e *Engine) sweepMarker(ctx context.Context, key string, now time.Time) (bo
 		switch {
 		case !live || at == 0:
 			// Gone, soft-deleted (its last fork removes it), or a new
-			// stream under the name that never expires.
+			// stream under the name that never expires. Soft-deleted, its
+			// count is settled as a touch would, should no release come.
+			e.settleForks(ctx, s)
 		case now.UnixMilli() >= at:
 			err := e.deleteStream(ctx, s)
 			if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrGone) {

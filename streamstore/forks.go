@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -41,7 +42,14 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	if err != nil {
 		return Info{}, false, err
 	}
-	if err := e.updateMeta(ctx, src, func(m *metaObject) { m.Forks++ }); err != nil {
+	// The fork is listed with the count, so that a count its release
+	// never comes for (the fork's metadata write lost, the process gone
+	// before the release landed) can be settled by looking it up.
+	forkID, listedAt := newID(), time.Now().UnixMilli()
+	if err := e.updateMeta(ctx, src, func(m *metaObject) {
+		m.Forks++
+		m.ForkList = append(slices.Clone(m.ForkList), forkEntry{Name: name, ID: forkID, At: listedAt})
+	}); err != nil {
 		return Info{}, false, err
 	}
 	// A trim does not take the name lock and may have moved the source's
@@ -56,8 +64,8 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	if seq < start {
 		err = &TrimmedError{Seq: seq, StartSeq: start}
 	} else {
-		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start, Tail: req.Fork.Tail}
-		info, created, err = e.create(ctx, name, req, ref, true)
+		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start, Tail: req.Fork.Tail, Listed: true}
+		info, created, err = e.create(ctx, name, req, ref, forkID, true)
 		if errors.Is(err, errNameTaken) {
 			err = ErrConflict
 		}
@@ -73,7 +81,7 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	var unwritten unwrittenError
 	if err != nil && (!errors.Is(err, ErrUnavailable) || errors.As(err, &unwritten)) {
 		// Best effort: a failed decrement only keeps the source's data longer.
-		if e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.Forks-- }) == nil {
+		if e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.releaseFork(forkID, true) }) == nil {
 			e.dropKeptTrims(context.WithoutCancel(ctx), src)
 		}
 	}
@@ -167,7 +175,7 @@ func (e *Engine) deleteStream(ctx context.Context, s *stream) error {
 	}
 	e.deleted(s.name, id)
 	if fork != nil {
-		e.releaseSource(ctx, fork)
+		e.releaseSource(ctx, fork, id)
 	}
 	return nil
 }
@@ -177,16 +185,18 @@ func (e *Engine) deleteStream(ctx context.Context, s *stream) error {
 // the bucket fails is tried again in the background until it succeeds or
 // the engine closes: the fork is gone already, and nothing else would
 // ever bring the count down, so the source, once deleted, would stay
-// soft-deleted for good (410, its name taken, its data kept).
-func (e *Engine) releaseSource(ctx context.Context, f *forkRef) {
-	left, err := e.releaseChain(ctx, f)
+// soft-deleted for good (410, its name taken, its data kept). Should the
+// process end first, settleForks finds the fork gone. child is the
+// fork's internal id.
+func (e *Engine) releaseSource(ctx context.Context, f *forkRef, child string) {
+	left, leftChild, err := e.releaseChain(ctx, f, child)
 	if err == nil {
 		return
 	}
 	e.log.Warn("releasing a fork's source failed; trying again in the background",
 		zap.String("source", left.SourceName), zap.Error(err))
 	e.bg.Add(1)
-	go e.retryRelease(left)
+	go e.retryRelease(left, leftChild)
 }
 
 // releaseChain is releaseSource's work. On failure it returns the
@@ -194,53 +204,56 @@ func (e *Engine) releaseSource(ctx context.Context, f *forkRef) {
 // release of a reference whose count went down but whose removal failed
 // finds the count at zero and removes; one whose decrement may have landed
 // unseen writes the same metadata again (its base is the count this
-// process last knew, which the failed write did not change).
-func (e *Engine) releaseChain(ctx context.Context, f *forkRef) (*forkRef, error) {
+// process last knew, which the failed write did not change). child is
+// the internal id of the fork f belongs to, and the one returned that of
+// the fork the returned reference belongs to.
+func (e *Engine) releaseChain(ctx context.Context, f *forkRef, child string) (*forkRef, string, error) {
 	for f != nil {
 		unlock := e.lockName(f.SourceName)
 		src, err := e.stream(ctx, f.SourceName)
 		if errors.Is(err, ErrNotFound) {
 			unlock()
-			return nil, nil
+			return nil, "", nil
 		}
 		if err != nil {
 			unlock()
-			return f, err
+			return f, child, err
 		}
 		src.mu.Lock()
 		same := src.meta.ID == f.SourceID
 		src.mu.Unlock()
 		if !same {
 			unlock()
-			return nil, nil
+			return nil, "", nil
 		}
-		err = e.updateMeta(ctx, src, func(m *metaObject) { m.Forks = max(m.Forks-1, 0) })
+		listed := f.Listed
+		err = e.updateMeta(ctx, src, func(m *metaObject) { m.releaseFork(child, listed) })
 		if err != nil {
 			unlock()
-			return f, err
+			return f, child, err
 		}
 		src.mu.Lock()
 		last := src.meta.Deleted && src.meta.Forks == 0
-		next := src.meta.Fork
+		next, id := src.meta.Fork, src.meta.ID
 		src.mu.Unlock()
 		if !last {
 			e.dropKeptTrims(ctx, src)
 			unlock()
-			return nil, nil
+			return nil, "", nil
 		}
 		err = e.remove(ctx, src)
 		unlock()
 		if err != nil && !errors.Is(err, ErrNotFound) { // not found: removed already
-			return f, err
+			return f, child, err
 		}
-		f = next
+		f, child = next, id
 	}
-	return nil, nil
+	return nil, "", nil
 }
 
 // retryRelease releases f again, backing off, until it succeeds or the
 // engine closes.
-func (e *Engine) retryRelease(f *forkRef) {
+func (e *Engine) retryRelease(f *forkRef, child string) {
 	defer e.bg.Done()
 	wait := 250 * time.Millisecond
 	for {
@@ -252,11 +265,11 @@ func (e *Engine) retryRelease(f *forkRef) {
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 30*time.Second)
-		left, err := e.releaseChain(e.bgCtx, f)
+		left, leftChild, err := e.releaseChain(e.bgCtx, f, child)
 		if err == nil {
 			return
 		}
-		f = left
+		f, child = left, leftChild
 	}
 }
 
@@ -294,4 +307,132 @@ func (e *Engine) dropKeptTrims(ctx context.Context, s *stream) {
 		e.log.Warn("asking for the trimmed records of a stream no fork reads to be dropped failed; "+
 			"they go at its next compaction", zap.String("stream", s.name), zap.Error(err))
 	}
+}
+
+// forkCheckEvery is how often, at most, settleForks looks up the forks of
+// one soft-deleted stream; a quarter of Config.GraveTime when that is
+// shorter.
+const forkCheckEvery = time.Minute
+
+// settleForks settles the fork count of s, a soft-deleted stream, where a
+// release may never come: a fork create whose metadata write failed
+// unconfirmed and never landed, or a fork whose delete the process did
+// not live to release. It looks up each listed fork listed longer than
+// Config.GraveTime ago (a create's write can land until then); one that
+// is gone, or whose name holds another stream, is counted no more. With
+// no fork left, s is removed as its last release would have, and so is
+// its own source in turn, and it reports true. It runs when s is
+// touched or its expiry marker swept, never on a timer of its own, and
+// is best effort: a fork it cannot look up keeps its count.
+// Only listed forks are dropped, and only when gone, so a fork that
+// exists never loses its source's records. The caller holds s's name
+// lock.
+func (e *Engine) settleForks(ctx context.Context, s *stream) bool {
+	now := time.Now()
+	list, due, ok := e.forksToCheck(s, now)
+	if !ok {
+		return false
+	}
+	s.forksChecked.Store(now.UnixMilli())
+	var gone []string
+	for _, f := range list {
+		s.mu.Lock()
+		_, seen := s.forksSeen[f.ID]
+		s.mu.Unlock()
+		if f.At > due || seen {
+			continue
+		}
+		exists, err := e.forkExists(ctx, f)
+		if err != nil {
+			e.log.Warn("looking up a fork of a deleted stream failed; its count is kept",
+				zap.String("stream", s.name), zap.String("fork", f.Name), zap.Error(err))
+			return false
+		}
+		if !exists {
+			gone = append(gone, f.ID)
+			continue
+		}
+		s.mu.Lock()
+		if s.forksSeen == nil {
+			s.forksSeen = make(map[string]struct{})
+		}
+		s.forksSeen[f.ID] = struct{}{}
+		s.mu.Unlock()
+	}
+	if len(gone) == 0 {
+		return false
+	}
+	if err := e.updateMeta(ctx, s, func(m *metaObject) {
+		for _, id := range gone {
+			m.releaseFork(id, true)
+		}
+	}); err != nil {
+		e.log.Warn("dropping the gone forks of a deleted stream from its count failed",
+			zap.String("stream", s.name), zap.Error(err))
+		return false
+	}
+	e.log.Info("a deleted stream counts no more the forks that are gone",
+		zap.String("stream", s.name), zap.Int("gone", len(gone)))
+	s.mu.Lock()
+	last := s.meta.Deleted && s.meta.Forks == 0
+	next, id := s.meta.Fork, s.meta.ID
+	s.mu.Unlock()
+	if !last {
+		return false
+	}
+	if err := e.remove(ctx, s); err != nil && !errors.Is(err, ErrNotFound) {
+		e.log.Warn("removing a deleted stream no fork reads failed",
+			zap.String("stream", s.name), zap.Error(err))
+		return false
+	}
+	if next != nil {
+		e.releaseSource(ctx, next, id)
+	}
+	return true
+}
+
+// forksToCheck returns the forks soft-deleted s lists, and the listing
+// time at or before which they are looked up, when settleForks has any
+// to look up: ok is false when s is live or gone, lists no fork listed
+// long enough and not found to exist already, or had its forks looked up
+// less than forkCheckEvery ago. It is cheap, so that a read of the 410
+// takes the name lock only when there is something to look up.
+func (e *Engine) forksToCheck(s *stream, now time.Time) (list []forkEntry, due int64, ok bool) {
+	grave := e.config().GraveTime
+	every := min(forkCheckEvery, grave/4)
+	if last := s.forksChecked.Load(); last != 0 && now.Sub(time.UnixMilli(last)) < every {
+		return nil, 0, false
+	}
+	s.mu.Lock()
+	if s.gone || s.evicted || !s.meta.Deleted {
+		s.mu.Unlock()
+		return nil, 0, false
+	}
+	due = now.Add(-grave).UnixMilli()
+	list = s.meta.ForkList // never changed in place
+	ok = slices.ContainsFunc(list, func(f forkEntry) bool {
+		_, seen := s.forksSeen[f.ID]
+		return f.At <= due && !seen
+	})
+	s.mu.Unlock()
+	return list, due, ok
+}
+
+// forkExists reports whether the fork f names exists: a stream under its
+// name with its internal id, soft-deleted or not (a soft-deleted fork's
+// own forks still read through it). The lookup waits on a create or
+// delete of the name in progress.
+func (e *Engine) forkExists(ctx context.Context, f forkEntry) (bool, error) {
+	lctx, cancel := checkContext(ctx)
+	defer cancel()
+	c, err := e.stream(lctx, f.Name)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("look up fork %s: %w", f.Name, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.gone && c.meta.ID == f.ID, nil
 }

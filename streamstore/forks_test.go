@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -454,5 +455,185 @@ func TestFailedForkReleaseIsRetried(t *testing.T) {
 	}
 	if _, err := e.Head(ctx, "/src"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("HEAD of the source after its delete: %v, want ErrNotFound (a hard delete)", err)
+	}
+}
+
+// forkCount is the fork count the engine holds for name.
+func forkCount(t *testing.T, e *Engine, name string) int {
+	t.Helper()
+	s, err := e.stream(context.Background(), name)
+	if err != nil {
+		t.Fatalf("look up %s: %v", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.meta.Forks
+}
+
+// waitRemoved touches the soft-deleted stream name with HEADs until one
+// answers ErrNotFound, and fails the test if none does within 10s.
+func waitRemoved(t *testing.T, e *Engine, name string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := e.Head(context.Background(), name)
+		if errors.Is(err, ErrNotFound) {
+			return
+		}
+		if !errors.Is(err, ErrGone) {
+			t.Fatalf("HEAD of the soft-deleted %s: %v, want ErrGone or ErrNotFound", name, err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("HEAD of %s still %v 10s after its last fork went (it counts %d forks)",
+				name, err, forkCount(t, e, name))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestLostForkCreateIsSettled: a fork create whose metadata PUT fails and
+// never lands keeps its source's count up (the PUT might still land).
+// Once Config.GraveTime has passed, a touch of the soft-deleted source
+// finds that fork missing and counts it no more, while the fork that
+// exists keeps the source and its records; once that one is deleted too,
+// the source is gone and its name free. The count used to stay raised for
+// good: the source answered 410 and held its name forever.
+func TestLostForkCreateIsSettled(t *testing.T) {
+	ctx := context.Background()
+	const graveTime = 300 * time.Millisecond
+	st := newHookedStore()
+	e := startEngine(t, st, Config{GraveTime: graveTime})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa", "bb")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && key == metaKey("/lost") {
+			return errors.New("injected: fork metadata PUT lost")
+		}
+		return nil
+	})
+	_, _, err := e.Create(ctx, "/lost", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 2}})
+	st.setHook(nil)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("fork create with its metadata PUT lost: %v, want ErrUnavailable", err)
+	}
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Head(ctx, "/src"); !errors.Is(err, ErrGone) {
+		t.Fatalf("HEAD of the source deleted while /fork reads it: %v, want ErrGone", err)
+	}
+	// Touched past GraveTime, the source counts /fork only.
+	deadline := time.Now().Add(10 * time.Second)
+	for forkCount(t, e, "/src") != 1 {
+		if _, err := e.Head(ctx, "/src"); !errors.Is(err, ErrGone) {
+			t.Fatalf("HEAD of the source /fork reads: %v, want ErrGone", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the source counts %d forks 10s after its delete, want 1 (/fork; /lost never landed)",
+				forkCount(t, e, "/src"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := readAll(t, e, "/fork"); strings.Join(got, ",") != "aa,bb" {
+		t.Fatalf("/fork reads %q, want its source's aa,bb", got)
+	}
+	if err := e.Delete(ctx, "/fork"); err != nil {
+		t.Fatal(err)
+	}
+	waitRemoved(t, e, "/src")
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Errorf("create of the source's name once no fork reads it: %v", err)
+	}
+}
+
+// TestForkReleaseLostToACrashIsSettled: the process ends while it retries
+// the release of a deleted fork (the bucket refusing the source's
+// metadata PUT meanwhile), so the fork is gone and its source still
+// counts it. The next process, on a touch of the soft-deleted source,
+// finds the fork gone: the source is removed, its name free. It used to
+// stay soft-deleted for good.
+func TestForkReleaseLostToACrashIsSettled(t *testing.T) {
+	ctx := context.Background()
+	const graveTime = 300 * time.Millisecond
+	st := newHookedStore()
+	e := startEngine(t, st, Config{GraveTime: graveTime})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	var refused atomic.Int64
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && key == metaKey("/src") {
+			refused.Add(1)
+			return errors.New("injected: source metadata PUT refused")
+		}
+		return nil
+	})
+	if err := e.Delete(ctx, "/fork"); err != nil {
+		t.Fatal(err)
+	}
+	if refused.Load() == 0 {
+		t.Fatal("the fork's delete did not try to release its source")
+	}
+	// The process ends with the release still pending.
+	if err := e.Close(ctx); err != nil {
+		t.Logf("close: %v", err)
+	}
+	st.setHook(nil)
+	e2 := startEngine(t, st, Config{GraveTime: graveTime})
+	if n := forkCount(t, e2, "/src"); n != 1 {
+		t.Fatalf("the source counts %d forks after the restart, want 1 (the release was lost)", n)
+	}
+	waitRemoved(t, e2, "/src")
+	if _, _, err := e2.Create(ctx, "/src", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Errorf("create of the source's name once no fork reads it: %v", err)
+	}
+}
+
+// TestReleaseFork: a release drops a listed fork from the list and the
+// count; a listed fork no longer in the list (released already, or found
+// gone) changes nothing, so a release repeated never takes the count of
+// another fork; an unlisted fork (made before forks were listed) takes
+// one of the count's unlisted forks, and none when there are none.
+func TestReleaseFork(t *testing.T) {
+	a := forkEntry{Name: "/a", ID: "ida", At: 1}
+	b := forkEntry{Name: "/b", ID: "idb", At: 2}
+	for _, tc := range []struct {
+		name      string
+		forks     int
+		list      []forkEntry
+		id        string
+		listed    bool
+		wantForks int
+		wantList  []forkEntry
+	}{
+		{"listed", 2, []forkEntry{a, b}, "ida", true, 1, []forkEntry{b}},
+		{"listed, released already", 2, []forkEntry{b}, "ida", true, 2, []forkEntry{b}},
+		{"listed, beside unlisted ones", 3, []forkEntry{b}, "ida", true, 3, []forkEntry{b}},
+		{"unlisted", 3, []forkEntry{b}, "old", false, 2, []forkEntry{b}},
+		{"unlisted, none left", 1, []forkEntry{b}, "old", false, 1, []forkEntry{b}},
+		{"unlisted, no list", 1, nil, "old", false, 0, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cur := &metaObject{Forks: tc.forks, ForkList: tc.list}
+			before := slices.Clone(tc.list)
+			m := *cur
+			m.releaseFork(tc.id, tc.listed)
+			if m.Forks != tc.wantForks || !slices.Equal(m.ForkList, tc.wantList) {
+				t.Errorf("after release: forks %d, list %v; want %d, %v", m.Forks, m.ForkList, tc.wantForks, tc.wantList)
+			}
+			if !slices.Equal(cur.ForkList, before) {
+				t.Errorf("the metadata released from changed: list %v, was %v", cur.ForkList, before)
+			}
+		})
 	}
 }

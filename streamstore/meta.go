@@ -112,6 +112,12 @@ type metaObject struct {
 	Fork *forkRef `json:"fork,omitempty"`
 	// Forks counts the live forks that reference this stream's data.
 	Forks int `json:"forks,omitempty"`
+	// ForkList names the forks Forks counts, those made since forks were
+	// listed (the count may be higher: forks made by an earlier version,
+	// or listed entries that version dropped when it rewrote the object).
+	// A listed fork can be looked up, and one that is gone no longer
+	// counted, should its release never come (see settleForks).
+	ForkList []forkEntry `json:"fork_list,omitempty"`
 	// Deleted marks a soft-deleted stream: gone for clients, kept for its
 	// forks until the last one goes.
 	Deleted bool `json:"deleted,omitempty"`
@@ -138,6 +144,36 @@ type forkRef struct {
 	// Tail says the create named no point: the source's tail then. A
 	// create repeated without a point matches only such a fork.
 	Tail bool `json:"tail,omitempty"`
+	// Listed says the source lists the fork in its ForkList.
+	Listed bool `json:"listed,omitempty"`
+}
+
+// forkEntry is a fork in its source's ForkList, written with the count
+// before the fork's metadata is.
+type forkEntry struct {
+	Name string `json:"name"`
+	ID   string `json:"id"`
+	// At is when the count went up (ms). The fork's metadata write comes
+	// later and, its outcome unknown, may land until Config.GraveTime has
+	// passed: a fork not found before then may still appear.
+	At int64 `json:"at_ms"`
+}
+
+// releaseFork stops counting the fork with internal id; listed says its
+// source listed it when it was made. A listed fork not in the list is
+// counted no more already (released, or found gone): lowering the count
+// for it again could free data a fork still reads. An unlisted one takes
+// one of the count's unlisted forks.
+func (m *metaObject) releaseFork(id string, listed bool) {
+	if i := slices.IndexFunc(m.ForkList, func(f forkEntry) bool { return f.ID == id }); i >= 0 {
+		// A copy: m shares the slice with the stream's current metadata.
+		m.ForkList = slices.Delete(slices.Clone(m.ForkList), i, i+1)
+		m.Forks = max(m.Forks-1, 0)
+		return
+	}
+	if !listed && m.Forks > len(m.ForkList) {
+		m.Forks--
+	}
 }
 
 // base is the first seq of the fork's own records.

@@ -39,7 +39,7 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 	// with records or a fork keeps the read first: it writes before its
 	// metadata, and that must not happen for a name that is taken.
 	if req.Fork == nil && len(req.Records) == 0 && !e.resident(name) {
-		info, created, err := e.create(ctx, name, req, nil, false)
+		info, created, err := e.create(ctx, name, req, nil, "", false)
 		if !errors.Is(err, errNameTaken) {
 			return info, created, err
 		}
@@ -62,7 +62,11 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 		}
 		s.mu.Unlock()
 		if deleted {
-			return Info{}, false, conflictf("a deleted stream that forks still read holds this name")
+			// Removed when its count, settled, says no fork reads it.
+			if !e.settleForks(ctx, s) {
+				return Info{}, false, conflictf("a deleted stream that forks still read holds this name")
+			}
+			break
 		}
 		if err := e.deleteStream(ctx, s); err != nil {
 			return Info{}, false, err
@@ -77,7 +81,7 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 		}
 		return e.createFork(ctx, name, req)
 	}
-	info, created, err := e.create(ctx, name, req, nil, true)
+	info, created, err := e.create(ctx, name, req, nil, "", true)
 	if errors.Is(err, errNameTaken) {
 		err = ErrConflict
 	}
@@ -172,20 +176,24 @@ func (e *Engine) sameConfig(ctx context.Context, s *stream, req CreateRequest) b
 }
 
 // create writes a new stream; fork, when set, makes it a fork whose own
-// records start after the inherited range. A metadata object already there
-// makes it fail with errNameTaken. absent says a lookup found no stream
-// under name, which is then what lookups waiting on a failed create see;
-// without it they read the bucket.
-func (e *Engine) create(ctx context.Context, name string, req CreateRequest, fork *forkRef, absent bool) (Info, bool, error) {
+// records start after the inherited range. id is its internal id, or ""
+// for a new one (a fork's source lists it first). A metadata object
+// already there makes it fail with errNameTaken. absent says a lookup
+// found no stream under name, which is then what lookups waiting on a
+// failed create see; without it they read the bucket.
+func (e *Engine) create(ctx context.Context, name string, req CreateRequest, fork *forkRef, id string, absent bool) (Info, bool, error) {
 	w, err := e.writer()
 	if err != nil {
 		return Info{}, false, unwrittenError{err}
+	}
+	if id == "" {
+		id = newID()
 	}
 	now := time.Now()
 	m := &metaObject{
 		Version:     1,
 		Name:        name,
-		ID:          newID(),
+		ID:          id,
 		ContentType: req.ContentType,
 		TTLSeconds:  int64(req.Expiry.TTL / time.Second),
 		CreatedAt:   now.UnixMilli(),
@@ -527,6 +535,20 @@ func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*s
 	case gone:
 		return nil, ErrNotFound
 	case deleted:
+		// Forks still read it, or so its count says: a count whose
+		// release never came is settled here, on touch.
+		if _, _, ok := e.forksToCheck(s, time.Now()); !ok {
+			return nil, ErrGone
+		}
+		unlock := func() {}
+		if !haveLock {
+			unlock = e.lockName(name)
+		}
+		removed := e.settleForks(ctx, s)
+		unlock()
+		if removed {
+			return nil, ErrNotFound
+		}
 		return nil, ErrGone
 	}
 	return s, nil
