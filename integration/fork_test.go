@@ -490,3 +490,94 @@ func TestFailedForkReleaseIsRetried(t *testing.T) {
 		t.Errorf("the deleted source, no fork reading it: %v, want 404", err)
 	}
 }
+
+// TestLostForkCountIsSettled: a source's fork count that no release will
+// ever bring down is settled once grave_time has passed. Either a fork
+// create's metadata PUT failed and never landed (its 503 keeps the count,
+// as the PUT might still land), or Caddy was killed while it retried the
+// release of a deleted fork (the bucket refusing the source's metadata
+// PUT), and restarted. The source, deleted while its fork read it, is
+// 410; once that fork is deleted, touches of the source find the forks
+// it counts gone: it answers 404 and its name can be created again. It
+// used to stay 410, its name taken, for good.
+func TestLostForkCountIsSettled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	metaOf := func(name string) string { return hex.EncodeToString([]byte(name)) + ".m" }
+	for _, tc := range []struct {
+		name string
+		// lose runs after the fork is made and before the source's
+		// DELETE; deleteFork deletes the fork.
+		lose       func(t *testing.T, e *fhEnv, src, fork string)
+		deleteFork func(t *testing.T, e *fhEnv, src, fork string)
+	}{
+		{
+			name: "fork create lost",
+			lose: func(t *testing.T, e *fhEnv, src, fork string) {
+				lost := fork + "-lost"
+				remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: metaOf(lost), Status: http.StatusInternalServerError})
+				r := e.must(fhReq{Method: http.MethodPut, Path: lost, Header: map[string]string{"Stream-Forked-From": src}})
+				remove()
+				if r.Status != http.StatusServiceUnavailable {
+					t.Fatalf("fork create with its metadata PUT lost: %s, want 503", r)
+				}
+				if r := e.must(fhReq{Method: http.MethodHead, Path: lost}); r.Status != http.StatusNotFound {
+					t.Fatalf("HEAD of the lost fork: %s", r)
+				}
+			},
+			deleteFork: func(t *testing.T, e *fhEnv, src, fork string) {
+				if r := e.must(fhReq{Method: http.MethodDelete, Path: fork}); r.Status != http.StatusNoContent {
+					t.Fatalf("DELETE %s: %s", fork, r)
+				}
+			},
+		},
+		{
+			name: "release lost to a crash",
+			lose: func(t *testing.T, e *fhEnv, src, fork string) {},
+			deleteFork: func(t *testing.T, e *fhEnv, src, fork string) {
+				remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: metaOf(src), Status: http.StatusInternalServerError})
+				r := e.must(fhReq{Method: http.MethodDelete, Path: fork})
+				if r.Status != http.StatusNoContent {
+					remove()
+					t.Fatalf("DELETE %s: %s", fork, r)
+				}
+				// The release failed and is being retried: the process
+				// dies with it.
+				e.caddy.Kill()
+				remove()
+				e.caddy.Restart()
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := fhStart(t, fhOptions{Directives: []string{"grave_time 1s"}})
+			const src, fork = "/lostcount/src", "/lostcount/fork"
+			e.create(src, textPlain)
+			e.append(src, textPlain, []byte("hello"))
+			e.must(fhReq{Method: http.MethodPut, Path: fork, Header: map[string]string{"Stream-Forked-From": src}})
+			tc.lose(t, e, src, fork)
+			if r := e.must(fhReq{Method: http.MethodDelete, Path: src}); r.Status != http.StatusNoContent {
+				t.Fatalf("DELETE %s: %s", src, r)
+			}
+			if r := e.must(fhReq{Method: http.MethodHead, Path: src}); r.Status != http.StatusGone {
+				t.Fatalf("HEAD of the source its fork reads: %s, want 410", r)
+			}
+			if got, _, err := e.readBytes(fork); err != nil || string(got) != "hello" {
+				t.Fatalf("read of the fork: %q, %v; want its source's hello", got, err)
+			}
+			tc.deleteFork(t, e, src, fork)
+			if err := fhWaitFor(30*time.Second, 100*time.Millisecond, func() error {
+				if r := e.must(fhReq{Method: http.MethodHead, Path: src}); r.Status != http.StatusNotFound {
+					return fmt.Errorf("HEAD %s: %s", src, r)
+				}
+				return nil
+			}); err != nil {
+				t.Fatalf("the deleted source, no fork reading it: %v, want 404", err)
+			}
+			if r := e.must(fhReq{Method: http.MethodPut, Path: src, Header: map[string]string{"Content-Type": textPlain}}); r.Status != http.StatusCreated {
+				t.Errorf("PUT of the deleted source's name: %s, want 201", r)
+			}
+		})
+	}
+}
