@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
 )
 
 // hookedStore is a memstore whose Fail hook can be swapped while engines
@@ -635,5 +636,57 @@ func TestReleaseFork(t *testing.T) {
 				t.Errorf("the metadata released from changed: list %v, was %v", cur.ForkList, before)
 			}
 		})
+	}
+}
+
+// TestForkCountSettledBySweep: a soft-deleted source whose fork's release
+// was lost with the process, and which nobody touches, is settled when
+// the expiry sweep comes to its marker: it finds the fork gone and
+// removes the source. The sweep used to drop the marker and leave the
+// source soft-deleted for good.
+func TestForkCountSettledBySweep(t *testing.T) {
+	ctx := context.Background()
+	const graveTime = 300 * time.Millisecond
+	st := newHookedStore()
+	e := startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: time.Hour})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: 2 * time.Second}, Records: recs("aa")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	// Soft-deleted either way: by this delete, or expired already.
+	if err := e.Delete(ctx, "/src"); err != nil && !errors.Is(err, ErrGone) {
+		t.Fatal(err)
+	}
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && key == metaKey("/src") {
+			return errors.New("injected: source metadata PUT refused")
+		}
+		return nil
+	})
+	if err := e.Delete(ctx, "/fork"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Logf("close: %v", err)
+	}
+	st.setHook(nil)
+	startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: 100 * time.Millisecond})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		// Read from the bucket: a lookup through the engine would touch
+		// the source and settle it there.
+		data, _, err := st.Get(ctx, metaKey("/src"), 0, -1)
+		if errors.Is(err, segment.ErrNotFound) || err == nil && isGrave(data) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the source's metadata 15s after its last fork went, with nobody touching it: %s, want a grave", data)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
