@@ -45,10 +45,16 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	// The fork is listed with the count, so that a count its release
 	// never comes for (the fork's metadata write lost, the process gone
 	// before the release landed) can be settled by looking it up.
+	// Past maxListedForks, a fork is counted only, as before forks were
+	// listed: the metadata object, rewritten at every checkpoint, stays
+	// small.
 	forkID, listedAt := newID(), time.Now().UnixMilli()
+	listed := len(srcMeta.ForkList) < maxListedForks
 	if err := e.updateMeta(ctx, src, func(m *metaObject) {
 		m.Forks++
-		m.ForkList = append(slices.Clone(m.ForkList), forkEntry{Name: name, ID: forkID, At: listedAt})
+		if listed {
+			m.ForkList = append(slices.Clone(m.ForkList), forkEntry{Name: name, ID: forkID, At: listedAt})
+		}
 	}); err != nil {
 		return Info{}, false, err
 	}
@@ -64,7 +70,7 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	if seq < start {
 		err = &TrimmedError{Seq: seq, StartSeq: start}
 	} else {
-		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start, Tail: req.Fork.Tail, Listed: true}
+		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start, Tail: req.Fork.Tail, Listed: listed}
 		info, created, err = e.create(ctx, name, req, ref, forkID, true)
 		if errors.Is(err, errNameTaken) {
 			err = ErrConflict
@@ -81,7 +87,7 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	var unwritten unwrittenError
 	if err != nil && (!errors.Is(err, ErrUnavailable) || errors.As(err, &unwritten)) {
 		// Best effort: a failed decrement only keeps the source's data longer.
-		if e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.releaseFork(forkID, true) }) == nil {
+		if e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.releaseFork(forkID, listed) }) == nil {
 			e.dropKeptTrims(context.WithoutCancel(ctx), src)
 		}
 	}
@@ -308,6 +314,10 @@ func (e *Engine) dropKeptTrims(ctx context.Context, s *stream) {
 			"they go at its next compaction", zap.String("stream", s.name), zap.Error(err))
 	}
 }
+
+// maxListedForks bounds a source's ForkList; forks made past it are
+// counted only.
+const maxListedForks = 1000
 
 // forkCheckEvery is how often, at most, settleForks looks up the forks of
 // one soft-deleted stream; a quarter of Config.GraveTime when that is

@@ -690,3 +690,57 @@ func TestForkCountSettledBySweep(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestForksPastTheListAreCounted: a source lists at most maxListedForks
+// forks, so that its metadata object stays small; a fork made past that
+// is counted only, and its release lowers the count without touching the
+// list, as does a listed fork's release with its entry.
+func TestForksPastTheListAreCounted(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxListedForks + 1 {
+		if _, _, err := e.Create(ctx, fmt.Sprintf("/fork/%d", i), CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counts := func() (forks, listed int) {
+		t.Helper()
+		s, err := e.stream(ctx, "/src")
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.meta.Forks, len(s.meta.ForkList)
+	}
+	if forks, listed := counts(); forks != maxListedForks+1 || listed != maxListedForks {
+		t.Fatalf("after %d forks: count %d, listed %d; want %d, %d", maxListedForks+1, forks, listed, maxListedForks+1, maxListedForks)
+	}
+	past, err := e.stream(ctx, fmt.Sprintf("/fork/%d", maxListedForks))
+	if err != nil {
+		t.Fatal(err)
+	}
+	past.mu.Lock()
+	pastListed := past.meta.Fork.Listed
+	past.mu.Unlock()
+	if pastListed {
+		t.Fatal("the fork past the list says its source lists it")
+	}
+	for _, tc := range []struct {
+		fork                  int
+		wantForks, wantListed int
+	}{
+		{maxListedForks, maxListedForks, maxListedForks},
+		{0, maxListedForks - 1, maxListedForks - 1},
+	} {
+		if err := e.Delete(ctx, fmt.Sprintf("/fork/%d", tc.fork)); err != nil {
+			t.Fatal(err)
+		}
+		if forks, listed := counts(); forks != tc.wantForks || listed != tc.wantListed {
+			t.Errorf("after the delete of /fork/%d: count %d, listed %d; want %d, %d", tc.fork, forks, listed, tc.wantForks, tc.wantListed)
+		}
+	}
+}
