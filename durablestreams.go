@@ -793,6 +793,10 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 			return
 		}
 		if f, err = d.frameAt(r.Context(), eng, name, id, f.next, tail, enc); err != nil {
+			if errors.Is(err, streamstore.ErrDamaged) {
+				es.endDamaged(err)
+				return
+			}
 			if r.Context().Err() == nil {
 				d.log.Warn("SSE read failed", zap.String("stream", name), zap.Error(err))
 			}

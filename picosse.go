@@ -222,6 +222,10 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 		}
 		pg.release()
 		if pg, err = p.read(r.Context(), eng, name, next); err != nil {
+			if errors.Is(err, streamstore.ErrDamaged) {
+				es.endDamaged(err)
+				return
+			}
 			if r.Context().Err() == nil {
 				p.log.Warn("SSE read failed", zap.String("stream", name), zap.Error(err))
 			}

@@ -170,6 +170,26 @@ func (es *eventStream) flush() bool {
 	return true
 }
 
+// endDamaged ends a feed whose next read met records that are stored
+// damaged (streamstore.ErrDamaged): no retry brings them back until the
+// object is restored, so the feed must neither wait nor skip them. Neither
+// protocol has an error event, and the response's status went out with
+// its first event, so the reason goes out as an SSE comment, which
+// clients ignore and a person reading the feed sees, and the response
+// ends; the client's reconnect from its last offset then gets the 500
+// that names the object. The engine logged the damage once; a log line
+// per feed that meets it would be a storm with many readers.
+func (es *eventStream) endDamaged(err error) {
+	msg := []byte(damagedMessage(err))
+	for i, c := range msg {
+		if c == '\n' || c == '\r' {
+			msg[i] = ' ' // a line break would end the comment
+		}
+	}
+	es.write(append(append([]byte(": error: "), msg...), '\n'))
+	es.flush()
+}
+
 // liveWait bounds the waits of one live response (a long-poll, or an SSE
 // feed that waits many times): they end at its deadline, when the server
 // shuts down or when the client leaves. One context serves every wait of

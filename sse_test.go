@@ -5,11 +5,14 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/picomq/caddy-picomq/streamstore"
 )
 
 // parseSSE splits an event stream the way a browser does: events end at a
@@ -241,5 +244,31 @@ func TestSSEFeedOverHTTP2OutlivesItsWriteTimeout(t *testing.T) {
 			t.Fatalf("event %d: %+v, want data %q", i, ev, body)
 		}
 		r.control(t)
+	}
+}
+
+// TestSSEDamageEndsFeedWithAComment: a feed that meets damaged records
+// writes the reason as one SSE comment line, which no client reads as an
+// event, whatever the message holds (a stream name may carry a CR or LF
+// escaped in its path), and nothing after it.
+func TestSSEDamageEndsFeedWithAComment(t *testing.T) {
+	for _, bufSize := range []int{0, 4 << 10} { // Durable Streams, Pico
+		rec := httptest.NewRecorder()
+		es, ok := startEventStream(rec, httptest.NewRequest("GET", "/s?live=sse", nil), bufSize)
+		if !ok {
+			t.Fatal("start")
+		}
+		err := fmt.Errorf("%w: records [1, 2) of /a\r\nevent: data\ndata: forged in WAL object wal/0/1", streamstore.ErrDamaged)
+		es.endDamaged(err)
+		out := rec.Body.String()
+		if !strings.HasPrefix(out, ": error: ") || !strings.HasSuffix(out, "\n") || strings.Count(out, "\n") != 1 || strings.Contains(out, "\r") {
+			t.Fatalf("buffer %d: wrote %q, want one comment line", bufSize, out)
+		}
+		if !strings.Contains(out, "damaged") || !strings.Contains(out, "wal/0/1") {
+			t.Errorf("buffer %d: the comment %q does not say what is damaged where", bufSize, out)
+		}
+		if evs := parseSSE(t, out); len(evs) != 1 || evs[0] != (sseEvent{}) {
+			t.Errorf("buffer %d: the comment reads as events %+v", bufSize, evs)
+		}
 	}
 }
