@@ -212,3 +212,78 @@ func fhRunsOf(b []byte) []byte {
 	}
 	return out
 }
+
+// TestDeletingTheDamagedStreamReleasesTheWAL: the WAL kept from a damaged
+// object on, for the one stream whose entry there is damaged, is retired
+// past it once that stream is deleted (the delete takes the stream out of
+// those a compaction holds the WAL for). The other streams keep every
+// record, and a restart, with no damaged object left to replay, starts.
+func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"cache_size 4KiB", "compact_interval 1h"}})
+	const ct = "text/plain"
+	const bad, good, fill = "/damaged/bad", "/damaged/good", "/damaged/fill"
+	for _, p := range []string{bad, good, fill} {
+		e.create(p, ct)
+	}
+	e.append(good, ct, []byte("g0;"))
+	e.append(bad, ct, []byte("b0;"))
+	e.append(bad, ct, []byte("b1;"))
+	e.append(good, ct, []byte("g1;"))
+	for i := range 8 {
+		e.append(fill, ct, bytes.Repeat([]byte{'a' + byte(i)}, 1<<10))
+	}
+	key, body := fhFindWALEntry(t, e, bad, "b1;")
+	body.data[body.span.Off+body.span.Len-2] ^= 0x40
+	fhPutRaw(t, e, key, body.data)
+
+	opts := caddytest.Options{Storage: testenv.StoreURL(e.proxy.URL(), e.bucket, caddytest.S3Prefix),
+		Directives: []string{"cache_size 4KiB", "compact_interval 1s"}}
+	if err := e.caddy.Reload(e.caddy.Config(opts)); err != nil {
+		t.Fatalf("reload: %v", err)
+	}
+	err := fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
+		if wal := e.mustList("wal/"); len(wal) == 0 || wal[0].Key != key {
+			return fmt.Errorf("WAL objects %v, want them to start at the damaged %s", wal, key)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the WAL was not retired up to the damage: %v", err)
+	}
+
+	if resp := e.must(fhReq{Method: http.MethodDelete, Path: bad}); resp.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s", bad, resp)
+	}
+	e.append(good, ct, []byte("g2;"))
+	err = fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
+		if wal := e.mustList("wal/"); fhKeySet(wal)[key] {
+			return fmt.Errorf("the damaged %s is still in the WAL (%d objects)", key, len(wal))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the WAL was not retired past the damage once its stream was deleted: %v", err)
+	}
+	if got, _, err := e.readBytes(good); err != nil || string(got) != "g0;g1;g2;" {
+		t.Fatalf("%s reads %q (%v)", good, got, err)
+	}
+
+	if err := e.caddy.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if err := e.caddy.TryRestart(); err != nil {
+		t.Fatalf("start after the damaged stream was deleted: %v", err)
+	}
+	if got, _, err := e.readBytes(good); err != nil || string(got) != "g0;g1;g2;" {
+		t.Fatalf("%s after the restart reads %q (%v)", good, got, err)
+	}
+	if got, _, err := e.readBytes(fill); err != nil || string(fhRunsOf(got)) != "abcdefgh" {
+		t.Fatalf("%s after the restart reads %q (%v)", fill, fhRunsOf(got), err)
+	}
+	if resp := e.must(fhReq{Method: http.MethodGet, Path: bad + "?offset=-1"}); resp.Status != http.StatusNotFound {
+		t.Fatalf("%s after the restart: %s, want 404", bad, resp)
+	}
+}

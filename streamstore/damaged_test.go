@@ -296,3 +296,58 @@ func TestReadRunsConfinesDamageToItsRun(t *testing.T) {
 		})
 	}
 }
+
+// Deleting the stream whose WAL entry is damaged lets the WAL be retired
+// past the damaged object: the delete takes the stream, and its mark, out
+// of the streams a compaction holds the WAL back for. The next compaction
+// retires the object, the other streams are untouched, and a restart,
+// with no damaged object left to replay, starts.
+func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	for _, name := range []string{"/bad", "/good"} {
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, a := range []struct{ name, body string }{
+		{"/good", "g0"}, {"/bad", "b0"}, {"/bad", "b1"}, {"/good", "g1"}, {"/bad", "b2"},
+	} {
+		mustAppend(t, e, a.name, AppendRequest{Records: recs(a.body)})
+	}
+	bad := walRunOf(t, e, "/bad", 1)
+	dropCache(e)
+	damageRun(t, st, bad, false)
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if wal := st.Keys("wal/"); len(wal) == 0 || wal[0] != bad.key {
+		t.Fatalf("WAL objects after the damage: %v; want them to start at %s", wal, bad.key)
+	}
+
+	if err := e.Delete(ctx, "/bad"); err != nil {
+		t.Fatalf("delete the damaged stream: %v", err)
+	}
+	mustAppend(t, e, "/good", AppendRequest{Records: recs("g2")})
+	if err := e.Compact(ctx); err != nil {
+		t.Fatalf("compaction after the delete: %v", err)
+	}
+	if wal := st.Keys("wal/"); slices.Contains(wal, bad.key) {
+		t.Fatalf("WAL objects after the delete and a compaction: %v; the damaged %s is still kept", wal, bad.key)
+	}
+	if got := readAll(t, e, "/good"); !slices.Equal(got, []string{"g0", "g1", "g2"}) {
+		t.Fatalf("/good reads %q", got)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	e2 := startEngine(t, st, Config{})
+	if got := readAll(t, e2, "/good"); !slices.Equal(got, []string{"g0", "g1", "g2"}) {
+		t.Fatalf("/good after the restart reads %q", got)
+	}
+	if _, err := e2.Read(ctx, "/bad", ReadRequest{}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("/bad after the restart: %v; want ErrNotFound", err)
+	}
+}
