@@ -213,18 +213,16 @@ func fhRunsOf(b []byte) []byte {
 	return out
 }
 
-// TestDeletingTheDamagedStreamReleasesTheWAL: the WAL kept from a damaged
-// object on, for the one stream whose entry there is damaged, is retired
-// past it once that stream is deleted (the delete takes the stream out of
-// those a compaction holds the WAL for). The other streams keep every
-// record, and a restart, with no damaged object left to replay, starts.
-func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs Caddy on versitygw")
-	}
-	e := fhStart(t, fhOptions{Directives: []string{"cache_size 4KiB", "compact_interval 1h"}})
+// fhDamagedStreams starts Caddy with streams bad ("b0;b1;"), good
+// ("g0;g1;") and fill (1 KiB of each of "a" to "h"), flips a byte of
+// bad's entry "b1;" in its WAL object, out of the cache, and turns
+// compaction on (every second); it returns once the WAL before the
+// damaged object is retired, with the object's key and its bytes as
+// they were.
+func fhDamagedStreams(t *testing.T, bad, good, fill string) (e *fhEnv, key string, original []byte) {
+	t.Helper()
+	e = fhStart(t, fhOptions{Directives: []string{"cache_size 4KiB", "compact_interval 1h"}})
 	const ct = "text/plain"
-	const bad, good, fill = "/damaged/bad", "/damaged/good", "/damaged/fill"
 	for _, p := range []string{bad, good, fill} {
 		e.create(p, ct)
 	}
@@ -236,6 +234,7 @@ func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
 		e.append(fill, ct, bytes.Repeat([]byte{'a' + byte(i)}, 1<<10))
 	}
 	key, body := fhFindWALEntry(t, e, bad, "b1;")
+	original = bytes.Clone(body.data)
 	body.data[body.span.Off+body.span.Len-2] ^= 0x40
 	fhPutRaw(t, e, key, body.data)
 
@@ -253,12 +252,27 @@ func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the WAL was not retired up to the damage: %v", err)
 	}
+	return e, key, original
+}
+
+// TestDeletingTheDamagedStreamReleasesTheWAL: the WAL kept from a damaged
+// object on, for the one stream whose entry there is damaged, is retired
+// past it once that stream is deleted (the delete takes the stream out of
+// those a compaction holds the WAL for). The other streams keep every
+// record, and a restart, with no damaged object left to replay, starts.
+func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	const ct = "text/plain"
+	const bad, good, fill = "/damaged/bad", "/damaged/good", "/damaged/fill"
+	e, key, _ := fhDamagedStreams(t, bad, good, fill)
 
 	if resp := e.must(fhReq{Method: http.MethodDelete, Path: bad}); resp.Status != http.StatusNoContent {
 		t.Fatalf("DELETE %s: %s", bad, resp)
 	}
 	e.append(good, ct, []byte("g2;"))
-	err = fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
+	err := fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
 		if wal := e.mustList("wal/"); fhKeySet(wal)[key] {
 			return fmt.Errorf("the damaged %s is still in the WAL (%d objects)", key, len(wal))
 		}
@@ -286,4 +300,44 @@ func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
 	if resp := e.must(fhReq{Method: http.MethodGet, Path: bad + "?offset=-1"}); resp.Status != http.StatusNotFound {
 		t.Fatalf("%s after the restart: %s, want 404", bad, resp)
 	}
+}
+
+// TestRestoredWALObjectIsPickedUpWithoutARestart: a damaged WAL object
+// restored in place (from a versioned bucket or a backup) is found by a
+// compaction, which reads the damaged entry again once a compaction
+// interval: the stream is compacted past it, the WAL retired past it, and
+// every record reads, with no restart. The damage used to hold the WAL,
+// and fail reads of the stream from there, until a restart.
+func TestRestoredWALObjectIsPickedUpWithoutARestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	const ct = "text/plain"
+	const bad, good, fill = "/damaged/bad", "/damaged/good", "/damaged/fill"
+	e, key, original := fhDamagedStreams(t, bad, good, fill)
+	e.append(bad, ct, []byte("b2;"))
+	if resp := e.must(fhReq{Method: http.MethodGet, Path: bad + "?offset=-1"}); string(resp.Body) != "b0;" {
+		t.Fatalf("a read of %s from the start with the object damaged: %s; want the record before the damage", bad, resp)
+	}
+
+	fhPutRaw(t, e, key, original)
+	err := fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
+		if wal := e.mustList("wal/"); fhKeySet(wal)[key] {
+			return fmt.Errorf("the restored %s is still in the WAL (%d objects)", key, len(wal))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the WAL was not retired past the object once it was restored: %v", err)
+	}
+	if got, _, err := e.readBytes(bad); err != nil || string(got) != "b0;b1;b2;" {
+		t.Fatalf("%s after the restore reads %q (%v)", bad, got, err)
+	}
+	if got, _, err := e.readBytes(good); err != nil || string(got) != "g0;g1;" {
+		t.Fatalf("%s reads %q (%v)", good, got, err)
+	}
+	if !strings.Contains(e.caddy.Logs(), "reads back clean") {
+		t.Errorf("the restore was not logged")
+	}
+	t.Logf("GETs of the damaged object through the test: %d", e.proxy.Counts().Containing(testenv.OpGet, key))
 }

@@ -114,6 +114,7 @@ func (e *Engine) Compact(ctx context.Context) error {
 		s.mu.Unlock()
 	}
 	e.mu.Unlock()
+	e.retryDamaged(ctx, todo, began)
 
 	// A backlog the cache lost part of is compacted a window of the WAL
 	// at a time, each window's lost entries read back first with a GET
@@ -279,6 +280,7 @@ func (e *Engine) readWindow(ctx context.Context, todo []*stream, end walPos) (*r
 		if s.damagedAt == nil || s.damagedAt.pos.after(r.pos) {
 			s.damagedAt = &r
 		}
+		s.damageChecked = time.Now()
 	})
 	if err != nil {
 		return nil, err

@@ -1,9 +1,11 @@
 package streamstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -19,6 +21,12 @@ import (
 // damaged records fail with ErrDamaged until an operator restores the
 // object. Compaction used to fail as a whole on such an entry, every time,
 // so no stream was compacted and no WAL retired again.
+//
+// An object restored in place (from a versioned bucket or a backup) is
+// found by a compaction that reads the damaged entry again, at most once a
+// compaction interval per stream: one small ranged GET, never a storm.
+// Once it reads back clean the stream is compacted as any other, and the
+// WAL retired past the object, without a restart.
 
 // damageLog remembers the damaged WAL entries this process found, so that
 // each is logged and counted once, however many compactions and reads
@@ -55,4 +63,52 @@ func (e *Engine) damaged(name string, r walRun, cause error) error {
 			zap.Uint64("first_seq", r.ch.First), zap.Uint64("end_seq", r.ch.End), zap.Error(cause))
 	}
 	return fmt.Errorf("%w: records [%d, %d) of %s in WAL object %s: %w", ErrDamaged, r.ch.First, r.ch.End, name, r.key, cause)
+}
+
+// forget drops the entry of run key from those logged, once it reads back
+// clean, so that damage found there again is logged again.
+func (l *damageLog) forget(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.seen, key)
+}
+
+// retryDamaged reads again the damaged run of each stream of todo that was
+// last found damaged a compaction interval or more before now, and lifts
+// the stream's mark when it reads back clean (the object was restored), so
+// that this compaction takes the stream on as any other. A run still
+// damaged, or a read that fails, leaves the mark for the next try an
+// interval later: the retries of a stream never come faster than its
+// compactions would anyway, and cost one ranged GET of the entry each.
+func (e *Engine) retryDamaged(ctx context.Context, todo []*stream, now time.Time) {
+	every := e.config().CompactInterval
+	for _, s := range todo {
+		s.mu.Lock()
+		d := s.damagedAt
+		due := d != nil && now.Sub(s.damageChecked) >= every
+		if due {
+			s.damageChecked = now
+		}
+		s.mu.Unlock()
+		if !due {
+			continue
+		}
+		clean := true
+		got, err := e.readRuns(ctx, []walRun{*d}, func(walRun, error) { clean = false })
+		if err != nil || !clean {
+			continue
+		}
+		key := runCacheKey(d.key, d.span)
+		// The compaction about to read it back finds it here.
+		e.cache.put(key, got[key])
+		s.mu.Lock()
+		if s.damagedAt == d {
+			s.damagedAt = nil
+		}
+		s.mu.Unlock()
+		e.damage.forget(key)
+		e.log.Info("damaged WAL entry reads back clean: the object was restored; its stream is compacted past it again",
+			zap.String("stream", s.name), zap.String("object", d.key),
+			zap.Uint64("first_seq", d.ch.First), zap.Uint64("end_seq", d.ch.End))
+	}
 }

@@ -351,3 +351,99 @@ func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
 		t.Fatalf("/bad after the restart: %v; want ErrNotFound", err)
 	}
 }
+
+// A damaged WAL object restored in place is found by a compaction a
+// compaction interval after the damage was last seen, without a restart:
+// the stream is compacted past it and the WAL retired past it. Until then
+// the damaged entry is read again at most once an interval (a compaction
+// sooner reads nothing back), and a retry that finds it still damaged
+// keeps the mark. The mark used to last until a restart.
+func TestRestoredWALObjectIsPickedUpAgain(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	core, logs := observer.New(zap.InfoLevel)
+	e := New(st, testConfig(Config{}), zap.New(core))
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	for _, name := range []string{"/bad", "/good"} {
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, a := range []struct{ name, body string }{
+		{"/good", "g0"}, {"/bad", "b0"}, {"/bad", "b1"}, {"/good", "g1"}, {"/bad", "b2"},
+	} {
+		mustAppend(t, e, a.name, AppendRequest{Records: recs(a.body)})
+	}
+	bad := walRunOf(t, e, "/bad", 1)
+	original, _, err := st.Get(ctx, bad.key, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	original = slices.Clone(original)
+	dropCache(e)
+	damageRun(t, st, bad, false)
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// intervalPassed makes the last look at the damage a compaction
+	// interval old.
+	intervalPassed := func() {
+		t.Helper()
+		e.mu.RLock()
+		s := e.streams["/bad"]
+		e.mu.RUnlock()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.damagedAt == nil {
+			t.Fatal("/bad is not marked damaged")
+		}
+		s.damageChecked = s.damageChecked.Add(-e.config().CompactInterval)
+	}
+	compactGets := func(what string) map[string]int {
+		t.Helper()
+		gets := countWALGets(st)
+		if err := e.Compact(ctx); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		got := gets.take()
+		st.Fail = nil
+		return got
+	}
+
+	if got := compactGets("a compaction within the interval"); len(got) != 0 {
+		t.Errorf("a compaction within the interval read WAL objects back: %v", got)
+	}
+	intervalPassed()
+	if got := compactGets("a retry, still damaged"); len(got) != 1 || got[bad.key] != 1 {
+		t.Errorf("a compaction an interval later read back %v; want one GET of %s", got, bad.key)
+	}
+	if got := compactGets("a compaction right after the retry"); len(got) != 0 {
+		t.Errorf("a compaction right after a retry read WAL objects back: %v", got)
+	}
+	if wal := st.Keys("wal/"); len(wal) == 0 || wal[0] != bad.key {
+		t.Fatalf("WAL objects with the object still damaged: %v; want them to start at %s", wal, bad.key)
+	}
+
+	if _, err := st.Put(ctx, bad.key, original, segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	intervalPassed()
+	if err := e.Compact(ctx); err != nil {
+		t.Fatalf("the compaction after the restore: %v", err)
+	}
+	if runs := walRunsOf(e, "/bad"); len(runs) != 0 {
+		t.Errorf("/bad still has %d runs in the WAL after the restore: %v", len(runs), runs)
+	}
+	if wal := st.Keys("wal/"); slices.Contains(wal, bad.key) {
+		t.Errorf("WAL objects after the restore: %v; the restored %s is still kept", wal, bad.key)
+	}
+	if got := readAll(t, e, "/bad"); !slices.Equal(got, []string{"b0", "b1", "b2"}) {
+		t.Fatalf("/bad after the restore reads %q", got)
+	}
+	if n := logs.FilterMessageSnippet("reads back clean").Len(); n != 1 {
+		t.Errorf("%d logs of the restore; want 1", n)
+	}
+}

@@ -536,8 +536,13 @@ type stream struct {
 
 	// damagedAt, once set, is the first of runs that a compaction found
 	// damaged (damaged.go): compactions stop before it, and read back
-	// nothing from it on.
+	// nothing from it on but the run itself, now and then, to see whether
+	// it was restored.
 	damagedAt *walRun
+	// damageChecked is when damagedAt was last found damaged: a
+	// compaction reads it again a compaction interval later at the
+	// earliest (retryDamaged).
+	damageChecked time.Time
 
 	dataIdx *dataIndex      // where the data objects are, once a read looked
 	ra      *readAheadState // once a read went to data objects
