@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,6 +74,10 @@ func (a *App) Start() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for key, e := range a.refs {
+		// Only now does this config's settings reach a shared engine: a
+		// config that failed to provision never gets here, and one that
+		// fails to start hands them back in Cleanup.
+		e.ref.activate(a)
 		if err := e.ref.start(); err != nil {
 			return fmt.Errorf("starting storage %s: %w", key, err)
 		}
@@ -108,7 +113,8 @@ func (a *App) Cleanup() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var errs []error
-	for key := range a.refs {
+	for key, e := range a.refs {
+		e.ref.release(a)
 		if _, err := engines.Delete(key); err != nil {
 			errs = append(errs, fmt.Errorf("closing storage %s: %w", key, err))
 		}
@@ -167,9 +173,7 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 		return nil, err
 	}
 	ref := val.(*engineRef)
-	if loaded {
-		ref.reconfigure(s)
-	}
+	ref.hold(a, s, !loaded)
 	a.refs[key] = &appEngine{ref: ref, settings: s}
 	if err := a.registerMetrics(ref); err != nil {
 		return nil, err
@@ -194,7 +198,16 @@ type engineRef struct {
 
 	mu       sync.Mutex
 	nodeID   string
-	settings engineSettings // the latest settings asked for
+	settings engineSettings // the settings the engine runs with
+	holders  []holder       // the configs using the engine, the latest started last
+}
+
+// holder is one config's use of a shared engine and the settings its
+// handlers asked for.
+type holder struct {
+	app      *App
+	settings engineSettings
+	started  bool
 }
 
 func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Logger) *engineRef {
@@ -287,12 +300,51 @@ func appendTimeout(s engineSettings) time.Duration {
 	return s.FlushInterval + 2*request
 }
 
-// reconfigure applies a newer config's settings to the shared engine: across
-// a reload the new config's settings win. The object-store timeout belongs
-// to the store opened with the first config and stays until a restart.
-func (r *engineRef) reconfigure(s engineSettings) {
+// hold records that config a uses the engine with settings s. They are not
+// applied yet: Caddy provisions a new config while the old one serves and
+// drops it if anything else in it fails, so a config's settings take effect
+// when it starts (activate). first says a's acquire built the engine, whose
+// settings are then a's already.
+func (r *engineRef) hold(a *App, s engineSettings, first bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.holders = append(r.holders, holder{app: a, settings: s, started: first})
+}
+
+// activate applies the settings of config a, which is starting: across a
+// reload the new config's settings win.
+func (r *engineRef) activate(a *App) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i, h := range r.holders {
+		if h.app == a {
+			h.started = true
+			r.holders = append(append(r.holders[:i:i], r.holders[i+1:]...), h)
+			r.reconfigureLocked(h.settings)
+			return
+		}
+	}
+}
+
+// release forgets config a. When a was the newest started config (a reload
+// that failed after a's start), the engine goes back to the settings of
+// the newest one still running.
+func (r *engineRef) release(a *App) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.holders = slices.DeleteFunc(r.holders, func(h holder) bool { return h.app == a })
+	for i := len(r.holders) - 1; i >= 0; i-- {
+		if r.holders[i].started {
+			r.reconfigureLocked(r.holders[i].settings)
+			return
+		}
+	}
+}
+
+// reconfigureLocked makes s the engine's settings; r.mu held. The
+// object-store timeout belongs to the store opened with the first config
+// and stays until a restart.
+func (r *engineRef) reconfigureLocked(s engineSettings) {
 	if s == r.settings {
 		return
 	}

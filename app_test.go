@@ -208,3 +208,80 @@ func TestAppendTimeoutCoversRetries(t *testing.T) {
 		t.Errorf("appendTimeout(1s) = %v", got)
 	}
 }
+
+// TestFailedReloadKeepsEngineSettings: Caddy provisions a new config while
+// the old one serves, and drops it if any module fails to provision or any
+// app fails to start. The shared engine must run the settings of the newest
+// config that started, so a reload that failed leaves the old ones in force
+// and a successful one's settings survive the old config's cleanup.
+func TestFailedReloadKeepsEngineSettings(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	storage := "file://" + t.TempDir()
+	s1 := engineSettings{FlushInterval: time.Millisecond, FlushSize: 1 << 20, CacheBytes: 1 << 20,
+		CompactInterval: time.Hour, S3Timeout: time.Second}
+	s2 := s1
+	s2.FlushInterval = time.Second
+	settings := func(ref *engineRef) engineSettings {
+		ref.mu.Lock()
+		defer ref.mu.Unlock()
+		return ref.settings
+	}
+
+	app1 := newTestApp(t)
+	ref, err := app1.acquire(storage, s1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app1.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { app1.Cleanup() })
+
+	for _, step := range []struct {
+		name    string
+		started bool // the new config's picomq app started before the load failed
+	}{
+		{"a later module failed to provision", false},
+		{"another app failed to start", true},
+	} {
+		app2 := newTestApp(t)
+		if _, err := app2.acquire(storage, s2); err != nil {
+			t.Fatal(err)
+		}
+		if got := settings(ref); got != s1 {
+			t.Errorf("%s: a provisioned config that has not started runs the engine with %+v, want %+v", step.name, got, s1)
+		}
+		if step.started {
+			if err := app2.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if got := settings(ref); got != s2 {
+				t.Errorf("%s: the started config's settings were not applied: %+v", step.name, got)
+			}
+			app2.Stop()
+		}
+		if err := app2.Cleanup(); err != nil {
+			t.Fatal(err)
+		}
+		if got := settings(ref); got != s1 {
+			t.Errorf("%s: after the failed reload the engine runs %+v, want the running config's %+v", step.name, got, s1)
+		}
+	}
+
+	// A reload that succeeds keeps its settings past the old config's cleanup.
+	app3 := newTestApp(t)
+	if _, err := app3.acquire(storage, s2); err != nil {
+		t.Fatal(err)
+	}
+	if err := app3.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { app3.Cleanup() })
+	app1.Stop()
+	if err := app1.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if got := settings(ref); got != s2 {
+		t.Errorf("after a successful reload and the old config's cleanup the engine runs %+v, want %+v", got, s2)
+	}
+}

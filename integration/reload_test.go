@@ -256,23 +256,7 @@ func TestReloadAppliesEngineSettings(t *testing.T) {
 	const name = "/reload/settings"
 	cl.create(t, name, 30*time.Second)
 
-	// latency returns the median of three back-to-back appends.
-	latency := func(label string) time.Duration {
-		t.Helper()
-		var ds []time.Duration
-		for i := 0; i < 3; i++ {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			began := time.Now()
-			r, err := cl.appendBody(ctx, name, []byte(fmt.Sprintf("%s-%d\n", label, i)))
-			cancel()
-			if err != nil || r.status/100 != 2 {
-				t.Fatalf("lone append (%s): %v %v", label, r, err)
-			}
-			ds = append(ds, time.Since(began))
-		}
-		slices.Sort(ds)
-		return ds[1]
-	}
+	latency := func(label string) time.Duration { return appendLatency(t, cl, name, label) }
 	start := latency("start")
 	steps := []struct {
 		flush    string
@@ -292,6 +276,76 @@ func TestReloadAppliesEngineSettings(t *testing.T) {
 			t.Errorf("flush_interval %s set by a reload did not take effect: a lone append took %s, want %s..%s",
 				st.flush, got.Round(time.Millisecond), st.min, st.max)
 		}
+	}
+}
+
+// appendLatency returns the median of three back-to-back appends to name,
+// which a flush interval of a second or more makes about that long.
+func appendLatency(t *testing.T, cl *dsClient, name, label string) time.Duration {
+	t.Helper()
+	var ds []time.Duration
+	for i := 0; i < 3; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		began := time.Now()
+		r, err := cl.appendBody(ctx, name, []byte(fmt.Sprintf("%s-%d\n", label, i)))
+		cancel()
+		if err != nil || r.status/100 != 2 {
+			t.Fatalf("lone append (%s): %v %v", label, r, err)
+		}
+		ds = append(ds, time.Since(began))
+	}
+	slices.Sort(ds)
+	return ds[1]
+}
+
+// TestFailedReloadKeepsEngineSettings reloads with a config whose first
+// handler sets flush_interval 1s on the running storage and whose second,
+// on the same storage, disagrees: the load fails and Caddy keeps the old
+// config, whose flush_interval (10ms) must still be the engine's. The
+// first handler's provisioning used to apply its settings to the shared
+// engine at once, so the failed reload left every append waiting a second.
+func TestFailedReloadKeepsEngineSettings(t *testing.T) {
+	v := testenv.NewVersity(t)
+	storage := caddytest.S3Storage(t, v, v.Endpoint)
+	c := caddytest.Start(t, caddyOptions(v, storage, "flush_interval 10ms"))
+	cl := newClient(t, c.URL(), true)
+	const name = "/reload/failed-settings"
+	cl.create(t, name, 30*time.Second)
+
+	// route /other/* sorts before the catch-all route, so its handler is
+	// provisioned first.
+	bad := fmt.Sprintf(`{
+	admin %s
+	persist_config off
+}
+http://:%d {
+	bind 127.0.0.1
+	route /other/* {
+		picomq {
+			storage %q
+			flush_interval 1s
+		}
+	}
+	route {
+		picomq {
+			storage %q
+			flush_interval 10ms
+		}
+	}
+}
+`, c.AdminAddr(), c.Port(), storage, storage)
+	err := c.Reload(bad)
+	if err == nil {
+		t.Fatal("a reload whose handlers disagree on one storage's settings succeeded")
+	}
+	if !strings.Contains(err.Error(), "disagree on engine settings") {
+		t.Fatalf("the reload failed for another reason than the one provoked: %v", err)
+	}
+	got := appendLatency(t, cl, name, "after")
+	t.Logf("median lone-append latency after the failed reload: %s", got.Round(time.Millisecond))
+	if got > 500*time.Millisecond {
+		t.Errorf("after a failed reload a lone append took %s: the engine runs the refused config's flush_interval 1s, "+
+			"not the running config's 10ms", got.Round(time.Millisecond))
 	}
 }
 
