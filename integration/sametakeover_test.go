@@ -290,3 +290,42 @@ func launchSameNode(t *testing.T, a *fhEnv, directives ...string) *fhEnv {
 	}
 	return &fhEnv{t: t, v: a.v, bucket: a.bucket, caddy: b, client: a.client}
 }
+
+// TestStopOfReplacedProcess stops (SIGTERM) a process that another of the
+// same node replaced. Its lease is the new owner's, so it has nothing to
+// release: its log must say plainly that it was replaced, as a warning,
+// not report a cleanup error with a bare "precondition failed"; it must
+// exit cleanly and leave the new owner serving.
+func TestStopOfReplacedProcess(t *testing.T) {
+	const (
+		name = "/takeover/stop"
+		text = "text/plain"
+	)
+	a := fhStart(t, fhOptions{})
+	a.create(name, text)
+	a.append(name, text, []byte("before\n"))
+	b := launchSameNode(t, a)
+
+	if err := a.caddy.Stop(); err != nil {
+		t.Errorf("stopping the replaced process: %v", err)
+	}
+	var said bool
+	for _, line := range strings.Split(a.caddy.Logs(), "\n") {
+		if strings.Contains(line, "precondition failed") {
+			t.Errorf("the replaced process's log reports the lease release as a bare failure:\n%s", line)
+		}
+		if strings.Contains(line, "this one was replaced") {
+			said = true
+			if !strings.Contains(line, `"level":"warn"`) {
+				t.Errorf("the replacement is not logged as a warning:\n%s", line)
+			}
+		}
+	}
+	if !said {
+		t.Error("the replaced process's log does not say it was replaced")
+	}
+	b.append(name, text, []byte("after\n"))
+	if got, _, err := b.readBytes(name); err != nil || string(got) != "before\nafter\n" {
+		t.Errorf("the new owner reads %q (%v), want %q", got, err, "before\nafter\n")
+	}
+}

@@ -84,6 +84,14 @@ func TestLeaseSurvivesItsOwnLostWrite(t *testing.T) {
 	if err := other.Renew(ctx); err != nil {
 		t.Errorf("the new holder's renew: %v", err)
 	}
+	// The replaced holder has nothing to give up, and says why; the new
+	// holder keeps the lease.
+	if err := l.Release(ctx); !errors.Is(err, segment.ErrFenced) {
+		t.Errorf("release after a takeover: %v, want ErrFenced", err)
+	}
+	if err := other.Renew(ctx); err != nil {
+		t.Errorf("the new holder's renew after the replaced one's release: %v", err)
+	}
 }
 
 // Giving the lease up after a write whose answer was lost still lets

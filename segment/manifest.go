@@ -392,6 +392,8 @@ func (l *Lease) Abandon() {
 }
 
 // Release gives the lease up so another node may take it at once.
+// ErrFenced means another process holds it already (this one was replaced):
+// there was nothing to give up.
 func (l *Lease) Release(ctx context.Context) error {
 	heldHere.Delete(l.token)
 	l.mu.Lock()
@@ -415,7 +417,9 @@ func (l *Lease) Release(ctx context.Context) error {
 			return rerr
 		}
 		if !mine {
-			return err // another node's now: nothing of ours to give up
+			// Another process's now (this one was replaced): nothing of
+			// ours to give up, and the caller should say so, not fail.
+			return fmt.Errorf("%w: %v", ErrFenced, err)
 		}
 	}
 }

@@ -374,7 +374,16 @@ func (e *Engine) Close(ctx context.Context) error {
 	}
 	err := e.w.Close(ctx)
 	e.bg.Wait()
-	if rerr := e.lease.Release(ctx); rerr != nil && err == nil {
+	rerr := e.lease.Release(ctx)
+	switch {
+	case errors.Is(rerr, segment.ErrFenced):
+		// Another process holds the lease: this one was replaced (its
+		// node started again, or another node took the lease after it
+		// lapsed). The lease is the new owner's and stays so; that is
+		// how a replaced process ends, not a failed close.
+		e.log.Warn("storage lease not released: another process took the storage over and this one was replaced; "+
+			"the lease is left to the new owner", zap.String("node_id", e.config().NodeID))
+	case rerr != nil && err == nil:
 		err = fmt.Errorf("release lease: %w", rerr)
 	}
 	return err
