@@ -2,6 +2,7 @@ package picomq
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -41,6 +42,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("%s given more than once", opt)
 		}
 		seen[opt] = true
+		if opt == "{" {
+			return d.Err("unexpected '{': picomq options take no block")
+		}
+		if !caddyfileOptions[opt] {
+			// Before the argument count: a misspelt flag is reported as
+			// unknown, not as a wrong number of arguments.
+			return d.Errf("unrecognized picomq option %q", opt)
+		}
 		if opt == "allow_loopback_webhooks" { // a flag: no argument
 			if d.NextArg() {
 				return d.ArgErr()
@@ -58,8 +67,18 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "protocol":
+			if arg != protocolDurableStreams && arg != protocolPico {
+				return d.Errf("protocol: unknown protocol %q (use %s or %s)", arg, protocolDurableStreams, protocolPico)
+			}
 			h.Protocol = arg
 		case "storage":
+			// A URL with runtime placeholders ({env.X}) is checked when
+			// they are replaced, at provisioning.
+			if !strings.Contains(arg, "{") {
+				if _, err := storageKey(arg); err != nil {
+					return d.Errf("storage: %v", err)
+				}
+			}
 			h.Storage = arg
 		case "flush_interval":
 			h.FlushInterval, err = parseDuration(arg)
@@ -100,6 +119,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// caddyfileOptions are the subdirectives of picomq.
+var caddyfileOptions = map[string]bool{
+	"protocol": true, "storage": true, "flush_interval": true, "flush_size": true,
+	"flush_quiet": true, "max_pending": true, "long_poll_timeout": true,
+	"sse_reconnect_interval": true, "max_append_size": true, "cache_size": true,
+	"compact_interval": true, "pack_below": true, "s3_timeout": true,
+	"expiry_sweep_interval": true, "grave_time": true, "allow_loopback_webhooks": true,
+}
+
 // parseDuration parses a Caddyfile duration; zero is refused because the
 // JSON config reads zero as "use the default".
 func parseDuration(s string) (caddy.Duration, error) {
@@ -117,7 +145,9 @@ func parseDuration(s string) (caddy.Duration, error) {
 func parseSize(s string) (int64, error) {
 	n, err := humanize.ParseBytes(s)
 	if err != nil {
-		return 0, err
+		// humanize's own error names neither the value nor the syntax
+		// (`strconv.ParseFloat: parsing "": invalid syntax`).
+		return 0, fmt.Errorf("invalid size %q (a number of bytes, with an optional unit such as KiB, MiB, MB)", s)
 	}
 	if n == 0 || n > 1<<40 {
 		return 0, fmt.Errorf("must be between 1B and 1TiB, got %s", s)

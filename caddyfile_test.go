@@ -92,29 +92,76 @@ func TestUnmarshalCaddyfileEmpty(t *testing.T) {
 	}
 }
 
+// TestUnmarshalCaddyfileErrors: every subdirective with a bad value, a
+// missing value or one too many, and an unknown subdirective, is refused
+// with an error that names the problem and the line it is on. Each bad
+// line comes third, after a good one, so the line number is checked.
 func TestUnmarshalCaddyfileErrors(t *testing.T) {
-	for _, src := range []string{
-		`picomq extra`,
-		"picomq {\n bogus 1\n}",
-		"picomq {\n storage\n}",
-		"picomq {\n storage a b\n}",
-		"picomq {\n storage file:///a\n storage file:///b\n}",
-		"picomq {\n flush_interval soon\n}",
-		"picomq {\n flush_interval 0s\n}",
-		"picomq {\n long_poll_timeout -1s\n}",
-		"picomq {\n expiry_sweep_interval never\n}",
-		"picomq {\n flush_size lots\n}",
-		"picomq {\n max_pending 0\n}",
-		"picomq {\n flush_quiet 0\n}",
-		"picomq {\n max_append_size 0\n}",
-		"picomq {\n cache_size 2TiB\n}",
-		"picomq {\n pack_below none\n}",
-		"picomq {\n pack_below 0\n}",
+	durations := []string{"flush_interval", "flush_quiet", "long_poll_timeout", "sse_reconnect_interval",
+		"compact_interval", "s3_timeout", "expiry_sweep_interval", "grave_time"}
+	sizes := []string{"flush_size", "max_pending", "max_append_size", "cache_size", "pack_below"}
+	type tc struct{ line, want string }
+	cases := []tc{
+		{"bogus 1", `unrecognized picomq option "bogus"`},
+		{"bogus", `unrecognized picomq option "bogus"`},
+		{"allow_loopback_webhook", `unrecognized picomq option "allow_loopback_webhook"`},
+		{"allow_loopback_webhooks yes", "wrong argument count"},
+		{"protocol", "wrong argument count"},
+		{"protocol mqtt", `protocol: unknown protocol "mqtt" (use durable-streams or pico)`},
+		{"protocol pico durable-streams", "wrong argument count"},
+		{"storage", "wrong argument count"},
+		{"storage a b", "wrong argument count"},
+		{"storage ftp://x/y", `storage: storage URL "ftp://x/y": unsupported scheme "ftp"`},
+		{"storage file://relative/dir", "a file URL needs an absolute path"},
+		{"storage s3:///prefix", "missing bucket"},
+		{"storage file:///a {\n}", "unexpected '{': picomq options take no block"},
+		{"pack_below none", `pack_below: invalid size "none"`},
+	}
+	for _, o := range durations {
+		cases = append(cases,
+			tc{o, "wrong argument count"},
+			tc{o + " 1s 2s", "wrong argument count"},
+			tc{o + " soon", o + `: time: invalid duration "soon"`},
+			tc{o + " 5", o + `: time: missing unit in duration "5"`},
+			tc{o + " 0s", o + ": must be positive, got 0s"},
+			tc{o + " -1s", o + ": must be positive, got -1s"},
+		)
+	}
+	for _, o := range sizes {
+		cases = append(cases,
+			tc{o, "wrong argument count"},
+			tc{o + " 1MiB 2MiB", "wrong argument count"},
+			tc{o + " lots", o + `: invalid size "lots"`},
+			tc{o + " -5", o + `: invalid size "-5"`},
+			tc{o + " 0", o + ": must be between 1B and 1TiB, got 0"},
+			tc{o + " 2TiB", o + ": must be between 1B and 1TiB, got 2TiB"},
+		)
+	}
+	for _, c := range cases {
+		src := "picomq {\n\t# options\n\t" + c.line + "\n}"
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(src))
+		if err == nil {
+			t.Errorf("%q was accepted: %s", c.line, mustJSON(t, h))
+			continue
+		}
+		if !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "Testfile:3") {
+			t.Errorf("%q: %v\n\twant an error naming line 3 (Testfile:3) and saying %q", c.line, err, c.want)
+		}
+	}
+	for _, c := range []tc{
+		{"picomq extra", "Testfile:1"},
+		{"picomq {\n\tstorage file:///a\n\tstorage file:///b\n}", "storage given more than once, at Testfile:3"},
 	} {
 		var h Handler
-		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(src)); err == nil {
-			t.Errorf("%q was accepted: %s", src, mustJSON(t, h))
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.line)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want an error saying %q", c.line, err, c.want)
 		}
+	}
+	// A storage URL with runtime placeholders is checked at provisioning.
+	var h Handler
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("picomq {\n\tstorage s3://{env.BUCKET}/p\n}")); err != nil {
+		t.Errorf("storage with a placeholder: %v", err)
 	}
 }
 
@@ -218,21 +265,6 @@ func TestValidateS3ConfigOffline(t *testing.T) {
 func TestValidateRejectsBadConfigs(t *testing.T) {
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
 	for name, tc := range map[string]struct{ src, want string }{
-		"unknown protocol": {`:0 {
-			picomq {
-				protocol mqtt
-			}
-		}`, "unknown protocol"},
-		"bad scheme": {`:0 {
-			picomq {
-				storage ftp://x/y
-			}
-		}`, "unsupported scheme"},
-		"relative dir": {`:0 {
-			picomq {
-				storage file://relative/dir
-			}
-		}`, "absolute"},
 		"unset env": {`:0 {
 			picomq {
 				storage s3://{env.PICOMQ_SURELY_UNSET_VAR}/p
@@ -261,6 +293,21 @@ func TestValidateRejectsBadConfigs(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			err := validate(t, adapt(t, "{\n\tadmin off\n}\n"+tc.src))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want one mentioning %q", err, tc.want)
+			}
+		})
+	}
+	// What the Caddyfile refuses as it parses, a JSON config meets at
+	// provisioning.
+	for name, tc := range map[string]struct{ handler, want string }{
+		"unknown protocol": {`{"handler":"picomq","protocol":"mqtt"}`, "unknown protocol"},
+		"bad scheme":       {`{"handler":"picomq","storage":"ftp://x/y"}`, "unsupported scheme"},
+		"relative dir":     {`{"handler":"picomq","storage":"file://relative/dir"}`, "absolute"},
+	} {
+		t.Run("json "+name, func(t *testing.T) {
+			js := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"s":{"listen":[":0"],"routes":[{"handle":[` +
+				tc.handler + `]}]}}}}}`
+			if err := validate(t, []byte(js)); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err = %v, want one mentioning %q", err, tc.want)
 			}
 		})

@@ -1,0 +1,39 @@
+package integration
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/picomq/caddy-picomq/internal/caddytest"
+)
+
+// TestCaddyfileErrorsReachTheOperator starts Caddy with a bad picomq line:
+// it must refuse to start, saying which line and what is wrong with it.
+func TestCaddyfileErrorsReachTheOperator(t *testing.T) {
+	for _, tc := range []struct{ line, want string }{
+		{"flush_size lots", `flush_size: invalid size "lots"`},
+		{"protocol mqtt", `protocol: unknown protocol "mqtt"`},
+		{"flush_quite 1ms", `unrecognized picomq option "flush_quite"`},
+	} {
+		t.Run(tc.line, func(t *testing.T) {
+			c, err := caddytest.Launch(t, caddytest.Options{Directives: []string{"long_poll_timeout 5s", tc.line}})
+			if err == nil {
+				c.Kill()
+				t.Fatalf("Caddy started with %q", tc.line)
+			}
+			line := 0
+			for i, l := range strings.Split(c.Caddyfile(), "\n") {
+				if strings.TrimSpace(l) == tc.line {
+					line = i + 1
+				}
+			}
+			at := "Caddyfile:" + strconv.Itoa(line) + ","
+			msg := strings.ReplaceAll(err.Error(), `\"`, `"`)
+			if line == 0 || !strings.Contains(msg, tc.want) || !strings.Contains(msg, at) {
+				t.Errorf("Caddy refused %q without naming the problem (%q) and its line (%s):\n%s",
+					tc.line, tc.want, at, truncateTail(msg, 2000))
+			}
+		})
+	}
+}
