@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,6 +80,11 @@ func (a *App) Start() error {
 		// fails to start hands them back in Cleanup.
 		e.ref.activate(a)
 		if err := e.ref.start(); err != nil {
+			if errors.Is(err, segment.ErrLeaseHeldHere) {
+				// Name the URLs it is open under, so the operator can
+				// find the other spelling.
+				err = fmt.Errorf("%w; open here as %s", err, strings.Join(openStorages(key), ", "))
+			}
 			return fmt.Errorf("starting storage %s: %w", key, err)
 		}
 	}
@@ -122,6 +128,20 @@ func (a *App) Cleanup() error {
 	a.refs = nil
 	a.stops = nil
 	return errors.Join(errs...)
+}
+
+// openStorages returns the labels of the storages this process has open,
+// but for the one whose key is except.
+func openStorages(except string) []string {
+	var out []string
+	engines.Range(func(k, v any) bool {
+		if ref, ok := v.(*engineRef); ok && k != except && ref.eng.Load() != nil {
+			out = append(out, storageLabel(ref.key))
+		}
+		return true
+	})
+	slices.Sort(out)
+	return out
 }
 
 // engineSettings are the engine-wide settings of a storage. Handlers of one

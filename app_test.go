@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/picomq/caddy-picomq/segment"
 	"github.com/picomq/caddy-picomq/streamstore"
 )
 
@@ -283,5 +284,36 @@ func TestFailedReloadKeepsEngineSettings(t *testing.T) {
 	}
 	if got := settings(ref); got != s2 {
 		t.Errorf("after a successful reload and the old config's cleanup the engine runs %+v, want %+v", got, s2)
+	}
+}
+
+// TestOneStorageTwoURLsNamesTheOther: two handlers of one config reach one
+// directory by two paths (a symlink), which the module takes for two
+// storages. The second engine is refused at start, and the refusal names
+// the URL the storage is open under, so the operator finds the other
+// spelling.
+func TestOneStorageTwoURLsNamesTheOther(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	dir := t.TempDir()
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	s := engineSettings{FlushInterval: time.Millisecond, FlushSize: 1 << 20, CacheBytes: 1 << 20,
+		CompactInterval: time.Hour, S3Timeout: time.Second}
+	app := newTestApp(t)
+	t.Cleanup(func() { app.Cleanup() })
+	for _, u := range []string{"file://" + dir, "file://" + link} {
+		if _, err := app.acquire(u, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := app.Start()
+	if !errors.Is(err, segment.ErrLeaseHeldHere) {
+		t.Fatalf("start of one directory under two URLs: %v, want ErrLeaseHeldHere", err)
+	}
+	// Which of the two starts first is the map's choice.
+	if msg := err.Error(); !strings.HasSuffix(msg, "open here as file://"+dir) && !strings.HasSuffix(msg, "open here as file://"+link) {
+		t.Errorf("the refusal does not name the URL the storage is open under: %v", err)
 	}
 }

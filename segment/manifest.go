@@ -236,8 +236,9 @@ var ErrLeaseHeld = errors.New("storage is in use by another PicoMQ node")
 // ErrLeaseHeldHere is returned by AcquireLeaseWith, with
 // LeaseOptions.NotFromThisProcess, when the storage's lease is held by a
 // live Lease of this very process.
-var ErrLeaseHeldHere = errors.New("storage is already open in this process (under another storage URL, " +
-	"which names the same bucket and prefix); changing a storage URL takes a restart")
+var ErrLeaseHeldHere = errors.New("storage is already open in this process under another storage URL " +
+	"that names the same bucket and prefix (write it the same way in every handler; " +
+	"changing it in a reload takes a restart)")
 
 // heldHere holds the tokens of the leases this process holds (from their
 // acquisition until Release or Abandon).
