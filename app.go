@@ -372,6 +372,9 @@ func (r *engineRef) reconfigureLocked(s engineSettings) {
 		r.log.Warn("s3_timeout changed; it takes effect when Caddy restarts",
 			zap.Duration("running", r.settings.S3Timeout), zap.Duration("configured", s.S3Timeout))
 		s.S3Timeout = r.settings.S3Timeout
+		if s == r.settings {
+			return // nothing else changed: the engine runs as it did
+		}
 	}
 	r.settings = s
 	if eng := r.eng.Load(); eng != nil {

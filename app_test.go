@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/picomq/caddy-picomq/segment"
 	"github.com/picomq/caddy-picomq/streamstore"
@@ -315,5 +318,48 @@ func TestOneStorageTwoURLsNamesTheOther(t *testing.T) {
 	// Which of the two starts first is the map's choice.
 	if msg := err.Error(); !strings.HasSuffix(msg, "open here as file://"+dir) && !strings.HasSuffix(msg, "open here as file://"+link) {
 		t.Errorf("the refusal does not name the URL the storage is open under: %v", err)
+	}
+}
+
+// TestReloadOfS3TimeoutOnly: a reload that changes only s3_timeout, which
+// takes a restart, warns so and does not claim the engine's settings
+// changed.
+func TestReloadOfS3TimeoutOnly(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	storage := "file://" + t.TempDir()
+	s1 := engineSettings{FlushInterval: time.Millisecond, FlushSize: 1 << 20, CacheBytes: 1 << 20,
+		CompactInterval: time.Hour, S3Timeout: time.Second}
+	s2 := s1
+	s2.S3Timeout = 3 * time.Second
+	core, logs := observer.New(zapcore.InfoLevel)
+	newApp := func() *App { return &App{refs: make(map[string]*appEngine), log: zap.New(core)} }
+
+	app1 := newApp()
+	t.Cleanup(func() { app1.Cleanup() })
+	if _, err := app1.acquire(storage, s1); err != nil {
+		t.Fatal(err)
+	}
+	if err := app1.Start(); err != nil {
+		t.Fatal(err)
+	}
+	app2 := newApp()
+	t.Cleanup(func() { app2.Cleanup() })
+	ref, err := app2.acquire(storage, s2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.FilterMessageSnippet("s3_timeout changed").Len(); got != 1 {
+		t.Errorf("%d warnings that s3_timeout takes a restart, want 1", got)
+	}
+	for _, e := range logs.FilterMessageSnippet("engine settings changed").All() {
+		t.Errorf("a reload of s3_timeout alone logged %q %v", e.Message, e.ContextMap())
+	}
+	ref.mu.Lock()
+	defer ref.mu.Unlock()
+	if ref.settings != s1 {
+		t.Errorf("the engine runs %+v, want %+v (s3_timeout unchanged until a restart)", ref.settings, s1)
 	}
 }

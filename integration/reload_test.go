@@ -356,3 +356,24 @@ func roundAll(ds []time.Duration) []time.Duration {
 	}
 	return out
 }
+
+// TestReloadOfS3TimeoutOnly reloads with only s3_timeout changed, which
+// takes a restart: Caddy's log must say so, and must not claim that the
+// engine's settings changed.
+func TestReloadOfS3TimeoutOnly(t *testing.T) {
+	v := testenv.NewVersity(t)
+	storage := caddytest.S3Storage(t, v, v.Endpoint)
+	c := caddytest.Start(t, caddyOptions(v, storage, "s3_timeout 10s"))
+	cl := newClient(t, c.URL(), true)
+	cl.create(t, "/reload/s3timeout", 30*time.Second)
+	if err := c.Reload(c.Config(caddyOptions(v, storage, "s3_timeout 3s"))); err != nil {
+		t.Fatal(err)
+	}
+	logs := c.Logs()
+	if !strings.Contains(logs, "s3_timeout changed; it takes effect when Caddy restarts") {
+		t.Error("the log does not say the new s3_timeout waits for a restart")
+	}
+	if strings.Contains(logs, "engine settings changed") {
+		t.Error("the log says the engine settings changed, though only s3_timeout (which takes a restart) did")
+	}
+}
