@@ -174,8 +174,10 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 	}
 	if e, ok := a.refs[key]; ok {
 		if e.settings != s {
-			return nil, fmt.Errorf("handlers using storage %s disagree on engine settings (%+v vs %+v); "+
-				"flush_interval, flush_size, flush_quiet, max_pending, cache_size, compact_interval, pack_below, s3_timeout, expiry_sweep_interval and grave_time must match", key, e.settings, s)
+			return nil, fmt.Errorf("handlers using storage %s disagree on %s; "+
+				"engine settings (flush_interval, flush_size, flush_quiet, max_pending, cache_size, compact_interval, "+
+				"pack_below, s3_timeout, expiry_sweep_interval, grave_time) must be the same in every handler of a storage",
+				storageLabel(key), settingsDiff(e.settings, s))
 		}
 		return e.ref, nil
 	}
@@ -199,6 +201,28 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 		return nil, err
 	}
 	return ref, nil
+}
+
+// settingsDiff names the engine settings on which a and b differ, with
+// both values, as the Caddyfile spells them.
+func settingsDiff(a, b engineSettings) string {
+	var out []string
+	add := func(name string, x, y any) {
+		if x != y {
+			out = append(out, fmt.Sprintf("%s (%v in one, %v in another)", name, x, y))
+		}
+	}
+	add("flush_interval", a.FlushInterval, b.FlushInterval)
+	add("flush_size", a.FlushSize, b.FlushSize)
+	add("flush_quiet", a.FlushQuiet, b.FlushQuiet)
+	add("max_pending", a.MaxPending, b.MaxPending)
+	add("cache_size", a.CacheBytes, b.CacheBytes)
+	add("compact_interval", a.CompactInterval, b.CompactInterval)
+	add("pack_below", a.PackBelow, b.PackBelow)
+	add("s3_timeout", a.S3Timeout, b.S3Timeout)
+	add("expiry_sweep_interval", a.ExpirySweep, b.ExpirySweep)
+	add("grave_time", a.GraveTime, b.GraveTime)
+	return strings.Join(out, ", ")
 }
 
 // engineRef is a shared engine and its start-up state.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -361,5 +362,25 @@ func TestReloadOfS3TimeoutOnly(t *testing.T) {
 	defer ref.mu.Unlock()
 	if ref.settings != s1 {
 		t.Errorf("the engine runs %+v, want %+v (s3_timeout unchanged until a restart)", ref.settings, s1)
+	}
+}
+
+// TestSettingsDiffNamesEveryField: handlers of one storage that disagree
+// are told on which setting, whichever it is.
+func TestSettingsDiffNamesEveryField(t *testing.T) {
+	var a engineSettings
+	typ := reflect.TypeOf(a)
+	for i := 0; i < typ.NumField(); i++ {
+		b := a
+		f := reflect.ValueOf(&b).Elem().Field(i)
+		f.SetInt(f.Int() + 1)
+		if d := settingsDiff(a, b); strings.Count(d, " in one, ") != 1 {
+			t.Errorf("settings differing in %s only: diff %q, want that one setting named", typ.Field(i).Name, d)
+		}
+	}
+	b := a
+	b.FlushInterval, b.CacheBytes = 5*time.Millisecond, 1<<20
+	if d, want := settingsDiff(a, b), "flush_interval (0s in one, 5ms in another), cache_size (0 in one, 1048576 in another)"; d != want {
+		t.Errorf("diff %q, want %q", d, want)
 	}
 }

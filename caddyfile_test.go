@@ -288,7 +288,7 @@ func TestValidateRejectsBadConfigs(t *testing.T) {
 					storage file:///tmp/picomq-validate/
 				}
 			}
-		}`, "disagree on engine settings"},
+		}`, "disagree on flush_interval (5ms in one, 20ms in another)"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := validate(t, adapt(t, "{\n\tadmin off\n}\n"+tc.src))

@@ -338,7 +338,7 @@ http://:%d {
 	if err == nil {
 		t.Fatal("a reload whose handlers disagree on one storage's settings succeeded")
 	}
-	if !strings.Contains(err.Error(), "disagree on engine settings") {
+	if !strings.Contains(err.Error(), "disagree on flush_interval") {
 		t.Fatalf("the reload failed for another reason than the one provoked: %v", err)
 	}
 	got := appendLatency(t, cl, name, "after")
