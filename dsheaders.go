@@ -38,9 +38,24 @@ const (
 	maxSafeInteger        = 1<<53 - 1 // producer epochs and seqs must survive JavaScript numbers
 	maxTTLSeconds         = int64(100 * 365 * 24 * 3600)
 	cacheControlCatchUp   = "public, max-age=60, stale-while-revalidate=300"
+	cacheControlPrivate   = "private, max-age=60, stale-while-revalidate=300"
 	cacheControlNoStore   = "no-store"
 	cacheControlEventFeed = "no-cache"
 )
+
+// readCacheControl is the Cache-Control of a read answer that may be kept
+// (data, or a closed stream's EOF). A request that carries credentials gets
+// "private": a shared cache (a CDN) may not reuse the answer to a request
+// with Authorization unless the response says "public" (RFC 9111 section
+// 3.5), so "public" there would hand a reader's stream to clients without
+// credentials; section 10.1 asks for "private" on streams that may be
+// user-specific, and a server behind an authenticating proxy cannot tell.
+func readCacheControl(r *http.Request) string {
+	if r.Header.Get("Authorization") != "" {
+		return cacheControlPrivate
+	}
+	return cacheControlCatchUp
+}
 
 // isTrue implements the protocol's Stream-Closed rule: the header counts only
 // when its value is exactly "true", ignoring case; anything else is absent.

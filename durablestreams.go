@@ -583,7 +583,7 @@ func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *st
 		// answers never change, so only they are cacheable.
 		d.writeChunk(w, r, c, "", cacheControlNoStore, true)
 	default:
-		d.writeChunk(w, r, c, "", cacheControlCatchUp, true)
+		d.writeChunk(w, r, c, "", readCacheControl(r), true)
 	}
 }
 
@@ -602,7 +602,7 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 	// cached answer would give clients that come later records from
 	// before they asked, not the first ones after. As for a catch-up read
 	// at now, no-store and no ETag.
-	cacheControl, withETag := cacheControlCatchUp, true
+	cacheControl, withETag := readCacheControl(r), true
 	if off.kind == offsetNow {
 		cacheControl, withETag = cacheControlNoStore, false
 	}

@@ -1312,3 +1312,34 @@ func TestLiveReadsEndAtSoftDelete(t *testing.T) {
 	}
 	s.do(t, "GET", "/src?offset=-1&live=sse", "").want(t, 410)
 }
+
+// TestReadsWithCredentialsArePrivate: a read answer a cache may keep says
+// "public" only when the request carried no Authorization. With "public", a
+// shared cache may give the answer to a request with credentials to clients
+// without them (RFC 9111 section 3.5); section 10.1 asks for "private" on
+// streams that may be user-specific. Answers that must not be kept stay
+// no-store either way.
+func TestReadsWithCredentialsArePrivate(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.longPollTimeout = 50 * time.Millisecond })
+	s.do(t, "PUT", "/s", "abc", ct, "text/plain").want(t, 201)
+	s.do(t, "PUT", "/c", "x", ct, "text/plain", hdrStreamClosed, "true").want(t, 201)
+	tail := position{1, 0}.String()
+	for _, tc := range []struct {
+		name, path string
+		status     int
+		anonymous  string // Cache-Control without Authorization
+		withAuth   string // with it
+	}{
+		{"catch-up data", "/s?offset=-1", 200, cacheControlCatchUp, cacheControlPrivate},
+		{"catch-up closed EOF", "/c?offset=" + tail, 200, cacheControlCatchUp, cacheControlPrivate},
+		{"long-poll data", "/s?offset=-1&live=long-poll", 200, cacheControlCatchUp, cacheControlPrivate},
+		{"catch-up open tail", "/s?offset=" + tail, 200, cacheControlNoStore, cacheControlNoStore},
+		{"catch-up now", "/s?offset=now", 200, cacheControlNoStore, cacheControlNoStore},
+		{"long-poll timeout", "/s?offset=" + tail + "&live=long-poll", 204, cacheControlNoStore, cacheControlNoStore},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s.do(t, "GET", tc.path, "").want(t, tc.status).header(t, "Cache-Control", tc.anonymous)
+			s.do(t, "GET", tc.path, "", "Authorization", "Bearer reader-1").want(t, tc.status).header(t, "Cache-Control", tc.withAuth)
+		})
+	}
+}

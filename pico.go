@@ -750,7 +750,7 @@ func (p *picoProtocol) catchUp(w http.ResponseWriter, r *http.Request, eng *stre
 		return
 	}
 	defer pg.release()
-	cc := cacheControlCatchUp
+	cc := readCacheControl(r)
 	if q.now || (len(pg.records) == 0 && !pg.closed) {
 		// The tail moves: a cached "nothing here yet" would hide the next
 		// records from pollers for as long as it is kept.

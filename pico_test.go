@@ -1329,3 +1329,18 @@ func TestRepeatedReadParametersAreRefused(t *testing.T) {
 	}
 	pico.do(t, "GET", "/pico/?prefix=/&limit=1", nil).want(t, 200)
 }
+
+// TestPicoReadsWithCredentialsArePrivate: a cacheable Pico catch-up page
+// says "private" when the request carried Authorization, as Durable
+// Streams reads do (TestReadsWithCredentialsArePrivate); "public" would let
+// a shared cache give it to clients without credentials.
+func TestPicoReadsWithCredentialsArePrivate(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/r", nil, hCT, "application/octet-stream").want(t, 201)
+	s.do(t, "POST", "/pico/r", []byte("x"), hCT, "application/octet-stream").want(t, 200)
+	s.do(t, "GET", "/pico/r?seq=0", nil).want(t, 200).header(t, "Cache-Control", "public, max-age=60, stale-while-revalidate=300")
+	s.do(t, "GET", "/pico/r?seq=0", nil, "Authorization", "Bearer reader-1").want(t, 200).
+		header(t, "Cache-Control", "private, max-age=60, stale-while-revalidate=300")
+	// At the tail nothing may be kept, credentials or not.
+	s.do(t, "GET", "/pico/r?seq=1", nil, "Authorization", "Bearer reader-1").want(t, 200).header(t, "Cache-Control", "no-store")
+}

@@ -45,6 +45,13 @@ const (
 // on them); picoOnly ones into the Pico block only.
 func picoStart(t *testing.T, engine, picoOnly []string) *fhEnv {
 	t.Helper()
+	return picoStartGuarded(t, engine, picoOnly, "")
+}
+
+// picoStartGuarded is picoStart with guard (Caddyfile directives, such as a
+// basic_auth block) ahead of the module in both routes.
+func picoStartGuarded(t *testing.T, engine, picoOnly []string, guard string) *fhEnv {
+	t.Helper()
 	v := testenv.NewVersity(t)
 	p, err := testenv.NewProxy(v.Endpoint)
 	if err != nil {
@@ -55,6 +62,7 @@ func picoStart(t *testing.T, engine, picoOnly []string) *fhEnv {
 	storage := testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix)
 	block := func(extra ...string) string {
 		var b strings.Builder
+		b.WriteString(guard)
 		fmt.Fprintf(&b, "\t\tpicomq {\n\t\t\tstorage %q\n", storage)
 		for _, d := range append(append([]string(nil), engine...), extra...) {
 			fmt.Fprintf(&b, "\t\t\t%s\n", d)
