@@ -101,8 +101,7 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 		return true
 	}
 	if rest == "jwks.json" {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			subError(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", "GET only")
+		if !methodAllowed(w, r, jwksMethods) {
 			return true
 		}
 		w.Header().Set("Cache-Control", "public, max-age=300")
@@ -112,6 +111,14 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 	id, sub, found := strings.Cut(strings.TrimPrefix(rest, "subscriptions/"), "/")
 	if !strings.HasPrefix(rest, "subscriptions/") || id == "" || len(id) > subMaxIDLen || len(root) > subMaxIDLen {
 		subError(w, http.StatusNotFound, "NOT_FOUND", "no such control resource")
+		return true
+	}
+	allow, known := subRouteMethods(sub, found)
+	if !known {
+		subError(w, http.StatusNotFound, "NOT_FOUND", "no such control resource")
+		return true
+	}
+	if !methodAllowed(w, r, allow) {
 		return true
 	}
 	base := publicURL(r, root)
@@ -138,6 +145,45 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 		subError(w, http.StatusNotFound, "NOT_FOUND", "no such control resource")
 	}
 	return true
+}
+
+// Methods of the control resources, as their 405 answers list them in
+// Allow (OPTIONS is answered for every path before routing, module.go).
+const (
+	jwksMethods        = "GET, HEAD, OPTIONS"
+	subMethods         = "GET, HEAD, PUT, DELETE, OPTIONS"
+	subPostMethods     = "POST, OPTIONS"
+	subLinkMethods     = "DELETE, OPTIONS"
+	methodNotAllowedAt = "method %s is not allowed here; allowed: %s"
+)
+
+// subRouteMethods returns the methods of the control resource sub below a
+// subscription (the subscription itself when hasSub is false), and false
+// for a path that names no resource.
+func subRouteMethods(sub string, hasSub bool) (string, bool) {
+	switch {
+	case !hasSub:
+		return subMethods, true
+	case sub == "streams", sub == "callback", sub == "ack", sub == "claim", sub == "release":
+		return subPostMethods, true
+	case strings.HasPrefix(sub, "streams/"):
+		return subLinkMethods, true
+	}
+	return "", false
+}
+
+// methodAllowed reports whether r's method is in allow (a list as Allow
+// writes it); if not, it answers 405 with that Allow header, which RFC 9110
+// section 15.5.6 requires of a 405.
+func methodAllowed(w http.ResponseWriter, r *http.Request, allow string) bool {
+	for _, m := range strings.Split(allow, ", ") {
+		if r.Method == m {
+			return true
+		}
+	}
+	w.Header().Set("Allow", allow)
+	subError(w, http.StatusMethodNotAllowed, "METHOD_NOT_ALLOWED", fmt.Sprintf(methodNotAllowedAt, r.Method, allow))
+	return false
 }
 
 // subLink is one stream linked to a subscription. Offsets are stream seqs:

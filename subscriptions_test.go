@@ -432,3 +432,44 @@ func TestSubscriptionDeleteTakesLateOwnWrite(t *testing.T) {
 		t.Fatalf("after a restart: %d %v, want 404", st, v)
 	}
 }
+
+// TestControlResourceWrongMethodIs405: a method a control resource does
+// not take is 405 with an Allow header that lists those it does (RFC 9110
+// section 15.5.6 requires the header; the reference server answers 405
+// too), where it used to be 404 NOT_FOUND, or 405 without Allow for the
+// JWKS; a path that names no resource stays 404.
+func TestControlResourceWrongMethodIs405(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	const sub = "/v1/__ds/subscriptions/s1"
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{"POST", "/v1/__ds/jwks.json", 405, "GET, HEAD, OPTIONS"},
+		{"PUT", "/v1/__ds/jwks.json", 405, "GET, HEAD, OPTIONS"},
+		{"POST", sub, 405, "GET, HEAD, PUT, DELETE, OPTIONS"},
+		{"PATCH", sub, 405, "GET, HEAD, PUT, DELETE, OPTIONS"},
+		{"GET", sub + "/streams", 405, "POST, OPTIONS"},
+		{"PUT", sub + "/ack", 405, "POST, OPTIONS"},
+		{"GET", sub + "/claim", 405, "POST, OPTIONS"},
+		{"DELETE", sub + "/callback", 405, "POST, OPTIONS"},
+		{"GET", sub + "/release", 405, "POST, OPTIONS"},
+		{"POST", sub + "/streams/events%2Fa", 405, "DELETE, OPTIONS"},
+		{"POST", sub + "/nothing", 404, ""},
+		{"GET", "/v1/__ds/other", 404, ""},
+	} {
+		req, err := http.NewRequest(tc.method, n.URL+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != tc.status || res.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d Allow %q, want %d Allow %q", tc.method, tc.path, res.StatusCode, res.Header.Get("Allow"), tc.status, tc.allow)
+		}
+	}
+}
