@@ -1,0 +1,207 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+)
+
+// protocolRule is one request and what the protocol says of its answer.
+// Headers maps a name to its value; "" means absent, "*" present.
+type protocolRule struct {
+	what    string
+	req     fhReq
+	status  int
+	headers map[string]string
+	body    *string // nil: not checked
+}
+
+// check sends the rule's request and reports every difference.
+func (p protocolRule) check(t *testing.T, e *fhEnv) fhResp {
+	t.Helper()
+	resp := e.must(p.req)
+	if resp.Status != p.status {
+		t.Errorf("%s (%s %s): %s, want %d", p.what, p.req.Method, p.req.Path, resp, p.status)
+		return resp
+	}
+	for name, want := range p.headers {
+		got, present := resp.Header.Get(name), len(resp.Header.Values(name)) > 0
+		if (want == "*" && !present) || (want == "" && present) || (want != "*" && want != "" && got != want) {
+			t.Errorf("%s (%s %s): %s = %q (present %v), want %q", p.what, p.req.Method, p.req.Path, name, got, present, want)
+		}
+	}
+	if p.body != nil && string(resp.Body) != *p.body {
+		t.Errorf("%s (%s %s): body %q, want %q", p.what, p.req.Method, p.req.Path, resp.Body, *p.body)
+	}
+	return resp
+}
+
+// TestProtocolRulesTheSuiteLeavesOpen pins down, through Caddy on
+// versitygw, requirements of the Durable Streams protocol that the npm
+// conformance suite does not test: the Stream-Closed value rule (section
+// 4.1), closure before the other conflicts (5.2), soft-deleted streams on
+// HEAD and live reads (4.2), offset=now on a closed stream in the live modes
+// (8), what may be cached and what not (5.5, 10.1), malformed offsets and
+// live modes (5.6), and ETags that change with closure (10.1).
+func TestProtocolRulesTheSuiteLeavesOpen(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"long_poll_timeout 300ms"}})
+	const tp = "text/plain"
+	const cacheable = "public, max-age=60, stale-while-revalidate=300"
+	hdr := func(kv ...string) map[string]string {
+		h := map[string]string{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			h[kv[i]] = kv[i+1]
+		}
+		return h
+	}
+	e.create("/rules/open", tp)
+	openTail := e.append("/rules/open", tp, []byte("abc"))
+	if r := e.must(fhReq{Method: http.MethodPut, Path: "/rules/closed", Header: hdr("Content-Type", tp, "Stream-Closed", "true"), Body: []byte("x")}); r.Status != http.StatusCreated {
+		t.Fatalf("create closed: %s", r)
+	}
+	closedTail := e.must(fhReq{Method: http.MethodHead, Path: "/rules/closed"}).Header.Get("Stream-Next-Offset")
+	e.create("/rules/src", tp)
+	e.append("/rules/src", tp, []byte("s"))
+	if r := e.must(fhReq{Method: http.MethodPut, Path: "/rules/fork", Header: hdr("Stream-Forked-From", "/rules/src")}); r.Status != http.StatusCreated {
+		t.Fatalf("fork: %s", r)
+	}
+	if r := e.must(fhReq{Method: http.MethodDelete, Path: "/rules/src"}); r.Status != http.StatusNoContent {
+		t.Fatalf("delete the forked source: %s", r)
+	}
+	empty := ""
+	closedControl := `event: control` + "\n" + `data:{"streamNextOffset":"` + closedTail + `","upToDate":true,"streamClosed":true}` + "\n\n"
+
+	for _, p := range []protocolRule{
+		// 4.1: only "true" (any case) counts; other values are no header.
+		{"Stream-Closed: yes is absent, so an empty append is 400", fhReq{Method: "POST", Path: "/rules/open", Header: hdr("Content-Type", tp, "Stream-Closed", "yes"), Body: []byte{}}, 400, nil, nil},
+		{"Stream-Closed: false is absent", fhReq{Method: "POST", Path: "/rules/open", Header: hdr("Content-Type", tp, "Stream-Closed", "false"), Body: []byte("d")}, 204, hdr("Stream-Closed", ""), nil},
+		// 5.1: a repeated closed create is 200 with the create headers.
+		{"repeated closed create", fhReq{Method: "PUT", Path: "/rules/closed", Header: hdr("Content-Type", tp, "Stream-Closed", "TRUE")}, 200,
+			hdr("Stream-Closed", "true", "Stream-Next-Offset", closedTail, "Content-Type", tp), nil},
+		// 5.2: closure comes before a content-type mismatch and a Stream-Seq.
+		{"closed before content-type mismatch", fhReq{Method: "POST", Path: "/rules/closed", Header: hdr("Content-Type", "application/json"), Body: []byte("1")}, 409,
+			hdr("Stream-Closed", "true", "Stream-Next-Offset", closedTail), nil},
+		{"closed before Stream-Seq", fhReq{Method: "POST", Path: "/rules/closed", Header: hdr("Content-Type", tp, "Stream-Seq", "a"), Body: []byte("y")}, 409,
+			hdr("Stream-Closed", "true", "Stream-Next-Offset", closedTail), nil},
+		// 8: offset=now on a closed stream answers at once in every mode.
+		{"long-poll at now on a closed stream", fhReq{Method: "GET", Path: "/rules/closed?offset=now&live=long-poll"}, 204,
+			hdr("Stream-Closed", "true", "Stream-Up-To-Date", "true", "Stream-Next-Offset", closedTail), nil},
+		{"SSE at now on a closed stream", fhReq{Method: "GET", Path: "/rules/closed?offset=now&live=sse"}, 200,
+			hdr("Content-Type", "text/event-stream"), &closedControl},
+		{"SSE at the tail of a closed stream", fhReq{Method: "GET", Path: "/rules/closed?offset=" + closedTail + "&live=sse"}, 200,
+			hdr("Content-Type", "text/event-stream"), &closedControl},
+		// 4.2: a soft-deleted stream is 410 for HEAD and live reads too.
+		{"HEAD of a soft-deleted stream", fhReq{Method: "HEAD", Path: "/rules/src"}, 410, nil, nil},
+		{"long-poll of a soft-deleted stream", fhReq{Method: "GET", Path: "/rules/src?offset=-1&live=long-poll"}, 410, nil, nil},
+		{"SSE of a soft-deleted stream", fhReq{Method: "GET", Path: "/rules/src?offset=-1&live=sse"}, 410, nil, nil},
+		// 5.5, 10.1: what a cache may keep.
+		{"HEAD is not cached", fhReq{Method: "HEAD", Path: "/rules/open"}, 200, hdr("Cache-Control", "no-store", "ETag", ""), &empty},
+		{"catch-up data is cacheable", fhReq{Method: "GET", Path: "/rules/open?offset=-1"}, 200, hdr("Cache-Control", cacheable, "ETag", "*"), nil},
+		{"the EOF of a closed stream is cacheable", fhReq{Method: "GET", Path: "/rules/closed?offset=" + closedTail}, 200,
+			hdr("Cache-Control", cacheable, "Stream-Closed", "true", "Stream-Up-To-Date", "true"), &empty},
+		{"long-poll data is cacheable", fhReq{Method: "GET", Path: "/rules/open?offset=-1&live=long-poll"}, 200,
+			hdr("Cache-Control", cacheable, "Stream-Cursor", "*", "ETag", "*"), nil},
+		{"a long-poll 204 is not cached", fhReq{Method: "GET", Path: "/rules/fork?offset=now&live=long-poll"}, 204,
+			hdr("Cache-Control", "no-store", "Stream-Cursor", "*", "Stream-Up-To-Date", "true"), nil},
+		{"errors are not cached", fhReq{Method: "GET", Path: "/rules/none?offset=-1&live=long-poll"}, 404, hdr("Cache-Control", "no-store"), nil},
+		// 5.6: malformed offsets and live modes are 400.
+		{"offset -2", fhReq{Method: "GET", Path: "/rules/open?offset=-2"}, 400, nil, nil},
+		{"offset NOW (sentinels are case-sensitive)", fhReq{Method: "GET", Path: "/rules/open?offset=NOW"}, 400, nil, nil},
+		{"offset with a path segment", fhReq{Method: "GET", Path: "/rules/open?offset=" + openTail + "%2Fx"}, 400, nil, nil},
+		{"unknown live mode", fhReq{Method: "GET", Path: "/rules/open?offset=-1&live=poll"}, 400, nil, nil},
+	} {
+		p.check(t, e)
+	}
+
+	// 10.1: an ETag changes when the stream closes, so a client holding
+	// the open tail's tag learns of the close instead of getting 304.
+	e.create("/rules/etag", tp)
+	tail := e.append("/rules/etag", tp, []byte("e"))
+	atTail := "/rules/etag?offset=" + tail
+	open := protocolRule{"open tail", fhReq{Method: "GET", Path: atTail}, 200, hdr("ETag", "*", "Stream-Closed", ""), nil}.check(t, e)
+	tag := open.Header.Get("ETag")
+	protocolRule{"open tail, tag matches", fhReq{Method: "GET", Path: atTail, Header: hdr("If-None-Match", tag)}, 304, hdr("ETag", tag), &empty}.check(t, e)
+	if r := e.must(fhReq{Method: "POST", Path: "/rules/etag", Header: hdr("Stream-Closed", "true")}); r.Status != http.StatusNoContent {
+		t.Fatalf("close: %s", r)
+	}
+	closed := protocolRule{"closed tail with the open tail's tag", fhReq{Method: "GET", Path: atTail, Header: hdr("If-None-Match", tag)}, 200,
+		hdr("Stream-Closed", "true", "ETag", "*"), &empty}.check(t, e)
+	if closed.Header.Get("ETag") == tag {
+		t.Errorf("the ETag %s did not change when the stream closed", tag)
+	}
+	protocolRule{"closed tail, weak form of its tag", fhReq{Method: "GET", Path: atTail, Header: hdr("If-None-Match", `"other", W/`+closed.Header.Get("ETag"))}, 304, nil, &empty}.check(t, e)
+}
+
+// TestLiveReadersAtTheTailSeeACloseOnly: through Caddy on versitygw, a
+// close without data ends the live reads parked at the tail: a long-poll
+// answers 204 with Stream-Closed, and an SSE feed sends a last control
+// event with streamClosed and upToDate (sections 5.7, 5.8), then ends.
+func TestLiveReadersAtTheTailSeeACloseOnly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"long_poll_timeout 30s", "sse_reconnect_interval 5m"}})
+	const path, tp = "/rules/live", "text/plain"
+	e.create(path, tp)
+	tail := e.append(path, tp, []byte("a"))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	br := openSSE(ctx, t, e, path+"?live=sse&offset="+tail)
+	first := mustControl(t, br)
+	if !first.UpToDate || first.StreamClosed || first.StreamCursor == "" {
+		t.Fatalf("first control event at the tail: %+v", first)
+	}
+	type result struct {
+		resp fhResp
+		err  error
+	}
+	poll := make(chan result, 1)
+	go func() {
+		r, err := e.send(fhReq{Method: http.MethodGet, Path: path + "?live=long-poll&offset=" + tail})
+		poll <- result{r, err}
+	}()
+	// The SSE feed is parked at the tail (its first control event said
+	// so); the long-poll may or may not be yet, and either way it must
+	// answer the close with 204 and Stream-Closed.
+	if r := e.must(fhReq{Method: http.MethodPost, Path: path, Header: map[string]string{"Stream-Closed": "true"}}); r.Status != http.StatusNoContent {
+		t.Fatalf("close: %s", r)
+	}
+	last := mustControl(t, br)
+	if !last.StreamClosed || !last.UpToDate || last.StreamNextOffset != tail || last.StreamCursor != "" {
+		t.Errorf("control event after the close: %+v, want streamClosed and upToDate at %s without a cursor", last, tail)
+	}
+	if ev, err := readSSEEvent(br); !errors.Is(err, io.EOF) {
+		t.Errorf("after the closing control event: %+v, %v; want the feed to end", ev, err)
+	}
+	res := <-poll
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if r := res.resp; r.Status != http.StatusNoContent || r.Header.Get("Stream-Closed") != "true" ||
+		r.Header.Get("Stream-Up-To-Date") != "true" || r.Header.Get("Stream-Next-Offset") != tail {
+		t.Errorf("long-poll at the tail across the close: %s %v", r, r.Header)
+	}
+}
+
+// mustControl reads the next SSE event, which must be a control event.
+func mustControl(t *testing.T, br *bufio.Reader) sseControl {
+	t.Helper()
+	ev, err := readSSEEvent(br)
+	if err != nil {
+		t.Fatalf("reading an SSE event: %v", err)
+	}
+	var c sseControl
+	if ev.event != "control" || json.Unmarshal([]byte(ev.data), &c) != nil {
+		t.Fatalf("SSE event %q %q, want a control event", ev.event, strings.TrimSpace(ev.data))
+	}
+	return c
+}
