@@ -814,6 +814,10 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		}
 	}
 	sort.Strings(cfg.Streams)
+	if err := validPattern(cfg.Pattern); err != nil {
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", err.Error())
+		return
+	}
 	if cfg.Pattern == "" && len(cfg.Streams) == 0 {
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "pattern or streams is required")
 		return
@@ -1529,25 +1533,31 @@ func globMatch(pattern, path string) bool {
 	return globSegs(strings.Split(strings.Trim(pattern, "/"), "/"), strings.Split(path, "/"))
 }
 
+// globSegs matches path segments s against pattern segments p in
+// O(len(p)·len(s)) steps. The pattern comes from a client: a backtracking
+// match would take exponential time on one with many "**" segments that
+// fails at its end (each "**" trying every split of the path), spinning a
+// core for good on every append to a stream under the subscription's root.
+// reach[j] says whether the pattern segments seen so far match s[:j].
 func globSegs(p, s []string) bool {
-	if len(p) == 0 {
-		return len(s) == 0
-	}
-	if p[0] == "**" {
-		for i := 0; i <= len(s); i++ {
-			if globSegs(p[1:], s[i:]) {
-				return true
+	reach := make([]bool, len(s)+1)
+	reach[0] = true
+	for _, seg := range p {
+		if seg == "**" {
+			// Zero or more segments: whatever was reached, and every
+			// position after it.
+			for j := 1; j <= len(s); j++ {
+				reach[j] = reach[j] || reach[j-1]
 			}
+			continue
 		}
-		return false
+		// Exactly one segment: shift by one where it matches.
+		for j := len(s); j >= 1; j-- {
+			reach[j] = reach[j-1] && (seg == "*" || seg == s[j-1])
+		}
+		reach[0] = false
 	}
-	if len(s) == 0 {
-		return false
-	}
-	if p[0] != "*" && p[0] != s[0] {
-		return false
-	}
-	return globSegs(p[1:], s[1:])
+	return reach[len(s)]
 }
 
 // globLiteralPrefix is the pattern up to its first wildcard segment, for a
@@ -1561,6 +1571,17 @@ func globLiteralPrefix(pattern string) string {
 		b.WriteString(seg + "/")
 	}
 	return b.String()
+}
+
+// validPattern bounds a subscription's glob pattern by the longest stream
+// name: every append to a stream under the subscription's root is matched
+// against it, so a pattern as large as the body allows would cost every
+// append that much work.
+func validPattern(pattern string) error {
+	if len(pattern) > streamstore.MaxNameLength {
+		return fmt.Errorf("pattern is %d bytes; the limit is %d", len(pattern), streamstore.MaxNameLength)
+	}
+	return nil
 }
 
 func validRelPath(root, p string) bool {

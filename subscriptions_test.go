@@ -38,6 +38,10 @@ func TestGlobMatch(t *testing.T) {
 		{"a/*/c", "a/b/c", true},
 		{"a/*/c", "a/b/d", false},
 		{"exact", "exact", true},
+		{"**/**/x", "x", true},
+		{"**/*/**", "a/b/c", true},
+		{"a/**/b/*", "a/b/c", true},
+		{"a/**/b/*", "a/x/y/b", false},
 	} {
 		if got := globMatch(c.pattern, c.path); got != c.want {
 			t.Errorf("globMatch(%q, %q) = %v, want %v", c.pattern, c.path, got, c.want)
@@ -45,6 +49,49 @@ func TestGlobMatch(t *testing.T) {
 	}
 	if p := globLiteralPrefix("events/a/*/x"); p != "events/a/" {
 		t.Errorf("globLiteralPrefix = %q", p)
+	}
+}
+
+// TestGlobMatchManyDoubleStars: a pattern of many "**" that fails at its
+// last segment, against a path of many segments, is answered at once. A
+// backtracking match tries every split of the path for each "**" (about
+// 10^25 here) and never returns. The deadline is a hang detector, not a
+// speed bound: the match takes microseconds.
+func TestGlobMatchManyDoubleStars(t *testing.T) {
+	pattern := strings.Repeat("**/", 40) + "zz" // 122 bytes: a valid pattern
+	if err := validPattern(pattern); err != nil {
+		t.Fatalf("validPattern(%q): %v", pattern, err)
+	}
+	path := strings.TrimSuffix(strings.Repeat("a/", 100), "/")
+	done := make(chan bool, 1)
+	go func() { done <- globMatch(pattern, path) }()
+	select {
+	case got := <-done:
+		if got {
+			t.Errorf("globMatch matched %q against a path without zz", pattern)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("globMatch with 40 ** segments did not return within 30s")
+	}
+	if !globMatch(pattern, path+"/zz") {
+		t.Errorf("globMatch(%q) does not match a path ending in zz", pattern)
+	}
+}
+
+func TestValidPattern(t *testing.T) {
+	for _, c := range []struct {
+		pattern string
+		ok      bool
+	}{
+		{"", true},
+		{"events/*", true},
+		{strings.Repeat("a", streamstore.MaxNameLength), true},
+		{strings.Repeat("a", streamstore.MaxNameLength+1), false},
+		{strings.Repeat("**/", 1000), false},
+	} {
+		if err := validPattern(c.pattern); (err == nil) != c.ok {
+			t.Errorf("validPattern(%.40q): %v, want ok=%v", c.pattern, err, c.ok)
+		}
 	}
 }
 
