@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/picomq/caddy-picomq/segment"
 )
@@ -245,14 +246,23 @@ func (e *SequenceGapError) Error() string {
 const MaxNameLength = 256
 
 // ValidateName checks a stream name before any I/O: it must start with '/',
-// be at most MaxNameLength bytes, and hold no NUL byte and no empty, "." or
-// ".." segment.
+// be at most MaxNameLength bytes of UTF-8, and hold no NUL byte and no
+// empty, "." or ".." segment.
 func ValidateName(name string) error {
 	if len(name) < 2 || name[0] != '/' {
 		return fmt.Errorf("%w: stream name must be a path below /", ErrBadRequest)
 	}
 	if len(name) > MaxNameLength {
 		return fmt.Errorf("%w: stream name is %d bytes; the limit is %d", ErrBadRequest, len(name), MaxNameLength)
+	}
+	// Names go out as JSON strings (Pico listings, subscription
+	// documents), which carry UTF-8 only: other bytes come back as
+	// U+FFFD, a name the client cannot address, and two such names read
+	// the same. A listing page ending at one then continues after the
+	// U+FFFD form, which sorts before the real bytes, and repeats itself
+	// for good.
+	if !utf8.ValidString(name) {
+		return fmt.Errorf("%w: stream name is not valid UTF-8", ErrBadRequest)
 	}
 	// Every request checks its name, live feeds at every wake-up: walk the
 	// segments in place rather than split them into a new slice.

@@ -26,6 +26,10 @@ func TestValidateName(t *testing.T) {
 		{"/a/../b", false},
 		{"/..", false},
 		{"/a/b\x00c", false},
+		{"/a\xffb", false},
+		{"/a/\xc3\x28", false},
+		{"/a/\xed\xa0\x80", false}, // a UTF-16 surrogate
+		{"/\u00e9t\u00e9/\u65e5\u672c", true},
 		{"/" + strings.Repeat("x", MaxNameLength), false},
 	}
 	for _, tt := range tests {
