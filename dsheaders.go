@@ -9,10 +9,12 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/picomq/caddy-picomq/internal/picowire"
 	"github.com/picomq/caddy-picomq/streamstore"
 )
 
@@ -334,19 +336,37 @@ func jsonMessages(body []byte) ([][]byte, error) {
 		}
 		return [][]byte{buf.Bytes()}, nil
 	}
-	var elems []json.RawMessage
-	if err := json.Unmarshal(trimmed, &elems); err != nil {
+	// Element by element, so that an array of more than the most records
+	// an append may hold is refused before it costs a slice of them all.
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	if _, err := dec.Token(); err != nil { // '['
 		return nil, fmt.Errorf("decoding JSON array: %w", err)
 	}
-	out := make([][]byte, len(elems))
-	for i, e := range elems {
+	var out [][]byte
+	for dec.More() {
+		if len(out) == picowire.MaxRecords {
+			return nil, picowire.TooMany("more than " + strconv.Itoa(picowire.MaxRecords))
+		}
+		var e json.RawMessage
+		if err := dec.Decode(&e); err != nil {
+			return nil, fmt.Errorf("decoding JSON element %d: %w", len(out), err)
+		}
 		var buf bytes.Buffer
 		if err := json.Compact(&buf, e); err != nil {
-			return nil, fmt.Errorf("compacting JSON element %d: %w", i, err)
+			return nil, fmt.Errorf("compacting JSON element %d: %w", len(out), err)
 		}
-		out[i] = buf.Bytes()
+		out = append(out, buf.Bytes())
 	}
 	return out, nil
+}
+
+// bodyErrorStatus is the status of a body refused by its decoder: 413 for
+// more records than an append may hold, 400 for a malformed one.
+func bodyErrorStatus(err error) int {
+	if errors.Is(err, picowire.ErrTooManyRecords) {
+		return http.StatusRequestEntityTooLarge
+	}
+	return http.StatusBadRequest
 }
 
 // validJSON reports whether b is one JSON value encoded in UTF-8.

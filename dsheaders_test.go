@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/picomq/caddy-picomq/internal/picowire"
 )
 
 func TestParseTTL(t *testing.T) {
@@ -206,6 +208,26 @@ func TestJSONMessages(t *testing.T) {
 		if got, err := jsonMessages([]byte(bad)); err == nil {
 			t.Errorf("%q accepted: %q", bad, got)
 		}
+	}
+}
+
+// TestJSONMessagesRecordLimit: a JSON array of more elements than an
+// append may hold records is refused, as too large; one at the limit is
+// taken.
+func TestJSONMessagesRecordLimit(t *testing.T) {
+	array := func(n int) []byte {
+		return []byte("[" + strings.TrimSuffix(strings.Repeat("1,", n), ",") + "]")
+	}
+	got, err := jsonMessages(array(picowire.MaxRecords))
+	if err != nil || len(got) != picowire.MaxRecords {
+		t.Fatalf("an array of %d: %d messages, %v", picowire.MaxRecords, len(got), err)
+	}
+	_, err = jsonMessages(array(picowire.MaxRecords + 1))
+	if !errors.Is(err, picowire.ErrTooManyRecords) {
+		t.Fatalf("an array of %d: %v, want ErrTooManyRecords", picowire.MaxRecords+1, err)
+	}
+	if s := bodyErrorStatus(err); s != http.StatusRequestEntityTooLarge {
+		t.Errorf("status of %v: %d, want 413", err, s)
 	}
 }
 

@@ -165,7 +165,7 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 			if isJSON(ct) {
 				msgs, err := jsonMessages(body)
 				if err != nil {
-					fail(w, http.StatusBadRequest, err.Error())
+					fail(w, bodyErrorStatus(err), err.Error())
 					return
 				}
 				req.Records = toRecords(msgs) // "[]" creates an empty stream
@@ -476,7 +476,7 @@ func (d *durableStreams) refuseBody(w http.ResponseWriter, r *http.Request, name
 			}
 		}
 	}
-	fail(w, http.StatusBadRequest, bodyErr.Error())
+	fail(w, bodyErrorStatus(bodyErr), bodyErr.Error())
 }
 
 // head handles HEAD: the stream's metadata, without renewing its TTL.

@@ -148,7 +148,7 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 	switch {
 	case batch && len(body) > 0:
 		if req.Records, err = decodeBatch(raw, body); err != nil {
-			picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+			failBatch(w, err)
 			return
 		}
 	case len(body) > 0:
@@ -315,7 +315,7 @@ func (p *picoProtocol) append(w http.ResponseWriter, r *http.Request, name strin
 		switch {
 		case raw != "" && isBatchType(raw):
 			if req.Records, err = decodeBatch(raw, body); err != nil {
-				picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+				failBatch(w, err)
 				return
 			}
 		default:
@@ -858,4 +858,14 @@ func (p *picoProtocol) wait(r *http.Request, eng *streamstore.Engine, name, id s
 	lw := newLiveWait(r, p.shutdown, time.Now().Add(limit))
 	defer lw.close()
 	return lw.wait(eng, name, id, seq)
+}
+
+// failBatch answers a batch body its decoder refused: 413 for more records
+// than an append may hold, 400 for a malformed one.
+func failBatch(w http.ResponseWriter, err error) {
+	if errors.Is(err, picowire.ErrTooManyRecords) {
+		picoFail(w, http.StatusRequestEntityTooLarge, picoErrTooLarge, err.Error(), nil)
+		return
+	}
+	picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
 }

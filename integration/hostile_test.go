@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/picomq/caddy-picomq/internal/picowire"
 )
 
 // TestSubscriptionPatternCannotSpin: a subscription pattern of many "**"
@@ -105,5 +107,61 @@ func TestNamesThatAreNotUTF8(t *testing.T) {
 	}
 	if len(names) != 1 || names[0] != "/u/ok" {
 		t.Errorf("listing of /u/: %q, want only /u/ok", names)
+	}
+}
+
+// TestAppendRecordLimit: an append of more records than picowire.MaxRecords
+// is 413 and writes nothing, in a Durable Streams JSON array (append and
+// create) and in both Pico batch formats. Records of no bytes cost the
+// engine a few hundred bytes each: a 16 MiB JSON array of 8 million took
+// Caddy from 60 MiB to 2 GiB, and a dozen at once would have ended it.
+func TestAppendRecordLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, nil, nil)
+	e.create("/ds/rl/json", "application/json")
+	picoWant(t, "PUT /pico/rl/bin", picoDo(e, http.MethodPut, "/pico/rl/bin", nil, "Content-Type", "application/octet-stream"), http.StatusCreated)
+
+	const over = picowire.MaxRecords + 1
+	array := []byte("[" + strings.TrimSuffix(strings.Repeat("1,", over), ",") + "]")
+	jsonBatch := []byte(`{"records":[` + strings.TrimSuffix(strings.Repeat(`{"body":""}`+",", over), ",") + "]}")
+	cases := []struct {
+		name   string
+		req    fhReq
+		absent string
+	}{
+		{name: "ds/append-array", req: fhReq{Method: http.MethodPost, Path: "/ds/rl/json", Body: array,
+			Header: map[string]string{"Content-Type": "application/json"}}},
+		{name: "ds/create-array", req: fhReq{Method: http.MethodPut, Path: "/ds/rl/new", Body: array,
+			Header: map[string]string{"Content-Type": "application/json"}}, absent: "/ds/rl/new"},
+		{name: "pico/binary-batch", req: fhReq{Method: http.MethodPost, Path: "/pico/rl/bin",
+			Body: picowire.EncodeBinary(make([]picowire.Record, over)), Header: map[string]string{"Content-Type": picoBinaryBatch}}},
+		{name: "pico/json-batch", req: fhReq{Method: http.MethodPost, Path: "/pico/rl/bin", Body: jsonBatch,
+			Header: map[string]string{"Content-Type": picoJSONBatch}}},
+		{name: "pico/create-batch", req: fhReq{Method: http.MethodPut, Path: "/pico/rl/new2", Body: jsonBatch,
+			Header: map[string]string{"Content-Type": picoJSONBatch}}, absent: "/pico/rl/new2"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r, writes := fhExpectNoWrites(t, e, tc.req)
+			if r.Status != http.StatusRequestEntityTooLarge || !fhContainsAny(string(r.Body), "records") {
+				t.Errorf("%s %s with %d records: %s, want 413 naming the record limit", tc.req.Method, tc.req.Path, over, r)
+			}
+			if len(writes) > 0 {
+				t.Errorf("%s %s (%d) wrote to the object store:%s", tc.req.Method, tc.req.Path, r.Status, fhSortedKeys(writes))
+			}
+			if tc.absent != "" {
+				if h := e.must(fhReq{Method: http.MethodHead, Path: tc.absent}); h.Status != http.StatusNotFound {
+					t.Errorf("HEAD %s after the refused create: %d, want 404", tc.absent, h.Status)
+				}
+			}
+		})
+	}
+	// At the limit, the append is taken.
+	at := []byte("[" + strings.TrimSuffix(strings.Repeat("1,", picowire.MaxRecords), ",") + "]")
+	if r := e.must(fhReq{Method: http.MethodPost, Path: "/ds/rl/json", Body: at,
+		Header: map[string]string{"Content-Type": "application/json"}}); r.Status != http.StatusNoContent {
+		t.Errorf("an append of %d records: %s, want 204", picowire.MaxRecords, r)
 	}
 }

@@ -30,6 +30,22 @@ const Version = 1
 // ErrMalformed wraps every decoding error: the batch is rejected whole.
 var ErrMalformed = errors.New("malformed batch")
 
+// MaxRecords is the most records one append may hold, whichever protocol
+// and format carry them (a Pico batch, a Durable Streams JSON array). Each
+// record costs the engine a few hundred bytes whatever its size, so without
+// a bound a 16 MiB batch of empty records held about 2 GiB of memory.
+const MaxRecords = 100_000
+
+// ErrTooManyRecords reports a batch of more than MaxRecords records. It is
+// not ErrMalformed: the batch is well formed, and too large.
+var ErrTooManyRecords = errors.New("too many records in one append")
+
+// TooMany is the ErrTooManyRecords of an append of count records (text,
+// such as "more than 100000", where the decoder stopped counting).
+func TooMany(count string) error {
+	return fmt.Errorf("%w: %s records; the limit is %d", ErrTooManyRecords, count, MaxRecords)
+}
+
 // Record is a record to append: headers and body.
 type Record struct {
 	Headers []segment.Header
@@ -130,6 +146,9 @@ func DecodeBinary(data []byte) ([]Record, error) {
 	// Each record needs at least 8 bytes.
 	if r.err == nil && uint64(n)*8 > uint64(len(data)-r.off) {
 		return nil, malformed("record count %d exceeds the batch", n)
+	}
+	if r.err == nil && n > MaxRecords {
+		return nil, TooMany(strconv.FormatUint(uint64(n), 10))
 	}
 	var recs []Record
 	if r.err == nil {
@@ -248,6 +267,9 @@ func DecodeJSON(data []byte) ([]Record, error) {
 			return malformed("records must be an array")
 		}
 		for dec.More() {
+			if len(recs) == MaxRecords {
+				return TooMany("more than " + strconv.Itoa(MaxRecords))
+			}
 			rec, err := jsonRecord(dec)
 			if err != nil {
 				return err
@@ -258,7 +280,7 @@ func DecodeJSON(data []byte) ([]Record, error) {
 		return err
 	})
 	if err != nil {
-		if errors.Is(err, ErrMalformed) {
+		if errors.Is(err, ErrMalformed) || errors.Is(err, ErrTooManyRecords) {
 			return nil, err
 		}
 		return nil, malformed("%v", err)

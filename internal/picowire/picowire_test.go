@@ -169,3 +169,39 @@ func FuzzDecodeJSON(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeRecordLimit: a batch of MaxRecords records decodes, one of
+// more is ErrTooManyRecords (not ErrMalformed: the caller answers 413), in
+// both formats. Empty records are the cheapest on the wire (8 bytes in
+// binary) and cost the engine as much as any.
+func TestDecodeRecordLimit(t *testing.T) {
+	jsonBatch := func(n int) []byte {
+		b := []byte(`{"records":[`)
+		for i := 0; i < n; i++ {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"body":""}`...)
+		}
+		return append(b, "]}"...)
+	}
+	for _, tc := range []struct {
+		name   string
+		decode func([]byte) ([]Record, error)
+		batch  func(n int) []byte
+	}{
+		{"binary", DecodeBinary, func(n int) []byte { return EncodeBinary(make([]Record, n)) }},
+		{"json", DecodeJSON, jsonBatch},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recs, err := tc.decode(tc.batch(MaxRecords))
+			if err != nil || len(recs) != MaxRecords {
+				t.Fatalf("a batch of %d records: %d records, %v", MaxRecords, len(recs), err)
+			}
+			_, err = tc.decode(tc.batch(MaxRecords + 1))
+			if !errors.Is(err, ErrTooManyRecords) || errors.Is(err, ErrMalformed) {
+				t.Fatalf("a batch of %d records: %v, want ErrTooManyRecords", MaxRecords+1, err)
+			}
+		})
+	}
+}
