@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -289,10 +290,8 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 		return nil, nil
 	}
 	if r.ContentLength > 0 {
-		// The size is known: one allocation of exactly that, instead of
-		// ReadAll doubling its way up (a dozen copies for 1 MiB).
-		b := make([]byte, r.ContentLength)
-		if _, err := io.ReadFull(r.Body, b); err != nil {
+		b, err := readKnownLength(r.Body, r.ContentLength)
+		if err != nil {
 			var mbe *http.MaxBytesError
 			if errors.As(err, &mbe) {
 				return nil, errBodyTooLarge
@@ -311,6 +310,37 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 	}
 	if int64(len(b)) > max {
 		return nil, errBodyTooLarge
+	}
+	return b, nil
+}
+
+// bodyFirstRead is the buffer a body of known length starts in, when it is
+// longer.
+const bodyFirstRead = 64 << 10
+
+// readKnownLength reads a body of n bytes (its Content-Length) into a
+// buffer that grows, doubling up to n, with what arrives: reserving n at
+// once let a client that announced max_append_size and sent a kilobyte hold
+// 16 MiB per connection (300 such connections took Caddy 900 MiB, for
+// 300 KiB sent). Doubling from 64 KiB copies at most n bytes in all, where
+// io.ReadAll, starting at 512 bytes, copies a dozen times for 1 MiB.
+func readKnownLength(body io.Reader, n int64) ([]byte, error) {
+	b := make([]byte, 0, min(n, bodyFirstRead))
+	for int64(len(b)) < n {
+		if len(b) == cap(b) {
+			b = slices.Grow(b, int(min(2*int64(cap(b)), n))-len(b))
+		}
+		m, err := body.Read(b[len(b):int(min(int64(cap(b)), n))])
+		b = b[:len(b)+m]
+		if int64(len(b)) == n {
+			break
+		}
+		if err == io.EOF {
+			return nil, io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	return b, nil
 }

@@ -3,11 +3,14 @@ package picomq
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/picowire"
@@ -259,6 +262,44 @@ func TestReadBodyLimit(t *testing.T) {
 	}
 	if src.n > 101 {
 		t.Errorf("read %d bytes of an oversized body", src.n)
+	}
+}
+
+// TestReadBodyKnownLength: a body with a Content-Length is read whole
+// whatever the sizes its reads come in, a short one is an error, and a
+// client that announces a large body and sends little gets a buffer the
+// size of what it sent, not of what it announced.
+func TestReadBodyKnownLength(t *testing.T) {
+	for _, n := range []int{1, bodyFirstRead - 1, bodyFirstRead, bodyFirstRead + 1, 1<<20 + 3} {
+		want := make([]byte, n)
+		for i := range want {
+			want[i] = byte(i * 7)
+		}
+		r := httptest.NewRequest(http.MethodPost, "/s", iotest.HalfReader(bytes.NewReader(want)))
+		r.ContentLength = int64(n)
+		got, err := readBody(r, 2<<20)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("a %d-byte body: %d bytes, %v", n, len(got), err)
+		}
+		r = httptest.NewRequest(http.MethodPost, "/s", bytes.NewReader(want[:n-1]))
+		r.ContentLength = int64(n)
+		if got, err := readBody(r, 2<<20); !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Errorf("a %d-byte body one byte short: %d bytes, %v", n, len(got), err)
+		}
+	}
+
+	const announced = 16 << 20
+	r := httptest.NewRequest(http.MethodPost, "/s", io.MultiReader(bytes.NewReader(make([]byte, 1000)), iotest.ErrReader(errors.New("client gone"))))
+	r.ContentLength = announced
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := readBody(r, announced)
+	runtime.ReadMemStats(&after)
+	if err == nil {
+		t.Fatal("a body cut short was taken")
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+		t.Errorf("reading 1000 bytes of an announced %d allocated %d bytes", announced, got)
 	}
 }
 

@@ -2,8 +2,12 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -163,5 +167,69 @@ func TestAppendRecordLimit(t *testing.T) {
 	if r := e.must(fhReq{Method: http.MethodPost, Path: "/ds/rl/json", Body: at,
 		Header: map[string]string{"Content-Type": "application/json"}}); r.Status != http.StatusNoContent {
 		t.Errorf("an append of %d records: %s, want 204", picowire.MaxRecords, r)
+	}
+}
+
+// TestAnnouncedBodyIsNotReserved: clients that announce a body of
+// max_append_size and send a kilobyte of it hold no more than what they
+// sent. The body buffer used to be allocated at its Content-Length before
+// any of it arrived: 300 such connections, 300 KiB sent in all, took Caddy
+// to 900 MiB. The Go heap of Caddy (its admin /metrics) is watched while
+// the connections wait; with nothing to wait for when all is well, the
+// window is a bounded look, not a deadline.
+func TestAnnouncedBodyIsNotReserved(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"max_append_size 16MiB"}})
+	e.create("/ab/s", textPlain)
+	heap := func() float64 {
+		t.Helper()
+		r, err := fhSend(e.client, "http://"+e.caddy.AdminAddr(), fhReq{Method: http.MethodGet, Path: "/metrics"})
+		if err != nil || r.Status != http.StatusOK {
+			t.Fatalf("admin /metrics: %v %s", err, r)
+		}
+		for _, line := range strings.Split(string(r.Body), "\n") {
+			if v, ok := strings.CutPrefix(line, "go_memstats_heap_alloc_bytes "); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatalf("go_memstats_heap_alloc_bytes %q: %v", v, err)
+				}
+				return f
+			}
+		}
+		t.Fatal("admin /metrics has no go_memstats_heap_alloc_bytes")
+		return 0
+	}
+	base := heap()
+
+	const conns, announced = 50, 16 << 20
+	addr := strings.TrimPrefix(e.caddy.URL(), "http://")
+	for i := 0; i < conns; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		head := fmt.Sprintf("POST /ab/s HTTP/1.1\r\nHost: %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n", addr, announced)
+		if _, err := io.WriteString(c, head+strings.Repeat("x", 1000)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Half of what reserving every announced body would take.
+	limit := base + conns*announced/2
+	peak := base
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if h := heap(); h > peak {
+			peak = h
+		}
+		if peak > limit {
+			break
+		}
+	}
+	t.Logf("Go heap: %.0f MiB before, at most %.0f MiB with %d connections that announced %d MiB and sent 1000 bytes",
+		base/(1<<20), peak/(1<<20), conns, announced>>20)
+	if peak > limit {
+		t.Errorf("the Go heap grew by %.0f MiB for %d KiB sent: the announced bodies were reserved", (peak-base)/(1<<20), conns*1000>>10)
 	}
 }
