@@ -7,11 +7,14 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/picomq/caddy-picomq/internal/caddytest"
 	"github.com/picomq/caddy-picomq/internal/picowire"
 )
 
@@ -231,5 +234,80 @@ func TestAnnouncedBodyIsNotReserved(t *testing.T) {
 		base/(1<<20), peak/(1<<20), conns, announced>>20)
 	if peak > limit {
 		t.Errorf("the Go heap grew by %.0f MiB for %d KiB sent: the announced bodies were reserved", (peak-base)/(1<<20), conns*1000>>10)
+	}
+}
+
+// TestHostilePathsStayInTheDirectory: on the embedded file:// storage,
+// requests whose paths try to climb out of the storage directory, or to
+// land on the engine's own files (lease, manifest, WAL, subscription
+// documents), are refused or stored as ordinary streams under their hex
+// keys: nothing is written outside the directory, nothing at the top of
+// it but the engine's own entries, and the lease still works.
+func TestHostilePathsStayInTheDirectory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy")
+	}
+	dir := t.TempDir()
+	store := filepath.Join(dir, "store")
+	sentinel := filepath.Join(dir, "outside")
+	if err := os.WriteFile(sentinel, []byte("untouched"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := caddytest.Start(t, caddytest.Options{Storage: "file://" + store})
+	client := &http.Client{Timeout: time.Minute}
+	paths := []string{
+		"/../outside", "/%2e%2e/outside", "/%2E%2E%2Foutside", "/a/%2e%2e/%2e%2e/outside", "/..%2Foutside",
+		"/a/..%5C..%5Coutside", "/..\\outside", "/%2e%2e%5coutside", "/./lease", "/lease", "/manifest", "/format",
+		"/wal/0000000000000000/0000000000000000", "/streams/2f61.m", "/subs/key", "/.picomq-tmp/x", "/" + strings.Repeat("%2e", 200),
+		"/" + strings.Repeat("z", 255), "/a%2F..%2F..%2Foutside", "/x/__ds/subscriptions/..%2F..%2Foutside",
+		"/%2e%2e/__ds/subscriptions/s", "/x/__ds/subscriptions/" + strings.Repeat("i", 120),
+	}
+	for _, p := range paths {
+		for _, m := range []string{http.MethodPut, http.MethodPost, http.MethodGet, http.MethodDelete} {
+			req := fhReq{Method: m, Path: p, Header: map[string]string{"Content-Type": textPlain}}
+			if m == http.MethodPost {
+				req.Body = []byte("x")
+			}
+			if strings.Contains(p, "__ds") && m == http.MethodPut {
+				req.Header["Content-Type"] = "application/json"
+				req.Body = []byte(`{"type":"pull-wake","pattern":"*","wake_stream":"w"}`)
+			}
+			r, err := fhSend(client, c.URL(), req)
+			if err != nil {
+				t.Fatalf("%s %s: %v", m, fhClip(p, 60), err)
+			}
+			if r.Status >= 500 {
+				t.Errorf("%s %s: %s", m, fhClip(p, 60), r)
+			}
+		}
+	}
+	if b, err := os.ReadFile(sentinel); err != nil || string(b) != "untouched" {
+		t.Errorf("the file beside the storage directory: %q, %v", b, err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != "store" && e.Name() != "outside" {
+			t.Errorf("%s appeared beside the storage directory", e.Name())
+		}
+	}
+	own := map[string]bool{"format": true, "lease": true, "manifest": true, "streams": true, "wal": true, "subs": true,
+		"graves": true, "gc": true, "data": true, ".picomq-tmp": true, "expiry": true, "pack": true, "blob": true}
+	entries, err = os.ReadDir(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !own[e.Name()] {
+			t.Errorf("%s appeared at the top of the storage directory", e.Name())
+		}
+	}
+	// The engine's own files were not written over: it still holds its
+	// lease and serves a new stream.
+	r, err := fhSend(client, c.URL(), fhReq{Method: http.MethodPut, Path: "/after", Header: map[string]string{"Content-Type": textPlain}})
+	if err != nil || r.Status != http.StatusCreated {
+		t.Errorf("PUT /after: %s %v", r, err)
 	}
 }
