@@ -243,6 +243,9 @@ func parseProducer(h http.Header) (*streamstore.Producer, error) {
 	if id == "" {
 		return nil, errors.New("Producer-Id must not be empty")
 	}
+	if len(id) > streamstore.MaxProducerIDLength {
+		return nil, fmt.Errorf("Producer-Id is %d bytes; the limit is %d", len(id), streamstore.MaxProducerIDLength)
+	}
 	e, ok := parseDigits(epoch)
 	if !ok || e > maxSafeInteger {
 		return nil, fmt.Errorf("Producer-Epoch must be an integer from 0 to 2^53-1, got %q", epoch)
@@ -252,6 +255,16 @@ func parseProducer(h http.Header) (*streamstore.Producer, error) {
 		return nil, fmt.Errorf("Producer-Seq must be an integer from 0 to 2^53-1, got %q", seq)
 	}
 	return &streamstore.Producer{ID: id, Epoch: e, Seq: s}, nil
+}
+
+// parseStreamSeq reads Stream-Seq (section 5.2): any string up to
+// streamstore.MaxStreamSeqLength bytes, "" when absent.
+func parseStreamSeq(h http.Header) (string, error) {
+	v := h.Get(hdrStreamSeq)
+	if len(v) > streamstore.MaxStreamSeqLength {
+		return "", fmt.Errorf("Stream-Seq is %d bytes; the limit is %d", len(v), streamstore.MaxStreamSeqLength)
+	}
+	return v, nil
 }
 
 // repeatedParam returns the first of names that q holds more than once,

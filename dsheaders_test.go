@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/picowire"
+	"github.com/picomq/caddy-picomq/streamstore"
 )
 
 func TestParseTTL(t *testing.T) {
@@ -169,10 +170,40 @@ func TestParseProducer(t *testing.T) {
 		mk("Producer-Id", "a", "Producer-Epoch", "1e3", "Producer-Seq", "0"),
 		mk("Producer-Id", "a", "Producer-Epoch", "-1", "Producer-Seq", "0"),
 		mk("Producer-Id", "a", "Producer-Epoch", "0", "Producer-Seq", "9007199254740992"),
+		mk("Producer-Id", strings.Repeat("p", streamstore.MaxProducerIDLength+1), "Producer-Epoch", "0", "Producer-Seq", "0"),
 	} {
 		if p, err := parseProducer(bad); err == nil {
 			t.Errorf("%v accepted: %+v", bad, p)
 		}
+	}
+}
+
+// TestProducerAndStreamSeqLimits: a producer id or Stream-Seq at the limit
+// is taken, one byte more is refused, in both protocols.
+func TestProducerAndStreamSeqLimits(t *testing.T) {
+	at := strings.Repeat("p", streamstore.MaxProducerIDLength)
+	for _, tc := range []struct {
+		id, epoch, seq string
+		parse          func(http.Header) (*streamstore.Producer, error)
+	}{
+		{"Producer-Id", "Producer-Epoch", "Producer-Seq", parseProducer},
+		{"Pico-Producer-Id", "Pico-Producer-Epoch", "Pico-Producer-Seq", parsePicoProducer},
+	} {
+		h := http.Header{tc.id: {at}, tc.epoch: {"0"}, tc.seq: {"0"}}
+		if p, err := tc.parse(h); err != nil || p.ID != at {
+			t.Errorf("%s of %d bytes: %v", tc.id, len(at), err)
+		}
+		h[tc.id] = []string{at + "p"}
+		if p, err := tc.parse(h); err == nil || !strings.Contains(err.Error(), "limit") {
+			t.Errorf("%s of %d bytes: %+v, %v; want an error naming the limit", tc.id, len(at)+1, p, err)
+		}
+	}
+	seq := strings.Repeat("s", streamstore.MaxStreamSeqLength)
+	if v, err := parseStreamSeq(http.Header{"Stream-Seq": {seq}}); err != nil || v != seq {
+		t.Errorf("Stream-Seq of %d bytes: %q, %v", len(seq), v, err)
+	}
+	if v, err := parseStreamSeq(http.Header{"Stream-Seq": {seq + "s"}}); err == nil {
+		t.Errorf("Stream-Seq of %d bytes taken: %q", len(seq)+1, v)
 	}
 }
 

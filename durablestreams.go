@@ -380,6 +380,11 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 		fail(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	streamSeq, err := parseStreamSeq(r.Header)
+	if err != nil {
+		fail(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	body, ok := d.readBody(w, r)
 	if !ok {
 		return
@@ -387,7 +392,7 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 	req := streamstore.AppendRequest{
 		Close:     closeReq,
 		Producer:  producer,
-		StreamSeq: r.Header.Get(hdrStreamSeq),
+		StreamSeq: streamSeq,
 	}
 	if len(body) == 0 {
 		if !closeReq {

@@ -189,6 +189,9 @@ func parsePicoProducer(h http.Header) (*streamstore.Producer, error) {
 	if id == "" {
 		return nil, errors.New("Pico-Producer-Id must not be empty")
 	}
+	if len(id) > streamstore.MaxProducerIDLength {
+		return nil, fmt.Errorf("Pico-Producer-Id is %d bytes; the limit is %d", len(id), streamstore.MaxProducerIDLength)
+	}
 	epoch, _, err := parsePicoUint(h, hdrPicoProducerEpoch)
 	if err != nil {
 		return nil, err

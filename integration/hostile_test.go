@@ -16,6 +16,7 @@ import (
 
 	"github.com/picomq/caddy-picomq/internal/caddytest"
 	"github.com/picomq/caddy-picomq/internal/picowire"
+	"github.com/picomq/caddy-picomq/streamstore"
 )
 
 // TestSubscriptionPatternCannotSpin: a subscription pattern of many "**"
@@ -309,5 +310,43 @@ func TestHostilePathsStayInTheDirectory(t *testing.T) {
 	r, err := fhSend(client, c.URL(), fhReq{Method: http.MethodPut, Path: "/after", Header: map[string]string{"Content-Type": textPlain}})
 	if err != nil || r.Status != http.StatusCreated {
 		t.Errorf("PUT /after: %s %v", r, err)
+	}
+}
+
+// TestKeptHeadersAreBounded: the producer id and Stream-Seq of an append
+// are kept in its stream's writer state for as long as the stream lives,
+// so each is bounded (streamstore.MaxProducerIDLength, MaxStreamSeqLength):
+// one byte more is 400 and writes nothing, in both protocols. Without the
+// bound each append could add as much as Caddy's header limit allows
+// (about 16 KiB here) to state that is never dropped.
+func TestKeptHeadersAreBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, nil, nil)
+	e.create("/ds/kh", textPlain)
+	long := strings.Repeat("p", streamstore.MaxProducerIDLength+1)
+	longSeq := strings.Repeat("s", streamstore.MaxStreamSeqLength+1)
+	for _, req := range []fhReq{
+		{Method: http.MethodPost, Path: "/ds/kh", Body: []byte("x"), Header: map[string]string{"Content-Type": textPlain,
+			"Producer-Id": long, "Producer-Epoch": "0", "Producer-Seq": "0"}},
+		{Method: http.MethodPost, Path: "/ds/kh", Body: []byte("x"), Header: map[string]string{"Content-Type": textPlain,
+			"Stream-Seq": longSeq}},
+		{Method: http.MethodPost, Path: "/pico/kh", Body: []byte("x"), Header: map[string]string{"Content-Type": textPlain,
+			"Pico-Producer-Id": long, "Pico-Producer-Epoch": "0", "Pico-Producer-Seq": "0"}},
+	} {
+		r, writes := fhExpectNoWrites(t, e, req)
+		if r.Status != http.StatusBadRequest || !fhContainsAny(string(r.Body), "limit") {
+			t.Errorf("POST %s with headers of %d bytes: %s, want 400 naming the limit", req.Path, len(long), r)
+		}
+		if len(writes) > 0 {
+			t.Errorf("POST %s (%d) wrote to the object store:%s", req.Path, r.Status, fhSortedKeys(writes))
+		}
+	}
+	// At the limits, the append is taken.
+	r := e.must(fhReq{Method: http.MethodPost, Path: "/ds/kh", Body: []byte("x"), Header: map[string]string{"Content-Type": textPlain,
+		"Producer-Id": long[1:], "Producer-Epoch": "0", "Producer-Seq": "0", "Stream-Seq": longSeq[1:]}})
+	if r.Status != http.StatusOK {
+		t.Errorf("an append with a producer id and Stream-Seq at the limits: %s, want 200", r)
 	}
 }

@@ -242,6 +242,17 @@ func (e *SequenceGapError) Error() string {
 	return fmt.Sprintf("producer seq gap: expected %d, received %d", e.Expected, e.Received)
 }
 
+// MaxProducerIDLength and MaxStreamSeqLength bound the producer id and the
+// Stream-Seq value an append may carry, in bytes. Both are kept in the
+// stream's writer state for as long as the stream lives (a producer's state
+// is never dropped, as section 5.2.1 asks of persistent stores), loaded
+// with it and rewritten at every checkpoint: without a bound, every append
+// could add as much as the HTTP header limit lets a client send.
+const (
+	MaxProducerIDLength = 256
+	MaxStreamSeqLength  = 256
+)
+
 // MaxNameLength is the longest stream name, in bytes, that the engine stores.
 const MaxNameLength = 256
 
