@@ -70,6 +70,13 @@ const (
 	signatureKeyDocKey = "key"
 )
 
+// subMaxStreams bounds a subscription's explicit streams: each is looked
+// up in the bucket when it is added, and every one is in the
+// subscription's document, which is written again at every change of its
+// state. 90,000 of them fit in one body: 90,000 HEADs for one request, and
+// a 5 MB document to write at every claim and ack.
+const subMaxStreams = 1000
+
 // serveReserved handles a request under a "__ds" segment and reports
 // whether it did. For other requests it only makes sure the engine's
 // subscription manager runs, so appends wake subscriptions after a restart.
@@ -801,6 +808,10 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "lease_ttl_ms must be between 1000 and 600000")
 		return
 	}
+	if len(body.Streams) > subMaxStreams {
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("a subscription has at most %d streams, got %d", subMaxStreams, len(body.Streams)))
+		return
+	}
 	seen := map[string]bool{}
 	for _, p := range body.Streams {
 		p = strings.Trim(p, "/")
@@ -1026,6 +1037,10 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 		tail uint64
 		id   string
 	}
+	if len(body.Streams) > subMaxStreams {
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("a subscription has at most %d streams, got %d", subMaxStreams, len(body.Streams)))
+		return
+	}
 	tails := map[string]tailID{}
 	for _, p := range body.Streams {
 		p = strings.Trim(p, "/")
@@ -1040,6 +1055,21 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 	defer m.mu.Unlock()
 	s := m.lookupLocked(w, root, id)
 	if s == nil {
+		return
+	}
+	explicit := 0
+	for p, l := range s.Links {
+		if _, adding := tails[p]; l.Explicit || adding {
+			explicit++
+		}
+	}
+	for p := range tails {
+		if s.Links[p] == nil {
+			explicit++
+		}
+	}
+	if explicit > subMaxStreams {
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("a subscription has at most %d streams; these would make %d", subMaxStreams, explicit))
 		return
 	}
 	for p, t := range tails {

@@ -520,3 +520,38 @@ func TestControlResourceWrongMethodIs405(t *testing.T) {
 		}
 	}
 }
+
+// TestSubscriptionStreamLimit: a subscription holds at most subMaxStreams
+// explicit streams, whether they come with its create or are added later;
+// a request past that is 400, and the subscription is unchanged.
+func TestSubscriptionStreamLimit(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	const sub = "/v1/stream/__ds/subscriptions/many"
+	streams := func(from, count int) string {
+		names := make([]string, count)
+		for i := range names {
+			names[i] = strconv.Quote("s/" + strconv.Itoa(from+i))
+		}
+		return "[" + strings.Join(names, ",") + "]"
+	}
+	if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","wake_stream":"w","streams":`+streams(0, subMaxStreams+1)+`}`); st != 400 || errCode(v) != "INVALID_REQUEST" {
+		t.Fatalf("create with %d streams: %d %s, want 400", subMaxStreams+1, st, errCode(v))
+	}
+	if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","wake_stream":"w","streams":`+streams(0, subMaxStreams-1)+`}`); st != 201 {
+		t.Fatalf("create with %d streams: %d %v", subMaxStreams-1, st, v)
+	}
+	// Adding streams it has already counts them once.
+	if st, v := n.call(t, "POST", sub+"/streams", `{"streams":`+streams(subMaxStreams-2, 2)+`}`); st != 204 {
+		t.Fatalf("adding a stream it has and one more, to %d: %d %v", subMaxStreams, st, v)
+	}
+	if st, v := n.call(t, "POST", sub+"/streams", `{"streams":`+streams(subMaxStreams, 1)+`}`); st != 400 || errCode(v) != "INVALID_REQUEST" {
+		t.Fatalf("adding stream %d: %d %s, want 400", subMaxStreams+1, st, errCode(v))
+	}
+	if st, v := n.call(t, "POST", sub+"/streams", `{"streams":`+streams(0, subMaxStreams+1)+`}`); st != 400 {
+		t.Fatalf("adding %d streams at once: %d %s, want 400", subMaxStreams+1, st, errCode(v))
+	}
+	st, v := n.call(t, "GET", sub, "")
+	if got, _ := v["streams"].([]any); st != 200 || len(got) != subMaxStreams {
+		t.Fatalf("GET after the refused additions: %d, %d streams, want %d", st, len(got), subMaxStreams)
+	}
+}

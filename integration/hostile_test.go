@@ -350,3 +350,37 @@ func TestKeptHeadersAreBounded(t *testing.T) {
 		t.Errorf("an append with a producer id and Stream-Seq at the limits: %s, want 200", r)
 	}
 }
+
+// TestSubscriptionStreamsAreBounded: a subscription holds at most 1,000
+// explicit streams. A create naming more is 400 before any of them is
+// looked up, and writes nothing; each used to cost a lookup in the bucket
+// (90,000 fit in one body) and a line in a document written again at every
+// claim and ack.
+func TestSubscriptionStreamsAreBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{})
+	names := make([]string, 1001)
+	for i := range names {
+		names[i] = strconv.Quote("s/" + strconv.Itoa(i))
+	}
+	body := `{"type":"pull-wake","wake_stream":"w","streams":[` + strings.Join(names, ",") + `]}`
+	req := fhReq{Method: http.MethodPut, Path: "/sb/__ds/subscriptions/many", Body: []byte(body),
+		Header: map[string]string{"Content-Type": "application/json"}}
+	// The manager's first start reads its key and documents: not this
+	// request's.
+	e.must(fhReq{Method: http.MethodGet, Path: "/sb/__ds/jwks.json"})
+	before := e.proxy.Counts()
+	r, writes := fhExpectNoWrites(t, e, req)
+	reads := fhReadPathRequests(e.proxy.Counts()) - fhReadPathRequests(before)
+	if r.Status != http.StatusBadRequest || !fhContainsAny(string(r.Body), "at most") {
+		t.Errorf("PUT a subscription of %d streams: %s, want 400 naming the limit", len(names), r)
+	}
+	if len(writes) > 0 {
+		t.Errorf("the refused subscription wrote to the object store:%s", fhSortedKeys(writes))
+	}
+	if reads > 10 {
+		t.Errorf("the refused subscription read %d metadata objects", reads)
+	}
+}
