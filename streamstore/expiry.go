@@ -153,8 +153,21 @@ func (e *Engine) sweepMarker(ctx context.Context, key string, now time.Time) (bo
 		case !live || at == 0:
 			// Gone, soft-deleted (its last fork removes it), or a new
 			// stream under the name that never expires. Soft-deleted, its
-			// count is settled as a touch would, should no release come.
-			e.settleForks(ctx, s)
+			// count is settled as a touch would, should no release come,
+			// and while forks still read it, it is marked again for later
+			// (forks.go), before this marker goes.
+			if e.settleForks(ctx, s) {
+				break
+			}
+			s.mu.Lock()
+			kept, deletedAt, sid := !s.gone && s.meta.Deleted, s.meta.DeletedAt, s.meta.ID
+			s.mu.Unlock()
+			if kept {
+				next := nextSettle(deletedAt, now.UnixMilli(), e.config().GraveTime)
+				if err := e.armSettle(ctx, name, sid, time.UnixMilli(next)); err != nil {
+					return false, fmt.Errorf("expiry sweep: %w", err)
+				}
+			}
 		case now.UnixMilli() >= at:
 			err := e.deleteStream(ctx, s)
 			if err != nil && !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrGone) {

@@ -170,7 +170,18 @@ func (e *Engine) deleteStream(ctx context.Context, s *stream) error {
 		return ErrGone
 	}
 	if forks > 0 {
-		if err := e.updateMeta(ctx, s, func(m *metaObject) { m.Deleted = true }); err != nil {
+		// The settle marker goes first, so that a soft-deleted stream
+		// always has one: a count no release will bring down is then
+		// settled without anyone touching the stream. Should the
+		// metadata write fail, the marker finds the stream live and
+		// goes.
+		now := time.Now()
+		if err := e.armSettle(ctx, s.name, id, now.Add(e.config().GraveTime)); err != nil {
+			return fmt.Errorf("%w: delete %s: %v", ErrUnavailable, s.name, err)
+		}
+		if err := e.updateMeta(ctx, s, func(m *metaObject) {
+			m.Deleted, m.DeletedAt = true, now.UnixMilli()
+		}); err != nil {
 			return err
 		}
 		e.deleted(s.name, id)
@@ -201,6 +212,14 @@ func (e *Engine) releaseSource(ctx context.Context, f *forkRef, child string) {
 	}
 	e.log.Warn("releasing a fork's source failed; trying again in the background",
 		zap.String("source", left.SourceName), zap.Error(err))
+	// Should the process end before a retry lands, the sweep settles the
+	// source grave_time from now, when the fork it still counts has been
+	// listed long enough to be looked up. Best effort: a soft-deleted
+	// source has its own marker too, only due later.
+	if err := e.armSettle(context.WithoutCancel(ctx), left.SourceName, left.SourceID, time.Now().Add(e.config().GraveTime)); err != nil {
+		e.log.Warn("marking a fork's source to be settled failed; its own marker settles it, later",
+			zap.String("source", left.SourceName), zap.Error(err))
+	}
 	e.bg.Add(1)
 	go e.retryRelease(left, leftChild)
 }
@@ -445,4 +464,55 @@ func (e *Engine) forkExists(ctx context.Context, f forkEntry) (bool, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return !c.gone && c.meta.ID == f.ID, nil
+}
+
+// A soft-deleted stream has an expiry marker (keys.go) that the expiry
+// sweep settles its fork count at (settleForks), so that a count no
+// release will bring down is settled without anyone touching the stream.
+// The soft delete writes it first, due grave_time later, when every fork
+// the stream lists can be looked up; a release that fails writes one as
+// well. The sweep that finds the stream still soft-deleted after settling
+// it marks it again, at the next point of nextSettle's schedule, and the
+// marker then goes; one that finds the stream gone, live, or another
+// stream under its name only drops the marker. A marker only ever leads
+// to settleForks, which drops only forks found gone, so a stale one
+// (a soft delete that failed after writing it, a release that succeeded
+// on a retry) costs a visit and nothing else.
+
+// maxSettleEvery bounds the interval between two sweeps of a soft-deleted
+// stream that forks still read.
+const maxSettleEvery = 24 * time.Hour
+
+// armSettle writes the marker that has the expiry sweep settle the fork
+// count of stream name (internal id) at, should it be soft-deleted then.
+// Only the lease's owner writes markers.
+func (e *Engine) armSettle(ctx context.Context, name, id string, at time.Time) error {
+	if err := e.checkLease(); err != nil {
+		return fmt.Errorf("mark %s to be settled: %w", name, err)
+	}
+	if _, err := e.store.Put(ctx, expiryKey(at.UnixMilli(), name, id), nil, segment.PutOptions{}); err != nil {
+		return fmt.Errorf("mark %s to be settled: %w", name, err)
+	}
+	return nil
+}
+
+// nextSettle is when a stream soft-deleted at deletedAt (ms; 0 when
+// unknown) and still soft-deleted at now is settled next: the first point
+// after now of deletedAt + k*step, where step starts at graveTime and
+// doubles while the deletion is at least twice as old, up to
+// maxSettleEvery. A stream that forks read for long is visited rarely,
+// O(log) times in all up to the cap, and a day apart after it. The points
+// depend on the stream alone, and those of a longer step are points of
+// the shorter ones, so two markers of one stream (its soft delete's and a
+// failed release's) come to the same key and become one.
+func nextSettle(deletedAt, now int64, graveTime time.Duration) int64 {
+	step := max(graveTime, time.Second).Milliseconds()
+	age := now - deletedAt
+	if age < 0 {
+		age = 0
+	}
+	for step*2 <= age && step*2 <= maxSettleEvery.Milliseconds() {
+		step *= 2
+	}
+	return deletedAt + (age/step+1)*step
 }

@@ -744,3 +744,174 @@ func TestForksPastTheListAreCounted(t *testing.T) {
 		}
 	}
 }
+
+// TestForkCountSettledUntouched: a soft-deleted source without a TTL,
+// whose fork's release was lost with the process and which nobody
+// touches, is settled by the expiry sweep all the same: its soft delete
+// marks it, and the sweep marks it again while the fork still exists.
+// The source leaves the bucket, and so does its marker. It used to keep
+// its data for good: without an expiry marker, nothing came to it.
+func TestForkCountSettledUntouched(t *testing.T) {
+	ctx := context.Background()
+	const graveTime = 500 * time.Millisecond
+	markers := func(t *testing.T, st *hookedStore) []string {
+		t.Helper()
+		objs, _, err := st.List(ctx, expiryPrefix, "", 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, o := range objs {
+			if _, name, err := parseExpiryKey(o.Key); err == nil && name == "/src" {
+				out = append(out, o.Key)
+			}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		// afterSweep has the sweep visit the source, and find the fork
+		// there, before the fork's release is lost.
+		afterSweep bool
+		// loseMarker refuses the marker the failed release writes too.
+		loseMarker bool
+	}{
+		{name: "release lost"},
+		{name: "release and its marker lost after a sweep found the fork", afterSweep: true, loseMarker: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := newHookedStore()
+			e := startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: 100 * time.Millisecond})
+			if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Delete(ctx, "/src"); err != nil {
+				t.Fatal(err)
+			}
+			if tc.afterSweep {
+				first := markers(t, st)
+				if len(first) != 1 {
+					t.Fatalf("markers of the soft-deleted source: %q, want one", first)
+				}
+				var m []string
+				if err := waitUntil(15*time.Second, func() bool {
+					m = markers(t, st)
+					return len(m) == 1 && m[0] != first[0]
+				}); err != nil {
+					t.Fatalf("the source marked again by the sweep: %v; markers %q, the first %q", err, m, first)
+				}
+			}
+			st.setHook(func(op, key string) error {
+				if op == "PUT" && (key == metaKey("/src") || tc.loseMarker && strings.HasPrefix(key, expiryPrefix)) {
+					return errors.New("injected: PUT refused")
+				}
+				return nil
+			})
+			if err := e.Delete(ctx, "/fork"); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Close(ctx); err != nil {
+				t.Logf("close: %v", err)
+			}
+			st.setHook(nil)
+			startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: 100 * time.Millisecond})
+			// Read from the bucket: a lookup through the engine would
+			// touch the source and settle it there.
+			var (
+				data []byte
+				m    []string
+			)
+			if err := waitUntil(15*time.Second, func() bool {
+				var err error
+				data, _, err = st.Get(ctx, metaKey("/src"), 0, -1)
+				if err != nil && !errors.Is(err, segment.ErrNotFound) {
+					t.Fatal(err)
+				}
+				m = markers(t, st)
+				return (err != nil || isGrave(data)) && len(m) == 0
+			}); err != nil {
+				t.Fatalf("the source nobody touches after its last fork went: %v; metadata %s, markers %q; want a grave and no marker", err, data, m)
+			}
+		})
+	}
+}
+
+// TestNextSettle: the sweep of a soft-deleted stream comes back at
+// doubling intervals, on points fixed by the deletion time alone, up to
+// a day apart; an unknown deletion time gives the longest step.
+func TestNextSettle(t *testing.T) {
+	const s, g = int64(1000), 10 * time.Second
+	day := maxSettleEvery.Milliseconds()
+	for _, tc := range []struct {
+		name           string
+		deletedAt, now int64
+		graveTime      time.Duration
+		want           int64
+	}{
+		{"before the first point", 100 * s, 105 * s, g, 110 * s},
+		{"at the first point", 100 * s, 111 * s, g, 120 * s},
+		{"second interval", 100 * s, 121 * s, g, 140 * s},
+		{"third interval", 100 * s, 145 * s, g, 180 * s},
+		{"on a point", 100 * s, 140 * s, g, 180 * s},
+		{"capped", 0 + 1, 1 + 10*day, g, 1 + 10*day + (g.Milliseconds()<<13 - (10*day)%(g.Milliseconds()<<13))},
+		{"unknown deletion time", 0, 10 * day, g, (10*day/(g.Milliseconds()<<13) + 1) * (g.Milliseconds() << 13)},
+		{"clock behind the deletion", 100 * s, 90 * s, g, 110 * s},
+		{"grave time longer than the cap", 0, 3 * day, 2 * maxSettleEvery, 2 * day * 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := nextSettle(tc.deletedAt, tc.now, tc.graveTime); got != tc.want {
+				t.Errorf("nextSettle(%d, %d, %v) = %d, want %d", tc.deletedAt, tc.now, tc.graveTime, got, tc.want)
+			}
+		})
+	}
+	// Two markers of one stream swept at different times come to one.
+	a := nextSettle(100*s, 111*s, g)
+	b := nextSettle(100*s, 119*s, g)
+	if a != b {
+		t.Errorf("markers swept at 111 s and 119 s: next %d and %d, want one point", a, b)
+	}
+}
+
+// TestStaleSettleMarker: a soft delete whose metadata write fails leaves
+// the marker it wrote first; the sweep finds the source live and drops
+// the marker, and the source and its fork read as before.
+func TestStaleSettleMarker(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{GraveTime: 300 * time.Millisecond, ExpirySweep: 100 * time.Millisecond})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && key == metaKey("/src") {
+			return errors.New("injected: source metadata PUT refused")
+		}
+		return nil
+	})
+	if err := e.Delete(ctx, "/src"); err == nil {
+		t.Fatal("delete with the metadata PUT refused succeeded")
+	}
+	st.setHook(nil)
+	objs, _, err := st.List(ctx, expiryPrefix, "", 1000)
+	if err != nil || len(objs) != 1 {
+		t.Fatalf("markers after the failed delete: %v, %v; want the settle marker", objs, err)
+	}
+	if err := waitUntil(15*time.Second, func() bool {
+		objs, _, err = st.List(ctx, expiryPrefix, "", 1000)
+		return err == nil && len(objs) == 0
+	}); err != nil {
+		t.Fatalf("the stale marker: %v; markers %v", err, objs)
+	}
+	for _, name := range []string{"/src", "/fork"} {
+		got, err := e.Read(ctx, name, ReadRequest{})
+		if err != nil || len(got.Records) != 1 || string(got.Records[0].Body) != "aa" {
+			t.Errorf("read %s after the stale marker was swept: %+v, %v; want aa", name, got, err)
+		}
+	}
+}

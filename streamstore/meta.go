@@ -121,6 +121,10 @@ type metaObject struct {
 	// Deleted marks a soft-deleted stream: gone for clients, kept for its
 	// forks until the last one goes.
 	Deleted bool `json:"deleted,omitempty"`
+	// DeletedAt is when the stream was soft-deleted (ms); it anchors the
+	// schedule on which the expiry sweep settles its fork count
+	// (nextSettle). Zero on a stream soft-deleted by an earlier version.
+	DeletedAt int64 `json:"deleted_at_ms,omitempty"`
 	// Seeded marks a stream created with records: its create is a WAL
 	// entry that carries this object, which a replay writes if it is
 	// missing, so deleting the stream first writes an entry that undoes

@@ -1043,9 +1043,17 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 	// A stream with a deadline and no TTL has its expiry marker where its
 	// create put it, at the deadline, which may be years away: the sweep
 	// would only drop it then.
-	marker := ""
+	var markers []string
 	if s.meta.ExpiresAt != 0 && s.meta.TTLSeconds == 0 {
-		marker = expiryKey(s.meta.ExpiresAt, name, id)
+		markers = append(markers, expiryKey(s.meta.ExpiresAt, name, id))
+	}
+	// A soft-deleted stream's settle marker is due at the next point of
+	// its schedule (forks.go), a day away at most: gone with the stream,
+	// it costs the sweep no visit. One it misses (a sweep behind, a
+	// failed release's) the sweep drops when due.
+	if s.meta.Deleted && s.meta.DeletedAt != 0 {
+		next := nextSettle(s.meta.DeletedAt, time.Now().UnixMilli(), e.config().GraveTime)
+		markers = append(markers, expiryKey(next, name, id))
 	}
 	s.mu.Unlock()
 	if err := e.confirmOwner(ctx); err != nil {
@@ -1089,8 +1097,8 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 	e.mu.Unlock()
 	removed = true
 	e.kickGC()
-	if marker != "" {
-		if err := e.store.Delete(ctx, []string{marker}); err != nil {
+	if len(markers) > 0 {
+		if err := e.store.Delete(ctx, markers); err != nil {
 			e.log.Warn("removing a deleted stream's expiry marker failed; the sweep drops it when it is due",
 				zap.String("stream", name), zap.Error(err))
 		}
