@@ -388,20 +388,22 @@ func (e *Engine) settleForks(ctx context.Context, s *stream) bool {
 		s.forksSeen[f.ID] = struct{}{}
 		s.mu.Unlock()
 	}
-	if len(gone) == 0 {
-		return false
-	}
-	if err := e.updateMeta(ctx, s, func(m *metaObject) {
-		for _, id := range gone {
-			m.releaseFork(id, true)
+	if len(gone) > 0 {
+		if err := e.updateMeta(ctx, s, func(m *metaObject) {
+			for _, id := range gone {
+				m.releaseFork(id, true)
+			}
+		}); err != nil {
+			e.log.Warn("dropping the gone forks of a deleted stream from its count failed",
+				zap.String("stream", s.name), zap.Error(err))
+			return false
 		}
-	}); err != nil {
-		e.log.Warn("dropping the gone forks of a deleted stream from its count failed",
-			zap.String("stream", s.name), zap.Error(err))
-		return false
+		e.log.Info("a deleted stream counts no more the forks that are gone",
+			zap.String("stream", s.name), zap.Int("gone", len(gone)))
 	}
-	e.log.Info("a deleted stream counts no more the forks that are gone",
-		zap.String("stream", s.name), zap.Int("gone", len(gone)))
+	// With no fork counted (now, or already: a last release whose
+	// removal of s failed, and the process gone before a retry did it),
+	// s goes as its last release would have had it.
 	s.mu.Lock()
 	last := s.meta.Deleted && s.meta.Forks == 0
 	next, id := s.meta.Fork, s.meta.ID
@@ -422,9 +424,9 @@ func (e *Engine) settleForks(ctx context.Context, s *stream) bool {
 
 // forksToCheck returns the forks soft-deleted s lists, and the listing
 // time at or before which they are looked up, when settleForks has any
-// to look up: ok is false when s is live or gone, lists no fork listed
-// long enough and not found to exist already, or had its forks looked up
-// less than forkCheckEvery ago. It is cheap, so that a read of the 410
+// to look up, or counts none: ok is false when s is live or gone, counts
+// forks but lists none listed long enough and not found to exist
+// already, or had its forks looked up less than forkCheckEvery ago. It is cheap, so that a read of the 410
 // takes the name lock only when there is something to look up.
 func (e *Engine) forksToCheck(s *stream, now time.Time) (list []forkEntry, due int64, ok bool) {
 	grave := e.config().GraveTime
@@ -439,7 +441,8 @@ func (e *Engine) forksToCheck(s *stream, now time.Time) (list []forkEntry, due i
 	}
 	due = now.Add(-grave).UnixMilli()
 	list = s.meta.ForkList // never changed in place
-	ok = slices.ContainsFunc(list, func(f forkEntry) bool {
+	// A count at zero leaves nothing to look up, only s to remove.
+	ok = s.meta.Forks == 0 || slices.ContainsFunc(list, func(f forkEntry) bool {
 		_, seen := s.forksSeen[f.ID]
 		return f.At <= due && !seen
 	})

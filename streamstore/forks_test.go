@@ -915,3 +915,57 @@ func TestStaleSettleMarker(t *testing.T) {
 		}
 	}
 }
+
+// TestLostSourceRemovalIsSettled: a fork's release that brought its
+// soft-deleted source's count to zero, but whose removal of the source
+// failed and was lost with the process, leaves a source no fork counts;
+// the sweep removes it, with nobody touching it. It used to stay
+// soft-deleted for good: settling only ever looked up listed forks.
+func TestLostSourceRemovalIsSettled(t *testing.T) {
+	ctx := context.Background()
+	const graveTime = 300 * time.Millisecond
+	st := newHookedStore()
+	e := startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: 100 * time.Millisecond})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	data, _, err := st.Get(ctx, metaKey("/src"), 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := decodeMeta(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && key == gcKey(m.ID) {
+			return errors.New("injected: the source's tombstone PUT refused")
+		}
+		return nil
+	})
+	if err := e.Delete(ctx, "/fork"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Logf("close: %v", err)
+	}
+	st.setHook(nil)
+	if data, _, err = st.Get(ctx, metaKey("/src"), 0, -1); err != nil || isGrave(data) {
+		t.Fatalf("the source when the process ended: %s, %v; want its metadata, its removal lost", data, err)
+	}
+	startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: 100 * time.Millisecond})
+	// Read from the bucket: a lookup through the engine would touch the
+	// source.
+	if werr := waitUntil(15*time.Second, func() bool {
+		data, _, err = st.Get(ctx, metaKey("/src"), 0, -1)
+		return errors.Is(err, segment.ErrNotFound) || err == nil && isGrave(data)
+	}); werr != nil {
+		t.Fatalf("the source no fork counts, nobody touching it: %v; metadata %s, %v; want a grave", werr, data, err)
+	}
+}
