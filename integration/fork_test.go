@@ -586,59 +586,74 @@ func TestLostForkCountIsSettled(t *testing.T) {
 // TestUntouchedLostForkCountLeavesBucket: a deleted source whose fork's
 // release Caddy was killed retrying, and which nobody touches afterwards,
 // leaves the bucket all the same: its soft delete marked it for the
-// expiry sweep, which settles its count and removes it. Checked in
-// versitygw's bucket, past the proxy, so that no request touches the
-// source: its metadata (a grave at most grave_time), its expiry markers,
-// its data and its tombstone all go. Before, with no TTL, it kept its
-// metadata and data in the bucket for good.
+// expiry sweep, which settles its count and removes it. The release is
+// lost before the count went down (the source's metadata PUT refused),
+// or after, when the source's removal failed (its tombstone PUT
+// refused). Checked in versitygw's bucket, past the proxy, so that no
+// request touches the source: its metadata (a grave at most
+// grave_time), its expiry markers, its data and its tombstone all go.
+// Before, it kept its metadata and data in the bucket for good.
 func TestUntouchedLostForkCountLeavesBucket(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	e := fhStart(t, fhOptions{Directives: []string{"grave_time 1s", "expiry_sweep_interval 300ms"}})
-	const src, fork = "/untouched/src", "/untouched/fork"
-	srcHex := hex.EncodeToString([]byte(src))
-	e.create(src, textPlain)
-	e.append(src, textPlain, []byte("hello"))
-	e.must(fhReq{Method: http.MethodPut, Path: fork, Header: map[string]string{"Stream-Forked-From": src}})
-	meta, err := e.get("streams/" + srcHex + ".m")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(meta, &m); err != nil || m.ID == "" {
-		t.Fatalf("the source's metadata %s: %v", meta, err)
-	}
-	if r := e.must(fhReq{Method: http.MethodDelete, Path: src}); r.Status != http.StatusNoContent {
-		t.Fatalf("DELETE %s: %s", src, r)
-	}
-	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: srcHex + ".m", Status: http.StatusInternalServerError})
-	r := e.must(fhReq{Method: http.MethodDelete, Path: fork})
-	if r.Status != http.StatusNoContent {
-		remove()
-		t.Fatalf("DELETE %s: %s", fork, r)
-	}
-	// The release failed and is being retried: the process dies with it.
-	e.caddy.Kill()
-	remove()
-	e.caddy.Restart()
-	left := func() []string {
-		var keys []string
-		for _, o := range e.mustList("") {
-			if strings.Contains(o.Key, srcHex) || strings.Contains(o.Key, m.ID) {
-				keys = append(keys, o.Key)
+	for _, tc := range []struct {
+		name string
+		// refuse is what the proxy refuses while the fork's release is
+		// under way, given the source's name in hex and its internal id.
+		refuse func(srcHex, id string) string
+	}{
+		{"count not lowered", func(srcHex, id string) string { return srcHex + ".m" }},
+		{"source not removed", func(srcHex, id string) string { return "gc/" + id }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := fhStart(t, fhOptions{Directives: []string{"grave_time 1s", "expiry_sweep_interval 300ms"}})
+			const src, fork = "/untouched/src", "/untouched/fork"
+			srcHex := hex.EncodeToString([]byte(src))
+			e.create(src, textPlain)
+			e.append(src, textPlain, []byte("hello"))
+			e.must(fhReq{Method: http.MethodPut, Path: fork, Header: map[string]string{"Stream-Forked-From": src}})
+			meta, err := e.get("streams/" + srcHex + ".m")
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		return keys
-	}
-	if err := fhWaitFor(60*time.Second, 200*time.Millisecond, func() error {
-		if keys := left(); len(keys) > 0 {
-			return fmt.Errorf("the source's keys in the bucket: %q", keys)
-		}
-		return nil
-	}); err != nil {
-		t.Fatalf("a deleted source no fork reads, nobody touching it: %v; want none", err)
+			var m struct {
+				ID string `json:"id"`
+			}
+			if err := json.Unmarshal(meta, &m); err != nil || m.ID == "" {
+				t.Fatalf("the source's metadata %s: %v", meta, err)
+			}
+			if r := e.must(fhReq{Method: http.MethodDelete, Path: src}); r.Status != http.StatusNoContent {
+				t.Fatalf("DELETE %s: %s", src, r)
+			}
+			remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: tc.refuse(srcHex, m.ID), Status: http.StatusInternalServerError})
+			r := e.must(fhReq{Method: http.MethodDelete, Path: fork})
+			if r.Status != http.StatusNoContent {
+				remove()
+				t.Fatalf("DELETE %s: %s", fork, r)
+			}
+			// The release failed and is being retried: the process dies
+			// with it.
+			e.caddy.Kill()
+			remove()
+			e.caddy.Restart()
+			left := func() []string {
+				var keys []string
+				for _, o := range e.mustList("") {
+					if strings.Contains(o.Key, srcHex) || strings.Contains(o.Key, m.ID) {
+						keys = append(keys, o.Key)
+					}
+				}
+				return keys
+			}
+			if err := fhWaitFor(60*time.Second, 200*time.Millisecond, func() error {
+				if keys := left(); len(keys) > 0 {
+					return fmt.Errorf("the source's keys in the bucket: %q", keys)
+				}
+				return nil
+			}); err != nil {
+				t.Fatalf("a deleted source no fork reads, nobody touching it: %v; want none", err)
+			}
+		})
 	}
 }
