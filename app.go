@@ -85,7 +85,7 @@ func (a *App) Start() error {
 				// find the other spelling.
 				err = fmt.Errorf("%w; open here as %s", err, strings.Join(openStorages(key), ", "))
 			}
-			return fmt.Errorf("starting storage %s: %w", key, err)
+			return fmt.Errorf("starting storage %s: %w", storageLabel(key), err)
 		}
 	}
 	return nil
@@ -122,7 +122,7 @@ func (a *App) Cleanup() error {
 	for key, e := range a.refs {
 		e.ref.release(a)
 		if _, err := engines.Delete(key); err != nil {
-			errs = append(errs, fmt.Errorf("closing storage %s: %w", key, err))
+			errs = append(errs, fmt.Errorf("closing storage %s: %w", storageLabel(key), err))
 		}
 	}
 	a.refs = nil
@@ -172,12 +172,22 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 	if a.refs == nil {
 		return nil, errors.New("picomq app is not provisioned")
 	}
+	label := storageLabel(key)
+	for k := range a.refs {
+		// Keys that differ only in credentials name one storage. Left to
+		// the metrics registry, they would fail with a duplicate-collector
+		// error that says nothing of why.
+		if k != key && storageLabel(k) == label {
+			return nil, fmt.Errorf("storage %s: %w; two handlers' URLs differ only in credentials",
+				label, segment.ErrLeaseHeldHere)
+		}
+	}
 	if e, ok := a.refs[key]; ok {
 		if e.settings != s {
 			return nil, fmt.Errorf("handlers using storage %s disagree on %s; "+
 				"engine settings (flush_interval, flush_size, flush_quiet, max_pending, cache_size, compact_interval, "+
 				"pack_below, s3_timeout, expiry_sweep_interval, grave_time) must be the same in every handler of a storage",
-				storageLabel(key), settingsDiff(e.settings, s))
+				label, settingsDiff(e.settings, s))
 		}
 		return e.ref, nil
 	}
@@ -258,7 +268,7 @@ func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Lo
 	return &engineRef{
 		key:      key,
 		store:    store,
-		log:      log.With(zap.String("storage", key)),
+		log:      log.With(zap.String("storage", storageLabel(key))),
 		ready:    make(chan struct{}),
 		settings: s,
 		fanout:   newFanout(),

@@ -31,11 +31,21 @@ func defaultStorageURL() string {
 // so that spellings of one location ("s3://b/p/" and "S3://b/p", reordered
 // query parameters) share one engine. It checks only what it needs to build
 // the key; segment.Open is the authority on the rest.
+//
+// The key keeps the query, so credentials written into the endpoint
+// parameter are in it: a log line, error or metric label that names a
+// storage uses storageLabel(key), never the key or the URL itself.
 func storageKey(raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
+		// A *url.Error quotes the whole URL, credentials and all.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return "", fmt.Errorf("parsing storage URL: %w", err)
 	}
+	raw = storageLabel(raw) // the URL as the errors below may show it
 	switch strings.ToLower(u.Scheme) {
 	case "file":
 		if u.Host != "" && u.Host != "localhost" {

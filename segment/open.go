@@ -2,6 +2,7 @@ package segment
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"path/filepath"
@@ -92,8 +93,14 @@ func (l Location) String() string {
 func ParseLocation(rawURL string) (Location, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
+		// A *url.Error quotes the whole URL, credentials and all.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return Location{}, fmt.Errorf("storage URL: %w", err)
 	}
+	rawURL = redactURL(u) // the URL as the errors below may show it
 	switch u.Scheme {
 	case "s3":
 		return parseS3Location(u)
@@ -119,10 +126,10 @@ func ParseLocation(rawURL string) (Location, error) {
 func parseS3Location(u *url.URL) (Location, error) {
 	l := Location{Scheme: "s3", Bucket: u.Host}
 	if l.Bucket == "" {
-		return Location{}, fmt.Errorf("storage URL %q: no bucket", u.Redacted())
+		return Location{}, fmt.Errorf("storage URL %q: no bucket", redactURL(u))
 	}
 	if u.User != nil {
-		return Location{}, fmt.Errorf("storage URL %q: credentials do not belong in the URL; use the AWS credential chain", u.Redacted())
+		return Location{}, fmt.Errorf("storage URL %q: credentials do not belong in the URL; use the AWS credential chain", redactURL(u))
 	}
 	if !validBucketName(l.Bucket) {
 		return Location{}, fmt.Errorf("storage URL: invalid bucket name %q", l.Bucket)
@@ -142,7 +149,7 @@ func parseS3Location(u *url.URL) (Location, error) {
 		case "endpoint":
 			e, err := url.Parse(v)
 			if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
-				return Location{}, fmt.Errorf("storage URL: endpoint %q must be an http(s) URL", v)
+				return Location{}, fmt.Errorf("storage URL: endpoint %q must be an http(s) URL", redactEndpoint(v))
 			}
 			l.Endpoint = strings.TrimRight(v, "/")
 		case "path_style":
@@ -156,6 +163,32 @@ func parseS3Location(u *url.URL) (Location, error) {
 		}
 	}
 	return l, nil
+}
+
+// redactURL is u as errors may show it: without user information, in the
+// URL or in its endpoint parameter, where an operator may have put an
+// access key and secret.
+func redactURL(u *url.URL) string {
+	c := *u
+	c.User = nil
+	if q := c.Query(); q.Has("endpoint") {
+		for i, v := range q["endpoint"] {
+			q["endpoint"][i] = redactEndpoint(v)
+		}
+		c.RawQuery = q.Encode()
+	}
+	return c.String()
+}
+
+// redactEndpoint is an endpoint parameter without user information; one
+// that does not parse is hidden whole, as it may be a mistyped secret.
+func redactEndpoint(v string) string {
+	e, err := url.Parse(v)
+	if err != nil {
+		return "(unparsable)"
+	}
+	e.User = nil
+	return e.String()
 }
 
 // validBucketName accepts what S3-compatible stores accept in practice:

@@ -447,6 +447,9 @@ func TestParseS3Location(t *testing.T) {
 		"s3://", "s3:///prefix", "s3://b", "s3://UPPER/p", "s3://bkt/a//b",
 		"s3://bkt?endpoint=ftp://x", "s3://bkt?endpoint=nohost", "s3://bkt?path_style=maybe",
 		"s3://bkt?regoin=x", "s3://bkt?region=a&region=b", "s3://key:secret@bkt/p",
+		// Wherever the URL syntax lets credentials in, errors leave them out.
+		"s3://key:secret^@bkt/p", "s3://bkt?endpoint=ftp://key:secret@x", "file://key:secret@host/dir",
+		"s4://key:secret@bkt/p",
 	}
 	for _, b := range bad {
 		if _, err := segment.ParseLocation(b); err == nil {
