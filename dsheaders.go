@@ -46,18 +46,61 @@ const (
 	cacheControlEventFeed = "no-cache"
 )
 
+// How long a cache may keep a read answer, and serve it stale while it
+// asks again: the cacheControlCatchUp and cacheControlPrivate values.
+const (
+	cacheMaxAge               = 60
+	cacheStaleWhileRevalidate = 300
+)
+
 // readCacheControl is the Cache-Control of a read answer that may be kept
-// (data, or a closed stream's EOF). A request that carries credentials gets
-// "private": a shared cache (a CDN) may not reuse the answer to a request
-// with Authorization unless the response says "public" (RFC 9111 section
-// 3.5), so "public" there would hand a reader's stream to clients without
-// credentials; section 10.1 asks for "private" on streams that may be
-// user-specific, and a server behind an authenticating proxy cannot tell.
-func readCacheControl(r *http.Request) string {
-	if r.Header.Get("Authorization") != "" {
-		return cacheControlPrivate
+// (data, or a closed stream's EOF) of a stream with expiry x, read at or
+// after readAt. A request that carries credentials gets "private": a shared
+// cache (a CDN) may not reuse the answer to a request with Authorization
+// unless the response says "public" (RFC 9111 section 3.5), so "public"
+// there would hand a reader's stream to clients without credentials;
+// section 10.1 asks for "private" on streams that may be user-specific, and
+// a server behind an authenticating proxy cannot tell.
+func readCacheControl(r *http.Request, x streamstore.Expiry, readAt time.Time) string {
+	return cacheControlFor(r.Header.Get("Authorization") != "", x, readAt, time.Now())
+}
+
+// cacheControlFor is readCacheControl at time now. A stream that expires
+// must not outlive its deadline in a cache: a CDN would go on serving its
+// chunks after the server has forgotten it, and cached reads never reach
+// the server to renew a sliding TTL. So max-age and stale-while-revalidate
+// together fit in the whole seconds left; under one second, nothing may be
+// kept. A sliding TTL's deadline is as of readAt, a time no later than the
+// read's own renewal, so the estimate errs short.
+func cacheControlFor(withCredentials bool, x streamstore.Expiry, readAt, now time.Time) string {
+	maxAge, swr := int64(cacheMaxAge), int64(cacheStaleWhileRevalidate)
+	if !x.IsZero() {
+		deadline := x.ExpiresAt
+		if x.TTL > 0 {
+			deadline = readAt.Add(x.TTL)
+		}
+		left := int64(deadline.Sub(now) / time.Second)
+		if left < 1 {
+			return cacheControlNoStore
+		}
+		maxAge = min(maxAge, left)
+		swr = min(swr, left-maxAge)
 	}
-	return cacheControlCatchUp
+	if maxAge == cacheMaxAge && swr == cacheStaleWhileRevalidate {
+		if withCredentials {
+			return cacheControlPrivate
+		}
+		return cacheControlCatchUp
+	}
+	cc := "public"
+	if withCredentials {
+		cc = "private"
+	}
+	cc += ", max-age=" + strconv.FormatInt(maxAge, 10)
+	if swr > 0 {
+		cc += ", stale-while-revalidate=" + strconv.FormatInt(swr, 10)
+	}
+	return cc
 }
 
 // isTrue implements the protocol's Stream-Closed rule: the header counts only

@@ -396,3 +396,42 @@ func TestConflictingHeader(t *testing.T) {
 		})
 	}
 }
+
+// TestCacheControlForExpiringStreams: a cacheable read answer of a stream
+// that expires is kept no longer than the stream lives, stale serving
+// included, and not at all in its last second.
+func TestCacheControlForExpiringStreams(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tc := range []struct {
+		name   string
+		x      streamstore.Expiry
+		readAt time.Time
+		creds  bool
+		want   string
+	}{
+		{"no expiry", streamstore.Expiry{}, now, false, cacheControlCatchUp},
+		{"no expiry, credentials", streamstore.Expiry{}, now, true, cacheControlPrivate},
+		{"far deadline", streamstore.Expiry{ExpiresAt: now.Add(time.Hour)}, now, false, cacheControlCatchUp},
+		{"deadline just fits", streamstore.Expiry{ExpiresAt: now.Add(360 * time.Second)}, now, false, cacheControlCatchUp},
+		{"deadline in 5m", streamstore.Expiry{ExpiresAt: now.Add(5 * time.Minute)}, now, false,
+			"public, max-age=60, stale-while-revalidate=240"},
+		{"deadline in 90.9s", streamstore.Expiry{ExpiresAt: now.Add(90900 * time.Millisecond)}, now, true,
+			"private, max-age=60, stale-while-revalidate=30"},
+		{"deadline in 60s", streamstore.Expiry{ExpiresAt: now.Add(time.Minute)}, now, false, "public, max-age=60"},
+		{"deadline in 10.5s", streamstore.Expiry{ExpiresAt: now.Add(10500 * time.Millisecond)}, now, false, "public, max-age=10"},
+		{"deadline in 1s", streamstore.Expiry{ExpiresAt: now.Add(time.Second)}, now, true, "private, max-age=1"},
+		{"deadline in 999ms", streamstore.Expiry{ExpiresAt: now.Add(999 * time.Millisecond)}, now, false, cacheControlNoStore},
+		{"deadline passed", streamstore.Expiry{ExpiresAt: now.Add(-time.Second)}, now, false, cacheControlNoStore},
+		// A sliding TTL runs from the read, which the answer follows.
+		{"ttl 1h", streamstore.Expiry{TTL: time.Hour}, now, false, cacheControlCatchUp},
+		{"ttl 30s", streamstore.Expiry{TTL: 30 * time.Second}, now, false, "public, max-age=30"},
+		{"ttl 30s, read 200ms ago", streamstore.Expiry{TTL: 30 * time.Second}, now.Add(-200 * time.Millisecond), false,
+			"public, max-age=29"},
+		{"ttl 2m", streamstore.Expiry{TTL: 2 * time.Minute}, now, true, "private, max-age=60, stale-while-revalidate=60"},
+		{"ttl 1s, read 1ms ago", streamstore.Expiry{TTL: time.Second}, now.Add(-time.Millisecond), false, cacheControlNoStore},
+	} {
+		if got := cacheControlFor(tc.creds, tc.x, tc.readAt, now); got != tc.want {
+			t.Errorf("%s: Cache-Control %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

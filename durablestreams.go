@@ -572,6 +572,7 @@ func (d *durableStreams) get(w http.ResponseWriter, r *http.Request, name string
 
 // catchUp answers a plain GET with at most one chunk.
 func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, off readOffset) {
+	readAt := time.Now() // no later than the read's renewal of a sliding TTL
 	c, err := d.read(r.Context(), eng, name, off)
 	if err != nil {
 		d.readError(w, r, err)
@@ -588,13 +589,14 @@ func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *st
 		// answers never change, so only they are cacheable.
 		d.writeChunk(w, r, c, "", cacheControlNoStore, true)
 	default:
-		d.writeChunk(w, r, c, "", readCacheControl(r), true)
+		d.writeChunk(w, r, c, "", readCacheControl(r, c.info.Expiry, readAt), true)
 	}
 }
 
 // longPoll answers at once when data is there, else waits up to the
 // long-poll timeout for some.
 func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, off readOffset, clientCursor string) {
+	readAt := time.Now() // no later than any read's renewal of a sliding TTL
 	c, err := d.read(r.Context(), eng, name, off)
 	if err != nil {
 		d.readError(w, r, err)
@@ -607,12 +609,12 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 	// cached answer would give clients that come later records from
 	// before they asked, not the first ones after. As for a catch-up read
 	// at now, no-store and no ETag.
-	cacheControl, withETag := readCacheControl(r), true
-	if off.kind == offsetNow {
-		cacheControl, withETag = cacheControlNoStore, false
-	}
 	for {
 		if c.hasData() {
+			cacheControl, withETag := readCacheControl(r, c.info.Expiry, readAt), true
+			if off.kind == offsetNow {
+				cacheControl, withETag = cacheControlNoStore, false
+			}
 			d.writeChunk(w, r, c, cursor, cacheControl, withETag)
 			return
 		}

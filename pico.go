@@ -744,13 +744,14 @@ func (p *picoProtocol) get(w http.ResponseWriter, r *http.Request, name string) 
 
 // catchUp answers a plain read with one page.
 func (p *picoProtocol) catchUp(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, q picoReadQuery) {
+	readAt := time.Now() // no later than the read's renewal of a sliding TTL
 	pg, err := p.read(r.Context(), eng, name, q)
 	if err != nil {
 		p.engineError(w, r, err)
 		return
 	}
 	defer pg.release()
-	cc := readCacheControl(r)
+	cc := readCacheControl(r, pg.info.Expiry, readAt)
 	if q.now || (len(pg.records) == 0 && !pg.closed) {
 		// The tail moves: a cached "nothing here yet" would hide the next
 		// records from pollers for as long as it is kept.
