@@ -1126,7 +1126,7 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := m.checkWakeLocked(w, r, root, id, body.WakeID, body.Generation)
+	s := m.checkWakeLocked(w, r, root, id, body.WakeID, body.Generation, !webhook)
 	if s == nil {
 		return
 	}
@@ -1180,7 +1180,7 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.lookupLocked(w, root, id)
-	if s == nil {
+	if s == nil || !pullWakeOnly(w, s) {
 		return
 	}
 	now := time.Now()
@@ -1219,7 +1219,7 @@ func (m *subManager) handleRelease(w http.ResponseWriter, r *http.Request, root,
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := m.checkWakeLocked(w, r, root, id, body.WakeID, body.Generation)
+	s := m.checkWakeLocked(w, r, root, id, body.WakeID, body.Generation, true)
 	if s == nil {
 		return
 	}
@@ -1228,11 +1228,26 @@ func (m *subManager) handleRelease(w http.ResponseWriter, r *http.Request, root,
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// pullWakeOnly refuses a claim, ack or release (section 7.2, pull-wake's
+// endpoints) of a webhook subscription with 400, as the reference server
+// does, and reports whether s is pull-wake. Taken on a webhook
+// subscription, a claim would hold a lease of its own that keeps every
+// webhook delivery off until it runs out, and a release would end the
+// wake in flight without an ack.
+func pullWakeOnly(w http.ResponseWriter, s *subState) bool {
+	if s.Config.Type == "pull-wake" {
+		return true
+	}
+	subError(w, http.StatusBadRequest, "INVALID_REQUEST", "subscription is not pull-wake: claim, ack and release are for pull-wake subscriptions")
+	return false
+}
+
 // checkWakeLocked applies section 7.3: the token is valid for this
 // subscription and its current generation and wake, and so is the request.
-func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, root, id, wakeID string, gen uint64) *subState {
+// With pullOnly (the ack and release endpoints) s must be pull-wake.
+func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, root, id, wakeID string, gen uint64, pullOnly bool) *subState {
 	s := m.lookupLocked(w, root, id)
-	if s == nil {
+	if s == nil || (pullOnly && !pullWakeOnly(w, s)) {
 		return nil
 	}
 	auth := r.Header.Get("Authorization")

@@ -555,3 +555,55 @@ func TestSubscriptionStreamLimit(t *testing.T) {
 		t.Fatalf("GET after the refused additions: %d, %d streams, want %d", st, len(got), subMaxStreams)
 	}
 }
+
+// TestPullWakeEndpointsRefuseWebhookSubscription: claim, ack and release
+// are pull-wake's (section 7.2) and answer 400 INVALID_REQUEST for a
+// webhook subscription, as the reference server does. A claim used to be
+// granted: its lease kept webhook deliveries off until it ran out, and the
+// release of the wake it took ended the wake in flight without an ack.
+// The webhook's callback stays what acks its wake.
+func TestPullWakeEndpointsRefuseWebhookSubscription(t *testing.T) {
+	deliveries := make(chan map[string]any, 16)
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		deliveries <- body
+		io.WriteString(w, `{}`) // asynchronous: the wake stays in flight
+	}))
+	defer recv.Close()
+	n := startSubNode(t, t.TempDir())
+	const sub = "/s/__ds/subscriptions/hook"
+	if st, v := n.call(t, "PUT", sub, `{"type":"webhook","streams":["orders"],"webhook":{"url":"`+recv.URL+`/h"},"lease_ttl_ms":600000}`); st != 201 {
+		t.Fatalf("create: %d %v", st, v)
+	}
+	if st, v := n.call(t, "POST", sub+"/claim", `{"worker":"w1"}`); st != 400 || errCode(v) != "INVALID_REQUEST" {
+		t.Fatalf("claim of a webhook subscription: %d %v, want 400 INVALID_REQUEST", st, v)
+	}
+	if st, _ := n.call(t, "PUT", "/s/orders", `{"n":1}`); st != 201 {
+		t.Fatalf("create stream: %d", st)
+	}
+	var d map[string]any
+	select {
+	case d = <-deliveries:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no webhook delivery after the refused claim")
+	}
+	tail := d["streams"].([]any)[0].(map[string]any)["tail_offset"].(string)
+	wake := `{"wake_id":"` + d["wake_id"].(string) + `","generation":` + strconv.Itoa(int(d["generation"].(float64)))
+	bearer := "Bearer " + d["callback_token"].(string)
+	for _, tc := range []struct{ path, body string }{
+		{sub + "/release", wake + `}`},
+		{sub + "/ack", wake + `,"acks":[{"stream":"orders","offset":"` + tail + `"}],"done":true}`},
+	} {
+		if st, v := n.call(t, "POST", tc.path, tc.body, "Authorization", bearer); st != 400 || errCode(v) != "INVALID_REQUEST" {
+			t.Errorf("POST %s of a webhook subscription: %d %v, want 400 INVALID_REQUEST", tc.path, st, v)
+		}
+	}
+	cb := wake + `,"acks":[{"stream":"orders","offset":"` + tail + `"}],"done":true}`
+	if st, v := n.call(t, "POST", sub+"/callback", cb, "Authorization", bearer); st != 200 || v["ok"] != true {
+		t.Fatalf("callback after the refused requests: %d %v (the wake should still be in flight)", st, v)
+	}
+	if _, v := n.call(t, "GET", sub, ""); v["streams"].([]any)[0].(map[string]any)["acked_offset"] != tail {
+		t.Fatalf("after the callback: %v, want acked %s", v, tail)
+	}
+}
