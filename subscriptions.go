@@ -501,21 +501,30 @@ func (m *subManager) run() {
 		case <-m.kick:
 		case <-t.C:
 		}
-		m.qmu.Lock()
-		notes := m.queue
-		m.queue = nil
-		m.qmu.Unlock()
 		m.mu.Lock()
-		names := make([]string, 0, len(notes))
-		for name := range notes {
-			names = append(names, name)
-		}
-		sort.Strings(names)
-		for _, name := range names {
-			m.applyNoteLocked(notes[name])
-		}
+		m.applyQueuedLocked()
 		m.tickLocked(time.Now())
 		m.mu.Unlock()
+	}
+}
+
+// applyQueuedLocked applies the queued append and delete notes. The queue
+// is only taken with m.mu held, so whoever holds m.mu sees every append
+// the engine announced so far, applied or queued: a worker's ack of a
+// record it read (announced before it could be read) is never judged
+// against a tail that does not have it yet.
+func (m *subManager) applyQueuedLocked() {
+	m.qmu.Lock()
+	notes := m.queue
+	m.queue = nil
+	m.qmu.Unlock()
+	names := make([]string, 0, len(notes))
+	for name := range notes {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		m.applyNoteLocked(notes[name])
 	}
 }
 
@@ -1126,6 +1135,10 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// Tails as of now: an ack of records appended since the wake (the
+	// worker may read on) moves the cursor, where a tail still waiting in
+	// the queue refused it in silence.
+	m.applyQueuedLocked()
 	s := m.checkWakeLocked(w, r, root, id, body.WakeID, body.Generation, !webhook)
 	if s == nil {
 		return

@@ -607,3 +607,49 @@ func TestPullWakeEndpointsRefuseWebhookSubscription(t *testing.T) {
 		t.Fatalf("after the callback: %v, want acked %s", v, tail)
 	}
 }
+
+// TestAckOfRecordStillQueuedMoves: a worker may read on past the tails its
+// claim offered and ack what it read. The engine announces an append
+// before the records can be read, but the subscription manager took that
+// announcement off its queue and applied it only when its loop came
+// round, so an ack that got the lock first was judged against the old
+// tail and dropped in silence (200, ok, cursor unmoved: the records were
+// delivered again). The manager here runs no loop, so the announcement
+// stays queued, as it does while the loop waits for the lock.
+func TestAckOfRecordStillQueuedMoves(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	if st, _ := n.call(t, "PUT", "/v1/stream/events/a", `{"n":1}`); st != 201 {
+		t.Fatalf("create stream: %d", st)
+	}
+	info, err := n.eng.Head(context.Background(), "/v1/stream/events/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	loaded := make(chan struct{})
+	close(loaded)
+	m := &subManager{eng: n.eng, log: zaptest.NewLogger(t), loaded: loaded, subs: map[string]*subState{},
+		kick: make(chan struct{}, 1), ctx: ctx, mac: randBytes(32)}
+	const root = "/v1/stream/"
+	s := &subState{ID: "p1", Root: root, Config: subConfig{Type: "pull-wake", Pattern: "events/*", WakeStream: "wake", LeaseTTLms: 600000},
+		Links:      map[string]*subLink{"events/a": {Glob: true, Acked: 1, Tail: 1, Stream: info.ID}},
+		Generation: 3, WakeID: "w_test", Holder: "w1", LeaseUntil: time.Now().Add(time.Hour).UnixMilli(),
+		key: subDocKey(root, "p1")}
+	m.subs[s.key] = s
+	n.eng.OnAppend(m.noteAppend)
+	if st, _ := n.call(t, "POST", "/v1/stream/events/a", `{"n":2}`); st != 204 && st != 200 {
+		t.Fatalf("append: %d", st)
+	}
+	ack := `{"wake_id":"w_test","generation":3,"acks":[{"stream":"events/a","offset":"` + (position{seq: 2}).String() + `"}]}`
+	req := httptest.NewRequest("POST", root+"__ds/subscriptions/p1/ack", strings.NewReader(ack))
+	req.Header.Set("Authorization", "Bearer "+m.tokenLocked(s))
+	rec := httptest.NewRecorder()
+	m.handleAck(rec, req, root, "p1", false)
+	if rec.Code != 200 {
+		t.Fatalf("ack: %d %s", rec.Code, rec.Body)
+	}
+	if l := s.Links["events/a"]; l.Acked != 2 || l.Tail != 2 {
+		t.Fatalf("after the ack of seq 2: acked %d tail %d, want 2 and 2", l.Acked, l.Tail)
+	}
+}
