@@ -872,7 +872,7 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	if s, ok := m.subs[key]; ok {
 		defer m.mu.Unlock()
 		if s.Hash != hash {
-			subError(w, http.StatusConflict, "SUBSCRIPTION_EXISTS", "a subscription with this id has a different configuration")
+			subError(w, http.StatusConflict, "SUBSCRIPTION_ALREADY_EXISTS", "a subscription with this id has a different configuration")
 			return
 		}
 		writeJSONStatus(w, http.StatusOK, "application/json", m.viewLocked(s, r))
@@ -921,7 +921,7 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	defer m.mu.Unlock()
 	if prev, ok := m.subs[key]; ok { // a concurrent PUT won
 		if prev.Hash != hash {
-			subError(w, http.StatusConflict, "SUBSCRIPTION_EXISTS", "a subscription with this id has a different configuration")
+			subError(w, http.StatusConflict, "SUBSCRIPTION_ALREADY_EXISTS", "a subscription with this id has a different configuration")
 			return
 		}
 		writeJSONStatus(w, http.StatusOK, "application/json", m.viewLocked(prev, r))
@@ -1265,13 +1265,19 @@ func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, roo
 	}
 	auth := r.Header.Get("Authorization")
 	tok, ok := strings.CutPrefix(auth, "Bearer ")
+	// The codes are the reference server's (TOKEN_INVALID, TOKEN_EXPIRED),
+	// which its client's error type lists; the protocol names none.
 	if !ok {
-		subError(w, http.StatusUnauthorized, "UNAUTHORIZED", "a bearer token is required")
+		subError(w, http.StatusUnauthorized, "TOKEN_INVALID", "a bearer token is required")
 		return nil
 	}
 	claims, err := m.verifyTokenLocked(strings.TrimSpace(tok))
-	if err != nil || claims.Sub != s.key {
-		subError(w, http.StatusUnauthorized, "UNAUTHORIZED", "invalid token")
+	switch {
+	case errors.Is(err, errTokenExpired) && claims.Sub == s.key:
+		subError(w, http.StatusUnauthorized, "TOKEN_EXPIRED", "token expired")
+		return nil
+	case err != nil || claims.Sub != s.key:
+		subError(w, http.StatusUnauthorized, "TOKEN_INVALID", "invalid token")
 		return nil
 	}
 	// A lease past its time is over (section 7.3) whether or not the
@@ -1285,6 +1291,9 @@ func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, roo
 }
 
 // --- tokens ----------------------------------------------------------------
+
+// errTokenExpired is a token that was valid, and is past its expiry.
+var errTokenExpired = errors.New("token expired")
 
 type tokenClaims struct {
 	Sub  string `json:"sub"` // subscription document key
@@ -1326,7 +1335,7 @@ func (m *subManager) verifyTokenLocked(tok string) (tokenClaims, error) {
 		return c, err
 	}
 	if time.Now().Unix() > c.Exp {
-		return c, errors.New("token expired")
+		return c, errTokenExpired
 	}
 	return c, nil
 }

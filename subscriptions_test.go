@@ -3,6 +3,8 @@ package picomq
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -651,5 +653,46 @@ func TestAckOfRecordStillQueuedMoves(t *testing.T) {
 	}
 	if l := s.Links["events/a"]; l.Acked != 2 || l.Tail != 2 {
 		t.Fatalf("after the ack of seq 2: acked %d tail %d, want 2 and 2", l.Acked, l.Tail)
+	}
+}
+
+// TestSubscriptionErrorCodes: the control API's error codes are the
+// reference server's, which its client's SubscriptionErrorCode lists (the
+// protocol names only FENCED and ALREADY_CLAIMED): a PUT of another
+// configuration under an existing id is SUBSCRIPTION_ALREADY_EXISTS (it
+// was SUBSCRIPTION_EXISTS), and a missing or bad bearer token
+// TOKEN_INVALID and an expired one TOKEN_EXPIRED (both were UNAUTHORIZED).
+func TestSubscriptionErrorCodes(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	n.pullSubscribe(t, sub)
+	m := n.Config.Handler.(*durableStreams).subs.cur.Load()
+	m.mu.Lock()
+	s := m.subs[subDocKey("/v1/stream/", "p1")]
+	claims, _ := json.Marshal(tokenClaims{Sub: s.key, Gen: s.Generation, Wake: s.WakeID, Exp: time.Now().Add(-time.Minute).Unix()})
+	p := base64.RawURLEncoding.EncodeToString(claims)
+	h := hmac.New(sha256.New, m.mac)
+	h.Write([]byte(p))
+	expired := p + "." + base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+	m.mu.Unlock()
+	const body = `{"wake_id":"w_x","generation":1}`
+	for _, tc := range []struct {
+		name, method, path, body, auth string
+		status                         int
+		code                           string
+	}{
+		{"other configuration", "PUT", sub, `{"type":"pull-wake","pattern":"other/*","wake_stream":"wake/pool"}`, "", 409, "SUBSCRIPTION_ALREADY_EXISTS"},
+		{"no token", "POST", sub + "/ack", body, "", 401, "TOKEN_INVALID"},
+		{"not bearer", "POST", sub + "/release", body, "Basic eDp5", 401, "TOKEN_INVALID"},
+		{"forged token", "POST", sub + "/ack", body, "Bearer forged.token", 401, "TOKEN_INVALID"},
+		{"expired token", "POST", sub + "/ack", body, "Bearer " + expired, 401, "TOKEN_EXPIRED"},
+	} {
+		var hdr []string
+		if tc.auth != "" {
+			hdr = []string{"Authorization", tc.auth}
+		}
+		if st, v := n.call(t, tc.method, tc.path, tc.body, hdr...); st != tc.status || errCode(v) != tc.code {
+			t.Errorf("%s: %d %v, want %d %s", tc.name, st, v, tc.status, tc.code)
+		}
 	}
 }
