@@ -1192,6 +1192,7 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.applyQueuedLocked() // pending work as of now
 	s := m.lookupLocked(w, root, id)
 	if s == nil || !pullWakeOnly(w, s) {
 		return
@@ -1201,6 +1202,15 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 		writeJSONStatus(w, http.StatusConflict, "application/json", map[string]any{"error": map[string]any{
 			"code": "ALREADY_CLAIMED", "current_holder": s.Holder, "generation": s.Generation,
 		}})
+		return
+	}
+	if s.WakeID == "" && !s.pending() {
+		// Nothing to wake for (a worker read an old wake event, say): a
+		// claim would open a generation and a lease on no work, and
+		// write the subscription for it. The reference server answers
+		// 409 NO_PENDING_WORK too. A wake in flight is still taken (its
+		// work may have gone with a deleted stream: the claim ends it).
+		subError(w, http.StatusConflict, "NO_PENDING_WORK", "the subscription has no pending work")
 		return
 	}
 	if s.Holder != "" || s.WakeID == "" || s.resetInWake() {

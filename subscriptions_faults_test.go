@@ -120,6 +120,10 @@ func TestHeartbeatAfterLeaseExpiryIsFenced(t *testing.T) {
 	if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool","lease_ttl_ms":1000}`); st != 201 {
 		t.Fatalf("create subscription: %d %v", st, v)
 	}
+	// Pending work, never acked: there is always a wake to claim.
+	if st, _ := n.call(t, "PUT", "/v1/stream/events/a", `{"n":1}`); st != 201 {
+		t.Fatal("events/a")
+	}
 	accepted := 0
 	for try := 0; try < 3; try++ {
 		st, claim := n.call(t, "POST", sub+"/claim", `{"worker":"w1"}`)

@@ -696,3 +696,26 @@ func TestSubscriptionErrorCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimWithoutPendingWork: a claim of a pull-wake subscription with
+// nothing pending and no wake in flight is 409 NO_PENDING_WORK, as the
+// reference server answers, and opens no generation. It used to be
+// granted: a new generation and lease on no work, written to storage, for
+// every worker that read an old wake event.
+func TestClaimWithoutPendingWork(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	n.pullSubscribe(t, sub)
+	if st, v := n.call(t, "POST", sub+"/claim", `{"worker":"w1"}`); st != 409 || errCode(v) != "NO_PENDING_WORK" {
+		t.Fatalf("claim with nothing pending: %d %v, want 409 NO_PENDING_WORK", st, v)
+	}
+	if _, v := n.call(t, "GET", sub, ""); v["generation"] != 0.0 {
+		t.Fatalf("after the refused claim: generation %v, want 0", v["generation"])
+	}
+	if st, _ := n.call(t, "PUT", "/v1/stream/events/a", `{"n":1}`); st != 201 {
+		t.Fatal("events/a")
+	}
+	if st, v := n.call(t, "POST", sub+"/claim", `{"worker":"w1"}`); st != 200 || v["generation"] != 1.0 {
+		t.Fatalf("claim with events/a pending: %d %v, want 200 generation 1", st, v)
+	}
+}

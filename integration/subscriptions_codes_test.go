@@ -39,3 +39,28 @@ func TestSubscriptionErrorCodesThroughCaddy(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimWithoutPendingWorkThroughCaddy: through Caddy on versitygw, a
+// claim of a pull-wake subscription with nothing pending is 409
+// NO_PENDING_WORK (as the reference server answers) and opens no
+// generation; it used to open one, with a lease on no work. Once a stream
+// it follows gets a record, the claim is granted.
+func TestClaimWithoutPendingWorkThroughCaddy(t *testing.T) {
+	e := fhStart(t, fhOptions{})
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	e.create("/v1/stream/wake/pool", "application/json")
+	if st, v := e.subCall("PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool"}`); st != http.StatusCreated {
+		t.Fatalf("create subscription: %d %v", st, v)
+	}
+	if st, v := e.subCall("POST", sub+"/claim", `{"worker":"w1"}`); st != http.StatusConflict || errCodeOf(v) != "NO_PENDING_WORK" {
+		t.Fatalf("claim with nothing pending: %d %v, want 409 NO_PENDING_WORK", st, v)
+	}
+	if _, v := e.subCall("GET", sub, ""); v["generation"] != 0.0 {
+		t.Fatalf("after the refused claim: generation %v, want 0", v["generation"])
+	}
+	e.create("/v1/stream/events/a", "application/json")
+	e.append("/v1/stream/events/a", "application/json", []byte(`{"n":1}`))
+	if st, v := e.subCall("POST", sub+"/claim", `{"worker":"w1"}`); st != http.StatusOK || v["generation"] != 1.0 {
+		t.Fatalf("claim with events/a pending: %d %v, want 200 generation 1", st, v)
+	}
+}
