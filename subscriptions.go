@@ -281,6 +281,18 @@ type subConfig struct {
 	Description string   `json:"description,omitempty"`
 }
 
+// hash is what decides 200 against 409 for a PUT (section 6.2: a hash of
+// the normalized configuration). It is computed from the stored
+// configuration, not taken from the stored hash, and normalizes the
+// pattern itself, so that a subscription stored before patterns were
+// normalized is re-confirmed by the PUT that created it.
+func (c subConfig) hash() string {
+	c.Pattern = strings.Trim(c.Pattern, "/")
+	b, _ := json.Marshal(c)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
 // subState is the durable document of one subscription.
 type subState struct {
 	ID         string              `json:"id"`
@@ -808,7 +820,10 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	if !readJSONBody(w, r, &body) {
 		return
 	}
-	cfg := subConfig{Type: body.Type, Pattern: body.Pattern, WakeStream: body.WakeStream, Description: body.Description}
+	// The pattern is normalized as the stream paths are (section 6.2 hashes
+	// the normalized configuration): "/events/*/" matches what "events/*"
+	// does, so it re-confirms it.
+	cfg := subConfig{Type: body.Type, Pattern: strings.Trim(body.Pattern, "/"), WakeStream: body.WakeStream, Description: body.Description}
 	cfg.LeaseTTLms = subDefaultLease.Milliseconds()
 	if body.LeaseTTLms != nil {
 		cfg.LeaseTTLms = *body.LeaseTTLms
@@ -863,15 +878,13 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "type must be webhook or pull-wake")
 		return
 	}
-	cb, _ := json.Marshal(cfg)
-	sum := sha256.Sum256(cb)
-	hash := hex.EncodeToString(sum[:])
+	hash := cfg.hash()
 
 	key := subDocKey(root, id)
 	m.mu.Lock()
 	if s, ok := m.subs[key]; ok {
 		defer m.mu.Unlock()
-		if s.Hash != hash {
+		if s.Config.hash() != hash {
 			subError(w, http.StatusConflict, "SUBSCRIPTION_ALREADY_EXISTS", "a subscription with this id has a different configuration")
 			return
 		}
@@ -920,7 +933,7 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if prev, ok := m.subs[key]; ok { // a concurrent PUT won
-		if prev.Hash != hash {
+		if prev.Config.hash() != hash {
 			subError(w, http.StatusConflict, "SUBSCRIPTION_ALREADY_EXISTS", "a subscription with this id has a different configuration")
 			return
 		}

@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -717,5 +718,44 @@ func TestClaimWithoutPendingWork(t *testing.T) {
 	}
 	if st, v := n.call(t, "POST", sub+"/claim", `{"worker":"w1"}`); st != 200 || v["generation"] != 1.0 {
 		t.Fatalf("claim with events/a pending: %d %v, want 200 generation 1", st, v)
+	}
+}
+
+// TestPutNormalizesPattern: section 6.2 hashes the normalized
+// configuration; a pattern with leading or trailing slashes matches the
+// same streams as without (globMatch trims them), so a PUT with it
+// re-confirms the subscription (200) where it was refused as another
+// configuration (409), and the pattern is served normalized.
+func TestPutNormalizesPattern(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	n.pullSubscribe(t, sub)
+	for _, pattern := range []string{"/events/*", "events/*/", "/events/*/"} {
+		st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"`+pattern+`","wake_stream":"wake/pool","lease_ttl_ms":600000}`)
+		if st != 200 || v["pattern"] != "events/*" {
+			t.Errorf("PUT with pattern %q: %d %v, want 200 with pattern events/*", pattern, st, v)
+		}
+	}
+}
+
+// TestPutReconfirmsUnnormalizedStoredPattern: a subscription stored before
+// patterns were normalized (its pattern and hash with the slashes) is
+// re-confirmed by the PUT that created it, and by the normalized one.
+func TestPutReconfirmsUnnormalizedStoredPattern(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	n.pullSubscribe(t, sub)
+	m := n.Config.Handler.(*durableStreams).subs.cur.Load()
+	m.mu.Lock()
+	s := m.subs[subDocKey("/v1/stream/", "p1")]
+	s.Config.Pattern = "/events/*"
+	b, _ := json.Marshal(s.Config)
+	sum := sha256.Sum256(b)
+	s.Hash = hex.EncodeToString(sum[:])
+	m.mu.Unlock()
+	for _, pattern := range []string{"/events/*", "events/*"} {
+		if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"`+pattern+`","wake_stream":"wake/pool","lease_ttl_ms":600000}`); st != 200 {
+			t.Errorf("PUT with pattern %q: %d %v, want 200", pattern, st, v)
+		}
 	}
 }
