@@ -44,6 +44,56 @@ func (s *hookedStore) setHook(h func(op, key string) error) {
 	s.hook = h
 }
 
+// forkedSource creates /src with the one record aa and the expiry exp,
+// and /fork forked from it at seq 1.
+func forkedSource(t *testing.T, e *Engine, exp Expiry) {
+	t.Helper()
+	ctx := context.Background()
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Expiry: exp, Records: recs("aa")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// loseForkRelease deletes /fork with the bucket refusing every PUT whose
+// key refuse picks, then closes e, so that what the delete left to do in
+// the background is lost with the process; the bucket takes PUTs again
+// when it returns.
+func loseForkRelease(t *testing.T, st *hookedStore, e *Engine, refuse func(key string) bool) {
+	t.Helper()
+	ctx := context.Background()
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && refuse(key) {
+			return fmt.Errorf("injected: PUT of %s refused", key)
+		}
+		return nil
+	})
+	defer st.setHook(nil)
+	if err := e.Delete(ctx, "/fork"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Logf("close: %v", err)
+	}
+}
+
+// settledInBucket reads name's metadata from the bucket, not through an
+// engine (a lookup there would touch the stream and settle it), and says
+// whether it is settled: a grave, or gone. Any other error fails the test.
+func settledInBucket(t *testing.T, st *hookedStore, name string) (data []byte, settled bool) {
+	t.Helper()
+	data, _, err := st.Get(context.Background(), metaKey(name), 0, -1)
+	if errors.Is(err, segment.ErrNotFound) {
+		return nil, true
+	}
+	if err != nil {
+		t.Fatalf("read the metadata of %s from the bucket: %v", name, err)
+	}
+	return data, isGrave(data)
+}
+
 // trimmedSource creates /src with records aa bb cc dd, trimmed to seq 2,
 // and compacted when compact is set (the trimmed bytes then leave the
 // bucket).
@@ -417,12 +467,7 @@ func TestFailedForkReleaseIsRetried(t *testing.T) {
 	ctx := context.Background()
 	st := newHookedStore()
 	e := startEngine(t, st, Config{})
-	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
-		t.Fatal(err)
-	}
+	forkedSource(t, e, Expiry{})
 	var refused atomic.Int64
 	st.setHook(func(op, key string) error {
 		if op == "PUT" && key == metaKey("/src") && refused.Add(1) <= 3 {
@@ -562,12 +607,7 @@ func TestForkReleaseLostToACrashIsSettled(t *testing.T) {
 	const graveTime = 300 * time.Millisecond
 	st := newHookedStore()
 	e := startEngine(t, st, Config{GraveTime: graveTime})
-	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
-		t.Fatal(err)
-	}
+	forkedSource(t, e, Expiry{})
 	if err := e.Delete(ctx, "/src"); err != nil {
 		t.Fatal(err)
 	}
@@ -649,45 +689,20 @@ func TestForkCountSettledBySweep(t *testing.T) {
 	const graveTime = 300 * time.Millisecond
 	st := newHookedStore()
 	e := startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: time.Hour})
-	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: 2 * time.Second}, Records: recs("aa")}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
-		t.Fatal(err)
-	}
+	forkedSource(t, e, Expiry{TTL: 2 * time.Second})
 	// Soft-deleted either way: by this delete, or expired already.
 	if err := e.Delete(ctx, "/src"); err != nil && !errors.Is(err, ErrGone) {
 		t.Fatal(err)
 	}
-	st.setHook(func(op, key string) error {
-		if op == "PUT" && key == metaKey("/src") {
-			return errors.New("injected: source metadata PUT refused")
-		}
-		return nil
-	})
-	if err := e.Delete(ctx, "/fork"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Close(ctx); err != nil {
-		t.Logf("close: %v", err)
-	}
-	st.setHook(nil)
+	loseForkRelease(t, st, e, func(key string) bool { return key == metaKey("/src") })
 	startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: 100 * time.Millisecond})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		// Read from the bucket: a lookup through the engine would touch
-		// the source and settle it there.
-		data, _, err := st.Get(ctx, metaKey("/src"), 0, -1)
-		if errors.Is(err, segment.ErrNotFound) || err == nil && isGrave(data) {
-			return
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the source's metadata 15s after its last fork went, with nobody touching it: %s, want a grave", data)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var data []byte
+	if err := waitUntil(15*time.Second, func() bool {
+		var settled bool
+		data, settled = settledInBucket(t, st, "/src")
+		return settled
+	}); err != nil {
+		t.Fatalf("the source's metadata 15s after its last fork went, with nobody touching it: %s, want a grave", data)
 	}
 }
 
@@ -782,12 +797,7 @@ func TestForkCountSettledUntouched(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			st := newHookedStore()
 			e := startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: 100 * time.Millisecond})
-			if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
-				t.Fatal(err)
-			}
-			if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
-				t.Fatal(err)
-			}
+			forkedSource(t, e, Expiry{})
 			if err := e.Delete(ctx, "/src"); err != nil {
 				t.Fatal(err)
 			}
@@ -804,34 +814,19 @@ func TestForkCountSettledUntouched(t *testing.T) {
 					t.Fatalf("the source marked again by the sweep: %v; markers %q, the first %q", err, m, first)
 				}
 			}
-			st.setHook(func(op, key string) error {
-				if op == "PUT" && (key == metaKey("/src") || tc.loseMarker && strings.HasPrefix(key, expiryPrefix)) {
-					return errors.New("injected: PUT refused")
-				}
-				return nil
+			loseForkRelease(t, st, e, func(key string) bool {
+				return key == metaKey("/src") || tc.loseMarker && strings.HasPrefix(key, expiryPrefix)
 			})
-			if err := e.Delete(ctx, "/fork"); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.Close(ctx); err != nil {
-				t.Logf("close: %v", err)
-			}
-			st.setHook(nil)
 			startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: 100 * time.Millisecond})
-			// Read from the bucket: a lookup through the engine would
-			// touch the source and settle it there.
 			var (
 				data []byte
 				m    []string
 			)
 			if err := waitUntil(15*time.Second, func() bool {
-				var err error
-				data, _, err = st.Get(ctx, metaKey("/src"), 0, -1)
-				if err != nil && !errors.Is(err, segment.ErrNotFound) {
-					t.Fatal(err)
-				}
+				var settled bool
+				data, settled = settledInBucket(t, st, "/src")
 				m = markers(t, st)
-				return (err != nil || isGrave(data)) && len(m) == 0
+				return settled && len(m) == 0
 			}); err != nil {
 				t.Fatalf("the source nobody touches after its last fork went: %v; metadata %s, markers %q; want a grave and no marker", err, data, m)
 			}
@@ -882,12 +877,7 @@ func TestStaleSettleMarker(t *testing.T) {
 	ctx := context.Background()
 	st := newHookedStore()
 	e := startEngine(t, st, Config{GraveTime: 300 * time.Millisecond, ExpirySweep: 100 * time.Millisecond})
-	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
-		t.Fatal(err)
-	}
+	forkedSource(t, e, Expiry{})
 	st.setHook(func(op, key string) error {
 		if op == "PUT" && key == metaKey("/src") {
 			return errors.New("injected: source metadata PUT refused")
@@ -926,12 +916,7 @@ func TestLostSourceRemovalIsSettled(t *testing.T) {
 	const graveTime = 300 * time.Millisecond
 	st := newHookedStore()
 	e := startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: 100 * time.Millisecond})
-	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
-		t.Fatal(err)
-	}
+	forkedSource(t, e, Expiry{})
 	if err := e.Delete(ctx, "/src"); err != nil {
 		t.Fatal(err)
 	}
@@ -943,29 +928,16 @@ func TestLostSourceRemovalIsSettled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st.setHook(func(op, key string) error {
-		if op == "PUT" && key == gcKey(m.ID) {
-			return errors.New("injected: the source's tombstone PUT refused")
-		}
-		return nil
-	})
-	if err := e.Delete(ctx, "/fork"); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Close(ctx); err != nil {
-		t.Logf("close: %v", err)
-	}
-	st.setHook(nil)
+	loseForkRelease(t, st, e, func(key string) bool { return key == gcKey(m.ID) })
 	if data, _, err = st.Get(ctx, metaKey("/src"), 0, -1); err != nil || isGrave(data) {
 		t.Fatalf("the source when the process ended: %s, %v; want its metadata, its removal lost", data, err)
 	}
 	startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: 100 * time.Millisecond})
-	// Read from the bucket: a lookup through the engine would touch the
-	// source.
 	if werr := waitUntil(15*time.Second, func() bool {
-		data, _, err = st.Get(ctx, metaKey("/src"), 0, -1)
-		return errors.Is(err, segment.ErrNotFound) || err == nil && isGrave(data)
+		var settled bool
+		data, settled = settledInBucket(t, st, "/src")
+		return settled
 	}); werr != nil {
-		t.Fatalf("the source no fork counts, nobody touching it: %v; metadata %s, %v; want a grave", werr, data, err)
+		t.Fatalf("the source no fork counts, nobody touching it: %v; metadata %s; want a grave", werr, data)
 	}
 }
