@@ -49,31 +49,7 @@ func TestDamagedWALObjectIsConfinedToItsStream(t *testing.T) {
 		e.append(fill, ct, bytes.Repeat([]byte{'a' + byte(i)}, 1<<10))
 	}
 
-	// Flip a byte inside bad's entry "b1;" in its WAL object.
-	key, body := fhFindWALEntry(t, e, bad, "b1;")
-	original := bytes.Clone(body.data)
-	body.data[body.span.Off+body.span.Len-2] ^= 0x40
-	fhPutRaw(t, e, key, body.data)
-
-	// Compaction starts now.
-	opts := caddytest.Options{Storage: testenv.StoreURL(e.proxy.URL(), e.bucket, caddytest.S3Prefix),
-		Directives: []string{"cache_size 4KiB", "compact_interval 1s"}}
-	if err := e.caddy.Reload(e.caddy.Config(opts)); err != nil {
-		t.Fatalf("reload: %v", err)
-	}
-	err := fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
-		wal := e.mustList("wal/")
-		if len(wal) == 0 {
-			return fmt.Errorf("no WAL object left, not even the damaged %s", key)
-		}
-		if wal[0].Key != key {
-			return fmt.Errorf("WAL objects start at %s, want at the damaged %s", wal[0].Key, key)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("the WAL before the damaged object was not retired: %v", err)
-	}
+	key, original := fhDamageAndCompact(t, e, bad, "b1;")
 	metrics := func() (damaged, compacted float64) {
 		t.Helper()
 		m, err := mGet(e.caddy.AdminAddr())
@@ -233,10 +209,20 @@ func fhDamagedStreams(t *testing.T, bad, good, fill string) (e *fhEnv, key strin
 	for i := range 8 {
 		e.append(fill, ct, bytes.Repeat([]byte{'a' + byte(i)}, 1<<10))
 	}
-	key, body := fhFindWALEntry(t, e, bad, "b1;")
-	original = bytes.Clone(body.data)
-	body.data[body.span.Off+body.span.Len-2] ^= 0x40
-	fhPutRaw(t, e, key, body.data)
+	key, original = fhDamageAndCompact(t, e, bad, "b1;")
+	return e, key, original
+}
+
+// fhDamageAndCompact flips a byte of stream's entry body in its WAL
+// object, which must be out of the cache, and turns compaction on (every
+// second, with a 4 KiB cache); it returns once the WAL before the damaged
+// object is retired, with the object's key and its bytes as they were.
+func fhDamageAndCompact(t *testing.T, e *fhEnv, stream, body string) (key string, original []byte) {
+	t.Helper()
+	key, obj := fhFindWALEntry(t, e, stream, body)
+	original = bytes.Clone(obj.data)
+	obj.data[obj.span.Off+obj.span.Len-2] ^= 0x40
+	fhPutRaw(t, e, key, obj.data)
 
 	opts := caddytest.Options{Storage: testenv.StoreURL(e.proxy.URL(), e.bucket, caddytest.S3Prefix),
 		Directives: []string{"cache_size 4KiB", "compact_interval 1s"}}
@@ -250,9 +236,21 @@ func fhDamagedStreams(t *testing.T, bad, good, fill string) (e *fhEnv, key strin
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("the WAL was not retired up to the damage: %v", err)
+		t.Fatalf("the WAL before the damaged object was not retired: %v", err)
 	}
-	return e, key, original
+	return key, original
+}
+
+// fhWaitWALPast waits, a compaction interval at a time, until the WAL
+// object key has been retired, and says what the WAL still holds if it
+// is not within fhCompactWait.
+func fhWaitWALPast(e *fhEnv, key string) error {
+	return fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
+		if wal := e.mustList("wal/"); fhKeySet(wal)[key] {
+			return fmt.Errorf("%s is still in the WAL (%d objects)", key, len(wal))
+		}
+		return nil
+	})
 }
 
 // TestDeletingTheDamagedStreamReleasesTheWAL: the WAL kept from a damaged
@@ -272,13 +270,7 @@ func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
 		t.Fatalf("DELETE %s: %s", bad, resp)
 	}
 	e.append(good, ct, []byte("g2;"))
-	err := fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
-		if wal := e.mustList("wal/"); fhKeySet(wal)[key] {
-			return fmt.Errorf("the damaged %s is still in the WAL (%d objects)", key, len(wal))
-		}
-		return nil
-	})
-	if err != nil {
+	if err := fhWaitWALPast(e, key); err != nil {
 		t.Fatalf("the WAL was not retired past the damage once its stream was deleted: %v", err)
 	}
 	if got, _, err := e.readBytes(good); err != nil || string(got) != "g0;g1;g2;" {
@@ -321,13 +313,7 @@ func TestRestoredWALObjectIsPickedUpWithoutARestart(t *testing.T) {
 	}
 
 	fhPutRaw(t, e, key, original)
-	err := fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
-		if wal := e.mustList("wal/"); fhKeySet(wal)[key] {
-			return fmt.Errorf("the restored %s is still in the WAL (%d objects)", key, len(wal))
-		}
-		return nil
-	})
-	if err != nil {
+	if err := fhWaitWALPast(e, key); err != nil {
 		t.Fatalf("the WAL was not retired past the object once it was restored: %v", err)
 	}
 	if got, _, err := e.readBytes(bad); err != nil || string(got) != "b0;b1;b2;" {
