@@ -458,6 +458,44 @@ func TestFailedForkCreateFreesTheSource(t *testing.T) {
 	}
 }
 
+// fhSourceWithFork creates src with the record hello, and fork forked
+// from it.
+func fhSourceWithFork(e *fhEnv, src, fork string) {
+	e.t.Helper()
+	e.create(src, textPlain)
+	e.append(src, textPlain, []byte("hello"))
+	e.must(fhReq{Method: http.MethodPut, Path: fork, Header: map[string]string{"Stream-Forked-From": src}})
+}
+
+// fhLoseForkRelease deletes fork with the proxy refusing every PUT whose
+// key contains refuse, then kills Caddy while it retries the release and
+// restarts it: whatever the release had left to do is lost with the
+// process.
+func fhLoseForkRelease(t *testing.T, e *fhEnv, fork, refuse string) {
+	t.Helper()
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: refuse, Status: http.StatusInternalServerError})
+	r := e.must(fhReq{Method: http.MethodDelete, Path: fork})
+	if r.Status != http.StatusNoContent {
+		remove()
+		t.Fatalf("DELETE %s: %s", fork, r)
+	}
+	// The release failed and is being retried: the process dies with it.
+	e.caddy.Kill()
+	remove()
+	e.caddy.Restart()
+}
+
+// fhWaitNotFound polls HEAD of path, for up to 30s, until it answers 404,
+// and says what it answered last if it never does.
+func fhWaitNotFound(e *fhEnv, path string) error {
+	return fhWaitFor(30*time.Second, 100*time.Millisecond, func() error {
+		if r := e.must(fhReq{Method: http.MethodHead, Path: path}); r.Status != http.StatusNotFound {
+			return fmt.Errorf("HEAD %s: %s", path, r)
+		}
+		return nil
+	})
+}
+
 // TestFailedForkReleaseIsRetried: a fork's DELETE during which the bucket
 // refuses the lowering of its source's fork count still answers 204 (the
 // fork is gone), and the count comes down in the background once the
@@ -470,9 +508,7 @@ func TestFailedForkReleaseIsRetried(t *testing.T) {
 	}
 	e := fhStart(t, fhOptions{})
 	const src, fork = "/failedrelease/src", "/failedrelease/fork"
-	e.create(src, textPlain)
-	e.append(src, textPlain, []byte("hello"))
-	e.must(fhReq{Method: http.MethodPut, Path: fork, Header: map[string]string{"Stream-Forked-From": src}})
+	fhSourceWithFork(e, src, fork)
 	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: hex.EncodeToString([]byte(src)) + ".m", Status: http.StatusInternalServerError})
 	r := e.must(fhReq{Method: http.MethodDelete, Path: fork})
 	remove()
@@ -482,12 +518,7 @@ func TestFailedForkReleaseIsRetried(t *testing.T) {
 	if r := e.must(fhReq{Method: http.MethodDelete, Path: src}); r.Status != http.StatusNoContent {
 		t.Fatalf("DELETE %s: %s", src, r)
 	}
-	if err := fhWaitFor(30*time.Second, 100*time.Millisecond, func() error {
-		if r := e.must(fhReq{Method: http.MethodHead, Path: src}); r.Status != http.StatusNotFound {
-			return fmt.Errorf("HEAD %s: %s", src, r)
-		}
-		return nil
-	}); err != nil {
+	if err := fhWaitNotFound(e, src); err != nil {
 		t.Errorf("the deleted source, no fork reading it: %v, want 404", err)
 	}
 }
@@ -537,26 +568,14 @@ func TestLostForkCountIsSettled(t *testing.T) {
 			name: "release lost to a crash",
 			lose: func(t *testing.T, e *fhEnv, src, fork string) {},
 			deleteFork: func(t *testing.T, e *fhEnv, src, fork string) {
-				remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: metaOf(src), Status: http.StatusInternalServerError})
-				r := e.must(fhReq{Method: http.MethodDelete, Path: fork})
-				if r.Status != http.StatusNoContent {
-					remove()
-					t.Fatalf("DELETE %s: %s", fork, r)
-				}
-				// The release failed and is being retried: the process
-				// dies with it.
-				e.caddy.Kill()
-				remove()
-				e.caddy.Restart()
+				fhLoseForkRelease(t, e, fork, metaOf(src))
 			},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := fhStart(t, fhOptions{Directives: []string{"grave_time 1s"}})
 			const src, fork = "/lostcount/src", "/lostcount/fork"
-			e.create(src, textPlain)
-			e.append(src, textPlain, []byte("hello"))
-			e.must(fhReq{Method: http.MethodPut, Path: fork, Header: map[string]string{"Stream-Forked-From": src}})
+			fhSourceWithFork(e, src, fork)
 			tc.lose(t, e, src, fork)
 			if r := e.must(fhReq{Method: http.MethodDelete, Path: src}); r.Status != http.StatusNoContent {
 				t.Fatalf("DELETE %s: %s", src, r)
@@ -568,12 +587,7 @@ func TestLostForkCountIsSettled(t *testing.T) {
 				t.Fatalf("read of the fork: %q, %v; want its source's hello", got, err)
 			}
 			tc.deleteFork(t, e, src, fork)
-			if err := fhWaitFor(30*time.Second, 100*time.Millisecond, func() error {
-				if r := e.must(fhReq{Method: http.MethodHead, Path: src}); r.Status != http.StatusNotFound {
-					return fmt.Errorf("HEAD %s: %s", src, r)
-				}
-				return nil
-			}); err != nil {
+			if err := fhWaitNotFound(e, src); err != nil {
 				t.Fatalf("the deleted source, no fork reading it: %v, want 404", err)
 			}
 			if r := e.must(fhReq{Method: http.MethodPut, Path: src, Header: map[string]string{"Content-Type": textPlain}}); r.Status != http.StatusCreated {
@@ -610,9 +624,7 @@ func TestUntouchedLostForkCountLeavesBucket(t *testing.T) {
 			e := fhStart(t, fhOptions{Directives: []string{"grave_time 1s", "expiry_sweep_interval 300ms"}})
 			const src, fork = "/untouched/src", "/untouched/fork"
 			srcHex := hex.EncodeToString([]byte(src))
-			e.create(src, textPlain)
-			e.append(src, textPlain, []byte("hello"))
-			e.must(fhReq{Method: http.MethodPut, Path: fork, Header: map[string]string{"Stream-Forked-From": src}})
+			fhSourceWithFork(e, src, fork)
 			meta, err := e.get("streams/" + srcHex + ".m")
 			if err != nil {
 				t.Fatal(err)
@@ -626,17 +638,7 @@ func TestUntouchedLostForkCountLeavesBucket(t *testing.T) {
 			if r := e.must(fhReq{Method: http.MethodDelete, Path: src}); r.Status != http.StatusNoContent {
 				t.Fatalf("DELETE %s: %s", src, r)
 			}
-			remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: tc.refuse(srcHex, m.ID), Status: http.StatusInternalServerError})
-			r := e.must(fhReq{Method: http.MethodDelete, Path: fork})
-			if r.Status != http.StatusNoContent {
-				remove()
-				t.Fatalf("DELETE %s: %s", fork, r)
-			}
-			// The release failed and is being retried: the process dies
-			// with it.
-			e.caddy.Kill()
-			remove()
-			e.caddy.Restart()
+			fhLoseForkRelease(t, e, fork, tc.refuse(srcHex, m.ID))
 			left := func() []string {
 				var keys []string
 				for _, o := range e.mustList("") {
