@@ -297,15 +297,12 @@ func TestReadRunsConfinesDamageToItsRun(t *testing.T) {
 	}
 }
 
-// Deleting the stream whose WAL entry is damaged lets the WAL be retired
-// past the damaged object: the delete takes the stream, and its mark, out
-// of the streams a compaction holds the WAL back for. The next compaction
-// retires the object, the other streams are untouched, and a restart,
-// with no damaged object left to replay, starts.
-func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
+// badAndGood creates the streams /bad and /good and appends to them in
+// turn, b0 b1 b2 to /bad and g0 g1 to /good, so that their entries share
+// WAL objects; it returns the WAL run of /bad's b1, the one to damage.
+func badAndGood(t *testing.T, e *Engine) walRun {
+	t.Helper()
 	ctx := context.Background()
-	st := memstore.New()
-	e := startEngine(t, st, Config{})
 	for _, name := range []string{"/bad", "/good"} {
 		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
 			t.Fatal(err)
@@ -316,7 +313,19 @@ func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
 	} {
 		mustAppend(t, e, a.name, AppendRequest{Records: recs(a.body)})
 	}
-	bad := walRunOf(t, e, "/bad", 1)
+	return walRunOf(t, e, "/bad", 1)
+}
+
+// Deleting the stream whose WAL entry is damaged lets the WAL be retired
+// past the damaged object: the delete takes the stream, and its mark, out
+// of the streams a compaction holds the WAL back for. The next compaction
+// retires the object, the other streams are untouched, and a restart,
+// with no damaged object left to replay, starts.
+func TestDeletingTheDamagedStreamReleasesTheWAL(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	bad := badAndGood(t, e)
 	dropCache(e)
 	damageRun(t, st, bad, false)
 	if err := e.Compact(ctx); err != nil {
@@ -367,17 +376,7 @@ func TestRestoredWALObjectIsPickedUpAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = e.Close(context.Background()) })
-	for _, name := range []string{"/bad", "/good"} {
-		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, a := range []struct{ name, body string }{
-		{"/good", "g0"}, {"/bad", "b0"}, {"/bad", "b1"}, {"/good", "g1"}, {"/bad", "b2"},
-	} {
-		mustAppend(t, e, a.name, AppendRequest{Records: recs(a.body)})
-	}
-	bad := walRunOf(t, e, "/bad", 1)
+	bad := badAndGood(t, e)
 	original, _, err := st.Get(ctx, bad.key, 0, -1)
 	if err != nil {
 		t.Fatal(err)
