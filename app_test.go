@@ -78,15 +78,30 @@ func newTestApp(t *testing.T) *App {
 	return &App{refs: make(map[string]*appEngine), log: zaptest.NewLogger(t)}
 }
 
+// testSettings are engine settings for tests of the app: appends flushed
+// at once, a cache and batches large enough for any test, and no
+// compaction within a test's time.
+func testSettings() engineSettings {
+	return engineSettings{FlushInterval: time.Millisecond, FlushSize: 1 << 20, CacheBytes: 1 << 20,
+		CompactInterval: time.Hour, S3Timeout: time.Second}
+}
+
+// testStorage gives the test a Caddy data directory of its own
+// (XDG_DATA_HOME) and returns the URL of a file storage of its own, both
+// removed when the test ends.
+func testStorage(t *testing.T) string {
+	t.Helper()
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	return "file://" + t.TempDir()
+}
+
 // TestEngineSharedAcrossReload walks the lifecycle Caddy drives: a config
 // provisions and starts, a reload provisions and starts a second config on
 // the same storage before the first is cleaned up, and only the last
 // cleanup closes the engine.
 func TestEngineSharedAcrossReload(t *testing.T) {
-	t.Setenv("XDG_DATA_HOME", t.TempDir())
-	storage := "file://" + t.TempDir()
-	s1 := engineSettings{FlushInterval: time.Millisecond, FlushSize: 1 << 20, CacheBytes: 1 << 20,
-		CompactInterval: time.Hour, S3Timeout: time.Second}
+	storage := testStorage(t)
+	s1 := testSettings()
 	ctx := context.Background()
 
 	app1 := newTestApp(t)
@@ -220,10 +235,8 @@ func TestAppendTimeoutCoversRetries(t *testing.T) {
 // config that started, so a reload that failed leaves the old ones in force
 // and a successful one's settings survive the old config's cleanup.
 func TestFailedReloadKeepsEngineSettings(t *testing.T) {
-	t.Setenv("XDG_DATA_HOME", t.TempDir())
-	storage := "file://" + t.TempDir()
-	s1 := engineSettings{FlushInterval: time.Millisecond, FlushSize: 1 << 20, CacheBytes: 1 << 20,
-		CompactInterval: time.Hour, S3Timeout: time.Second}
+	storage := testStorage(t)
+	s1 := testSettings()
 	s2 := s1
 	s2.FlushInterval = time.Second
 	settings := func(ref *engineRef) engineSettings {
@@ -303,8 +316,7 @@ func TestOneStorageTwoURLsNamesTheOther(t *testing.T) {
 	if err := os.Symlink(dir, link); err != nil {
 		t.Fatal(err)
 	}
-	s := engineSettings{FlushInterval: time.Millisecond, FlushSize: 1 << 20, CacheBytes: 1 << 20,
-		CompactInterval: time.Hour, S3Timeout: time.Second}
+	s := testSettings()
 	app := newTestApp(t)
 	t.Cleanup(func() { app.Cleanup() })
 	for _, u := range []string{"file://" + dir, "file://" + link} {
@@ -326,10 +338,8 @@ func TestOneStorageTwoURLsNamesTheOther(t *testing.T) {
 // takes a restart, warns so and does not claim the engine's settings
 // changed.
 func TestReloadOfS3TimeoutOnly(t *testing.T) {
-	t.Setenv("XDG_DATA_HOME", t.TempDir())
-	storage := "file://" + t.TempDir()
-	s1 := engineSettings{FlushInterval: time.Millisecond, FlushSize: 1 << 20, CacheBytes: 1 << 20,
-		CompactInterval: time.Hour, S3Timeout: time.Second}
+	storage := testStorage(t)
+	s1 := testSettings()
 	s2 := s1
 	s2.S3Timeout = 3 * time.Second
 	core, logs := observer.New(zapcore.InfoLevel)

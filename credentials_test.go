@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -25,8 +24,7 @@ const credSecret = "s3cr3tKEYxyz"
 // carries.
 func TestStorageCredentialsNeverShown(t *testing.T) {
 	withCreds := "s3://bkt/p?path_style=true&endpoint=http://AKIA:" + credSecret + "@127.0.0.1:1"
-	s := engineSettings{FlushInterval: time.Millisecond, FlushSize: 1 << 20, CacheBytes: 1 << 20,
-		CompactInterval: time.Hour, S3Timeout: time.Second}
+	s := testSettings()
 	for _, tc := range []struct {
 		name string
 		urls []string // acquired in turn by one config, which then starts

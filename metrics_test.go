@@ -163,10 +163,8 @@ func TestStorageCollector(t *testing.T) {
 // shared engine in its own registry without a clash, and the counters the
 // new config shows continue the old ones.
 func TestMetricsAcrossReload(t *testing.T) {
-	t.Setenv("XDG_DATA_HOME", t.TempDir())
-	storage := "file://" + t.TempDir()
-	settings := engineSettings{FlushInterval: time.Millisecond, FlushSize: 1 << 20, CacheBytes: 1 << 20,
-		CompactInterval: time.Hour, S3Timeout: time.Second}
+	storage := testStorage(t)
+	settings := testSettings()
 	ctx := context.Background()
 	series := `picomq_appends_total{storage="` + storageLabel(mustStorageKey(t, storage)) + `"}`
 
