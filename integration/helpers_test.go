@@ -50,6 +50,20 @@ func caddyOptions(v *testenv.Versity, storage string, directives ...string) cadd
 	}
 }
 
+// startWithStream starts Caddy on a versitygw bucket of its own, with
+// extra picomq directives, and creates the stream name through a client
+// of it. It returns the gateway and the storage URL, for further configs
+// or nodes on that bucket, with Caddy and the client.
+func startWithStream(t *testing.T, name string, directives ...string) (v *testenv.Versity, storage string, c *caddytest.Caddy, cl *dsClient) {
+	t.Helper()
+	v = testenv.NewVersity(t)
+	storage = caddytest.S3Storage(t, v, v.Endpoint)
+	c = caddytest.Start(t, caddyOptions(v, storage, directives...))
+	cl = newClient(t, c.URL(), true)
+	cl.create(t, name, 30*time.Second)
+	return v, storage, c, cl
+}
+
 // waitServing waits until the current run of c has loaded its whole
 // configuration (Caddy logs "serving initial configuration" once every app
 // started) or has exited. caddytest's start returns as soon as the HTTP

@@ -305,12 +305,8 @@ func appendLatency(t *testing.T, cl *dsClient, name, label string) time.Duration
 // first handler's provisioning used to apply its settings to the shared
 // engine at once, so the failed reload left every append waiting a second.
 func TestFailedReloadKeepsEngineSettings(t *testing.T) {
-	v := testenv.NewVersity(t)
-	storage := caddytest.S3Storage(t, v, v.Endpoint)
-	c := caddytest.Start(t, caddyOptions(v, storage, "flush_interval 10ms"))
-	cl := newClient(t, c.URL(), true)
 	const name = "/reload/failed-settings"
-	cl.create(t, name, 30*time.Second)
+	_, storage, c, cl := startWithStream(t, name, "flush_interval 10ms")
 
 	// route /other/* sorts before the catch-all route, so its handler is
 	// provisioned first.
@@ -361,11 +357,7 @@ func roundAll(ds []time.Duration) []time.Duration {
 // takes a restart: Caddy's log must say so, and must not claim that the
 // engine's settings changed.
 func TestReloadOfS3TimeoutOnly(t *testing.T) {
-	v := testenv.NewVersity(t)
-	storage := caddytest.S3Storage(t, v, v.Endpoint)
-	c := caddytest.Start(t, caddyOptions(v, storage, "s3_timeout 10s"))
-	cl := newClient(t, c.URL(), true)
-	cl.create(t, "/reload/s3timeout", 30*time.Second)
+	v, storage, c, _ := startWithStream(t, "/reload/s3timeout", "s3_timeout 10s")
 	if err := c.Reload(c.Config(caddyOptions(v, storage, "s3_timeout 3s"))); err != nil {
 		t.Fatal(err)
 	}

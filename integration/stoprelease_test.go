@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/caddytest"
-	"github.com/picomq/caddy-picomq/internal/testenv"
 )
 
 // TestStopReleasesTheLease stops Caddy gracefully (SIGTERM) and starts
@@ -16,12 +15,8 @@ import (
 // node must not be refused nor wait for the lease to expire, and it must
 // serve what the first acknowledged.
 func TestStopReleasesTheLease(t *testing.T) {
-	v := testenv.NewVersity(t)
-	storage := caddytest.S3Storage(t, v, v.Endpoint)
-	a := caddytest.Start(t, caddyOptions(v, storage, "flush_interval 10ms"))
-	cl := newClient(t, a.URL(), true)
 	const name = "/handover/s"
-	cl.create(t, name, 30*time.Second)
+	v, storage, a, cl := startWithStream(t, name, "flush_interval 10ms")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if r, err := cl.appendBody(ctx, name, []byte("from a\n")); err != nil || r.status/100 != 2 {
