@@ -55,14 +55,44 @@ const (
 
 // readCacheControl is the Cache-Control of a read answer that may be kept
 // (data, or a closed stream's EOF) of a stream with expiry x, read at or
-// after readAt. A request that carries credentials gets "private": a shared
-// cache (a CDN) may not reuse the answer to a request with Authorization
-// unless the response says "public" (RFC 9111 section 3.5), so "public"
-// there would hand a reader's stream to clients without credentials;
-// section 10.1 asks for "private" on streams that may be user-specific, and
-// a server behind an authenticating proxy cannot tell.
+// after readAt. A request that carries credentials (hasCredentials) gets
+// "private": a shared cache (a CDN) may not reuse the answer to a request
+// with Authorization unless the response says "public" (RFC 9111 section
+// 3.5), and nothing stops it storing the answer to a request with a Cookie
+// that says "public", so "public" there would hand a reader's stream to
+// clients without credentials; section 10.1 asks for "private" on streams
+// that may be user-specific, and a server behind an authenticating proxy
+// cannot tell.
+//
+// The answer carries no Vary: its bytes are the same whoever asks, so a
+// cache that hands a "public" copy (made for a request without
+// credentials, which the site let through) to one with them gives what the
+// module would have given; a shared cache keeps no "private" answer at
+// all; and Vary: Cookie would make some CDNs keep nothing, and a browser
+// ask again each time any cookie of the site changed.
 func readCacheControl(r *http.Request, x streamstore.Expiry, readAt time.Time) string {
-	return cacheControlFor(r.Header.Get("Authorization") != "", x, readAt, time.Now())
+	return cacheControlFor(hasCredentials(r.Header), x, readAt, time.Now())
+}
+
+// credentialHeaders are the request headers that carry a client's
+// credentials to a site: Authorization (basic_auth, bearer tokens) and
+// Cookie (a login portal's session, checked by forward_auth in front of
+// the module).
+var credentialHeaders = []string{"Authorization", "Cookie"}
+
+// hasCredentials reports whether a request carries credentials: any
+// credentialHeaders value that is not blank. A cookie the site did not
+// mean as a credential counts too, as the module cannot tell; a CDN that
+// strips cookies before the origin gets "public" answers again.
+func hasCredentials(h http.Header) bool {
+	for _, name := range credentialHeaders {
+		for _, v := range h.Values(name) {
+			if strings.TrimSpace(v) != "" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // cacheControlFor is readCacheControl at time now. A stream that expires

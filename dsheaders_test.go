@@ -435,3 +435,27 @@ func TestCacheControlForExpiringStreams(t *testing.T) {
 		}
 	}
 }
+
+// TestHasCredentials: Authorization and Cookie both make a read answer
+// private; a blank value carries nothing, and other headers are not
+// credentials.
+func TestHasCredentials(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		h    http.Header
+		want bool
+	}{
+		{"none", http.Header{}, false},
+		{"authorization", http.Header{"Authorization": {"Bearer t"}}, true},
+		{"basic", http.Header{"Authorization": {"Basic cmVhZGVyOng="}}, true},
+		{"session cookie", http.Header{"Cookie": {"session=abc"}}, true},
+		{"second cookie header", http.Header{"Cookie": {"", "session=abc"}}, true},
+		{"blank authorization", http.Header{"Authorization": {""}}, false},
+		{"blank cookie", http.Header{"Cookie": {" "}}, false},
+		{"other headers", http.Header{"X-Api-Key": {"k"}, "Accept": {"*/*"}}, false},
+	} {
+		if got := hasCredentials(tc.h); got != tc.want {
+			t.Errorf("%s: hasCredentials(%v) = %v, want %v", tc.name, tc.h, got, tc.want)
+		}
+	}
+}

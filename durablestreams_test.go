@@ -1314,11 +1314,12 @@ func TestLiveReadsEndAtSoftDelete(t *testing.T) {
 }
 
 // TestReadsWithCredentialsArePrivate: a read answer a cache may keep says
-// "public" only when the request carried no Authorization. With "public", a
+// "public" only when the request carried no credentials, neither
+// Authorization nor a Cookie (a login portal's session). With "public", a
 // shared cache may give the answer to a request with credentials to clients
-// without them (RFC 9111 section 3.5); section 10.1 asks for "private" on
-// streams that may be user-specific. Answers that must not be kept stay
-// no-store either way.
+// without them (RFC 9111 sections 3 and 3.5); section 10.1 asks for
+// "private" on streams that may be user-specific. Answers that must not be
+// kept stay no-store either way.
 func TestReadsWithCredentialsArePrivate(t *testing.T) {
 	s := newDSServer(t, func(d *durableStreams) { d.longPollTimeout = 50 * time.Millisecond })
 	s.do(t, "PUT", "/s", "abc", ct, "text/plain").want(t, 201)
@@ -1338,8 +1339,11 @@ func TestReadsWithCredentialsArePrivate(t *testing.T) {
 		{"long-poll timeout", "/s?offset=" + tail + "&live=long-poll", 204, cacheControlNoStore, cacheControlNoStore},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s.do(t, "GET", tc.path, "").want(t, tc.status).header(t, "Cache-Control", tc.anonymous)
-			s.do(t, "GET", tc.path, "", "Authorization", "Bearer reader-1").want(t, tc.status).header(t, "Cache-Control", tc.withAuth)
+			s.do(t, "GET", tc.path, "").want(t, tc.status).header(t, "Cache-Control", tc.anonymous).header(t, "Vary", "")
+			for _, cred := range [][2]string{{"Authorization", "Bearer reader-1"}, {"Cookie", "session=reader-1"}} {
+				s.do(t, "GET", tc.path, "", cred[0], cred[1]).want(t, tc.status).
+					header(t, "Cache-Control", tc.withAuth).header(t, "Vary", "")
+			}
 		})
 	}
 }

@@ -1331,7 +1331,7 @@ func TestRepeatedReadParametersAreRefused(t *testing.T) {
 }
 
 // TestPicoReadsWithCredentialsArePrivate: a cacheable Pico catch-up page
-// says "private" when the request carried Authorization, as Durable
+// says "private" when the request carried Authorization or a Cookie, as Durable
 // Streams reads do (TestReadsWithCredentialsArePrivate); "public" would let
 // a shared cache give it to clients without credentials.
 func TestPicoReadsWithCredentialsArePrivate(t *testing.T) {
@@ -1339,8 +1339,10 @@ func TestPicoReadsWithCredentialsArePrivate(t *testing.T) {
 	s.do(t, "PUT", "/pico/r", nil, hCT, "application/octet-stream").want(t, 201)
 	s.do(t, "POST", "/pico/r", []byte("x"), hCT, "application/octet-stream").want(t, 200)
 	s.do(t, "GET", "/pico/r?seq=0", nil).want(t, 200).header(t, "Cache-Control", "public, max-age=60, stale-while-revalidate=300")
-	s.do(t, "GET", "/pico/r?seq=0", nil, "Authorization", "Bearer reader-1").want(t, 200).
-		header(t, "Cache-Control", "private, max-age=60, stale-while-revalidate=300")
-	// At the tail nothing may be kept, credentials or not.
-	s.do(t, "GET", "/pico/r?seq=1", nil, "Authorization", "Bearer reader-1").want(t, 200).header(t, "Cache-Control", "no-store")
+	for _, cred := range [][2]string{{"Authorization", "Bearer reader-1"}, {"Cookie", "session=reader-1"}} {
+		s.do(t, "GET", "/pico/r?seq=0", nil, cred[0], cred[1]).want(t, 200).
+			header(t, "Cache-Control", "private, max-age=60, stale-while-revalidate=300")
+		// At the tail nothing may be kept, credentials or not.
+		s.do(t, "GET", "/pico/r?seq=1", nil, cred[0], cred[1]).want(t, 200).header(t, "Cache-Control", "no-store")
+	}
 }

@@ -6,40 +6,47 @@ import (
 	"testing"
 )
 
-// readerHash is the bcrypt hash (cost 4, for speed) of readerPassword.
+// readerHash is the bcrypt hash (cost 4, for speed) of readerPassword;
+// sessionCookie is the cookie the session guard lets through.
 const (
 	readerPassword = "reader-secret"
 	readerHash     = "$2a$04$.ESBRVlown3JLYHIOWtdZu8ZrkWMeJAF2DF6pfN9frSD3OqLRGR9q"
+	sessionCookie  = "session=reader-1"
 )
 
 // TestReadsBehindAuthAreNotPublic: through Caddy on versitygw, with
-// basic_auth in front of the streams under /private/, every read answer a
-// cache may keep (Durable Streams catch-up, long-poll and EOF, Pico
-// catch-up) says "private" there and "public" for the streams anyone may
-// read. It used to say "public" to the reader with credentials as well,
-// which lets a shared cache (RFC 9111 section 3.5) hand a protected
-// stream's records to clients that have none; section 10.1 of the
-// protocol asks for "private" on streams that may be user-specific.
+// basic_auth in front of the streams under /private/ and a session-cookie
+// guard (as forward_auth to a login portal would be) in front of those
+// under /session/, every read answer a cache may keep (Durable Streams
+// catch-up, long-poll and EOF, Pico catch-up) says "private" there and
+// "public" for the streams anyone may read. It used to say "public" to the
+// reader with credentials as well (and, later, to the reader with a
+// session cookie), which lets a shared cache (RFC 9111 section 3.5) hand a
+// protected stream's records to clients that have none; section 10.1 of
+// the protocol asks for "private" on streams that may be user-specific.
 func TestReadsBehindAuthAreNotPublic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	guard := "\t\t@private path /private/*\n\t\tbasic_auth @private {\n\t\t\treader " + readerHash + "\n\t\t}\n"
+	guard := "\t\t@private path /private/*\n\t\tbasic_auth @private {\n\t\t\treader " + readerHash + "\n\t\t}\n" +
+		"\t\t@nosession {\n\t\t\tpath /session/*\n\t\t\tnot header Cookie *" + sessionCookie + "*\n\t\t}\n" +
+		"\t\terror @nosession 401\n"
 	e := picoStartGuarded(t, []string{"long_poll_timeout 30s"}, nil, guard)
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("reader:"+readerPassword))
 	const public = "public, max-age=60, stale-while-revalidate=300"
 	const private = "private, max-age=60, stale-while-revalidate=300"
 
 	for _, scope := range []struct {
-		dir, authorization, cacheControl string
+		dir, credential, value, cacheControl string
 	}{
-		{"public", "", public},
-		{"private", auth, private},
+		{"public", "", "", public},
+		{"private", "Authorization", auth, private},
+		{"session", "Cookie", "theme=dark; " + sessionCookie, private},
 	} {
 		hdr := func(kv ...string) map[string]string {
 			h := map[string]string{}
-			if scope.authorization != "" {
-				h["Authorization"] = scope.authorization
+			if scope.credential != "" {
+				h[scope.credential] = scope.value
 			}
 			for i := 0; i+1 < len(kv); i += 2 {
 				h[kv[i]] = kv[i+1]
@@ -74,8 +81,10 @@ func TestReadsBehindAuthAreNotPublic(t *testing.T) {
 			}
 		}
 	}
-	// The guard is real: without credentials a private stream is refused.
-	if resp := e.must(fhReq{Method: http.MethodGet, Path: "/ds/private/s"}); resp.Status != http.StatusUnauthorized {
-		t.Fatalf("GET /ds/private/s without credentials: %s, want 401", resp)
+	// The guards are real: without credentials a private stream is refused.
+	for _, path := range []string{"/ds/private/s", "/ds/session/s"} {
+		if resp := e.must(fhReq{Method: http.MethodGet, Path: path}); resp.Status != http.StatusUnauthorized {
+			t.Fatalf("GET %s without credentials: %s, want 401", path, resp)
+		}
 	}
 }
