@@ -1156,8 +1156,10 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 	if s == nil {
 		return
 	}
-	// Every ack is checked before any applies: a request refused with 400
-	// moves no cursor (bad input changes nothing).
+	// Every ack is checked before any applies: a request refused (400,
+	// 409) moves no cursor, renews no lease and ends no wake (bad input
+	// changes nothing; a worker whose acks are refused must not hold the
+	// lease on them, nor have its done end the wake).
 	acked := make([]uint64, len(body.Acks))
 	for i, a := range body.Acks {
 		l := s.Links[strings.Trim(a.Stream, "/")]
@@ -1167,6 +1169,10 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 			return
 		}
 		acked[i] = off.pos.seq
+		if msg := s.ackOffsetProblem(l, acked[i]); msg != "" {
+			subError(w, http.StatusConflict, "INVALID_OFFSET", "ack for stream "+a.Stream+": "+msg)
+			return
+		}
 	}
 	for i, a := range body.Acks {
 		l := s.Links[strings.Trim(a.Stream, "/")]
@@ -1175,7 +1181,7 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 			// the offsets of a stream that is no more.
 			continue
 		}
-		if acked[i] > l.Acked && acked[i] <= l.Tail {
+		if acked[i] > l.Acked { // an ack at the cursor is a retry: nothing to move
 			l.Acked = acked[i]
 		}
 	}
@@ -1190,6 +1196,28 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 		}
 	}
 	writeJSONStatus(w, http.StatusOK, "application/json", map[string]bool{"ok": true, "next_wake": s.WakeID != ""})
+}
+
+// ackOffsetProblem says why an ack of link l at seq is refused with 409
+// INVALID_OFFSET, as the reference server refuses it, or "" when it is
+// not. An ack beyond the tail names records not written yet: moving the
+// cursor there would skip them when they come, so it is a client's bug,
+// not a retry. An ack behind the cursor would take back an ack: refusing
+// it loses nothing (the records behind the cursor were acked) and tells a
+// worker that acks from a stale view that it has one. An ack at the cursor
+// is accepted, so that a worker resending an ack whose answer it lost
+// gets 200. A link that started over during this wake is not judged: the
+// worker acks the old stream's offsets, which move nothing (handleAck).
+func (s *subState) ackOffsetProblem(l *subLink, seq uint64) string {
+	switch {
+	case l.ResetGen == s.Generation:
+		return ""
+	case seq < l.Acked:
+		return fmt.Sprintf("offset %s is behind the acknowledged offset %s", position{seq: seq}, position{seq: l.Acked})
+	case seq > l.Tail:
+		return fmt.Sprintf("offset %s is beyond the stream's tail %s", position{seq: seq}, position{seq: l.Tail})
+	}
+	return ""
 }
 
 func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, id string) {

@@ -657,6 +657,80 @@ func TestAckOfRecordStillQueuedMoves(t *testing.T) {
 	}
 }
 
+// TestAckOutsideCursorAndTail: a pull-wake ack (or webhook callback) whose
+// offset is behind the link's acknowledged offset or beyond its tail is
+// 409 INVALID_OFFSET, as the reference server answers, and changes
+// nothing: no cursor moves, the lease is not renewed, a done does not end
+// the wake, and the subscription is not written. Both used to be 200 with
+// the cursor left where it was, so a worker acking records not written
+// yet, or from a stale view, was never told. An ack at the cursor is a
+// retry and is accepted, as the reference server does.
+func TestAckOutsideCursorAndTail(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	if st, _ := n.call(t, "PUT", "/v1/stream/events/a", `[1,2,3,4,5]`); st != 201 {
+		t.Fatalf("create stream: %d", st)
+	}
+	info, err := n.eng.Head(context.Background(), "/v1/stream/events/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	loaded := make(chan struct{})
+	close(loaded)
+	const root, acked, tail = "/v1/stream/", 2, 5
+	for i, tc := range []struct {
+		name   string
+		seq    uint64
+		done   bool
+		status int
+		code   string
+		after  uint64 // the cursor after the ack
+	}{
+		{"behind the cursor", acked - 1, false, 409, "INVALID_OFFSET", acked},
+		{"behind the cursor, done", 0, true, 409, "INVALID_OFFSET", acked},
+		{"beyond the tail", tail + 1, false, 409, "INVALID_OFFSET", acked},
+		{"beyond the tail, done", tail + 100, true, 409, "INVALID_OFFSET", acked},
+		{"at the cursor (a retry)", acked, false, 200, "", acked},
+		{"between", acked + 1, false, 200, "", acked + 1},
+		{"at the tail, done", tail, true, 200, "", tail},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &subManager{eng: n.eng, log: zaptest.NewLogger(t), loaded: loaded, subs: map[string]*subState{},
+				kick: make(chan struct{}, 1), ctx: ctx, mac: randBytes(32)}
+			id := "p" + strconv.Itoa(i)
+			leaseUntil := time.Now().Add(time.Hour).UnixMilli()
+			s := &subState{ID: id, Root: root, Config: subConfig{Type: "pull-wake", Pattern: "events/*", WakeStream: "wake", LeaseTTLms: 600000},
+				Links:      map[string]*subLink{"events/a": {Glob: true, Acked: acked, Tail: tail, Stream: info.ID}},
+				Generation: 3, WakeID: "w_test", Holder: "w1", LeaseUntil: leaseUntil, key: subDocKey(root, id)}
+			m.subs[s.key] = s
+			ack := `{"wake_id":"w_test","generation":3,"done":` + strconv.FormatBool(tc.done) +
+				`,"acks":[{"stream":"events/a","offset":"` + (position{seq: tc.seq}).String() + `"}]}`
+			req := httptest.NewRequest("POST", root+"__ds/subscriptions/"+id+"/ack", strings.NewReader(ack))
+			req.Header.Set("Authorization", "Bearer "+m.tokenLocked(s))
+			rec := httptest.NewRecorder()
+			m.handleAck(rec, req, root, id, false)
+			var v map[string]any
+			_ = json.Unmarshal(rec.Body.Bytes(), &v)
+			if rec.Code != tc.status || errCode(v) != tc.code {
+				t.Fatalf("ack at seq %d (acked %d, tail %d): %d %s, want %d %q", tc.seq, acked, tail, rec.Code, rec.Body, tc.status, tc.code)
+			}
+			if got := s.Links["events/a"].Acked; got != tc.after {
+				t.Errorf("cursor after the ack: %d, want %d", got, tc.after)
+			}
+			if tc.status != 200 {
+				if s.LeaseUntil != leaseUntil || s.WakeID != "w_test" || s.Holder != "w1" || s.version != "" {
+					t.Errorf("the refused ack changed the subscription: lease until %d (was %d), wake %q, holder %q, written %v",
+						s.LeaseUntil, leaseUntil, s.WakeID, s.Holder, s.version != "")
+				}
+				if msg, _ := v["error"].(map[string]any)["message"].(string); !strings.Contains(msg, "events/a") {
+					t.Errorf("error message %q does not name the stream", msg)
+				}
+			}
+		})
+	}
+}
+
 // TestSubscriptionErrorCodes: the control API's error codes are the
 // reference server's, which its client's SubscriptionErrorCode lists (the
 // protocol names only FENCED and ALREADY_CLAIMED): a PUT of another

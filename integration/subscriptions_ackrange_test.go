@@ -1,0 +1,84 @@
+package integration
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestAckOutsideCursorAndTailThroughCaddy: through Caddy on versitygw, a
+// pull-wake ack behind the stream's acknowledged offset or beyond its tail
+// is 409 INVALID_OFFSET, as the reference server answers, and changes
+// nothing: the cursor stays, and a done with it does not end the wake (a
+// second worker's claim still finds it held). Both were 200 before, the
+// cursor left where it was, so a worker acking records not written yet
+// was never told. An ack at the cursor, a retry, is 200.
+func TestAckOutsideCursorAndTailThroughCaddy(t *testing.T) {
+	e := fhStart(t, fhOptions{})
+	const sub, wake = "/v1/stream/__ds/subscriptions/p1", "/v1/stream/wake/pool"
+	e.create(wake, "application/json")
+	if st, v := e.subCall("PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool","lease_ttl_ms":600000}`); st != http.StatusCreated {
+		t.Fatalf("create subscription: %d %v", st, v)
+	}
+	e.create("/v1/stream/events/a", "application/json")
+	for i := 0; i < 3; i++ {
+		e.append("/v1/stream/events/a", "application/json", []byte(`{"n":`+strconv.Itoa(i)+`}`))
+	}
+	if err := fhWaitFor(15*time.Second, 50*time.Millisecond, func() error {
+		if n := e.wakeCount(wake, "p1"); n < 1 {
+			return fmt.Errorf("%d wake events", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("no wake for events/a: %v", err)
+	}
+	st, claim := e.subCall("POST", sub+"/claim", `{"worker":"w1"}`)
+	if st != http.StatusOK {
+		t.Fatalf("claim: %d %v", st, claim)
+	}
+	bearer := "Bearer " + claim["token"].(string)
+	ack := func(seq int, done bool) string {
+		return `{"wake_id":"` + claim["wake_id"].(string) + `","generation":` + strconv.Itoa(int(claim["generation"].(float64))) +
+			`,"acks":[{"stream":"events/a","offset":"` + subOffset(seq) + `"}],"done":` + strconv.FormatBool(done) + `}`
+	}
+	acked := func() string {
+		t.Helper()
+		_, v := e.subCall("GET", sub, "")
+		return v["streams"].([]any)[0].(map[string]any)["acked_offset"].(string)
+	}
+	if st, v := e.subCall("POST", sub+"/ack", ack(2, false), "Authorization", bearer); st != http.StatusOK {
+		t.Fatalf("ack at 2 of 3: %d %v", st, v)
+	}
+	for _, tc := range []struct {
+		name   string
+		seq    int
+		done   bool
+		status int
+		code   string
+	}{
+		{"behind the cursor", 1, false, http.StatusConflict, "INVALID_OFFSET"},
+		{"beyond the tail", 4, false, http.StatusConflict, "INVALID_OFFSET"},
+		{"behind the cursor, done", 0, true, http.StatusConflict, "INVALID_OFFSET"},
+		{"beyond the tail, done", 9, true, http.StatusConflict, "INVALID_OFFSET"},
+		{"at the cursor (a retry)", 2, false, http.StatusOK, ""},
+	} {
+		if st, v := e.subCall("POST", sub+"/ack", ack(tc.seq, tc.done), "Authorization", bearer); st != tc.status || errCodeOf(v) != tc.code {
+			t.Errorf("%s (ack at %d, acked 2, tail 3): %d %v, want %d %q", tc.name, tc.seq, st, v, tc.status, tc.code)
+		}
+		if got := acked(); got != subOffset(2) {
+			t.Fatalf("after %s: acked_offset %s, want %s", tc.name, got, subOffset(2))
+		}
+	}
+	// The refused dones ended nothing: the wake is still w1's.
+	if st, v := e.subCall("POST", sub+"/claim", `{"worker":"w2"}`); st != http.StatusConflict || errCodeOf(v) != "ALREADY_CLAIMED" {
+		t.Fatalf("claim by w2 after w1's refused dones: %d %v, want 409 ALREADY_CLAIMED", st, v)
+	}
+	if st, v := e.subCall("POST", sub+"/ack", ack(3, true), "Authorization", bearer); st != http.StatusOK || v["ok"] != true {
+		t.Fatalf("ack at the tail with done: %d %v", st, v)
+	}
+	if got := acked(); got != subOffset(3) {
+		t.Fatalf("after the ack at the tail: acked_offset %s, want %s", got, subOffset(3))
+	}
+}
