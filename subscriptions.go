@@ -1309,11 +1309,18 @@ func pullWakeOnly(w http.ResponseWriter, s *subState) bool {
 // checkWakeLocked applies section 7.3: the token is valid for this
 // subscription and its current generation and wake, and so is the request.
 // With pullOnly (the ack and release endpoints) s must be pull-wake.
+//
+// The token is checked before the subscription is looked up, so that a
+// request without a valid token gets 401 whether or not the subscription
+// exists, and whatever its type: these endpoints take the module's own
+// token in Authorization, so a site that guards its control API with its
+// own credentials must leave them open, and answering 404 (or 400 for a
+// webhook subscription) first told anyone there which subscription ids
+// exist. The token names its subscription, so it is checked without it;
+// a holder of a valid one knows the id, and a 404 after it (the
+// subscription was deleted since) tells nothing new.
 func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, root, id, wakeID string, gen uint64, pullOnly bool) *subState {
-	s := m.lookupLocked(w, root, id)
-	if s == nil || (pullOnly && !pullWakeOnly(w, s)) {
-		return nil
-	}
+	key := subDocKey(root, id)
 	auth := r.Header.Get("Authorization")
 	tok, ok := strings.CutPrefix(auth, "Bearer ")
 	// The codes are the reference server's (TOKEN_INVALID, TOKEN_EXPIRED),
@@ -1324,11 +1331,15 @@ func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, roo
 	}
 	claims, err := m.verifyTokenLocked(strings.TrimSpace(tok))
 	switch {
-	case errors.Is(err, errTokenExpired) && claims.Sub == s.key:
+	case errors.Is(err, errTokenExpired) && claims.Sub == key:
 		subError(w, http.StatusUnauthorized, "TOKEN_EXPIRED", "token expired")
 		return nil
-	case err != nil || claims.Sub != s.key:
+	case err != nil || claims.Sub != key:
 		subError(w, http.StatusUnauthorized, "TOKEN_INVALID", "invalid token")
+		return nil
+	}
+	s := m.lookupLocked(w, root, id)
+	if s == nil || (pullOnly && !pullWakeOnly(w, s)) {
 		return nil
 	}
 	// A lease past its time is over (section 7.3) whether or not the

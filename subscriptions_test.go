@@ -744,11 +744,7 @@ func TestSubscriptionErrorCodes(t *testing.T) {
 	m := n.Config.Handler.(*durableStreams).subs.cur.Load()
 	m.mu.Lock()
 	s := m.subs[subDocKey("/v1/stream/", "p1")]
-	claims, _ := json.Marshal(tokenClaims{Sub: s.key, Gen: s.Generation, Wake: s.WakeID, Exp: time.Now().Add(-time.Minute).Unix()})
-	p := base64.RawURLEncoding.EncodeToString(claims)
-	h := hmac.New(sha256.New, m.mac)
-	h.Write([]byte(p))
-	expired := p + "." + base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+	expired := signClaims(m, tokenClaims{Sub: s.key, Gen: s.Generation, Wake: s.WakeID, Exp: time.Now().Add(-time.Minute).Unix()})
 	m.mu.Unlock()
 	const body = `{"wake_id":"w_x","generation":1}`
 	for _, tc := range []struct {
@@ -769,6 +765,76 @@ func TestSubscriptionErrorCodes(t *testing.T) {
 		if st, v := n.call(t, tc.method, tc.path, tc.body, hdr...); st != tc.status || errCode(v) != tc.code {
 			t.Errorf("%s: %d %v, want %d %s", tc.name, st, v, tc.status, tc.code)
 		}
+	}
+}
+
+// signClaims signs c with m's key, as tokenLocked does: a token the test
+// chooses the claims of.
+func signClaims(m *subManager, c tokenClaims) string {
+	b, _ := json.Marshal(c)
+	p := base64.RawURLEncoding.EncodeToString(b)
+	h := hmac.New(sha256.New, m.mac)
+	h.Write([]byte(p))
+	return p + "." + base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+}
+
+// TestTokenCheckedBeforeSubscription: callback, ack and release without a
+// valid token for the subscription are 401 whether the subscription
+// exists (pull-wake or webhook) or not. They were 404 for an id that does
+// not exist and 400 for a webhook subscription's ack and release, before
+// the token was looked at, which told a client without a token which ids
+// exist, and of what type. A valid token for an id with no subscription
+// (deleted since) is 404: its holder knew the id.
+func TestTokenCheckedBeforeSubscription(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	const root = "/v1/stream/"
+	n.pullSubscribe(t, root+"__ds/subscriptions/pull")
+	if st, v := n.call(t, "PUT", root+"__ds/subscriptions/hook", `{"type":"webhook","pattern":"orders/*","webhook":{"url":"http://127.0.0.1:9/h"}}`); st != 201 {
+		t.Fatalf("create webhook subscription: %d %v", st, v)
+	}
+	m := n.Config.Handler.(*durableStreams).subs.cur.Load()
+	m.mu.Lock()
+	token := func(id string, exp time.Duration) string {
+		return "Bearer " + signClaims(m, tokenClaims{Sub: subDocKey(root, id), Gen: 1, Wake: "w_x", Exp: time.Now().Add(exp).Unix()})
+	}
+	expiredFor := map[string]string{}
+	for _, id := range []string{"pull", "hook", "none"} {
+		expiredFor[id] = token(id, -time.Minute)
+	}
+	otherSub := token("pull", time.Hour)
+	validForNone := token("none", time.Hour)
+	m.mu.Unlock()
+	const body = `{"wake_id":"w_x","generation":1}`
+	for _, id := range []string{"pull", "hook", "none"} {
+		for _, action := range []string{"ack", "release", "callback"} {
+			for _, tc := range []struct {
+				name, auth string
+				code       string
+			}{
+				{"no token", "", "TOKEN_INVALID"},
+				{"not bearer", "Basic eDp5", "TOKEN_INVALID"},
+				{"forged", "Bearer forged.token", "TOKEN_INVALID"},
+				{"expired", expiredFor[id], "TOKEN_EXPIRED"},
+			} {
+				var hdr []string
+				if tc.auth != "" {
+					hdr = []string{"Authorization", tc.auth}
+				}
+				path := root + "__ds/subscriptions/" + id + "/" + action
+				if st, v := n.call(t, "POST", path, body, hdr...); st != 401 || errCode(v) != tc.code {
+					t.Errorf("POST %s, %s: %d %v, want 401 %s", path, tc.name, st, v, tc.code)
+				}
+			}
+		}
+	}
+	// Another subscription's token is no token for this one.
+	for _, id := range []string{"hook", "none"} {
+		if st, v := n.call(t, "POST", root+"__ds/subscriptions/"+id+"/ack", body, "Authorization", otherSub); st != 401 || errCode(v) != "TOKEN_INVALID" {
+			t.Errorf("ack of %s with pull's token: %d %v, want 401 TOKEN_INVALID", id, st, v)
+		}
+	}
+	if st, v := n.call(t, "POST", root+"__ds/subscriptions/none/ack", body, "Authorization", validForNone); st != 404 || errCode(v) != "SUBSCRIPTION_NOT_FOUND" {
+		t.Errorf("ack with a valid token of a subscription that is not there: %d %v, want 404 SUBSCRIPTION_NOT_FOUND", st, v)
 	}
 }
 

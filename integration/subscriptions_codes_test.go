@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/base64"
 	"net/http"
 	"testing"
 )
@@ -62,5 +63,47 @@ func TestClaimWithoutPendingWorkThroughCaddy(t *testing.T) {
 	e.append("/v1/stream/events/a", "application/json", []byte(`{"n":1}`))
 	if st, v := e.subCall("POST", sub+"/claim", `{"worker":"w1"}`); st != http.StatusOK || v["generation"] != 1.0 {
 		t.Fatalf("claim with events/a pending: %d %v, want 200 generation 1", st, v)
+	}
+}
+
+// TestControlTokenBeforeSubscriptionThroughCaddy: through Caddy on
+// versitygw, with the control API behind basic_auth except the endpoints
+// that carry the module's own bearer token (callback, ack, release: a
+// webhook receiver has only its callback token, and the token takes the
+// Authorization header), a request there without a valid token is 401
+// whether the subscription exists (pull-wake or webhook) or not. It was
+// 404 for an id that does not exist and 400 for a webhook subscription's
+// ack and release, which told anyone past the guard which ids exist.
+func TestControlTokenBeforeSubscriptionThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	guard := "\t\t@control {\n\t\t\tpath */__ds/*\n\t\t\tnot path */callback */ack */release\n\t\t}\n" +
+		"\t\tbasic_auth @control {\n\t\t\treader " + readerHash + "\n\t\t}\n"
+	e := picoStartGuarded(t, []string{"allow_loopback_webhooks"}, nil, guard)
+	auth := []string{"Authorization", "Basic " + base64.StdEncoding.EncodeToString([]byte("reader:"+readerPassword))}
+	const subs = "/ds/v1/stream/__ds/subscriptions/"
+	e.create("/ds/v1/stream/wake/pool", "application/json")
+	for id, cfg := range map[string]string{
+		"pull": `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool"}`,
+		"hook": `{"type":"webhook","pattern":"orders/*","webhook":{"url":"http://127.0.0.1:9/h"}}`,
+	} {
+		if st, v := e.subCall("PUT", subs+id, cfg, auth...); st != http.StatusCreated {
+			t.Fatalf("create subscription %s: %d %v", id, st, v)
+		}
+	}
+	// The guard is real: the subscription itself is not for anyone.
+	if st, _ := e.subCall("GET", subs+"pull", ""); st != http.StatusUnauthorized {
+		t.Fatalf("GET of a subscription without credentials: %d, want 401", st)
+	}
+	const body = `{"wake_id":"w_x","generation":1}`
+	for _, id := range []string{"pull", "hook", "none"} {
+		for _, action := range []string{"callback", "ack", "release"} {
+			for _, hdr := range [][]string{nil, {"Authorization", "Bearer forged.token"}} {
+				if st, v := e.subCall("POST", subs+id+"/"+action, body, hdr...); st != http.StatusUnauthorized || errCodeOf(v) != "TOKEN_INVALID" {
+					t.Errorf("POST %s/%s with %v: %d %v, want 401 TOKEN_INVALID", id, action, hdr, st, v)
+				}
+			}
+		}
 	}
 }
