@@ -30,14 +30,16 @@ func (p walPos) next() walPos { return walPos{p.NS, p.Seq + 1} }
 // writerState is what appends check and change: the tail, closure, the
 // producers' progress and the last Stream-Seq.
 type writerState struct {
-	NextSeq    uint64                           `json:"next_seq"`
-	StartSeq   uint64                           `json:"start_seq,omitempty"`
-	LastTS     int64                            `json:"last_ts,omitempty"`
-	Closed     bool                             `json:"closed,omitempty"`
-	ClosedBy   *segment.ProducerState           `json:"closed_by,omitempty"`
-	StreamSeq  string                           `json:"stream_seq,omitempty"`
-	AccessedAt int64                            `json:"accessed_at,omitempty"`
-	Producers  map[string]segment.ProducerState `json:"producers,omitempty"`
+	NextSeq    uint64                 `json:"next_seq"`
+	StartSeq   uint64                 `json:"start_seq,omitempty"`
+	LastTS     int64                  `json:"last_ts,omitempty"`
+	Closed     bool                   `json:"closed,omitempty"`
+	ClosedBy   *segment.ProducerState `json:"closed_by,omitempty"`
+	StreamSeq  string                 `json:"stream_seq,omitempty"`
+	AccessedAt int64                  `json:"accessed_at,omitempty"`
+	// Producers is encoded as the map of producer id to state that
+	// earlier versions wrote, and left out when empty, as they did.
+	Producers producerSet `json:"producers,omitzero"`
 }
 
 // change is what one WAL entry does to a stream's writer state; it is kept
@@ -68,8 +70,8 @@ func changeOf(e *segment.Entry) change {
 	return c
 }
 
-// apply folds one change into the state. Producers is copied on write, so a
-// state copy can be kept as the durable one while another is changed.
+// apply folds one change into the state. A state copy can be kept as the
+// durable one while another is changed: Producers is a value (producerSet).
 func (w *writerState) apply(c change) {
 	w.NextSeq = c.End
 	w.LastTS = max(w.LastTS, c.LastTS)
@@ -78,12 +80,7 @@ func (w *writerState) apply(c change) {
 		w.ClosedBy = c.Producer
 	}
 	if c.Producer != nil {
-		m := make(map[string]segment.ProducerState, len(w.Producers)+1)
-		for k, v := range w.Producers {
-			m[k] = v
-		}
-		m[c.Producer.ID] = *c.Producer
-		w.Producers = m
+		w.Producers.set(*c.Producer)
 	}
 	if c.StreamSeq != "" {
 		w.StreamSeq = c.StreamSeq

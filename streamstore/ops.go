@@ -648,7 +648,7 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		return AppendResult{}, nil, &ClosedError{NextSeq: next}
 	}
 	if p := req.Producer; p != nil {
-		cur, known := st.Producers[p.ID]
+		cur, known := st.Producers.get(p.ID)
 		if known && p.Epoch < cur.Epoch {
 			s.mu.Unlock()
 			return AppendResult{}, nil, &FencedError{CurrentEpoch: cur.Epoch}
@@ -662,7 +662,7 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		return AppendResult{}, nil, ErrContentType
 	}
 	if p := req.Producer; p != nil {
-		cur, known := st.Producers[p.ID]
+		cur, known := st.Producers.get(p.ID)
 		switch {
 		case known && p.Epoch > cur.Epoch && p.Seq != 0:
 			s.mu.Unlock()
@@ -876,7 +876,7 @@ func (e *Engine) foldLocked(w *segment.Writer, s *stream, req AppendRequest, now
 // acknowledged only once durable; while the original is in flight the
 // caller waits and retries. It unlocks s.
 func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, <-chan struct{}, error) {
-	d, known := s.durable.Producers[p.ID]
+	d, known := s.durable.Producers.get(p.ID)
 	durable := known && (d.Epoch > p.Epoch || (d.Epoch == p.Epoch && d.Seq >= p.Seq))
 	if cb := s.durable.ClosedBy; cb != nil && *cb == (segment.ProducerState{ID: p.ID, Epoch: p.Epoch, Seq: p.Seq}) {
 		durable = true
@@ -886,14 +886,13 @@ func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, <-chan s
 		s.mu.Unlock()
 		return AppendResult{}, ch, nil
 	}
-	cur := s.durable.Producers[p.ID]
 	res := AppendResult{
 		FirstSeq:      s.durable.NextSeq,
 		NextSeq:       s.durable.NextSeq,
 		Closed:        s.durable.Closed,
 		Duplicate:     true,
-		ProducerEpoch: cur.Epoch,
-		ProducerSeq:   cur.Seq,
+		ProducerEpoch: d.Epoch,
+		ProducerSeq:   d.Seq,
 	}
 	s.mu.Unlock()
 	return res, nil, nil
