@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -507,15 +508,14 @@ func TestUnconfirmedForkKeepsSourceCount(t *testing.T) {
 func TestProducerRetryAfterAbort(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
-	e := startEngine(t, st, Config{AppendTimeout: 5 * time.Second})
-	if _, _, err := e.Create(ctx, "/p", CreateRequest{ContentType: "text/plain"}); err != nil {
-		t.Fatal(err)
-	}
 	gate := make(chan struct{})
 	var once sync.Once
+	var armed atomic.Bool
+	// Fail is set before the engine starts, which reads it from its own
+	// goroutines; armed turns it on once the stream exists.
 	st.Fail = func(op, key string) error {
 		var err error
-		if op == "PUT" && strings.HasPrefix(key, "wal/") {
+		if armed.Load() && op == "PUT" && strings.HasPrefix(key, "wal/") {
 			once.Do(func() {
 				<-gate // the upload hangs, then fails; its seal wins
 				err = errors.New("upload failed")
@@ -523,6 +523,11 @@ func TestProducerRetryAfterAbort(t *testing.T) {
 		}
 		return err
 	}
+	e := startEngine(t, st, Config{AppendTimeout: 5 * time.Second})
+	if _, _, err := e.Create(ctx, "/p", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
 	app := func() error {
 		_, err := e.Append(ctx, "/p", AppendRequest{Records: recs("a"), Producer: &Producer{ID: "w", Epoch: 0, Seq: 0}})
 		return err
