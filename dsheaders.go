@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -359,6 +361,28 @@ var errBodyTooLarge = errors.New("request body too large")
 // be stored as gzip), so it is refused (415) rather than stored.
 var errBodyEncoded = errors.New("request bodies are accepted without a content coding")
 
+// errBodyTimeout reports a request body that stopped arriving at the
+// connection's read deadline (the server's read_body timeout, which is what
+// cuts off a client dripping a body to hold a connection). It is the
+// client's slowness, not a malformed request: 408 tells it so, where 400
+// would tell it not to send the same body again.
+var errBodyTimeout = errors.New("request body did not arrive within the server's read_body timeout")
+
+// bodyReadError is err of a body read as readBody returns it: a read past the
+// connection's deadline is errBodyTimeout (net's error would also name the
+// server's and client's addresses), a body over the limit errBodyTooLarge.
+func bodyReadError(err error) error {
+	var mbe *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case errors.As(err, &mbe):
+		return errBodyTooLarge
+	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
+		return errBodyTimeout
+	}
+	return fmt.Errorf("reading request body: %w", err)
+}
+
 // readBody reads the whole request body, but never more than max+1 bytes, so
 // an oversized body costs at most that much memory before it is refused.
 func readBody(r *http.Request, max int64) ([]byte, error) {
@@ -378,21 +402,13 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 	if r.ContentLength > 0 {
 		b, err := readKnownLength(r.Body, r.ContentLength)
 		if err != nil {
-			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
-				return nil, errBodyTooLarge
-			}
-			return nil, fmt.Errorf("reading request body: %w", err)
+			return nil, bodyReadError(err)
 		}
 		return b, nil
 	}
 	b, err := io.ReadAll(io.LimitReader(r.Body, max+1))
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, errBodyTooLarge
-		}
-		return nil, fmt.Errorf("reading request body: %w", err)
+		return nil, bodyReadError(err)
 	}
 	if int64(len(b)) > max {
 		return nil, errBodyTooLarge

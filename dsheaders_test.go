@@ -3,9 +3,12 @@ package picomq
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -457,5 +460,48 @@ func TestHasCredentials(t *testing.T) {
 		if got := hasCredentials(tc.h); got != tc.want {
 			t.Errorf("%s: hasCredentials(%v) = %v, want %v", tc.name, tc.h, got, tc.want)
 		}
+	}
+}
+
+// TestReadBodyTimeout: a body whose reads stop at the connection's read
+// deadline (the server's read_body timeout cutting off a slow client) is
+// errBodyTimeout, which both protocols answer 408, whatever the body's
+// framing; other read errors stay 400.
+func TestReadBodyTimeout(t *testing.T) {
+	deadline := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	for _, tc := range []struct {
+		name    string
+		length  int64 // -1: chunked
+		readErr error
+		want    error
+		status  int
+	}{
+		{"known length, deadline", 64, deadline, errBodyTimeout, http.StatusRequestTimeout},
+		{"chunked, deadline", -1, deadline, errBodyTimeout, http.StatusRequestTimeout},
+		{"known length, HTTP/2 stream deadline", 64, fmt.Errorf("%w", os.ErrDeadlineExceeded), errBodyTimeout, http.StatusRequestTimeout},
+		{"known length, client gone", 64, io.ErrUnexpectedEOF, io.ErrUnexpectedEOF, http.StatusBadRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			newReq := func() *http.Request {
+				t.Helper()
+				body := io.MultiReader(strings.NewReader("drip"), iotest.ErrReader(tc.readErr))
+				r := httptest.NewRequest(http.MethodPost, "/s", body)
+				r.ContentLength = tc.length
+				return r
+			}
+			if _, err := readBody(newReq(), 1<<20); !errors.Is(err, tc.want) {
+				t.Errorf("readBody: %v, want %v", err, tc.want)
+			}
+			ds := &durableStreams{maxAppend: 1 << 20}
+			rec := httptest.NewRecorder()
+			if _, ok := ds.readBody(rec, newReq()); ok || rec.Code != tc.status {
+				t.Errorf("durable streams: ok %v, status %d %q, want %d", ok, rec.Code, rec.Body, tc.status)
+			}
+			pico := &picoProtocol{maxAppend: 1 << 20}
+			rec = httptest.NewRecorder()
+			if _, ok := pico.readBody(rec, newReq()); ok || rec.Code != tc.status {
+				t.Errorf("pico: ok %v, status %d %q, want %d", ok, rec.Code, rec.Body, tc.status)
+			}
+		})
 	}
 }

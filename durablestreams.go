@@ -1160,7 +1160,8 @@ func toRecords(msgs [][]byte) []streamstore.NewRecord {
 	return recs
 }
 
-// readBody reads an append or create body, answering 413 or 400 itself.
+// readBody reads an append or create body, answering 413, 415, 408 or 400
+// itself.
 func (d *durableStreams) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	body, err := readBody(r, d.maxAppend)
 	switch {
@@ -1170,6 +1171,9 @@ func (d *durableStreams) readBody(w http.ResponseWriter, r *http.Request) ([]byt
 	case errors.Is(err, errBodyEncoded):
 		w.Header().Set("Accept-Encoding", "identity")
 		fail(w, http.StatusUnsupportedMediaType, err.Error())
+		return nil, false
+	case errors.Is(err, errBodyTimeout):
+		fail(w, http.StatusRequestTimeout, err.Error())
 		return nil, false
 	case err != nil:
 		fail(w, http.StatusBadRequest, err.Error())

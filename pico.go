@@ -98,7 +98,8 @@ func (p *picoProtocol) engineFor(w http.ResponseWriter, r *http.Request) (*strea
 	return eng, true
 }
 
-// readBody reads a create or append body, answering 413 or 400 itself.
+// readBody reads a create or append body, answering 413, 415, 408 or 400
+// itself.
 func (p *picoProtocol) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	body, err := readBody(r, p.maxAppend)
 	switch {
@@ -108,6 +109,12 @@ func (p *picoProtocol) readBody(w http.ResponseWriter, r *http.Request) ([]byte,
 	case errors.Is(err, errBodyEncoded):
 		w.Header().Set("Accept-Encoding", "identity")
 		picoFail(w, http.StatusUnsupportedMediaType, picoErrBadRequest, err.Error(), nil)
+		return nil, false
+	case errors.Is(err, errBodyTimeout):
+		// The wire names no code of its own for it: the request was not
+		// received whole, which bad_request covers; the status tells
+		// the client a retry may succeed.
+		picoFail(w, http.StatusRequestTimeout, picoErrBadRequest, err.Error(), nil)
 		return nil, false
 	case err != nil:
 		picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
