@@ -151,6 +151,14 @@ func parseS3Location(u *url.URL) (Location, error) {
 			if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
 				return Location{}, fmt.Errorf("storage URL: endpoint %q must be an http(s) URL", redactEndpoint(v))
 			}
+			if e.User != nil {
+				// The SDK drops an endpoint's user information from its
+				// requests (they are signed with the credential chain's
+				// keys), so it never authenticated anything; and Caddy
+				// shows a loaded config as written (admin API /config/,
+				// autosave.json), where no redaction of ours reaches.
+				return Location{}, fmt.Errorf("storage URL: endpoint %q: credentials do not belong in the endpoint; use the AWS credential chain (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)", redactEndpoint(v))
+			}
 			l.Endpoint = strings.TrimRight(v, "/")
 		case "path_style":
 			b, err := strconv.ParseBool(v)

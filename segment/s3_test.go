@@ -449,7 +449,7 @@ func TestParseS3Location(t *testing.T) {
 		"s3://bkt?regoin=x", "s3://bkt?region=a&region=b", "s3://key:secret@bkt/p",
 		// Wherever the URL syntax lets credentials in, errors leave them out.
 		"s3://key:secret^@bkt/p", "s3://bkt?endpoint=ftp://key:secret@x", "file://key:secret@host/dir",
-		"s4://key:secret@bkt/p",
+		"s4://key:secret@bkt/p", "s3://bkt?endpoint=http://key:secret@x", "s3://bkt?endpoint=https://key@x",
 	}
 	for _, b := range bad {
 		if _, err := segment.ParseLocation(b); err == nil {
