@@ -1689,14 +1689,26 @@ func globSegs(p, s []string) bool {
 	return reach[len(s)]
 }
 
-// globLiteralPrefix is the pattern up to its first wildcard segment, for a
-// listing prefix.
+// globLiteralPrefix is the pattern's segments before its first wildcard, for
+// a listing prefix: every path the pattern matches starts with it. When
+// what follows can match no segment at all (nothing, or only "**"), the
+// last literal segment is left out: "events/a" and "events/a/**" match the
+// stream "events/a" itself, of which "events/a/" is no prefix.
 func globLiteralPrefix(pattern string) string {
+	segs := strings.Split(strings.Trim(pattern, "/"), "/")
+	k := 0
+	for k < len(segs) && !strings.Contains(segs[k], "*") {
+		k++
+	}
+	more := false // the path has a segment after the literal ones
+	for _, seg := range segs[k:] {
+		more = more || seg != "**"
+	}
+	if !more && k > 0 {
+		k--
+	}
 	var b strings.Builder
-	for _, seg := range strings.Split(strings.Trim(pattern, "/"), "/") {
-		if strings.Contains(seg, "*") {
-			break
-		}
+	for _, seg := range segs[:k] {
 		b.WriteString(seg + "/")
 	}
 	return b.String()

@@ -50,8 +50,13 @@ func TestGlobMatch(t *testing.T) {
 			t.Errorf("globMatch(%q, %q) = %v, want %v", c.pattern, c.path, got, c.want)
 		}
 	}
-	if p := globLiteralPrefix("events/a/*/x"); p != "events/a/" {
-		t.Errorf("globLiteralPrefix = %q", p)
+	for pattern, want := range map[string]string{
+		"events/a/*/x": "events/a/", "events/*": "events/", "**": "", "events/a": "events/", "events": "",
+		"events/a/**": "events/", "events/**/**": "", "events/**/x": "events/",
+	} {
+		if p := globLiteralPrefix(pattern); p != want {
+			t.Errorf("globLiteralPrefix(%q) = %q, want %q", pattern, p, want)
+		}
 	}
 }
 
