@@ -313,8 +313,9 @@ type subState struct {
 	// so deliveries may connect to loopback addresses (and only then).
 	Loopback bool `json:"loopback,omitempty"`
 
-	key     string // document key
-	version string // document version (ETag)
+	key     string     // document key
+	version string     // document version (ETag)
+	indexed subIndexed // where the manager's index has it
 }
 
 func (s *subState) lease() time.Duration {
@@ -375,6 +376,7 @@ type subManager struct {
 	keyMu sync.Mutex // serialises ensureKey
 	mu    sync.Mutex
 	subs  map[string]*subState // by document key
+	index subIndex             // subs by the streams they may concern
 	priv  ed25519.PrivateKey
 	kid   string
 	mac   []byte
@@ -628,7 +630,9 @@ func (m *subManager) load() error {
 	heads := m.headLinks(ctx, subs)
 	m.mu.Lock()
 	m.subs = subs
+	m.index = subIndex{}
 	for _, s := range subs {
+		m.index.add(s)
 		if s.reconcile(heads) {
 			m.saveOrLog(s)
 		}
@@ -945,7 +949,7 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
 	}
-	m.subs[key] = s
+	m.addSubLocked(s)
 	writeJSONStatus(w, http.StatusCreated, "application/json", m.viewLocked(s, r))
 }
 
@@ -997,6 +1001,12 @@ func (m *subManager) viewLocked(s *subState, r *http.Request) map[string]any {
 	return v
 }
 
+// addSubLocked makes s one of the manager's subscriptions.
+func (m *subManager) addSubLocked(s *subState) {
+	m.subs[s.key] = s
+	m.index.add(s)
+}
+
 func (m *subManager) lookupLocked(w http.ResponseWriter, root, id string) *subState {
 	s, ok := m.subs[subDocKey(root, id)]
 	if !ok {
@@ -1025,6 +1035,7 @@ func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, 
 		}
 		// In-flight callbacks, acks and releases find no subscription now.
 		delete(m.subs, key)
+		m.index.remove(s)
 	}
 	w.Header().Set("Cache-Control", cacheControlNoStore)
 	w.WriteHeader(http.StatusNoContent)
@@ -1102,6 +1113,7 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 		}
 		l.Explicit = true
 	}
+	m.index.update(s)
 	if err := m.saveLocked(s); err != nil {
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
@@ -1122,6 +1134,7 @@ func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, 
 		if s.Config.Pattern == "" || !globMatch(s.Config.Pattern, p) {
 			delete(s.Links, p)
 		}
+		m.index.update(s)
 		if err := m.saveLocked(s); err != nil {
 			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 			return
@@ -1407,12 +1420,13 @@ func newWakeID() string { return "w_" + hex.EncodeToString(randBytes(12)) }
 // --- wakes -----------------------------------------------------------------
 
 // applyNoteLocked links and advances streams that got records, and starts
-// over the links of streams deleted or created again.
+// over the links of streams deleted or created again, in the subscriptions
+// the index finds for the stream.
 func (m *subManager) applyNoteLocked(n appendNote) {
-	for _, s := range m.subs {
+	m.index.candidates(n.name, func(s *subState) {
 		rel, ok := strings.CutPrefix(n.name, s.Root)
 		if !ok || rel == "" {
-			continue
+			return
 		}
 		changed, grew := s.applyNote(rel, n)
 		switch {
@@ -1423,7 +1437,7 @@ func (m *subManager) applyNoteLocked(n appendNote) {
 		case changed:
 			m.saveOrLog(s)
 		}
-	}
+	})
 }
 
 // applyNote applies n to s's link of rel (n.name relative to s.Root) and

@@ -644,7 +644,7 @@ func TestAckOfRecordStillQueuedMoves(t *testing.T) {
 		Links:      map[string]*subLink{"events/a": {Glob: true, Acked: 1, Tail: 1, Stream: info.ID}},
 		Generation: 3, WakeID: "w_test", Holder: "w1", LeaseUntil: time.Now().Add(time.Hour).UnixMilli(),
 		key: subDocKey(root, "p1")}
-	m.subs[s.key] = s
+	m.addSubLocked(s)
 	n.eng.OnAppend(m.noteAppend)
 	if st, _ := n.call(t, "POST", "/v1/stream/events/a", `{"n":2}`); st != 204 && st != 200 {
 		t.Fatalf("append: %d", st)
