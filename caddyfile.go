@@ -2,6 +2,7 @@ package picomq
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -109,6 +110,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.ExpirySweepInterval, err = parseDuration(arg)
 		case "grave_time":
 			h.GraveTime, err = parseDuration(arg)
+		case "max_subscriptions":
+			h.MaxSubscriptions, err = parseCount(arg)
 		default:
 			return d.Errf("unrecognized picomq option %q", opt)
 		}
@@ -126,6 +129,16 @@ var caddyfileOptions = map[string]bool{
 	"sse_reconnect_interval": true, "max_append_size": true, "cache_size": true,
 	"compact_interval": true, "pack_below": true, "s3_timeout": true,
 	"expiry_sweep_interval": true, "grave_time": true, "allow_loopback_webhooks": true,
+	"max_subscriptions": true,
+}
+
+// parseCount parses a positive count such as 1000.
+func parseCount(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 || n > 1<<30 {
+		return 0, fmt.Errorf("want a count between 1 and %d, got %q", 1<<30, s)
+	}
+	return n, nil
 }
 
 // parseDuration parses a Caddyfile duration; zero is refused because the

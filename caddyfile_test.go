@@ -33,6 +33,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		s3_timeout 3s
 		expiry_sweep_interval 10m
 		grave_time 30m
+		max_subscriptions 50
 	}`)
 	var h Handler
 	if err := h.UnmarshalCaddyfile(d); err != nil {
@@ -54,6 +55,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		S3Timeout:            caddy.Duration(3 * time.Second),
 		ExpirySweepInterval:  caddy.Duration(10 * time.Minute),
 		GraveTime:            caddy.Duration(30 * time.Minute),
+		MaxSubscriptions:     50,
 	}
 	if got, _ := json.Marshal(h); string(got) != string(mustJSON(t, want)) {
 		t.Errorf("got  %s\nwant %s", got, mustJSON(t, want))
@@ -116,6 +118,10 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"storage s3:///prefix", "missing bucket"},
 		{"storage file:///a {\n}", "unexpected '{': picomq options take no block"},
 		{"pack_below none", `pack_below: invalid size "none"`},
+		{"max_subscriptions", "wrong argument count"},
+		{"max_subscriptions many", `max_subscriptions: want a count between 1 and 1073741824, got "many"`},
+		{"max_subscriptions 0", `max_subscriptions: want a count between 1 and 1073741824, got "0"`},
+		{"max_subscriptions 1.5", `max_subscriptions: want a count`},
 	}
 	for _, o := range durations {
 		cases = append(cases,

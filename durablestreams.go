@@ -41,6 +41,7 @@ type durableStreams struct {
 	chunkBytes      int
 	jitter          func() int    // cursor jitter in seconds
 	allowLoopback   bool          // webhook URLs may be on localhost (subscriptions.go)
+	maxSubs         int           // subscriptions per stream root; 0: no limit (subscriptions.go)
 	live            *liveReaders  // open SSE and long-poll reads, for metrics (metrics.go)
 	fanout          fanout        // live feeds writing at once (sse.go)
 	frames          frameCache    // data events shared by feeds at one position (sseframes.go)

@@ -39,6 +39,7 @@ const (
 	defaultCompactInterval      = 30 * time.Second
 	defaultExpirySweepInterval  = 5 * time.Minute
 	defaultGraveTime            = 20 * time.Minute
+	defaultMaxSubscriptions     = 1000
 )
 
 // Handler serves durable streams: every request path below the handler is a
@@ -63,6 +64,7 @@ const (
 //	    s3_timeout             <duration>
 //	    expiry_sweep_interval  <duration>
 //	    grave_time             <duration>
+//	    max_subscriptions      <count>
 //	    allow_loopback_webhooks
 //	}
 //
@@ -160,6 +162,14 @@ type Handler struct {
 	// public address (section 12.8).
 	AllowLoopbackWebhooks bool `json:"allow_loopback_webhooks,omitempty"`
 
+	// Most subscriptions (Durable Streams section 6) under one stream
+	// root; a create past it gets 403 SUBSCRIPTION_LIMIT_EXCEEDED. Any
+	// client may create them, and each costs memory, a document in the
+	// bucket that every start reads, and a look at every lease tick.
+	// Subscriptions already there are kept. Handlers of one storage share
+	// its subscriptions, each applying its own limit. Default 1000.
+	MaxSubscriptions int `json:"max_subscriptions,omitempty"`
+
 	log   *zap.Logger
 	ref   *engineRef
 	proto http.Handler
@@ -241,6 +251,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			chunkBytes:      dsChunkBytes,
 			jitter:          randomJitter,
 			allowLoopback:   h.AllowLoopbackWebhooks,
+			maxSubs:         h.MaxSubscriptions,
 			live:            h.ref.metrics.liveFor(h.Protocol),
 			fanout:          h.ref.fanout,
 			hubs:            &sseHubs{},
@@ -301,6 +312,9 @@ func (h *Handler) applyDefaults() {
 	if h.GraveTime == 0 {
 		h.GraveTime = caddy.Duration(defaultGraveTime)
 	}
+	if h.MaxSubscriptions == 0 {
+		h.MaxSubscriptions = defaultMaxSubscriptions
+	}
 }
 
 // Validate checks the options after defaults are applied.
@@ -339,6 +353,9 @@ func (h *Handler) Validate() error {
 		if s.v < 0 {
 			return fmt.Errorf("%s must not be negative", s.name)
 		}
+	}
+	if h.MaxSubscriptions < 0 {
+		return errors.New("max_subscriptions must not be negative")
 	}
 	if h.PackBelow < -1 || h.PackBelow > 16<<20 {
 		return fmt.Errorf("pack_below must be -1 (off) or at most 16MiB, got %d", h.PackBelow)

@@ -19,6 +19,7 @@ import "strings"
 type subIndex struct {
 	explicit map[string]map[*subState]struct{} // full stream name -> subscriptions listing it
 	prefix   map[string]map[*subState]struct{} // root + literal prefix of the pattern -> subscriptions
+	perRoot  map[string]int                    // root -> how many subscriptions it has
 }
 
 // subIndexed is where one subscription is in the index, to take it out.
@@ -51,6 +52,10 @@ func removeFrom(m map[string]map[*subState]struct{}, k string, s *subState) {
 
 // add indexes s as it is now: its pattern and its explicit links.
 func (x *subIndex) add(s *subState) {
+	if x.perRoot == nil {
+		x.perRoot = map[string]int{}
+	}
+	x.perRoot[s.Root]++
 	s.indexed = subIndexed{}
 	if s.Config.Pattern != "" {
 		s.indexed.prefix = s.Root + globLiteralPrefix(s.Config.Pattern)
@@ -66,6 +71,9 @@ func (x *subIndex) add(s *subState) {
 
 // remove takes s out of the index, as it was indexed.
 func (x *subIndex) remove(s *subState) {
+	if x.perRoot[s.Root]--; x.perRoot[s.Root] <= 0 {
+		delete(x.perRoot, s.Root)
+	}
 	if s.indexed.prefix != "" {
 		removeFrom(x.prefix, s.indexed.prefix, s)
 	}

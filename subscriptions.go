@@ -131,7 +131,7 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 	base := publicURL(r, root)
 	switch {
 	case !found && r.Method == http.MethodPut:
-		m.handlePut(w, r, root, id, base, d.allowLoopback)
+		m.handlePut(w, r, root, id, base, d.allowLoopback, d.maxSubs)
 	case !found && (r.Method == http.MethodGet || r.Method == http.MethodHead):
 		m.handleGet(w, r, root, id)
 	case !found && r.Method == http.MethodDelete:
@@ -819,7 +819,11 @@ type putBody struct {
 	Description string `json:"description"`
 }
 
-func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id, base string, allowLoopback bool) {
+// handlePut creates or re-confirms a subscription. A create past maxSubs
+// subscriptions under the root (0: no limit) is refused: each costs memory,
+// a document in the bucket read at every start, and a look at every lease
+// tick, and any client may PUT them.
+func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id, base string, allowLoopback bool, maxSubs int) {
 	var body putBody
 	if !readJSONBody(w, r, &body) {
 		return
@@ -895,7 +899,11 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		writeJSONStatus(w, http.StatusOK, "application/json", m.viewLocked(s, r))
 		return
 	}
+	full := m.rootFullLocked(w, root, maxSubs)
 	m.mu.Unlock()
+	if full {
+		return
+	}
 
 	// Backfill: streams that exist now are linked at their tail.
 	links := map[string]*subLink{}
@@ -942,6 +950,9 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 			return
 		}
 		writeJSONStatus(w, http.StatusOK, "application/json", m.viewLocked(prev, r))
+		return
+	}
+	if m.rootFullLocked(w, root, maxSubs) { // concurrent creates took the room
 		return
 	}
 	// A deleted subscription's document was removed; create-only write.
@@ -999,6 +1010,18 @@ func (m *subManager) viewLocked(s *subState, r *http.Request) map[string]any {
 		v["wake_stream"] = s.Config.WakeStream
 	}
 	return v
+}
+
+// rootFullLocked answers 403 and reports true when root has maxSubs
+// subscriptions already (maxSubs 0: no limit).
+func (m *subManager) rootFullLocked(w http.ResponseWriter, root string, maxSubs int) bool {
+	if maxSubs <= 0 || m.index.perRoot[root] < maxSubs {
+		return false
+	}
+	subError(w, http.StatusForbidden, "SUBSCRIPTION_LIMIT_EXCEEDED", fmt.Sprintf(
+		"this stream root has %d subscriptions, the server's limit (max_subscriptions); delete one to create another",
+		m.index.perRoot[root]))
+	return true
 }
 
 // addSubLocked makes s one of the manager's subscriptions.

@@ -179,7 +179,7 @@ type subNode struct {
 	eng *streamstore.Engine
 }
 
-func startSubNode(t *testing.T, dir string) *subNode {
+func startSubNode(t *testing.T, dir string, tweak ...func(*durableStreams)) *subNode {
 	t.Helper()
 	store, err := segment.Open("file://"+dir, segment.OpenOptions{})
 	if err != nil {
@@ -195,6 +195,9 @@ func startSubNode(t *testing.T, dir string) *subNode {
 		log: zaptest.NewLogger(t), longPollTimeout: 300 * time.Millisecond, sseInterval: time.Second,
 		maxAppend: 1 << 20, chunkBytes: dsChunkBytes, jitter: randomJitter, allowLoopback: true,
 		subs: &subManagers{},
+	}
+	for _, f := range tweak {
+		f(d)
 	}
 	n := &subNode{Server: httptest.NewServer(d), eng: eng}
 	var once sync.Once
@@ -901,6 +904,37 @@ func TestPutReconfirmsUnnormalizedStoredPattern(t *testing.T) {
 	for _, pattern := range []string{"/events/*", "events/*"} {
 		if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"`+pattern+`","wake_stream":"wake/pool","lease_ttl_ms":600000}`); st != 200 {
 			t.Errorf("PUT with pattern %q: %d %v, want 200", pattern, st, v)
+		}
+	}
+}
+
+// subLimitSteps are the requests of the max_subscriptions tests, run with
+// a limit of 2 per stream root: creates past it are refused with a reason,
+// while re-confirming one, another root, and a create after a delete are
+// not.
+var subLimitSteps = []struct {
+	method, path, body string
+	status             int
+	code               string
+}{
+	{"PUT", "/v1/stream/__ds/subscriptions/a", `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake"}`, 201, ""},
+	{"PUT", "/v1/stream/__ds/subscriptions/b", `{"type":"pull-wake","streams":["x"],"wake_stream":"wake"}`, 201, ""},
+	{"PUT", "/v1/stream/__ds/subscriptions/c", `{"type":"pull-wake","pattern":"**","wake_stream":"wake"}`, 403, "SUBSCRIPTION_LIMIT_EXCEEDED"},
+	{"PUT", "/v1/stream/__ds/subscriptions/a", `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake"}`, 200, ""},
+	{"PUT", "/v2/__ds/subscriptions/c", `{"type":"pull-wake","pattern":"**","wake_stream":"wake"}`, 201, ""},
+	{"DELETE", "/v1/stream/__ds/subscriptions/b", "", 204, ""},
+	{"PUT", "/v1/stream/__ds/subscriptions/c", `{"type":"pull-wake","pattern":"**","wake_stream":"wake"}`, 201, ""},
+	{"PUT", "/v1/stream/__ds/subscriptions/d", `{"type":"pull-wake","pattern":"**","wake_stream":"wake"}`, 403, "SUBSCRIPTION_LIMIT_EXCEEDED"},
+}
+
+// TestSubscriptionLimitPerRoot: see subLimitSteps.
+func TestSubscriptionLimitPerRoot(t *testing.T) {
+	n := startSubNode(t, t.TempDir(), func(d *durableStreams) { d.maxSubs = 2 })
+	for i, s := range subLimitSteps {
+		st, v := n.call(t, s.method, s.path, s.body)
+		e, _ := v["error"].(map[string]any)
+		if code, _ := e["code"].(string); st != s.status || code != s.code {
+			t.Errorf("step %d, %s %s: %d %v, want %d %s", i, s.method, s.path, st, v, s.status, s.code)
 		}
 	}
 }
