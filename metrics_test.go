@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"net/http/httptest"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -233,4 +234,36 @@ func mustStorageKey(t *testing.T, raw string) string {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// TestMetricHelpNamesOnlySettings reads every metric's help text, which an
+// operator sees on the metrics endpoint: a setting it names must be one the
+// Caddyfile has, not an engine field the module never exposes, and another
+// metric it names must exist.
+func TestMetricHelpNamesOnlySettings(t *testing.T) {
+	c := newStorageCollector("file:///x", func() (streamstore.StatsSnapshot, bool) { return streamstore.StatsSnapshot{}, true }, nil)
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(c); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := make(map[string]bool)
+	for opt := range caddyfileOptions {
+		known[opt] = true
+	}
+	for _, f := range families {
+		known[strings.TrimPrefix(f.GetName(), "picomq_")] = true
+	}
+	// snake_case words: settings and metric names, never prose.
+	word := regexp.MustCompile(`\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b`)
+	for _, f := range families {
+		for _, w := range word.FindAllString(f.GetHelp(), -1) {
+			if !known[w] {
+				t.Errorf("%s: help names %q, which is neither a picomq subdirective nor a metric: %q", f.GetName(), w, f.GetHelp())
+			}
+		}
+	}
 }
