@@ -56,8 +56,8 @@ Stream i is URL + prefix + i. Modes:
             (writer w takes the streams s with s mod writers == w, round-
             robin; with fewer streams than writers, stream w mod streams),
             closed loop, or open loop at --rate appends/s in total
-  sse       --subscribers SSE readers on stream prefix+"0" from its tail; one
-            numbered records are appended at --rate (default 20/s, open
+  sse       --subscribers SSE readers on stream prefix+"0" from its tail;
+            one writer appends numbered records at --rate (default 20/s, open
             loop: each at its time, not waiting for the last); reports
             delivered/expected, lost, and latency from the append's ack to
             receipt; --protocol pico has the feeds speak PicoMQ's Pico
