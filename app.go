@@ -205,6 +205,11 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 		return nil, err
 	}
 	ref := val.(*engineRef)
+	if !loaded && strings.HasPrefix(key, "s3://") && s.GraveTime < s3SigningWindow {
+		a.log.Warn("grave_time is shorter than the time S3 accepts a signed request; "+
+			"a create still on its way when its stream is deleted can land after the grave is gone and bring the stream back",
+			zap.String("storage", label), zap.Duration("grave_time", s.GraveTime), zap.Duration("s3_signing_window", s3SigningWindow))
+	}
 	ref.hold(a, s, !loaded)
 	a.refs[key] = &appEngine{ref: ref, settings: s}
 	if err := a.registerMetrics(ref); err != nil {
@@ -343,6 +348,10 @@ const (
 	s3MaxBackoff   = 400 * time.Millisecond
 	s3BackoffTotal = time.Second // 50+100+200+400ms, rounded up
 )
+
+// s3SigningWindow is how long after signing S3 still accepts a request: a
+// request held up on its way can land that late, so a grave must outlast it.
+const s3SigningWindow = 15 * time.Minute
 
 // appendTimeout is how long an append may wait to become durable before it
 // is answered 503: its batch's flush interval, then the WAL upload and, when

@@ -394,3 +394,39 @@ func TestSettingsDiffNamesEveryField(t *testing.T) {
 		t.Errorf("diff %q, want %q", d, want)
 	}
 }
+
+// TestShortGraveTimeWarnsOnS3: a grave_time under S3's signing window is
+// accepted (a store that refuses late requests sooner may want it) but
+// warned about, once per S3 storage; a file storage, whose writes do not
+// travel, is not.
+func TestShortGraveTimeWarnsOnS3(t *testing.T) {
+	file := testStorage(t)
+	const s3 = "s3://grave-bkt/p?endpoint=http://127.0.0.1:1&region=us-east-1"
+	for _, tc := range []struct {
+		name    string
+		storage string
+		grave   time.Duration
+		warns   int
+	}{
+		{"s3, 5m", s3, 5 * time.Minute, 1},
+		{"s3, 15m", s3, 15 * time.Minute, 0},
+		{"s3, default", s3, defaultGraveTime, 0},
+		{"file, 5m", file, 5 * time.Minute, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			core, logs := observer.New(zapcore.WarnLevel)
+			app := &App{refs: make(map[string]*appEngine), log: zap.New(core)}
+			t.Cleanup(func() { app.Cleanup() })
+			s := testSettings()
+			s.GraveTime = tc.grave
+			for i := 0; i < 2; i++ { // a second handler of the storage warns no more
+				if _, err := app.acquire(tc.storage, s); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := logs.FilterMessageSnippet("grave_time is shorter").Len(); got != tc.warns {
+				t.Errorf("%d warnings, want %d", got, tc.warns)
+			}
+		})
+	}
+}
