@@ -465,7 +465,7 @@ func TestHasCredentials(t *testing.T) {
 
 // TestReadBodyTimeout: a body whose reads stop at the connection's read
 // deadline (the server's read_body timeout cutting off a slow client) is
-// errBodyTimeout, which both protocols answer 408, whatever the body's
+// errBodyTimeout, which both protocols and the subscription API answer 408, whatever the body's
 // framing; other read errors stay 400.
 func TestReadBodyTimeout(t *testing.T) {
 	deadline := &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
@@ -501,6 +501,11 @@ func TestReadBodyTimeout(t *testing.T) {
 			rec = httptest.NewRecorder()
 			if _, ok := pico.readBody(rec, newReq()); ok || rec.Code != tc.status {
 				t.Errorf("pico: ok %v, status %d %q, want %d", ok, rec.Code, rec.Body, tc.status)
+			}
+			rec = httptest.NewRecorder()
+			var v map[string]any
+			if ok := readJSONBody(rec, newReq(), &v); ok || rec.Code != tc.status {
+				t.Errorf("subscription control: ok %v, status %d %q, want %d", ok, rec.Code, rec.Body, tc.status)
 			}
 		})
 	}

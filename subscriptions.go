@@ -1846,6 +1846,10 @@ func webhookDial(ctx context.Context, network, addr string) (net.Conn, error) {
 
 func readJSONBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	data, err := io.ReadAll(io.LimitReader(r.Body, subMaxBody+1))
+	if err != nil && errors.Is(bodyReadError(err), errBodyTimeout) {
+		subError(w, http.StatusRequestTimeout, "INVALID_REQUEST", errBodyTimeout.Error())
+		return false
+	}
 	if err != nil || len(data) > subMaxBody {
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "unreadable or oversized body")
 		return false

@@ -102,6 +102,12 @@ http://:{$` + caddytest.PortEnv + `} {
 			readBody, status, sent)
 	}
 
+	// The subscription API reads its JSON bodies the same way.
+	if status, sent := dripAppend(t, c.URL(), "/__ds/subscriptions/s1/claim", 64, 200*time.Millisecond); !strings.HasPrefix(status, "HTTP/1.1 408") {
+		t.Errorf("a claim body dripped a byte every 200ms against read_body %s: %s after %d of 64 bytes, want 408",
+			readBody, status, sent)
+	}
+
 	// Both readers have now outlived read_body; an append reaches them.
 	if r, err := cl.appendBody(ctx, "/s", []byte("after")); err != nil || r.status/100 != 2 {
 		t.Fatalf("append after the drip: %v %v", r, err)
