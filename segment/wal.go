@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"unsafe"
 )
 
 // Header is one record header: a name and value carried with a record.
@@ -239,6 +240,68 @@ func RecordSize(r *Record) int {
 	n := 16 + len(r.Body)
 	for _, h := range r.Headers {
 		n += 8 + len(h.Name) + len(h.Value)
+	}
+	return n
+}
+
+// recordMem and headerMem are what a Record and a Header take as elements
+// of their slices.
+const (
+	recordMem = int(unsafe.Sizeof(Record{}))
+	headerMem = int(unsafe.Sizeof(Header{}))
+)
+
+// RecordsMemSize is what recs hold in memory, where RecordSize is what a
+// record takes encoded: the slice's array (64 bytes a record, to its
+// capacity), each record's header slice and strings, and the bodies. A
+// record of a few bytes costs several times its RecordSize in memory, so
+// a bound on memory counts this, and RecordSize only bounds objects.
+//
+// buf, when not 0, is the size of the one buffer the bodies were decoded
+// from and alias (a data object, a ranged read of a WAL object): it is
+// what they hold, framing and all, and is counted instead of them. With
+// buf 0, each backing array is counted once, by its capacity: a body
+// allocated by itself holds all of its array (a JSON message's is at least
+// 64 bytes), and the bodies of a batch decoded from one request body
+// share it, each slice reaching to its end.
+func RecordsMemSize(recs []Record, buf int) int {
+	n := cap(recs) * recordMem
+	for i := range recs {
+		r := &recs[i]
+		n += cap(r.Headers) * headerMem
+		for _, h := range r.Headers {
+			n += len(h.Name) + len(h.Value)
+		}
+	}
+	if buf > 0 {
+		return n + buf
+	}
+	return n + bodiesMem(recs)
+}
+
+// bodiesMem is the bytes of the arrays behind the bodies of recs, each
+// counted once. Bodies that share an array come one after another in it,
+// so a body that starts inside the array counted last adds only what it
+// reaches beyond it. Only addresses are compared: nothing is dereferenced.
+func bodiesMem(recs []Record) int {
+	n := 0
+	var lo, hi uintptr // the array counted last
+	for i := range recs {
+		b := recs[i].Body
+		if cap(b) == 0 {
+			continue
+		}
+		p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+		end := p + uintptr(cap(b))
+		if p >= lo && p < hi {
+			if end > hi {
+				n += int(end - hi)
+				hi = end
+			}
+			continue
+		}
+		n += cap(b)
+		lo, hi = p, end
 	}
 	return n
 }

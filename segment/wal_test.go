@@ -53,3 +53,42 @@ func TestWALEntryRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// RecordsMemSize counts what records hold, each body's array once: the
+// cases are how records come to the cache (one body per append, a batch
+// decoded out of one request body, a decoded object).
+func TestRecordsMemSize(t *testing.T) {
+	shared := make([]byte, 100)
+	batch := make([]Record, 10)
+	for i := range batch {
+		batch[i].Body = shared[10*i : 10*i+1] // each slice reaches to the end of shared
+	}
+	limited := make([]Record, 10)
+	for i := range limited {
+		limited[i].Body = shared[10*i : 10*i+1 : 10*i+1]
+	}
+	own := make([]Record, 3, 8)
+	for i := range own {
+		own[i].Body = make([]byte, 1, 64)
+	}
+	for _, tc := range []struct {
+		name string
+		recs []Record
+		buf  int
+		want int
+	}{
+		{"bodies of their own, by capacity", own, 0, 8*recordMem + 3*64},
+		{"a batch sharing one buffer counts it once", batch, 0, 10*recordMem + 100},
+		{"bodies sliced to their length count their length", limited, 0, 10*recordMem + 10},
+		{"a decode buffer counts instead of the bodies", limited, 4096, 10*recordMem + 4096},
+		{"headers", []Record{{Headers: []Header{{"ab", "cde"}, {"f", ""}}, Body: []byte{}}}, 0, recordMem + 2*headerMem + 6},
+		{"empty bodies", make([]Record, 4), 0, 4 * recordMem},
+		{"none", nil, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := RecordsMemSize(tc.recs, tc.buf); got != tc.want {
+				t.Errorf("RecordsMemSize = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
