@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/picomq/caddy-picomq/segment"
 )
@@ -16,12 +17,22 @@ import (
 // go in at commit, so tail readers are served from memory; with a tiny
 // budget every read goes to the bucket.
 //
+// The budget is of memory: an item counts what it holds (its records as
+// segment.RecordsMemSize counts them, and its own bookkeeping), not its
+// records' encoded size, which for records of a few bytes is a fraction of
+// what they hold (a Record alone is 64 bytes): counted encoded, a cache of
+// one-byte records held several times its budget.
+//
 // Data objects fetched by cold readers take at most coldCacheBytes of it,
 // their own oldest out first: a reader catching up through a long stream
 // reads each object once, and letting it fill the whole cache bought no
 // hits but a heap that grew to the cache's size during the read (every
 // fresh page a fault, about 10 us each on a VM; row 7 of the benchmarks
-// read at 120 MiB/s with a 64 MiB cache and 210 with 16 MiB).
+// read at 120 MiB/s with a 64 MiB cache and 210 with 16 MiB). That limit
+// counts the objects' encoded sizes, the measure of the read-ahead window
+// it is there to hold: counted in memory, a window of objects of tiny
+// records would not fit it, and objects read ahead would go before their
+// reader came to them. The budget still bounds their memory.
 type blockCache struct {
 	mu       sync.RWMutex // lookups share it; see get
 	budget   int64
@@ -41,7 +52,8 @@ const coldCacheBytes = readAheadBytes + 2*maxDataObject
 type cacheItem struct {
 	key   string
 	recs  []segment.Record
-	size  int64
+	size  int64         // bytes of memory held, counted against the budget
+	wire  int64         // bytes encoded, counted against coldCacheBytes
 	cold  *list.Element // in coldLL, for a cold item
 	buf   *objBuf       // a cold item's recycled buffer (held while cached), or nil
 	used  atomic.Int64  // last get or put (Unix ns), for dropIdle
@@ -122,36 +134,52 @@ func (c *blockCache) has(key string) bool {
 	return ok
 }
 
-func (c *blockCache) put(key string, recs []segment.Record) { c.add(key, recs, false, nil) }
-
-// putCold caches a data object fetched by a cold read (see blockCache).
-// The caller holds buf (nil if the object's buffer is not recycled); the
-// cache takes a hold of its own if it keeps the object.
-func (c *blockCache) putCold(key string, recs []segment.Record, buf *objBuf) {
-	c.add(key, recs, true, buf)
+// put caches recs under key. held is the size of the one buffer their
+// bodies alias (a decoded read), or 0 when each append's bodies are their
+// own (see segment.RecordsMemSize).
+func (c *blockCache) put(key string, recs []segment.Record, held int) {
+	c.add(key, recs, held, false, nil)
 }
 
-func (c *blockCache) add(key string, recs []segment.Record, cold bool, buf *objBuf) {
-	var size int64 = 64
+// putCold caches a data object fetched by a cold read (see blockCache),
+// decoded out of a buffer of held bytes. The caller holds buf (nil if the
+// object's buffer is not recycled); the cache takes a hold of its own if
+// it keeps the object.
+func (c *blockCache) putCold(key string, recs []segment.Record, held int, buf *objBuf) {
+	c.add(key, recs, held, true, buf)
+}
+
+// cacheItemBytes is what an item costs beside its records and key: the
+// item, its elements in the lists and its slot in the index.
+const cacheItemBytes = int64(unsafe.Sizeof(cacheItem{}) + 2*unsafe.Sizeof(list.Element{}) + 32)
+
+// runMemSize is what caching recs under key holds in memory.
+func runMemSize(key string, recs []segment.Record, held int) int64 {
+	return cacheItemBytes + int64(len(key)) + int64(segment.RecordsMemSize(recs, held))
+}
+
+func (c *blockCache) add(key string, recs []segment.Record, held int, cold bool, buf *objBuf) {
+	size := runMemSize(key, recs, held)
+	var wire int64
 	for i := range recs {
-		size += int64(segment.RecordSize(&recs[i]))
+		wire += int64(segment.RecordSize(&recs[i]))
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if size > c.budget || (cold && size > coldCacheBytes) {
+	if size > c.budget || (cold && wire > coldCacheBytes) {
 		return
 	}
 	if el, ok := c.items[key]; ok {
 		c.unlink(el)
 	}
-	it := &cacheItem{key: key, recs: recs, size: size, moved: time.Now().UnixNano(), buf: buf}
+	it := &cacheItem{key: key, recs: recs, size: size, wire: wire, moved: time.Now().UnixNano(), buf: buf}
 	buf.hold()
 	it.used.Store(it.moved)
 	c.items[key] = c.ll.PushFront(it)
 	c.used += size
 	if cold {
 		it.cold = c.coldLL.PushFront(it)
-		c.coldUsed += size
+		c.coldUsed += wire
 		for c.coldUsed > coldCacheBytes {
 			c.unlink(c.items[c.coldLL.Back().Value.(*cacheItem).key])
 		}
@@ -169,7 +197,7 @@ func (c *blockCache) unlink(el *list.Element) {
 	c.used -= it.size
 	if it.cold != nil {
 		c.coldLL.Remove(it.cold)
-		c.coldUsed -= it.size
+		c.coldUsed -= it.wire
 	}
 	it.buf.release()
 }

@@ -97,7 +97,7 @@ func (e *Engine) Compact(ctx context.Context) error {
 	if end == (walPos{}) {
 		end = walPos{NS: ns}
 	}
-	e.walBacklog, e.walBytes, e.walEntries, e.compactFull = 0, 0, 0, false
+	e.walBacklog, e.walBytes, e.walWire, e.walEntries, e.compactFull = 0, 0, 0, 0, false
 	for s := range e.creating {
 		s.mu.Lock()
 		if len(s.runs) > 0 && end.after(s.runs[0].pos) {
@@ -578,7 +578,7 @@ func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) error {
 // rewriteFrom writes the records from start on of data object key (a blob
 // or a plain data object of id) as a new data object.
 func (e *Engine) rewriteFrom(ctx context.Context, id, key string, start uint64) error {
-	recs, err := e.readData(ctx, key)
+	recs, _, err := e.readData(ctx, key)
 	if err != nil {
 		return err
 	}

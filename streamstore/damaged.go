@@ -99,8 +99,9 @@ func (e *Engine) retryDamaged(ctx context.Context, todo []*stream, now time.Time
 			continue
 		}
 		key := runCacheKey(d.key, d.span)
-		// The compaction about to read it back finds it here.
-		e.cache.put(key, got[key])
+		// The compaction about to read it back finds it here. readRuns
+		// copied the run's bytes out of its read: they are all it holds.
+		e.cache.put(key, got[key], int(d.span.Len))
 		s.mu.Lock()
 		if s.damagedAt == d {
 			s.damagedAt = nil

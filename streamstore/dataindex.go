@@ -299,11 +299,11 @@ func (e *Engine) joinFetch(ctx context.Context, key string, c *fetchCall) ([]Rec
 func (e *Engine) getData(ctx context.Context, key string) ([]Record, *objBuf, error) {
 	bg, ok := e.store.(segment.BufferGetter)
 	if !ok {
-		recs, err := e.readData(ctx, key)
+		recs, held, err := e.readData(ctx, key)
 		if err != nil {
 			return nil, nil, err
 		}
-		e.cache.putCold(key, recs, nil)
+		e.cache.putCold(key, recs, held, nil)
 		return recs, nil, nil
 	}
 	data, err := bg.GetBuffer(ctx, key, e.bufs.alloc)
@@ -316,22 +316,23 @@ func (e *Engine) getData(ctx context.Context, key string) ([]Record, *objBuf, er
 		buf.release()
 		return nil, nil, fmt.Errorf("read %s: %w", key, err)
 	}
-	e.cache.putCold(key, recs, buf)
+	e.cache.putCold(key, recs, cap(data), buf)
 	return recs, buf, nil
 }
 
-// readData reads and decodes the data object (or blob) key. A missing
-// object is ErrNotFound, any other store failure ErrUnavailable.
-func (e *Engine) readData(ctx context.Context, key string) ([]Record, error) {
+// readData reads and decodes the data object (or blob) key, and returns
+// the size of the buffer the records' bodies alias. A missing object is
+// ErrNotFound, any other store failure ErrUnavailable.
+func (e *Engine) readData(ctx context.Context, key string) ([]Record, int, error) {
 	data, _, err := e.store.Get(ctx, key, 0, -1)
 	if err != nil {
-		return nil, storeReadError(key, err)
+		return nil, 0, storeReadError(key, err)
 	}
 	recs, err := segment.DecodeData(data)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", key, err)
+		return nil, 0, fmt.Errorf("read %s: %w", key, err)
 	}
-	return recs, nil
+	return recs, cap(data), nil
 }
 
 // storeReadError is the error of a failed read of key: ErrNotFound for a

@@ -146,7 +146,8 @@ type Engine struct {
 	// compact_interval must not wait out the old one.
 	compactReset chan struct{}
 	walBacklog   int   // WAL objects committed since the last compaction began
-	walBytes     int64 // record bytes committed since the last compaction began
+	walBytes     int64 // memory the records committed since the last compaction began hold in the cache
+	walWire      int64 // their encoded bytes
 	walEntries   int   // entries with records committed since then
 	compactFull  bool  // the backlog has outgrown the cache: a compaction was asked for
 	gcKick       chan struct{}
@@ -947,18 +948,21 @@ type hooks struct{ e *Engine }
 func (h hooks) Committed(b *segment.Batch) {
 	e := h.e
 	pos := walPos{b.Namespace, b.Seq}
-	var bytes int64
+	var bytes, wire int64
 	entries := 0
 	for i, ent := range b.Entries {
 		s := ent.Ref.(*stream)
+		key := runCacheKey(b.Key, b.Spans[i])
 		if len(ent.Records) > 0 {
-			e.cache.put(runCacheKey(b.Key, b.Spans[i]), ent.Records)
+			e.cache.put(key, ent.Records, 0)
 		}
 		// A blob's records never need reading back for compaction.
 		if len(ent.Records) > 0 && ent.Blob == "" {
 			entries++
+			// What they take of the cache, to weigh against its budget.
+			bytes += runMemSize(key, ent.Records, 0)
 			for j := range ent.Records {
-				bytes += int64(segment.RecordSize(&ent.Records[j]))
+				wire += int64(segment.RecordSize(&ent.Records[j]))
 			}
 		}
 		ch := changeOf(ent)
@@ -991,11 +995,15 @@ func (h hooks) Committed(b *segment.Batch) {
 	// compacting again and again (every compaction writes a metadata
 	// object per stream), but megabyte entries read back cost as much as
 	// writing them did.
+	// The backlog is weighed against the cache in the cache's measure
+	// (memory), the size of its entries in what reading them back costs
+	// (their encoded bytes).
 	e.walBytes += bytes
+	e.walWire += wire
 	e.walEntries += entries
 	limit := e.cache.budgetBytes() * 3 / 4
 	full := e.walBytes >= limit && e.walEntries > 0 &&
-		(e.walEntries >= compactMinEntries || e.walBytes >= int64(e.walEntries)*compactLargeEntry)
+		(e.walEntries >= compactMinEntries || e.walWire >= int64(e.walEntries)*compactLargeEntry)
 	kick := e.walBacklog == compactBacklog || (full && !e.compactFull)
 	e.compactFull = e.compactFull || full
 	e.mu.Unlock()

@@ -179,7 +179,7 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 			return recs, nil, nil
 		}
 		if r := runs[0]; r.blob != "" {
-			recs, err := e.blobRecords(ctx, id, r)
+			recs, held, err := e.blobRecords(ctx, id, r)
 			if errors.Is(err, segment.ErrNotFound) {
 				// A compaction applying a trim that cut into the blob
 				// rewrote its retained records as a data object and
@@ -190,7 +190,7 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 			if err != nil {
 				return nil, nil, err
 			}
-			e.cache.put(runCacheKey(r.key, r.span), recs)
+			e.cache.put(runCacheKey(r.key, r.span), recs, held)
 			return recs, nil, nil
 		}
 		first, last := runs[0].span, runs[len(runs)-1].span
@@ -201,8 +201,14 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 		if err != nil {
 			return nil, nil, fmt.Errorf("%w: read %s: %v", ErrUnavailable, runs[0].key, err)
 		}
-		var out []Record
+		// Each run holds its span of data; the first, the bytes of other
+		// streams between the runs too, so data is counted once.
+		gaps := len(data)
 		for _, r := range runs {
+			gaps -= int(r.span.Len)
+		}
+		var out []Record
+		for i, r := range runs {
 			ent, err := decodeRun(data, first.Off, r)
 			if err == nil && ent.StreamID != id {
 				err = fmt.Errorf("read %s: %w: entry is not the expected one", r.key, segment.ErrCorrupt)
@@ -215,7 +221,11 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 			if err != nil {
 				return nil, nil, e.damaged(s.name, r, err)
 			}
-			e.cache.put(runCacheKey(r.key, r.span), ent.Records)
+			held := int(r.span.Len)
+			if i == 0 {
+				held += max(gaps, 0)
+			}
+			e.cache.put(runCacheKey(r.key, r.span), ent.Records, held)
 			out = append(out, ent.Records...)
 		}
 		return out, nil, nil
@@ -248,16 +258,16 @@ func decodeRun(data []byte, base int64, r walRun) (*segment.Entry, error) {
 }
 
 // blobRecords reads the records of a committed blob entry of stream id.
-func (e *Engine) blobRecords(ctx context.Context, id string, r walRun) ([]Record, error) {
+func (e *Engine) blobRecords(ctx context.Context, id string, r walRun) ([]Record, int, error) {
 	key := blobKey(id, r.blob)
-	recs, err := e.readData(ctx, key)
+	recs, held, err := e.readData(ctx, key)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if len(recs) == 0 || recs[0].Seq != r.ch.First || recs[len(recs)-1].Seq+1 != r.ch.End {
-		return nil, fmt.Errorf("read %s: %w: blob does not hold seqs [%d, %d)", key, segment.ErrCorrupt, r.ch.First, r.ch.End)
+		return nil, 0, fmt.Errorf("read %s: %w: blob does not hold seqs [%d, %d)", key, segment.ErrCorrupt, r.ch.First, r.ch.End)
 	}
-	return recs, nil
+	return recs, held, nil
 }
 
 // maxRangeRead caps the bytes one ranged WAL read may span.
