@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -160,4 +161,70 @@ func fhCommonPrefix(a, b []byte) int {
 		n++
 	}
 	return n
+}
+
+// TestCacheSizeBoundsMemoryOfTinyRecords: cache_size bounds the memory the
+// cache holds, however small the records. Streams of one-byte JSON
+// messages are written and read back, several times what the cache holds,
+// and Caddy's live heap grows by about cache_size. The cache counted each
+// record at its encoded size, 17 bytes, where it holds a 64-byte Record
+// and a 64-byte buffer of its own: it held several times cache_size.
+//
+// Compaction stays away (an hour's interval, fewer WAL objects and
+// smaller entries than start one early), so what the cache holds is the
+// WAL entries it is given at commit and the ones the reads bring back.
+func TestCacheSizeBoundsMemoryOfTinyRecords(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	const cacheSize = 8 << 20
+	e := fhStart(t, fhOptions{Directives: []string{"cache_size 8MiB", "compact_interval 1h"}})
+	const (
+		streams = 8
+		appends = 100 // per stream: 800 WAL objects in all, under the 1000 that start a compaction
+		perPost = 960 // records of an append: 16 KB encoded, under a large entry's size
+	)
+	const ct = "application/json"
+	for s := range streams {
+		e.create(fmt.Sprintf("/tiny/%d", s), ct)
+	}
+	var body bytes.Buffer
+	body.WriteByte('[')
+	for i := range perPost {
+		if i > 0 {
+			body.WriteByte(',')
+		}
+		body.WriteByte('0' + byte(i%10))
+	}
+	body.WriteByte(']')
+	base := e.heapAlloc(true)
+
+	for range appends {
+		for s := range streams {
+			e.append(fmt.Sprintf("/tiny/%d", s), ct, body.Bytes())
+		}
+	}
+	written := e.heapAlloc(true)
+	for s := range streams {
+		msgs, _, err := e.readJSON(fmt.Sprintf("/tiny/%d", s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) != appends*perPost {
+			t.Fatalf("/tiny/%d holds %d messages, want %d", s, len(msgs), appends*perPost)
+		}
+	}
+	read := e.heapAlloc(true)
+
+	mib := func(b float64) float64 { return b / (1 << 20) }
+	t.Logf("%d one-byte records (%.1f MiB encoded) with cache_size %d MiB: live heap %.1f MiB before, %.1f MiB after writing them, %.1f MiB after reading them",
+		streams*appends*perPost, mib(float64(streams*appends*perPost*17)), cacheSize>>20, mib(base), mib(written), mib(read))
+	for _, m := range []struct {
+		when string
+		heap float64
+	}{{"writing", written}, {"reading", read}} {
+		if grew := m.heap - base; grew > 2*cacheSize {
+			t.Errorf("after %s, the live heap grew by %.1f MiB with cache_size %d MiB", m.when, mib(grew), cacheSize>>20)
+		}
+	}
 }

@@ -225,6 +225,36 @@ func (e *fhEnv) append(path, contentType string, body []byte) string {
 	return off
 }
 
+// heapAlloc returns the Go heap of Caddy: go_memstats_heap_alloc_bytes of
+// its admin /metrics. With gc, two collections run first (asked for
+// through the admin's /debug/pprof/heap?gc=1), so the heap is what is
+// live: the second empties what sync.Pools kept through the first.
+func (e *fhEnv) heapAlloc(gc bool) float64 {
+	e.t.Helper()
+	admin := "http://" + e.caddy.AdminAddr()
+	for i := 0; gc && i < 2; i++ {
+		r, err := fhSend(e.client, admin, fhReq{Method: http.MethodGet, Path: "/debug/pprof/heap?gc=1"})
+		if err != nil || r.Status != http.StatusOK {
+			e.t.Fatalf("admin /debug/pprof/heap?gc=1: %v %s", err, r)
+		}
+	}
+	r, err := fhSend(e.client, admin, fhReq{Method: http.MethodGet, Path: "/metrics"})
+	if err != nil || r.Status != http.StatusOK {
+		e.t.Fatalf("admin /metrics: %v %s", err, r)
+	}
+	for _, line := range strings.Split(string(r.Body), "\n") {
+		if v, ok := strings.CutPrefix(line, "go_memstats_heap_alloc_bytes "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				e.t.Fatalf("go_memstats_heap_alloc_bytes %q: %v", v, err)
+			}
+			return f
+		}
+	}
+	e.t.Fatal("admin /metrics has no go_memstats_heap_alloc_bytes")
+	return 0
+}
+
 // fhMaxReads bounds the catch-up requests of one full read.
 const fhMaxReads = 10000
 

@@ -187,24 +187,7 @@ func TestAnnouncedBodyIsNotReserved(t *testing.T) {
 	}
 	e := fhStart(t, fhOptions{Directives: []string{"max_append_size 16MiB"}})
 	e.create("/ab/s", textPlain)
-	heap := func() float64 {
-		t.Helper()
-		r, err := fhSend(e.client, "http://"+e.caddy.AdminAddr(), fhReq{Method: http.MethodGet, Path: "/metrics"})
-		if err != nil || r.Status != http.StatusOK {
-			t.Fatalf("admin /metrics: %v %s", err, r)
-		}
-		for _, line := range strings.Split(string(r.Body), "\n") {
-			if v, ok := strings.CutPrefix(line, "go_memstats_heap_alloc_bytes "); ok {
-				f, err := strconv.ParseFloat(v, 64)
-				if err != nil {
-					t.Fatalf("go_memstats_heap_alloc_bytes %q: %v", v, err)
-				}
-				return f
-			}
-		}
-		t.Fatal("admin /metrics has no go_memstats_heap_alloc_bytes")
-		return 0
-	}
+	heap := func() float64 { return e.heapAlloc(false) }
 	base := heap()
 
 	const conns, announced = 50, 16 << 20
