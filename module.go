@@ -100,7 +100,7 @@ type Handler struct {
 	// much latency. Must be below flush_interval. Default 0: off.
 	FlushQuiet caddy.Duration `json:"flush_quiet,omitempty"`
 
-	// Bytes of appends waiting for storage (WAL entries in the open batch,
+	// Memory held by appends waiting for storage (WAL entries in the open batch,
 	// uploading or waiting for an earlier upload's outcome, and large
 	// appends in their own uploads) past which appends get
 	// 503 with Retry-After at once instead of joining: a store that falls

@@ -244,6 +244,21 @@ func RecordSize(r *Record) int {
 	return n
 }
 
+// pendingSize is what e holds in memory while it waits for storage: its
+// fields as encoded, and its records as RecordsMemSize counts them. A
+// blob entry's records are counted by the reservation of its upload
+// (Writer.Reserve), as its encoding leaves them out.
+func pendingSize(e *Entry) int {
+	n := entrySize(e)
+	if e.Blob != "" {
+		return n
+	}
+	for i := range e.Records {
+		n -= RecordSize(&e.Records[i])
+	}
+	return n + RecordsMemSize(e.Records, 0)
+}
+
 // recordMem and headerMem are what a Record and a Header take as elements
 // of their slices.
 const (

@@ -47,10 +47,11 @@ type WriterConfig struct {
 	// as a burst, and this lets the burst share the next upload instead of
 	// its first arrival taking the slot alone.
 	FlushQuiet time.Duration
-	// MaxPending bounds the encoded bytes of entries added and not yet
-	// released (open, uploading or waiting to be settled) plus those
-	// reserved by Reserve; past it Add, Extend and Reserve refuse. It may
-	// be passed by one entry's or one reservation's worth.
+	// MaxPending bounds the memory held by entries added and not yet
+	// released (open, uploading or waiting to be settled), as pendingSize
+	// counts it, plus the bytes reserved by Reserve; past it Add, Extend
+	// and Reserve refuse. It may be passed by one entry's or one
+	// reservation's worth.
 	MaxPending int
 }
 
@@ -75,7 +76,8 @@ type Batch struct {
 	Entries   []*Entry
 	Spans     []Span // filled once encoded
 
-	size     int
+	size     int  // encoded bytes, for FlushSize
+	mem      int  // what the entries hold in memory, counted in pending
 	uploaded bool // the PUT returned success
 	failed   error
 	finished bool // upload attempt over (success or failure)
@@ -131,7 +133,7 @@ type Writer struct {
 	open      *Batch
 	queue     []*Batch // sealed batches in WAL order, not yet released
 	inFlight  int
-	pending   int // bytes of entries added and not yet released, and of reservations
+	pending   int // memory held by entries added and not yet released, and bytes reserved
 	timer     *time.Timer
 	lastStart time.Time // when the latest upload started
 	lastAdd   time.Time // when the latest entry joined the open batch
@@ -234,8 +236,9 @@ func (w *Writer) Reserve(n int) (unreserve func(), err error) {
 	}, nil
 }
 
-// Pending returns the encoded bytes of the entries added and not yet
-// released, and of reservations not yet given back.
+// Pending returns the memory held by the entries added and not yet
+// released (see pendingSize), and the bytes of reservations not yet given
+// back.
 func (w *Writer) Pending() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -276,9 +279,10 @@ func (w *Writer) Add(e *Entry) (*Batch, error) {
 	}
 	b := w.open
 	b.Entries = append(b.Entries, e)
-	n := entrySize(e)
+	n, m := entrySize(e), pendingSize(e)
 	b.size += n
-	w.pending += n
+	b.mem += m
+	w.pending += m
 	now := time.Now()
 	if len(b.Entries) == 1 {
 		w.opened = now
@@ -295,21 +299,23 @@ func (w *Writer) Add(e *Entry) (*Batch, error) {
 
 // Extend grows an entry of b while b is still the open batch: grow runs
 // under the writer's lock, changes the entry (b's encoding happens only
-// once it is sealed) and returns how many encoded bytes it added. It
+// once it is sealed) and returns how many encoded bytes it added, and how
+// much memory (counted as pendingSize counts an entry's). It
 // reports false, without calling grow, when b was sealed meanwhile or the
 // writer cannot take entries; the caller then adds a new entry. A stream
 // whose appends arrive faster than batches go out so puts one entry per
 // batch in the WAL, not one per append.
-func (w *Writer) Extend(b *Batch, grow func() int) bool {
+func (w *Writer) Extend(b *Batch, grow func() (size, mem int)) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if b == nil || w.open != b || w.broken || w.closed || w.fenced != nil || w.check() != nil ||
 		w.pending >= w.cfg.MaxPending {
 		return false
 	}
-	n := grow()
+	n, m := grow()
 	b.size += n
-	w.pending += n
+	b.mem += m
+	w.pending += m
 	w.lastAdd = time.Now()
 	if b.size >= w.cfg.FlushSize {
 		w.wantFlush = true
@@ -455,7 +461,7 @@ func (w *Writer) release() {
 			continue
 		}
 		w.queue = w.queue[1:]
-		w.pending -= head.size
+		w.pending -= head.mem
 		w.mu.Unlock()
 		w.deps.Hooks.Committed(head)
 		close(head.done)
@@ -524,7 +530,7 @@ func (w *Writer) abort(batches []*Batch, cause error, lost bool) {
 // for a batch released outside release's loop (which does both itself).
 func (w *Writer) finish(b *Batch) {
 	w.mu.Lock()
-	w.pending -= b.size
+	w.pending -= b.mem
 	w.mu.Unlock()
 	close(b.done)
 }

@@ -1,6 +1,7 @@
 package segment_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"runtime"
@@ -332,7 +333,7 @@ func TestWriterRefusesPastMaxPending(t *testing.T) {
 	}
 	last := batches[len(batches)-1]
 	grown := false
-	if w.Extend(last, func() int { grown = true; return 0 }) || grown {
+	if w.Extend(last, func() (int, int) { grown = true; return 0, 0 }) || grown {
 		t.Errorf("Extend took an append past MaxPending")
 	}
 
@@ -601,5 +602,60 @@ func TestWriterSealReplacesCorruptObject(t *testing.T) {
 	obj, err := segment.DecodeWAL(data)
 	if err != nil || !obj.Sealed || obj.SealToken != "me" {
 		t.Fatalf("%s holds %q (decode: %v), want this writer's seal", key, data, err)
+	}
+}
+
+// MaxPending bounds the memory that appends waiting for a stalled store
+// hold, whatever the size of their records. Counted encoded, one-byte
+// records (17 bytes each, where each holds a 64-byte Record and, as a JSON
+// message, a 64-byte buffer) held several times MaxPending.
+func TestWriterMaxPendingBoundsMemoryOfTinyRecords(t *testing.T) {
+	store := &heldPuts{Store: memstore.New(), release: make(chan struct{})}
+	const maxPending = 8 << 20
+	w := segment.NewWriter(store, 1, 0,
+		segment.WriterConfig{FlushInterval: time.Millisecond, FlushSize: 64 << 10, MaxInFlight: 2, MaxPending: maxPending},
+		segment.WriterDeps{Hooks: noHooks{}})
+	t.Cleanup(func() {
+		close(store.release)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := w.Close(ctx); err != nil {
+			t.Errorf("close writer: %v", err)
+		}
+	})
+	// An append of perAppend one-byte records, each body a buffer of its
+	// own as jsonMessages leaves it.
+	const perAppend = 960
+	entry := func(seq uint64) *segment.Entry {
+		recs := make([]segment.Record, perAppend)
+		for i := range recs {
+			var b bytes.Buffer
+			b.WriteByte('0' + byte(i%10))
+			recs[i] = segment.Record{Seq: seq + uint64(i), Body: b.Bytes()}
+		}
+		return &segment.Entry{StreamID: "s", Name: "s", FirstSeq: seq, Records: recs}
+	}
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	added := 0
+	for seq := uint64(0); ; seq += perAppend {
+		if _, err := w.Add(entry(seq)); errors.Is(err, segment.ErrWriterBusy) {
+			break
+		} else if err != nil {
+			t.Fatalf("add: %v", err)
+		}
+		if added++; added > 100_000 {
+			t.Fatalf("%d appends taken with the store stalled", added)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("%d appends of %d one-byte records taken with the store stalled: %.1f MiB held, %.1f MiB pending counted; MaxPending %d MiB",
+		added, perAppend, float64(held)/(1<<20), float64(w.Pending())/(1<<20), maxPending>>20)
+	if held > maxPending*3/2 {
+		t.Errorf("appends waiting for the store hold %.1f MiB with MaxPending %d MiB", float64(held)/(1<<20), maxPending>>20)
 	}
 }

@@ -26,7 +26,7 @@ type Config struct {
 	FlushSize       int           // bytes that start an upload at once (default 1 MiB)
 	FlushQuiet      time.Duration // hold an upload until appends pause this long (0: off, the default)
 	MaxInFlight     int           // WAL uploads in flight at once (default 4)
-	MaxPending      int           // bytes of appends waiting for storage past which appends get ErrBusy (default 64 MiB)
+	MaxPending      int           // memory held by appends waiting for storage past which appends get ErrBusy (default 64 MiB)
 	CacheBytes      int64         // block cache budget (default 64 MiB)
 	NodeID          string        // identity of this node for the storage lease
 	AppendTimeout   time.Duration // longest an append waits for durability before 503 (default 30s)

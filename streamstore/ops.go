@@ -845,25 +845,28 @@ func (e *Engine) foldLocked(w *segment.Writer, s *stream, req AppendRequest, now
 	}
 	add := &segment.Entry{FirstSeq: st.NextSeq, Records: stamp(req.Records, st.NextSeq, ts),
 		Producer: prod, StreamSeq: req.StreamSeq, AccessedAt: now}
-	folded := w.Extend(s.tailBatch, func() int {
-		n := 0
+	folded := w.Extend(s.tailBatch, func() (size, mem int) {
+		// The writer bounds what waits by memory (max_pending), encoded
+		// bytes only bound the batch's object.
+		mem = segment.RecordsMemSize(add.Records, 0)
 		for i := range add.Records {
-			n += segment.RecordSize(&add.Records[i])
+			size += segment.RecordSize(&add.Records[i])
 		}
+		fields := 0
 		if prod != nil {
 			if ent.Producer == nil {
-				n += 20 + len(prod.ID)
+				fields += 20 + len(prod.ID)
 			}
 			ent.Producer = prod
 		}
 		if add.StreamSeq != "" {
-			n += len(add.StreamSeq) - len(ent.StreamSeq)
+			fields += len(add.StreamSeq) - len(ent.StreamSeq)
 			ent.StreamSeq = add.StreamSeq
 		}
 		ent.Records = append(ent.Records, add.Records...)
 		ent.AccessedAt = now
 		ent.Merged++
-		return n
+		return size + fields, mem + fields
 	})
 	if !folded {
 		return AppendResult{}, false

@@ -55,8 +55,9 @@ type StatsSnapshot struct {
 	// Busy is how many writes were refused at once with ErrBusy because
 	// the appends waiting for storage held Config.MaxPending bytes.
 	Busy uint64
-	// PendingBytes is a gauge: the bytes of appends waiting for storage
-	// now (WAL entries not yet released, large appends' own uploads).
+	// PendingBytes is a gauge: the memory held by appends waiting for
+	// storage now (WAL entries not yet released, large appends' own
+	// uploads).
 	PendingBytes uint64
 	// Folds is how many times a compaction gave a stream's records data
 	// objects of their own and checkpointed it; Packed how many times it
