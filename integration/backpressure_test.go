@@ -181,3 +181,109 @@ func runsOf(b []byte) string {
 	}
 	return strings.Join(parts, ", ")
 }
+
+// TestMaxPendingBoundsMemoryOfTinyRecords: max_pending bounds the memory
+// that appends waiting for a stalled store hold, however small their
+// records. Appends of 20,000 one-byte JSON messages join one after the
+// other while the WAL's PUTs are held, until one is refused; Caddy's live
+// heap then has grown by little more than max_pending. Counted by their encoded size
+// (17 bytes a record, where each holds a 64-byte Record and a 64-byte
+// buffer), they held several times it before the first refusal.
+func TestMaxPendingBoundsMemoryOfTinyRecords(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	const maxPending = 8 << 20
+	e := fhStart(t, fhOptions{Directives: []string{"max_pending 8MiB", "compact_interval 1h"}})
+	const path, ct = "/busy/tiny", "application/json"
+	e.create(path, ct)
+	const perAppend = 20_000
+	var body bytes.Buffer
+	body.WriteByte('[')
+	for i := range perAppend {
+		if i > 0 {
+			body.WriteByte(',')
+		}
+		body.WriteByte('0' + byte(i%10))
+	}
+	body.WriteByte(']')
+	pending := func() float64 {
+		t.Helper()
+		s, err := mGet(e.caddy.AdminAddr())
+		if err != nil {
+			t.Fatalf("metrics: %v", err)
+		}
+		return s.sum("picomq_wal_pending_bytes")
+	}
+	base := e.heapAlloc(true)
+
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/"})
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	type result struct {
+		resp fhResp
+		err  error
+	}
+	var waiting []chan result // the appends that joined
+	heap := 0.0
+	for i := 0; heap == 0; i++ {
+		if i == 100 {
+			t.Fatalf("100 appends of %d records joined with the store stalled and max_pending %d MiB", perAppend, maxPending>>20)
+		}
+		before := pending()
+		ch := make(chan result, 1)
+		go func() {
+			r, err := e.send(fhReq{Method: http.MethodPost, Path: path, Header: map[string]string{"Content-Type": ct}, Body: body.Bytes()})
+			ch <- result{r, err}
+		}()
+		// It joins (what waits grows) or is answered: refused.
+		var answer *result
+		if !waitFor(30*time.Second, func() bool {
+			select {
+			case r := <-ch:
+				answer = &r
+				return true
+			default:
+			}
+			return pending() > before
+		}) {
+			t.Fatalf("append %d neither joined nor was answered in 30s", i)
+		}
+		if answer == nil {
+			waiting = append(waiting, ch)
+			continue
+		}
+		if answer.err != nil || answer.resp.Status != http.StatusServiceUnavailable {
+			t.Fatalf("append %d answered while the store stalled: %v %s, want 503 busy", i, answer.err, answer.resp)
+		}
+		heap = e.heapAlloc(true)
+	}
+	mib := func(b float64) float64 { return b / (1 << 20) }
+	t.Logf("%d appends of %d one-byte records joined before one was refused, max_pending %d MiB: live heap %.1f MiB before, %.1f MiB then (%.1f MiB pending counted)",
+		len(waiting), perAppend, maxPending>>20, mib(base), mib(heap), mib(pending()))
+	// The writer counts the entries; each waiting request also holds its
+	// body and its own slice of the records (48 bytes each) until it is
+	// answered: half as much again with records this small.
+	if grew := heap - base; grew > 5*maxPending/2 {
+		t.Errorf("appends waiting for the store grew the live heap by %.1f MiB with max_pending %d MiB", mib(grew), maxPending>>20)
+	}
+
+	release()
+	released = true
+	for i, ch := range waiting {
+		if r := <-ch; r.err != nil || r.resp.Status/100 != 2 {
+			t.Fatalf("append %d, joined, once the store came back: %v %s", i, r.err, r.resp)
+		}
+	}
+	msgs, _, err := e.readJSON(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != len(waiting)*perAppend {
+		t.Errorf("%s holds %d messages, want the %d of the %d appends that joined", path, len(msgs), len(waiting)*perAppend, len(waiting))
+	}
+}
