@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -27,6 +28,13 @@ import (
 // more). The records of a response stay pinned until it is written, so the
 // cap is also what one reader holds.
 const dsChunkBytes = 4 << 20
+
+// dsChunkRecords caps the records of one read at as many as take
+// dsChunkBytes in memory themselves (a record is 64 bytes before its
+// body): by bytes alone, a read of one-byte records took every record up
+// to the tail, four million of them within 4 MiB, 256 MiB held by one
+// reader and more allocated while the slice grew.
+const dsChunkRecords = dsChunkBytes / int(unsafe.Sizeof(streamstore.Record{}))
 
 // durableStreams serves the Durable Streams protocol
 // (reference/durable-streams-PROTOCOL.md) on top of the engine. It knows
@@ -970,7 +978,8 @@ func (d *durableStreams) read(ctx context.Context, eng *streamstore.Engine, name
 	if off.kind == offsetAt {
 		from = off.pos
 	}
-	req := streamstore.ReadRequest{Seq: from.seq, MaxBytes: d.chunkBytes + int(min(from.off, uint64(d.chunkBytes)))}
+	req := streamstore.ReadRequest{Seq: from.seq, MaxBytes: d.chunkBytes + int(min(from.off, uint64(d.chunkBytes))),
+		MaxRecords: dsChunkRecords}
 	res, err := eng.Read(ctx, name, req)
 	if err != nil && off.kind == offsetStart && errors.Is(err, streamstore.ErrGone) {
 		// "-1" means the first retained record, wherever trims left it.

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap/zaptest"
@@ -414,6 +415,58 @@ func TestCatchUpChunking(t *testing.T) {
 	}
 	if got.String() != want {
 		t.Errorf("got %q, want %q", got.String(), want)
+	}
+}
+
+// A catch-up read's records take at most dsChunkBytes in memory, however
+// small they are: counted by their bodies alone, one read of one-byte
+// messages held every record up to the tail (64 bytes each).
+func TestCatchUpOfTinyRecordsIsChunkedByMemory(t *testing.T) {
+	s := newDSServer(t)
+	s.do(t, "PUT", "/tiny", "", ct, "application/json").want(t, 201)
+	const n = dsChunkRecords + dsChunkRecords/2
+	var body strings.Builder
+	body.WriteByte('[')
+	for i := range n {
+		if i > 0 {
+			body.WriteByte(',')
+		}
+		body.WriteByte('0' + byte(i%10))
+	}
+	body.WriteByte(']')
+	s.do(t, "POST", "/tiny", body.String(), ct, "application/json").want(t, 204)
+
+	var counts []int
+	total := 0
+	for off := "-1"; ; {
+		if len(counts) > 10 {
+			t.Fatalf("no end in sight after responses of %v", counts)
+		}
+		r := s.do(t, "GET", "/tiny?offset="+off, "").want(t, 200)
+		var msgs []json.RawMessage
+		if err := json.Unmarshal([]byte(r.body), &msgs); err != nil {
+			t.Fatalf("response %d: %v", len(counts), err)
+		}
+		for i, m := range msgs {
+			if want := string(rune('0' + (total+i)%10)); string(m) != want {
+				t.Fatalf("message %d is %s, want %s", total+i, m, want)
+			}
+		}
+		counts = append(counts, len(msgs))
+		total += len(msgs)
+		if r.h.Get(hdrStreamUpToDate) == "true" {
+			break
+		}
+		off = r.h.Get(hdrStreamNextOffset)
+	}
+	if total != n {
+		t.Fatalf("read %d messages in responses of %v, want %d", total, counts, n)
+	}
+	for i, c := range counts {
+		if c > dsChunkRecords {
+			t.Errorf("response %d of %v held %d records: %d KiB of them besides their bodies, over the %d KiB a response holds",
+				i, counts, c, c*int(unsafe.Sizeof(streamstore.Record{}))>>10, dsChunkBytes>>10)
+		}
 	}
 }
 
