@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"encoding/json"
 	"testing"
 )
 
@@ -47,5 +48,64 @@ func TestCatchUpResponsesCarry4MiB(t *testing.T) {
 	}
 	if got, all := bytes.Join(chunks, nil), bytes.Join(written, nil); !bytes.Equal(got, all) {
 		t.Errorf("read %d bytes, want the %d written (equal prefix %d)", len(got), len(all), fhCommonPrefix(got, all))
+	}
+}
+
+// TestCatchUpOfTinyRecordsIsBoundedInMemory: a catch-up response's 4 MiB
+// bounds the records it holds in memory too, not only their bodies. A
+// response of one-byte JSON messages carries at most 4 MiB / 64 of them
+// (a record is 64 bytes in memory before its body); counting bodies only,
+// one response held every record up to the tail (four million one-byte
+// records: 256 MiB for one read).
+func TestCatchUpOfTinyRecordsIsBoundedInMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1h"}})
+	const ct = "application/json"
+	const path = "/readsize/tiny"
+	e.create(path, ct)
+	const appends, perAppend = 5, 20_000
+	var body bytes.Buffer
+	body.WriteByte('[')
+	for i := range perAppend {
+		if i > 0 {
+			body.WriteByte(',')
+		}
+		body.WriteByte('0' + byte(i%10))
+	}
+	body.WriteByte(']')
+	for range appends {
+		e.append(path, ct, body.Bytes())
+	}
+
+	chunks, _, err := e.readFrom(path, "-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const most = (4 << 20) / 64
+	var counts []int
+	total := 0
+	for i, c := range chunks {
+		var msgs []json.RawMessage
+		if err := json.Unmarshal(c, &msgs); err != nil {
+			t.Fatalf("response %d is not a JSON array: %v", i, err)
+		}
+		for j, m := range msgs {
+			if want := string(rune('0' + (total+j)%10)); string(m) != want {
+				t.Fatalf("message %d is %s, want %s", total+j, m, want)
+			}
+		}
+		counts = append(counts, len(msgs))
+		total += len(msgs)
+	}
+	t.Logf("%d one-byte messages in responses of %v", appends*perAppend, counts)
+	if total != appends*perAppend {
+		t.Fatalf("read %d messages, want %d", total, appends*perAppend)
+	}
+	for i, n := range counts {
+		if n > most {
+			t.Errorf("response %d carried %d one-byte messages, more than the %d whose Records take 4 MiB", i, n, most)
+		}
 	}
 }
