@@ -153,6 +153,9 @@ func (c *blockCache) putCold(key string, recs []segment.Record, held int, buf *o
 // item, its elements in the lists and its slot in the index.
 const cacheItemBytes = int64(unsafe.Sizeof(cacheItem{}) + 2*unsafe.Sizeof(list.Element{}) + 32)
 
+// recordMem is what a Record takes in a slice of them, besides its body.
+const recordMem = int(unsafe.Sizeof(segment.Record{}))
+
 // runMemSize is what caching recs under key holds in memory.
 func runMemSize(key string, recs []segment.Record, held int) int64 {
 	return cacheItemBytes + int64(len(key)) + int64(segment.RecordsMemSize(recs, held))
@@ -200,6 +203,12 @@ func (c *blockCache) unlink(el *list.Element) {
 		c.coldUsed -= it.wire
 	}
 	it.buf.release()
+}
+
+// couldHoldCold reports whether a cold item of size bytes in memory and
+// wire bytes encoded could be cached at all (see add).
+func (c *blockCache) couldHoldCold(size, wire int64) bool {
+	return size <= c.budgetBytes() && wire <= coldCacheBytes
 }
 
 func (c *blockCache) budgetBytes() int64 {

@@ -24,6 +24,12 @@ type dataSpan struct {
 	size       int64  // bytes
 }
 
+// memSize is about what sp's object holds in memory once decoded (see
+// runMemSize): its bytes and a Record per record. Headers are left out.
+func (sp dataSpan) memSize() int64 {
+	return cacheItemBytes + int64(len(sp.key)) + sp.size + int64(sp.end-sp.first)*int64(recordMem)
+}
+
 // dataIndex is what a stream knows of its data objects: one listing's page,
 // every object from the one it started at on, in seq order (there may be
 // more after the last).
@@ -351,9 +357,16 @@ func storeReadError(key string, err error) error {
 func (e *Engine) prefetch(s *stream, next []dataSpan) {
 	var todo []dataSpan
 	for _, sp := range next {
-		if !e.cache.has(sp.key) {
-			todo = append(todo, sp)
+		if e.cache.has(sp.key) {
+			continue
 		}
+		if !e.cache.couldHoldCold(sp.memSize(), sp.size) {
+			// The cache would drop it as it came in (an object of tiny
+			// records with a small cache_size): fetched ahead, it would be
+			// a GET for nothing, and its reader fetches it anyway.
+			continue
+		}
+		todo = append(todo, sp)
 	}
 	s.mu.Lock()
 	ra := s.readAhead()

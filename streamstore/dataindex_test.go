@@ -583,3 +583,67 @@ func TestReadAheadGoroutinesEndAtClose(t *testing.T) {
 		t.Errorf("%d pool goroutines left after Close, want 0", n)
 	}
 }
+
+// latentStore delays every data GET, so that a cold reader waits for its
+// objects and its read-ahead window grows.
+type latentStore struct {
+	segment.Store
+	delay time.Duration
+}
+
+func (s latentStore) Get(ctx context.Context, key string, off, n int64) ([]byte, string, error) {
+	if strings.HasPrefix(key, "data/") {
+		select {
+		case <-time.After(s.delay):
+		case <-ctx.Done():
+			return nil, "", ctx.Err()
+		}
+	}
+	return s.Store.Get(ctx, key, off, n)
+}
+
+// Objects the cache cannot hold (one-byte records: 850 KB of object, 4 MiB
+// decoded, with a 2 MiB cache) are not read ahead: the cache dropped each
+// as it came in, and a cold reader's window sent GETs for nothing, more
+// than one per object on top of the reader's own.
+func TestReadAheadSkipsObjectsTheCacheCannotHold(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	w := startEngine(t, st, Config{})
+	setPackBelow(w, -1)
+	if _, _, err := w.Create(ctx, "/tiny", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
+		t.Fatal(err)
+	}
+	const objects, perObject = 8, 50_000
+	batch := make([]NewRecord, perObject)
+	for i := range batch {
+		batch[i].Body = []byte{byte(i)}
+	}
+	for range objects {
+		if _, err := w.Append(ctx, "/tiny", AppendRequest{Records: batch}); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counter := &opCounter{Store: latentStore{st, 20 * time.Millisecond}, prefix: "data/", gets: map[string]int{}}
+	e := startEngine(t, counter, Config{CacheBytes: 2 << 20})
+	reads := 0
+	for seq := uint64(0); seq < objects*perObject; reads++ {
+		res, err := e.Read(ctx, "/tiny", ReadRequest{Seq: seq, MaxRecords: 10_000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Release()
+		if res.NextSeq <= seq {
+			t.Fatalf("read at %d moved to %d", seq, res.NextSeq)
+		}
+		seq = res.NextSeq
+	}
+	_, gets, most := counter.counts()
+	t.Logf("%d reads of %d objects the cache cannot hold: %d GETs, at most %d of one object", reads, objects, gets, most)
+	if gets > reads {
+		t.Errorf("%d GETs for %d reads: objects were read ahead for nothing", gets, reads)
+	}
+}
