@@ -344,3 +344,77 @@ func picoReadAllBinary(e *fhEnv, path string) ([]byte, error) {
 	}
 	return nil, fmt.Errorf("GET %s: not up to date after %d reads", path, fhMaxReads)
 }
+
+// TestColdReadAheadSkipsWhatTheCacheCannotHold: with a cache too small
+// for a decoded data object (50,000 one-byte messages: 850 KB stored,
+// 4 MiB in memory, with cache_size 2MiB), a cold reader fetches each
+// object for the responses that need it and nothing ahead: the cache
+// dropped objects read ahead as they came, each a GET for nothing.
+func TestColdReadAheadSkipsWhatTheCacheCannotHold(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"cache_size 2MiB", "compact_interval 1s", "pack_below off"}})
+	const ct = "application/json"
+	const name = "/cold/tiny"
+	const rounds, perRound = 6, 50_000
+	e.create(name, ct)
+	var body bytes.Buffer
+	body.WriteByte('[')
+	for i := range perRound {
+		if i > 0 {
+			body.WriteByte(',')
+		}
+		body.WriteByte('0' + byte(i%10))
+	}
+	body.WriteByte(']')
+	for round := range rounds {
+		e.append(name, ct, body.Bytes())
+		err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+			if n := len(e.mustList("wal/")); n > 0 {
+				return fmt.Errorf("%d WAL objects left", n)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("round %d not compacted: %v", round, err)
+		}
+	}
+	if n := len(e.mustList("data/")); n < rounds {
+		t.Fatalf("%d data objects after %d compacted rounds; the test needs one per round", n, rounds)
+	}
+
+	e.caddy.Kill()
+	e.caddy.Restart()
+	before := e.proxy.Counts()
+	chunks, _, err := e.readFrom(name, "-1")
+	if err != nil {
+		t.Fatalf("cold read: %v", err)
+	}
+	after := e.proxy.Counts()
+	total := 0
+	for _, c := range chunks {
+		total += bytes.Count(c, []byte(","))
+		if len(c) > 2 {
+			total++
+		}
+	}
+	if total != rounds*perRound {
+		t.Fatalf("cold read returned %d messages, want %d", total, rounds*perRound)
+	}
+	gets, prior := after.Keys("GET"), before.Keys("GET")
+	perObject := map[string]int{}
+	for k, n := range gets {
+		if d := n - prior[k]; d > 0 && strings.Contains(k, "/data/") {
+			perObject[k] = d
+		}
+	}
+	t.Logf("cold read in %d responses with cache_size 2MiB: data GETs per object %v", len(chunks), perObject)
+	// A response of 65,536 messages touches at most two objects of 50,000,
+	// and an object at most two responses.
+	for k, n := range perObject {
+		if n > 2 {
+			t.Errorf("%s fetched %d times by a read in %d responses", path.Base(k), n, len(chunks))
+		}
+	}
+}
