@@ -162,6 +162,40 @@ func TestCompactionStartsForLargeEntries(t *testing.T) {
 	}
 }
 
+// The backlog that starts a compaction is weighed in the cache's measure:
+// entries of one-byte records take five times their encoded size in the
+// cache, and weighed encoded, the backlog reached three quarters of the
+// cache only once most of it had been pushed out, which compaction then
+// fetched back from the bucket.
+func TestCompactionStartsBeforeTinyRecordsOutgrowTheCache(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	counter := &opCounter{Store: st, prefix: "wal/", gets: map[string]int{}}
+	e := startEngine(t, counter, Config{CacheBytes: 2 << 20}) // interval: an hour
+	if _, _, err := e.Create(ctx, "/tiny", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
+		t.Fatal(err)
+	}
+	// 1,000 one-byte records: 17 KB encoded, a large entry; 80 KB cached.
+	batch := make([]NewRecord, 1000)
+	for i := range batch {
+		batch[i].Body = []byte{byte(i)}
+	}
+	appends := 0
+	for ; len(st.Keys("data/")) == 0; appends++ {
+		if appends == 200 {
+			t.Fatalf("no compaction after %d entries of %d one-byte records in a 2 MiB cache", appends, len(batch))
+		}
+		if _, err := e.Append(ctx, "/tiny", AppendRequest{Records: batch}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, gets, _ := counter.counts()
+	t.Logf("a compaction started within %d entries of %d one-byte records in a 2 MiB cache; %d WAL GETs", appends, len(batch), gets)
+	if gets != 0 {
+		t.Errorf("the compaction started after %d entries fetched %d WAL objects back: they had left the cache", appends, gets)
+	}
+}
+
 // WAL entries that compaction has not folded yet stay in the cache however
 // idle their stream is: compaction reads them from there.
 func TestIdleSweepKeepsUncompactedEntries(t *testing.T) {
