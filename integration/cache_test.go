@@ -228,3 +228,43 @@ func TestCacheSizeBoundsMemoryOfTinyRecords(t *testing.T) {
 		}
 	}
 }
+
+// TestBacklogOfTinyRecordsCompactsBeforeLeavingTheCache: the WAL backlog
+// that starts a compaction early is weighed as the cache weighs it. With
+// cache_size 2MiB, appends of 1,000 one-byte JSON messages (17 KB encoded,
+// about 130 KB in the cache) start a compaction while the cache still
+// holds them all, and it fetches none back from the bucket. Weighed
+// encoded, the backlog reached three quarters of the cache only after
+// most entries had been pushed out.
+func TestBacklogOfTinyRecordsCompactsBeforeLeavingTheCache(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"cache_size 2MiB", "compact_interval 1h", "pack_below off"}})
+	const ct = "application/json"
+	const name = "/backlog/tiny"
+	e.create(name, ct)
+	var body bytes.Buffer
+	body.WriteByte('[')
+	for i := range 1000 {
+		if i > 0 {
+			body.WriteByte(',')
+		}
+		body.WriteByte('0' + byte(i%10))
+	}
+	body.WriteByte(']')
+	before := e.proxy.Counts()
+	appends := 0
+	for ; len(e.mustList("data/")) == 0; appends++ {
+		if appends == 300 {
+			t.Fatalf("no compaction after %d appends of 1,000 one-byte messages with cache_size 2MiB", appends)
+		}
+		e.append(name, ct, body.Bytes())
+	}
+	after := e.proxy.Counts()
+	gets := after.Containing("GET", "/wal/") - before.Containing("GET", "/wal/")
+	t.Logf("a compaction wrote data within %d appends of 1,000 one-byte messages with cache_size 2MiB; %d WAL GETs", appends, gets)
+	if gets != 0 {
+		t.Errorf("the compaction fetched %d WAL objects back from the bucket: its entries had left the cache", gets)
+	}
+}
