@@ -217,8 +217,8 @@ func (e *Engine) compactUpTo(ctx context.Context, todo []*stream, end walPos, ba
 	return len(fold) + len(damaged), len(jobs), nil
 }
 
-// lostWindowBytes bounds the bytes of lost WAL entries one window of a
-// compaction reads back and holds.
+// lostWindowBytes bounds the memory the lost WAL entries one window of a
+// compaction reads back hold (walRun.memSize).
 const lostWindowBytes = packReadBatch
 
 // lostWindows splits the compaction of todo's runs before end into
@@ -241,11 +241,11 @@ func (e *Engine) lostWindows(todo []*stream, end walPos) []walPos {
 	var ends []walPos
 	var size int64
 	for i, r := range lost {
-		if size > 0 && size+r.span.Len > lostWindowBytes && r.pos != lost[i-1].pos {
+		if size > 0 && size+r.memSize() > lostWindowBytes && r.pos != lost[i-1].pos {
 			ends = append(ends, r.pos)
 			size = 0
 		}
-		size += r.span.Len
+		size += r.memSize()
 	}
 	return append(ends, end)
 }
@@ -328,7 +328,7 @@ func (e *Engine) fold(ctx context.Context, streams []*stream, end walPos, back *
 	for _, s := range streams {
 		s.mu.Lock()
 		for i := 0; i < len(s.runs) && s.runs[i].snap != nil; i++ {
-			sizes[s] += s.runs[i].span.Len
+			sizes[s] += s.runs[i].memSize()
 		}
 		if sizes[s] > 0 {
 			keys[s] = s.leavePacksLocked(time.Time{})

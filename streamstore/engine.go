@@ -593,6 +593,14 @@ type walRun struct {
 	packed int64
 }
 
+// memSize is about what r's records hold once read back: its bytes as
+// stored and a Record per record. A bound on the records a compaction
+// holds at once counts this, not the stored bytes alone, which for
+// records of a few bytes are a fifth of it.
+func (r *walRun) memSize() int64 {
+	return r.span.Len + int64(r.ch.End-r.ch.First)*int64(recordMem)
+}
+
 // applyTo moves st on past the run.
 func (r *walRun) applyTo(st *writerState) {
 	if r.snap != nil {

@@ -142,9 +142,10 @@ func TestCompactionReadsLostEntriesByWALObject(t *testing.T) {
 func TestLostWindows(t *testing.T) {
 	const mib = 1 << 20
 	pos := func(seq uint64) walPos { return walPos{NS: 1, Seq: seq} }
-	run := func(seq uint64, size int64) walRun {
-		return walRun{pos: pos(seq), key: segment.WALKey(1, seq), span: segment.Span{Len: size}, ch: change{First: seq, End: seq + 1}}
+	runOf := func(seq uint64, size int64, records uint64) walRun {
+		return walRun{pos: pos(seq), key: segment.WALKey(1, seq), span: segment.Span{Len: size}, ch: change{First: seq, End: seq + records}}
 	}
+	run := func(seq uint64, size int64) walRun { return runOf(seq, size, 1) }
 	tests := []struct {
 		name string
 		runs [][]walRun // by stream
@@ -157,6 +158,11 @@ func TestLostWindows(t *testing.T) {
 		{name: "one object's runs stay together", runs: [][]walRun{{run(1, 30*mib)}, {run(1, 30*mib)}, {run(2, 1)}},
 			want: []walPos{pos(2), pos(9)}},
 		{name: "runs at or after the end are not read", runs: [][]walRun{{run(1, 30*mib), run(9, 30*mib)}}, want: []walPos{pos(9)}},
+		// 8 MiB of one-byte records (17 bytes each) is 18 MiB of Records
+		// besides: read back, each run holds 26 MiB.
+		{name: "records count what they hold read back", runs: [][]walRun{
+			{runOf(1, 8*mib, 8*mib/17)}, {runOf(2, 8*mib, 8*mib/17)}, {runOf(3, 8*mib, 8*mib/17)}},
+			want: []walPos{pos(2), pos(3), pos(9)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

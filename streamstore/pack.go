@@ -64,7 +64,8 @@ const (
 	// ranged GET when the bytes between them are fewer than this.
 	packReadGap = 256 << 10
 	// packReadBatch bounds the records a fold reads back from packs at
-	// once, and the records a compaction gathers for packs at once.
+	// once, and the records a compaction gathers for packs at once, by
+	// what they hold in memory (walRun.memSize).
 	packReadBatch = 32 << 20
 )
 
@@ -106,7 +107,7 @@ type packJob struct {
 	s        *stream
 	from, to int
 	repack   bool
-	est      int64  // the runs' bytes as stored, before gather reads them
+	est      int64  // what the runs hold once gather reads them (walRun.memSize)
 	first    walPos // the position of runs[from], to check nothing moved
 	leaveAt  int64  // when the stream is repacked next (Unix ms)
 	maxRuns  int    // or after how many runs
@@ -150,15 +151,16 @@ func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *
 	leaveAt := s.leavePacksLocked(now)
 	_, maxRuns := packLimits(s.name)
 	due := from >= maxRuns || (from > 0 && now.UnixMilli() >= leaveAt)
-	to, size, packed := 0, int64(0), int64(0)
+	to, size, mem, packedMem := 0, int64(0), int64(0), int64(0)
 	for ; to < len(s.runs) && end.after(s.runs[to].pos); to++ {
 		r := &s.runs[to]
 		if r.blob != "" || r.ch.TrimTo != 0 {
 			return decideFold
 		}
 		size += r.span.Len
+		mem += r.memSize()
 		if to < from {
-			packed += r.span.Len
+			packedMem += r.memSize()
 		}
 	}
 	if size > limit || (due && size > limit/2) {
@@ -177,11 +179,11 @@ func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *
 		// to take them apart.
 		return decideLeave
 	}
-	est := size - packed
+	est := mem - packedMem
 	if due {
 		// Repacked: one run again, in a pack of this compaction, instead
 		// of a data object and a checkpoint of its own.
-		from, est = 0, size
+		from, est = 0, mem
 		leaveAt = now.Add(packStay(s.name)).UnixMilli()
 	}
 	*job = packJob{s: s, from: from, to: to, repack: due, est: est, first: s.runs[from].pos, pos: s.runs[to-1].pos,
