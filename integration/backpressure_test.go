@@ -198,15 +198,7 @@ func TestMaxPendingBoundsMemoryOfTinyRecords(t *testing.T) {
 	const path, ct = "/busy/tiny", "application/json"
 	e.create(path, ct)
 	const perAppend = 20_000
-	var body bytes.Buffer
-	body.WriteByte('[')
-	for i := range perAppend {
-		if i > 0 {
-			body.WriteByte(',')
-		}
-		body.WriteByte('0' + byte(i%10))
-	}
-	body.WriteByte(']')
+	body := digitMessages(perAppend)
 	pending := func() float64 {
 		t.Helper()
 		s, err := mGet(e.caddy.AdminAddr())
@@ -237,7 +229,7 @@ func TestMaxPendingBoundsMemoryOfTinyRecords(t *testing.T) {
 		before := pending()
 		ch := make(chan result, 1)
 		go func() {
-			r, err := e.send(fhReq{Method: http.MethodPost, Path: path, Header: map[string]string{"Content-Type": ct}, Body: body.Bytes()})
+			r, err := e.send(fhReq{Method: http.MethodPost, Path: path, Header: map[string]string{"Content-Type": ct}, Body: body})
 			ch <- result{r, err}
 		}()
 		// It joins (what waits grows) or is answered: refused.

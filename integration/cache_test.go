@@ -188,20 +188,12 @@ func TestCacheSizeBoundsMemoryOfTinyRecords(t *testing.T) {
 	for s := range streams {
 		e.create(fmt.Sprintf("/tiny/%d", s), ct)
 	}
-	var body bytes.Buffer
-	body.WriteByte('[')
-	for i := range perPost {
-		if i > 0 {
-			body.WriteByte(',')
-		}
-		body.WriteByte('0' + byte(i%10))
-	}
-	body.WriteByte(']')
+	body := digitMessages(perPost)
 	base := e.heapAlloc(true)
 
 	for range appends {
 		for s := range streams {
-			e.append(fmt.Sprintf("/tiny/%d", s), ct, body.Bytes())
+			e.append(fmt.Sprintf("/tiny/%d", s), ct, body)
 		}
 	}
 	written := e.heapAlloc(true)
@@ -244,22 +236,14 @@ func TestBacklogOfTinyRecordsCompactsBeforeLeavingTheCache(t *testing.T) {
 	const ct = "application/json"
 	const name = "/backlog/tiny"
 	e.create(name, ct)
-	var body bytes.Buffer
-	body.WriteByte('[')
-	for i := range 1000 {
-		if i > 0 {
-			body.WriteByte(',')
-		}
-		body.WriteByte('0' + byte(i%10))
-	}
-	body.WriteByte(']')
+	body := digitMessages(1000)
 	before := e.proxy.Counts()
 	appends := 0
 	for ; len(e.mustList("data/")) == 0; appends++ {
 		if appends == 300 {
 			t.Fatalf("no compaction after %d appends of 1,000 one-byte messages with cache_size 2MiB", appends)
 		}
-		e.append(name, ct, body.Bytes())
+		e.append(name, ct, body)
 	}
 	after := e.proxy.Counts()
 	gets := after.Containing("GET", "/wal/") - before.Containing("GET", "/wal/")

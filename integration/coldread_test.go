@@ -359,17 +359,9 @@ func TestColdReadAheadSkipsWhatTheCacheCannotHold(t *testing.T) {
 	const name = "/cold/tiny"
 	const rounds, perRound = 6, 50_000
 	e.create(name, ct)
-	var body bytes.Buffer
-	body.WriteByte('[')
-	for i := range perRound {
-		if i > 0 {
-			body.WriteByte(',')
-		}
-		body.WriteByte('0' + byte(i%10))
-	}
-	body.WriteByte(']')
+	body := digitMessages(perRound)
 	for round := range rounds {
-		e.append(name, ct, body.Bytes())
+		e.append(name, ct, body)
 		err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
 			if n := len(e.mustList("wal/")); n > 0 {
 				return fmt.Errorf("%d WAL objects left", n)

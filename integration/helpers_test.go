@@ -932,3 +932,18 @@ func around(b []byte, i int) string {
 	lo, hi := max(0, i-40), min(len(b), i+40)
 	return strconv.Quote(string(b[lo:hi]))
 }
+
+// digitMessages is a JSON-mode append body of n one-byte messages (the
+// digits 0-9 in turn): the smallest records a client can send, for tests of
+// what tiny records cost in memory.
+func digitMessages(n int) []byte {
+	b := make([]byte, 0, 2*n+1)
+	b = append(b, '[')
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '0'+byte(i%10))
+	}
+	return append(b, ']')
+}

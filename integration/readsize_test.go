@@ -66,17 +66,9 @@ func TestCatchUpOfTinyRecordsIsBoundedInMemory(t *testing.T) {
 	const path = "/readsize/tiny"
 	e.create(path, ct)
 	const appends, perAppend = 5, 20_000
-	var body bytes.Buffer
-	body.WriteByte('[')
-	for i := range perAppend {
-		if i > 0 {
-			body.WriteByte(',')
-		}
-		body.WriteByte('0' + byte(i%10))
-	}
-	body.WriteByte(']')
+	body := digitMessages(perAppend)
 	for range appends {
-		e.append(path, ct, body.Bytes())
+		e.append(path, ct, body)
 	}
 
 	chunks, _, err := e.readFrom(path, "-1")
