@@ -136,9 +136,11 @@ func (c *blockCache) has(key string) bool {
 
 // put caches recs under key. held is the size of the one buffer their
 // bodies alias (a decoded read), or 0 when each append's bodies are their
-// own (see segment.RecordsMemSize).
-func (c *blockCache) put(key string, recs []segment.Record, held int) {
-	c.add(key, recs, held, false, nil)
+// own (see segment.RecordsMemSize). It returns what it weighed them at,
+// in memory and encoded, kept or not, so that a caller that weighs them
+// too does not walk them again.
+func (c *blockCache) put(key string, recs []segment.Record, held int) (mem, wire int64) {
+	return c.add(key, recs, held, false, nil)
 }
 
 // putCold caches a data object fetched by a cold read (see blockCache),
@@ -161,16 +163,15 @@ func runMemSize(key string, recs []segment.Record, held int) int64 {
 	return cacheItemBytes + int64(len(key)) + int64(segment.RecordsMemSize(recs, held))
 }
 
-func (c *blockCache) add(key string, recs []segment.Record, held int, cold bool, buf *objBuf) {
-	size := runMemSize(key, recs, held)
-	var wire int64
+func (c *blockCache) add(key string, recs []segment.Record, held int, cold bool, buf *objBuf) (size, wire int64) {
+	size = runMemSize(key, recs, held)
 	for i := range recs {
 		wire += int64(segment.RecordSize(&recs[i]))
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if size > c.budget || (cold && wire > coldCacheBytes) {
-		return
+		return size, wire
 	}
 	if el, ok := c.items[key]; ok {
 		c.unlink(el)
@@ -190,6 +191,7 @@ func (c *blockCache) add(key string, recs []segment.Record, held int, cold bool,
 	for c.used > c.budget {
 		c.unlink(c.ll.Back())
 	}
+	return size, wire
 }
 
 // unlink drops the item at el. Called with mu held.

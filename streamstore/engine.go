@@ -962,15 +962,13 @@ func (h hooks) Committed(b *segment.Batch) {
 		s := ent.Ref.(*stream)
 		key := runCacheKey(b.Key, b.Spans[i])
 		if len(ent.Records) > 0 {
-			e.cache.put(key, ent.Records, 0)
-		}
-		// A blob's records never need reading back for compaction.
-		if len(ent.Records) > 0 && ent.Blob == "" {
-			entries++
-			// What they take of the cache, to weigh against its budget.
-			bytes += runMemSize(key, ent.Records, 0)
-			for j := range ent.Records {
-				wire += int64(segment.RecordSize(&ent.Records[j]))
+			mem, encoded := e.cache.put(key, ent.Records, 0)
+			// A blob's records never need reading back for compaction;
+			// the others weigh on the cache's budget as the cache weighs them.
+			if ent.Blob == "" {
+				entries++
+				bytes += mem
+				wire += encoded
 			}
 		}
 		ch := changeOf(ent)
