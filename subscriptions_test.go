@@ -636,12 +636,7 @@ func TestAckOfRecordStillQueuedMoves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	loaded := make(chan struct{})
-	close(loaded)
-	m := &subManager{eng: n.eng, log: zaptest.NewLogger(t), loaded: loaded, subs: map[string]*subState{},
-		kick: make(chan struct{}, 1), ctx: ctx, mac: randBytes(32)}
+	m := loopLessSubManager(t, n.eng)
 	const root = "/v1/stream/"
 	s := &subState{ID: "p1", Root: root, Config: subConfig{Type: "pull-wake", Pattern: "events/*", WakeStream: "wake", LeaseTTLms: 600000},
 		Links:      map[string]*subLink{"events/a": {Glob: true, Acked: 1, Tail: 1, Stream: info.ID}},
@@ -682,10 +677,6 @@ func TestAckOutsideCursorAndTail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	loaded := make(chan struct{})
-	close(loaded)
 	const root, acked, tail = "/v1/stream/", 2, 5
 	for i, tc := range []struct {
 		name   string
@@ -704,8 +695,7 @@ func TestAckOutsideCursorAndTail(t *testing.T) {
 		{"at the tail, done", tail, true, 200, "", tail},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &subManager{eng: n.eng, log: zaptest.NewLogger(t), loaded: loaded, subs: map[string]*subState{},
-				kick: make(chan struct{}, 1), ctx: ctx, mac: randBytes(32)}
+			m := loopLessSubManager(t, n.eng)
 			id := "p" + strconv.Itoa(i)
 			leaseUntil := time.Now().Add(time.Hour).UnixMilli()
 			s := &subState{ID: id, Root: root, Config: subConfig{Type: "pull-wake", Pattern: "events/*", WakeStream: "wake", LeaseTTLms: 600000},
@@ -937,4 +927,15 @@ func TestSubscriptionLimitPerRoot(t *testing.T) {
 			t.Errorf("step %d, %s %s: %d %v, want %d %s", i, s.method, s.path, st, v, s.status, s.code)
 		}
 	}
+}
+
+// loopLessSubManager is a loaded subscription manager on eng with no
+// subscriptions and no loop running: announcements stay queued, as they
+// do while the loop waits for the lock. It lives as long as the test.
+func loopLessSubManager(t *testing.T, eng *streamstore.Engine) *subManager {
+	t.Helper()
+	loaded := make(chan struct{})
+	close(loaded)
+	return &subManager{eng: eng, log: zaptest.NewLogger(t), loaded: loaded, subs: map[string]*subState{},
+		kick: make(chan struct{}, 1), ctx: t.Context(), mac: randBytes(32)}
 }
