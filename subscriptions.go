@@ -1167,13 +1167,19 @@ func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, 
 }
 
 type ackBody struct {
-	WakeID     string `json:"wake_id"`
-	Generation uint64 `json:"generation"`
-	Acks       []struct {
-		Stream string `json:"stream"`
-		Offset string `json:"offset"`
-	} `json:"acks"`
-	Done bool `json:"done"`
+	WakeID     string     `json:"wake_id"`
+	Generation uint64     `json:"generation"`
+	Acks       []ackEntry `json:"acks"`
+	Done       bool       `json:"done"`
+}
+
+// ackEntry is one ack of an ack request or webhook callback. Its fields are
+// pointers so that an entry without one, a malformed body (400), is told
+// apart from one that names nothing the subscription has, such as an
+// empty stream or offset (409 INVALID_OFFSET).
+type ackEntry struct {
+	Stream *string `json:"stream"`
+	Offset *string `json:"offset"`
 }
 
 // handleAck serves the webhook callback and the pull-wake ack.
@@ -1181,6 +1187,14 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 	var body ackBody
 	if !readJSONBody(w, r, &body) {
 		return
+	}
+	// The body's shape is checked with its syntax, before anything else:
+	// an ack entry without its stream or offset is not an ack at all.
+	for i, a := range body.Acks {
+		if a.Stream == nil || a.Offset == nil {
+			subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("ack %d: stream and offset are required (strings)", i))
+			return
+		}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -1196,22 +1210,17 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 	// 409) moves no cursor, renews no lease and ends no wake (bad input
 	// changes nothing; a worker whose acks are refused must not hold the
 	// lease on them, nor have its done end the wake).
+	links := make([]*subLink, len(body.Acks))
 	acked := make([]uint64, len(body.Acks))
 	for i, a := range body.Acks {
-		l := s.Links[strings.Trim(a.Stream, "/")]
-		off, err := parseOffset(a.Offset)
-		if l == nil || err != nil || off.kind != offsetAt {
-			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "bad ack for stream "+a.Stream)
-			return
-		}
-		acked[i] = off.pos.seq
-		if msg := s.ackOffsetProblem(l, acked[i]); msg != "" {
-			subError(w, http.StatusConflict, "INVALID_OFFSET", "ack for stream "+a.Stream+": "+msg)
+		var msg string
+		links[i], acked[i], msg = s.ackProblem(*a.Stream, *a.Offset)
+		if msg != "" {
+			subError(w, http.StatusConflict, "INVALID_OFFSET", fmt.Sprintf("ack for stream %q: %s", *a.Stream, msg))
 			return
 		}
 	}
-	for i, a := range body.Acks {
-		l := s.Links[strings.Trim(a.Stream, "/")]
+	for i, l := range links {
 		if l.ResetGen == s.Generation {
 			// The link started over during this wake: the worker acks
 			// the offsets of a stream that is no more.
@@ -1232,6 +1241,29 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 		}
 	}
 	writeJSONStatus(w, http.StatusOK, "application/json", map[string]bool{"ok": true, "next_wake": s.WakeID != ""})
+}
+
+// ackProblem judges an ack of stream at offset: it returns the link the ack
+// moves and the seq it moves it to, or why the ack is refused with 409
+// INVALID_OFFSET, as the reference server refuses it.
+//
+// The reference server answers 409 INVALID_OFFSET, not 400, for every ack
+// whose stream and offset are strings but name nothing the subscription
+// can be at: a stream it does not link (or an empty one), offset -1 (by a
+// rule of its own), and, since it compares offsets as strings, "now", an
+// empty offset or any other string that is no offset (each sorts behind
+// the cursor or beyond the tail). The body is well formed; what it names is
+// not a position, which is what INVALID_OFFSET says.
+func (s *subState) ackProblem(stream, offset string) (*subLink, uint64, string) {
+	l := s.Links[strings.Trim(stream, "/")]
+	if l == nil {
+		return nil, 0, "the subscription does not link this stream"
+	}
+	off, err := parseOffset(offset)
+	if err != nil || off.kind != offsetAt {
+		return nil, 0, fmt.Sprintf("offset %q is not a position in the stream: an ack names the offset after the last record processed, as a claim's tail_offset or a read's Stream-Next-Offset does", offset)
+	}
+	return l, off.pos.seq, s.ackOffsetProblem(l, off.pos.seq)
 }
 
 // ackOffsetProblem says why an ack of link l at seq is refused with 409

@@ -65,11 +65,10 @@ func TestPullWakeAnnouncedAgainAfterFailedAppend(t *testing.T) {
 		v["streams"], n.wakeEvents(t, "/v1/stream/wake/pool"))
 }
 
-// An ack request that is refused (400: one of its acks names a stream that
-// is not linked) has already moved the cursors of the acks before the bad
-// one; the next save of the subscription makes that durable.
-// An ack whose second entry is bad is refused with 400, and moves no
-// cursor: before, the first entry had already moved its link's.
+// An ack whose second entry names a stream the subscription does not link
+// is refused (409 INVALID_OFFSET, as the reference server answers) and
+// moves no cursor: once, the first entry had already moved its link's
+// before the bad one was found, and the next save made that durable.
 func TestRefusedAckMovesNoCursor(t *testing.T) {
 	n := startSubNode(t, t.TempDir())
 	const sub = "/v1/stream/__ds/subscriptions/p1"
@@ -93,13 +92,13 @@ func TestRefusedAckMovesNoCursor(t *testing.T) {
 	tail := claim["streams"].([]any)[0].(map[string]any)["tail_offset"].(string)
 	body := `{"wake_id":"` + wake + `","generation":` + strconv.Itoa(gen) + `,"acks":[` +
 		`{"stream":"events/a","offset":"` + tail + `"},{"stream":"events/not-linked","offset":"` + tail + `"}]}`
-	if st, v := n.call(t, "POST", sub+"/ack", body, "Authorization", "Bearer "+token); st != 400 {
-		t.Fatalf("ack with a bad entry: %d %v, want 400", st, v)
+	if st, v := n.call(t, "POST", sub+"/ack", body, "Authorization", "Bearer "+token); st != 409 || errCode(v) != "INVALID_OFFSET" {
+		t.Fatalf("ack with a bad entry: %d %v, want 409 INVALID_OFFSET", st, v)
 	}
 	_, v := n.call(t, "GET", sub, "")
 	link := v["streams"].([]any)[0].(map[string]any)
 	if link["acked_offset"] != (position{}).String() {
-		t.Fatalf("after a refused (400) ack, events/a is acked at %v; want it unchanged at %s", link["acked_offset"], position{})
+		t.Fatalf("after a refused (409) ack, events/a is acked at %v; want it unchanged at %s", link["acked_offset"], position{})
 	}
 }
 

@@ -668,6 +668,13 @@ func TestAckOfRecordStillQueuedMoves(t *testing.T) {
 // the cursor left where it was, so a worker acking records not written
 // yet, or from a stale view, was never told. An ack at the cursor is a
 // retry and is accepted, as the reference server does.
+//
+// So is an ack that names a stream the subscription does not link, or an
+// offset that is no position at all (-1, now, junk, empty): the reference
+// server answers 409 INVALID_OFFSET for each, where these were 400
+// INVALID_REQUEST. A request that mixes a good ack with such a one moves
+// nothing either. An ack entry without its stream or offset is a
+// malformed body and stays 400 INVALID_REQUEST.
 func TestAckOutsideCursorAndTail(t *testing.T) {
 	n := startSubNode(t, t.TempDir())
 	if st, _ := n.call(t, "PUT", "/v1/stream/events/a", `[1,2,3,4,5]`); st != 201 {
@@ -678,21 +685,35 @@ func TestAckOutsideCursorAndTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	const root, acked, tail = "/v1/stream/", 2, 5
+	at := func(seq uint64) string { return position{seq: seq}.String() }
+	ack := func(stream, offset string) string { return `{"stream":"` + stream + `","offset":"` + offset + `"}` }
 	for i, tc := range []struct {
 		name   string
-		seq    uint64
+		acks   string // the request's acks, a JSON array
 		done   bool
 		status int
 		code   string
+		names  string // what the refusal's message must mention
 		after  uint64 // the cursor after the ack
 	}{
-		{"behind the cursor", acked - 1, false, 409, "INVALID_OFFSET", acked},
-		{"behind the cursor, done", 0, true, 409, "INVALID_OFFSET", acked},
-		{"beyond the tail", tail + 1, false, 409, "INVALID_OFFSET", acked},
-		{"beyond the tail, done", tail + 100, true, 409, "INVALID_OFFSET", acked},
-		{"at the cursor (a retry)", acked, false, 200, "", acked},
-		{"between", acked + 1, false, 200, "", acked + 1},
-		{"at the tail, done", tail, true, 200, "", tail},
+		{"behind the cursor", "[" + ack("events/a", at(acked-1)) + "]", false, 409, "INVALID_OFFSET", "events/a", acked},
+		{"behind the cursor, done", "[" + ack("events/a", at(0)) + "]", true, 409, "INVALID_OFFSET", "events/a", acked},
+		{"beyond the tail", "[" + ack("events/a", at(tail+1)) + "]", false, 409, "INVALID_OFFSET", "events/a", acked},
+		{"beyond the tail, done", "[" + ack("events/a", at(tail+100)) + "]", true, 409, "INVALID_OFFSET", "events/a", acked},
+		{"unlinked stream", "[" + ack("events/b", at(3)) + "]", false, 409, "INVALID_OFFSET", "events/b", acked},
+		{"unlinked stream, done", "[" + ack("events/b", at(3)) + "]", true, 409, "INVALID_OFFSET", "events/b", acked},
+		{"empty stream", "[" + ack("", at(3)) + "]", false, 409, "INVALID_OFFSET", "does not link", acked},
+		{"offset -1", "[" + ack("events/a", "-1") + "]", false, 409, "INVALID_OFFSET", `"-1"`, acked},
+		{"offset now, done", "[" + ack("events/a", "now") + "]", true, 409, "INVALID_OFFSET", `"now"`, acked},
+		{"malformed offset", "[" + ack("events/a", "3") + "]", false, 409, "INVALID_OFFSET", `"3"`, acked},
+		{"empty offset", "[" + ack("events/a", "") + "]", false, 409, "INVALID_OFFSET", `""`, acked},
+		{"a good ack, then an unlinked stream", "[" + ack("events/a", at(4)) + "," + ack("events/b", at(4)) + "]", true, 409, "INVALID_OFFSET", "events/b", acked},
+		{"a good ack, then offset -1", "[" + ack("events/a", at(4)) + "," + ack("events/a", "-1") + "]", false, 409, "INVALID_OFFSET", "events/a", acked},
+		{"no offset", `[{"stream":"events/a"}]`, false, 400, "INVALID_REQUEST", "offset", acked},
+		{"no stream", `[{"offset":"` + at(3) + `"}]`, true, 400, "INVALID_REQUEST", "stream", acked},
+		{"at the cursor (a retry)", "[" + ack("events/a", at(acked)) + "]", false, 200, "", "", acked},
+		{"between", "[" + ack("events/a", at(acked+1)) + "]", false, 200, "", "", acked + 1},
+		{"at the tail, done", "[" + ack("events/a", at(tail)) + "]", true, 200, "", "", tail},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := loopLessSubManager(t, n.eng)
@@ -702,16 +723,15 @@ func TestAckOutsideCursorAndTail(t *testing.T) {
 				Links:      map[string]*subLink{"events/a": {Glob: true, Acked: acked, Tail: tail, Stream: info.ID}},
 				Generation: 3, WakeID: "w_test", Holder: "w1", LeaseUntil: leaseUntil, key: subDocKey(root, id)}
 			m.subs[s.key] = s
-			ack := `{"wake_id":"w_test","generation":3,"done":` + strconv.FormatBool(tc.done) +
-				`,"acks":[{"stream":"events/a","offset":"` + (position{seq: tc.seq}).String() + `"}]}`
-			req := httptest.NewRequest("POST", root+"__ds/subscriptions/"+id+"/ack", strings.NewReader(ack))
+			body := `{"wake_id":"w_test","generation":3,"done":` + strconv.FormatBool(tc.done) + `,"acks":` + tc.acks + `}`
+			req := httptest.NewRequest("POST", root+"__ds/subscriptions/"+id+"/ack", strings.NewReader(body))
 			req.Header.Set("Authorization", "Bearer "+m.tokenLocked(s))
 			rec := httptest.NewRecorder()
 			m.handleAck(rec, req, root, id, false)
 			var v map[string]any
 			_ = json.Unmarshal(rec.Body.Bytes(), &v)
 			if rec.Code != tc.status || errCode(v) != tc.code {
-				t.Fatalf("ack at seq %d (acked %d, tail %d): %d %s, want %d %q", tc.seq, acked, tail, rec.Code, rec.Body, tc.status, tc.code)
+				t.Fatalf("acks %s (acked %d, tail %d): %d %s, want %d %q", tc.acks, acked, tail, rec.Code, rec.Body, tc.status, tc.code)
 			}
 			if got := s.Links["events/a"].Acked; got != tc.after {
 				t.Errorf("cursor after the ack: %d, want %d", got, tc.after)
@@ -721,8 +741,8 @@ func TestAckOutsideCursorAndTail(t *testing.T) {
 					t.Errorf("the refused ack changed the subscription: lease until %d (was %d), wake %q, holder %q, written %v",
 						s.LeaseUntil, leaseUntil, s.WakeID, s.Holder, s.version != "")
 				}
-				if msg, _ := v["error"].(map[string]any)["message"].(string); !strings.Contains(msg, "events/a") {
-					t.Errorf("error message %q does not name the stream", msg)
+				if msg, _ := v["error"].(map[string]any)["message"].(string); !strings.Contains(msg, tc.names) {
+					t.Errorf("error message %q does not mention %s", msg, tc.names)
 				}
 			}
 		})

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -15,6 +16,12 @@ import (
 // second worker's claim still finds it held). Both were 200 before, the
 // cursor left where it was, so a worker acking records not written yet
 // was never told. An ack at the cursor, a retry, is 200.
+//
+// An ack of a stream the subscription does not link, or at an offset that
+// is no position (-1, now, junk, empty), is 409 INVALID_OFFSET too, as the
+// reference server answers (it was 400 INVALID_REQUEST), also when another
+// ack of the request is good; an ack entry without its offset is a
+// malformed body, 400 INVALID_REQUEST.
 func TestAckOutsideCursorAndTailThroughCaddy(t *testing.T) {
 	e := fhStart(t, fhOptions{})
 	const sub, wake = "/v1/stream/__ds/subscriptions/p1", "/v1/stream/wake/pool"
@@ -39,33 +46,41 @@ func TestAckOutsideCursorAndTailThroughCaddy(t *testing.T) {
 		t.Fatalf("claim: %d %v", st, claim)
 	}
 	bearer := "Bearer " + claim["token"].(string)
-	ack := func(seq int, done bool) string {
+	ack := func(done bool, acks ...string) string {
 		return `{"wake_id":"` + claim["wake_id"].(string) + `","generation":` + strconv.Itoa(int(claim["generation"].(float64))) +
-			`,"acks":[{"stream":"events/a","offset":"` + subOffset(seq) + `"}],"done":` + strconv.FormatBool(done) + `}`
+			`,"acks":[` + strings.Join(acks, ",") + `],"done":` + strconv.FormatBool(done) + `}`
 	}
+	entry := func(stream, offset string) string { return `{"stream":"` + stream + `","offset":"` + offset + `"}` }
+	at := func(seq int) string { return entry("events/a", subOffset(seq)) }
 	acked := func() string {
 		t.Helper()
 		_, v := e.subCall("GET", sub, "")
 		return v["streams"].([]any)[0].(map[string]any)["acked_offset"].(string)
 	}
-	if st, v := e.subCall("POST", sub+"/ack", ack(2, false), "Authorization", bearer); st != http.StatusOK {
+	if st, v := e.subCall("POST", sub+"/ack", ack(false, at(2)), "Authorization", bearer); st != http.StatusOK {
 		t.Fatalf("ack at 2 of 3: %d %v", st, v)
 	}
 	for _, tc := range []struct {
 		name   string
-		seq    int
-		done   bool
+		body   string
 		status int
 		code   string
 	}{
-		{"behind the cursor", 1, false, http.StatusConflict, "INVALID_OFFSET"},
-		{"beyond the tail", 4, false, http.StatusConflict, "INVALID_OFFSET"},
-		{"behind the cursor, done", 0, true, http.StatusConflict, "INVALID_OFFSET"},
-		{"beyond the tail, done", 9, true, http.StatusConflict, "INVALID_OFFSET"},
-		{"at the cursor (a retry)", 2, false, http.StatusOK, ""},
+		{"behind the cursor", ack(false, at(1)), http.StatusConflict, "INVALID_OFFSET"},
+		{"beyond the tail", ack(false, at(4)), http.StatusConflict, "INVALID_OFFSET"},
+		{"behind the cursor, done", ack(true, at(0)), http.StatusConflict, "INVALID_OFFSET"},
+		{"beyond the tail, done", ack(true, at(9)), http.StatusConflict, "INVALID_OFFSET"},
+		{"unlinked stream, done", ack(true, entry("events/b", subOffset(3))), http.StatusConflict, "INVALID_OFFSET"},
+		{"offset -1", ack(false, entry("events/a", "-1")), http.StatusConflict, "INVALID_OFFSET"},
+		{"offset now, done", ack(true, entry("events/a", "now")), http.StatusConflict, "INVALID_OFFSET"},
+		{"malformed offset", ack(false, entry("events/a", "3")), http.StatusConflict, "INVALID_OFFSET"},
+		{"empty offset", ack(false, entry("events/a", "")), http.StatusConflict, "INVALID_OFFSET"},
+		{"a good ack, then an unlinked stream, done", ack(true, at(3), entry("events/b", subOffset(3))), http.StatusConflict, "INVALID_OFFSET"},
+		{"no offset, done", ack(true, `{"stream":"events/a"}`), http.StatusBadRequest, "INVALID_REQUEST"},
+		{"at the cursor (a retry)", ack(false, at(2)), http.StatusOK, ""},
 	} {
-		if st, v := e.subCall("POST", sub+"/ack", ack(tc.seq, tc.done), "Authorization", bearer); st != tc.status || errCodeOf(v) != tc.code {
-			t.Errorf("%s (ack at %d, acked 2, tail 3): %d %v, want %d %q", tc.name, tc.seq, st, v, tc.status, tc.code)
+		if st, v := e.subCall("POST", sub+"/ack", tc.body, "Authorization", bearer); st != tc.status || errCodeOf(v) != tc.code {
+			t.Errorf("%s (acked 2, tail 3): %d %v, want %d %q", tc.name, st, v, tc.status, tc.code)
 		}
 		if got := acked(); got != subOffset(2) {
 			t.Fatalf("after %s: acked_offset %s, want %s", tc.name, got, subOffset(2))
@@ -75,7 +90,7 @@ func TestAckOutsideCursorAndTailThroughCaddy(t *testing.T) {
 	if st, v := e.subCall("POST", sub+"/claim", `{"worker":"w2"}`); st != http.StatusConflict || errCodeOf(v) != "ALREADY_CLAIMED" {
 		t.Fatalf("claim by w2 after w1's refused dones: %d %v, want 409 ALREADY_CLAIMED", st, v)
 	}
-	if st, v := e.subCall("POST", sub+"/ack", ack(3, true), "Authorization", bearer); st != http.StatusOK || v["ok"] != true {
+	if st, v := e.subCall("POST", sub+"/ack", ack(true, at(3)), "Authorization", bearer); st != http.StatusOK || v["ok"] != true {
 		t.Fatalf("ack at the tail with done: %d %v", st, v)
 	}
 	if got := acked(); got != subOffset(3) {
