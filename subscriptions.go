@@ -1261,12 +1261,12 @@ func (s *subState) ackProblem(stream, offset string) (*subLink, uint64, string) 
 	}
 	off, err := parseOffset(offset)
 	if err != nil || off.kind != offsetAt {
-		return nil, 0, fmt.Sprintf("offset %q is not a position in the stream: an ack names the offset after the last record processed, as a claim's tail_offset or a read's Stream-Next-Offset does", offset)
+		return nil, 0, fmt.Sprintf("offset %q is not a position in the stream: an ack names the offset after the last record processed, as a claim's tail_offset does", offset)
 	}
-	return l, off.pos.seq, s.ackOffsetProblem(l, off.pos.seq)
+	return l, off.pos.seq, s.ackOffsetProblem(l, off.pos)
 }
 
-// ackOffsetProblem says why an ack of link l at seq is refused with 409
+// ackOffsetProblem says why an ack of link l at pos is refused with 409
 // INVALID_OFFSET, as the reference server refuses it, or "" when it is
 // not. An ack beyond the tail names records not written yet: moving the
 // cursor there would skip them when they come, so it is a client's bug,
@@ -1276,14 +1276,28 @@ func (s *subState) ackProblem(stream, offset string) (*subLink, uint64, string) 
 // is accepted, so that a worker resending an ack whose answer it lost
 // gets 200. A link that started over during this wake is not judged: the
 // worker acks the old stream's offsets, which move nothing (handleAck).
-func (s *subState) ackOffsetProblem(l *subLink, seq uint64) string {
+//
+// Between the two, the offset must be a record boundary: exactly the
+// offset the server gives for the seq (byte part 0), as every acked_offset
+// and tail_offset is. A cursor counts whole records, so one inside a
+// record cannot be held: taking its seq answered 200 for a cursor other
+// than the one acked (behind it, and for the tail's seq with a byte part,
+// which is beyond the tail, at the tail), and moving past the record would
+// skip bytes not processed. Telling a made-up byte part from a real one
+// (a read of a large record stops inside it) would take a read of the
+// record, from storage, under the manager's lock; a worker still inside a
+// record renews its lease with an ack at the cursor, or none.
+func (s *subState) ackOffsetProblem(l *subLink, pos position) string {
+	acked, tail := position{seq: l.Acked}, position{seq: l.Tail}
 	switch {
 	case l.ResetGen == s.Generation:
 		return ""
-	case seq < l.Acked:
-		return fmt.Sprintf("offset %s is behind the acknowledged offset %s", position{seq: seq}, position{seq: l.Acked})
-	case seq > l.Tail:
-		return fmt.Sprintf("offset %s is beyond the stream's tail %s", position{seq: seq}, position{seq: l.Tail})
+	case pos.before(acked):
+		return fmt.Sprintf("offset %s is behind the acknowledged offset %s", pos, acked)
+	case tail.before(pos):
+		return fmt.Sprintf("offset %s is beyond the stream's tail %s", pos, tail)
+	case pos.off != 0:
+		return fmt.Sprintf("offset %s is inside a record: acks are at record boundaries, such as %s", pos, position{seq: pos.seq})
 	}
 	return ""
 }

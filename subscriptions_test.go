@@ -675,6 +675,11 @@ func TestAckOfRecordStillQueuedMoves(t *testing.T) {
 // INVALID_REQUEST. A request that mixes a good ack with such a one moves
 // nothing either. An ack entry without its stream or offset is a
 // malformed body and stays 400 INVALID_REQUEST.
+//
+// An offset must be a record boundary, the only positions a subscription's
+// cursor holds: acks compared only the seq, so an offset with a byte part
+// inside a record was accepted (and one at the tail's seq with a byte part,
+// beyond the tail, ended the wake with done).
 func TestAckOutsideCursorAndTail(t *testing.T) {
 	n := startSubNode(t, t.TempDir())
 	if st, _ := n.call(t, "PUT", "/v1/stream/events/a", `[1,2,3,4,5]`); st != 201 {
@@ -709,6 +714,11 @@ func TestAckOutsideCursorAndTail(t *testing.T) {
 		{"empty offset", "[" + ack("events/a", "") + "]", false, 409, "INVALID_OFFSET", `""`, acked},
 		{"a good ack, then an unlinked stream", "[" + ack("events/a", at(4)) + "," + ack("events/b", at(4)) + "]", true, 409, "INVALID_OFFSET", "events/b", acked},
 		{"a good ack, then offset -1", "[" + ack("events/a", at(4)) + "," + ack("events/a", "-1") + "]", false, 409, "INVALID_OFFSET", "events/a", acked},
+		{"a made-up byte part", "[" + ack("events/a", position{seq: 3, off: 7}.String()) + "]", false, 409, "INVALID_OFFSET", "inside a record", acked},
+		{"a byte part at the cursor, done", "[" + ack("events/a", position{seq: acked, off: 1}.String()) + "]", true, 409, "INVALID_OFFSET", "inside a record", acked},
+		{"a byte part at the tail, done", "[" + ack("events/a", position{seq: tail, off: 1}.String()) + "]", true, 409, "INVALID_OFFSET", "beyond the stream's tail", acked},
+		{"a byte part behind the cursor", "[" + ack("events/a", position{seq: acked - 1, off: 9}.String()) + "]", false, 409, "INVALID_OFFSET", "behind", acked},
+		{"another form", "[" + ack("events/a", "0"+at(3)) + "]", false, 409, "INVALID_OFFSET", "not a position", acked},
 		{"no offset", `[{"stream":"events/a"}]`, false, 400, "INVALID_REQUEST", "offset", acked},
 		{"no stream", `[{"offset":"` + at(3) + `"}]`, true, 400, "INVALID_REQUEST", "stream", acked},
 		{"at the cursor (a retry)", "[" + ack("events/a", at(acked)) + "]", false, 200, "", "", acked},
