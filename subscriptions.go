@@ -1277,16 +1277,14 @@ func (s *subState) ackProblem(stream, offset string) (*subLink, uint64, string) 
 // gets 200. A link that started over during this wake is not judged: the
 // worker acks the old stream's offsets, which move nothing (handleAck).
 //
-// Between the two, the offset must be a record boundary: exactly the
-// offset the server gives for the seq (byte part 0), as every acked_offset
-// and tail_offset is. A cursor counts whole records, so one inside a
-// record cannot be held: taking its seq answered 200 for a cursor other
-// than the one acked (behind it, and for the tail's seq with a byte part,
-// which is beyond the tail, at the tail), and moving past the record would
-// skip bytes not processed. Telling a made-up byte part from a real one
-// (a read of a large record stops inside it) would take a read of the
-// record, from storage, under the manager's lock; a worker still inside a
-// record renews its lease with an ack at the cursor, or none.
+// Offsets are compared in both parts, so the tail's seq with a byte part is
+// beyond the tail. Between the cursor and the tail an offset inside a
+// record (a read of a record larger than a response stops inside it) is
+// taken as the record's start: a cursor counts whole records, and holding
+// it before the record the worker is still in redelivers that record,
+// which at-least-once allows, where refusing the ack would leave a worker
+// that acks the Stream-Next-Offset it read unable to renew its lease. A
+// made-up byte part is taken the same way; it can only keep records.
 func (s *subState) ackOffsetProblem(l *subLink, pos position) string {
 	acked, tail := position{seq: l.Acked}, position{seq: l.Tail}
 	switch {
@@ -1296,8 +1294,6 @@ func (s *subState) ackOffsetProblem(l *subLink, pos position) string {
 		return fmt.Sprintf("offset %s is behind the acknowledged offset %s", pos, acked)
 	case tail.before(pos):
 		return fmt.Sprintf("offset %s is beyond the stream's tail %s", pos, tail)
-	case pos.off != 0:
-		return fmt.Sprintf("offset %s is inside a record: acks are at record boundaries, such as %s", pos, position{seq: pos.seq})
 	}
 	return ""
 }
