@@ -112,6 +112,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.GraveTime, err = parseDuration(arg)
 		case "max_subscriptions":
 			h.MaxSubscriptions, err = parseCount(arg)
+		case "cache_reads":
+			if err := checkCacheReads(arg); err != nil {
+				return d.Err(err.Error()) // the error names the option
+			}
+			h.CacheReads = arg
 		default:
 			return d.Errf("unrecognized picomq option %q", opt)
 		}
@@ -129,7 +134,7 @@ var caddyfileOptions = map[string]bool{
 	"sse_reconnect_interval": true, "max_append_size": true, "cache_size": true,
 	"compact_interval": true, "pack_below": true, "s3_timeout": true,
 	"expiry_sweep_interval": true, "grave_time": true, "allow_loopback_webhooks": true,
-	"max_subscriptions": true,
+	"max_subscriptions": true, "cache_reads": true,
 }
 
 // parseCount parses a positive count such as 1000.

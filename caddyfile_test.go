@@ -34,6 +34,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		expiry_sweep_interval 10m
 		grave_time 30m
 		max_subscriptions 50
+		cache_reads private
 	}`)
 	var h Handler
 	if err := h.UnmarshalCaddyfile(d); err != nil {
@@ -56,6 +57,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		ExpirySweepInterval:  caddy.Duration(10 * time.Minute),
 		GraveTime:            caddy.Duration(30 * time.Minute),
 		MaxSubscriptions:     50,
+		CacheReads:           "private",
 	}
 	if got, _ := json.Marshal(h); string(got) != string(mustJSON(t, want)) {
 		t.Errorf("got  %s\nwant %s", got, mustJSON(t, want))
@@ -78,6 +80,28 @@ func TestUnmarshalCaddyfilePackBelowOff(t *testing.T) {
 	h.PackBelow = 32 << 20
 	if err := h.Validate(); err == nil || !strings.Contains(err.Error(), "pack_below") {
 		t.Fatalf("pack_below 32MiB: %v; want refused", err)
+	}
+}
+
+// TestUnmarshalCaddyfileCacheReads: cache_reads takes public or private,
+// and a handler without it keeps today's public reads.
+func TestUnmarshalCaddyfileCacheReads(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{"picomq", cacheReadsPublic},
+		{"picomq {\n\tcache_reads public\n}", cacheReadsPublic},
+		{"picomq {\n\tcache_reads private\n}", cacheReadsPrivate},
+	} {
+		var h Handler
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(tc.src)); err != nil {
+			t.Fatalf("%q: %v", tc.src, err)
+		}
+		h.applyDefaults()
+		if err := h.Validate(); err != nil {
+			t.Fatalf("%q: %v", tc.src, err)
+		}
+		if h.CacheReads != tc.want {
+			t.Errorf("%q: cache_reads %q, want %q", tc.src, h.CacheReads, tc.want)
+		}
 	}
 }
 
@@ -122,6 +146,11 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"max_subscriptions many", `max_subscriptions: want a count between 1 and 1073741824, got "many"`},
 		{"max_subscriptions 0", `max_subscriptions: want a count between 1 and 1073741824, got "0"`},
 		{"max_subscriptions 1.5", `max_subscriptions: want a count`},
+		{"cache_reads", "wrong argument count"},
+		{"cache_reads public private", "wrong argument count"},
+		{"cache_reads privat", `cache_reads: unknown value "privat" (use public or private)`},
+		{"cache_reads Private", `cache_reads: unknown value "Private" (use public or private)`},
+		{"cache_reads off", `cache_reads: unknown value "off" (use public or private)`},
 	}
 	for _, o := range durations {
 		cases = append(cases,
@@ -309,6 +338,7 @@ func TestValidateRejectsBadConfigs(t *testing.T) {
 		"unknown protocol": {`{"handler":"picomq","protocol":"mqtt"}`, "unknown protocol"},
 		"bad scheme":       {`{"handler":"picomq","storage":"ftp://x/y"}`, "unsupported scheme"},
 		"relative dir":     {`{"handler":"picomq","storage":"file://relative/dir"}`, "absolute"},
+		"cache_reads":      {`{"handler":"picomq","cache_reads":"shared"}`, `cache_reads: unknown value "shared" (use public or private)`},
 	} {
 		t.Run("json "+name, func(t *testing.T) {
 			js := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"s":{"listen":[":0"],"routes":[{"handle":[` +

@@ -57,14 +57,16 @@ const (
 
 // readCacheControl is the Cache-Control of a read answer that may be kept
 // (data, or a closed stream's EOF) of a stream with expiry x, read at or
-// after readAt. A request that carries credentials (hasCredentials) gets
-// "private": a shared cache (a CDN) may not reuse the answer to a request
-// with Authorization unless the response says "public" (RFC 9111 section
-// 3.5), and nothing stops it storing the answer to a request with a Cookie
-// that says "public", so "public" there would hand a reader's stream to
-// clients without credentials; section 10.1 asks for "private" on streams
-// that may be user-specific, and a server behind an authenticating proxy
-// cannot tell.
+// after readAt. It says "private" when privateRead holds: a shared cache
+// (a CDN) may not reuse the answer to a request with Authorization unless
+// the response says "public" (RFC 9111 section 3.5), and nothing stops it
+// storing the answer to a request with a Cookie, a token in the query or
+// an API key in a header of its own when it says "public", so "public"
+// there would hand a reader's stream to clients without credentials;
+// section 10.1 asks for "private" on streams that may be user-specific,
+// and a server behind an authenticating proxy cannot tell. The module sees
+// Authorization and Cookie; what it cannot see, a site declares with
+// cache_reads private (alwaysPrivate).
 //
 // The answer carries no Vary: its bytes are the same whoever asks, so a
 // cache that hands a "public" copy (made for a request without
@@ -72,8 +74,15 @@ const (
 // module would have given; a shared cache keeps no "private" answer at
 // all; and Vary: Cookie would make some CDNs keep nothing, and a browser
 // ask again each time any cookie of the site changed.
-func readCacheControl(r *http.Request, x streamstore.Expiry, readAt time.Time) string {
-	return cacheControlFor(hasCredentials(r.Header), x, readAt, time.Now())
+func readCacheControl(r *http.Request, alwaysPrivate bool, x streamstore.Expiry, readAt time.Time) string {
+	return cacheControlFor(privateRead(r, alwaysPrivate), x, readAt, time.Now())
+}
+
+// privateRead reports whether the answer to read r must be kept out of
+// shared caches: always when the handler says so, else when r carries
+// credentials.
+func privateRead(r *http.Request, always bool) bool {
+	return always || hasCredentials(r.Header)
 }
 
 // credentialHeaders are the request headers that carry a client's
@@ -104,7 +113,7 @@ func hasCredentials(h http.Header) bool {
 // together fit in the whole seconds left; under one second, nothing may be
 // kept. A sliding TTL's deadline is as of readAt, a time no later than the
 // read's own renewal, so the estimate errs short.
-func cacheControlFor(withCredentials bool, x streamstore.Expiry, readAt, now time.Time) string {
+func cacheControlFor(private bool, x streamstore.Expiry, readAt, now time.Time) string {
 	maxAge, swr := int64(cacheMaxAge), int64(cacheStaleWhileRevalidate)
 	if !x.IsZero() {
 		deadline := x.ExpiresAt
@@ -119,13 +128,13 @@ func cacheControlFor(withCredentials bool, x streamstore.Expiry, readAt, now tim
 		swr = min(swr, left-maxAge)
 	}
 	if maxAge == cacheMaxAge && swr == cacheStaleWhileRevalidate {
-		if withCredentials {
+		if private {
 			return cacheControlPrivate
 		}
 		return cacheControlCatchUp
 	}
 	cc := "public"
-	if withCredentials {
+	if private {
 		cc = "private"
 	}
 	cc += ", max-age=" + strconv.FormatInt(maxAge, 10)

@@ -439,6 +439,42 @@ func TestCacheControlForExpiringStreams(t *testing.T) {
 	}
 }
 
+// TestReadCacheControlPrivate: a cacheable read answer is "public" only
+// when the handler does not keep reads private (cache_reads) and the
+// request carries no credentials; max-age and stale-while-revalidate stay
+// as they are, so the reader's browser still keeps the answer.
+func TestReadCacheControlPrivate(t *testing.T) {
+	creds := []struct {
+		name  string
+		key   string // header carrying the credential; "" none
+		value string
+		query string // query string of the read
+	}{
+		{"no credentials", "", "", "offset=-1"},
+		{"authorization", "Authorization", "Bearer reader-1", "offset=-1"},
+		{"cookie", "Cookie", "session=reader-1", "offset=-1"},
+		// What the module cannot see as a credential: only the option
+		// makes these private.
+		{"api key header", "X-Api-Key", "secret", "offset=-1"},
+		{"token in the query", "", "", "offset=-1&token=secret"},
+	}
+	for _, option := range []bool{false, true} {
+		for _, c := range creds {
+			r := httptest.NewRequest(http.MethodGet, "/s?"+c.query, nil)
+			if c.key != "" {
+				r.Header.Set(c.key, c.value)
+			}
+			want := cacheControlCatchUp
+			if option || c.key == "Authorization" || c.key == "Cookie" {
+				want = cacheControlPrivate
+			}
+			if got := readCacheControl(r, option, streamstore.Expiry{}, time.Now()); got != want {
+				t.Errorf("cache_reads private %v, %s: Cache-Control %q, want %q", option, c.name, got, want)
+			}
+		}
+	}
+}
+
 // TestHasCredentials: Authorization and Cookie both make a read answer
 // private; a blank value carries nothing, and other headers are not
 // credentials.

@@ -56,6 +56,7 @@ type durableStreams struct {
 	hubs            *sseHubs      // feeds parked at their stream's tail (ssehub.go); nil: none
 	writeTimeout    time.Duration // a feed write others wait for (sse.go); 0: the default
 	subs            *subManagers  // the engine's subscriptions (subscriptions.go)
+	privateReads    bool          // every cacheable read says "private" (cache_reads private)
 }
 
 // ServeHTTP dispatches on the method. The stream name is the request path as
@@ -598,7 +599,7 @@ func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *st
 		// answers never change, so only they are cacheable.
 		d.writeChunk(w, r, c, "", cacheControlNoStore, true)
 	default:
-		d.writeChunk(w, r, c, "", readCacheControl(r, c.info.Expiry, readAt), true)
+		d.writeChunk(w, r, c, "", readCacheControl(r, d.privateReads, c.info.Expiry, readAt), true)
 	}
 }
 
@@ -620,7 +621,7 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 	// at now, no-store and no ETag.
 	for {
 		if c.hasData() {
-			cacheControl, withETag := readCacheControl(r, c.info.Expiry, readAt), true
+			cacheControl, withETag := readCacheControl(r, d.privateReads, c.info.Expiry, readAt), true
 			if off.kind == offsetNow {
 				cacheControl, withETag = cacheControlNoStore, false
 			}

@@ -1400,3 +1400,35 @@ func TestReadsWithCredentialsArePrivate(t *testing.T) {
 		})
 	}
 }
+
+// TestCacheReadsPrivate: with cache_reads private every read answer a
+// cache may keep says "private", with its max-age, whatever the request
+// carries (a token in the query, an API key header: credentials the
+// module cannot see); answers that must not be kept stay no-store.
+func TestCacheReadsPrivate(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) {
+		d.longPollTimeout = 50 * time.Millisecond
+		d.privateReads = true
+	})
+	s.do(t, "PUT", "/s", "abc", ct, "text/plain").want(t, 201)
+	s.do(t, "PUT", "/c", "x", ct, "text/plain", hdrStreamClosed, "true").want(t, 201)
+	tail := position{1, 0}.String()
+	for _, tc := range []struct {
+		name, path   string
+		status       int
+		cacheControl string
+	}{
+		{"catch-up data", "/s?offset=-1", 200, cacheControlPrivate},
+		{"catch-up with a token", "/s?offset=-1&token=reader-1", 200, cacheControlPrivate},
+		{"catch-up closed EOF", "/c?offset=" + tail, 200, cacheControlPrivate},
+		{"long-poll data", "/s?offset=-1&live=long-poll", 200, cacheControlPrivate},
+		{"catch-up open tail", "/s?offset=" + tail, 200, cacheControlNoStore},
+		{"catch-up now", "/s?offset=now", 200, cacheControlNoStore},
+		{"long-poll timeout", "/s?offset=" + tail + "&live=long-poll", 204, cacheControlNoStore},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s.do(t, "GET", tc.path, "").want(t, tc.status).header(t, "Cache-Control", tc.cacheControl)
+			s.do(t, "GET", tc.path, "", "X-Api-Key", "reader-1").want(t, tc.status).header(t, "Cache-Control", tc.cacheControl)
+		})
+	}
+}

@@ -26,6 +26,12 @@ const (
 	protocolPico           = "pico"
 )
 
+// Values of the cache_reads option.
+const (
+	cacheReadsPublic  = "public"
+	cacheReadsPrivate = "private"
+)
+
 // Defaults of the Handler options.
 const (
 	defaultFlushInterval        = 20 * time.Millisecond
@@ -65,6 +71,7 @@ const (
 //	    expiry_sweep_interval  <duration>
 //	    grave_time             <duration>
 //	    max_subscriptions      <count>
+//	    cache_reads            public|private
 //	    allow_loopback_webhooks
 //	}
 //
@@ -170,6 +177,16 @@ type Handler struct {
 	// its subscriptions, each applying its own limit. Default 1000.
 	MaxSubscriptions int `json:"max_subscriptions,omitempty"`
 
+	// Whether read answers that may be cached (catch-up reads, long-polls
+	// that return data, a closed stream's EOF) say "public" (default), so
+	// a CDN may serve them to everyone who asks for the same URL, or
+	// "private", so only the reader's own browser keeps them, with the
+	// same max-age. A request with Authorization or a Cookie is answered
+	// "private" either way; a site that checks credentials the module
+	// cannot see as such (a query parameter such as ?token=, a header such
+	// as X-Api-Key) needs "private".
+	CacheReads string `json:"cache_reads,omitempty"`
+
 	log   *zap.Logger
 	ref   *engineRef
 	proto http.Handler
@@ -252,6 +269,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			jitter:          randomJitter,
 			allowLoopback:   h.AllowLoopbackWebhooks,
 			maxSubs:         h.MaxSubscriptions,
+			privateReads:    h.CacheReads == cacheReadsPrivate,
 			live:            h.ref.metrics.liveFor(h.Protocol),
 			fanout:          h.ref.fanout,
 			hubs:            &sseHubs{},
@@ -267,6 +285,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			maxAppend:       h.MaxAppendSize,
 			chunkBytes:      picoDefaultReadBytes,
 			jitter:          randomJitter,
+			privateReads:    h.CacheReads == cacheReadsPrivate,
 			live:            h.ref.metrics.liveFor(h.Protocol),
 			fanout:          h.ref.fanout,
 			hubs:            &sseHubs{},
@@ -315,6 +334,9 @@ func (h *Handler) applyDefaults() {
 	if h.MaxSubscriptions == 0 {
 		h.MaxSubscriptions = defaultMaxSubscriptions
 	}
+	if h.CacheReads == "" {
+		h.CacheReads = cacheReadsPublic
+	}
 }
 
 // Validate checks the options after defaults are applied.
@@ -323,6 +345,9 @@ func (h *Handler) Validate() error {
 	case protocolDurableStreams, protocolPico:
 	default:
 		return fmt.Errorf("unknown protocol %q (use durable-streams or pico)", h.Protocol)
+	}
+	if err := checkCacheReads(h.CacheReads); err != nil {
+		return err
 	}
 	for _, d := range []struct {
 		name string
@@ -375,6 +400,17 @@ func (h *Handler) Validate() error {
 		return errors.New("max_append_size must be at most 1GiB")
 	}
 	return nil
+}
+
+// checkCacheReads refuses a cache_reads value other than public or
+// private: a misspelt "privat" taken as the default would hand protected
+// streams to shared caches without a word.
+func checkCacheReads(v string) error {
+	switch v {
+	case cacheReadsPublic, cacheReadsPrivate:
+		return nil
+	}
+	return fmt.Errorf("cache_reads: unknown value %q (use %s or %s)", v, cacheReadsPublic, cacheReadsPrivate)
 }
 
 // Cleanup ends any live responses still open. The engine itself is released

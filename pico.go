@@ -48,6 +48,7 @@ type picoProtocol struct {
 	fanout          fanout       // live feeds writing at once (sse.go)
 	live            *liveReaders // open SSE and long-poll reads, for metrics (metrics.go)
 	hubs            *sseHubs     // SSE feeds parked at their stream's tail (ssehub.go); nil: none
+	privateReads    bool         // every cacheable read says "private" (cache_reads private)
 }
 
 // ServeHTTP dispatches on the method. The handler's root lists streams; any
@@ -758,7 +759,7 @@ func (p *picoProtocol) catchUp(w http.ResponseWriter, r *http.Request, eng *stre
 		return
 	}
 	defer pg.release()
-	cc := readCacheControl(r, pg.info.Expiry, readAt)
+	cc := readCacheControl(r, p.privateReads, pg.info.Expiry, readAt)
 	if q.now || (len(pg.records) == 0 && !pg.closed) {
 		// The tail moves: a cached "nothing here yet" would hide the next
 		// records from pollers for as long as it is kept.

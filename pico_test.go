@@ -1346,3 +1346,18 @@ func TestPicoReadsWithCredentialsArePrivate(t *testing.T) {
 		s.do(t, "GET", "/pico/r?seq=1", nil, cred[0], cred[1]).want(t, 200).header(t, "Cache-Control", "no-store")
 	}
 }
+
+// TestPicoCacheReadsPrivate: with cache_reads private a cacheable Pico
+// catch-up page says "private" though the request carries no credentials
+// the module can see, as Durable Streams reads do (TestCacheReadsPrivate).
+func TestPicoCacheReadsPrivate(t *testing.T) {
+	s := newPicoServer(t, func(p *picoProtocol) { p.privateReads = true })
+	s.do(t, "PUT", "/pico/r", nil, hCT, "application/octet-stream").want(t, 201)
+	s.do(t, "POST", "/pico/r", []byte("x"), hCT, "application/octet-stream").want(t, 200)
+	for _, path := range []string{"/pico/r?seq=0", "/pico/r?seq=0&token=reader-1"} {
+		s.do(t, "GET", path, nil).want(t, 200).header(t, "Cache-Control", cacheControlPrivate)
+	}
+	s.do(t, "GET", "/pico/r?seq=0", nil, "X-Api-Key", "reader-1").want(t, 200).header(t, "Cache-Control", cacheControlPrivate)
+	// At the tail nothing may be kept.
+	s.do(t, "GET", "/pico/r?seq=1", nil).want(t, 200).header(t, "Cache-Control", cacheControlNoStore)
+}

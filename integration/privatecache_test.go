@@ -2,7 +2,9 @@ package integration
 
 import (
 	"encoding/base64"
+	"maps"
 	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -12,6 +14,13 @@ const (
 	readerPassword = "reader-secret"
 	readerHash     = "$2a$04$.ESBRVlown3JLYHIOWtdZu8ZrkWMeJAF2DF6pfN9frSD3OqLRGR9q"
 	sessionCookie  = "session=reader-1"
+)
+
+// The Cache-Control of a read answer a cache may keep, of a stream that
+// does not expire: anyone's, or the reader's alone.
+const (
+	cachePublic  = "public, max-age=60, stale-while-revalidate=300"
+	cachePrivate = "private, max-age=60, stale-while-revalidate=300"
 )
 
 // TestReadsBehindAuthAreNotPublic: through Caddy on versitygw, with
@@ -33,58 +42,81 @@ func TestReadsBehindAuthAreNotPublic(t *testing.T) {
 		"\t\terror @nosession 401\n"
 	e := picoStartGuarded(t, []string{"long_poll_timeout 30s"}, nil, guard)
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("reader:"+readerPassword))
-	const public = "public, max-age=60, stale-while-revalidate=300"
-	const private = "private, max-age=60, stale-while-revalidate=300"
 
 	for _, scope := range []struct {
-		dir, credential, value, cacheControl string
+		dir, credential, value string
+		private                bool
 	}{
-		{"public", "", "", public},
-		{"private", "Authorization", auth, private},
-		{"session", "Cookie", "theme=dark; " + sessionCookie, private},
+		{"public", "", "", false},
+		{"private", "Authorization", auth, true},
+		{"session", "Cookie", "theme=dark; " + sessionCookie, true},
 	} {
-		hdr := func(kv ...string) map[string]string {
-			h := map[string]string{}
-			if scope.credential != "" {
-				h[scope.credential] = scope.value
-			}
-			for i := 0; i+1 < len(kv); i += 2 {
-				h[kv[i]] = kv[i+1]
-			}
-			return h
+		hdr := map[string]string{}
+		if scope.credential != "" {
+			hdr[scope.credential] = scope.value
 		}
-		ds, closed, pico := "/ds/"+scope.dir+"/s", "/ds/"+scope.dir+"/c", "/pico/"+scope.dir+"/p"
-		setup := []fhReq{
-			{Method: http.MethodPut, Path: ds, Header: hdr("Content-Type", "text/plain"), Body: []byte("abc")},
-			{Method: http.MethodPut, Path: closed, Header: hdr("Content-Type", "text/plain", "Stream-Closed", "true"), Body: []byte("x")},
-			{Method: http.MethodPut, Path: pico, Header: hdr("Content-Type", "application/octet-stream")},
-			{Method: http.MethodPost, Path: pico, Header: hdr("Content-Type", "application/octet-stream"), Body: []byte("rec")},
-		}
-		for _, r := range setup {
-			if resp := e.must(r); resp.Status != http.StatusCreated && resp.Status != http.StatusOK {
-				t.Fatalf("%s %s: %s", r.Method, r.Path, resp)
-			}
-		}
-		tail := e.must(fhReq{Method: http.MethodHead, Path: closed, Header: hdr()}).Header.Get("Stream-Next-Offset")
-		for _, tc := range []struct{ what, path string }{
-			{"catch-up", ds + "?offset=-1"},
-			{"long-poll with data", ds + "?offset=-1&live=long-poll"},
-			{"EOF of a closed stream", closed + "?offset=" + tail},
-			{"Pico catch-up", pico + "?seq=0"},
-		} {
-			resp := e.must(fhReq{Method: http.MethodGet, Path: tc.path, Header: hdr()})
-			if resp.Status != http.StatusOK {
-				t.Fatalf("%s %s: %s", scope.dir, tc.what, resp)
-			}
-			if got := resp.Header.Get("Cache-Control"); got != scope.cacheControl {
-				t.Errorf("%s %s (GET %s): Cache-Control %q, want %q", scope.dir, tc.what, tc.path, got, scope.cacheControl)
-			}
-		}
+		wantReadCaching(t, e, scope.dir, hdr, "", scope.private)
 	}
 	// The guards are real: without credentials a private stream is refused.
 	for _, path := range []string{"/ds/private/s", "/ds/session/s"} {
 		if resp := e.must(fhReq{Method: http.MethodGet, Path: path}); resp.Status != http.StatusUnauthorized {
 			t.Fatalf("GET %s without credentials: %s, want 401", path, resp)
+		}
+	}
+}
+
+// wantReadCaching creates, under dir of the /ds/ and /pico/ routes of e,
+// a Durable Streams stream with data, a closed one and a Pico stream with
+// a record, every request carrying the headers hdr and the query
+// parameters query (such as "token=x"; "" for none), and fails the test
+// unless every read answer of them a cache may keep says cachePrivate
+// when private, else cachePublic.
+func wantReadCaching(t *testing.T, e *fhEnv, dir string, hdr map[string]string, query string, private bool) {
+	t.Helper()
+	with := func(method, path string, body []byte, kv ...string) fhReq {
+		if query != "" {
+			sep := "?"
+			if strings.Contains(path, "?") {
+				sep = "&"
+			}
+			path += sep + query
+		}
+		h := map[string]string{}
+		maps.Copy(h, hdr)
+		for i := 0; i+1 < len(kv); i += 2 {
+			h[kv[i]] = kv[i+1]
+		}
+		return fhReq{Method: method, Path: path, Header: h, Body: body}
+	}
+	ds, closed, pico := "/ds/"+dir+"/s", "/ds/"+dir+"/c", "/pico/"+dir+"/p"
+	for _, r := range []fhReq{
+		with(http.MethodPut, ds, []byte("abc"), "Content-Type", "text/plain"),
+		with(http.MethodPut, closed, []byte("x"), "Content-Type", "text/plain", "Stream-Closed", "true"),
+		with(http.MethodPut, pico, nil, "Content-Type", "application/octet-stream"),
+		with(http.MethodPost, pico, []byte("rec"), "Content-Type", "application/octet-stream"),
+	} {
+		if resp := e.must(r); resp.Status != http.StatusCreated && resp.Status != http.StatusOK {
+			t.Fatalf("%s %s: %s", r.Method, r.Path, resp)
+		}
+	}
+	tail := e.must(with(http.MethodHead, closed, nil)).Header.Get("Stream-Next-Offset")
+	for _, tc := range []struct{ what, path, public, private string }{
+		{"catch-up", ds + "?offset=-1", cachePublic, cachePrivate},
+		{"long-poll with data", ds + "?offset=-1&live=long-poll", cachePublic, cachePrivate},
+		{"EOF of a closed stream", closed + "?offset=" + tail, cachePublic, cachePrivate},
+		{"Pico catch-up", pico + "?seq=0", cachePublic, cachePrivate},
+	} {
+		r := with(http.MethodGet, tc.path, nil)
+		resp := e.must(r)
+		if resp.Status != http.StatusOK {
+			t.Fatalf("%s %s (GET %s): %s", dir, tc.what, r.Path, resp)
+		}
+		want := tc.public
+		if private {
+			want = tc.private
+		}
+		if got := resp.Header.Get("Cache-Control"); got != want {
+			t.Errorf("%s %s (GET %s): Cache-Control %q, want %q", dir, tc.what, r.Path, got, want)
 		}
 	}
 }
