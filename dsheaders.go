@@ -17,6 +17,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/caddyserver/caddy/v2"
+
 	"github.com/picomq/caddy-picomq/internal/picowire"
 	"github.com/picomq/caddy-picomq/streamstore"
 )
@@ -65,7 +67,8 @@ const (
 // there would hand a reader's stream to clients without credentials;
 // section 10.1 asks for "private" on streams that may be user-specific,
 // and a server behind an authenticating proxy cannot tell. The module sees
-// Authorization and Cookie; what it cannot see, a site declares with
+// Authorization and Cookie, and whether Caddy's authentication handler let
+// the request through; what it cannot see, a site declares with
 // cache_reads private (alwaysPrivate).
 //
 // The answer carries no Vary: its bytes are the same whoever asks, so a
@@ -80,9 +83,30 @@ func readCacheControl(r *http.Request, alwaysPrivate bool, x streamstore.Expiry,
 
 // privateRead reports whether the answer to read r must be kept out of
 // shared caches: always when the handler says so, else when r carries
-// credentials.
+// credentials or passed Caddy's authentication.
 func privateRead(r *http.Request, always bool) bool {
-	return always || hasCredentials(r.Header)
+	return always || hasCredentials(r.Header) || authenticated(r)
+}
+
+// authUserIDPlaceholder is the placeholder Caddy's authentication handler
+// (basic_auth, or the authentication module with any provider) sets on a
+// request it let through: to the user's id, empty when the provider names
+// none. The vars handler may set it too, for the access log's user_id.
+const authUserIDPlaceholder = "http.auth.user.id"
+
+// authenticated reports whether Caddy's authentication handler let r
+// through. Such a request is not for everyone, even when its credential
+// did not come in Authorization or a Cookie (a provider reading a header
+// of its own, or a site that strips Authorization before the module).
+// Being set is what counts, not the value: a provider may authenticate
+// without naming a user.
+func authenticated(r *http.Request) bool {
+	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if !ok || repl == nil {
+		return false
+	}
+	_, set := repl.Get(authUserIDPlaceholder)
+	return set
 }
 
 // credentialHeaders are the request headers that carry a client's

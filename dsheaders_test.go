@@ -16,6 +16,9 @@ import (
 	"testing/iotest"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
 	"github.com/picomq/caddy-picomq/internal/picowire"
 	"github.com/picomq/caddy-picomq/streamstore"
 )
@@ -440,9 +443,10 @@ func TestCacheControlForExpiringStreams(t *testing.T) {
 }
 
 // TestReadCacheControlPrivate: a cacheable read answer is "public" only
-// when the handler does not keep reads private (cache_reads) and the
-// request carries no credentials; max-age and stale-while-revalidate stay
-// as they are, so the reader's browser still keeps the answer.
+// when the handler does not keep reads private (cache_reads), the request
+// carries no credentials and Caddy's authentication did not let it
+// through; max-age and stale-while-revalidate stay as they are, so the
+// reader's browser still keeps the answer.
 func TestReadCacheControlPrivate(t *testing.T) {
 	creds := []struct {
 		name  string
@@ -454,22 +458,45 @@ func TestReadCacheControlPrivate(t *testing.T) {
 		{"authorization", "Authorization", "Bearer reader-1", "offset=-1"},
 		{"cookie", "Cookie", "session=reader-1", "offset=-1"},
 		// What the module cannot see as a credential: only the option
-		// makes these private.
+		// or Caddy's authentication makes these private.
 		{"api key header", "X-Api-Key", "secret", "offset=-1"},
 		{"token in the query", "", "", "offset=-1&token=secret"},
 	}
+	auths := []struct {
+		name string
+		// set fills the request's replacer as Caddy's handlers in front
+		// of the module would; nil: no replacer at all.
+		set     func(*caddy.Replacer)
+		private bool
+	}{
+		{"no replacer", nil, false},
+		{"not authenticated", func(*caddy.Replacer) {}, false},
+		{"authenticated", func(repl *caddy.Replacer) { repl.Set("http.auth.user.id", "reader") }, true},
+		// A provider may let a request through without naming a user.
+		{"authenticated, no user id", func(repl *caddy.Replacer) { repl.Set("http.auth.user.id", "") }, true},
+		// A failed attempt names a candidate, and the request is refused
+		// before it reaches the module; the candidate is no principal.
+		{"candidate only", func(repl *caddy.Replacer) { repl.Set("http.auth.candidate.id", "reader") }, false},
+	}
 	for _, option := range []bool{false, true} {
 		for _, c := range creds {
-			r := httptest.NewRequest(http.MethodGet, "/s?"+c.query, nil)
-			if c.key != "" {
-				r.Header.Set(c.key, c.value)
-			}
-			want := cacheControlCatchUp
-			if option || c.key == "Authorization" || c.key == "Cookie" {
-				want = cacheControlPrivate
-			}
-			if got := readCacheControl(r, option, streamstore.Expiry{}, time.Now()); got != want {
-				t.Errorf("cache_reads private %v, %s: Cache-Control %q, want %q", option, c.name, got, want)
+			for _, a := range auths {
+				r := httptest.NewRequest(http.MethodGet, "/s?"+c.query, nil)
+				if c.key != "" {
+					r.Header.Set(c.key, c.value)
+				}
+				if a.set != nil {
+					// The replacer a Caddy server gives every request,
+					// with its http.* placeholders.
+					a.set(caddyhttp.NewTestReplacer(r))
+				}
+				want := cacheControlCatchUp
+				if option || c.key == "Authorization" || c.key == "Cookie" || a.private {
+					want = cacheControlPrivate
+				}
+				if got := readCacheControl(r, option, streamstore.Expiry{}, time.Now()); got != want {
+					t.Errorf("cache_reads private %v, %s, %s: Cache-Control %q, want %q", option, c.name, a.name, got, want)
+				}
 			}
 		}
 	}

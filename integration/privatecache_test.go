@@ -24,13 +24,16 @@ const (
 )
 
 // TestReadsBehindAuthAreNotPublic: through Caddy on versitygw, with
-// basic_auth in front of the streams under /private/ and a session-cookie
-// guard (as forward_auth to a login portal would be) in front of those
-// under /session/, every read answer a cache may keep (Durable Streams
-// catch-up, long-poll and EOF, Pico catch-up) says "private" there and
-// "public" for the streams anyone may read. It used to say "public" to the
-// reader with credentials as well (and, later, to the reader with a
-// session cookie), which lets a shared cache (RFC 9111 section 3.5) hand a
+// basic_auth in front of the streams under /private/ and /stripped/ (where
+// the site removes Authorization before the module, so only Caddy's
+// {http.auth.user.id} tells the request was authenticated) and a
+// session-cookie guard (as forward_auth to a login portal would be) in
+// front of those under /session/, every read answer a cache may keep
+// (Durable Streams catch-up, long-poll and EOF, Pico catch-up) says
+// "private" there and "public" for the streams anyone may read. It used to
+// say "public" to the reader with credentials as well (and, later, to the
+// reader with a session cookie, and to the one whose Authorization was
+// stripped), which lets a shared cache (RFC 9111 section 3.5) hand a
 // protected stream's records to clients that have none; section 10.1 of
 // the protocol asks for "private" on streams that may be user-specific.
 func TestReadsBehindAuthAreNotPublic(t *testing.T) {
@@ -39,7 +42,9 @@ func TestReadsBehindAuthAreNotPublic(t *testing.T) {
 	}
 	guard := "\t\t@private path /private/*\n\t\tbasic_auth @private {\n\t\t\treader " + readerHash + "\n\t\t}\n" +
 		"\t\t@nosession {\n\t\t\tpath /session/*\n\t\t\tnot header Cookie *" + sessionCookie + "*\n\t\t}\n" +
-		"\t\terror @nosession 401\n"
+		"\t\terror @nosession 401\n" +
+		"\t\t@stripped path /stripped/*\n\t\tbasic_auth @stripped {\n\t\t\treader " + readerHash + "\n\t\t}\n" +
+		"\t\trequest_header @stripped -Authorization\n"
 	e := picoStartGuarded(t, []string{"long_poll_timeout 30s"}, nil, guard)
 	auth := "Basic " + base64.StdEncoding.EncodeToString([]byte("reader:"+readerPassword))
 
@@ -50,6 +55,7 @@ func TestReadsBehindAuthAreNotPublic(t *testing.T) {
 		{"public", "", "", false},
 		{"private", "Authorization", auth, true},
 		{"session", "Cookie", "theme=dark; " + sessionCookie, true},
+		{"stripped", "Authorization", auth, true},
 	} {
 		hdr := map[string]string{}
 		if scope.credential != "" {
@@ -58,7 +64,7 @@ func TestReadsBehindAuthAreNotPublic(t *testing.T) {
 		wantReadCaching(t, e, scope.dir, hdr, "", scope.private)
 	}
 	// The guards are real: without credentials a private stream is refused.
-	for _, path := range []string{"/ds/private/s", "/ds/session/s"} {
+	for _, path := range []string{"/ds/private/s", "/ds/session/s", "/ds/stripped/s"} {
 		if resp := e.must(fhReq{Method: http.MethodGet, Path: path}); resp.Status != http.StatusUnauthorized {
 			t.Fatalf("GET %s without credentials: %s, want 401", path, resp)
 		}
