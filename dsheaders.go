@@ -81,6 +81,22 @@ func readCacheControl(r *http.Request, alwaysPrivate bool, x streamstore.Expiry,
 	return cacheControlFor(privateRead(r, alwaysPrivate), x, readAt, time.Now())
 }
 
+// cacheControlPrivateFeed is cacheControlEventFeed for a private read.
+const cacheControlPrivateFeed = "private, no-cache"
+
+// eventFeedCacheControl is the Cache-Control of a Durable Streams SSE
+// feed: "no-cache", or "private, no-cache" when the read is private
+// (privateRead). A shared cache may store a 200 that says only "no-cache"
+// (RFC 9111 sections 3 and 5.2.2.4) and a CDN may collapse readers of one
+// URL onto it, which for a reader with credentials would hand that
+// reader's records to the others; "private" keeps it to the reader.
+func eventFeedCacheControl(r *http.Request, alwaysPrivate bool) string {
+	if privateRead(r, alwaysPrivate) {
+		return cacheControlPrivateFeed
+	}
+	return cacheControlEventFeed
+}
+
 // privateRead reports whether the answer to read r must be kept out of
 // shared caches: always when the handler says so, else when r carries
 // credentials or passed Caddy's authentication.

@@ -442,11 +442,12 @@ func TestCacheControlForExpiringStreams(t *testing.T) {
 	}
 }
 
-// TestReadCacheControlPrivate: a cacheable read answer is "public" only
-// when the handler does not keep reads private (cache_reads), the request
-// carries no credentials and Caddy's authentication did not let it
-// through; max-age and stale-while-revalidate stay as they are, so the
-// reader's browser still keeps the answer.
+// TestReadCacheControlPrivate: a cacheable read answer is "public", and an
+// SSE feed without "private", only when the handler does not keep reads
+// private (cache_reads), the request carries no credentials and Caddy's
+// authentication did not let it through; max-age and
+// stale-while-revalidate stay as they are, so the reader's browser still
+// keeps the answer.
 func TestReadCacheControlPrivate(t *testing.T) {
 	creds := []struct {
 		name  string
@@ -490,12 +491,15 @@ func TestReadCacheControlPrivate(t *testing.T) {
 					// with its http.* placeholders.
 					a.set(caddyhttp.NewTestReplacer(r))
 				}
-				want := cacheControlCatchUp
+				want, wantFeed := cacheControlCatchUp, cacheControlEventFeed
 				if option || c.key == "Authorization" || c.key == "Cookie" || a.private {
-					want = cacheControlPrivate
+					want, wantFeed = cacheControlPrivate, cacheControlPrivateFeed
 				}
 				if got := readCacheControl(r, option, streamstore.Expiry{}, time.Now()); got != want {
 					t.Errorf("cache_reads private %v, %s, %s: Cache-Control %q, want %q", option, c.name, a.name, got, want)
+				}
+				if got := eventFeedCacheControl(r, option); got != wantFeed {
+					t.Errorf("cache_reads private %v, %s, %s: SSE Cache-Control %q, want %q", option, c.name, a.name, got, wantFeed)
 				}
 			}
 		}

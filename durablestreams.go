@@ -690,7 +690,7 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 	enc := sseEncodingOf(c.info.ContentType)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", cacheControlEventFeed)
+	h.Set("Cache-Control", eventFeedCacheControl(r, d.privateReads))
 	if enc == sseBase64 {
 		h.Set(hdrSSEDataEncoding, "base64")
 	}

@@ -1390,6 +1390,7 @@ func TestReadsWithCredentialsArePrivate(t *testing.T) {
 		{"catch-up open tail", "/s?offset=" + tail, 200, cacheControlNoStore, cacheControlNoStore},
 		{"catch-up now", "/s?offset=now", 200, cacheControlNoStore, cacheControlNoStore},
 		{"long-poll timeout", "/s?offset=" + tail + "&live=long-poll", 204, cacheControlNoStore, cacheControlNoStore},
+		{"SSE", "/c?offset=-1&live=sse", 200, cacheControlEventFeed, cacheControlPrivateFeed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s.do(t, "GET", tc.path, "").want(t, tc.status).header(t, "Cache-Control", tc.anonymous).header(t, "Vary", "")
@@ -1425,6 +1426,7 @@ func TestCacheReadsPrivate(t *testing.T) {
 		{"catch-up open tail", "/s?offset=" + tail, 200, cacheControlNoStore},
 		{"catch-up now", "/s?offset=now", 200, cacheControlNoStore},
 		{"long-poll timeout", "/s?offset=" + tail + "&live=long-poll", 204, cacheControlNoStore},
+		{"SSE", "/c?offset=-1&live=sse", 200, cacheControlPrivateFeed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s.do(t, "GET", tc.path, "").want(t, tc.status).header(t, "Cache-Control", tc.cacheControl)

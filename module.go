@@ -181,7 +181,8 @@ type Handler struct {
 	// that return data, a closed stream's EOF) say "public" (default), so
 	// a CDN may serve them to everyone who asks for the same URL, or
 	// "private", so only the reader's own browser keeps them, with the
-	// same max-age. A request with Authorization or a Cookie, or one that
+	// same max-age; a Durable Streams SSE feed then says "private,
+	// no-cache". A request with Authorization or a Cookie, or one that
 	// Caddy's authentication handler (basic_auth) let through, is answered
 	// "private" either way; a site that checks credentials the module
 	// cannot see as such (a query parameter such as ?token=, a header such

@@ -30,12 +30,14 @@ const (
 // session-cookie guard (as forward_auth to a login portal would be) in
 // front of those under /session/, every read answer a cache may keep
 // (Durable Streams catch-up, long-poll and EOF, Pico catch-up) says
-// "private" there and "public" for the streams anyone may read. It used to
-// say "public" to the reader with credentials as well (and, later, to the
-// reader with a session cookie, and to the one whose Authorization was
-// stripped), which lets a shared cache (RFC 9111 section 3.5) hand a
-// protected stream's records to clients that have none; section 10.1 of
-// the protocol asks for "private" on streams that may be user-specific.
+// "private" there and "public" for the streams anyone may read, and so
+// does a Durable Streams SSE feed ("private, no-cache" or "no-cache"). It
+// used to say "public" to the reader with credentials as well (and, later,
+// to the reader with a session cookie, and to the one whose Authorization
+// was stripped; the SSE feed said "no-cache" to all), which lets a shared
+// cache (RFC 9111 section 3.5) hand a protected stream's records to
+// clients that have none; section 10.1 of the protocol asks for "private"
+// on streams that may be user-specific.
 func TestReadsBehindAuthAreNotPublic(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
@@ -76,7 +78,8 @@ func TestReadsBehindAuthAreNotPublic(t *testing.T) {
 // a record, every request carrying the headers hdr and the query
 // parameters query (such as "token=x"; "" for none), and fails the test
 // unless every read answer of them a cache may keep says cachePrivate
-// when private, else cachePublic.
+// when private, else cachePublic, and a Durable Streams SSE feed says
+// "private, no-cache" when private, else "no-cache".
 func wantReadCaching(t *testing.T, e *fhEnv, dir string, hdr map[string]string, query string, private bool) {
 	t.Helper()
 	with := func(method, path string, body []byte, kv ...string) fhReq {
@@ -111,6 +114,8 @@ func wantReadCaching(t *testing.T, e *fhEnv, dir string, hdr map[string]string, 
 		{"long-poll with data", ds + "?offset=-1&live=long-poll", cachePublic, cachePrivate},
 		{"EOF of a closed stream", closed + "?offset=" + tail, cachePublic, cachePrivate},
 		{"Pico catch-up", pico + "?seq=0", cachePublic, cachePrivate},
+		// The feed of a closed stream ends by itself.
+		{"SSE", closed + "?offset=-1&live=sse", "no-cache", "private, no-cache"},
 	} {
 		r := with(http.MethodGet, tc.path, nil)
 		resp := e.must(r)
