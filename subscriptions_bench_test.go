@@ -3,6 +3,7 @@ package picomq
 import (
 	"fmt"
 	"testing"
+	"time"
 )
 
 // benchSubManager is a loaded manager holding n subscriptions, half of
@@ -44,5 +45,20 @@ func BenchmarkSubscriptionMatch(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkSubscriptionTick is one of the manager's 100 ms ticks with n
+// idle subscriptions (nothing pending, no wake in flight), which is to say
+// with nothing due: it should cost nothing, however many there are.
+func BenchmarkSubscriptionTick(b *testing.B) {
+	for _, n := range []int{10, 1000, 100000} {
+		b.Run(fmt.Sprintf("subs=%d", n), func(b *testing.B) {
+			m := benchSubManager(b, n, func(int) string { return "/app/" })
+			now := time.Now()
+			for b.Loop() {
+				m.tickLocked(now)
+			}
+		})
 	}
 }
