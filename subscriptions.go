@@ -316,6 +316,8 @@ type subState struct {
 	key     string     // document key
 	version string     // document version (ETag)
 	indexed subIndexed // where the manager's index has it
+	dueAt   int64      // unix ms of its next tick case (nextTick), while dueIdx > 0
+	dueIdx  int        // its place in the manager's due heap plus one; 0 when not in it
 }
 
 func (s *subState) lease() time.Duration {
@@ -377,6 +379,7 @@ type subManager struct {
 	mu    sync.Mutex
 	subs  map[string]*subState // by document key
 	index subIndex             // subs by the streams they may concern
+	due   subDueHeap           // subs by the time the tick acts on them (subdue.go)
 	priv  ed25519.PrivateKey
 	kid   string
 	mac   []byte
@@ -638,10 +641,14 @@ func (m *subManager) load() error {
 		}
 	}
 	// Wakes in flight before a restart are delivered again (same generation).
+	// What the documents say is due (leases, retries, pending work not
+	// woken) is the tick's from now on.
+	m.due = nil
 	for _, s := range subs {
 		if s.Config.Type == "webhook" && s.WakeID != "" && s.NextTry == 0 {
 			s.NextTry = time.Now().UnixMilli()
 		}
+		m.scheduleLocked(s)
 	}
 	m.mu.Unlock()
 	return nil
@@ -820,9 +827,9 @@ type putBody struct {
 }
 
 // handlePut creates or re-confirms a subscription. A create past maxSubs
-// subscriptions under the root (0: no limit) is refused: each costs memory,
-// a document in the bucket read at every start, and a look at every lease
-// tick, and any client may PUT them.
+// subscriptions under the root (0: no limit) is refused: each costs memory
+// and a document in the bucket read at every start, and any client may PUT
+// them.
 func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id, base string, allowLoopback bool, maxSubs int) {
 	var body putBody
 	if !readJSONBody(w, r, &body) {
@@ -1028,6 +1035,14 @@ func (m *subManager) rootFullLocked(w http.ResponseWriter, root string, maxSubs 
 func (m *subManager) addSubLocked(s *subState) {
 	m.subs[s.key] = s
 	m.index.add(s)
+	m.scheduleLocked(s)
+}
+
+// removeSubLocked makes s none of the manager's subscriptions.
+func (m *subManager) removeSubLocked(s *subState) {
+	delete(m.subs, s.key)
+	m.index.remove(s)
+	m.unscheduleLocked(s)
 }
 
 func (m *subManager) lookupLocked(w http.ResponseWriter, root, id string) *subState {
@@ -1057,8 +1072,7 @@ func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, 
 			return
 		}
 		// In-flight callbacks, acks and releases find no subscription now.
-		delete(m.subs, key)
-		m.index.remove(s)
+		m.removeSubLocked(s)
 	}
 	w.Header().Set("Cache-Control", cacheControlNoStore)
 	w.WriteHeader(http.StatusNoContent)
@@ -1136,6 +1150,8 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 		}
 		l.Explicit = true
 	}
+	// No tick case changes: a link added starts at its tail, and one
+	// already there keeps its offsets.
 	m.index.update(s)
 	if err := m.saveLocked(s); err != nil {
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
@@ -1158,6 +1174,7 @@ func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, 
 			delete(s.Links, p)
 		}
 		m.index.update(s)
+		m.scheduleLocked(s)
 		if err := m.saveLocked(s); err != nil {
 			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 			return
@@ -1235,6 +1252,7 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 		m.maybeWakeLocked(s) // saves
 	} else {
 		s.LeaseUntil = time.Now().Add(s.lease()).UnixMilli()
+		m.scheduleLocked(s)
 		if err := m.saveLocked(s); err != nil {
 			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 			return
@@ -1341,6 +1359,7 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 	s.Holder = body.Worker
 	s.LeaseUntil = now.Add(s.lease()).UnixMilli()
 	s.NextTry, s.Failures = 0, 0 // claimed: no more announcing the wake
+	m.scheduleLocked(s)
 	if err := m.saveLocked(s); err != nil {
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
@@ -1500,6 +1519,7 @@ func (m *subManager) applyNoteLocked(n appendNote) {
 				m.saveOrLog(s)
 			}
 		case changed:
+			m.scheduleLocked(s)
 			m.saveOrLog(s)
 		}
 	})
@@ -1548,6 +1568,7 @@ func (s *subState) applyNote(rel string, n appendNote) (changed, grew bool) {
 // maybeWakeLocked starts a wake when s has pending work and none is in
 // flight, and saves s when it does. It reports whether it saved.
 func (m *subManager) maybeWakeLocked(s *subState) bool {
+	defer m.scheduleLocked(s)
 	s.dropGone()
 	if s.WakeID != "" || s.Holder != "" || !s.pending() {
 		m.saveOrLog(s)
@@ -1574,30 +1595,46 @@ func (m *subManager) maybeWakeLocked(s *subState) bool {
 	return true
 }
 
-// tickLocked expires leases and runs due webhook retries.
+// tickLocked expires leases, runs due webhook retries and wake event
+// rewrites, and wakes what has pending work and nothing in flight: for
+// the subscriptions due by now, which the due heap holds first, and no
+// others. Those taken from the heap are put back at their next case after
+// it, so that one acted on again within the tick (a wake that could not
+// be saved is due again at once) waits for the next tick.
 func (m *subManager) tickLocked(now time.Time) {
 	ms := now.UnixMilli()
-	for _, s := range m.subs {
-		switch {
-		case s.Config.Type == "webhook" && s.WakeID != "" && s.NextTry > 0 && ms >= s.NextTry:
-			s.NextTry = 0
-			s.LeaseUntil = now.Add(s.lease()).UnixMilli()
-			m.saveOrLog(s)
-			m.deliverLocked(s)
-		case s.Config.Type != "webhook" && s.WakeID != "" && s.Holder == "" && s.NextTry > 0 && ms >= s.NextTry:
-			// A pull-wake whose wake event could not be written.
-			s.NextTry = 0
-			m.writeWakeEventLocked(s)
-		case s.WakeID != "" && s.NextTry == 0 && s.LeaseUntil > 0 && ms >= s.LeaseUntil &&
-			(s.Config.Type == "webhook" || s.Holder != ""):
-			// The lease ran out: clear holder and wake; wake again if needed.
-			s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot = "", "", 0, nil
-			m.maybeWakeLocked(s)
-		case s.WakeID == "" && s.Holder == "" && s.pending():
-			// Pending work and nothing in flight (a restart, or a wake
-			// whose state could not be saved): wake now.
-			m.maybeWakeLocked(s)
+	for _, s := range m.popDueLocked(ms) {
+		if m.subs[s.key] == s {
+			m.tickSubLocked(s, now)
+			m.scheduleLocked(s)
 		}
+	}
+}
+
+// tickSubLocked does what the tick does for s at now, if anything.
+func (m *subManager) tickSubLocked(s *subState, now time.Time) {
+	kind, at := s.nextTick()
+	if now.UnixMilli() < at {
+		return
+	}
+	switch kind {
+	case tickWebhookRetry:
+		s.NextTry = 0
+		s.LeaseUntil = now.Add(s.lease()).UnixMilli()
+		m.saveOrLog(s)
+		m.deliverLocked(s)
+	case tickWakeEventRetry:
+		// A pull-wake whose wake event could not be written.
+		s.NextTry = 0
+		m.writeWakeEventLocked(s)
+	case tickLeaseExpiry:
+		// The lease ran out: clear holder and wake; wake again if needed.
+		s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot = "", "", 0, nil
+		m.maybeWakeLocked(s)
+	case tickWake:
+		// Pending work and nothing in flight (a restart, or a wake
+		// whose state could not be saved): wake now.
+		m.maybeWakeLocked(s)
 	}
 }
 
@@ -1635,6 +1672,7 @@ func (m *subManager) deliverLocked(s *subState) {
 		if err != nil {
 			s.Failures++
 			s.NextTry = time.Now().Add(webhookBackoff(s.Failures)).UnixMilli()
+			m.scheduleLocked(s)
 			m.log.Warn("webhook delivery failed", zap.String("id", s.ID), zap.Int("failures", s.Failures), zap.Error(err))
 			m.saveOrLog(s)
 			return
@@ -1729,6 +1767,7 @@ func (m *subManager) writeWakeEventLocked(s *subState) {
 		// again after a pause (the tick does), as a webhook is retried.
 		s.Failures++
 		s.NextTry = time.Now().Add(webhookBackoff(s.Failures)).UnixMilli()
+		m.scheduleLocked(s)
 		m.log.Warn("writing wake event failed", zap.String("id", s.ID), zap.String("stream", name),
 			zap.Int("failures", s.Failures), zap.Error(err))
 	}()
