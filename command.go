@@ -78,7 +78,7 @@ A progress line goes to stderr every second; the summary to stdout.`,
 		SilenceErrors: false,
 	}
 	f := cmd.Flags()
-	f.String("url", "", "base URL; stream i is URL + prefix + i (required)")
+	f.String("url", "", "base URL with a path (at least /); stream i is URL + prefix + i (required)")
 	f.String("prefix", "", `stream-name prefix (default "bench-" + 6 random characters)`)
 	f.String("mode", loadgen.ModeAppend, "append | sse | read | populate | verify")
 	f.Int("writers", loadgen.DefaultWriters, "concurrent writers (append), workers (populate, verify)")
@@ -125,6 +125,11 @@ func runBench(cmd *cobra.Command) error {
 		Readers:     num("readers"),
 		Mark:        str("mark"),
 		Timeout:     dur("timeout"),
+	}
+	if cfg.Timeout <= 0 {
+		// loadgen takes 0 for its default; from the command line it is a
+		// mistake, or a wish for no timeout that the bench does not grant.
+		return fmt.Errorf("--timeout %s: want more than 0", cfg.Timeout)
 	}
 	var err error
 	if cfg.Size, err = loadgen.ParseSize(str("size")); err != nil {

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -82,11 +83,11 @@ type Config struct {
 	Subscribers int    // sse mode
 	Protocol    string // sse mode: ProtocolDurableStreams (empty) or ProtocolPico
 	Stream      string // read mode: the full stream name (no prefix)
-	Readers     int    // read mode
+	Readers     int    // read mode: at least 1
 
-	PIDs    []NamedPID // processes to account for besides this one
-	Mark    string     // POSTed with ?phase=start and ?phase=end at the window's edges
-	Timeout time.Duration
+	PIDs    []NamedPID    // processes to account for besides this one
+	Mark    string        // POSTed with ?phase=start and ?phase=end at the window's edges
+	Timeout time.Duration // per request; 0 is DefaultTimeout
 
 	// Progress receives one line per second while running; nil for none.
 	// With ProgressTTY each line overwrites the last (\r).
@@ -120,8 +121,8 @@ func (c *Config) normalize() error {
 	if c.URL == "" {
 		return errors.New("--url is required")
 	}
-	if !strings.HasPrefix(c.URL, "http://") && !strings.HasPrefix(c.URL, "https://") {
-		return fmt.Errorf("--url %q: want an http:// or https:// URL", c.URL)
+	if err := checkBaseURL(c.URL); err != nil {
+		return err
 	}
 	if c.Prefix == "" {
 		c.Prefix = RandomPrefix()
@@ -129,14 +130,19 @@ func (c *Config) normalize() error {
 	if c.ContentType == "" {
 		c.ContentType = DefaultContentType
 	}
-	if c.Timeout <= 0 {
+	if c.Timeout < 0 {
+		return fmt.Errorf("--timeout %s: want more than 0", c.Timeout)
+	}
+	if c.Timeout == 0 {
 		c.Timeout = DefaultTimeout
 	}
 	if c.Mode == ModeRead && c.Stream == "" {
 		return errors.New("read mode needs --stream NAME")
 	}
-	if c.Readers <= 0 {
-		c.Readers = 1
+	if c.Mode == ModeRead && c.Readers <= 0 {
+		// Silently reading with one reader would report figures for a
+		// load that was not asked for.
+		return fmt.Errorf("--readers %d: want at least 1", c.Readers)
 	}
 	if c.Writers <= 0 {
 		return fmt.Errorf("--writers %d: want at least 1", c.Writers)
@@ -185,6 +191,39 @@ func (c *Config) normalize() error {
 	}
 	if len(c.PIDs) > 0 && !procAvailable() {
 		return errors.New("--pid reads the process's figures from /proc, which this system does not have (Linux only)")
+	}
+	// A process that cannot be read is found now, not at the start of the
+	// window: by then the streams are created and the warm-up's load has
+	// been spent.
+	for _, p := range c.PIDs {
+		if _, err := procStat(p.PID); err != nil {
+			return fmt.Errorf("--pid %s=%d: cannot read the process: %w", p.Name, p.PID, err)
+		}
+	}
+	return nil
+}
+
+// checkBaseURL checks that stream names can be appended to raw: an http
+// or https URL with a host and a path (at least "/"), and no query or
+// fragment, which the names would land in.
+func checkBaseURL(raw string) error {
+	if !strings.HasPrefix(raw, "http://") && !strings.HasPrefix(raw, "https://") {
+		return fmt.Errorf("--url %q: want an http:// or https:// URL", raw)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("--url %q: %w", raw, err)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("--url %q: no host", raw)
+	}
+	if u.Path == "" {
+		// Stream i is URL + prefix + i: without a path the name would be
+		// glued to the host or port.
+		return fmt.Errorf("--url %q: no path after the host; stream names are appended to the URL, so end it with a slash (%s/)", raw, raw)
+	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return fmt.Errorf("--url %q: stream names are appended to the URL, so it cannot have a query or a fragment", raw)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -27,6 +28,7 @@ type fakeServer struct {
 	sseEvents   int  // an SSE response ends after this many data events (0: never)
 	appends     int
 	marks       []string
+	requests    atomic.Int64 // every request, marks included
 }
 
 type fakeStream struct {
@@ -44,6 +46,7 @@ func newFake(t *testing.T) (*fakeServer, *httptest.Server) {
 }
 
 func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.requests.Add(1)
 	if r.URL.Path == "/mark" {
 		f.mu.Lock()
 		f.marks = append(f.marks, r.URL.Query().Get("phase"))

@@ -439,7 +439,7 @@ func TestRunFatal(t *testing.T) {
 		{"sse mark fails", Config{URL: srv.URL + "/", Mode: ModeSSE, Subscribers: 2, Writers: 1, Streams: 1, Size: 10, Create: true, Duration: 20 * time.Second, Mark: srv.URL + "/badmark"}, "mark start: 500"},
 		{"no url", Config{Writers: 1, Streams: 1, Size: 1, Duration: time.Second}, "--url"},
 		{"create fails", Config{URL: srv.URL + "/forbidden/", Writers: 1, Streams: 1, Size: 1, Create: true, Duration: time.Second}, "creating"},
-		{"bad pid", Config{URL: srv.URL + "/", Writers: 1, Streams: 1, Size: 1, Duration: time.Second, PIDs: []NamedPID{{"x", 1 << 30}}}, "process x"},
+		{"bad pid", Config{URL: srv.URL + "/", Writers: 1, Streams: 1, Size: 1, Duration: time.Second, PIDs: []NamedPID{{"x", 1 << 30}}}, "--pid x=1073741824"},
 		{"bad mode", Config{URL: srv.URL + "/", Mode: "nope", Writers: 1, Streams: 1, Duration: time.Second}, "unknown mode"},
 		{"read without stream", Config{URL: srv.URL + "/", Mode: ModeRead, Writers: 1, Streams: 1}, "--stream"},
 		{"sse without subscribers", Config{URL: srv.URL + "/", Mode: ModeSSE, Writers: 1, Streams: 1, Duration: time.Second}, "--subscribers"},
@@ -455,6 +455,47 @@ func TestRunFatal(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("error %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// Input that cannot make a meaningful run is refused before the first
+// request: nothing is created on the server, and no warm-up is spent.
+func TestRunRefusesBadInput(t *testing.T) {
+	f, srv := newFake(t)
+	ok := Config{URL: srv.URL + "/", Writers: 1, Streams: 1, Size: 1, Create: true, Duration: time.Second, Warmup: time.Second}
+	hostPort := strings.TrimPrefix(srv.URL, "http://")
+	tests := []struct {
+		name string
+		edit func(c *Config)
+		want string
+	}{
+		{"not http", func(c *Config) { c.URL = "ftp://" + hostPort + "/" }, "want an http:// or https:// URL"},
+		{"no scheme", func(c *Config) { c.URL = hostPort + "/" }, "want an http:// or https:// URL"},
+		{"no host", func(c *Config) { c.URL = "http:///streams/" }, "no host"},
+		{"no path", func(c *Config) { c.URL = srv.URL }, "end it with a slash (" + srv.URL + "/)"},
+		{"query", func(c *Config) { c.URL = srv.URL + "/?x=1" }, "query or a fragment"},
+		{"fragment", func(c *Config) { c.URL = srv.URL + "/#s" }, "query or a fragment"},
+		{"negative timeout", func(c *Config) { c.Timeout = -time.Second }, "--timeout -1s: want more than 0"},
+		{"no readers", func(c *Config) { c.Mode, c.Stream, c.Readers = ModeRead, "s", 0 }, "--readers 0: want at least 1"},
+		{"negative readers", func(c *Config) { c.Mode, c.Stream, c.Readers = ModeRead, "s", -3 }, "--readers -3: want at least 1"},
+		{"pid of no process", func(c *Config) { c.PIDs = []NamedPID{{"ghost", 1 << 30}} }, "--pid ghost=1073741824: cannot read the process"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := ok
+			tt.edit(&cfg)
+			before := f.requests.Load()
+			res, err := Run(context.Background(), cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %v, want one containing %q", err, tt.want)
+			}
+			if res != nil {
+				t.Errorf("a refused run returned a result: %+v", res)
+			}
+			if n := f.requests.Load() - before; n != 0 {
+				t.Errorf("the server got %d requests before the input was refused", n)
 			}
 		})
 	}
@@ -492,7 +533,7 @@ func TestRunRead(t *testing.T) {
 	if res.Requests != 33 || res.Ops != 33 || res.Bytes != 3*10500 || res.Errors != 0 || res.Readers != 3 {
 		t.Errorf("requests %d ops %d bytes %d errors %d", res.Requests, res.Ops, res.Bytes, res.Errors)
 	}
-	res = run(t, Config{URL: srv.URL + "/", Mode: ModeRead, Stream: "missing", Writers: 1, Streams: 1})
+	res = run(t, Config{URL: srv.URL + "/", Mode: ModeRead, Stream: "missing", Readers: 1, Writers: 1, Streams: 1})
 	if res.Errors != 1 || len(res.ErrorSamples) != 1 || !strings.HasPrefix(res.ErrorSamples[0], "404: ") {
 		t.Errorf("reading a missing stream: errors %d %q", res.Errors, res.ErrorSamples)
 	}
