@@ -3,6 +3,7 @@ package picomq
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -67,7 +68,10 @@ Stream i is URL + prefix + i. Modes:
   populate  create --streams streams with one deterministic --size record each
   verify    read them back and compare
 
-A progress line goes to stderr every second; the summary to stdout.`,
+A progress line goes to stderr every second; the summary to stdout. The
+exit status is non-zero when verify finds a stream mismatched or
+unreadable, and when errors leave a run nothing to measure (no operation
+succeeded; in sse mode, no record reached a subscriber).`,
 		Example: `  caddy picomq bench --url http://127.0.0.1:8080/ --writers 64 --streams 100 --size 1KiB --duration 30s
   caddy picomq bench --url http://127.0.0.1:8080/ --mode sse --subscribers 5000 --rate 20 --duration 30s
   caddy picomq bench --url http://127.0.0.1:8080/pico/ --mode sse --protocol pico --subscribers 5000 --rate 20 --duration 30s
@@ -173,10 +177,10 @@ func runBench(cmd *cobra.Command) error {
 	res, runErr := loadgen.Run(ctx, cfg)
 	if res != nil {
 		if jsonPath != "-" {
-			res.WriteSummary(os.Stdout)
+			res.WriteSummary(cmd.OutOrStdout())
 		}
 		if jsonPath != "" {
-			if err := writeResultJSON(res, jsonPath); err != nil {
+			if err := writeResultJSON(res, jsonPath, cmd.OutOrStdout()); err != nil {
 				return err
 			}
 		}
@@ -184,13 +188,21 @@ func runBench(cmd *cobra.Command) error {
 	if runErr != nil {
 		return fmt.Errorf("bench: %w", runErr)
 	}
+	// A run that failed at what it was for exits non-zero, so that a
+	// script (or CI) running verify, or a run against a server that is
+	// down, does not take it for a success; the figures are written first.
+	if res != nil {
+		if err := res.Check(); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+	}
 	return nil
 }
 
 // writeResultJSON writes res to path, or to stdout for "-".
-func writeResultJSON(res *loadgen.Result, path string) error {
+func writeResultJSON(res *loadgen.Result, path string, stdout io.Writer) error {
 	if path == "-" {
-		return res.WriteJSON(os.Stdout)
+		return res.WriteJSON(stdout)
 	}
 	f, err := os.Create(path)
 	if err != nil {

@@ -1,9 +1,14 @@
 package picomq
 
 import (
+	"bytes"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -22,14 +27,17 @@ func benchServer(t *testing.T) (*httptest.Server, *atomic.Int64) {
 	return srv, &n
 }
 
-// execBench runs `caddy picomq bench` with args, its output discarded.
-func execBench(t *testing.T, args ...string) error {
+// execBench runs `caddy picomq bench --quiet` with args and returns what
+// it wrote to stdout (the summary); cobra's own error report is dropped.
+func execBench(t *testing.T, args ...string) (string, error) {
 	t.Helper()
+	var out bytes.Buffer
 	cmd := benchCommand()
 	cmd.SetArgs(append([]string{"--quiet"}, args...))
-	cmd.SetOut(io.Discard)
+	cmd.SetOut(&out)
 	cmd.SetErr(io.Discard)
-	return cmd.Execute()
+	err := cmd.Execute()
+	return out.String(), err
 }
 
 // Bad input to the bench command fails it with a message naming the flag,
@@ -63,12 +71,66 @@ func TestBenchCommandRefusesBadInput(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			before := requests.Load()
-			err := execBench(t, tt.args...)
+			_, err := execBench(t, tt.args...)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("error %v, want one containing %q", err, tt.want)
 			}
 			if n := requests.Load() - before; n != 0 {
 				t.Errorf("the server got %d requests before the input was refused", n)
+			}
+		})
+	}
+}
+
+// A run that failed at what it was for exits non-zero after writing its
+// figures: verify of streams that are not there, and runs in which no
+// request succeeded (here every one is answered 404).
+func TestBenchCommandFailsWhenNothingSucceeds(t *testing.T) {
+	srv, _ := benchServer(t)
+	base := srv.URL + "/"
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	tests := []struct {
+		name       string
+		url        string // base when empty
+		args       []string
+		wantErr    string
+		wantErrors int64
+	}{
+		{"verify", "", []string{"--mode", "verify", "--streams", "3", "--writers", "2"}, "verify failed: 0 of 3 streams mismatched, 3 could not be read", 3},
+		{"read", "", []string{"--mode", "read", "--stream", "gone", "--readers", "2"}, "no operation succeeded (errors: 2)", 2},
+		{"populate", "", []string{"--mode", "populate", "--streams", "4", "--writers", "2", "--create=false"}, "no operation succeeded (errors: 4)", 4},
+		{"read, nobody listening", deadURL + "/", []string{"--mode", "read", "--stream", "s"}, "no operation succeeded (errors: 1)", 1},
+		{"append", "", []string{"--mode", "append", "--streams", "1", "--writers", "1", "--create=false", "--duration", "200ms"}, "no operation succeeded", -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "result.json")
+			url := base
+			if tt.url != "" {
+				url = tt.url
+			}
+			summary, err := execBench(t, append([]string{"--url", url, "--json", path}, tt.args...)...)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("error %v, want one containing %q", err, tt.wantErr)
+			}
+			b, rerr := os.ReadFile(path)
+			if rerr != nil {
+				t.Fatalf("no JSON result: %v", rerr)
+			}
+			var res struct {
+				Errors       int64    `json:"errors"`
+				ErrorSamples []string `json:"error_samples"`
+			}
+			if err := json.Unmarshal(b, &res); err != nil {
+				t.Fatal(err)
+			}
+			if res.Errors <= 0 || tt.wantErrors >= 0 && res.Errors != tt.wantErrors || len(res.ErrorSamples) == 0 {
+				t.Errorf("JSON errors %d %q, want %d and samples", res.Errors, res.ErrorSamples, tt.wantErrors)
+			}
+			if want := fmt.Sprintf("errors     %d\n", res.Errors); !strings.Contains(summary, want) || !strings.Contains(summary, res.ErrorSamples[0]) {
+				t.Errorf("the summary lacks %q and the first error sample:\n%s", want, summary)
 			}
 		})
 	}

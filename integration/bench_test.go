@@ -53,25 +53,48 @@ type benchResult struct {
 // and returns the parsed result; it fails the test if the command fails.
 func runBench(t *testing.T, args ...string) benchResult {
 	t.Helper()
+	res, _, err := execBench(t, args...)
+	if err != nil {
+		t.Fatalf("bench failed: %v", err)
+	}
+	return res
+}
+
+// runBenchFailing is runBench for a run that must exit non-zero with
+// wantOutput in what it printed; it returns the result it wrote all the
+// same, and the text summary.
+func runBenchFailing(t *testing.T, wantOutput string, args ...string) (benchResult, string) {
+	t.Helper()
+	res, output, err := execBench(t, args...)
+	if err == nil {
+		t.Fatalf("bench succeeded; want it to fail with %q", wantOutput)
+	}
+	if !strings.Contains(output, wantOutput) {
+		t.Fatalf("bench failed (%v) without %q in its output", err, wantOutput)
+	}
+	return res, output
+}
+
+// execBench runs the bench and returns its JSON result, its combined
+// output and how it exited; a missing or unparsable result fails the test.
+func execBench(t *testing.T, args ...string) (benchResult, string, error) {
+	t.Helper()
 	bin := caddytest.BuildCaddy(t)
 	out := filepath.Join(t.TempDir(), "result.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append([]string{"picomq", "bench", "--quiet", "--json", out}, args...)...)
-	summary, err := cmd.CombinedOutput()
-	t.Logf("caddy picomq bench %s:\n%s", strings.Join(args, " "), summary)
-	if err != nil {
-		t.Fatalf("bench failed: %v", err)
-	}
+	output, runErr := cmd.CombinedOutput()
+	t.Logf("caddy picomq bench %s:\n%s", strings.Join(args, " "), output)
 	b, err := os.ReadFile(out)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("no result (bench exited with %v): %v", runErr, err)
 	}
 	var res benchResult
 	if err := json.Unmarshal(b, &res); err != nil {
 		t.Fatalf("bench JSON: %v\n%s", err, b)
 	}
-	return res
+	return res, string(output), runErr
 }
 
 // TestBench runs the benchmark command of the module's own Caddy binary
@@ -167,11 +190,45 @@ func TestBench(t *testing.T) {
 		if res.OK != 200 || res.Mismatched != 0 || res.Errors != 0 {
 			t.Fatalf("verify: ok %d mismatched %d errors %d %q", res.OK, res.Mismatched, res.Errors, res.ErrorSamples)
 		}
-		// A stream that changed is caught.
+		// A stream that changed is caught, and fails the run.
 		e.append("/bench-pop-7", "application/octet-stream", []byte("extra"))
-		res = runBench(t, append([]string{"--mode", "verify"}, common...)...)
+		res, _ = runBenchFailing(t, "verify failed: 1 of 200 streams mismatched, 0 could not be read",
+			append([]string{"--mode", "verify"}, common...)...)
 		if res.OK != 199 || res.Mismatched != 1 {
 			t.Errorf("verify after an extra append: ok %d mismatched %d %q", res.OK, res.Mismatched, res.ErrorSamples)
+		}
+	})
+
+	// What the server refuses is counted and shown, in the text and the
+	// JSON, and a run that measured nothing, or a verify that did not
+	// verify, exits non-zero.
+	t.Run("refused", func(t *testing.T) {
+		tests := []struct {
+			name       string
+			args       []string
+			wantOutput string
+			wantErrors int64
+		}{
+			{"verify of streams never populated", []string{"--mode", "verify", "--streams", "5", "--writers", "2", "--prefix", "bench-never-"},
+				"verify failed: 0 of 5 streams mismatched, 5 could not be read", 5},
+			{"read of a missing stream", []string{"--mode", "read", "--stream", "bench-never-read", "--readers", "3"},
+				"no operation succeeded (errors: 3)", 3},
+			{"appends to missing streams", []string{"--mode", "append", "--create=false", "--writers", "1", "--streams", "2",
+				"--duration", "500ms", "--prefix", "bench-never-"}, "no operation succeeded", -1},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				res, output := runBenchFailing(t, tt.wantOutput, append([]string{"--url", base}, tt.args...)...)
+				if res.Errors <= 0 || tt.wantErrors >= 0 && res.Errors != tt.wantErrors || res.Ops != 0 {
+					t.Errorf("errors %d ops %d, want %d errors and no ops", res.Errors, res.Ops, tt.wantErrors)
+				}
+				if len(res.ErrorSamples) == 0 || !strings.Contains(res.ErrorSamples[0], "404") {
+					t.Errorf("error samples %q, want the 404s", res.ErrorSamples)
+				}
+				if line := "errors     " + strconv.FormatInt(res.Errors, 10) + "\n"; !strings.Contains(output, line) {
+					t.Errorf("the text summary lacks %q", line)
+				}
+			})
 		}
 	})
 

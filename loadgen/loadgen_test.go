@@ -501,6 +501,35 @@ func TestRunRefusesBadInput(t *testing.T) {
 	}
 }
 
+func TestResultCheck(t *testing.T) {
+	tests := []struct {
+		name string
+		res  Result
+		want string // "" for no error
+	}{
+		{"append", Result{Mode: ModeAppend, Ops: 10}, ""},
+		{"append with some errors", Result{Mode: ModeAppend, Ops: 10, Errors: 2}, ""},
+		{"append, nothing succeeded", Result{Mode: ModeAppend, Errors: 5}, "no operation succeeded (errors: 5)"},
+		{"append, nothing done", Result{Mode: ModeAppend}, ""},
+		{"read, nothing succeeded", Result{Mode: ModeRead, Errors: 1}, "no operation succeeded (errors: 1)"},
+		{"populate with some errors", Result{Mode: ModePopulate, Ops: 3, Errors: 1}, ""},
+		{"verify", Result{Mode: ModeVerify, Streams: 4, Ops: 4, OK: 4}, ""},
+		{"verify, a mismatch", Result{Mode: ModeVerify, Streams: 4, Ops: 4, OK: 3, Mismatched: 1}, "verify failed: 1 of 4 streams mismatched, 0 could not be read"},
+		{"verify, an unreadable stream", Result{Mode: ModeVerify, Streams: 4, Ops: 3, OK: 3, Errors: 1}, "verify failed: 0 of 4 streams mismatched, 1 could not be read"},
+		{"sse, all delivered", Result{Mode: ModeSSE, Ops: 5, Expected: 10, Delivered: 10}, ""},
+		{"sse, some lost", Result{Mode: ModeSSE, Ops: 5, Expected: 10, Delivered: 7, Lost: 3, Errors: 1}, ""},
+		{"sse, feeds refused", Result{Mode: ModeSSE, Ops: 5, Expected: 10, Lost: 10, Errors: 30}, "no subscriber received a record (errors: 30)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.res.Check()
+			if tt.want == "" && err != nil || tt.want != "" && (err == nil || err.Error() != tt.want) {
+				t.Errorf("Check() = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
 func TestRunSSE(t *testing.T) {
 	readings := map[feedReading]string{feedsByURL: "poller", feedsNetHTTP: "net-http", feedsGoroutine: "goroutine"}
 	for _, ct := range []string{"text/plain", "application/octet-stream"} {

@@ -71,6 +71,23 @@ type Process struct {
 	MinorFaults uint64 `json:"minor_faults"`
 }
 
+// Check says whether the run did what it was for: a verify run fails on
+// any mismatched or unreadable stream, and a run of any mode fails when
+// errors left it nothing to measure (no operation succeeded, or in sse
+// mode no record reached any subscriber). Errors in a run that measured
+// something are figures of the run, not a failure of it.
+func (r *Result) Check() error {
+	switch {
+	case r.Mode == ModeVerify && (r.Mismatched > 0 || r.Errors > 0):
+		return fmt.Errorf("verify failed: %d of %d streams mismatched, %d could not be read", r.Mismatched, r.Streams, r.Errors)
+	case r.Errors > 0 && r.Ops == 0:
+		return fmt.Errorf("no operation succeeded (errors: %d)", r.Errors)
+	case r.Mode == ModeSSE && r.Errors > 0 && r.Expected > 0 && r.Delivered == 0:
+		return fmt.Errorf("no subscriber received a record (errors: %d)", r.Errors)
+	}
+	return nil
+}
+
 // WriteJSON writes r as indented JSON.
 func (r *Result) WriteJSON(w io.Writer) error {
 	b, err := json.MarshalIndent(r, "", "  ")
