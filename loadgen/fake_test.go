@@ -24,6 +24,7 @@ type fakeServer struct {
 	changed chan struct{} // closed and replaced on every append
 
 	failAppends bool // answer 500 to every POST
+	failSSE     bool // answer 400 to every SSE request
 	maxChunk    int  // catch-up reads return at most this many bytes (0: all)
 	sseEvents   int  // an SSE response ends after this many data events (0: never)
 	appends     int
@@ -132,7 +133,12 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	textual := strings.HasPrefix(s.contentType, "text/")
+	failSSE := f.failSSE
 	f.mu.Unlock()
+	if failSSE {
+		http.Error(w, "no SSE here", http.StatusBadRequest)
+		return
+	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	if !textual {
 		w.Header().Set("Stream-SSE-Data-Encoding", "base64")

@@ -553,6 +553,25 @@ func TestRunSSE(t *testing.T) {
 	}
 }
 
+// The progress line counts the subscribers' errors, as the summary does:
+// feeds the server refuses must not show as "errors 0" while the run goes.
+func TestRunSSEProgressCountsSubscriberErrors(t *testing.T) {
+	f, srv := newFake(t)
+	f.failSSE = true
+	var progress bytes.Buffer
+	res := run(t, Config{URL: srv.URL + "/", Mode: ModeSSE, Writers: 1, Streams: 1, Size: 64, ContentType: "text/plain",
+		Create: true, Subscribers: 3, Rate: 20, Duration: 1500 * time.Millisecond, Timeout: time.Second, Progress: &progress})
+	if res.Errors == 0 || res.Delivered != 0 {
+		t.Fatalf("errors %d delivered %d: want refused feeds", res.Errors, res.Delivered)
+	}
+	lines := strings.Split(strings.TrimSpace(progress.String()), "\n")
+	last := lines[len(lines)-1]
+	_, after, _ := strings.Cut(last, "  errors ")
+	if errs, _, _ := strings.Cut(after, " "); errs == "" || errs == "0" {
+		t.Errorf("the last progress line shows no errors while the summary has %d:\n%s", res.Errors, progress.String())
+	}
+}
+
 func TestRunRead(t *testing.T) {
 	f, srv := newFake(t)
 	f.maxChunk = 1000

@@ -302,6 +302,7 @@ func (s *subscriber) run(ctx context.Context) {
 		}
 		if err != nil {
 			s.errs.Add(1)
+			s.r.errs.Add(1) // the progress line's count, as the summary's includes it
 			s.errMsg.add("subscriber: " + err.Error())
 			select {
 			case <-ctx.Done():
