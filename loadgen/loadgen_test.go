@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"testing/iotest"
@@ -246,6 +247,30 @@ func TestProcOwn(t *testing.T) {
 }
 
 var sink int
+
+// The peak RSS is never below the RSS at the end, however the process
+// grows between the samples and the final read.
+func TestProcWatchPeakCoversEnd(t *testing.T) {
+	var mu sync.Mutex
+	var reads int64
+	growing := func(int) (int64, error) { // 1 MiB more on every read
+		mu.Lock()
+		defer mu.Unlock()
+		reads++
+		return reads << 20, nil
+	}
+	w, err := startProcWatchRSS([]NamedPID{{"me", os.Getpid()}}, growing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, err := w.finish()
+	if err != nil || len(procs) != 1 {
+		t.Fatalf("finish = %+v, %v", procs, err)
+	}
+	if p := procs[0]; p.PeakRSSMiB < p.RSSMiB {
+		t.Errorf("peak RSS %.0f MiB is below the RSS at the end, %.0f MiB", p.PeakRSSMiB, p.RSSMiB)
+	}
+}
 
 // rusageCPU is this process's user + system time by getrusage.
 func rusageCPU(t *testing.T) time.Duration {

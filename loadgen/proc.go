@@ -110,6 +110,7 @@ func ProcRSS(pid int) (int64, error) {
 // in between.
 type procWatch struct {
 	procs    []NamedPID
+	rss      func(pid int) (int64, error) // ProcRSS; tests count calls
 	start    []procCounters
 	peak     []int64
 	mu       sync.Mutex
@@ -120,7 +121,12 @@ type procWatch struct {
 // startProcWatch reads the starting CPU times; a process that cannot be
 // read is an error, since its figures would be missing silently otherwise.
 func startProcWatch(procs []NamedPID) (*procWatch, error) {
-	w := &procWatch{procs: procs, start: make([]procCounters, len(procs)), peak: make([]int64, len(procs)),
+	return startProcWatchRSS(procs, ProcRSS)
+}
+
+// startProcWatchRSS is startProcWatch with the RSS read by rss.
+func startProcWatchRSS(procs []NamedPID, rss func(pid int) (int64, error)) (*procWatch, error) {
+	w := &procWatch{procs: procs, rss: rss, start: make([]procCounters, len(procs)), peak: make([]int64, len(procs)),
 		stop: make(chan struct{}), finished: make(chan struct{})}
 	for i, p := range procs {
 		st, err := procStat(p.PID)
@@ -150,7 +156,7 @@ func (w *procWatch) sample() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, p := range w.procs {
-		if rss, err := ProcRSS(p.PID); err == nil {
+		if rss, err := w.rss(p.PID); err == nil {
 			w.peak[i] = max(w.peak[i], rss)
 		}
 	}
@@ -161,7 +167,6 @@ func (w *procWatch) sample() {
 func (w *procWatch) finish() ([]Process, error) {
 	close(w.stop)
 	<-w.finished
-	w.sample()
 	var firstErr error
 	out := make([]Process, len(w.procs))
 	for i, p := range w.procs {
@@ -171,8 +176,12 @@ func (w *procWatch) finish() ([]Process, error) {
 			out[i].CPUS = (st.cpu - w.start[i].cpu).Seconds()
 			out[i].MinorFaults = st.minflt - w.start[i].minflt
 			var rss int64
-			if rss, err = ProcRSS(p.PID); err == nil {
+			if rss, err = w.rss(p.PID); err == nil {
+				// The final read is a sample too: taken apart from the
+				// peak's, it could be the larger, and the peak less than
+				// the end.
 				out[i].RSSMiB = mib(rss)
+				out[i].PeakRSSMiB = mib(max(w.peak[i], rss))
 			}
 		}
 		if err != nil && firstErr == nil {
