@@ -149,6 +149,43 @@ func TestRandomPrefix(t *testing.T) {
 	}
 }
 
+// Every mode's summary has its errors line, the count then the samples,
+// labelled as such; read mode's names the stream it read.
+func TestResultSummary(t *testing.T) {
+	tests := []struct {
+		name string
+		res  Result
+		want []string
+	}{
+		{"append", Result{Mode: ModeAppend, Errors: 2, ErrorSamples: []string{"500: boom"}},
+			[]string{"errors     2\n", "samples    500: boom\n"}},
+		{"sse", Result{Mode: ModeSSE, Errors: 3, ErrorSamples: []string{"subscriber: 400: no", "append: 503"}},
+			[]string{"errors     3\n", "samples    subscriber: 400: no\n           append: 503\n"}},
+		{"read", Result{Mode: ModeRead, Stream: "pop-17", Readers: 4, Errors: 4, ErrorSamples: []string{"404: stream not found"}},
+			[]string{"stream pop-17  readers 4\n", "errors     4\n", "samples    404: stream not found\n"}},
+		{"populate", Result{Mode: ModePopulate, Errors: 1, ErrorSamples: []string{"409: exists"}},
+			[]string{"errors     1\n", "samples    409: exists\n"}},
+		{"verify", Result{Mode: ModeVerify, Mismatched: 1, ErrorSamples: []string{"pop-1: mismatch: 3 bytes, want 2"}},
+			[]string{"mismatched 1\n", "errors     0\n", "samples    pop-1: mismatch"}},
+		{"no errors", Result{Mode: ModeVerify, OK: 3},
+			[]string{"errors     0\n"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var b bytes.Buffer
+			tt.res.WriteSummary(&b)
+			for _, want := range tt.want {
+				if !strings.Contains(b.String(), want) {
+					t.Errorf("the summary lacks %q:\n%s", want, b.String())
+				}
+			}
+			if len(tt.res.ErrorSamples) == 0 && strings.Contains(b.String(), "samples") {
+				t.Errorf("samples label without samples:\n%s", b.String())
+			}
+		})
+	}
+}
+
 // TestResultJSONShape pins the field names the matrix script reads.
 func TestResultJSONShape(t *testing.T) {
 	var buf bytes.Buffer
@@ -163,7 +200,7 @@ func TestResultJSONShape(t *testing.T) {
 	}
 	for _, k := range []string{"mode", "url", "writers", "streams", "size", "rate", "duration_s", "ops", "ops_per_s",
 		"bytes", "mb_per_s", "errors", "error_samples", "latency_ms", "processes", "subscribers", "delivered",
-		"expected", "lost", "ok", "mismatched"} {
+		"expected", "lost", "ok", "mismatched", "stream", "readers", "requests"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("JSON has no %q: %s", k, buf.String())
 		}
@@ -603,8 +640,8 @@ func TestRunRead(t *testing.T) {
 	content := bytes.Repeat([]byte("0123456789"), 1050) // 10,500 bytes: 11 GETs
 	f.streams["big"] = &fakeStream{contentType: "text/plain", data: content}
 	res := run(t, Config{URL: srv.URL + "/", Mode: ModeRead, Stream: "big", Readers: 3, Writers: 1, Streams: 1})
-	if res.Requests != 33 || res.Ops != 33 || res.Bytes != 3*10500 || res.Errors != 0 || res.Readers != 3 {
-		t.Errorf("requests %d ops %d bytes %d errors %d", res.Requests, res.Ops, res.Bytes, res.Errors)
+	if res.Requests != 33 || res.Ops != 33 || res.Bytes != 3*10500 || res.Errors != 0 || res.Readers != 3 || res.Stream != "big" {
+		t.Errorf("requests %d ops %d bytes %d errors %d stream %q", res.Requests, res.Ops, res.Bytes, res.Errors, res.Stream)
 	}
 	res = run(t, Config{URL: srv.URL + "/", Mode: ModeRead, Stream: "missing", Readers: 1, Writers: 1, Streams: 1})
 	if res.Errors != 1 || len(res.ErrorSamples) != 1 || !strings.HasPrefix(res.ErrorSamples[0], "404: ") {

@@ -137,6 +137,7 @@ func (r *runner) runRead(ctx context.Context) (*Result, error) {
 		wg.Wait()
 	})
 	res := r.wholeResult(ModeRead, elapsed, tallies, procs)
+	res.Stream = cfg.Stream
 	res.Readers = cfg.Readers
 	return res, err
 }

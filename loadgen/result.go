@@ -46,8 +46,9 @@ type Result struct {
 	Mismatched int64 `json:"mismatched"`
 
 	// Read mode.
-	Readers  int   `json:"readers"`
-	Requests int64 `json:"requests"`
+	Stream   string `json:"stream"` // the stream read ("" in other modes)
+	Readers  int    `json:"readers"`
+	Requests int64  `json:"requests"`
 }
 
 // Latency holds percentiles in milliseconds.
@@ -104,7 +105,7 @@ func (r *Result) WriteSummary(w io.Writer) {
 	fmt.Fprintf(&b, "mode %s  url %s", r.Mode, r.URL)
 	switch r.Mode {
 	case ModeRead:
-		fmt.Fprintf(&b, "  readers %d\n", r.Readers)
+		fmt.Fprintf(&b, "  stream %s  readers %d\n", r.Stream, r.Readers)
 	case ModePopulate, ModeVerify:
 		fmt.Fprintf(&b, "  prefix %s  workers %d  streams %d  size %d\n", r.Prefix, r.Writers, r.Streams, r.Size)
 	case ModeSSE:
@@ -134,8 +135,14 @@ func (r *Result) WriteSummary(w io.Writer) {
 		fmt.Fprintf(&b, "%-10s ok %d  mismatched %d\n", "verify", r.OK, r.Mismatched)
 	}
 	fmt.Fprintf(&b, "%-10s %d\n", "errors", r.Errors)
-	for _, s := range r.ErrorSamples {
-		fmt.Fprintf(&b, "           %s\n", s)
+	// Labelled, since verify's mismatches are among them: under a bare
+	// "errors 0" they read as errors that were not counted.
+	for i, s := range r.ErrorSamples {
+		label := ""
+		if i == 0 {
+			label = "samples"
+		}
+		fmt.Fprintf(&b, "%-10s %s\n", label, s)
 	}
 	for _, p := range r.Processes {
 		fmt.Fprintf(&b, "%-10s pid %d  cpu %.2fs (%.0f%% of one core)  rss %.1f MiB  peak %.1f MiB  page faults %d\n",
