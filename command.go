@@ -72,11 +72,18 @@ A progress line goes to stderr every second; the summary to stdout. The
 exit status is non-zero when verify finds a stream mismatched or
 unreadable, and when errors leave a run nothing to measure (no operation
 succeeded; in sse mode, no record reached a subscriber).`,
-		Example: `  caddy picomq bench --url http://127.0.0.1:8080/ --writers 64 --streams 100 --size 1KiB --duration 30s
-  caddy picomq bench --url http://127.0.0.1:8080/ --mode sse --subscribers 5000 --rate 20 --duration 30s
-  caddy picomq bench --url http://127.0.0.1:8080/pico/ --mode sse --protocol pico --subscribers 5000 --rate 20 --duration 30s
-  caddy picomq bench --url http://127.0.0.1:8080/ --mode populate --streams 100000 --prefix pop-
-  caddy picomq bench --url http://127.0.0.1:8080/ --mode verify --streams 100000 --prefix pop-`,
+		// The examples run as written against examples/Caddyfile (and the
+		// Pico one against examples/pico.Caddyfile): their site is
+		// http://localhost:4437, so a URL of 127.0.0.1 would not match its
+		// host and get Caddy's empty 200 to every request.
+		Example: `  # against examples/Caddyfile:
+  caddy picomq bench --url http://localhost:4437/ --writers 64 --streams 100 --size 1KiB --duration 30s
+  caddy picomq bench --url http://localhost:4437/ --mode sse --subscribers 5000 --rate 20 --duration 30s
+  caddy picomq bench --url http://localhost:4437/ --mode populate --streams 100000 --prefix pop-
+  caddy picomq bench --url http://localhost:4437/ --mode verify --streams 100000 --prefix pop-
+  caddy picomq bench --url http://localhost:4437/ --mode read --stream pop-17 --readers 4
+  # Pico feeds, against examples/pico.Caddyfile:
+  caddy picomq bench --url http://localhost:4437/pico/ --mode sse --protocol pico --subscribers 5000 --rate 20 --duration 30s`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: false,

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -133,5 +134,71 @@ func TestBenchCommandFailsWhenNothingSucceeds(t *testing.T) {
 				t.Errorf("the summary lacks %q and the first error sample:\n%s", want, summary)
 			}
 		})
+	}
+}
+
+// The bench's examples, in its help and in the README, run as written
+// against the example Caddyfiles: each --url is on the site those serve
+// (a URL whose host does not match the site's gets Caddy's empty 200 to
+// every request, which the bench counts as success), the help's parse,
+// and every mode has one.
+func TestBenchExamplesMatchExampleCaddyfiles(t *testing.T) {
+	sites := map[string]string{} // Caddyfile: its site address
+	for _, f := range []string{"examples/Caddyfile", "examples/pico.Caddyfile"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`(?m)^(https?://\S+) \{$`).FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("%s: no site address", f)
+		}
+		sites[f] = string(m[1])
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, bench, _ := strings.Cut(string(readme), "### Benchmarking")
+	help := benchCommand().Example
+	urlFlag := regexp.MustCompile(`--url (\S+)`)
+	for name, text := range map[string]string{"help": help, "README": bench[:strings.Index(bench, "| flag |")]} {
+		lines := 0
+		for line := range strings.Lines(text) {
+			m := urlFlag.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			lines++
+			want := sites["examples/Caddyfile"] + "/"
+			if strings.Contains(line, "--protocol pico") {
+				want = sites["examples/pico.Caddyfile"] + "/pico/"
+			}
+			if m[1] != want {
+				t.Errorf("%s: example URL %s, want %s (the example Caddyfiles' site):\n%s", name, m[1], want, line)
+			}
+		}
+		if lines < 6 {
+			t.Errorf("%s: %d examples with a --url, want one per mode and the Pico one", name, lines)
+		}
+	}
+	modes := map[string]bool{}
+	for line := range strings.Lines(help) {
+		args := strings.Fields(line)
+		if len(args) < 3 || args[0] != "caddy" {
+			continue
+		}
+		cmd := benchCommand()
+		if err := cmd.ParseFlags(args[3:]); err != nil {
+			t.Errorf("help example does not parse: %v\n%s", err, line)
+			continue
+		}
+		mode, _ := cmd.Flags().GetString("mode")
+		modes[mode] = true
+	}
+	for _, mode := range []string{"append", "sse", "read", "populate", "verify"} {
+		if !modes[mode] {
+			t.Errorf("the help has no example of %s mode", mode)
+		}
 	}
 }
