@@ -31,6 +31,7 @@ type benchResult struct {
 	Bytes        int64    `json:"bytes"`
 	Errors       int64    `json:"errors"`
 	ErrorSamples []string `json:"error_samples"`
+	Warnings     []string `json:"warnings"`
 	Latency      struct {
 		P50, P99, Max float64
 	} `json:"latency_ms"`
@@ -56,6 +57,9 @@ func runBench(t *testing.T, args ...string) benchResult {
 	res, _, err := execBench(t, args...)
 	if err != nil {
 		t.Fatalf("bench failed: %v", err)
+	}
+	if len(res.Warnings) != 0 {
+		t.Errorf("bench warned against the module: %q", res.Warnings)
 	}
 	return res
 }
@@ -299,5 +303,29 @@ func TestBenchPicoSSE(t *testing.T) {
 	// reconnects a few times, from where its last control event said.
 	if len(queries) < 2*subs || resumed < subs {
 		t.Errorf("%d SSE requests, %d of them resuming past seq 0; want at least %d and %d", len(queries), resumed, 2*subs, subs)
+	}
+}
+
+// A Caddy URL that no route serves answers every request with an empty
+// 200, which the bench counts as success (a respond route, the ceiling, is
+// measured that way on purpose), so the run is warned about: here the
+// module is mounted under /ds/ and the bench pointed at the root, as a URL
+// whose host does not match the site's would be. The same run under /ds/
+// has no warning.
+func TestBenchWarnsOffRoute(t *testing.T) {
+	e := picoStart(t, nil, nil)
+	args := []string{"--mode", "append", "--writers", "2", "--streams", "2", "--duration", "1s"}
+	res, output, err := execBench(t, append([]string{"--url", e.caddy.URL() + "/"}, args...)...)
+	if err != nil {
+		t.Fatalf("bench failed: %v", err)
+	}
+	if res.Ops == 0 || len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "no answer carried Stream-Next-Offset") {
+		t.Errorf("off the module's route: ops %d, warnings %q; want appends counted and one warning", res.Ops, res.Warnings)
+	}
+	if !strings.Contains(output, "warning    no answer carried Stream-Next-Offset") {
+		t.Errorf("the text summary has no warning")
+	}
+	if res = runBench(t, append([]string{"--url", e.caddy.URL() + "/ds/"}, args...)...); res.Ops == 0 || res.Errors != 0 {
+		t.Errorf("on the module's route: ops %d errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
 	}
 }

@@ -82,6 +82,7 @@ func (r *runner) runAppend(ctx context.Context) (*Result, error) {
 	res.Processes = procs
 	res.ErrorSamples = r.errMsg.list()
 	res.finish()
+	r.warnNotStreams(res)
 	return res, werr
 }
 
@@ -169,6 +170,7 @@ func (r *runner) result(mode string) *Result {
 		Size:         cfg.Size,
 		Rate:         cfg.Rate,
 		ErrorSamples: []string{},
+		Warnings:     []string{},
 		Processes:    []Process{},
 	}
 }
@@ -184,6 +186,9 @@ func (res *Result) finish() {
 	}
 	if res.ErrorSamples == nil {
 		res.ErrorSamples = []string{}
+	}
+	if res.Warnings == nil {
+		res.Warnings = []string{}
 	}
 }
 
@@ -249,5 +254,6 @@ func (r *runner) send(req *http.Request) (ok bool, msg string) {
 	if resp.StatusCode/100 != 2 {
 		return false, httpError(resp)
 	}
+	r.noteAnswer(resp)
 	return true, ""
 }

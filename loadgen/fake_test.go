@@ -25,6 +25,7 @@ type fakeServer struct {
 
 	failAppends bool // answer 500 to every POST
 	failSSE     bool // answer 400 to every SSE request
+	plain       bool // answer an empty 200 to everything, as Caddy does with no route
 	maxChunk    int  // catch-up reads return at most this many bytes (0: all)
 	sseEvents   int  // an SSE response ends after this many data events (0: never)
 	appends     int
@@ -48,6 +49,9 @@ func newFake(t *testing.T) (*fakeServer, *httptest.Server) {
 
 func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.requests.Add(1)
+	if f.plain {
+		return
+	}
 	if r.URL.Path == "/mark" {
 		f.mu.Lock()
 		f.marks = append(f.marks, r.URL.Query().Get("phase"))

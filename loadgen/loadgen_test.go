@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"slices"
@@ -199,13 +200,13 @@ func TestResultJSONShape(t *testing.T) {
 		t.Fatalf("not JSON: %v\n%s", err, buf.String())
 	}
 	for _, k := range []string{"mode", "url", "writers", "streams", "size", "rate", "duration_s", "ops", "ops_per_s",
-		"bytes", "mb_per_s", "errors", "error_samples", "latency_ms", "processes", "subscribers", "delivered",
+		"bytes", "mb_per_s", "errors", "error_samples", "warnings", "latency_ms", "processes", "subscribers", "delivered",
 		"expected", "lost", "ok", "mismatched", "stream", "readers", "requests"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("JSON has no %q: %s", k, buf.String())
 		}
 	}
-	if string(m["error_samples"]) != "[]" || string(m["processes"]) != "[]" {
+	if string(m["error_samples"]) != "[]" || string(m["processes"]) != "[]" || string(m["warnings"]) != "[]" {
 		t.Errorf("empty lists must be [], got error_samples %s, processes %s", m["error_samples"], m["processes"])
 	}
 	var lat map[string]float64
@@ -631,6 +632,34 @@ func TestRunSSEProgressCountsSubscriberErrors(t *testing.T) {
 	_, after, _ := strings.Cut(last, "  errors ")
 	if errs, _, _ := strings.Cut(after, " "); errs == "" || errs == "0" {
 		t.Errorf("the last progress line shows no errors while the summary has %d:\n%s", res.Errors, progress.String())
+	}
+}
+
+// A run whose 2xx answers carry no stream offset is counted as usual but
+// warned about: its URL is not a stream server's (say a Caddy site whose
+// host does not match the URL's, which answers everything with an empty
+// 200). Runs against a stream server have no warning.
+func TestRunWarnsWhenNotStreams(t *testing.T) {
+	for _, plain := range []bool{false, true} {
+		for _, mode := range []string{ModeAppend, ModeRead, ModePopulate} {
+			t.Run(fmt.Sprintf("%s/plain=%v", mode, plain), func(t *testing.T) {
+				f, srv := newFake(t)
+				f.plain = plain
+				f.streams["s"] = &fakeStream{contentType: "text/plain", data: []byte("abc")}
+				res := run(t, Config{URL: srv.URL + "/", Mode: mode, Stream: "s", Readers: 1, Writers: 2, Streams: 2, Size: 10,
+					Create: true, Duration: 200 * time.Millisecond})
+				if res.Ops == 0 || res.Errors != 0 {
+					t.Fatalf("ops %d errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
+				}
+				var sum bytes.Buffer
+				res.WriteSummary(&sum)
+				warned := len(res.Warnings) == 1 && strings.Contains(res.Warnings[0], "no answer carried Stream-Next-Offset") &&
+					strings.Contains(sum.String(), "warning    no answer carried")
+				if warned != plain || !plain && len(res.Warnings) != 0 {
+					t.Errorf("warnings %q (plain server: %v); summary:\n%s", res.Warnings, plain, sum.String())
+				}
+			})
+		}
 	}
 }
 

@@ -65,6 +65,7 @@ func (r *runner) get(ctx context.Context, rawURL, offset string, buf *bytes.Buff
 	if resp.StatusCode/100 != 2 {
 		return "", false, 0, errors.New(httpError(resp))
 	}
+	r.noteAnswer(resp)
 	if buf != nil {
 		n, err = buf.ReadFrom(resp.Body)
 	} else {
@@ -217,6 +218,7 @@ func (r *runner) runPopulate(ctx context.Context) (*Result, error) {
 				drain(resp.Body)
 				return
 			}
+			r.noteAnswer(resp)
 			drain(resp.Body)
 			r.done(t, time.Since(start), int64(len(body)))
 		})
@@ -276,5 +278,6 @@ func (r *runner) wholeResult(mode string, elapsed time.Duration, tallies []readT
 	res.Processes = procs
 	res.ErrorSamples = r.errMsg.list()
 	res.finish()
+	r.warnNotStreams(res)
 	return res
 }

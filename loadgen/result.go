@@ -30,7 +30,9 @@ type Result struct {
 	MBPerS       float64  `json:"mb_per_s"` // MiB (2^20 bytes) per second
 	Errors       int64    `json:"errors"`
 	ErrorSamples []string `json:"error_samples"`
-	Latency      Latency  `json:"latency_ms"`
+	// Warnings say why the figures may not be what they seem.
+	Warnings []string `json:"warnings"`
+	Latency  Latency  `json:"latency_ms"`
 
 	Processes []Process `json:"processes"`
 
@@ -143,6 +145,9 @@ func (r *Result) WriteSummary(w io.Writer) {
 			label = "samples"
 		}
 		fmt.Fprintf(&b, "%-10s %s\n", label, s)
+	}
+	for _, w := range r.Warnings {
+		fmt.Fprintf(&b, "%-10s %s\n", "warning", w)
 	}
 	for _, p := range r.Processes {
 		fmt.Fprintf(&b, "%-10s pid %d  cpu %.2fs (%.0f%% of one core)  rss %.1f MiB  peak %.1f MiB  page faults %d\n",

@@ -52,6 +52,30 @@ type runner struct {
 	errs   atomic.Int64
 	hist   histogram
 	errMsg errorSamples // errors inside the measured window
+
+	// streamAnswers is set by the first 2xx answer that carries a stream's
+	// next offset (or Pico's next seq), as every stream server's do.
+	streamAnswers atomic.Bool
+}
+
+// noteAnswer records whether a 2xx answer came from a stream server.
+func (r *runner) noteAnswer(resp *http.Response) {
+	if !r.streamAnswers.Load() && (resp.Header.Get(hdrNextOffset) != "" || resp.Header.Get(hdrPicoNextSeq) != "") {
+		r.streamAnswers.Store(true)
+	}
+}
+
+// warnNotStreams adds a warning to a run that counted successes when no
+// answer looked like a stream server's: any 2xx counts as success, and a
+// Caddy site whose host does not match the URL's (127.0.0.1 against a
+// site for localhost) answers every request with an empty 200.
+func (r *runner) warnNotStreams(res *Result) {
+	if res.Ops > 0 && !r.streamAnswers.Load() {
+		res.Warnings = append(res.Warnings, "no answer carried "+hdrNextOffset+" or "+hdrPicoNextSeq+
+			": the URL does not look like a stream server's, and its 2xx were counted all the same"+
+			" (a Caddy site whose host does not match the URL's answers every request with an empty 200;"+
+			" so does a bare respond route)")
+	}
 }
 
 func newRunner(cfg Config) *runner {
@@ -181,6 +205,7 @@ func (r *runner) put(ctx context.Context, i int, body []byte) error {
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("creating %s: %s", r.streamName(i), httpError(resp))
 	}
+	r.noteAnswer(resp)
 	return nil
 }
 

@@ -258,6 +258,7 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 	res.Processes = wr.procs
 	res.ErrorSamples = r.errMsg.list()
 	res.finish()
+	r.warnNotStreams(res)
 	return res, wr.err
 }
 
