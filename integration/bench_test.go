@@ -307,25 +307,37 @@ func TestBenchPicoSSE(t *testing.T) {
 }
 
 // A Caddy URL that no route serves answers every request with an empty
-// 200, which the bench counts as success (a respond route, the ceiling, is
-// measured that way on purpose), so the run is warned about: here the
-// module is mounted under /ds/ and the bench pointed at the root, as a URL
-// whose host does not match the site's would be. The same run under /ds/
-// has no warning.
-func TestBenchWarnsOffRoute(t *testing.T) {
+// 200: here the module is mounted under /ds/ and the bench pointed at the
+// root, as a URL whose host does not match the site's would be. Appends
+// are counted as success (a respond route, the ceiling, is measured that
+// way on purpose) but the run is warned about, and the same run under /ds/
+// is not; SSE feeds answered so are errors, and the run fails.
+func TestBenchOffRoute(t *testing.T) {
 	e := picoStart(t, nil, nil)
-	args := []string{"--mode", "append", "--writers", "2", "--streams", "2", "--duration", "1s"}
-	res, output, err := execBench(t, append([]string{"--url", e.caddy.URL() + "/"}, args...)...)
-	if err != nil {
-		t.Fatalf("bench failed: %v", err)
-	}
-	if res.Ops == 0 || len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "no answer carried Stream-Next-Offset") {
-		t.Errorf("off the module's route: ops %d, warnings %q; want appends counted and one warning", res.Ops, res.Warnings)
-	}
-	if !strings.Contains(output, "warning    no answer carried Stream-Next-Offset") {
-		t.Errorf("the text summary has no warning")
-	}
-	if res = runBench(t, append([]string{"--url", e.caddy.URL() + "/ds/"}, args...)...); res.Ops == 0 || res.Errors != 0 {
-		t.Errorf("on the module's route: ops %d errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
-	}
+	off := e.caddy.URL() + "/"
+
+	t.Run("append", func(t *testing.T) {
+		args := []string{"--mode", "append", "--writers", "2", "--streams", "2", "--duration", "1s"}
+		res, output, err := execBench(t, append([]string{"--url", off}, args...)...)
+		if err != nil {
+			t.Fatalf("bench failed: %v", err)
+		}
+		if res.Ops == 0 || len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "no answer carried Stream-Next-Offset") {
+			t.Errorf("off the module's route: ops %d, warnings %q; want appends counted and one warning", res.Ops, res.Warnings)
+		}
+		if !strings.Contains(output, "warning    no answer carried Stream-Next-Offset") {
+			t.Errorf("the text summary has no warning")
+		}
+		if res = runBench(t, append([]string{"--url", e.caddy.URL() + "/ds/"}, args...)...); res.Ops == 0 || res.Errors != 0 {
+			t.Errorf("on the module's route: ops %d errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
+		}
+	})
+
+	t.Run("sse", func(t *testing.T) {
+		res, _ := runBenchFailing(t, "no subscriber received a record", "--url", off, "--mode", "sse",
+			"--subscribers", "2", "--rate", "20", "--duration", "1s", "--timeout", "1s")
+		if res.Errors == 0 || len(res.ErrorSamples) == 0 || !strings.Contains(res.ErrorSamples[0], "not an SSE feed") {
+			t.Errorf("errors %d %q: want the empty 200s to the feeds counted", res.Errors, res.ErrorSamples)
+		}
+	})
 }

@@ -663,6 +663,32 @@ func TestRunWarnsWhenNotStreams(t *testing.T) {
 	}
 }
 
+// Feeds answered with a 200 that is not an event stream (Caddy's empty
+// one, where no route serves the URL) are errors, each followed by the
+// pause before a retry: before, each ended at once, was asked again at
+// once, and counted nothing.
+func TestRunSSENotAnEventStream(t *testing.T) {
+	for reading, how := range map[feedReading]string{feedsByURL: "poller", feedsNetHTTP: "net-http"} {
+		t.Run(how, func(t *testing.T) {
+			f, srv := newFake(t)
+			f.plain = true
+			res := run(t, Config{URL: srv.URL + "/", Mode: ModeSSE, Writers: 1, Streams: 1, Size: 64, ContentType: "text/plain",
+				Create: true, Subscribers: 2, Rate: 20, Duration: time.Second, Timeout: time.Second, feeds: reading})
+			if res.Errors == 0 || len(res.ErrorSamples) == 0 || !strings.Contains(res.ErrorSamples[0], "not an SSE feed") {
+				t.Errorf("errors %d %q: want the feeds' empty 200s counted", res.Errors, res.ErrorSamples)
+			}
+			if err := res.Check(); err == nil {
+				t.Errorf("Check() passed a run in which no record reached a subscriber")
+			}
+			// Two subscribers, each pausing 200ms after a failure, for about
+			// two seconds: some tens of requests, not a busy loop's thousands.
+			if n := f.requests.Load(); n > 200 {
+				t.Errorf("the server got %d requests: the feeds did not pause between failures", n)
+			}
+		})
+	}
+}
+
 func TestRunRead(t *testing.T) {
 	f, srv := newFake(t)
 	f.maxChunk = 1000

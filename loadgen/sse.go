@@ -7,11 +7,13 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -332,8 +334,8 @@ func (s *subscriber) once(ctx context.Context) error {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return errors.New(httpError(resp))
+	if err := checkSSEResponse(resp); err != nil {
+		return err
 	}
 	s.startResponse(resp.Header)
 	br := bufio.NewReaderSize(resp.Body, 4096)
@@ -349,6 +351,22 @@ func (s *subscriber) once(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// checkSSEResponse fails an answer to an SSE request that is not an event
+// stream: not a 200, or a 200 of another type. A 200 with no events, such
+// as the empty one of a Caddy route that serves nothing, would otherwise
+// end at once and be asked again at once, without a pause or an error,
+// for the whole run.
+func checkSSEResponse(resp *http.Response) error {
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(httpError(resp))
+	}
+	ct := resp.Header.Get("Content-Type")
+	if mt, _, _ := strings.Cut(ct, ";"); !strings.EqualFold(strings.TrimSpace(mt), "text/event-stream") {
+		return fmt.Errorf("200 with Content-Type %q, not text/event-stream: not an SSE feed", ct)
+	}
+	return nil
 }
 
 // liveQuery is the query string of an SSE request from s.next.

@@ -78,10 +78,9 @@ func (s *subscriber) openRaw(ctx context.Context) (*rawFeed, error) {
 	if err != nil {
 		return nil, err
 	}
-	if resp.StatusCode != http.StatusOK {
-		msg := httpError(resp)
+	if err := checkSSEResponse(resp); err != nil {
 		resp.Body.Close()
-		return nil, errors.New(msg)
+		return nil, err
 	}
 	if !stop() {
 		return nil, ctx.Err()
