@@ -137,7 +137,7 @@ func (r *runner) appendLoop(ctx context.Context, w int, tally *appendWorker, url
 			ContentLength: int64(len(body)),
 			Host:          u.Host,
 		}
-		ok, msg := r.send(req)
+		ok, msg, answered := r.send(req)
 		end := time.Now()
 		lat := end.Sub(start)
 		inWindow := !end.Before(winStart) && !end.After(winEnd)
@@ -154,7 +154,28 @@ func (r *runner) appendLoop(ctx context.Context, w int, tally *appendWorker, url
 				tally.errs++
 				r.errMsg.add(msg)
 			}
+			if !answered && interval == 0 {
+				// Nothing answered (the server is down or restarting): a
+				// closed loop would retry at once, tens of thousands of
+				// times a second, taking the CPU the server needs to come
+				// back on the machine they share.
+				pause(ctx, noAnswerPause)
+			}
 		}
+	}
+}
+
+// noAnswerPause is how long a closed-loop writer waits after a request
+// that got no answer.
+const noAnswerPause = 100 * time.Millisecond
+
+// pause waits d or until ctx ends.
+func pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }
 
@@ -244,16 +265,17 @@ func isJSONType(ct string) bool {
 }
 
 // send does req and reads the answer to its end: ok for a 2xx, else what
-// went wrong (the transport error, or the status and the start of the body).
-func (r *runner) send(req *http.Request) (ok bool, msg string) {
+// went wrong (the transport error, or the status and the start of the
+// body); answered is false when no answer came.
+func (r *runner) send(req *http.Request) (ok bool, msg string, answered bool) {
 	resp, err := r.client.Do(req)
 	if err != nil {
-		return false, err.Error()
+		return false, err.Error(), false
 	}
 	defer drain(resp.Body)
 	if resp.StatusCode/100 != 2 {
-		return false, httpError(resp)
+		return false, httpError(resp), true
 	}
 	r.noteAnswer(resp)
-	return true, ""
+	return true, "", true
 }

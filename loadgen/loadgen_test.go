@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"strings"
@@ -480,6 +482,21 @@ func TestRunAppendErrors(t *testing.T) {
 	}
 	if len(res.ErrorSamples) != 1 || !strings.HasPrefix(res.ErrorSamples[0], "500: injected failure") {
 		t.Errorf("error samples = %q", res.ErrorSamples)
+	}
+}
+
+// A closed-loop writer whose requests get no answer (nobody listens)
+// pauses between them instead of retrying at once, which took more than a
+// core of the machine the server shares to come back on.
+func TestRunAppendPausesWhenNothingAnswers(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	url := dead.URL + "/"
+	dead.Close()
+	res := run(t, Config{URL: url, Writers: 2, Streams: 2, Size: 10, Duration: 500 * time.Millisecond})
+	// Each writer: one attempt, then one per pause, over the window.
+	limit := int64(2 * (500*time.Millisecond/noAnswerPause + 2))
+	if res.Ops != 0 || res.Errors == 0 || res.Errors > limit {
+		t.Errorf("ops %d, errors %d; want none and some errors, at most %d (one per writer per pause)", res.Ops, res.Errors, limit)
 	}
 }
 

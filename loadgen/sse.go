@@ -178,7 +178,7 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 				Header: hdr, Body: io.NopCloser(bytes.NewReader(body)), ContentLength: int64(len(body)), Host: u.Host}
 			req = req.WithContext(ctx)
 			start := time.Now()
-			ok, msg := r.send(req)
+			ok, msg, _ := r.send(req)
 			end := time.Now()
 			mu.Lock()
 			defer mu.Unlock()
