@@ -706,6 +706,20 @@ func TestRunSSENotAnEventStream(t *testing.T) {
 	}
 }
 
+// The sse writer's failed appends count inside the window only, as its
+// acknowledged ones do (and as append mode's do).
+func TestRunSSEAppendErrorsInWindow(t *testing.T) {
+	f, srv := newFake(t)
+	f.failAppends = true
+	const rate = 20
+	res := run(t, Config{URL: srv.URL + "/", Mode: ModeSSE, Writers: 1, Streams: 1, Size: 64, ContentType: "text/plain",
+		Create: true, Subscribers: 1, Rate: rate, Warmup: time.Second, Duration: time.Second, Timeout: time.Second})
+	// About rate appends in the window, as many before it.
+	if res.Ops != 0 || res.Errors == 0 || res.Errors > rate+2 {
+		t.Errorf("ops %d errors %d; want about %d errors (the window's appends), none of the warm-up's", res.Ops, res.Errors, rate)
+	}
+}
+
 func TestRunRead(t *testing.T) {
 	f, srv := newFake(t)
 	f.maxChunk = 1000

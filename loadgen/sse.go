@@ -193,8 +193,13 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 				}
 			} else {
 				r.errs.Add(1)
-				appendErrs++
-				r.errMsg.add("append: " + msg)
+				// Counted as ops are, inside the window only: the
+				// warm-up's failures are no more the run's than its
+				// successes are.
+				if inWindow[seq] {
+					appendErrs++
+					r.errMsg.add("append: " + msg)
+				}
 			}
 		}(seq)
 	}
