@@ -202,3 +202,32 @@ func TestBenchExamplesMatchExampleCaddyfiles(t *testing.T) {
 		}
 	}
 }
+
+// A flag that only some modes read names them in its help, so that a
+// newcomer does not expect --streams to change a read or --warmup to warm
+// up a populate.
+func TestBenchFlagsHelp(t *testing.T) {
+	modes := map[string][]string{
+		"writers":     {"append", "populate", "verify"},
+		"streams":     {"append", "populate", "verify"},
+		"duration":    {"append", "sse"},
+		"warmup":      {"append", "sse"},
+		"subscribers": {"sse"},
+		"protocol":    {"sse"},
+		"stream":      {"read"},
+		"readers":     {"read"},
+		"create":      {"populate"},
+	}
+	f := benchCommand().Flags()
+	for name, ms := range modes {
+		usage := f.Lookup(name).Usage
+		for _, m := range ms {
+			if !strings.Contains(usage, m) {
+				t.Errorf("--%s: usage %q does not name %s mode", name, usage, m)
+			}
+		}
+	}
+	if json := f.Lookup("json").Usage; !strings.Contains(json, "instead of the text summary") {
+		t.Errorf("--json: usage %q does not say - replaces the summary", json)
+	}
+}
