@@ -250,7 +250,7 @@ func parseRFC3339(v string) (time.Time, error) {
 func checkFuture(header string, at, now time.Time) error {
 	if !at.After(now) {
 		return fmt.Errorf("%s %s is not in the future: the stream would expire at once",
-			header, at.UTC().Format(time.RFC3339Nano))
+			displayHeader(header), at.UTC().Format(time.RFC3339Nano))
 	}
 	return nil
 }
@@ -275,6 +275,26 @@ func conflictingHeader(h http.Header, names []string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// headerDisplayNames spells, for messages people read, the header names
+// whose canonical Go form (the key net/http stores and the constants
+// hold) differs from the protocol references' spelling: "Pico-Ttl" reads
+// as a typo to someone who has only seen "Pico-TTL" in the docs. The keys
+// set and read stay canonical; header names are case-insensitive.
+var headerDisplayNames = map[string]string{
+	hdrPicoTTL:     "Pico-TTL",
+	hdrStreamTTL:   "Stream-TTL",
+	hdrLastEventID: "Last-Event-ID",
+}
+
+// displayHeader returns name as the protocol references spell it, for
+// error messages and logs.
+func displayHeader(name string) string {
+	if d, ok := headerDisplayNames[http.CanonicalHeaderKey(name)]; ok {
+		return d
+	}
+	return name
 }
 
 // headerValue returns a header's first value and whether it was sent at all,

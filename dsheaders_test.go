@@ -577,3 +577,19 @@ func TestReadBodyTimeout(t *testing.T) {
 		})
 	}
 }
+
+func TestDisplayHeader(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{
+		{hdrPicoTTL, "Pico-TTL"},
+		{hdrStreamTTL, "Stream-TTL"},
+		{hdrLastEventID, "Last-Event-ID"},
+		{"pico-ttl", "Pico-TTL"}, // any case on the wire
+		{hdrPicoExpiresAt, "Pico-Expires-At"},
+		{hdrPicoProducerID, "Pico-Producer-Id"}, // the reference's own spelling
+		{"Content-Type", "Content-Type"},
+	} {
+		if got := displayHeader(tc.name); got != tc.want {
+			t.Errorf("displayHeader(%q) = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}

@@ -63,7 +63,7 @@ type durableStreams struct {
 // this handler sees it, checked before any I/O.
 func (d *durableStreams) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if name, bad := conflictingHeader(r.Header, dsSingleHeaders); bad {
-		fail(w, http.StatusBadRequest, fmt.Sprintf("%s is given more than once, with different values", name))
+		fail(w, http.StatusBadRequest, fmt.Sprintf("%s is given more than once, with different values", displayHeader(name)))
 		return
 	}
 	if d.serveReserved(w, r) { // __ds control paths come before streams (subscriptions.go)

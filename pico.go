@@ -56,7 +56,7 @@ type picoProtocol struct {
 func (p *picoProtocol) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Access-Control-Expose-Headers", picoExposedHeaders)
 	if name, bad := conflictingHeader(r.Header, picoSingleHeaders); bad {
-		picoFail(w, http.StatusBadRequest, picoErrBadRequest, fmt.Sprintf("%s is given more than once, with different values", name), nil)
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, fmt.Sprintf("%s is given more than once, with different values", displayHeader(name)), nil)
 		return
 	}
 	name := r.URL.Path
@@ -174,8 +174,7 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 	info, created, err := eng.Create(r.Context(), name, req)
 	if err != nil {
 		if errors.Is(err, streamstore.ErrConflict) && info.ID != "" {
-			picoFail(w, http.StatusConflict, picoErrConflict,
-				fmt.Sprintf("stream exists with other settings (content type %s)", info.ContentType), &info.NextSeq)
+			picoFail(w, http.StatusConflict, picoErrConflict, picoCreateConflictMessage(info, req), &info.NextSeq)
 			return
 		}
 		p.engineError(w, r, err)
@@ -194,6 +193,43 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 	}
 	h.Set("Location", picoLocation(r, name))
 	w.WriteHeader(http.StatusCreated)
+}
+
+// picoCreateConflictMessage tells a client whose create found the stream
+// with other settings which of them differ, the stream's value first: "stream
+// exists with other settings" alone leaves it to guess which of four
+// headers to change.
+func picoCreateConflictMessage(have streamstore.Info, want streamstore.CreateRequest) string {
+	var diffs []string
+	differ := func(setting, has, asked string) {
+		if has != asked {
+			diffs = append(diffs, fmt.Sprintf("%s %s, not %s", setting, has, asked))
+		}
+	}
+	differ("content type", mediaType(have.ContentType), mediaType(want.ContentType))
+	ttl := func(d time.Duration) string {
+		if d == 0 {
+			return "none"
+		}
+		return ttlSeconds(d)
+	}
+	differ(displayHeader(hdrPicoTTL), ttl(have.Expiry.TTL), ttl(want.Expiry.TTL))
+	at := func(t time.Time) string {
+		if t.IsZero() {
+			return "none"
+		}
+		return formatInstant(t)
+	}
+	differ(displayHeader(hdrPicoExpiresAt), at(have.Expiry.ExpiresAt), at(want.Expiry.ExpiresAt))
+	differ(displayHeader(hdrPicoClosed), strconv.FormatBool(have.Closed), strconv.FormatBool(want.Closed))
+	if len(diffs) == 0 {
+		// The stream changed between the engine's verdict and this
+		// answer: name the settings a repeated create must match.
+		return "stream exists with other settings; a create of an existing stream must give its content type, " +
+			"Pico-TTL, Pico-Expires-At and Pico-Closed unchanged"
+	}
+	return fmt.Sprintf("stream exists with %s; a create of an existing stream must give the same settings, "+
+		"or delete the stream first", strings.Join(diffs, "; "))
 }
 
 // firstNonJSON returns the index of the first record whose body is not a
@@ -246,15 +282,15 @@ func (p *picoProtocol) post(w http.ResponseWriter, r *http.Request, name string)
 }
 
 // trimConflicts returns the append headers of a request that a trim
-// cannot honour. Pico-Closed counts only when true, as everywhere.
+// cannot honour, spelt for the error message. Pico-Closed counts only when true, as everywhere.
 func trimConflicts(h http.Header) []string {
 	var with []string
 	if isTrue(h.Get(hdrPicoClosed)) {
-		with = append(with, hdrPicoClosed)
+		with = append(with, displayHeader(hdrPicoClosed))
 	}
 	for _, name := range []string{hdrPicoMatchSeq, hdrPicoProducerID, hdrPicoProducerEpoch, hdrPicoProducerSeq} {
 		if _, ok := headerValue(h, name); ok {
-			with = append(with, name)
+			with = append(with, displayHeader(name))
 		}
 	}
 	return with

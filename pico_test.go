@@ -113,6 +113,22 @@ type picoResp struct {
 // do sends a request; hdr holds header name/value pairs.
 func (s *picoServer) do(t *testing.T, method, path string, body []byte, hdr ...string) picoResp {
 	t.Helper()
+	h := http.Header{}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		h.Set(hdr[i], hdr[i+1])
+	}
+	return s.send(t, method, path, body, h)
+}
+
+// doHeader sends a request without a body with the headers given, which
+// may repeat a header.
+func (s *picoServer) doHeader(t *testing.T, method, path string, h http.Header) picoResp {
+	t.Helper()
+	return s.send(t, method, path, nil, h)
+}
+
+func (s *picoServer) send(t *testing.T, method, path string, body []byte, h http.Header) picoResp {
+	t.Helper()
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -121,8 +137,9 @@ func (s *picoServer) do(t *testing.T, method, path string, body []byte, hdr ...s
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
+	req.Header = h.Clone()
+	if req.Header == nil {
+		req.Header = http.Header{}
 	}
 	res, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -291,6 +308,69 @@ func TestPicoCreateExpiry(t *testing.T) {
 		s.do(t, "PUT", "/pico/bad", nil, hdr...).wantError(t, 400, picoErrBadRequest, -1)
 	}
 	s.do(t, "HEAD", "/pico/bad", nil).want(t, 404)
+}
+
+// TestPicoHeaderMessages pins the text of the errors that name a header:
+// they spell it as the Pico reference does (Pico-TTL, not Go's canonical
+// Pico-Ttl) and say what is wrong and what is allowed.
+func TestPicoHeaderMessages(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/ttl", nil, hdrPicoTTL, "3600").want(t, 201)
+	s.do(t, "PUT", "/pico/plain", nil, hCT, "text/plain").want(t, 201)
+	s.do(t, "PUT", "/pico/at", nil, hdrPicoExpiresAt, "2099-01-02T03:04:05Z").want(t, 201)
+	for _, tc := range []struct {
+		name   string
+		method string
+		path   string
+		hdr    http.Header
+		status int
+		want   string
+	}{
+		{"TTL and Expires-At", "PUT", "/pico/new", http.Header{hdrPicoTTL: {"60"}, hdrPicoExpiresAt: {"2099-01-01T00:00:00Z"}}, 400,
+			"Pico-TTL and Pico-Expires-At were both given; a stream expires either after idle seconds (Pico-TTL) " +
+				"or at an instant (Pico-Expires-At), so send only one"},
+		{"TTL not a number", "PUT", "/pico/new", http.Header{hdrPicoTTL: {"soon"}}, 400,
+			`Pico-TTL must be a whole number of seconds from 1 to 3153600000, got "soon"`},
+		{"TTL zero", "PUT", "/pico/new", http.Header{hdrPicoTTL: {"0"}}, 400,
+			`Pico-TTL must be a whole number of seconds from 1 to 3153600000, got "0"`},
+		{"TTL too large", "PUT", "/pico/new", http.Header{hdrPicoTTL: {"3153600001"}}, 400,
+			`Pico-TTL must be a whole number of seconds from 1 to 3153600000, got "3153600001"`},
+		{"Expires-At in the past", "PUT", "/pico/new", http.Header{hdrPicoExpiresAt: {"2001-01-01T00:00:00Z"}}, 400,
+			"Pico-Expires-At 2001-01-01T00:00:00Z is not in the future: the stream would expire at once"},
+		{"TTL given twice", "PUT", "/pico/new", http.Header{hdrPicoTTL: {"60", "61"}}, 400,
+			"Pico-TTL is given more than once, with different values"},
+		{"Last-Event-ID given twice", "GET", "/pico/ttl?live=sse", http.Header{hdrLastEventID: {"1", "2"}}, 400,
+			"Last-Event-ID is given more than once, with different values"},
+		{"trim with producer headers", "POST", "/pico/ttl", http.Header{hdrPicoTrimSeq: {"0"}, hdrPicoClosed: {"true"}, hdrPicoMatchSeq: {"0"}}, 400,
+			"a trim (Pico-Trim-Seq) cannot be combined with Pico-Closed, Pico-Match-Seq; send them in a request of their own"},
+		{"create with another TTL", "PUT", "/pico/ttl", http.Header{hdrPicoTTL: {"60"}}, 409,
+			"stream exists with Pico-TTL 3600, not 60; a create of an existing stream must give the same settings, " +
+				"or delete the stream first"},
+		{"create without the TTL", "PUT", "/pico/ttl", nil, 409,
+			"stream exists with Pico-TTL 3600, not none; a create of an existing stream must give the same settings, " +
+				"or delete the stream first"},
+		{"create with a TTL where none is", "PUT", "/pico/plain", http.Header{hCT: {"text/plain"}, hdrPicoTTL: {"60"}}, 409,
+			"stream exists with Pico-TTL none, not 60; a create of an existing stream must give the same settings, " +
+				"or delete the stream first"},
+		{"create with a TTL instead of Expires-At", "PUT", "/pico/at", http.Header{hdrPicoTTL: {"60"}}, 409,
+			"stream exists with Pico-TTL none, not 60; Pico-Expires-At 2099-01-02T03:04:05Z, not none; " +
+				"a create of an existing stream must give the same settings, or delete the stream first"},
+		{"create with another type", "PUT", "/pico/plain", http.Header{hCT: {"application/json"}}, 409,
+			"stream exists with content type text/plain, not application/json; a create of an existing stream " +
+				"must give the same settings, or delete the stream first"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := s.doHeader(t, tc.method, tc.path, tc.hdr)
+			r.want(t, tc.status)
+			var body struct{ Message string }
+			if err := json.Unmarshal(r.body, &body); err != nil {
+				t.Fatalf("error body %q: %v", r.body, err)
+			}
+			if body.Message != tc.want {
+				t.Errorf("message\n%s\nwant\n%s", body.Message, tc.want)
+			}
+		})
+	}
 }
 
 func TestParsePicoExpiry(t *testing.T) {

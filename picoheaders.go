@@ -103,7 +103,7 @@ func parsePicoUint(h http.Header, name string) (n uint64, ok bool, err error) {
 	}
 	n, valid := parseDigits(v)
 	if !valid {
-		return 0, false, fmt.Errorf("%s must be a non-negative integer, got %q", name, v)
+		return 0, false, fmt.Errorf("%s must be a non-negative integer, got %q", displayHeader(name), v)
 	}
 	return n, true, nil
 }
@@ -117,19 +117,16 @@ func parsePicoExpiry(h http.Header, now time.Time) (streamstore.Expiry, error) {
 	ttl, hasTTL := headerValue(h, hdrPicoTTL)
 	at, hasAt := headerValue(h, hdrPicoExpiresAt)
 	if hasTTL && hasAt {
-		return x, errors.New("Pico-TTL and Pico-Expires-At are mutually exclusive")
+		return x, errors.New("Pico-TTL and Pico-Expires-At were both given; a stream expires either after " +
+			"idle seconds (Pico-TTL) or at an instant (Pico-Expires-At), so send only one")
 	}
 	if hasTTL {
+		// The engine reads a zero TTL as "none"; refusing it beats
+		// silently creating a stream that never expires. One message for
+		// every bad value says the whole allowed range at once.
 		n, ok := parseDigits(ttl)
-		switch {
-		case !ok:
-			return x, fmt.Errorf("Pico-TTL must be a whole number of seconds, got %q", ttl)
-		case n == 0:
-			// The engine reads a zero TTL as "none"; refusing it beats
-			// silently creating a stream that never expires.
-			return x, errors.New("Pico-TTL must be at least 1 second")
-		case n > uint64(maxTTLSeconds):
-			return x, fmt.Errorf("Pico-TTL %s is too large; the limit is %d seconds", ttl, maxTTLSeconds)
+		if !ok || n == 0 || n > uint64(maxTTLSeconds) {
+			return x, fmt.Errorf("Pico-TTL must be a whole number of seconds from 1 to %d, got %q", maxTTLSeconds, ttl)
 		}
 		x.TTL = time.Duration(n) * time.Second
 	}

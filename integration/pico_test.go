@@ -288,6 +288,13 @@ func TestPicoProtocol(t *testing.T) {
 		picoWant(t, "HEAD ttl", picoDo(e, "HEAD", "/pico/ttl", nil), 200, "Pico-TTL", "3600",
 			"Content-Type", "application/octet-stream", "Pico-Start-Seq", "0", "Pico-Next-Seq", "0")
 		picoWant(t, "DS sees the TTL", picoDo(e, "HEAD", "/ds/ttl", nil), 200, "Stream-TTL", "3600")
+		// The message names the setting that differs as the reference
+		// spells it, with both values.
+		body := picoWantError(t, "create with another TTL", picoDo(e, "PUT", "/pico/ttl", nil, "Pico-TTL", "60"), 409, "conflict")
+		if want := "stream exists with Pico-TTL 3600, not 60; a create of an existing stream must give the same settings, " +
+			"or delete the stream first"; body["message"] != want {
+			t.Errorf("create with another TTL: message %q, want %q", body["message"], want)
+		}
 		ms := strconv.FormatInt(time.Date(2099, 3, 4, 5, 6, 7, 8e6, time.UTC).UnixMilli(), 10)
 		picoWant(t, "create with Unix ms expiry", picoDo(e, "PUT", "/pico/exp", nil, "Pico-Expires-At", ms), 201)
 		picoWant(t, "HEAD exp", picoDo(e, "HEAD", "/pico/exp", nil), 200, "Pico-Expires-At", "2099-03-04T05:06:07.008Z")
