@@ -231,3 +231,28 @@ func TestBenchFlagsHelp(t *testing.T) {
 		t.Errorf("--json: usage %q does not say - replaces the summary", json)
 	}
 }
+
+// Read mode's JSON result does not carry the append defaults (64
+// writers, 100 streams, the random prefix, 1024-byte size) as if they had
+// shaped the run.
+func TestBenchCommandReadResultLeavesOtherModesSettingsZero(t *testing.T) {
+	srv, _ := benchServer(t)
+	path := filepath.Join(t.TempDir(), "result.json")
+	if _, err := execBench(t, "--url", srv.URL+"/", "--json", path, "--mode", "read", "--stream", "s", "--readers", "2"); err == nil {
+		t.Fatal("a read of a 404 stream succeeded")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("no JSON result: %v", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"mode": "read", "stream": "s", "readers": 2.0, "writers": 0.0, "streams": 0.0, "prefix": "", "size": 0.0, "rate": 0.0}
+	for k, v := range want {
+		if got, ok := m[k]; !ok || got != v {
+			t.Errorf("%s = %v (present %v), want %v", k, got, ok, v)
+		}
+	}
+}

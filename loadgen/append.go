@@ -179,21 +179,35 @@ func pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// result starts a Result with the run's configuration.
+// result starts a Result with the run's configuration. Settings the mode
+// does not use are left zero: read mode's result carried the defaults
+// "writers": 64 and "streams": 100, which read as if 64 writers had taken
+// part. The keys stay, so that every result has the same shape.
 func (r *runner) result(mode string) *Result {
 	cfg := r.cfg
-	return &Result{
+	res := &Result{
 		Mode:         mode,
 		URL:          cfg.URL,
-		Prefix:       cfg.Prefix,
-		Writers:      cfg.Writers,
-		Streams:      cfg.Streams,
-		Size:         cfg.Size,
-		Rate:         cfg.Rate,
 		ErrorSamples: []string{},
 		Warnings:     []string{},
 		Processes:    []Process{},
 	}
+	if FlagUsed(mode, "prefix") {
+		res.Prefix = cfg.Prefix
+	}
+	if FlagUsed(mode, "writers") {
+		res.Writers = cfg.Writers
+	}
+	if FlagUsed(mode, "streams") {
+		res.Streams = cfg.Streams
+	}
+	if FlagUsed(mode, "size") {
+		res.Size = cfg.Size
+	}
+	if FlagUsed(mode, "rate") {
+		res.Rate = cfg.Rate
+	}
+	return res
 }
 
 // finish fills the rates and the error samples.

@@ -26,6 +26,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +58,37 @@ const (
 	DefaultTimeout     = 30 * time.Second
 	DefaultSSERate     = 20
 )
+
+// modeFlags are the flags of `caddy picomq bench` that only some modes
+// read, each with those modes; every mode reads the others. It is the one
+// place that says which settings a mode uses: a result leaves the others
+// zero.
+var modeFlags = map[string][]string{
+	"prefix":       {ModeAppend, ModeSSE, ModePopulate, ModeVerify},
+	"writers":      {ModeAppend, ModePopulate, ModeVerify},
+	"streams":      {ModeAppend, ModePopulate, ModeVerify},
+	"size":         {ModeAppend, ModeSSE, ModePopulate, ModeVerify},
+	"duration":     {ModeAppend, ModeSSE},
+	"warmup":       {ModeAppend, ModeSSE},
+	"rate":         {ModeAppend, ModeSSE},
+	"content-type": {ModeAppend, ModeSSE, ModePopulate, ModeVerify},
+	"create":       {ModeAppend, ModeSSE, ModePopulate},
+	"subscribers":  {ModeSSE},
+	"protocol":     {ModeSSE},
+	"stream":       {ModeRead},
+	"readers":      {ModeRead},
+}
+
+// FlagUsed reports whether mode (empty: append) reads the bench command's
+// flag name (without the dashes). Flags that every mode reads, and names
+// it does not know, are used.
+func FlagUsed(mode, name string) bool {
+	if mode == "" {
+		mode = ModeAppend
+	}
+	modes, ok := modeFlags[name]
+	return !ok || slices.Contains(modes, mode)
+}
 
 // NamedPID is a process to account CPU time and memory for.
 type NamedPID struct {

@@ -189,6 +189,53 @@ func TestResultSummary(t *testing.T) {
 	}
 }
 
+// A result echoes only the settings its mode uses; the others are zero,
+// not the command's defaults (64 writers and 100 streams in read mode).
+func TestResultLeavesUnusedSettingsZero(t *testing.T) {
+	cfg := Config{URL: "http://x/", Prefix: "p-", Writers: 64, Streams: 100, Size: 1024, Rate: 5}
+	for _, tt := range []struct {
+		mode                 string
+		prefix               string
+		writers, streams, sz int
+		rate                 float64
+	}{
+		{ModeAppend, "p-", 64, 100, 1024, 5},
+		{ModeSSE, "p-", 0, 0, 1024, 5}, // runSSE sets its one writer and stream
+		{ModeRead, "", 0, 0, 0, 0},
+		{ModePopulate, "p-", 64, 100, 1024, 0},
+		{ModeVerify, "p-", 64, 100, 1024, 0},
+	} {
+		res := (&runner{cfg: cfg}).result(tt.mode)
+		if res.Prefix != tt.prefix || res.Writers != tt.writers || res.Streams != tt.streams || res.Size != tt.sz || res.Rate != tt.rate {
+			t.Errorf("%s: prefix %q writers %d streams %d size %d rate %g; want %q %d %d %d %g", tt.mode,
+				res.Prefix, res.Writers, res.Streams, res.Size, res.Rate, tt.prefix, tt.writers, tt.streams, tt.sz, tt.rate)
+		}
+	}
+}
+
+func TestFlagUsed(t *testing.T) {
+	for _, tt := range []struct {
+		mode, flag string
+		want       bool
+	}{
+		{ModeRead, "writers", false},
+		{ModeRead, "streams", false},
+		{ModeRead, "readers", true},
+		{ModeRead, "url", true}, // every mode's
+		{"", "writers", true},   // empty is append
+		{ModeAppend, "stream", false},
+		{ModeSSE, "subscribers", true},
+		{ModeSSE, "writers", false},
+		{ModePopulate, "create", true},
+		{ModeVerify, "create", false},
+		{ModeVerify, "warmup", false},
+	} {
+		if got := FlagUsed(tt.mode, tt.flag); got != tt.want {
+			t.Errorf("FlagUsed(%q, %q) = %v, want %v", tt.mode, tt.flag, got, tt.want)
+		}
+	}
+}
+
 // TestResultJSONShape pins the field names the matrix script reads.
 func TestResultJSONShape(t *testing.T) {
 	var buf bytes.Buffer
