@@ -1,17 +1,21 @@
 package picomq
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/picomq/caddy-picomq/loadgen"
 )
@@ -148,6 +152,14 @@ func runBench(cmd *cobra.Command) error {
 	}
 	cfg.Rate, _ = f.GetFloat64("rate")
 	cfg.Create, _ = f.GetBool("create")
+	mode := cmp.Or(cfg.Mode, loadgen.ModeAppend)
+	if unused := unusedFlags(f, mode); len(unused) > 0 {
+		// The run goes on (a script may pass one set of flags to every
+		// mode), but a user who expected --streams 10 to shape a read is
+		// told it did not.
+		fmt.Fprintf(cmd.ErrOrStderr(), "bench: warning: %s mode does not use %s; ignored\n",
+			mode, strings.Join(unused, ", "))
+	}
 	if cfg.Mode == loadgen.ModeSSE && !f.Changed("content-type") {
 		cfg.ContentType = "text/plain"
 	}
@@ -204,6 +216,22 @@ func runBench(cmd *cobra.Command) error {
 		}
 	}
 	return nil
+}
+
+// unusedFlags returns, as "--name", the flags given on the command line
+// that mode does not read. Only flags given count (Visit skips defaults),
+// and none for a mode Run will refuse.
+func unusedFlags(f *pflag.FlagSet, mode string) []string {
+	if !slices.Contains([]string{loadgen.ModeAppend, loadgen.ModeSSE, loadgen.ModeRead, loadgen.ModePopulate, loadgen.ModeVerify}, mode) {
+		return nil
+	}
+	var unused []string
+	f.Visit(func(fl *pflag.Flag) {
+		if !loadgen.FlagUsed(mode, fl.Name) {
+			unused = append(unused, "--"+fl.Name)
+		}
+	})
+	return unused
 }
 
 // writeResultJSON writes res to path, or to stdout for "-".

@@ -32,11 +32,18 @@ func benchServer(t *testing.T) (*httptest.Server, *atomic.Int64) {
 // it wrote to stdout (the summary); cobra's own error report is dropped.
 func execBench(t *testing.T, args ...string) (string, error) {
 	t.Helper()
+	return execBenchStderr(t, io.Discard, args...)
+}
+
+// execBenchStderr is execBench with the command's stderr (warnings, and
+// cobra's error report) written to stderr.
+func execBenchStderr(t *testing.T, stderr io.Writer, args ...string) (string, error) {
+	t.Helper()
 	var out bytes.Buffer
 	cmd := benchCommand()
 	cmd.SetArgs(append([]string{"--quiet"}, args...))
 	cmd.SetOut(&out)
-	cmd.SetErr(io.Discard)
+	cmd.SetErr(stderr)
 	err := cmd.Execute()
 	return out.String(), err
 }
@@ -229,6 +236,50 @@ func TestBenchFlagsHelp(t *testing.T) {
 	}
 	if json := f.Lookup("json").Usage; !strings.Contains(json, "instead of the text summary") {
 		t.Errorf("--json: usage %q does not say - replaces the summary", json)
+	}
+}
+
+// A flag given to a mode that does not read it gets one warning line that
+// names it, and the run goes on; flags left at their defaults, and flags
+// the mode reads, get none. The JSON result of such a run leaves the
+// settings the mode does not use at zero rather than echoing defaults.
+func TestBenchCommandWarnsOfUnusedFlags(t *testing.T) {
+	srv, _ := benchServer(t)
+	base := srv.URL + "/"
+	tests := []struct {
+		name string
+		args []string
+		warn string // "" for no warning
+	}{
+		{"read with append's flags", []string{"--mode", "read", "--stream", "s", "--writers", "2", "--streams", "10"},
+			"bench: warning: read mode does not use --streams, --writers; ignored\n"},
+		{"read with its own flags", []string{"--mode", "read", "--stream", "s", "--readers", "2"}, ""},
+		{"populate with a rate and a warm-up", []string{"--mode", "populate", "--streams", "1", "--create=false", "--rate", "5", "--warmup", "1s"},
+			"bench: warning: populate mode does not use --rate, --warmup; ignored\n"},
+		{"verify with --create", []string{"--mode", "verify", "--streams", "1", "--create=false"},
+			"bench: warning: verify mode does not use --create; ignored\n"},
+		{"append with its own flags", []string{"--writers", "1", "--streams", "1", "--create=false", "--duration", "100ms", "--size", "8"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "result.json")
+			var stderr bytes.Buffer
+			// The server answers 404: each run fails for want of a
+			// success, which says nothing of its flags.
+			_, err := execBenchStderr(t, &stderr, append([]string{"--url", base, "--json", path}, tt.args...)...)
+			if err == nil || !strings.Contains(err.Error(), "no operation succeeded") && !strings.Contains(err.Error(), "verify failed") {
+				t.Fatalf("error %v, want the run to have gone on to fail against the 404 server", err)
+			}
+			warnings := ""
+			for line := range strings.Lines(stderr.String()) {
+				if strings.Contains(line, "warning") {
+					warnings += line
+				}
+			}
+			if warnings != tt.warn {
+				t.Errorf("warnings %q, want %q (stderr %q)", warnings, tt.warn, stderr.String())
+			}
+		})
 	}
 }
 

@@ -61,8 +61,8 @@ const (
 
 // modeFlags are the flags of `caddy picomq bench` that only some modes
 // read, each with those modes; every mode reads the others. It is the one
-// place that says which settings a mode uses: a result leaves the others
-// zero.
+// place that says which settings a mode uses: the command warns of a flag
+// given to a mode that ignores it, and a result leaves such settings zero.
 var modeFlags = map[string][]string{
 	"prefix":       {ModeAppend, ModeSSE, ModePopulate, ModeVerify},
 	"writers":      {ModeAppend, ModePopulate, ModeVerify},
