@@ -72,7 +72,8 @@ Stream i is URL + prefix + i. Modes:
   populate  create --streams streams with one deterministic --size record each
   verify    read them back and compare
 
-A progress line goes to stderr every second; the summary to stdout. The
+A progress line goes to stderr every second (its p99 is of that last
+second); the summary to stdout. The
 exit status is non-zero when verify finds a stream mismatched or
 unreadable, and when errors leave a run nothing to measure (no operation
 succeeded; in sse mode, no record reached a subscriber).`,

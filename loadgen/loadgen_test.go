@@ -388,6 +388,38 @@ func TestHistogram(t *testing.T) {
 	}
 }
 
+// The progress line's p99 is of its last interval: after a slow warm-up,
+// a line over fast answers shows them, not the warm-up's tail; a line
+// over no answers shows none.
+func TestProgressLineP99IsOfTheLastInterval(t *testing.T) {
+	r := &runner{}
+	var p progressState
+	for _, tt := range []struct {
+		name    string
+		samples int
+		lat     time.Duration
+		want    string // the p99 past "p99 (last 1s) ": a bucket edge, within 6% above
+	}{
+		{"slow warm-up", 1000, 100 * time.Millisecond, "100.66ms"},
+		{"fast window", 200, time.Millisecond, "1.02ms"},
+		{"nothing answered", 0, 0, "-"},
+		{"fast again", 10, time.Millisecond, "1.02ms"},
+	} {
+		for range tt.samples {
+			r.hist.record(tt.lat)
+			r.ops.Add(1)
+		}
+		line := r.progressLine(&p, time.Second)
+		_, got, ok := strings.Cut(line, "p99 (last 1s) ")
+		if !ok || got != tt.want {
+			t.Errorf("%s: line %q, want p99 (last 1s) %s", tt.name, line, tt.want)
+		}
+		if want := fmt.Sprintf("  %d/s  ", tt.samples); !strings.Contains(line, want) {
+			t.Errorf("%s: line %q, want %q", tt.name, line, want)
+		}
+	}
+}
+
 func TestBodiesAndTags(t *testing.T) {
 	tests := []struct {
 		name string

@@ -225,7 +225,7 @@ func (e *errorSamples) list() []string {
 // line (the summary uses every sample): 16 buckets per power of two, so a
 // value is known within about 6%.
 type histogram struct {
-	counts [64 * 16]atomic.Int64
+	counts [len(histCounts{})]atomic.Int64
 }
 
 func histBucket(ns int64) int {
@@ -249,14 +249,44 @@ func histUpper(b int) int64 {
 
 func (h *histogram) record(d time.Duration) { h.counts[histBucket(int64(d))].Add(1) }
 
+// histCounts is a copy of a histogram's counts at one moment.
+type histCounts [64 * 16]int64
+
 // quantile returns the upper edge of the bucket holding the q-th quantile
 // (0 < q <= 1), or 0 with no samples.
 func (h *histogram) quantile(q float64) time.Duration {
-	var total int64
-	var snap [len(h.counts)]int64
+	var snap histCounts
 	for i := range h.counts {
 		snap[i] = h.counts[i].Load()
-		total += snap[i]
+	}
+	return snap.quantile(q)
+}
+
+// quantileSince returns the q-th quantile of the samples recorded since
+// the counts in prev, and sets prev to the counts now; ok is false when
+// there were none. The progress line shows the latency of its last
+// interval with it, not of the whole run so far.
+func (h *histogram) quantileSince(prev *histCounts, q float64) (d time.Duration, ok bool) {
+	var delta histCounts
+	var n int64
+	for i := range h.counts {
+		c := h.counts[i].Load()
+		delta[i] = c - prev[i]
+		prev[i] = c
+		n += delta[i]
+	}
+	if n == 0 {
+		return 0, false
+	}
+	return delta.quantile(q), true
+}
+
+// quantile returns the upper edge of the bucket holding the q-th quantile
+// (0 < q <= 1) of the counts, or 0 with none.
+func (snap *histCounts) quantile(q float64) time.Duration {
+	var total int64
+	for _, c := range snap {
+		total += c
 	}
 	if total == 0 {
 		return 0

@@ -287,8 +287,8 @@ func sleepUntil(ctx context.Context, t time.Time) error {
 }
 
 // progress prints a line a second until stop is closed: elapsed time, ops
-// so far, ops in the last second, errors and the p99 so far. extra, when
-// not nil, adds mode-specific text.
+// so far, ops in the last second, errors and the p99 of the last second.
+// extra, when not nil, adds mode-specific text.
 func (r *runner) progress(stop <-chan struct{}, start time.Time, extra func() string) (done <-chan struct{}) {
 	ch := make(chan struct{})
 	if r.cfg.Progress == nil {
@@ -299,7 +299,7 @@ func (r *runner) progress(stop <-chan struct{}, start time.Time, extra func() st
 		defer close(ch)
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
-		var last int64
+		var p progressState
 		for {
 			select {
 			case <-stop:
@@ -309,10 +309,7 @@ func (r *runner) progress(stop <-chan struct{}, start time.Time, extra func() st
 				return
 			case <-t.C:
 			}
-			ops := r.ops.Load()
-			line := fmt.Sprintf("%6.1fs  ops %d  %d/s  errors %d  p99 %.2fms",
-				time.Since(start).Seconds(), ops, ops-last, r.errs.Load(), float64(r.hist.quantile(0.99))/1e6)
-			last = ops
+			line := r.progressLine(&p, time.Since(start))
 			if extra != nil {
 				line += "  " + extra()
 			}
@@ -324,6 +321,30 @@ func (r *runner) progress(stop <-chan struct{}, start time.Time, extra func() st
 		}
 	}()
 	return ch
+}
+
+// progressState is what the progress line keeps from one line to the
+// next: its figures are of the interval since.
+type progressState struct {
+	ops  int64
+	hist histCounts
+}
+
+// progressLine is one progress line, without the mode's extra. Its p99 is
+// of the appends (or reads) answered since the last line, as its ops/s
+// are: one watching a run wants to see latency as it is now, a stall or
+// a recovery, and a p99 over the whole run so far, warm-up included,
+// moves less each second and hides both. The summary has the window's.
+func (r *runner) progressLine(p *progressState, elapsed time.Duration) string {
+	ops := r.ops.Load()
+	p99 := "-" // nothing answered in the interval
+	if d, ok := r.hist.quantileSince(&p.hist, 0.99); ok {
+		p99 = fmt.Sprintf("%.2fms", float64(d)/1e6)
+	}
+	line := fmt.Sprintf("%6.1fs  ops %d  %d/s  errors %d  p99 (last 1s) %s",
+		elapsed.Seconds(), ops, ops-p.ops, r.errs.Load(), p99)
+	p.ops = ops
+	return line
 }
 
 // whole measures a run that has no fixed window (read, populate, verify):
