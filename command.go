@@ -154,15 +154,20 @@ func runBench(cmd *cobra.Command) error {
 	cfg.Rate, _ = f.GetFloat64("rate")
 	cfg.Create, _ = f.GetBool("create")
 	mode := cmp.Or(cfg.Mode, loadgen.ModeAppend)
+	if cfg.Mode == loadgen.ModeSSE && !f.Changed("content-type") {
+		cfg.ContentType = "text/plain"
+	}
+	// Refused input is reported alone: a warning that a flag is ignored,
+	// above the error that refuses the run over it, would say the opposite.
+	if err := cfg.Check(); err != nil {
+		return err
+	}
 	if unused := unusedFlags(f, mode); len(unused) > 0 {
 		// The run goes on (a script may pass one set of flags to every
 		// mode), but a user who expected --streams 10 to shape a read is
 		// told it did not.
 		fmt.Fprintf(cmd.ErrOrStderr(), "bench: warning: %s mode does not use %s; ignored\n",
 			mode, strings.Join(unused, ", "))
-	}
-	if cfg.Mode == loadgen.ModeSSE && !f.Changed("content-type") {
-		cfg.ContentType = "text/plain"
 	}
 	pids, _ := f.GetStringArray("pid")
 	for _, p := range pids {

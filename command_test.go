@@ -259,16 +259,21 @@ func TestBenchCommandWarnsOfUnusedFlags(t *testing.T) {
 		{"verify with --create", []string{"--mode", "verify", "--streams", "1", "--create=false"},
 			"bench: warning: verify mode does not use --create; ignored\n"},
 		{"append with its own flags", []string{"--writers", "1", "--streams", "1", "--create=false", "--duration", "100ms", "--size", "8"}, ""},
+		// Refused over the flag: an "ignored" above the refusal said the
+		// opposite of the error.
+		{"read with --protocol pico", []string{"--mode", "read", "--stream", "s", "--protocol", "pico"}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "result.json")
 			var stderr bytes.Buffer
 			// The server answers 404: each run fails for want of a
-			// success, which says nothing of its flags.
+			// success, which says nothing of its flags; a refused run
+			// fails before it starts.
 			_, err := execBenchStderr(t, &stderr, append([]string{"--url", base, "--json", path}, tt.args...)...)
-			if err == nil || !strings.Contains(err.Error(), "no operation succeeded") && !strings.Contains(err.Error(), "verify failed") {
-				t.Fatalf("error %v, want the run to have gone on to fail against the 404 server", err)
+			if err == nil || !strings.Contains(err.Error(), "no operation succeeded") && !strings.Contains(err.Error(), "verify failed") &&
+				!strings.Contains(err.Error(), "is for sse mode") {
+				t.Fatalf("error %v, want the run to fail against the 404 server, or be refused", err)
 			}
 			warnings := ""
 			for line := range strings.Lines(stderr.String()) {

@@ -140,6 +140,9 @@ const (
 	feedsGoroutine                    // by hand, each feed on its own goroutine
 )
 
+// Check reports what Run would refuse in c, without running anything.
+func (c Config) Check() error { return c.normalize() }
+
 // normalize fills defaults and checks the configuration.
 func (c *Config) normalize() error {
 	if c.Mode == "" {
