@@ -156,11 +156,15 @@ func (c *Config) normalize() error {
 	if c.URL == "" {
 		return errors.New("--url is required")
 	}
-	if err := checkBaseURL(c.URL); err != nil {
-		return err
-	}
 	if c.Prefix == "" {
 		c.Prefix = RandomPrefix()
+	}
+	appended := c.Prefix
+	if c.Mode == ModeRead {
+		appended = c.Stream
+	}
+	if err := checkBaseURL(c.URL, appended); err != nil {
+		return err
 	}
 	if c.ContentType == "" {
 		c.ContentType = DefaultContentType
@@ -238,10 +242,11 @@ func (c *Config) normalize() error {
 	return nil
 }
 
-// checkBaseURL checks that stream names can be appended to raw: an http
-// or https URL with a host and a path (at least "/"), and no query or
-// fragment, which the names would land in.
-func checkBaseURL(raw string) error {
+// checkBaseURL checks that stream names, which start with appended (the
+// prefix, or read mode's stream), can be appended to raw: an http or https
+// URL with a host, a path (at least "/") unless appended starts one, and
+// no query or fragment, which the names would land in.
+func checkBaseURL(raw, appended string) error {
 	if !strings.HasPrefix(raw, "http://") && !strings.HasPrefix(raw, "https://") {
 		return fmt.Errorf("--url %q: want an http:// or https:// URL", raw)
 	}
@@ -252,7 +257,7 @@ func checkBaseURL(raw string) error {
 	if u.Host == "" {
 		return fmt.Errorf("--url %q: no host", raw)
 	}
-	if u.Path == "" {
+	if u.Path == "" && !strings.HasPrefix(appended, "/") {
 		// Stream i is URL + prefix + i: without a path the name would be
 		// glued to the host or port.
 		return fmt.Errorf("--url %q: no path after the host; stream names are appended to the URL, so end it with a slash (%s/)", raw, raw)

@@ -660,6 +660,21 @@ func TestRunRefusesBadInput(t *testing.T) {
 	}
 }
 
+// A URL without a path takes a prefix that starts one, as the benchmark
+// matrix passes them (--url http://host:port --prefix /r1/): the stream
+// names land in the path, nothing is glued to the port.
+func TestRunTakesAPathFromThePrefix(t *testing.T) {
+	_, srv := newFake(t)
+	cfg := Config{URL: srv.URL, Prefix: "/r1/", Writers: 1, Streams: 1, Size: 1, Create: true, Duration: 200 * time.Millisecond}
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("run with --url %s --prefix /r1/: %v", srv.URL, err)
+	}
+	if res.Ops == 0 || res.Errors != 0 {
+		t.Errorf("ops %d errors %d, want appends and no errors", res.Ops, res.Errors)
+	}
+}
+
 func TestResultCheck(t *testing.T) {
 	tests := []struct {
 		name string
