@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	mrand "math/rand/v2"
 	"net"
 	"net/http"
@@ -812,6 +813,34 @@ func (m *subManager) saveOrLog(s *subState) {
 	}
 }
 
+// undoCopy returns a copy of s that shares nothing a request changes (the
+// links and the snapshot are copied too), taken before the request changes
+// s, for restoreLocked to put back when the change cannot be saved.
+func (s *subState) undoCopy() subState {
+	c := *s
+	c.Links = make(map[string]*subLink, len(s.Links))
+	for p, l := range s.Links {
+		lc := *l
+		c.Links[p] = &lc
+	}
+	c.Snapshot = maps.Clone(s.Snapshot)
+	return c
+}
+
+// restoreLocked puts s back as undoCopy found it, in the manager's index
+// and due heap too, after a change a request made could not be saved: the
+// request is answered 503, and a request that fails changes nothing. Left
+// in memory, the change would act (a claim's lease refuses other workers)
+// and the next save of anything else would make it durable (an ack the
+// worker was told failed). The manager's bookkeeping (where s is in the
+// index and the heap, the version last written) is s's own, not the copy's.
+func (m *subManager) restoreLocked(s *subState, before subState) {
+	before.version, before.indexed, before.dueAt, before.dueIdx = s.version, s.indexed, s.dueAt, s.dueIdx
+	*s = before
+	m.index.update(s)
+	m.scheduleLocked(s)
+}
+
 // --- HTTP handlers ---------------------------------------------------------
 
 type putBody struct {
@@ -1142,6 +1171,7 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("a subscription has at most %d streams; these would make %d", subMaxStreams, explicit))
 		return
 	}
+	before := s.undoCopy()
 	for p, t := range tails {
 		l := s.Links[p]
 		if l == nil || l.Gone {
@@ -1154,6 +1184,7 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 	// already there keeps its offsets.
 	m.index.update(s)
 	if err := m.saveLocked(s); err != nil {
+		m.restoreLocked(s, before)
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
 	}
@@ -1169,6 +1200,7 @@ func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, 
 		return
 	}
 	if l := s.Links[p]; l != nil && l.Explicit {
+		before := s.undoCopy()
 		l.Explicit = false
 		if s.Config.Pattern == "" || !globMatch(s.Config.Pattern, p) {
 			delete(s.Links, p)
@@ -1176,6 +1208,7 @@ func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, 
 		m.index.update(s)
 		m.scheduleLocked(s)
 		if err := m.saveLocked(s); err != nil {
+			m.restoreLocked(s, before)
 			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 			return
 		}
@@ -1237,6 +1270,7 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 			return
 		}
 	}
+	before := s.undoCopy()
 	for i, l := range links {
 		if l.ResetGen == s.Generation {
 			// The link started over during this wake: the worker acks
@@ -1247,16 +1281,19 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 			l.Acked = acked[i]
 		}
 	}
+	var err error
 	if body.Done {
 		s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot, s.NextTry, s.Failures = "", "", 0, nil, 0, 0
-		m.maybeWakeLocked(s) // saves
+		err = m.wakeOrSaveLocked(s)
 	} else {
 		s.LeaseUntil = time.Now().Add(s.lease()).UnixMilli()
 		m.scheduleLocked(s)
-		if err := m.saveLocked(s); err != nil {
-			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
-			return
-		}
+		err = m.saveLocked(s)
+	}
+	if err != nil {
+		m.restoreLocked(s, before)
+		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		return
 	}
 	writeJSONStatus(w, http.StatusOK, "application/json", map[string]bool{"ok": true, "next_wake": s.WakeID != ""})
 }
@@ -1350,6 +1387,7 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 		subError(w, http.StatusConflict, "NO_PENDING_WORK", "the subscription has no pending work")
 		return
 	}
+	before := s.undoCopy()
 	if s.Holder != "" || s.WakeID == "" || s.resetInWake() {
 		// No wake to take over (or its lease ran out, or what it was
 		// about is of a stream deleted since): a new generation.
@@ -1361,6 +1399,7 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 	s.NextTry, s.Failures = 0, 0 // claimed: no more announcing the wake
 	m.scheduleLocked(s)
 	if err := m.saveLocked(s); err != nil {
+		m.restoreLocked(s, before)
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
 	}
@@ -1384,8 +1423,13 @@ func (m *subManager) handleRelease(w http.ResponseWriter, r *http.Request, root,
 	if s == nil {
 		return
 	}
+	before := s.undoCopy()
 	s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot = "", "", 0, nil
-	m.maybeWakeLocked(s)
+	if err := m.wakeOrSaveLocked(s); err != nil {
+		m.restoreLocked(s, before)
+		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		return
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
@@ -1566,13 +1610,25 @@ func (s *subState) applyNote(rel string, n appendNote) (changed, grew bool) {
 }
 
 // maybeWakeLocked starts a wake when s has pending work and none is in
-// flight, and saves s when it does. It reports whether it saved.
+// flight, and saves s either way (logging a failure: it is for changes
+// made in the background). It reports whether it saved.
 func (m *subManager) maybeWakeLocked(s *subState) bool {
+	if err := m.wakeOrSaveLocked(s); err != nil {
+		m.log.Error("saving subscription", zap.String("id", s.ID), zap.Error(err))
+	}
+	return true
+}
+
+// wakeOrSaveLocked starts a wake when s has pending work and none is in
+// flight, and saves s either way. A wake that could not be saved is taken
+// back (not durable, so not issued: the tick tries again) and the error
+// returned, so that a request whose change it saves can answer 503 and put
+// s back as it was.
+func (m *subManager) wakeOrSaveLocked(s *subState) error {
 	defer m.scheduleLocked(s)
 	s.dropGone()
 	if s.WakeID != "" || s.Holder != "" || !s.pending() {
-		m.saveOrLog(s)
-		return true
+		return m.saveLocked(s)
 	}
 	s.Generation++
 	s.WakeID = newWakeID()
@@ -1582,17 +1638,16 @@ func (m *subManager) maybeWakeLocked(s *subState) bool {
 	}
 	if err := m.saveLocked(s); err != nil {
 		// Not durable, so not issued: the tick tries again.
-		m.log.Error("saving subscription wake", zap.String("id", s.ID), zap.Error(err))
 		s.Generation--
 		s.WakeID, s.LeaseUntil = "", 0
-		return true
+		return fmt.Errorf("saving a new wake: %w", err)
 	}
 	if s.Config.Type == "webhook" {
 		m.deliverLocked(s)
 	} else {
 		m.writeWakeEventLocked(s)
 	}
-	return true
+	return nil
 }
 
 // tickLocked expires leases, runs due webhook retries and wake event
