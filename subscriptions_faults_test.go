@@ -24,16 +24,12 @@ func (n *subNode) wakeEvents(t *testing.T, path string) string {
 	return string(b)
 }
 
-// A pull-wake subscription whose wake event could not be appended (here:
-// the wake stream did not exist yet; a storage error does the same) keeps
-// the wake "in flight" forever: no lease runs for an unclaimed pull-wake,
-// maybeWakeLocked never starts another wake while WakeID is set, and no
-// tick retries the append. Pending work never produces a wake event again.
 // A pull-wake whose wake event could not be appended (here its wake
-// stream did not exist yet) was issued but never announced: no worker
-// claimed it, nothing retried it, and the subscription stayed stuck with
-// pending work. The announcement is now retried with backoff until the
-// wake is claimed.
+// stream did not exist yet; a storage error does the same) is announced
+// again, with backoff, until a worker claims it. It used to stay in
+// flight unannounced for good: no lease runs for an unclaimed pull-wake,
+// no other wake starts while one is in flight, and nothing retried the
+// append, so pending work never produced a wake event again.
 func TestPullWakeAnnouncedAgainAfterFailedAppend(t *testing.T) {
 	n := startSubNode(t, t.TempDir())
 	const sub = "/v1/stream/__ds/subscriptions/p1"
@@ -102,14 +98,10 @@ func TestRefusedAckMovesNoCursor(t *testing.T) {
 	}
 }
 
-// A lease that has run out is enforced only by the manager's 100 ms tick:
-// until the tick comes round, the expired holder's heartbeat ack is
-// accepted and revives the lease (checkWakeLocked never looks at
-// LeaseUntil), although section 7.3 says an expired lease clears the holder
-// and wake token.
 // A heartbeat that arrives after its lease ran out, but before the
-// manager's tick cleared it, was accepted and renewed the lease; section
-// 7.3 ends the lease at its time. It is now fenced (409).
+// manager's tick has cleared it, is fenced (409): section 7.3 ends a lease
+// at its time. It used to be accepted and to renew the lease, since only
+// the tick (every 100 ms) looked at LeaseUntil, not checkWakeLocked.
 func TestHeartbeatAfterLeaseExpiryIsFenced(t *testing.T) {
 	n := startSubNode(t, t.TempDir())
 	const sub = "/v1/stream/__ds/subscriptions/p1"
