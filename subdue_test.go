@@ -558,3 +558,34 @@ func TestSubLoadSchedulesTicks(t *testing.T) {
 		t.Errorf("wake events after the stored lease ran out %v, want [6]", gens)
 	}
 }
+
+// TestSubLoadAnnouncesUnclaimedWake: a pull-wake whose wake was saved but
+// whose wake event never landed (the node stopped between the two, or the
+// append failed and its retry, kept in memory only, went with the node)
+// is announced again after a restart. It used to wait for a claim no
+// worker would make: no lease runs for an unclaimed wake, no other wake
+// starts while it is in flight, and nothing retried the announcement.
+func TestSubLoadAnnouncesUnclaimedWake(t *testing.T) {
+	g := newDueRig(t)
+	g.createStream(t, "wake", 0)
+	g.createStream(t, "events/a", 1)
+	info, err := g.eng.Head(context.Background(), dueRoot+"events/a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	links := map[string]*subLink{"events/a": {Glob: true, Tail: 1, Stream: info.ID}}
+	g.add(t, &subState{ID: "unheard", Config: subConfig{Type: "pull-wake"}, Links: links, Generation: 2, WakeID: "w_unheard"})
+
+	g.m = g.newManager(t)
+	if err := g.m.load(); err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	g.m.mu.Lock()
+	s := g.m.subs[subDocKey(dueRoot, "unheard")]
+	checkDueLocked(t, g.m)
+	g.m.mu.Unlock()
+	g.tick(t, time.Now().UnixMilli())
+	if gens := g.wakeEvents(t, s, 1); fmt.Sprint(gens) != "[2]" {
+		t.Fatalf("wake events after the load %v, want [2]: the wake in flight announced again", gens)
+	}
+}

@@ -641,12 +641,17 @@ func (m *subManager) load() error {
 			m.saveOrLog(s)
 		}
 	}
-	// Wakes in flight before a restart are delivered again (same generation).
+	// Wakes in flight before a restart are delivered again (same
+	// generation), and so are the wake events of pull-wakes no worker has
+	// claimed: the node may have stopped between saving the wake and
+	// appending its event (or with the event's retry, which is kept in
+	// memory only, still to come), and an unclaimed pull-wake has no lease
+	// to run out. A worker that heard the first event finds the same wake.
 	// What the documents say is due (leases, retries, pending work not
 	// woken) is the tick's from now on.
 	m.due = nil
 	for _, s := range subs {
-		if s.Config.Type == "webhook" && s.WakeID != "" && s.NextTry == 0 {
+		if s.WakeID != "" && s.NextTry == 0 && (s.Config.Type == "webhook" || s.Holder == "") {
 			s.NextTry = time.Now().UnixMilli()
 		}
 		m.scheduleLocked(s)
