@@ -74,6 +74,22 @@ func newDueRig(t *testing.T) *dueRig {
 }
 
 // newManager is a loop-less manager on g's engine, with no subscriptions.
+// pullLeaseRunsOut checks that the lease of pull-wake s holds, in
+// generation gen by holder, until the tick at its last millisecond, and
+// that the tick at its end opens the next generation with no holder.
+func (g *dueRig) pullLeaseRunsOut(t *testing.T, s *subState, which string, gen uint64, holder string) {
+	t.Helper()
+	lease := g.snap(s).LeaseUntil
+	g.tick(t, lease-1)
+	if got := g.snap(s); got.Generation != gen || got.Holder != holder {
+		t.Fatalf("before the %s lease ran out: generation %d holder %q, want %d and %s", which, got.Generation, got.Holder, gen, holder)
+	}
+	g.tick(t, lease)
+	if got := g.snap(s); got.Generation != gen+1 || got.Holder != "" {
+		t.Fatalf("when the %s lease ran out: generation %d holder %q, want %d and none", which, got.Generation, got.Holder, gen+1)
+	}
+}
+
 func (g *dueRig) newManager(t *testing.T) *subManager {
 	t.Helper()
 	m := loopLessSubManager(t, g.eng)
@@ -285,16 +301,8 @@ func TestSubTickAtDeadline(t *testing.T) {
 			if st := g.call(t, s, "ack", false); st != 200 {
 				t.Fatalf("heartbeat: %d", st)
 			}
-			lease := g.snap(s).LeaseUntil
 			g.tick(t, t0+60000)
-			g.tick(t, lease-1)
-			if got := g.snap(s); got.Generation != 3 || got.Holder != "w1" {
-				t.Fatalf("before the renewed lease ran out: generation %d holder %q, want 3 and w1", got.Generation, got.Holder)
-			}
-			g.tick(t, lease)
-			if got := g.snap(s); got.Generation != 4 || got.Holder != "" {
-				t.Fatalf("when the renewed lease ran out: generation %d holder %q, want 4 and none", got.Generation, got.Holder)
-			}
+			g.pullLeaseRunsOut(t, s, "renewed", 3, "w1")
 			if gens := g.wakeEvents(t, s, 1); fmt.Sprint(gens) != "[4]" {
 				t.Fatalf("wake events %v, want [4]", gens)
 			}
@@ -313,15 +321,7 @@ func TestSubTickAtDeadline(t *testing.T) {
 			if st := g.call(t, s, "claim", false); st != 200 {
 				t.Fatalf("claim: %d", st)
 			}
-			lease := g.snap(s).LeaseUntil
-			g.tick(t, lease-1)
-			if got := g.snap(s); got.Generation != 4 || got.Holder != "w2" {
-				t.Fatalf("before the claim's lease ran out: generation %d holder %q, want 4 and w2", got.Generation, got.Holder)
-			}
-			g.tick(t, lease)
-			if got := g.snap(s); got.Generation != 5 || got.Holder != "" {
-				t.Fatalf("when the claim's lease ran out: generation %d holder %q, want 5 and none", got.Generation, got.Holder)
-			}
+			g.pullLeaseRunsOut(t, s, "claim's", 4, "w2")
 			if gens := g.wakeEvents(t, s, 2); fmt.Sprint(gens) != "[4 5]" {
 				t.Fatalf("wake events %v, want [4 5]", gens)
 			}
