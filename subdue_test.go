@@ -33,6 +33,18 @@ type dueRig struct {
 	hookFailures atomic.Int32
 	hooks        chan float64
 	hookURL      string
+	// held, when set, parks the next write of the subscription document
+	// it names (holdPut).
+	held atomic.Pointer[putHold]
+}
+
+// putHold parks a document write: arrived is closed when it is parked,
+// and it goes on (or fails, with fail) when release is closed.
+type putHold struct {
+	key     string
+	fail    bool
+	arrived chan struct{}
+	release chan struct{}
 }
 
 const dueRoot = "/r/"
@@ -44,6 +56,13 @@ func newDueRig(t *testing.T) *dueRig {
 	store.Fail = func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "subs/") && g.failSaves.Load() {
 			return errors.New("injected: subscription document write refused")
+		}
+		if h := g.held.Load(); op == "PUT" && h != nil && strings.HasSuffix(key, h.key) && g.held.CompareAndSwap(h, nil) {
+			close(h.arrived)
+			<-h.release
+			if h.fail {
+				return errors.New("injected: subscription document write refused")
+			}
 		}
 		return nil
 	}
@@ -127,7 +146,7 @@ func (g *dueRig) add(t *testing.T, s *subState) *subState {
 	}
 	g.m.mu.Lock()
 	defer g.m.mu.Unlock()
-	if err := g.m.saveLocked(s); err != nil {
+	if err := g.m.putSub(s); err != nil {
 		t.Fatalf("saving %s: %v", s.ID, err)
 	}
 	g.m.addSubLocked(s)
@@ -171,13 +190,42 @@ func (g *dueRig) call(t *testing.T, s *subState, op string, done bool) int {
 	return rec.Code
 }
 
-// tick runs the manager's tick at ms (unix ms).
+// tick runs the manager's tick at ms (unix ms), and waits for the writes
+// it started.
 func (g *dueRig) tick(t *testing.T, ms int64) {
 	t.Helper()
 	g.m.mu.Lock()
-	defer g.m.mu.Unlock()
 	g.m.tickLocked(time.UnixMilli(ms))
 	checkDueLocked(t, g.m)
+	g.m.mu.Unlock()
+	g.settle(t)
+}
+
+// settle waits until no subscription has a writer: the writes the manager
+// started in the background (for append notes, the tick) are done.
+func (g *dueRig) settle(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g.m.mu.Lock()
+		busy := 0
+		for _, s := range g.m.subs {
+			if s.busy != nil {
+				busy++
+			}
+		}
+		if busy == 0 {
+			checkDueLocked(t, g.m)
+		}
+		g.m.mu.Unlock()
+		if busy == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d subscriptions still being written", busy)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // snap returns a copy of s made under the manager's lock (delivery
@@ -439,6 +487,7 @@ func TestSubTickAtDeadline(t *testing.T) {
 			g.m.applyNoteLocked(appendNote{name: dueRoot + "events/a", id: "x", first: 0, next: 1})
 			checkDueLocked(t, g.m)
 			g.m.mu.Unlock()
+			g.settle(t)
 			if got := g.snap(s); got.WakeID != "" {
 				t.Fatalf("a wake was issued although it could not be saved: %q", got.WakeID)
 			}
@@ -455,10 +504,14 @@ func TestSubTickAtDeadline(t *testing.T) {
 			g.failSaves.Store(true)
 			g.m.mu.Lock()
 			g.m.applyNoteLocked(appendNote{name: dueRoot + "events/a", id: "x", first: 0, next: 1})
+			g.m.mu.Unlock()
+			g.settle(t)
 			g.failSaves.Store(false)
+			g.m.mu.Lock()
 			g.m.applyNoteLocked(appendNote{name: dueRoot + "events/a", id: "x", deleted: true})
 			checkDueLocked(t, g.m)
 			g.m.mu.Unlock()
+			g.settle(t)
 			g.tick(t, t0)
 			if got := g.snap(s); got.Generation != 0 || got.WakeID != "" {
 				t.Fatalf("a wake for a deleted stream's records: generation %d wake %q", got.Generation, got.WakeID)
@@ -471,6 +524,7 @@ func TestSubTickAtDeadline(t *testing.T) {
 			g.m.mu.Lock()
 			g.m.applyNoteLocked(appendNote{name: dueRoot + "other/x", id: "y", first: 0, next: 1})
 			g.m.mu.Unlock()
+			g.settle(t)
 			g.failSaves.Store(false)
 			rec := httptest.NewRecorder()
 			g.m.handleRemoveStream(rec, httptest.NewRequest(http.MethodDelete, dueRoot+"__ds/subscriptions/p/streams/other/x", nil), dueRoot, "p", "other/x")

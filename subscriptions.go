@@ -24,7 +24,9 @@ package picomq
 //
 // One subManager serves each engine; it runs one goroutine (the loop: append
 // notifications, lease expiry, webhook retries) and short-lived delivery
-// goroutines, all of which end when the engine closes.
+// and document-writing goroutines, all of which end when the engine
+// closes. Documents are written outside the manager's lock, one writer per
+// subscription at a time (see "writing subscriptions").
 
 import (
 	"bytes"
@@ -314,8 +316,14 @@ type subState struct {
 	// so deliveries may connect to loopback addresses (and only then).
 	Loopback bool `json:"loopback,omitempty"`
 
-	key     string     // document key
-	version string     // document version (ETag)
+	key     string // document key
+	version string // document version (ETag); only s's writer uses it
+	// busy is set while a writer owns s (see writing subscriptions below)
+	// and closed when it lets go; kept holds the append and delete notes
+	// that came for s meanwhile, which the writer applies before it lets
+	// go, so that busy is never clear with notes kept.
+	busy    chan struct{}
+	kept    []appendNote
 	indexed subIndexed // where the manager's index has it
 	dueAt   int64      // unix ms of its next tick case (nextTick), while dueIdx > 0
 	dueIdx  int        // its place in the manager's due heap plus one; 0 when not in it
@@ -379,17 +387,27 @@ type subManager struct {
 	keyMu sync.Mutex // serialises ensureKey
 	mu    sync.Mutex
 	subs  map[string]*subState // by document key
-	index subIndex             // subs by the streams they may concern
-	due   subDueHeap           // subs by the time the tick acts on them (subdue.go)
-	priv  ed25519.PrivateKey
-	kid   string
-	mac   []byte
+	// creating holds the creates whose document is being written, by
+	// key: a PUT of the same id waits for it, and they count against
+	// max_subscriptions.
+	creating map[string]subCreate
+	index    subIndex   // subs by the streams they may concern
+	due      subDueHeap // subs by the time the tick acts on them (subdue.go)
+	priv     ed25519.PrivateKey
+	kid      string
+	mac      []byte
 
 	qmu    sync.Mutex
 	queue  map[string]appendNote // by stream name, coalesced: bounded by the streams appended to
 	kick   chan struct{}
 	client *http.Client
 	ctx    context.Context // ends when the engine closes
+}
+
+// subCreate is a subscription whose create is being written.
+type subCreate struct {
+	root string
+	done chan struct{} // closed when the write ended
 }
 
 // appendNote is what the engine's hooks said about a stream: records
@@ -527,10 +545,12 @@ func (m *subManager) run() {
 }
 
 // applyQueuedLocked applies the queued append and delete notes. The queue
-// is only taken with m.mu held, so whoever holds m.mu sees every append
-// the engine announced so far, applied or queued: a worker's ack of a
-// record it read (announced before it could be read) is never judged
-// against a tail that does not have it yet.
+// is only taken with m.mu held, and applied without letting go of it, so
+// whoever holds m.mu sees every append the engine announced so far:
+// applied, queued, or in the hands of the subscription's writer (being
+// written, or kept for it), which the next writer waits for. So a
+// worker's ack of a record it read (announced before it could be read) is
+// never judged against a tail that does not have it yet.
 func (m *subManager) applyQueuedLocked() {
 	m.qmu.Lock()
 	notes := m.queue
@@ -632,14 +652,19 @@ func (m *subManager) load() error {
 		subs[k] = &s
 	}
 	heads := m.headLinks(ctx, subs)
+	// Written before the manager serves, when nothing else can see them.
+	for _, s := range subs {
+		if s.reconcile(heads) {
+			if err := m.putSub(s); err != nil {
+				m.log.Error("saving subscription", zap.String("id", s.ID), zap.Error(err))
+			}
+		}
+	}
 	m.mu.Lock()
 	m.subs = subs
 	m.index = subIndex{}
 	for _, s := range subs {
 		m.index.add(s)
-		if s.reconcile(heads) {
-			m.saveOrLog(s)
-		}
 	}
 	// Wakes in flight before a restart are delivered again (same
 	// generation), and so are the wake events of pull-wakes no worker has
@@ -773,55 +798,124 @@ func subDocKey(root, id string) string {
 	return hex.EncodeToString([]byte(root)) + "/" + hex.EncodeToString([]byte(id))
 }
 
-// save writes s with compare-and-swap. Called with m.mu held.
-func (m *subManager) saveLocked(s *subState) error {
-	b, err := json.Marshal(s)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
-	defer cancel()
-	ver, err := m.eng.PutDoc(ctx, s.key, b, s.version)
-	if errors.Is(err, streamstore.ErrDocConflict) {
-		// This node writes under m.mu, so while it holds the storage the
-		// only other writer was an earlier attempt of ours whose response
-		// was lost but which landed: take the stored version and write
-		// again. Another process of the same node id takes the storage
-		// over at once, and its writes would be overwritten just the same,
-		// so the lease object is read first.
-		if cerr := m.eng.ConfirmOwner(ctx); cerr != nil {
-			return cerr
+// --- writing subscriptions -------------------------------------------------
+//
+// A subscription's document is written with m.mu released, so that one
+// subscription's PUT (25 ms or more to a cloud bucket) holds up no other
+// subscription's claims, acks or append notes. Each subscription has one
+// writer at a time: whoever changes it first makes itself the writer
+// (acquireLocked: it waits, m.mu released, while another is), and lets go
+// with releaseLocked. The lock order is busy before m.mu: the writer keeps
+// the busy mark across the PUT, and takes m.mu back after it.
+//
+// The writer changes a copy (draft), writes the copy, and only once it is
+// in the bucket makes it the subscription's state (commitLocked). So
+// everything else that reads a subscription under m.mu (GET, the claim of
+// the next worker, the tick, a token check) sees saved state and never a
+// claim, cursor or wake that the bucket may refuse: a request whose write
+// fails is answered 503 and has changed nothing, whatever others did
+// meanwhile. Changes made in the background (append notes, the tick,
+// webhook outcomes) are kept in memory when their write fails, as before,
+// for the next write to carry.
+//
+// The loop never waits for a writer: the notes that concern a subscription
+// being written are kept on it (subState.kept) and applied by its writer
+// before it lets go, and the tick leaves a subscription being written to
+// its next round. The document's version is touched by the writer alone,
+// so a conditional PUT's If-Match is always the version this node wrote
+// last.
+
+// errSubGone is a subscription deleted while its next writer waited.
+var errSubGone = errors.New("the subscription was deleted")
+
+// acquireLocked makes the caller s's writer, waiting with m.mu released
+// while another is. It fails when ctx ends first, or when s was deleted
+// meanwhile (errSubGone).
+func (m *subManager) acquireLocked(ctx context.Context, s *subState) error {
+	for s.busy != nil {
+		ch := s.busy
+		m.mu.Unlock()
+		select {
+		case <-ch:
+			m.mu.Lock()
+		case <-ctx.Done():
+			m.mu.Lock()
+			return fmt.Errorf("waiting for the subscription's write: %w", ctx.Err())
 		}
-		cur, etag, gerr := m.eng.GetDoc(ctx, s.key)
-		switch {
-		case gerr == nil && bytes.Equal(cur, b):
-			ver, err = etag, nil
-		case gerr == nil:
-			ver, err = m.eng.PutDoc(ctx, s.key, b, etag)
-		case errors.Is(gerr, streamstore.ErrNotFound):
-			ver, err = m.eng.PutDoc(ctx, s.key, b, "")
-		default:
-			err = gerr
-		}
 	}
-	if err != nil {
-		return err
+	if m.subs[s.key] != s {
+		return errSubGone
 	}
-	s.version = ver
+	s.busy = make(chan struct{})
 	return nil
 }
 
-// saveOrLog is for changes made in the background.
-func (m *subManager) saveOrLog(s *subState) {
-	if err := m.saveLocked(s); err != nil {
-		m.log.Error("saving subscription", zap.String("id", s.ID), zap.Error(err))
+// releaseLocked ends the caller's turn as s's writer. Notes kept while it
+// wrote are applied and written first, in a goroutine that stays s's
+// writer until none are left (a request's answer does not wait for them).
+func (m *subManager) releaseLocked(s *subState) {
+	if len(s.kept) > 0 && m.subs[s.key] == s {
+		go func() {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			m.drainLocked(s)
+		}()
+		return
+	}
+	s.kept = nil
+	close(s.busy)
+	s.busy = nil
+}
+
+// drainLocked applies and writes the notes kept on s, whose writer the
+// caller is, until none are left, then lets s go.
+func (m *subManager) drainLocked(s *subState) {
+	for len(s.kept) > 0 && m.subs[s.key] == s {
+		notes := s.kept
+		s.kept = nil
+		c := s.draft()
+		changed, grew := false, false
+		for _, n := range notes {
+			rel, ok := strings.CutPrefix(n.name, s.Root)
+			if !ok || rel == "" {
+				continue
+			}
+			ch, gr := c.applyNote(rel, n)
+			changed, grew = changed || ch, grew || gr
+		}
+		if changed {
+			m.saveBackgroundLocked(s, c, grew)
+		}
+	}
+	s.kept = nil
+	close(s.busy)
+	s.busy = nil
+}
+
+// ownLocked looks up subscription id under root and makes the caller its
+// writer; it answers 404 (no such subscription) or 503 (the request ended
+// while waiting) and returns nil when it cannot.
+func (m *subManager) ownLocked(ctx context.Context, w http.ResponseWriter, root, id string) *subState {
+	for {
+		s := m.lookupLocked(w, root, id)
+		if s == nil {
+			return nil
+		}
+		err := m.acquireLocked(ctx, s)
+		switch {
+		case err == nil:
+			return s
+		case errors.Is(err, errSubGone):
+			continue // deleted meanwhile: look again (404, or a new one)
+		}
+		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		return nil
 	}
 }
 
-// undoCopy returns a copy of s that shares nothing a request changes (the
-// links and the snapshot are copied too), taken before the request changes
-// s, for restoreLocked to put back when the change cannot be saved.
-func (s *subState) undoCopy() subState {
+// draft returns a copy of s for its writer to change and commit: it shares
+// nothing a change touches (the links and the snapshot are copied too).
+func (s *subState) draft() *subState {
 	c := *s
 	c.Links = make(map[string]*subLink, len(s.Links))
 	for p, l := range s.Links {
@@ -829,21 +923,140 @@ func (s *subState) undoCopy() subState {
 		c.Links[p] = &lc
 	}
 	c.Snapshot = maps.Clone(s.Snapshot)
-	return c
+	return &c
 }
 
-// restoreLocked puts s back as undoCopy found it, in the manager's index
-// and due heap too, after a change a request made could not be saved: the
-// request is answered 503, and a request that fails changes nothing. Left
-// in memory, the change would act (a claim's lease refuses other workers)
-// and the next save of anything else would make it durable (an ack the
-// worker was told failed). The manager's bookkeeping (where s is in the
-// index and the heap, the version last written) is s's own, not the copy's.
-func (m *subManager) restoreLocked(s *subState, before subState) {
-	before.version, before.indexed, before.dueAt, before.dueIdx = s.version, s.indexed, s.dueAt, s.dueIdx
-	*s = before
-	m.index.update(s)
+// commitLocked writes c, a draft of s whose writer the caller is, with
+// m.mu released during the write, and makes it s's state once it is in
+// the bucket. When the write fails s is left as it was.
+func (m *subManager) commitLocked(s, c *subState) error {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("encoding subscription %s: %w", s.ID, err)
+	}
+	key, ver := s.key, s.version
+	m.mu.Unlock()
+	ver, err = m.putDoc(key, b, ver)
+	m.mu.Lock()
+	if err != nil {
+		return fmt.Errorf("saving subscription %s: %w", s.ID, err)
+	}
+	c.version = ver
+	m.installLocked(s, c)
+	return nil
+}
+
+// installLocked makes c s's state, in the manager's index and due heap
+// too. What the manager keeps of s for itself (its place in the index and
+// the heap, its writer and the notes kept for it) is s's, not the draft's.
+func (m *subManager) installLocked(s, c *subState) {
+	c.key, c.indexed, c.dueAt, c.dueIdx, c.busy, c.kept = s.key, s.indexed, s.dueAt, s.dueIdx, s.busy, s.kept
+	reindex := !sameExplicit(s, c)
+	*s = *c
+	if reindex {
+		m.index.update(s)
+	}
 	m.scheduleLocked(s)
+}
+
+// sameExplicit reports whether a and b link the same streams explicitly,
+// which is what the index keeps of a subscription's links.
+func sameExplicit(a, b *subState) bool {
+	n := 0
+	for p, l := range a.Links {
+		if l.Explicit {
+			if bl := b.Links[p]; bl == nil || !bl.Explicit {
+				return false
+			}
+			n++
+		}
+	}
+	for _, l := range b.Links {
+		if l.Explicit {
+			n--
+		}
+	}
+	return n == 0
+}
+
+// saveBackgroundLocked commits c, a change made in the background to s
+// (whose writer the caller is), starting a wake in it with wake set, as
+// wakeOrSaveLocked does. A change that cannot be written is kept in memory
+// all the same (without a wake it would have started: not durable, so not
+// issued) and logged: the next write of s carries it.
+func (m *subManager) saveBackgroundLocked(s, c *subState, wake bool) {
+	var err error
+	if wake {
+		err = m.wakeOrSaveLocked(s, c)
+	} else {
+		err = m.commitLocked(s, c)
+	}
+	if err != nil {
+		m.log.Error("saving subscription", zap.String("id", s.ID), zap.Error(err))
+		m.installLocked(s, c)
+	}
+}
+
+// writeInBackgroundLocked makes the loop's change c of s, which has no
+// writer, in a goroutine that is s's writer until it is written (and
+// then runs after, if any): the loop does not wait for the bucket.
+func (m *subManager) writeInBackgroundLocked(s, c *subState, wake bool, after func(*subState)) {
+	s.busy = make(chan struct{})
+	go func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.saveBackgroundLocked(s, c, wake)
+		if after != nil {
+			after(s)
+		}
+		m.drainLocked(s)
+	}()
+}
+
+// putSub writes s, which no one else can see yet (a create, or a load
+// before the manager serves), and records its version.
+func (m *subManager) putSub(s *subState) error {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return fmt.Errorf("encoding subscription %s: %w", s.ID, err)
+	}
+	ver, err := m.putDoc(s.key, b, s.version)
+	if err != nil {
+		return fmt.Errorf("saving subscription %s: %w", s.ID, err)
+	}
+	s.version = ver
+	return nil
+}
+
+// putDoc writes document key with compare-and-swap on version ver (""
+// for a create) and returns its new version. The caller is the
+// document's only writer on this node (its subscription's writer).
+func (m *subManager) putDoc(key string, b []byte, ver string) (string, error) {
+	ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+	defer cancel()
+	nv, err := m.eng.PutDoc(ctx, key, b, ver)
+	if !errors.Is(err, streamstore.ErrDocConflict) {
+		return nv, err
+	}
+	// This node has one writer per document, so while it holds the
+	// storage the only other writer was an earlier attempt of ours whose
+	// response was lost but which landed: take the stored version and
+	// write again. Another process of the same node id takes the storage
+	// over at once, and its writes would be overwritten just the same, so
+	// the lease object is read first.
+	if cerr := m.eng.ConfirmOwner(ctx); cerr != nil {
+		return "", cerr
+	}
+	cur, etag, gerr := m.eng.GetDoc(ctx, key)
+	switch {
+	case gerr == nil && bytes.Equal(cur, b):
+		return etag, nil
+	case gerr == nil:
+		return m.eng.PutDoc(ctx, key, b, etag)
+	case errors.Is(gerr, streamstore.ErrNotFound):
+		return m.eng.PutDoc(ctx, key, b, "")
+	}
+	return "", gerr
 }
 
 // --- HTTP handlers ---------------------------------------------------------
@@ -931,13 +1144,8 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 
 	key := subDocKey(root, id)
 	m.mu.Lock()
-	if s, ok := m.subs[key]; ok {
-		defer m.mu.Unlock()
-		if s.Config.hash() != hash {
-			subError(w, http.StatusConflict, "SUBSCRIPTION_ALREADY_EXISTS", "a subscription with this id has a different configuration")
-			return
-		}
-		writeJSONStatus(w, http.StatusOK, "application/json", m.viewLocked(s, r))
+	if m.existingLocked(w, r, key, hash) {
+		m.mu.Unlock()
 		return
 	}
 	full := m.rootFullLocked(w, root, maxSubs)
@@ -985,24 +1193,63 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if prev, ok := m.subs[key]; ok { // a concurrent PUT won
-		if prev.Config.hash() != hash {
-			subError(w, http.StatusConflict, "SUBSCRIPTION_ALREADY_EXISTS", "a subscription with this id has a different configuration")
-			return
-		}
-		writeJSONStatus(w, http.StatusOK, "application/json", m.viewLocked(prev, r))
+	if m.existingLocked(w, r, key, hash) { // a concurrent PUT won
 		return
 	}
 	if m.rootFullLocked(w, root, maxSubs) { // concurrent creates took the room
 		return
 	}
-	// A deleted subscription's document was removed; create-only write.
-	if err := m.saveLocked(s); err != nil {
+	// A deleted subscription's document was removed; create-only write,
+	// with m.mu released: a PUT of the same id waits for it (existingLocked)
+	// and nothing else sees the subscription before it is written.
+	if m.creating == nil {
+		m.creating = map[string]subCreate{}
+	}
+	cr := subCreate{root: root, done: make(chan struct{})}
+	m.creating[key] = cr
+	m.mu.Unlock()
+	err := m.putSub(s)
+	m.mu.Lock()
+	delete(m.creating, key)
+	close(cr.done)
+	if err != nil {
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
 	}
 	m.addSubLocked(s)
 	writeJSONStatus(w, http.StatusCreated, "application/json", m.viewLocked(s, r))
+}
+
+// existingLocked answers a PUT of key when the subscription exists (200,
+// or 409 when its configuration hash is not hash) and reports whether it
+// did. A create of key being written is waited for first, with m.mu
+// released; a PUT whose request ends meanwhile is answered 503.
+func (m *subManager) existingLocked(w http.ResponseWriter, r *http.Request, key, hash string) bool {
+	for {
+		cr, ok := m.creating[key]
+		if !ok {
+			break
+		}
+		m.mu.Unlock()
+		select {
+		case <-cr.done:
+			m.mu.Lock()
+		case <-r.Context().Done():
+			m.mu.Lock()
+			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", "waiting for a concurrent create: "+r.Context().Err().Error())
+			return true
+		}
+	}
+	s, ok := m.subs[key]
+	if !ok {
+		return false
+	}
+	if s.Config.hash() != hash {
+		subError(w, http.StatusConflict, "SUBSCRIPTION_ALREADY_EXISTS", "a subscription with this id has a different configuration")
+		return true
+	}
+	writeJSONStatus(w, http.StatusOK, "application/json", m.viewLocked(s, r))
+	return true
 }
 
 // tailOf returns the tail and id of stream name, 0 and "" when there is
@@ -1056,12 +1303,20 @@ func (m *subManager) viewLocked(s *subState, r *http.Request) map[string]any {
 // rootFullLocked answers 403 and reports true when root has maxSubs
 // subscriptions already (maxSubs 0: no limit).
 func (m *subManager) rootFullLocked(w http.ResponseWriter, root string, maxSubs int) bool {
-	if maxSubs <= 0 || m.index.perRoot[root] < maxSubs {
+	if maxSubs <= 0 {
+		return false
+	}
+	n := m.index.perRoot[root]
+	for _, cr := range m.creating { // creates being written count too
+		if cr.root == root {
+			n++
+		}
+	}
+	if n < maxSubs {
 		return false
 	}
 	subError(w, http.StatusForbidden, "SUBSCRIPTION_LIMIT_EXCEEDED", fmt.Sprintf(
-		"this stream root has %d subscriptions, the server's limit (max_subscriptions); delete one to create another",
-		m.index.perRoot[root]))
+		"this stream root has %d subscriptions, the server's limit (max_subscriptions); delete one to create another", n))
 	return true
 }
 
@@ -1101,33 +1356,49 @@ func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, 
 	defer m.mu.Unlock()
 	key := subDocKey(root, id)
 	if s, ok := m.subs[key]; ok {
-		if err := m.deleteLocked(r.Context(), s); err != nil {
+		// As its writer: no write of s is under way, and none starts,
+		// while its document is deleted.
+		switch err := m.acquireLocked(r.Context(), s); {
+		case errors.Is(err, errSubGone):
+		case err != nil:
 			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 			return
+		default:
+			ver := s.version
+			m.mu.Unlock()
+			err := m.deleteDoc(r.Context(), key, ver)
+			m.mu.Lock()
+			if err != nil {
+				m.releaseLocked(s)
+				subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+				return
+			}
+			// In-flight callbacks, acks and releases, and whoever waits
+			// to write s, find no subscription now.
+			m.removeSubLocked(s)
+			m.releaseLocked(s)
 		}
-		// In-flight callbacks, acks and releases find no subscription now.
-		m.removeSubLocked(s)
 	}
 	w.Header().Set("Cache-Control", cacheControlNoStore)
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// deleteLocked removes s's document in the version this node wrote last.
-// A conflict is, as in saveLocked, an earlier write of ours whose answer
+// deleteDoc removes document key in version ver, the one this node wrote
+// last. A conflict is, as in putDoc, an earlier write of ours whose answer
 // was lost but which landed: that version goes instead.
-func (m *subManager) deleteLocked(ctx context.Context, s *subState) error {
-	err := m.eng.DeleteDoc(ctx, s.key, s.version)
+func (m *subManager) deleteDoc(ctx context.Context, key, ver string) error {
+	err := m.eng.DeleteDoc(ctx, key, ver)
 	if !errors.Is(err, streamstore.ErrDocConflict) {
 		return err
 	}
-	_, etag, gerr := m.eng.GetDoc(ctx, s.key)
+	_, etag, gerr := m.eng.GetDoc(ctx, key)
 	switch {
 	case errors.Is(gerr, streamstore.ErrNotFound):
 		return nil
 	case gerr != nil:
 		return fmt.Errorf("%w (reading it back: %v)", err, gerr)
 	}
-	return m.eng.DeleteDoc(ctx, s.key, etag)
+	return m.eng.DeleteDoc(ctx, key, etag)
 }
 
 func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, root, id string) {
@@ -1157,10 +1428,11 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := m.lookupLocked(w, root, id)
+	s := m.ownLocked(r.Context(), w, root, id)
 	if s == nil {
 		return
 	}
+	defer m.releaseLocked(s)
 	explicit := 0
 	for p, l := range s.Links {
 		if _, adding := tails[p]; l.Explicit || adding {
@@ -1176,20 +1448,16 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("a subscription has at most %d streams; these would make %d", subMaxStreams, explicit))
 		return
 	}
-	before := s.undoCopy()
+	c := s.draft()
 	for p, t := range tails {
-		l := s.Links[p]
+		l := c.Links[p]
 		if l == nil || l.Gone {
 			l = &subLink{Acked: t.tail, Tail: t.tail, Stream: t.id}
-			s.Links[p] = l
+			c.Links[p] = l
 		}
 		l.Explicit = true
 	}
-	// No tick case changes: a link added starts at its tail, and one
-	// already there keeps its offsets.
-	m.index.update(s)
-	if err := m.saveLocked(s); err != nil {
-		m.restoreLocked(s, before)
+	if err := m.commitLocked(s, c); err != nil {
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
 	}
@@ -1200,20 +1468,18 @@ func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, 
 	p = strings.Trim(p, "/")
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := m.lookupLocked(w, root, id)
+	s := m.ownLocked(r.Context(), w, root, id)
 	if s == nil {
 		return
 	}
+	defer m.releaseLocked(s)
 	if l := s.Links[p]; l != nil && l.Explicit {
-		before := s.undoCopy()
-		l.Explicit = false
-		if s.Config.Pattern == "" || !globMatch(s.Config.Pattern, p) {
-			delete(s.Links, p)
+		c := s.draft()
+		c.Links[p].Explicit = false
+		if c.Config.Pattern == "" || !globMatch(c.Config.Pattern, p) {
+			delete(c.Links, p)
 		}
-		m.index.update(s)
-		m.scheduleLocked(s)
-		if err := m.saveLocked(s); err != nil {
-			m.restoreLocked(s, before)
+		if err := m.commitLocked(s, c); err != nil {
 			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 			return
 		}
@@ -1261,23 +1527,24 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 	if s == nil {
 		return
 	}
+	defer m.releaseLocked(s)
 	// Every ack is checked before any applies: a request refused (400,
 	// 409) moves no cursor, renews no lease and ends no wake (bad input
 	// changes nothing; a worker whose acks are refused must not hold the
 	// lease on them, nor have its done end the wake).
+	c := s.draft()
 	links := make([]*subLink, len(body.Acks))
 	acked := make([]uint64, len(body.Acks))
 	for i, a := range body.Acks {
 		var msg string
-		links[i], acked[i], msg = s.ackProblem(*a.Stream, *a.Offset)
+		links[i], acked[i], msg = c.ackProblem(*a.Stream, *a.Offset)
 		if msg != "" {
 			subError(w, http.StatusConflict, "INVALID_OFFSET", fmt.Sprintf("ack for stream %q: %s", *a.Stream, msg))
 			return
 		}
 	}
-	before := s.undoCopy()
 	for i, l := range links {
-		if l.ResetGen == s.Generation {
+		if l.ResetGen == c.Generation {
 			// The link started over during this wake: the worker acks
 			// the offsets of a stream that is no more.
 			continue
@@ -1288,15 +1555,13 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 	}
 	var err error
 	if body.Done {
-		s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot, s.NextTry, s.Failures = "", "", 0, nil, 0, 0
-		err = m.wakeOrSaveLocked(s)
+		c.WakeID, c.Holder, c.LeaseUntil, c.Snapshot, c.NextTry, c.Failures = "", "", 0, nil, 0, 0
+		err = m.wakeOrSaveLocked(s, c)
 	} else {
-		s.LeaseUntil = time.Now().Add(s.lease()).UnixMilli()
-		m.scheduleLocked(s)
-		err = m.saveLocked(s)
+		c.LeaseUntil = time.Now().Add(c.lease()).UnixMilli()
+		err = m.commitLocked(s, c)
 	}
 	if err != nil {
-		m.restoreLocked(s, before)
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
 	}
@@ -1372,8 +1637,12 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.applyQueuedLocked() // pending work as of now
-	s := m.lookupLocked(w, root, id)
-	if s == nil || !pullWakeOnly(w, s) {
+	s := m.ownLocked(r.Context(), w, root, id)
+	if s == nil {
+		return
+	}
+	defer m.releaseLocked(s)
+	if !pullWakeOnly(w, s) {
 		return
 	}
 	now := time.Now()
@@ -1392,19 +1661,17 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 		subError(w, http.StatusConflict, "NO_PENDING_WORK", "the subscription has no pending work")
 		return
 	}
-	before := s.undoCopy()
-	if s.Holder != "" || s.WakeID == "" || s.resetInWake() {
+	c := s.draft()
+	if c.Holder != "" || c.WakeID == "" || c.resetInWake() {
 		// No wake to take over (or its lease ran out, or what it was
 		// about is of a stream deleted since): a new generation.
-		s.Generation++
-		s.WakeID = newWakeID()
+		c.Generation++
+		c.WakeID = newWakeID()
 	}
-	s.Holder = body.Worker
-	s.LeaseUntil = now.Add(s.lease()).UnixMilli()
-	s.NextTry, s.Failures = 0, 0 // claimed: no more announcing the wake
-	m.scheduleLocked(s)
-	if err := m.saveLocked(s); err != nil {
-		m.restoreLocked(s, before)
+	c.Holder = body.Worker
+	c.LeaseUntil = now.Add(c.lease()).UnixMilli()
+	c.NextTry, c.Failures = 0, 0 // claimed: no more announcing the wake
+	if err := m.commitLocked(s, c); err != nil {
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
 	}
@@ -1428,10 +1695,10 @@ func (m *subManager) handleRelease(w http.ResponseWriter, r *http.Request, root,
 	if s == nil {
 		return
 	}
-	before := s.undoCopy()
-	s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot = "", "", 0, nil
-	if err := m.wakeOrSaveLocked(s); err != nil {
-		m.restoreLocked(s, before)
+	defer m.releaseLocked(s)
+	c := s.draft()
+	c.WakeID, c.Holder, c.LeaseUntil, c.Snapshot = "", "", 0, nil
+	if err := m.wakeOrSaveLocked(s, c); err != nil {
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
 	}
@@ -1454,7 +1721,9 @@ func pullWakeOnly(w http.ResponseWriter, s *subState) bool {
 
 // checkWakeLocked applies section 7.3: the token is valid for this
 // subscription and its current generation and wake, and so is the request.
-// With pullOnly (the ack and release endpoints) s must be pull-wake.
+// With pullOnly (the ack and release endpoints) s must be pull-wake. It
+// returns s with the caller its writer (ownLocked), judged as it is once
+// the writer before has let go.
 //
 // The token is checked before the subscription is looked up, so that a
 // request without a valid token gets 401 whether or not the subscription
@@ -1484,8 +1753,12 @@ func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, roo
 		subError(w, http.StatusUnauthorized, "TOKEN_INVALID", "invalid token")
 		return nil
 	}
-	s := m.lookupLocked(w, root, id)
-	if s == nil || (pullOnly && !pullWakeOnly(w, s)) {
+	s := m.ownLocked(r.Context(), w, root, id)
+	if s == nil {
+		return nil
+	}
+	if pullOnly && !pullWakeOnly(w, s) {
+		m.releaseLocked(s)
 		return nil
 	}
 	// A lease past its time is over (section 7.3) whether or not the
@@ -1493,6 +1766,7 @@ func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, roo
 	expired := s.LeaseUntil > 0 && time.Now().UnixMilli() >= s.LeaseUntil
 	if expired || claims.Gen != s.Generation || gen != s.Generation || s.WakeID == "" || wakeID != s.WakeID || claims.Wake != s.WakeID {
 		writeJSONStatus(w, http.StatusConflict, "application/json", map[string]any{"error": map[string]any{"code": "FENCED", "generation": s.Generation}})
+		m.releaseLocked(s)
 		return nil
 	}
 	return s
@@ -1554,22 +1828,22 @@ func newWakeID() string { return "w_" + hex.EncodeToString(randBytes(12)) }
 
 // applyNoteLocked links and advances streams that got records, and starts
 // over the links of streams deleted or created again, in the subscriptions
-// the index finds for the stream.
+// the index finds for the stream. A subscription being written keeps the
+// note for its writer to apply; the write of one that changes is started
+// in the background (writeInBackgroundLocked): the loop waits for no PUT.
 func (m *subManager) applyNoteLocked(n appendNote) {
 	m.index.candidates(n.name, func(s *subState) {
 		rel, ok := strings.CutPrefix(n.name, s.Root)
 		if !ok || rel == "" {
 			return
 		}
-		changed, grew := s.applyNote(rel, n)
-		switch {
-		case grew:
-			if !m.maybeWakeLocked(s) {
-				m.saveOrLog(s)
-			}
-		case changed:
-			m.scheduleLocked(s)
-			m.saveOrLog(s)
+		if s.busy != nil {
+			s.kept = append(s.kept, n)
+			return
+		}
+		c := s.draft()
+		if changed, grew := c.applyNote(rel, n); changed {
+			m.writeInBackgroundLocked(s, c, grew, nil)
 		}
 	})
 }
@@ -1614,37 +1888,24 @@ func (s *subState) applyNote(rel string, n appendNote) (changed, grew bool) {
 	return true, true
 }
 
-// maybeWakeLocked starts a wake when s has pending work and none is in
-// flight, and saves s either way (logging a failure: it is for changes
-// made in the background). It reports whether it saved.
-func (m *subManager) maybeWakeLocked(s *subState) bool {
-	if err := m.wakeOrSaveLocked(s); err != nil {
-		m.log.Error("saving subscription", zap.String("id", s.ID), zap.Error(err))
+// wakeOrSaveLocked commits c, a draft of s whose writer the caller is,
+// starting a wake in it when it has pending work and none is in flight. On
+// failure s is as it was and c as it was given, without the wake (not
+// durable, so not issued: the tick tries again), and the error is
+// returned, so that a request whose change it saves can answer 503.
+func (m *subManager) wakeOrSaveLocked(s, c *subState) error {
+	c.dropGone()
+	if c.WakeID != "" || c.Holder != "" || !c.pending() {
+		return m.commitLocked(s, c)
 	}
-	return true
-}
-
-// wakeOrSaveLocked starts a wake when s has pending work and none is in
-// flight, and saves s either way. A wake that could not be saved is taken
-// back (not durable, so not issued: the tick tries again) and the error
-// returned, so that a request whose change it saves can answer 503 and put
-// s back as it was.
-func (m *subManager) wakeOrSaveLocked(s *subState) error {
-	defer m.scheduleLocked(s)
-	s.dropGone()
-	if s.WakeID != "" || s.Holder != "" || !s.pending() {
-		return m.saveLocked(s)
+	wc := c.draft()
+	wc.Generation++
+	wc.WakeID = newWakeID()
+	wc.Failures, wc.NextTry = 0, 0
+	if wc.Config.Type == "webhook" {
+		wc.LeaseUntil = time.Now().Add(wc.lease()).UnixMilli()
 	}
-	s.Generation++
-	s.WakeID = newWakeID()
-	s.Failures, s.NextTry = 0, 0
-	if s.Config.Type == "webhook" {
-		s.LeaseUntil = time.Now().Add(s.lease()).UnixMilli()
-	}
-	if err := m.saveLocked(s); err != nil {
-		// Not durable, so not issued: the tick tries again.
-		s.Generation--
-		s.WakeID, s.LeaseUntil = "", 0
+	if err := m.commitLocked(s, wc); err != nil {
 		return fmt.Errorf("saving a new wake: %w", err)
 	}
 	if s.Config.Type == "webhook" {
@@ -1660,46 +1921,55 @@ func (m *subManager) wakeOrSaveLocked(s *subState) error {
 // the subscriptions due by now, which the due heap holds first, and no
 // others. Those taken from the heap are put back at their next case after
 // it, so that one acted on again within the tick (a wake that could not
-// be saved is due again at once) waits for the next tick.
+// be saved is due again at once) waits for the next tick. A subscription
+// being written is left to the next tick too: the loop does not wait for
+// its writer, and what is due may have changed when the writer is done.
+// The writes the tick starts run in the background.
 func (m *subManager) tickLocked(now time.Time) {
 	ms := now.UnixMilli()
 	for _, s := range m.popDueLocked(ms) {
 		if m.subs[s.key] == s {
-			m.tickSubLocked(s, now)
+			if s.busy == nil {
+				m.tickSubLocked(s, now)
+			}
 			m.scheduleLocked(s)
 		}
 	}
 }
 
-// tickSubLocked does what the tick does for s at now, if anything.
+// tickSubLocked does what the tick does for s, which has no writer, at
+// now, if anything.
 func (m *subManager) tickSubLocked(s *subState, now time.Time) {
 	kind, at := s.nextTick()
 	if now.UnixMilli() < at {
 		return
 	}
+	c := s.draft()
 	switch kind {
 	case tickWebhookRetry:
-		s.NextTry = 0
-		s.LeaseUntil = now.Add(s.lease()).UnixMilli()
-		m.saveOrLog(s)
-		m.deliverLocked(s)
+		c.NextTry = 0
+		c.LeaseUntil = now.Add(c.lease()).UnixMilli()
+		m.writeInBackgroundLocked(s, c, false, m.deliverLocked)
 	case tickWakeEventRetry:
-		// A pull-wake whose wake event could not be written.
+		// A pull-wake whose wake event could not be written. Nothing is
+		// written to the bucket: s changes in place.
 		s.NextTry = 0
 		m.writeWakeEventLocked(s)
 	case tickLeaseExpiry:
 		// The lease ran out: clear holder and wake; wake again if needed.
-		s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot = "", "", 0, nil
-		m.maybeWakeLocked(s)
+		c.WakeID, c.Holder, c.LeaseUntil, c.Snapshot = "", "", 0, nil
+		m.writeInBackgroundLocked(s, c, true, nil)
 	case tickWake:
 		// Pending work and nothing in flight (a restart, or a wake
 		// whose state could not be saved): wake now.
-		m.maybeWakeLocked(s)
+		m.writeInBackgroundLocked(s, c, true, nil)
 	}
 }
 
 // deliverLocked sends the wake in flight to the webhook in a goroutine that
-// ends within webhookTimeout or when the engine closes.
+// ends within webhookTimeout or when the engine closes. The caller is s's
+// writer (it changes the snapshot in place). The goroutine becomes s's
+// writer to record the outcome, waiting for the writer then.
 func (m *subManager) deliverLocked(s *subState) {
 	snap := map[string]uint64{}
 	for p, l := range s.Links {
@@ -1725,31 +1995,34 @@ func (m *subManager) deliverLocked(s *subState) {
 		done, err := m.post(target, loopback, header, body)
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		s, ok := m.subs[key]
-		if !ok || s.Generation != gen || s.WakeID != wake {
+		s := m.ownWakeLocked(key, gen, wake)
+		if s == nil {
 			return // deleted, or acked or fenced meanwhile
 		}
+		c := s.draft()
 		if err != nil {
-			s.Failures++
-			s.NextTry = time.Now().Add(webhookBackoff(s.Failures)).UnixMilli()
-			m.scheduleLocked(s)
-			m.log.Warn("webhook delivery failed", zap.String("id", s.ID), zap.Int("failures", s.Failures), zap.Error(err))
-			m.saveOrLog(s)
+			c.Failures++
+			c.NextTry = time.Now().Add(webhookBackoff(c.Failures)).UnixMilli()
+			m.log.Warn("webhook delivery failed", zap.String("id", s.ID), zap.Int("failures", c.Failures), zap.Error(err))
+			m.saveBackgroundLocked(s, c, false)
+			m.releaseLocked(s)
 			return
 		}
-		s.Failures = 0
+		c.Failures = 0
 		if !done {
-			m.saveOrLog(s)
+			m.saveBackgroundLocked(s, c, false)
+			m.releaseLocked(s)
 			return
 		}
 		// {"done": true}: ack the snapshot and release.
-		for p, tail := range s.Snapshot {
-			if l := s.Links[p]; l != nil && tail > l.Acked {
+		for p, tail := range c.Snapshot {
+			if l := c.Links[p]; l != nil && tail > l.Acked {
 				l.Acked = tail
 			}
 		}
-		s.WakeID, s.Holder, s.LeaseUntil, s.Snapshot = "", "", 0, nil
-		m.maybeWakeLocked(s)
+		c.WakeID, c.Holder, c.LeaseUntil, c.Snapshot = "", "", 0, nil
+		m.saveBackgroundLocked(s, c, true)
+		m.releaseLocked(s)
 	}()
 }
 
@@ -1789,8 +2062,27 @@ func (m *subManager) post(target string, loopback bool, sig string, body []byte)
 	return res.Done, nil
 }
 
+// ownWakeLocked returns subscription key with the caller its writer
+// (waiting for the writer before, until the engine closes), if its wake in
+// flight is still wake of generation gen; nil if not.
+func (m *subManager) ownWakeLocked(key string, gen uint64, wake string) *subState {
+	s, ok := m.subs[key]
+	if !ok || s.Generation != gen || s.WakeID != wake {
+		return nil
+	}
+	if m.acquireLocked(m.ctx, s) != nil {
+		return nil
+	}
+	if s.Generation != gen || s.WakeID != wake { // moved on while waiting
+		m.releaseLocked(s)
+		return nil
+	}
+	return s
+}
+
 // writeWakeEventLocked appends the wake event to the pull-wake stream in a
-// goroutine (an append waits for durability); it ends with the append.
+// goroutine (an append waits for durability); it ends with the append, or
+// with recording its failure as s's writer.
 func (m *subManager) writeWakeEventLocked(s *subState) {
 	stream := ""
 	paths := make([]string, 0, len(s.Links))
@@ -1818,10 +2110,16 @@ func (m *subManager) writeWakeEventLocked(s *subState) {
 		}
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		s, ok := m.subs[key]
-		if !ok || s.Generation != gen || s.WakeID != wake || s.Holder != "" {
-			return // deleted, or claimed or moved on meanwhile
+		s := m.ownWakeLocked(key, gen, wake)
+		if s == nil {
+			return // deleted, or moved on meanwhile
 		}
+		defer m.releaseLocked(s)
+		if s.Holder != "" {
+			return // claimed meanwhile
+		}
+		// Nothing is written to the bucket (the retry time is kept in
+		// memory only): s changes in place, as its writer.
 		// A wake no worker heard of waits for a claim nobody makes, and
 		// nothing else would wake the subscription again: announce it
 		// again after a pause (the tick does), as a webhook is retried.
