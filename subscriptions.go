@@ -1838,8 +1838,12 @@ func (m *subManager) applyNoteLocked(n appendNote) {
 			return
 		}
 		if s.busy != nil {
+			// Kept whatever it is: s's writer may be linking the stream.
 			s.kept = append(s.kept, n)
 			return
+		}
+		if s.Links[rel] == nil && (n.deleted || s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel)) {
+			return // a stream s does not follow: no draft to copy
 		}
 		c := s.draft()
 		if changed, grew := c.applyNote(rel, n); changed {

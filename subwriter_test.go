@@ -222,6 +222,23 @@ func TestSubscriptionWriterTurns(t *testing.T) {
 				t.Fatalf("document: %s, want acked 1 and tail 8", doc)
 			}
 		}},
+		{"a stream's delete during the write that links it is applied", func(t *testing.T, g *dueRig) {
+			g.createStream(t, "wake", 0)
+			p := g.add(t, &subState{ID: "p", Config: subConfig{Type: "pull-wake"}, Links: map[string]*subLink{}})
+			arrived, release := g.holdPut(t, p, false)
+			g.withLock(t, "append note", func() {
+				g.m.applyNoteLocked(appendNote{name: dueRoot + "events/b", id: "y", first: 0, next: 2})
+			})
+			<-arrived // the append's link of events/b is being written
+			g.withLock(t, "delete note", func() {
+				g.m.applyNoteLocked(appendNote{name: dueRoot + "events/b", id: "y", deleted: true})
+			})
+			release()
+			g.settle(t)
+			if l := g.snap(p).Links["events/b"]; l != nil && (!l.Gone || l.Tail != 0) {
+				t.Fatalf("link of the deleted stream: %+v, want none, or gone at 0", *l)
+			}
+		}},
 		{"a delete during the write waits for it, and wins", func(t *testing.T, g *dueRig) {
 			a := g.add(t, claimed("a"))
 			arrived, release := g.holdPut(t, a, false)
