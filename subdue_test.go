@@ -36,6 +36,10 @@ type dueRig struct {
 	// held, when set, parks the next write of the subscription document
 	// it names (holdPut).
 	held atomic.Pointer[putHold]
+	// putLatency, when set, is how long each document write takes; putsNow
+	// and putsMost count the writes under way, now and at most.
+	putLatency        atomic.Int64
+	putsNow, putsMost atomic.Int32
 }
 
 // putHold parks a document write: arrived is closed when it is parked,
@@ -56,6 +60,13 @@ func newDueRig(t *testing.T) *dueRig {
 	store.Fail = func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "subs/") && g.failSaves.Load() {
 			return errors.New("injected: subscription document write refused")
+		}
+		if d := time.Duration(g.putLatency.Load()); d > 0 && op == "PUT" && strings.HasPrefix(key, "subs/") {
+			n := g.putsNow.Add(1)
+			for most := g.putsMost.Load(); n > most && !g.putsMost.CompareAndSwap(most, n); most = g.putsMost.Load() {
+			}
+			time.Sleep(d) // the bucket's latency, not a wait for anything
+			g.putsNow.Add(-1)
 		}
 		if h := g.held.Load(); op == "PUT" && h != nil && strings.HasSuffix(key, h.key) && g.held.CompareAndSwap(h, nil) {
 			close(h.arrived)

@@ -391,6 +391,9 @@ type subManager struct {
 	// key: a PUT of the same id waits for it, and they count against
 	// max_subscriptions.
 	creating map[string]subCreate
+	// bgWrites bounds the loop's writes under way (writeInBackgroundLocked);
+	// made on first use.
+	bgWrites chan struct{}
 	index    subIndex   // subs by the streams they may concern
 	due      subDueHeap // subs by the time the tick acts on them (subdue.go)
 	priv     ed25519.PrivateKey
@@ -997,12 +1000,29 @@ func (m *subManager) saveBackgroundLocked(s, c *subState, wake bool) {
 	}
 }
 
+// subBackgroundWrites bounds the writes the loop starts that are under way
+// at once: one append to a stream that many subscriptions follow starts a
+// write for each of them, which would otherwise all go to the bucket
+// together.
+const subBackgroundWrites = 16
+
 // writeInBackgroundLocked makes the loop's change c of s, which has no
 // writer, in a goroutine that is s's writer until it is written (and
-// then runs after, if any): the loop does not wait for the bucket.
+// then runs after, if any): the loop does not wait for the bucket. The
+// goroutine waits for one of subBackgroundWrites places first (or for the
+// engine to close, when the write fails at once).
 func (m *subManager) writeInBackgroundLocked(s, c *subState, wake bool, after func(*subState)) {
 	s.busy = make(chan struct{})
+	if m.bgWrites == nil {
+		m.bgWrites = make(chan struct{}, subBackgroundWrites)
+	}
+	places := m.bgWrites
 	go func() {
+		select {
+		case places <- struct{}{}:
+			defer func() { <-places }()
+		case <-m.ctx.Done():
+		}
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		m.saveBackgroundLocked(s, c, wake)

@@ -267,3 +267,30 @@ func TestSubscriptionWriterTurns(t *testing.T) {
 		})
 	}
 }
+
+// TestSubscriptionBackgroundWritesBounded: an append to a stream that many
+// subscriptions follow starts a write of each of their documents, at most
+// subBackgroundWrites of them under way at once, and every one is made.
+// Without the bound all of them went to the bucket together.
+func TestSubscriptionBackgroundWritesBounded(t *testing.T) {
+	const subs = 3 * subBackgroundWrites
+	g := newDueRig(t)
+	g.createStream(t, "wake", 0)
+	all := make([]*subState, subs)
+	for i := range all {
+		all[i] = g.add(t, &subState{ID: fmt.Sprintf("s%d", i), Config: subConfig{Type: "pull-wake"}, Links: map[string]*subLink{}})
+	}
+	g.putLatency.Store(int64(20 * time.Millisecond))
+	g.withLock(t, "append note", func() {
+		g.m.applyNoteLocked(appendNote{name: dueRoot + "events/a", id: "x", first: 0, next: 1})
+	})
+	g.settle(t)
+	if most := g.putsMost.Load(); most > subBackgroundWrites {
+		t.Errorf("%d document writes under way at once, want at most %d", most, subBackgroundWrites)
+	}
+	for _, s := range all {
+		if got := g.snap(s); got.Links["events/a"] == nil || got.Links["events/a"].Tail != 1 || got.Generation != 1 {
+			t.Errorf("subscription %s after the append: links %v generation %d, want events/a at tail 1 and a wake", got.ID, got.Links, got.Generation)
+		}
+	}
+}
