@@ -870,6 +870,27 @@ func (m *subManager) releaseLocked(s *subState) {
 	s.busy = nil
 }
 
+// keep adds n to the notes kept for s's writer. Appends to one stream
+// merge into its latest note, as the loop's queue merges them (note): a
+// write held up for the length of its timeout while a followed stream
+// takes appends would otherwise keep a note per loop round, for every
+// subscription that follows the stream. Notes of different streams touch
+// different links, so merging into an earlier place changes nothing.
+func (s *subState) keep(n appendNote) {
+	for i := len(s.kept) - 1; i >= 0; i-- {
+		k := &s.kept[i]
+		if k.name != n.name {
+			continue
+		}
+		if k.id == n.id && !k.deleted && !n.deleted {
+			k.first, k.next = min(k.first, n.first), max(k.next, n.next)
+			return
+		}
+		break
+	}
+	s.kept = append(s.kept, n)
+}
+
 // drainLocked applies and writes the notes kept on s, whose writer the
 // caller is, until none are left, then lets s go.
 func (m *subManager) drainLocked(s *subState) {
@@ -1859,7 +1880,7 @@ func (m *subManager) applyNoteLocked(n appendNote) {
 		}
 		if s.busy != nil {
 			// Kept whatever it is: s's writer may be linking the stream.
-			s.kept = append(s.kept, n)
+			s.keep(n)
 			return
 		}
 		if s.Links[rel] == nil && (n.deleted || s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel)) {

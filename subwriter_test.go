@@ -200,6 +200,30 @@ func TestSubscriptionWriterTurns(t *testing.T) {
 				t.Fatalf("document: %s, want acked and tail 8", doc)
 			}
 		}},
+		{"appends to one stream during the write are kept as one note", func(t *testing.T, g *dueRig) {
+			a := g.add(t, claimed("a"))
+			arrived, release := g.holdPut(t, a, false)
+			ack := g.serveAsync(t, a, "ack", heartbeat(3))
+			<-arrived
+			var kept int
+			g.withLock(t, "append notes", func() {
+				for next := uint64(6); next <= 1000; next++ {
+					g.m.applyNoteLocked(appendNote{name: dueRoot + "events/a", id: "x", first: next - 1, next: next})
+				}
+				kept = len(a.kept)
+			})
+			release()
+			if got := answer(t, "ack", ack); got.code != 200 {
+				t.Fatalf("ack: %d %s", got.code, got.body)
+			}
+			if kept != 1 {
+				t.Errorf("995 appends to one stream during the write kept %d notes, want 1", kept)
+			}
+			g.settle(t)
+			if doc := g.stored(t, "a"); !strings.Contains(doc, `"tail":1000`) {
+				t.Fatalf("document: %s, want tail 1000", doc)
+			}
+		}},
 		{"a failed write changes nothing, and the note behind it survives", func(t *testing.T, g *dueRig) {
 			a := g.add(t, claimed("a"))
 			lease := g.snap(a).LeaseUntil
