@@ -342,6 +342,13 @@ func pendingLink() map[string]*subLink {
 	return map[string]*subLink{"events/a": {Glob: true, Acked: 0, Tail: 1, Stream: "x"}}
 }
 
+// retryingHook is a webhook subscription whose wake (generation 3) failed
+// once and is due to be sent again 5 s after t0, its lease a minute on.
+func retryingHook(t0 int64) *subState {
+	return &subState{ID: "h", Config: subConfig{Type: "webhook"}, Links: pendingLink(),
+		Generation: 3, WakeID: "w_old", LeaseUntil: t0 + 60000, Failures: 1, NextTry: t0 + 5000}
+}
+
 // TestSubTickAtDeadline: each of the tick's four cases fires at its time
 // and not before, when what happens in between (acks, claims, releases,
 // callbacks, failed deliveries) moves or ends it: a time that moved later
@@ -404,8 +411,7 @@ func TestSubTickAtDeadline(t *testing.T) {
 			g.waitFor(t, s, "the delivery's done ends the wake", func(s *subState) bool { return s.WakeID == "" })
 		}},
 		{"webhook retry, after a heartbeat callback", func(t *testing.T, g *dueRig, t0 int64) {
-			s := g.add(t, &subState{ID: "h", Config: subConfig{Type: "webhook"}, Links: pendingLink(),
-				Generation: 3, WakeID: "w_old", LeaseUntil: t0 + 60000, Failures: 1, NextTry: t0 + 5000})
+			s := g.add(t, retryingHook(t0))
 			if st := g.call(t, s, "callback", false); st != 200 {
 				t.Fatalf("callback: %d", st)
 			}
@@ -421,8 +427,7 @@ func TestSubTickAtDeadline(t *testing.T) {
 		}},
 		{"webhook retry, after a failed retry", func(t *testing.T, g *dueRig, t0 int64) {
 			g.hookFailures.Store(1)
-			s := g.add(t, &subState{ID: "h", Config: subConfig{Type: "webhook"}, Links: pendingLink(),
-				Generation: 3, WakeID: "w_old", LeaseUntil: t0 + 60000, Failures: 1, NextTry: t0 + 5000})
+			s := g.add(t, retryingHook(t0))
 			g.tick(t, t0+5000)
 			if gen := g.hook(t); gen != 3 {
 				t.Fatalf("first retry of generation %v, want 3", gen)
@@ -440,8 +445,7 @@ func TestSubTickAtDeadline(t *testing.T) {
 			g.waitFor(t, s, "the retry's done ends the wake", func(s *subState) bool { return s.WakeID == "" })
 		}},
 		{"webhook retry, ended by a done callback", func(t *testing.T, g *dueRig, t0 int64) {
-			s := g.add(t, &subState{ID: "h", Config: subConfig{Type: "webhook"}, Links: pendingLink(),
-				Generation: 3, WakeID: "w_old", LeaseUntil: t0 + 60000, Failures: 1, NextTry: t0 + 5000})
+			s := g.add(t, retryingHook(t0))
 			if st := g.call(t, s, "callback", true); st != 200 {
 				t.Fatalf("done callback: %d", st)
 			}
