@@ -132,6 +132,12 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 		return true
 	}
 	base := publicURL(r, root)
+	// The handlers answer holding the manager's lock; what they write is
+	// kept until they have let go of it, so a client slow to read its
+	// answer holds up no other request of the engine's subscriptions.
+	held := &heldResponse{w: w}
+	defer held.send()
+	w = held
 	switch {
 	case !found && r.Method == http.MethodPut:
 		m.handlePut(w, r, root, id, base, d.allowLoopback, d.maxSubs)
@@ -2346,6 +2352,39 @@ func readJSONBody(w http.ResponseWriter, r *http.Request, v any) bool {
 		return false
 	}
 	return true
+}
+
+// heldResponse keeps a handler's status and body in memory until send;
+// its headers are the response's own.
+type heldResponse struct {
+	w      http.ResponseWriter
+	status int
+	body   bytes.Buffer
+}
+
+func (h *heldResponse) Header() http.Header { return h.w.Header() }
+
+func (h *heldResponse) WriteHeader(status int) {
+	if h.status == 0 {
+		h.status = status
+	}
+}
+
+func (h *heldResponse) Write(b []byte) (int, error) {
+	h.WriteHeader(http.StatusOK)
+	return h.body.Write(b)
+}
+
+// send writes what was kept to the client; nothing when nothing was
+// written (net/http then answers 200 itself, as it would have).
+func (h *heldResponse) send() {
+	if h.status == 0 {
+		return
+	}
+	h.w.WriteHeader(h.status)
+	if h.body.Len() > 0 {
+		h.w.Write(h.body.Bytes())
+	}
 }
 
 func writeJSONStatus(w http.ResponseWriter, status int, ctype string, v any) {

@@ -969,3 +969,44 @@ func loopLessSubManager(t *testing.T, eng *streamstore.Engine) *subManager {
 	return &subManager{eng: eng, log: zaptest.NewLogger(t), loaded: loaded, subs: map[string]*subState{},
 		kick: make(chan struct{}, 1), ctx: t.Context(), mac: randBytes(32)}
 }
+
+// TestHeldResponse: the held answer reaches the client only at send, as
+// the handler wrote it, and its headers are the response's own.
+func TestHeldResponse(t *testing.T) {
+	tests := []struct {
+		name       string
+		write      func(w http.ResponseWriter)
+		wantStatus int
+		wantBody   string
+	}{
+		{"nothing written", func(http.ResponseWriter) {}, http.StatusOK, ""},
+		{"status only", func(w http.ResponseWriter) { w.WriteHeader(http.StatusNoContent) }, http.StatusNoContent, ""},
+		{"body only", func(w http.ResponseWriter) { io.WriteString(w, "hi") }, http.StatusOK, "hi"},
+		{"first status wins", func(w http.ResponseWriter) {
+			w.WriteHeader(http.StatusConflict)
+			w.WriteHeader(http.StatusOK)
+			io.WriteString(w, "a")
+			io.WriteString(w, "b")
+		}, http.StatusConflict, "ab"},
+		{"JSON error", func(w http.ResponseWriter) { subError(w, http.StatusNotFound, "NOT_FOUND", "gone") },
+			http.StatusNotFound, `{"error":{"code":"NOT_FOUND","message":"gone"}}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			held := &heldResponse{w: rec}
+			held.Header().Set("X-Probe", "1")
+			tt.write(held)
+			if rec.Code != http.StatusOK || rec.Body.Len() != 0 || rec.Flushed {
+				t.Fatalf("written before send: %d %q", rec.Code, rec.Body)
+			}
+			held.send()
+			if rec.Code != tt.wantStatus || rec.Body.String() != tt.wantBody {
+				t.Errorf("sent %d %q, want %d %q", rec.Code, rec.Body, tt.wantStatus, tt.wantBody)
+			}
+			if rec.Header().Get("X-Probe") != "1" {
+				t.Errorf("headers set on the held response are not the response's: %v", rec.Header())
+			}
+		})
+	}
+}

@@ -3,7 +3,10 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,5 +63,55 @@ func TestSubscriptionWriteHoldsUpNoOther(t *testing.T) {
 	release()
 	if r := <-ackA; r.Status != http.StatusOK {
 		t.Fatalf("ack of s0 once its write landed: %v", r)
+	}
+}
+
+// TestSubscriptionSlowReaderHoldsUpNoOther: a client that leaves a large
+// answer unread holds up no other subscription request. The handlers
+// answered while holding the manager's lock, so the read of one
+// subscription whose answer no longer fitted the sockets' buffers kept
+// the lock for as long as its client did not read: every other request
+// of the engine's subscriptions, and the loop that wakes them, waited.
+func TestSubscriptionSlowReaderHoldsUpNoOther(t *testing.T) {
+	e := fhStart(t, fhOptions{})
+	e.create("/r/wake", "application/json")
+	// A body under the 1 MiB cap whose answer is 6 MB: the view's JSON
+	// spells each '<' as \u003c. That is more than the server's send
+	// buffer (at most 4 MiB here) and the client's receive buffer hold.
+	desc := strings.Repeat("<", 1_000_000)
+	for _, c := range []struct{ id, body string }{
+		{"big", `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake","description":"` + desc + `"}`},
+		{"small", `{"type":"pull-wake","pattern":"other/*","wake_stream":"wake"}`},
+	} {
+		if st, v := e.subCall(http.MethodPut, "/r/__ds/subscriptions/"+c.id, c.body); st != http.StatusCreated {
+			t.Fatalf("create subscription %s: %d %v", c.id, st, v)
+		}
+	}
+	u, err := url.Parse(e.caddy.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if err := conn.(*net.TCPConn).SetReadBuffer(4096); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprintf(conn, "GET /r/__ds/subscriptions/big HTTP/1.1\r\nHost: %s\r\n\r\n", u.Host); err != nil {
+		t.Fatal(err)
+	}
+	// The answer is being written once its first byte is here; nothing
+	// more is read, so the rest of it waits in the server's write.
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := conn.Read(make([]byte, 1)); err != nil {
+		t.Fatalf("the large answer never began: %v", err)
+	}
+	short := &http.Client{Timeout: 20 * time.Second}
+	t.Cleanup(short.CloseIdleConnections)
+	r, err := fhSend(short, e.caddy.URL(), fhReq{Method: http.MethodGet, Path: "/r/__ds/subscriptions/small"})
+	if err != nil || r.Status != http.StatusOK {
+		t.Fatalf("read of another subscription while a client leaves its answer unread: %v %v", r, err)
 	}
 }
