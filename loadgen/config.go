@@ -183,10 +183,12 @@ func (c *Config) normalize() error {
 		// load that was not asked for.
 		return fmt.Errorf("--readers %d: want at least 1", c.Readers)
 	}
-	if c.Writers <= 0 {
+	// Only what the mode reads is checked: read mode with --writers 0,
+	// say, is a run someone meant, and its figures do not depend on it.
+	if FlagUsed(c.Mode, "writers") && c.Writers <= 0 {
 		return fmt.Errorf("--writers %d: want at least 1", c.Writers)
 	}
-	if c.Streams <= 0 {
+	if FlagUsed(c.Mode, "streams") && c.Streams <= 0 {
 		return fmt.Errorf("--streams %d: want at least 1", c.Streams)
 	}
 	if c.Size < 0 {

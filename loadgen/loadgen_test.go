@@ -711,7 +711,8 @@ func TestRunSSE(t *testing.T) {
 			t.Run(ct+"/"+how, func(t *testing.T) {
 				f, srv := newFake(t)
 				f.sseEvents = 7 // responses end now and then: subscribers resume
-				res := run(t, Config{URL: srv.URL + "/", Mode: ModeSSE, Writers: 1, Streams: 1, Size: 64, ContentType: ct,
+				// No --writers or --streams: sse mode does not read them.
+				res := run(t, Config{URL: srv.URL + "/", Mode: ModeSSE, Size: 64, ContentType: ct,
 					Create: true, Subscribers: 30, Rate: 40, Duration: time.Second, feeds: reading})
 				if res.Ops < 35 || res.Errors != 0 {
 					t.Fatalf("ops %d errors %d %v", res.Ops, res.Errors, res.ErrorSamples)
@@ -819,7 +820,7 @@ func TestRunRead(t *testing.T) {
 	f.maxChunk = 1000
 	content := bytes.Repeat([]byte("0123456789"), 1050) // 10,500 bytes: 11 GETs
 	f.streams["big"] = &fakeStream{contentType: "text/plain", data: content}
-	res := run(t, Config{URL: srv.URL + "/", Mode: ModeRead, Stream: "big", Readers: 3, Writers: 1, Streams: 1})
+	res := run(t, Config{URL: srv.URL + "/", Mode: ModeRead, Stream: "big", Readers: 3}) // --writers and --streams are not read mode's
 	if res.Requests != 33 || res.Ops != 33 || res.Bytes != 3*10500 || res.Errors != 0 || res.Readers != 3 || res.Stream != "big" {
 		t.Errorf("requests %d ops %d bytes %d errors %d stream %q", res.Requests, res.Ops, res.Bytes, res.Errors, res.Stream)
 	}

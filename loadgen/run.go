@@ -165,7 +165,8 @@ func (r *runner) createStreams(ctx context.Context, n int, body func(i int) []by
 	var firstErr error
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for range min(r.cfg.Writers, n) {
+	// sse mode creates its one stream whatever --writers says.
+	for range max(1, min(r.cfg.Writers, n)) {
 		wg.Go(func() {
 			for {
 				i := int(next.Add(1) - 1)
