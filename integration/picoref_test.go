@@ -95,6 +95,13 @@ func TestPicoReference(t *testing.T) {
 			want: []string{"Pico-Start-Seq", "1"}},
 		{name: "close with the matching Pico-Match-Seq", method: "POST", path: "/pico/ref/s", hdr: []string{"Pico-Closed", "true", "Pico-Match-Seq", "3"},
 			status: 200, want: []string{"Pico-Closed", "true", "Pico-Next-Seq", "3"}},
+		// A repeated close is idempotent, but only where its condition
+		// holds: a conditional close that names another tail did not
+		// seal the stream where it meant to.
+		{name: "the same conditional close again", method: "POST", path: "/pico/ref/s", hdr: []string{"Pico-Closed", "true", "Pico-Match-Seq", "3"},
+			status: 200, want: []string{"Pico-Closed", "true", "Pico-Next-Seq", "3"}},
+		{name: "a conditional close naming another tail of the closed stream", method: "POST", path: "/pico/ref/s", hdr: []string{"Pico-Closed", "true", "Pico-Match-Seq", "2"},
+			status: 409, code: "closed", want: []string{"Pico-Closed", "true", "Pico-Next-Seq", "3"}, writeNothing: true},
 		{name: "long-poll at the end of a closed stream", method: "GET", path: "/pico/ref/s?seq=3&live=long-poll", status: 204,
 			want: []string{"Pico-Closed", "true", "Pico-Up-To-Date", "true", "Pico-Next-Seq", "3", "Cache-Control", "no-store"}},
 		{name: "read the end of a closed stream", method: "GET", path: "/pico/ref/s?seq=2", status: 200,

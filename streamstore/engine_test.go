@@ -163,7 +163,8 @@ func TestProducerDedupAndFencing(t *testing.T) {
 }
 
 // TestClosedStreamComesBeforeProducerChecks: on a closed stream every
-// append but a retry of the closing one is a ClosedError, a stale epoch's
+// append but a retry of the closing one, or a close-only request whose
+// MatchSeq (if any) is the closed tail, is a ClosedError, a stale epoch's
 // too (section 5.2.1), and nothing is written.
 func TestClosedStreamComesBeforeProducerChecks(t *testing.T) {
 	ctx := context.Background()
@@ -179,6 +180,7 @@ func TestClosedStreamComesBeforeProducerChecks(t *testing.T) {
 	if _, err := e.Append(ctx, "/p", AppendRequest{Records: recs("b"), Producer: prod(1, 0), Close: true}); err != nil {
 		t.Fatal(err)
 	}
+	closedTail, staleTail := uint64(2), uint64(1)
 	tests := []struct {
 		name      string
 		req       AppendRequest
@@ -192,6 +194,8 @@ func TestClosedStreamComesBeforeProducerChecks(t *testing.T) {
 		{"no producer", AppendRequest{Records: recs("x")}, false},
 		{"retry of the closing append", AppendRequest{Records: recs("b"), Producer: prod(1, 0), Close: true}, true},
 		{"close-only without a producer", AppendRequest{Close: true}, true},
+		{"close-only matching the closed tail", AppendRequest{Close: true, MatchSeq: &closedTail}, true},
+		{"close-only matching another tail", AppendRequest{Close: true, MatchSeq: &staleTail}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

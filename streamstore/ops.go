@@ -640,7 +640,10 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 			s.mu.Unlock()
 			return AppendResult{}, nil, &ClosedError{NextSeq: next}
 		}
-		closeOnly := len(req.Records) == 0 && req.Close
+		// A repeated close succeeds, but not one whose MatchSeq names
+		// another tail: its condition does not hold, and the stream was
+		// sealed somewhere it did not expect.
+		closeOnly := len(req.Records) == 0 && req.Close && (req.MatchSeq == nil || *req.MatchSeq == next)
 		s.mu.Unlock()
 		if closeOnly {
 			return AppendResult{FirstSeq: next, NextSeq: next, Closed: true, Duplicate: true}, nil, nil
