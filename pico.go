@@ -586,6 +586,8 @@ type picoReadQuery struct {
 	seq       uint64
 	now       bool // seq=now: start at the tail
 	fromStart bool // no seq, or 0: start at the first retained record
+	byEventID bool // the position came from Last-Event-ID, not the URL
+	seqInURL  bool // the URL names the position (seq=)
 	count     int
 	bytes     int
 	format    string
@@ -623,10 +625,11 @@ func (p *picoProtocol) parseReadQuery(r *http.Request) (picoReadQuery, error) {
 		return rq, fmt.Errorf("unknown live mode %q (use long-poll or sse)", rq.live)
 	}
 	seq, hasSeq := q.Get("seq"), q.Has("seq")
+	rq.seqInURL = hasSeq
 	if !hasSeq {
 		// An SSE reconnect resumes where its last event said.
 		if id, ok := headerValue(r.Header, hdrLastEventID); ok && id != "" {
-			seq, hasSeq = id, true
+			seq, hasSeq, rq.byEventID = id, true, true
 		}
 	}
 	switch {
@@ -796,10 +799,23 @@ func (p *picoProtocol) catchUp(w http.ResponseWriter, r *http.Request, eng *stre
 	}
 	defer pg.release()
 	cc := readCacheControl(r, p.privateReads, pg.info.Expiry, readAt)
-	if q.now || (len(pg.records) == 0 && !pg.closed) {
+	switch {
+	case q.now || (len(pg.records) == 0 && !pg.closed):
 		// The tail moves: a cached "nothing here yet" would hide the next
 		// records from pollers for as long as it is kept.
 		cc = cacheControlNoStore
+	case q.byEventID:
+		// The URL does not say where this page starts: a cache that
+		// ignores Vary (many CDNs do) would hand it to readers of the
+		// same URL from the first record, who would miss the records
+		// before it.
+		cc = cacheControlNoStore
+	}
+	if !q.seqInURL {
+		// Without seq= the page starts where Last-Event-ID says: a cache
+		// must not answer a request that carries one with a page kept
+		// for a request that did not, or for another value.
+		w.Header().Add("Vary", "Last-Event-ID")
 	}
 	p.writePage(w, r, &pg, q.format, cc, "", true)
 }

@@ -1427,6 +1427,43 @@ func TestPicoReadsWithCredentialsArePrivate(t *testing.T) {
 	}
 }
 
+// TestPicoLastEventIDReadsAreNotShared: a catch-up read without seq= starts
+// where Last-Event-ID says, so its page depends on a header the URL does
+// not show. A page positioned by the header is never stored, and every
+// seq-less page says it varies on the header, so that no cache answers a
+// reader from the first record with a page from the middle, or the other
+// way round. A read whose URL names the position depends on no header.
+func TestPicoLastEventIDReadsAreNotShared(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/r", nil, hCT, "text/plain").want(t, 201)
+	for _, b := range []string{"a", "b", "c"} {
+		s.do(t, "POST", "/pico/r", []byte(b)).want(t, 200)
+	}
+	tests := []struct {
+		name, path, lastEventID string
+		first                   uint64
+		cacheControl, vary      string
+	}{
+		{"from the start, no header", "/pico/r", "", 0, cacheControlCatchUp, "Last-Event-ID"},
+		{"from Last-Event-ID", "/pico/r", "1", 1, cacheControlNoStore, "Last-Event-ID"},
+		{"seq= wins over Last-Event-ID", "/pico/r?seq=2", "1", 2, cacheControlCatchUp, ""},
+		{"seq= alone", "/pico/r?seq=0", "", 0, cacheControlCatchUp, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var hdr []string
+			if tc.lastEventID != "" {
+				hdr = []string{"Last-Event-ID", tc.lastEventID}
+			}
+			r := s.do(t, "GET", tc.path, nil, hdr...).want(t, 200).
+				header(t, "Cache-Control", tc.cacheControl).header(t, "Vary", tc.vary)
+			if recs := r.records(t); len(recs) == 0 || recs[0].Seq != tc.first {
+				t.Errorf("records %+v, want them from seq %d", recs, tc.first)
+			}
+		})
+	}
+}
+
 // TestPicoCacheReadsPrivate: with cache_reads private a cacheable Pico
 // catch-up page says "private" though the request carries no credentials
 // the module can see, as Durable Streams reads do (TestCacheReadsPrivate).

@@ -85,6 +85,15 @@ func TestPicoReference(t *testing.T) {
 		{name: "producer 0 again, an older seq", method: "POST", path: "/pico/ref/s", body: []byte("r1"), hdr: []string{"Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0"},
 			status: 200, want: []string{"Pico-Start-Seq", "", "Pico-Timestamp", "", "Pico-Next-Seq", "3"}},
 
+		// Without seq= a read starts where Last-Event-ID says, so a cache
+		// must tell such pages apart, and one placed by the header alone
+		// is kept by none: a CDN that ignores Vary would serve it to
+		// readers from the start, who would miss records 0 and 1.
+		{name: "read from Last-Event-ID", method: "GET", path: "/pico/ref/s?format=raw", hdr: []string{"Last-Event-ID", "2"}, status: 200,
+			wantBody: str("r2"), want: []string{"Cache-Control", "no-store", "Vary", "Last-Event-ID", "Pico-Next-Seq", "3"}},
+		{name: "read from the start without seq", method: "GET", path: "/pico/ref/s?format=raw", status: 200, wantBody: str("r0r1r2"),
+			want: []string{"Cache-Control", catchUpCache, "Vary", "Last-Event-ID"}},
+
 		// A conditional close that does not match closes nothing.
 		{name: "close with a stale Pico-Match-Seq", method: "POST", path: "/pico/ref/s", hdr: []string{"Pico-Closed", "true", "Pico-Match-Seq", "1"},
 			status: 412, code: "match_failed", want: []string{"Pico-Next-Seq", "3", "Pico-Closed", ""}},
