@@ -981,6 +981,29 @@ func TestPicoSSE(t *testing.T) {
 	s.do(t, "GET", "/pico/e?live=sse", nil, "Last-Event-ID", "x").wantError(t, 400, picoErrBadRequest, -1)
 }
 
+// TestPicoCloseWithoutRecordsEndsParkedFeeds: a close that appends nothing
+// moves no tail, yet every SSE feed parked in the stream's hub must hear of
+// it: a control event at the same id with "closed", then the end of the
+// response, or its client would wait for records that never come.
+func TestPicoCloseWithoutRecordsEndsParkedFeeds(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/c", []byte("a"), hCT, "text/plain").want(t, 201)
+	tail := s.sse(t, "/pico/c?live=sse&seq=1")
+	tail.control(t, 1, true, false)
+	single := s.sse(t, "/pico/c?live=sse&count=1") // another hub: other read limits
+	single.data(t, "1")
+	single.control(t, 1, true, false)
+	waitParked(t, s.pico.hubs, 2, 2)
+
+	s.do(t, "POST", "/pico/c", nil, hdrPicoClosed, "true").want(t, 200).header(t, hdrPicoNextSeq, "1")
+	for _, r := range []*picoSSE{tail, single} {
+		r.control(t, 1, true, true)
+		r.ends(t, 2*time.Second)
+	}
+	waitParked(t, s.pico.hubs, 0, 0)
+	s.do(t, "GET", "/pico/c?seq=1&live=long-poll", nil).want(t, 204).header(t, hdrPicoClosed, "true")
+}
+
 func TestPicoSSERecyclesAndEndsAtShutdown(t *testing.T) {
 	s := newPicoServer(t, func(p *picoProtocol) { p.sseInterval = 300 * time.Millisecond })
 	s.do(t, "PUT", "/pico/e", []byte("a")).want(t, 201)

@@ -682,6 +682,24 @@ func TestPicoProtocol(t *testing.T) {
 		}
 	})
 
+	t.Run("close without records ends live reads", func(t *testing.T) {
+		// The close moves no tail: feeds parked at it hear of it all the
+		// same, with a closed control event at the same id, and end.
+		picoWant(t, "create", picoDo(e, "PUT", "/pico/sealed-tail", []byte("a")), 201)
+		tail := picoOpenSSE(t, e, "/pico/sealed-tail?seq=1&live=sse")
+		tail.control(t, 1, true, false)
+		single := picoOpenSSE(t, e, "/pico/sealed-tail?live=sse&count=1")
+		single.data(t, 1)
+		single.control(t, 1, true, false)
+		picoWant(t, "close", picoDo(e, "POST", "/pico/sealed-tail", nil, "Pico-Closed", "true"), 200, "Pico-Closed", "true", "Pico-Next-Seq", "1")
+		for _, s := range []*picoSSEReader{tail, single} {
+			s.control(t, 1, true, true)
+			s.ends(t, 5*time.Second)
+		}
+		picoWant(t, "long-poll at the sealed tail", picoDo(e, "GET", "/pico/sealed-tail?seq=1&live=long-poll", nil), 204,
+			"Pico-Closed", "true", "Pico-Up-To-Date", "true", "Pico-Next-Seq", "1")
+	})
+
 	t.Run("HEAD, DELETE, soft delete, list", func(t *testing.T) {
 		picoWant(t, "create", picoDo(e, "PUT", "/pico/del/a", []byte("x"), "Content-Type", "text/plain"), 201)
 		picoWant(t, "delete", picoDo(e, "DELETE", "/pico/del/a", nil), 204)
