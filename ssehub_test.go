@@ -258,6 +258,64 @@ func TestSSEHubWritesOnlyAtTheFeedsPosition(t *testing.T) {
 	s.waitParked(t, 0, 0)
 }
 
+// Feeds parked in one hub share each data event but not their cursors:
+// every control event carries the feed's own, and one that a client sent
+// ahead of the clock stays ahead of it (section 10.1: a cursor that went
+// back would let a CDN answer the feed's next request from its cache, in a
+// loop). A pass encodes the control event of each cursor once, up to
+// maxPassVariants of them, and past that each feed encodes its own; both
+// ways are checked.
+func TestSSEHubFeedsKeepTheirOwnCursors(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ahead int // feeds with a cursor of their own ahead of the clock
+	}{
+		{"fewer cursors than a pass encodes", 3},
+		{"more cursors than a pass encodes", maxPassVariants + 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newDSServer(t)
+			s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+			type feed struct {
+				r      *sseReader
+				sent   uint64 // the cursor the client sent; 0: none
+				cursor string // the one the feed's first control event gave
+			}
+			// Sent cursors lie further apart than the jitter moves one
+			// (cursorMaxJitter seconds), so every feed's own is distinct;
+			// the last two feeds send none and share the clock's.
+			now := cursorAt(time.Now())
+			feeds := make([]feed, tc.ahead+2)
+			for i := range feeds {
+				query := "/s?offset=now&live=sse"
+				if i < tc.ahead {
+					feeds[i].sent = now + uint64(i+1)*1000
+					query += "&cursor=" + strconv.FormatUint(feeds[i].sent, 10)
+				}
+				feeds[i].r = s.sse(t, query)
+				c := feeds[i].r.control(t)
+				feeds[i].cursor = c.StreamCursor
+				if n, err := strconv.ParseUint(c.StreamCursor, 10, 64); err != nil || (feeds[i].sent > 0 && n <= feeds[i].sent) {
+					t.Fatalf("feed %d sent cursor %d and got %q", i, feeds[i].sent, c.StreamCursor)
+				}
+			}
+			s.waitParked(t, len(feeds), 1)
+			for i, rec := range []string{"one", "two"} {
+				s.do(t, "POST", "/s", rec, ct, "text/plain").want(t, 204)
+				for j, f := range feeds {
+					if ev := f.r.next(t); ev.typ != "data" || ev.data != rec {
+						t.Fatalf("feed %d, record %d: event %+v", j, i, ev)
+					}
+					if c := f.r.control(t); c.StreamCursor != f.cursor {
+						t.Errorf("feed %d, record %d: cursor %q, want the feed's own %q (it sent %d)", j, i, c.StreamCursor, f.cursor, f.sent)
+					}
+				}
+			}
+			s.waitParked(t, len(feeds), 1) // the hub wrote both records
+		})
+	}
+}
+
 type failingWriter struct{}
 
 func (failingWriter) Header() http.Header       { return http.Header{} }

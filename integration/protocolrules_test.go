@@ -7,8 +7,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // protocolRule is one request and what the protocol says of its answer.
@@ -204,4 +206,73 @@ func mustControl(t *testing.T, br *bufio.Reader) sseControl {
 		t.Fatalf("SSE event %q %q, want a control event", ev.event, strings.TrimSpace(ev.data))
 	}
 	return c
+}
+
+// TestSSEFeedsAtTheTailKeepTheirOwnCursors: through Caddy on versitygw,
+// SSE feeds waiting at one stream's tail, some with a cursor of their own
+// ahead of the clock and some without, each get every append with their
+// own cursor in the control event after it, never another feed's: a
+// cursor that went back to the clock's would let a CDN answer the feed's
+// next request from its cache (section 10.1). Feeds at the tail share
+// their data events (ssehub.go) and, up to a number of distinct cursors,
+// their control events too; both sides of that number are checked.
+func TestSSEFeedsAtTheTailKeepTheirOwnCursors(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"sse_reconnect_interval 5m"}})
+	for _, ahead := range []int{3, 20} { // feeds with a cursor of their own ahead of the clock
+		checkFeedCursors(t, e, "/rules/cursors/"+strconv.Itoa(ahead), ahead)
+	}
+}
+
+// checkFeedCursors opens ahead+2 feeds at the tail of a new text stream
+// at path, ahead of them with a cursor each, appends two records and
+// checks that every feed's control events keep the feed's own cursor.
+func checkFeedCursors(t *testing.T, e *fhEnv, path string, ahead int) {
+	t.Helper()
+	const tp = "text/plain"
+	e.create(path, tp)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type feed struct {
+		br     *bufio.Reader
+		sent   uint64 // the cursor the client sent; 0: none
+		cursor string // the one the feed's first control event gave
+	}
+	// Sent cursors lie further apart than the server's jitter moves one
+	// (an hour), so that every feed's own is distinct; the last two feeds
+	// send none and share the clock's, the count of 20 s intervals since
+	// 2024-10-09 (section 10.1).
+	now := uint64(time.Since(time.Date(2024, 10, 9, 0, 0, 0, 0, time.UTC)) / (20 * time.Second))
+	feeds := make([]feed, ahead+2)
+	for i := range feeds {
+		query := "?offset=now&live=sse"
+		if i < ahead {
+			feeds[i].sent = now + uint64(i+1)*1000
+			query += "&cursor=" + strconv.FormatUint(feeds[i].sent, 10)
+		}
+		feeds[i].br = openSSE(ctx, t, e, path+query)
+		c := mustControl(t, feeds[i].br)
+		feeds[i].cursor = c.StreamCursor
+		if n, err := strconv.ParseUint(c.StreamCursor, 10, 64); err != nil || n <= feeds[i].sent || !c.UpToDate {
+			t.Fatalf("%s: feed %d sent cursor %d; first control event %+v", path, i, feeds[i].sent, c)
+		}
+	}
+	// Every feed announced the tail and waits there for the next record,
+	// in the stream's hub or, one that has not reached it yet, on its own.
+	for i, rec := range []string{"one", "two"} {
+		next := e.append(path, tp, []byte(rec))
+		for j, f := range feeds {
+			ev, err := readSSEEvent(f.br)
+			if err != nil || ev.event != "data" || ev.data != rec {
+				t.Fatalf("%s: feed %d, record %d: event %+v, %v", path, j, i, ev, err)
+			}
+			c := mustControl(t, f.br)
+			if c.StreamCursor != f.cursor || c.StreamNextOffset != next || !c.UpToDate {
+				t.Errorf("%s: feed %d (sent cursor %d), record %d: control %+v, want cursor %s at %s",
+					path, j, f.sent, i, c, f.cursor, next)
+			}
+		}
+	}
 }
