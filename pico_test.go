@@ -1501,3 +1501,34 @@ func TestPicoCacheReadsPrivate(t *testing.T) {
 	// At the tail nothing may be kept.
 	s.do(t, "GET", "/pico/r?seq=1", nil).want(t, 200).header(t, "Cache-Control", cacheControlNoStore)
 }
+
+// A stream name with a __ds segment is refused at create: Durable Streams
+// serves its control resources there, so it could not reach the stream.
+// One made before the rule (here straight through the engine) is still
+// read and deleted.
+func TestPicoReservedSegment(t *testing.T) {
+	s := newPicoServer(t)
+	for _, tt := range []struct {
+		path    string
+		refused bool
+	}{
+		{"/pico/w/__ds", true},
+		{"/pico/__ds/subscriptions/s9", true},
+		{"/pico/a/__ds/b", true},
+		{"/pico/w/__dsx", false},
+		{"/pico/x__ds", false},
+		{"/pico/__d/s", false},
+	} {
+		if tt.refused {
+			s.do(t, "PUT", tt.path, []byte("x"), hCT, "text/plain").wantError(t, 400, picoErrBadRequest, -1)
+			s.do(t, "HEAD", tt.path, nil).want(t, 404)
+		} else {
+			s.do(t, "PUT", tt.path, []byte("x"), hCT, "text/plain").want(t, 201)
+		}
+	}
+	if _, _, err := s.eng.Create(context.Background(), "/old/__ds", streamstore.CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	s.do(t, "HEAD", "/pico/old/__ds", nil).want(t, 200)
+	s.do(t, "DELETE", "/pico/old/__ds", nil).want(t, 204)
+}

@@ -173,6 +173,17 @@ const (
 	methodNotAllowedAt = "method %s is not allowed here; allowed: %s"
 )
 
+// hasReservedSegment reports whether one of name's segments is the one
+// Durable Streams serves its control resources under.
+func hasReservedSegment(name string) bool {
+	for seg := range strings.SplitSeq(name, "/") {
+		if seg == reservedSegment {
+			return true
+		}
+	}
+	return false
+}
+
 // subRouteMethods returns the methods of the control resource sub below a
 // subscription (the subscription itself when hasSub is false), and false
 // for a path that names no resource.

@@ -1042,6 +1042,16 @@ func TestPicoCrossProtocol(t *testing.T) {
 	if err != nil || len(msgs) != 3 || string(msgs[2]) != `{"c":3}` || next != picoOffset(3, 0) {
 		t.Errorf("DS read of a Pico-appended JSON record: %s at %s (%v)", msgs, next, err)
 	}
+
+	// Every stream Pico creates is one Durable Streams reaches: names
+	// with a __ds segment, where DS serves its control resources, are
+	// refused, and nothing is made.
+	for _, name := range []string{"/w/__ds", "/__ds/subscriptions/s9"} {
+		picoWantError(t, "Pico create of "+name, picoDo(e, "PUT", "/pico"+name, []byte("x"), "Content-Type", "text/plain"), 400, "bad_request")
+		picoWant(t, "Pico HEAD of "+name, picoDo(e, "HEAD", "/pico"+name, nil), 404)
+	}
+	picoWant(t, "Pico create of a name that only contains __ds", picoDo(e, "PUT", "/pico/w/__dsx", nil, "Content-Type", "text/plain"), 201)
+	picoWant(t, "DS sees it", picoDo(e, "HEAD", "/ds/w/__dsx", nil), 200)
 }
 
 // picoOffset is the Durable Streams offset of byte b of record seq.
