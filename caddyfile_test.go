@@ -374,3 +374,46 @@ func TestValidateSharedStorageSameSettings(t *testing.T) {
 		t.Fatalf("handler-level options may differ on one storage: %v", err)
 	}
 }
+
+// TestValidateSharedStorageDefaultSpelledOut: a handler that writes an
+// engine setting at its documented default and one that leaves it out
+// give one storage the same settings, so the config loads. pack_below
+// left out used to stay 0 ("the engine's default") and be refused as
+// differing from 256KiB.
+func TestValidateSharedStorageDefaultSpelledOut(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	for _, line := range []string{
+		"flush_interval 20ms",
+		"flush_size 1MiB",
+		"max_pending 64MiB",
+		"cache_size 64MiB",
+		"compact_interval 30s",
+		"pack_below 256KiB",
+		"s3_timeout 10s",
+		"expiry_sweep_interval 5m",
+		"grave_time 20m",
+	} {
+		t.Run(line, func(t *testing.T) {
+			dir := t.TempDir()
+			js := adapt(t, `{
+				admin off
+			}
+			:0 {
+				handle /a/* {
+					picomq {
+						storage file://`+dir+`
+						`+line+`
+					}
+				}
+				handle /b/* {
+					picomq {
+						storage file://`+dir+`
+					}
+				}
+			}`)
+			if err := validate(t, js); err != nil {
+				t.Errorf("%q in one handler of a storage and left out in the other: %v", line, err)
+			}
+		})
+	}
+}

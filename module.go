@@ -46,6 +46,10 @@ const (
 	defaultExpirySweepInterval  = 5 * time.Minute
 	defaultGraveTime            = 20 * time.Minute
 	defaultMaxSubscriptions     = 1000
+	// The engine's own default (streamstore's packStreamMax), applied
+	// here so that a handler that leaves pack_below out and one that
+	// spells the default out give one storage the same settings.
+	defaultPackBelow = 256 << 10
 )
 
 // Handler serves durable streams: every request path below the handler is a
@@ -332,6 +336,9 @@ func (h *Handler) applyDefaults() {
 	}
 	if h.GraveTime == 0 {
 		h.GraveTime = caddy.Duration(defaultGraveTime)
+	}
+	if h.PackBelow == 0 {
+		h.PackBelow = defaultPackBelow
 	}
 	if h.MaxSubscriptions == 0 {
 		h.MaxSubscriptions = defaultMaxSubscriptions

@@ -74,3 +74,46 @@ http://:{$` + caddytest.PortEnv + `} {
 		}
 	}
 }
+
+// TestTwoRoutesOneSpellingTheDefault serves one storage under two routes,
+// one of which writes pack_below at its documented default (256KiB) and
+// the other leaves it out: they ask for the same engine, so Caddy starts
+// and both routes serve the same streams. Before the module applied
+// pack_below's default itself, the two were 262144 and 0 to it, and the
+// config was refused as disagreeing.
+func TestTwoRoutesOneSpellingTheDefault(t *testing.T) {
+	v := testenv.NewVersity(t)
+	storage := caddytest.S3Storage(t, v, v.Endpoint)
+	caddyfile := `{
+	admin {$` + caddytest.AdminEnv + `}
+	persist_config off
+}
+http://:{$` + caddytest.PortEnv + `} {
+	bind 127.0.0.1
+	handle_path /a/* {
+		picomq {
+			storage "` + storage + `"
+			pack_below 256KiB
+		}
+	}
+	handle_path /b/* {
+		picomq {
+			storage "` + storage + `"
+		}
+	}
+}
+`
+	c, err := caddytest.Launch(t, caddytest.Options{Caddyfile: caddyfile, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
+	if err != nil {
+		t.Fatalf("two routes on one storage, one spelling out pack_below's default, were refused:\n%s", truncateTail(err.Error(), 3000))
+	}
+	if err := waitServing(c, 90*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	cl := newClient(t, c.URL(), true)
+	cl.create(t, "/a/shared", 30*time.Second)
+	r, err := cl.do(context.Background(), http.MethodHead, "/b/shared", "", nil, nil)
+	if err != nil || r.status != http.StatusOK {
+		t.Errorf("the stream created through /a/ seen through /b/: %v %v, want 200", r, err)
+	}
+}
