@@ -22,12 +22,14 @@ func exampleGuard(t *testing.T, file, hash string) string {
 		t.Fatal(err)
 	}
 	s := string(body)
-	open := strings.Index(s, "{\n")
+	// The site block opens on a line with an address, past any global
+	// options block (a line that is "{" alone).
+	site := regexp.MustCompile(`(?m)^[^\s{#][^\n]*\{\n`).FindStringIndex(s)
 	end := strings.Index(s, "\tpicomq {")
-	if open < 0 || end < open {
+	if site == nil || end < site[1] {
 		t.Fatalf("%s: no site block with a picomq directive", file)
 	}
-	return regexp.MustCompile(`\$2a\$[0-9]+\$\S+`).ReplaceAllLiteralString(s[open+2:end], hash)
+	return regexp.MustCompile(`\$2a\$[0-9]+\$\S+`).ReplaceAllLiteralString(s[site[1]:end], hash)
 }
 
 // TestBasicAuthWritesExample runs the guard of
