@@ -451,13 +451,17 @@ func (e *Engine) registerNamespace(ctx context.Context) (uint64, error) {
 }
 
 // renewLease renews l at a third of its lifetime, and retries every second
-// while the store does not answer, until ctx ends or the engine closes.
-// Past the lease's certain validity the writer refuses work; if another
-// node took the lease, the writer is fenced for good.
+// (or every third of the lifetime, when that is shorter) while the store
+// does not answer, until ctx ends or the engine closes. Past the lease's
+// certain validity the writer refuses work; if another node took the
+// lease, the writer is fenced for good.
 func (e *Engine) renewLease(ctx context.Context, l *segment.Lease) {
 	defer e.bg.Done()
 	ttl := l.TTL()
 	wait := ttl / 3
+	retry := min(time.Second, ttl/3)
+	var failures int
+	var failingSince time.Time
 	for {
 		t := time.NewTimer(wait)
 		select {
@@ -477,15 +481,37 @@ func (e *Engine) renewLease(ctx context.Context, l *segment.Lease) {
 			return
 		case err == nil:
 			wait = ttl / 3
+			if failures > 0 {
+				e.log.Info("storage lease renewed again", zap.Int("failures", failures),
+					zap.Duration("failing_for", time.Since(failingSince)))
+				failures = 0
+			}
 		case errors.Is(err, segment.ErrFenced):
 			e.log.Error("storage lease taken by another node; this node writes no more", zap.Error(err))
 			e.fence(err)
 			return
 		default:
-			e.log.Warn("renew storage lease", zap.Error(err))
-			wait = time.Second
+			if failures == 0 {
+				failingSince = time.Now()
+			}
+			failures++
+			if leaseFailureLogged(failures) {
+				e.log.Warn("renew storage lease", zap.Int("failures", failures),
+					zap.Duration("failing_for", time.Since(failingSince)), zap.Error(err))
+			}
+			wait = retry
 		}
 	}
+}
+
+// leaseFailureLogged says whether the nth failure in a row to renew the
+// lease is logged: the first ones, then ever more sparsely (powers of two,
+// and every 60th: a renewal retried a second after the last one failed
+// fails at most once a second, so these are a minute or more apart). An
+// outage of the store retries every second, and a warning each time
+// buried the log in identical lines.
+func leaseFailureLogged(n int) bool {
+	return n&(n-1) == 0 || n%60 == 0
 }
 
 // fenced returns why this node writes no more (another node took the
