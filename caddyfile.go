@@ -123,8 +123,26 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if err != nil {
 			return d.Errf("%s: %v", opt, err)
 		}
+		if limit, ok := sizeLimits[opt]; ok && arg != "off" {
+			// Validate holds these too, for JSON configs; here the error
+			// names the line and the value as written, not a byte count.
+			if n, _ := parseSize(arg); n > limit.bytes {
+				return d.Errf("%s: must be at most %s, got %s", opt, limit.text, arg)
+			}
+		}
 	}
 	return nil
+}
+
+// sizeLimits are the size options with a bound below parseSize's own 1TiB,
+// as Validate checks them.
+var sizeLimits = map[string]struct {
+	bytes int64
+	text  string
+}{
+	"flush_size":      {maxFlushSize, "1GiB"},
+	"max_append_size": {maxAppendSizeLimit, "1GiB"},
+	"pack_below":      {maxPackBelow, "16MiB"},
 }
 
 // caddyfileOptions are the subdirectives of picomq.

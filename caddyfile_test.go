@@ -85,6 +85,22 @@ func TestUnmarshalCaddyfilePackBelowOff(t *testing.T) {
 
 // TestUnmarshalCaddyfileCacheReads: cache_reads takes public or private,
 // and a handler without it keeps today's public reads.
+// TestUnmarshalCaddyfileSizeAtBound: a size at its bound is taken (the
+// bound is inclusive, as Validate's).
+func TestUnmarshalCaddyfileSizeAtBound(t *testing.T) {
+	for _, line := range []string{"pack_below 16MiB", "flush_size 1GiB", "max_append_size 1GiB"} {
+		var h Handler
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("picomq {\n\t" + line + "\n}")); err != nil {
+			t.Errorf("%q: %v", line, err)
+			continue
+		}
+		h.applyDefaults()
+		if err := h.Validate(); err != nil {
+			t.Errorf("%q: validate: %v", line, err)
+		}
+	}
+}
+
 func TestUnmarshalCaddyfileCacheReads(t *testing.T) {
 	for _, tc := range []struct{ src, want string }{
 		{"picomq", cacheReadsPublic},
@@ -151,6 +167,11 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"cache_reads privat", `cache_reads: unknown value "privat" (use public or private)`},
 		{"cache_reads Private", `cache_reads: unknown value "Private" (use public or private)`},
 		{"cache_reads off", `cache_reads: unknown value "off" (use public or private)`},
+		// Bounds below 1TiB, named with the line and the value as written.
+		{"pack_below 32MiB", "pack_below: must be at most 16MiB, got 32MiB"},
+		{"pack_below 16777217", "pack_below: must be at most 16MiB, got 16777217"},
+		{"flush_size 2GiB", "flush_size: must be at most 1GiB, got 2GiB"},
+		{"max_append_size 1.5GiB", "max_append_size: must be at most 1GiB, got 1.5GiB"},
 	}
 	for _, o := range durations {
 		cases = append(cases,

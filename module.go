@@ -52,6 +52,14 @@ const (
 	defaultPackBelow = 256 << 10
 )
 
+// Upper bounds of size options, checked by Validate (and by the Caddyfile
+// parser, to name the line).
+const (
+	maxFlushSize       = 1 << 30
+	maxAppendSizeLimit = 1 << 30 // the whole body is held in memory until it is durable
+	maxPackBelow       = 16 << 20
+)
+
 // Handler serves durable streams: every request path below the handler is a
 // stream. Streams are stored in S3-compatible object storage (or a local
 // directory); the process holds caches only.
@@ -391,20 +399,20 @@ func (h *Handler) Validate() error {
 	if h.MaxSubscriptions < 0 {
 		return errors.New("max_subscriptions must not be negative")
 	}
-	if h.PackBelow < -1 || h.PackBelow > 16<<20 {
+	if h.PackBelow < -1 || h.PackBelow > maxPackBelow {
 		return fmt.Errorf("pack_below must be -1 (off) or at most 16MiB, got %d", h.PackBelow)
 	}
 	if h.FlushQuiet >= h.FlushInterval {
 		return fmt.Errorf("flush_quiet (%s) must be below flush_interval (%s)",
 			time.Duration(h.FlushQuiet), time.Duration(h.FlushInterval))
 	}
-	if h.FlushSize > 1<<30 {
+	if h.FlushSize > maxFlushSize {
 		return errors.New("flush_size must be at most 1GiB")
 	}
 	if h.MaxPending > 1<<40 {
 		return errors.New("max_pending must be at most 1TiB")
 	}
-	if h.MaxAppendSize > 1<<30 {
+	if h.MaxAppendSize > maxAppendSizeLimit {
 		// The whole body is held in memory until it is durable.
 		return errors.New("max_append_size must be at most 1GiB")
 	}

@@ -15,6 +15,7 @@ func TestCaddyfileErrorsReachTheOperator(t *testing.T) {
 		{"flush_size lots", `flush_size: invalid size "lots"`},
 		{"protocol mqtt", `protocol: unknown protocol "mqtt"`},
 		{"flush_quite 1ms", `unrecognized picomq option "flush_quite"`},
+		{"pack_below 32MiB", "pack_below: must be at most 16MiB, got 32MiB"},
 	} {
 		t.Run(tc.line, func(t *testing.T) {
 			c, err := caddytest.Launch(t, caddytest.Options{Directives: []string{"long_poll_timeout 5s", tc.line}})
