@@ -221,10 +221,16 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 // settingsDiff names the engine settings on which a and b differ, with
 // both values, as the Caddyfile spells them.
 func settingsDiff(a, b engineSettings) string {
+	return diffSettings(a, b, "%s (%v in one, %v in another)")
+}
+
+// diffSettings names the engine settings on which a and b differ, each
+// written with format from its name, a's value and b's.
+func diffSettings(a, b engineSettings, format string) string {
 	var out []string
 	add := func(name string, x, y any) {
 		if x != y {
-			out = append(out, fmt.Sprintf("%s (%v in one, %v in another)", name, x, y))
+			out = append(out, fmt.Sprintf(format, name, x, y))
 		}
 	}
 	add("flush_interval", a.FlushInterval, b.FlushInterval)
@@ -419,14 +425,18 @@ func (r *engineRef) reconfigureLocked(s engineSettings) {
 			return // nothing else changed: the engine runs as it did
 		}
 	}
+	// Named first, so that the line says what the reload changed, not
+	// only what the settings are now.
+	changed := diffSettings(r.settings, s, "%s from %v to %v")
 	r.settings = s
 	if eng := r.eng.Load(); eng != nil {
 		eng.Reconfigure(r.engineConfig())
 	}
-	r.log.Info("engine settings changed by a config reload",
+	r.log.Info("engine settings changed by a config reload", zap.String("changed", changed),
 		zap.Duration("flush_interval", s.FlushInterval), zap.Int64("flush_size", s.FlushSize), zap.Duration("flush_quiet", s.FlushQuiet),
 		zap.Int64("max_pending", s.MaxPending),
-		zap.Int64("cache_size", s.CacheBytes), zap.Duration("compact_interval", s.CompactInterval), zap.Int64("pack_below", s.PackBelow))
+		zap.Int64("cache_size", s.CacheBytes), zap.Duration("compact_interval", s.CompactInterval), zap.Int64("pack_below", s.PackBelow),
+		zap.Duration("expiry_sweep_interval", s.ExpirySweep), zap.Duration("grave_time", s.GraveTime))
 }
 
 // engine returns the started engine, waiting for the start if it is still

@@ -3,6 +3,7 @@ package picomq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -372,6 +373,42 @@ func TestReloadOfS3TimeoutOnly(t *testing.T) {
 	defer ref.mu.Unlock()
 	if ref.settings != s1 {
 		t.Errorf("the engine runs %+v, want %+v (s3_timeout unchanged until a restart)", ref.settings, s1)
+	}
+}
+
+// TestReloadLogSaysWhatChanged: the line a reload's new settings get
+// names what changed, from what to what, and shows every engine setting
+// it can change, grave_time and expiry_sweep_interval included.
+func TestReloadLogSaysWhatChanged(t *testing.T) {
+	storage := testStorage(t)
+	s1 := testSettings()
+	s2 := s1
+	s2.GraveTime = s1.GraveTime + 10*time.Minute
+	core, logs := observer.New(zapcore.InfoLevel)
+	newApp := func() *App { return &App{refs: make(map[string]*appEngine), log: zap.New(core)} }
+	for _, s := range []engineSettings{s1, s2} {
+		app := newApp()
+		t.Cleanup(func() { app.Cleanup() })
+		if _, err := app.acquire(storage, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := app.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lines := logs.FilterMessage("engine settings changed by a config reload").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d lines say the reload changed the settings, want 1", len(lines))
+	}
+	fields := lines[0].ContextMap()
+	wantChanged := fmt.Sprintf("grave_time from %v to %v", s1.GraveTime, s2.GraveTime)
+	if fields["changed"] != wantChanged {
+		t.Errorf("changed = %q, want %q", fields["changed"], wantChanged)
+	}
+	for name, want := range map[string]any{"grave_time": s2.GraveTime, "expiry_sweep_interval": s2.ExpirySweep} {
+		if fields[name] != want {
+			t.Errorf("%s = %v, want %v (fields %v)", name, fields[name], want, fields)
+		}
 	}
 }
 

@@ -265,10 +265,16 @@ func TestReloadAppliesEngineSettings(t *testing.T) {
 		{"1s", 700 * time.Millisecond, 3 * time.Second},
 		{"10ms", 0, 500 * time.Millisecond},
 	}
+	prev := "10ms"
 	for _, st := range steps {
 		if err := c.Reload(c.Config(optsWith(st.flush))); err != nil {
 			t.Fatalf("reload to flush_interval %s: %v", st.flush, err)
 		}
+		// The operator is told what the reload changed.
+		if changed := `"changed":"flush_interval from ` + prev + ` to ` + st.flush + `"`; !strings.Contains(c.Logs(), changed) {
+			t.Errorf("no log line of the reload to flush_interval %s says %s", st.flush, changed)
+		}
+		prev = st.flush
 		got := latency(st.flush)
 		t.Logf("median lone-append latency with flush_interval %s after a reload: %s (at start, 10ms: %s)",
 			st.flush, got.Round(time.Millisecond), start.Round(time.Millisecond))
