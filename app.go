@@ -313,7 +313,7 @@ func (r *engineRef) doStart() error {
 	ctx, cancel := context.WithTimeout(context.Background(), engineStartTimeout)
 	defer cancel()
 	if err := eng.Start(ctx); err != nil {
-		return fmt.Errorf("starting engine: %w", err)
+		return err // the engine names itself ("start engine: ...")
 	}
 	r.subs.managerFor(eng, r.log) // subscriptions wake on appends from the start, whatever the protocol (subscriptions.go)
 	r.mu.Lock()

@@ -222,6 +222,32 @@ func TestFailedStartIsReported(t *testing.T) {
 	}
 }
 
+// TestFailedStartSaysItOnce: the error of a storage that cannot start
+// (here, an unknown format) says where and why, naming the start once:
+// it said "starting engine: start engine: ...".
+func TestFailedStartSaysItOnce(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "format"), []byte("not a format"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	app := newTestApp(t)
+	if _, err := app.acquire("file://"+dir, engineSettings{S3Timeout: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	err := app.Start()
+	if err == nil {
+		t.Fatal("start succeeded on a storage of an unknown format")
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "starting storage file://"+dir+": start engine: ") || strings.Count(msg, "start") != 2 {
+		t.Errorf("start error %q, want \"starting storage %s: start engine: \" and the reason", msg, "file://"+dir)
+	}
+	if err := app.Cleanup(); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+}
+
 func TestAppendTimeoutCoversRetries(t *testing.T) {
 	s := engineSettings{FlushInterval: 10 * time.Millisecond, S3Timeout: time.Second}
 	got := appendTimeout(s)

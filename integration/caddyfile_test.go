@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -36,5 +38,26 @@ func TestCaddyfileErrorsReachTheOperator(t *testing.T) {
 					tc.line, tc.want, at, truncateTail(msg, 2000))
 			}
 		})
+	}
+}
+
+// TestStartErrorSaysItOnce starts Caddy on a storage it cannot open (a
+// format object that is not PicoMQ's): Caddy refuses to start, saying
+// which storage and why, and names the engine's start once (it said
+// "starting engine: start engine: ...").
+func TestStartErrorSaysItOnce(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "format"), []byte("not a format"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := caddytest.Launch(t, caddytest.Options{Storage: "file://" + dir})
+	if err == nil {
+		c.Kill()
+		t.Fatal("Caddy started on a storage of an unknown format")
+	}
+	want := "starting storage file://" + dir + ": start engine: format object is not PicoMQ's"
+	msg := strings.ReplaceAll(err.Error(), `\"`, `"`)
+	if !strings.Contains(msg, want) || strings.Contains(msg, "starting engine") {
+		t.Errorf("Caddy's refusal does not say %q alone:\n%s", want, truncateTail(msg, 2000))
 	}
 }
