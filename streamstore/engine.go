@@ -158,6 +158,11 @@ type Engine struct {
 	bgCtx        context.Context // ends at Close: for work nobody waits on
 	bgCancel     context.CancelFunc
 
+	// expiryReset re-arms the expiry sweep's timer, as compactReset does
+	// the compaction's: a reload from expiry_sweep_interval 1h to 1m
+	// sweeps within a minute, not within the hour.
+	expiryReset chan struct{}
+
 	fetchMu  sync.Mutex
 	fetching map[string]*fetchCall // data object GETs in flight, by key
 	// aheadBytes is what read-ahead GETs in flight hold, across streams,
@@ -209,6 +214,7 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 		gcKick:       make(chan struct{}, 1),
 		compactKick:  make(chan struct{}, 1),
 		compactReset: make(chan struct{}, 1),
+		expiryReset:  make(chan struct{}, 1),
 		closing:      make(chan struct{}),
 		returnMemory: debug.FreeOSMemory,
 		ioPool:       workers.New(ioLinger),
@@ -227,12 +233,18 @@ func (e *Engine) Reconfigure(cfg Config) {
 	cfg = cfg.withDefaults()
 	e.cfgMu.Lock()
 	cfg.NodeID = e.cfg.NodeID
-	interval := e.cfg.CompactInterval
+	interval, sweep := e.cfg.CompactInterval, e.cfg.ExpirySweep
 	e.cfg = cfg
 	e.cfgMu.Unlock()
 	if cfg.CompactInterval != interval {
 		select {
 		case e.compactReset <- struct{}{}:
+		default:
+		}
+	}
+	if cfg.ExpirySweep != sweep {
+		select {
+		case e.expiryReset <- struct{}{}:
 		default:
 		}
 	}

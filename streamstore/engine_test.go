@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -671,6 +672,48 @@ func TestReconfigureRearmsCompaction(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// A reload that shortens expiry_sweep_interval takes effect at once too:
+// the sweep (a LIST of the expiry markers) comes within the new interval,
+// not after the old hour.
+func TestReconfigureRearmsExpirySweep(t *testing.T) {
+	st := memstore.New()
+	var sweeps atomic.Int64
+	st.Fail = func(op, key string) error {
+		if op == "LIST" && key == expiryPrefix {
+			sweeps.Add(1)
+		}
+		return nil
+	}
+	cfg := Config{ExpirySweep: time.Hour}
+	e := startEngine(t, st, cfg)
+	// The loop must be waiting out its hour already: one that had not
+	// armed its timer yet would read the new interval anyway.
+	if err := waitUntil(5*time.Second, func() bool { return goroutineWaits("(*Engine).expiryLoop") }); err != nil {
+		t.Fatal("the expiry loop never waited for its timer")
+	}
+	before := sweeps.Load()
+	cfg.ExpirySweep = 20 * time.Millisecond
+	cfg.NodeID = "node-a"
+	e.Reconfigure(cfg)
+	if err := waitUntil(5*time.Second, func() bool { return sweeps.Load() > before }); err != nil {
+		t.Fatalf("no expiry sweep 5 s after expiry_sweep_interval became 20ms (%d before)", before)
+	}
+}
+
+// goroutineWaits reports whether a goroutine whose stack holds fn is
+// blocked in a select.
+func goroutineWaits(fn string) bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		header, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(g, fn) && strings.Contains(header, "[select") {
+			return true
+		}
+	}
+	return false
 }
 
 // stalledStore is a store whose every call waits for release; entered is

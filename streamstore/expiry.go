@@ -37,6 +37,9 @@ func (e *Engine) expiryLoop() {
 		case <-e.closing:
 			t.Stop()
 			return
+		case <-e.expiryReset:
+			t.Stop()
+			continue // wait the new interval from now
 		case <-t.C:
 		}
 		n, err := e.SweepExpired(e.bgCtx, time.Now())
