@@ -109,7 +109,7 @@ succeeded; in sse mode, no record reached a subscriber).`,
 	f.String("protocol", loadgen.ProtocolDurableStreams, "sse mode: the feeds' protocol, durable-streams or pico (PicoMQ's own; URL then names a picomq handler with protocol pico)")
 	f.String("stream", "", "read mode: the existing stream to read (full name, no prefix)")
 	f.Int("readers", 1, "read mode: parallel readers of --stream")
-	f.StringArray("pid", nil, "NAME=PID: report that process's CPU time and RSS over the window (repeatable)")
+	f.StringArray("pid", nil, "NAME=PID: report that process's CPU time, minor page faults and RSS (end and peak) over the window, from /proc (repeatable)")
 	f.String("mark", "", "POST URL?phase=start and URL?phase=end at the window's edges (failures are fatal)")
 	f.String("json", "", "write the result as JSON to FILE (- for stdout, instead of the text summary)")
 	f.Duration("timeout", loadgen.DefaultTimeout, "per-request timeout")

@@ -234,6 +234,12 @@ func TestBenchFlagsHelp(t *testing.T) {
 			}
 		}
 	}
+	// --pid names every figure the summary gives of the process.
+	for _, figure := range []string{"CPU time", "page faults", "RSS", "peak"} {
+		if pid := f.Lookup("pid").Usage; !strings.Contains(pid, figure) {
+			t.Errorf("--pid: usage %q does not name %s, which the summary reports", pid, figure)
+		}
+	}
 	if json := f.Lookup("json").Usage; !strings.Contains(json, "instead of the text summary") {
 		t.Errorf("--json: usage %q does not say - replaces the summary", json)
 	}
