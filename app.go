@@ -205,10 +205,10 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 		return nil, err
 	}
 	ref := val.(*engineRef)
-	if !loaded && strings.HasPrefix(key, "s3://") && s.GraveTime < s3SigningWindow {
-		a.log.Warn("grave_time is shorter than the time S3 accepts a signed request; "+
-			"a create still on its way when its stream is deleted can land after the grave is gone and bring the stream back",
-			zap.String("storage", label), zap.Duration("grave_time", s.GraveTime), zap.Duration("s3_signing_window", s3SigningWindow))
+	if !loaded {
+		// A reload that changes grave_time warns when it applies it
+		// (reconfigureLocked).
+		warnShortGrave(a.log.With(zap.String("storage", label)), key, s.GraveTime)
 	}
 	ref.hold(a, s, !loaded)
 	a.refs[key] = &appEngine{ref: ref, settings: s}
@@ -216,6 +216,16 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 		return nil, err
 	}
 	return ref, nil
+}
+
+// warnShortGrave warns, for an S3 storage, of a grave_time shorter than
+// S3 accepts a signed request for.
+func warnShortGrave(log *zap.Logger, key string, grave time.Duration) {
+	if strings.HasPrefix(key, "s3://") && grave < s3SigningWindow {
+		log.Warn("grave_time is shorter than the time S3 accepts a signed request; "+
+			"a create still on its way when its stream is deleted can land after the grave is gone and bring the stream back",
+			zap.Duration("grave_time", grave), zap.Duration("s3_signing_window", s3SigningWindow))
+	}
 }
 
 // settingsDiff names the engine settings on which a and b differ, with
@@ -424,6 +434,9 @@ func (r *engineRef) reconfigureLocked(s engineSettings) {
 		if s == r.settings {
 			return // nothing else changed: the engine runs as it did
 		}
+	}
+	if s.GraveTime != r.settings.GraveTime {
+		warnShortGrave(r.log, r.key, s.GraveTime)
 	}
 	// Named first, so that the line says what the reload changed, not
 	// only what the settings are now.

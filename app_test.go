@@ -493,3 +493,31 @@ func TestShortGraveTimeWarnsOnS3(t *testing.T) {
 		})
 	}
 }
+
+// TestShortGraveTimeByReloadWarns: a reload that brings an S3 storage's
+// grave_time under the signing window warns as a start with it does; one
+// that leaves it as it was does not warn again. A reload used to warn of
+// nothing, the running engine being no new one.
+func TestShortGraveTimeByReloadWarns(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	core, logs := observer.New(zapcore.WarnLevel)
+	// The engine is not started (the endpoint answers nothing): a reload's
+	// settings reach it all the same, and are what the warning is about.
+	const s3 = "s3://grave-bkt/p?endpoint=http://127.0.0.1:1&region=us-east-1"
+	warnings := func() int { return logs.FilterMessageSnippet("grave_time is shorter").Len() }
+	var ref *engineRef
+	for i, grave := range []time.Duration{defaultGraveTime, 5 * time.Minute, 5 * time.Minute} {
+		app := &App{refs: make(map[string]*appEngine), log: zap.New(core)}
+		t.Cleanup(func() { app.Cleanup() })
+		s := testSettings()
+		s.GraveTime = grave
+		var err error
+		if ref, err = app.acquire(s3, s); err != nil {
+			t.Fatal(err)
+		}
+		ref.activate(app) // what Start does before it opens the storage
+		if want := min(i, 1); warnings() != want {
+			t.Errorf("after config %d (grave_time %s): %d warnings, want %d", i+1, grave, warnings(), want)
+		}
+	}
+}

@@ -375,3 +375,23 @@ func TestReloadOfS3TimeoutOnly(t *testing.T) {
 		t.Error("the log says the engine settings changed, though only s3_timeout (which takes a restart) did")
 	}
 }
+
+// TestReloadToShortGraveTimeWarns reloads Caddy on S3 from the default
+// grave_time to 5m, under the 15 minutes S3 accepts a signed request for:
+// the operator is warned, as at a start with it. Only a start used to
+// warn, the reload's engine being the running one.
+func TestReloadToShortGraveTimeWarns(t *testing.T) {
+	v := testenv.NewVersity(t)
+	storage := caddytest.S3Storage(t, v, v.Endpoint)
+	c := caddytest.Start(t, caddyOptions(v, storage))
+	const warning = "grave_time is shorter than the time S3 accepts a signed request"
+	if strings.Contains(c.Logs(), warning) {
+		t.Fatalf("a start with the default grave_time warned: %s", warning)
+	}
+	if err := c.Reload(c.Config(caddyOptions(v, storage, "grave_time 5m"))); err != nil {
+		t.Fatalf("reload to grave_time 5m: %v", err)
+	}
+	if !strings.Contains(c.Logs(), warning) {
+		t.Errorf("a reload to grave_time 5m on S3 logged no warning %q", warning)
+	}
+}
