@@ -270,6 +270,7 @@ type engineRef struct {
 	metrics *engineMetrics                     // store requests and live reads (metrics.go)
 	fanout  fanout                             // live feeds writing at once (sse.go)
 	subs    subManagers                        // the engine's subscriptions (subscriptions.go)
+	failLog *sampledLog                        // requests' store failures, logged sparsely (logsample.go)
 
 	mu       sync.Mutex
 	nodeID   string
@@ -293,6 +294,7 @@ func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Lo
 		ready:    make(chan struct{}),
 		settings: s,
 		fanout:   newFanout(),
+		failLog:  newSampledLog(storeFailureLogEvery),
 	}
 }
 

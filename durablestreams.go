@@ -43,6 +43,7 @@ type durableStreams struct {
 	engine          func(context.Context) (*streamstore.Engine, error)
 	shutdown        context.Context // done when the server begins to shut down
 	log             *zap.Logger
+	failLog         *sampledLog // store failures' warnings, the storage's (logsample.go)
 	longPollTimeout time.Duration
 	sseInterval     time.Duration
 	maxAppend       int64
@@ -1256,7 +1257,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		h.Set("Retry-After", "5")
 		fail(w, http.StatusServiceUnavailable, start.Error())
 	case errors.Is(err, streamstore.ErrUnconfirmed):
-		d.log.Warn("write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		d.failLog.warn(d.log, "write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
 		fail(w, http.StatusServiceUnavailable, "storage did not confirm the write in time: it was not acknowledged but may still be stored; retry with producer headers to avoid a duplicate")
 	case errors.Is(err, streamstore.ErrBusy):
@@ -1267,7 +1268,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		// make a log line per request.
 		fail(w, http.StatusInternalServerError, damagedMessage(err))
 	case errors.Is(err, streamstore.ErrUnavailable):
-		d.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		d.failLog.warn(d.log, "storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
 		fail(w, http.StatusServiceUnavailable, unavailableMessage(r.Method))
 	case r.Context().Err() != nil:

@@ -40,6 +40,7 @@ type picoProtocol struct {
 	engine          func(context.Context) (*streamstore.Engine, error)
 	shutdown        context.Context // done when the server begins to shut down
 	log             *zap.Logger
+	failLog         *sampledLog // store failures' warnings, the storage's (logsample.go)
 	longPollTimeout time.Duration
 	sseInterval     time.Duration
 	maxAppend       int64

@@ -273,7 +273,7 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 		h.Set("Retry-After", "5")
 		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, start.Error(), nil)
 	case errors.Is(err, streamstore.ErrUnconfirmed):
-		p.log.Warn("write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		p.failLog.warn(p.log, "write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
 		picoFail(w, http.StatusServiceUnavailable, picoErrDurability,
 			"storage did not confirm the write in time: it was not acknowledged but may still be stored; "+
@@ -284,7 +284,7 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 	case errors.Is(err, streamstore.ErrDamaged):
 		picoFail(w, http.StatusInternalServerError, picoErrInternal, damagedMessage(err), nil)
 	case errors.Is(err, streamstore.ErrUnavailable):
-		p.log.Warn("storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		p.failLog.warn(p.log, "storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
 		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, unavailableMessage(r.Method), nil)
 	case r.Context().Err() != nil:
