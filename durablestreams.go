@@ -72,7 +72,7 @@ func (d *durableStreams) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	name := r.URL.Path
 	if err := streamstore.ValidateName(name); err != nil {
-		fail(w, http.StatusBadRequest, fmt.Sprintf("invalid stream name: %v", err))
+		fail(w, http.StatusBadRequest, badRequestReason(err))
 		return
 	}
 	switch r.Method {
@@ -1249,7 +1249,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.Is(err, streamstore.ErrStreamSeq):
 		fail(w, http.StatusConflict, "Stream-Seq is not greater than the last one")
 	case errors.Is(err, streamstore.ErrBadRequest):
-		fail(w, http.StatusBadRequest, err.Error())
+		fail(w, http.StatusBadRequest, badRequestReason(err))
 	case errors.Is(err, streamstore.ErrShuttingDown):
 		h.Set("Retry-After", "1")
 		fail(w, http.StatusServiceUnavailable, "server is shutting down; retry")
@@ -1277,6 +1277,13 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		d.log.Error("request failed", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		fail(w, http.StatusInternalServerError, "internal error")
 	}
+}
+
+// badRequestReason is the reason an error wrapping streamstore.ErrBadRequest
+// gives, in either protocol, without the sentinel's "bad request: ", which
+// the 400 says already.
+func badRequestReason(err error) string {
+	return strings.TrimPrefix(err.Error(), streamstore.ErrBadRequest.Error()+": ")
 }
 
 // damagedMessage answers a read that met streamstore.ErrDamaged, in either

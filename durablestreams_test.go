@@ -217,16 +217,25 @@ func TestCreateRejectsBadHeadersWithoutCreating(t *testing.T) {
 
 func TestInvalidNames(t *testing.T) {
 	s := newDSServer(t)
-	for _, p := range []string{"/", "/a//b", "/a/./b", "/a/../b", "/a/", "/" + strings.Repeat("x", 300)} {
+	for _, tt := range []struct{ path, reason string }{
+		{"/", "stream name must be a path below /"},
+		{"/a//b", "stream name has an empty, '.' or '..' segment"},
+		{"/a/./b", "stream name has an empty, '.' or '..' segment"},
+		{"/a/../b", "stream name has an empty, '.' or '..' segment"},
+		{"/a/", "stream name has an empty, '.' or '..' segment"},
+		{"/" + strings.Repeat("x", 300), "stream name is 301 bytes; the limit is 256"},
+	} {
 		req, _ := http.NewRequest("PUT", s.URL, nil)
-		req.URL.Opaque = p // keep dots and slashes as they are
+		req.URL.Opaque = tt.path // keep dots and slashes as they are
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(res.Body)
 		res.Body.Close()
-		if res.StatusCode != 400 {
-			t.Errorf("PUT %q: %d", p, res.StatusCode)
+		// The reason alone: the 400 says "bad request" already.
+		if res.StatusCode != 400 || strings.TrimSpace(string(body)) != tt.reason {
+			t.Errorf("PUT %q: %d %q, want 400 %q", tt.path, res.StatusCode, body, tt.reason)
 		}
 	}
 }

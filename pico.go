@@ -70,14 +70,14 @@ func (p *picoProtocol) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := streamstore.ValidateName(name); err != nil {
-		picoFail(w, http.StatusBadRequest, picoErrBadRequest, fmt.Sprintf("invalid stream name: %v", err), nil)
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, badRequestReason(err), nil)
 		return
 	}
 	// Durable Streams serves its control resources under __ds segments,
 	// so a stream named with one would be out of its reach. Only creates
 	// are refused: one made before this rule is still read and deleted.
 	if r.Method == http.MethodPut && hasReservedSegment(name) {
-		picoFail(w, http.StatusBadRequest, picoErrBadRequest, fmt.Sprintf("invalid stream name: the segment %q is reserved for Durable Streams control resources", reservedSegment), nil)
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, fmt.Sprintf("stream name has the segment %q, which is reserved for Durable Streams control resources", reservedSegment), nil)
 		return
 	}
 	switch r.Method {

@@ -265,7 +265,7 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 	case errors.Is(err, streamstore.ErrContentType):
 		picoFail(w, http.StatusConflict, picoErrConflict, "Content-Type does not match the stream's", nil)
 	case errors.Is(err, streamstore.ErrBadRequest):
-		picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, badRequestReason(err), nil)
 	case errors.Is(err, streamstore.ErrShuttingDown):
 		h.Set("Retry-After", "1")
 		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, "server is shutting down; retry", nil)
