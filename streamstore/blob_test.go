@@ -333,3 +333,92 @@ func TestLostBatchTakesItsBlobWithIt(t *testing.T) {
 	e2 := startEngine(t, st, Config{CacheBytes: 1})
 	sameBodies(t, "after restart", readBodies(t, e2, "/lost", 0), [][]byte{big})
 }
+
+// TestTrimRetriesAFailedBlobDelete: a trim whose DELETE of a blob fails
+// must leave the blob findable, so that the next pass deletes it, instead
+// of a blob nothing lists (the start-up sweep passes only the namespaces
+// of earlier processes) kept for the life of its stream. A refused DELETE
+// of the markers must leave nothing behind after the next pass either.
+func TestTrimRetriesAFailedBlobDelete(t *testing.T) {
+	blobKeys := func(key string) bool { return strings.HasPrefix(key, "blob/") }
+	markerKeys := func(key string) bool {
+		_, _, blob, ok := parseDataKey(key)
+		return ok && blob != ""
+	}
+	for _, tc := range []struct {
+		name    string
+		records int    // records in the blob, seqs 1 on
+		trimTo  uint64 // the trim: wholly past the blob, or into it
+		refuse  func(key string) bool
+	}{
+		{"whole blob, blob DELETE refused", 1, 3, blobKeys},
+		{"cut blob, blob DELETE refused", 4, 3, blobKeys},
+		{"whole blob, marker DELETE refused", 1, 3, markerKeys},
+		{"cut blob, marker DELETE refused", 4, 3, markerKeys},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			var failing atomic.Bool
+			st.Fail = func(op, key string) error {
+				if op == "DELETE" && tc.refuse(key) && failing.Load() {
+					return fmt.Errorf("injected: DELETE %s refused", key)
+				}
+				return nil
+			}
+			e := startEngine(t, st, Config{})
+			if _, _, err := e.Create(ctx, "/t", CreateRequest{ContentType: "application/octet-stream", Records: recs("a")}); err != nil {
+				t.Fatal(err)
+			}
+			want := [][]byte{[]byte("a")}
+			var batch []NewRecord
+			for i := range tc.records {
+				b := body(uint64(20+i), blobMinBytes/tc.records+1)
+				want = append(want, b)
+				batch = append(batch, NewRecord{Body: b})
+			}
+			if _, err := e.Append(ctx, "/t", AppendRequest{Records: batch}); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range []string{"y", "z"} {
+				if _, err := e.Append(ctx, "/t", AppendRequest{Records: recs(r)}); err != nil {
+					t.Fatal(err)
+				}
+				want = append(want, []byte(r))
+			}
+			if err := e.Compact(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := len(st.Keys("blob/")); n != 1 {
+				t.Fatalf("%d blobs before the trim, want 1", n)
+			}
+			if _, err := e.Trim(ctx, "/t", tc.trimTo); err != nil {
+				t.Fatal(err)
+			}
+			failing.Store(true)
+			err := e.Compact(ctx)
+			failing.Store(false)
+			if err == nil {
+				t.Fatal("compaction with a DELETE refused succeeded")
+			}
+			t.Logf("compaction with a DELETE refused: %v", err)
+			// Records from the trim on stay readable meanwhile.
+			sameBodies(t, "after the failed pass", readBodies(t, e, "/t", tc.trimTo), want[tc.trimTo:])
+			for range 3 {
+				if err := e.Compact(ctx); err != nil {
+					t.Fatalf("compaction after the fault: %v", err)
+				}
+			}
+			if blobs := st.Keys("blob/"); len(blobs) != 0 {
+				t.Errorf("the trimmed blob is still in the bucket after later passes: %v", blobs)
+			}
+			for _, k := range st.Keys("data/") {
+				if first, _, blob, _ := parseDataKey(k); first < tc.trimTo || blob != "" {
+					t.Errorf("data key %s after a trim to %d", k, tc.trimTo)
+				}
+			}
+			e2 := startEngine(t, st, Config{CacheBytes: 1})
+			sameBodies(t, "after the trim", readBodies(t, e2, "/t", tc.trimTo), want[tc.trimTo:])
+		})
+	}
+}

@@ -530,6 +530,16 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 
 // dropBelow deletes the data objects of id that hold only seqs below start,
 // and rewrites the one that straddles it without the trimmed records.
+//
+// A blob goes before the marker that names it: a DELETE that fails leaves
+// the marker, so the next pass (Cleaned has not moved) finds the blob
+// again, where a marker deleted first would leave a blob nothing lists,
+// kept until its stream is deleted. A marker left naming a deleted blob
+// holds only seqs below start, which no read asks for. The straddling
+// marker is the exception: it sorts before its rewritten object, so reads
+// from start on would still find it and its deleted blob. It is replaced
+// first by a drop marker (markerKey with an empty range at its first seq,
+// which no read finds) that keeps the blob listed until it is gone.
 func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) error {
 	after := ""
 	for {
@@ -537,31 +547,39 @@ func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) error {
 		if err != nil {
 			return fmt.Errorf("list data of %s: %w", id, err)
 		}
-		var dead, blobs []string
+		var dead, blobs, cut []string
 		for _, o := range objs {
 			first, end, blob, ok := parseDataKey(o.Key)
 			if !ok || first >= start {
 				more = false
 				break
 			}
-			obj := o.Key
-			if blob != "" {
-				obj = blobKey(id, blob)
-			}
-			if end > start {
-				if err := e.rewriteFrom(ctx, id, obj, start); err != nil {
-					return err
-				}
-			}
-			dead = append(dead, o.Key)
-			if blob != "" {
-				blobs = append(blobs, obj)
-			}
 			after = o.Key
+			if blob == "" {
+				if end > start {
+					if err := e.rewriteFrom(ctx, id, o.Key, start); err != nil {
+						return err
+					}
+				}
+				dead = append(dead, o.Key)
+				continue
+			}
+			blobs = append(blobs, blobKey(id, blob))
+			if end <= start {
+				dead = append(dead, o.Key)
+				continue
+			}
+			if err := e.rewriteFrom(ctx, id, blobKey(id, blob), start); err != nil {
+				return err
+			}
+			drop := markerKey(id, first, first, blob)
+			if _, err := e.store.Put(ctx, drop, nil, segment.PutOptions{}); err != nil {
+				return fmt.Errorf("mark trimmed blob %s of %s: %w", blob, id, err)
+			}
+			cut = append(cut, o.Key)
+			dead = append(dead, drop)
 		}
-		// Markers before their blobs: a marker is never left naming a
-		// deleted blob.
-		for _, keys := range [][]string{dead, blobs} {
+		for _, keys := range [][]string{cut, blobs, dead} {
 			if len(keys) == 0 {
 				continue
 			}
