@@ -46,10 +46,10 @@ const (
 	defaultExpirySweepInterval  = 5 * time.Minute
 	defaultGraveTime            = 20 * time.Minute
 	defaultMaxSubscriptions     = 1000
-	// The engine's own default (streamstore's packStreamMax), applied
-	// here so that a handler that leaves pack_below out and one that
-	// spells the default out give one storage the same settings.
-	defaultPackBelow = 256 << 10
+	// The engine's own default, applied here so that a handler that
+	// leaves pack_below out and one that spells the default out give one
+	// storage the same settings.
+	defaultPackBelow = streamstore.DefaultPackBelow
 )
 
 // Upper bounds of size options, checked by Validate (and by the Caddyfile

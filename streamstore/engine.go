@@ -86,7 +86,7 @@ func (c Config) withDefaults() Config {
 		c.ExpirySweep = 5 * time.Minute
 	}
 	if c.PackBelow == 0 {
-		c.PackBelow = packStreamMax
+		c.PackBelow = DefaultPackBelow
 	}
 	if c.GraveTime <= 0 {
 		c.GraveTime = defaultGraveTime

@@ -37,10 +37,11 @@ import (
 // before the manifest stops listing the pack.
 
 const (
-	// packStreamMax is Config.PackBelow's default: a stream whose packed
+	// DefaultPackBelow is Config.PackBelow's default: a stream whose packed
 	// and new records together pass this many bytes gets data objects of
 	// its own. A busy stream fills a data object of its own soon enough.
-	packStreamMax = 256 << 10
+	// Exported so that the module spells out the same default.
+	DefaultPackBelow = 256 << 10
 	// packResidency bounds how long a stream's records stay in one pack
 	// run, so that packs die and a replay's index stays short: after it,
 	// the stream's packed records are repacked (or folded if big). Each
