@@ -105,6 +105,10 @@ func (b *Batch) Lost() bool { return b.lost }
 // WALKey is the object key of WAL object seq in namespace ns.
 func WALKey(ns, seq uint64) string { return fmt.Sprintf("wal/%016x/%016x", ns, seq) }
 
+// WALNamespace spells namespace ns as its WAL keys do (wal/<ns>/...), for
+// logs an operator holds next to a listing of the bucket.
+func WALNamespace(ns uint64) string { return fmt.Sprintf("%016x", ns) }
+
 // WALPrefix is the key prefix of namespace ns.
 func WALPrefix(ns uint64) string { return fmt.Sprintf("wal/%016x/", ns) }
 

@@ -332,7 +332,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.orphans.startNS = ns
 	e.orphans.mu.Unlock()
 	e.log.Info("storage opened", zap.Int("wal_objects", objects), zap.Int("wal_entries", entries),
-		zap.Int("active_streams", len(e.streams)), zap.Uint64("namespace", ns), zap.Duration("took", time.Since(began)))
+		zap.Int("active_streams", len(e.streams)), zap.String("namespace", segment.WALNamespace(ns)), zap.Duration("took", time.Since(began)))
 	w := segment.NewWriter(e.store, ns, 0,
 		cfg.writerConfig(),
 		segment.WriterDeps{

@@ -3,6 +3,7 @@ package streamstore
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -77,6 +78,39 @@ func TestLeaseFailureLogged(t *testing.T) {
 	for i := range want {
 		if logged[i] != want[i] {
 			t.Fatalf("failures logged: %v, want %v", logged, want)
+		}
+	}
+}
+
+// TestStartLogNamesTheWALNamespaceAsItsKeys: the "storage opened" line's
+// namespace is spelled as the process's WAL keys spell it, so an operator
+// can find them in a listing of the bucket.
+func TestStartLogNamesTheWALNamespaceAsItsKeys(t *testing.T) {
+	st := memstore.New()
+	core, logs := observer.New(zapcore.InfoLevel)
+	e := New(st, testConfig(Config{}), zap.New(core))
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	if _, _, err := e.Create(context.Background(), "/s", CreateRequest{ContentType: "text/plain", Records: []NewRecord{{Body: []byte("x")}}}); err != nil {
+		t.Fatal(err)
+	}
+	opened := logs.FilterMessage("storage opened").All()
+	if len(opened) != 1 {
+		t.Fatalf("%d storage opened lines, want 1", len(opened))
+	}
+	ns, _ := opened[0].ContextMap()["namespace"].(string)
+	objs, _, err := st.List(context.Background(), "wal/", "", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) == 0 {
+		t.Fatal("no WAL object after a create with a record")
+	}
+	for _, o := range objs {
+		if !strings.HasPrefix(o.Key, "wal/"+ns+"/") {
+			t.Errorf("WAL key %s is not under the namespace the log names (%q)", o.Key, ns)
 		}
 	}
 }
