@@ -270,13 +270,15 @@ func parseForkHeaders(r *http.Request) (*forkRequest, error) {
 
 // forkSourceName maps Stream-Forked-From, a path in the client's URL space,
 // back to a stream name: the prefix Caddy stripped before this handler is
-// removed, so only streams this handler serves can be forked.
+// removed, so only streams this handler serves can be forked. An absolute
+// URL's host may be the Host header or the public host of publicOrigin, so
+// a Location written behind a trusted proxy names its source.
 func forkSourceName(r *http.Request, v string) (string, error) {
 	u, err := url.Parse(v)
 	if err != nil {
 		return "", fmt.Errorf("malformed Stream-Forked-From %q", v)
 	}
-	if u.Host != "" && !strings.EqualFold(u.Host, r.Host) {
+	if _, public := publicOrigin(r); u.Host != "" && !strings.EqualFold(u.Host, r.Host) && !strings.EqualFold(u.Host, public) {
 		return "", errors.New("Stream-Forked-From must name a stream on this server")
 	}
 	p := u.Path
@@ -1331,10 +1333,55 @@ func clientPrefix(r *http.Request) string {
 
 // publicURL is the absolute URL clients use for the stream name.
 func publicURL(r *http.Request, name string) string {
-	scheme := "http"
+	scheme, host := publicOrigin(r)
+	u := url.URL{Scheme: scheme, Host: host, Path: clientPrefix(r) + name}
+	return u.String()
+}
+
+// publicOrigin is the scheme and host clients reach this handler at. It is
+// what Caddy itself saw (TLS or not, the Host header) unless the peer is a
+// proxy that the server's trusted_proxies names: then, as Caddy's
+// reverse_proxy does, the last X-Forwarded-Proto and X-Forwarded-Host it
+// sent win, since a load balancer that terminates TLS hands Caddy plain
+// HTTP for what clients asked over https. From any other peer the headers
+// are ignored, so a client cannot steer the URLs written for others
+// (subscription documents, jwks_url). A value that is no plain scheme or
+// host is ignored too, even from a trusted proxy.
+func publicOrigin(r *http.Request) (scheme, host string) {
+	scheme, host = "http", r.Host
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	u := url.URL{Scheme: scheme, Host: r.Host, Path: clientPrefix(r) + name}
-	return u.String()
+	if trusted, _ := caddyhttp.GetVar(r.Context(), caddyhttp.TrustedProxyVarKey).(bool); !trusted {
+		return scheme, host
+	}
+	if p, ok := lastHeaderValue(r.Header, "X-Forwarded-Proto"); ok {
+		if p = strings.ToLower(strings.TrimSpace(p)); p == "http" || p == "https" {
+			scheme = p
+		}
+	}
+	if h, ok := lastHeaderValue(r.Header, "X-Forwarded-Host"); ok && plainHost(strings.TrimSpace(h)) {
+		host = strings.TrimSpace(h)
+	}
+	return scheme, host
+}
+
+// lastHeaderValue is the last line of the header field, the one the
+// nearest proxy wrote.
+func lastHeaderValue(h http.Header, field string) (string, bool) {
+	v := h.Values(field)
+	if len(v) == 0 {
+		return "", false
+	}
+	return v[len(v)-1], true
+}
+
+// plainHost reports whether h is a host or host:port and nothing more: no
+// list, user, path, query or fragment that would change the URL it goes in.
+func plainHost(h string) bool {
+	if h == "" || strings.ContainsAny(h, ",/?#@\\ \t") {
+		return false
+	}
+	u, err := url.Parse("//" + h)
+	return err == nil && u.Host == h && u.Path == "" && u.User == nil
 }
