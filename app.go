@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -33,9 +34,12 @@ var engines = caddy.NewUsagePool()
 // exists to give the engines a start-up hook, because provisioning must not
 // touch the network (caddy adapt --validate provisions every module) while a
 // storage that cannot be opened (lease held by another node, bucket missing,
-// unknown format version) should fail "caddy run" or a reload with a clear
-// error rather than surface later as 503s. Start runs once the whole config
-// is provisioned; requests that arrive before it finished wait for it (apps
+// access denied, unknown format version) should fail "caddy run" or a reload
+// with a clear error rather than surface later as 503s. A store that cannot
+// be reached at all is another matter: an outage must not keep Caddy and its
+// other sites down, so that start goes on in the background and requests are
+// answered 503 until it succeeds. Start runs once the whole config is
+// provisioned; requests that arrive before it finished wait for it (apps
 // start in no fixed order).
 type App struct {
 	mu    sync.Mutex
@@ -263,8 +267,17 @@ type engineRef struct {
 	log   *zap.Logger
 
 	startOnce sync.Once
-	ready     chan struct{} // closed when the start attempt has finished
+	ready     chan struct{} // closed when the engine started, or its start failed for good
 	startErr  error
+
+	// A store that cannot be reached when the engine first starts is
+	// retried in the background (retryStart) until it opens or the last
+	// config lets go; requests meanwhile are answered 503 with the reason.
+	openCtx    context.Context       // ends in Destruct
+	openCancel context.CancelFunc    //
+	retrying   chan struct{}         // closed when the first start failed and retries began
+	retryDone  chan struct{}         // closed when retryStart has returned
+	openErr    atomic.Pointer[error] // the latest failed attempt's error, while retrying
 
 	eng     atomic.Pointer[streamstore.Engine] // set once started
 	metrics *engineMetrics                     // store requests and live reads (metrics.go)
@@ -287,14 +300,19 @@ type holder struct {
 }
 
 func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Logger) *engineRef {
+	openCtx, openCancel := context.WithCancel(context.Background())
 	return &engineRef{
-		key:      key,
-		store:    store,
-		log:      log.With(zap.String("storage", storageLabel(key))),
-		ready:    make(chan struct{}),
-		settings: s,
-		fanout:   newFanout(),
-		failLog:  newSampledLog(storeFailureLogEvery),
+		key:        key,
+		store:      store,
+		log:        log.With(zap.String("storage", storageLabel(key))),
+		ready:      make(chan struct{}),
+		openCtx:    openCtx,
+		openCancel: openCancel,
+		retrying:   make(chan struct{}),
+		retryDone:  make(chan struct{}),
+		settings:   s,
+		fanout:     newFanout(),
+		failLog:    newSampledLog(storeFailureLogEvery),
 	}
 }
 
@@ -302,16 +320,86 @@ func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Lo
 // wedged store fails the config load instead of hanging it.
 const engineStartTimeout = 5 * time.Minute
 
-// start starts the engine once; later calls return the first result.
+// start starts the engine once; later calls return the first result. A
+// start that fails because the store cannot be reached (a network error, a
+// timeout, a 5xx: segment.Transient) does not fail: Caddy and this config
+// start, requests are answered 503 until the store opens, and the start is
+// retried in the background. Any other failure (access denied, no such
+// bucket, another node's lease, an unknown format) is returned, and fails
+// the config load: it needs the operator, who is watching now.
 func (r *engineRef) start() error {
 	r.startOnce.Do(func() {
-		defer close(r.ready)
-		r.startErr = r.doStart()
+		err := r.doStart(r.openCtx)
+		if err != nil && segment.Transient(err) {
+			r.openErr.Store(&err)
+			close(r.retrying)
+			r.log.Warn("storage unreachable; requests are answered 503 until it opens, and the start is retried in the background",
+				zap.Error(err))
+			go r.retryStart()
+			return
+		}
+		close(r.retryDone)
+		r.startErr = err
+		close(r.ready)
 	})
 	return r.startErr
 }
 
-func (r *engineRef) doStart() error {
+// Retries of a start that could not reach the store: a second apart at
+// first, doubling up to half a minute.
+const (
+	openRetryMin = time.Second
+	openRetryMax = 30 * time.Second
+	// openRetryLogEvery spaces the warnings of a store that stays
+	// unreachable; every attempt is logged at debug level.
+	openRetryLogEvery = 5 * time.Minute
+)
+
+// retryStart starts the engine again until it starts or Destruct ends
+// openCtx.
+func (r *engineRef) retryStart() {
+	defer close(r.retryDone)
+	began := time.Now()
+	logged := began
+	delay := openRetryMin
+	for attempt := 2; ; attempt++ {
+		t := time.NewTimer(delay/2 + rand.N(delay/2+1))
+		select {
+		case <-r.openCtx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		err := r.doStart(r.openCtx)
+		if err == nil {
+			r.openErr.Store(nil)
+			close(r.ready)
+			r.log.Info("storage opened after being unreachable",
+				zap.Int("attempts", attempt), zap.Duration("unreachable_for", time.Since(began).Round(time.Millisecond)))
+			return
+		}
+		if r.openCtx.Err() != nil {
+			return
+		}
+		r.openErr.Store(&err)
+		delay = min(2*delay, openRetryMax)
+		switch {
+		case !segment.Transient(err):
+			// Reached now, but refused: still retried, as only the
+			// operator can fix it and nothing else would pick that up.
+			r.log.Error("storage refused the start; retrying", zap.Int("attempt", attempt), zap.Error(err))
+		case time.Since(logged) >= openRetryLogEvery:
+			logged = time.Now()
+			r.log.Warn("storage still unreachable; retrying", zap.Int("attempt", attempt),
+				zap.Duration("unreachable_for", time.Since(began).Round(time.Second)), zap.Error(err))
+		default:
+			r.log.Debug("storage still unreachable; retrying", zap.Int("attempt", attempt), zap.Error(err))
+		}
+	}
+}
+
+// doStart makes one attempt to start the engine, bounded by ctx.
+func (r *engineRef) doStart(ctx context.Context) error {
 	nodeID, err := loadNodeID(nodeIDPath())
 	if err != nil {
 		return err
@@ -322,9 +410,12 @@ func (r *engineRef) doStart() error {
 	r.mu.Unlock()
 	// Start's context bounds the start only; the engine's background work
 	// lives until Close.
-	ctx, cancel := context.WithTimeout(context.Background(), engineStartTimeout)
+	ctx, cancel := context.WithTimeout(ctx, engineStartTimeout)
 	defer cancel()
 	if err := eng.Start(ctx); err != nil {
+		// Never started, it holds no lease and writes nothing: Close
+		// only ends its worker pool.
+		_ = eng.Close(context.Background())
 		return err // the engine names itself ("start engine: ...")
 	}
 	r.subs.managerFor(eng, r.log) // subscriptions wake on appends from the start, whatever the protocol (subscriptions.go)
@@ -454,14 +545,25 @@ func (r *engineRef) reconfigureLocked(s engineSettings) {
 		zap.Duration("expiry_sweep_interval", s.ExpirySweep), zap.Duration("grave_time", s.GraveTime))
 }
 
-// engine returns the started engine, waiting for the start if it is still
-// running. It gives up when ctx ends or stop is closed.
+// engine returns the started engine, waiting for the first start attempt
+// if it is still running. While the start is being retried it answers at
+// once with the latest attempt's error. It gives up when ctx ends or stop
+// is closed.
 func (r *engineRef) engine(ctx context.Context, stop <-chan struct{}) (*streamstore.Engine, error) {
 	select {
 	case <-r.ready:
 	default:
 		select {
 		case <-r.ready:
+		case <-r.retrying:
+			select {
+			case <-r.ready: // the retry that just succeeded
+			default:
+				if p := r.openErr.Load(); p != nil {
+					return nil, &storageStartError{err: *p, retrying: true}
+				}
+				<-r.ready // opened between the two loads
+			}
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-stop:
@@ -469,18 +571,27 @@ func (r *engineRef) engine(ctx context.Context, stop <-chan struct{}) (*streamst
 		}
 	}
 	if r.startErr != nil {
-		return nil, &storageStartError{r.startErr}
+		return nil, &storageStartError{err: r.startErr}
 	}
 	return r.eng.Load(), nil
 }
 
 // storageStartError is why a storage could not be opened. Requests can see
 // it in the moment between the http app starting and the config load failing
-// (apps start in no fixed order), so the reason goes to the client too: "in
-// use by another node" is something an operator must read.
-type storageStartError struct{ err error }
+// (apps start in no fixed order), or while a start that could not reach the
+// store is retried, so the reason goes to the client too: "in use by
+// another node" is something an operator must read.
+type storageStartError struct {
+	err      error
+	retrying bool // the start is being retried in the background
+}
 
-func (e *storageStartError) Error() string { return "storage could not be opened: " + e.err.Error() }
+func (e *storageStartError) Error() string {
+	if e.retrying {
+		return "storage is not open yet (retrying): " + e.err.Error()
+	}
+	return "storage could not be opened: " + e.err.Error()
+}
 
 // Unwrap makes the error match streamstore.ErrUnavailable: nothing was done
 // and a retry is safe.
@@ -501,8 +612,13 @@ func (r *engineRef) Destruct() error {
 	// Mark the ref as finished so a start that never ran cannot begin now.
 	r.startOnce.Do(func() {
 		r.startErr = errors.New("storage closed before it was started")
+		close(r.retryDone)
 		close(r.ready)
 	})
+	// A start still being retried ends here; an engine it started just
+	// before is closed below like any other.
+	r.openCancel()
+	<-r.retryDone
 	if eng := r.eng.Load(); eng != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), engineCloseTimeout)
 		defer cancel()

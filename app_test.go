@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -519,5 +520,55 @@ func TestShortGraveTimeByReloadWarns(t *testing.T) {
 		if want := min(i, 1); warnings() != want {
 			t.Errorf("after config %d (grave_time %s): %d warnings, want %d", i+1, grave, warnings(), want)
 		}
+	}
+}
+
+// TestUnreachableStartRetriesUntilCleanup: a store nobody listens on does
+// not fail the start; requests get the reason at once, the start is
+// retried in the background, and Cleanup ends the retries (the goroutine
+// would otherwise outlive the config, retrying a store no config uses).
+func TestUnreachableStartRetriesUntilCleanup(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Setenv("AWS_ACCESS_KEY_ID", "k")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "s")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "http://" + l.Addr().String()
+	l.Close()
+	app := newTestApp(t)
+	ref, err := app.acquire("s3://bkt/unreachable?region=us-east-1&path_style=true&endpoint="+endpoint,
+		engineSettings{S3Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Start(); err != nil {
+		t.Fatalf("start with the store unreachable: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	began := time.Now()
+	_, err = ref.engine(ctx, nil)
+	var se *storageStartError
+	if !errors.As(err, &se) || !se.retrying || !errors.Is(err, streamstore.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("engine while the store is unreachable: %v", err)
+	}
+	if waited := time.Since(began); waited > time.Second {
+		t.Errorf("engine waited %v to say the store is unreachable", waited)
+	}
+	select {
+	case <-ref.retryDone:
+		t.Fatal("the retries ended while a config still uses the storage")
+	default:
+	}
+	if err := app.Cleanup(); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+	select {
+	case <-ref.retryDone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the retries went on after the last config let go of the storage")
 	}
 }

@@ -1236,7 +1236,7 @@ func TestPicoStorageUnavailable(t *testing.T) {
 	s.do(t, "GET", "/pico/", nil).wantError(t, 503, picoErrDurability, -1)
 	s = newPicoServer(t, func(p *picoProtocol) {
 		p.engine = func(context.Context) (*streamstore.Engine, error) {
-			return nil, &storageStartError{errors.New("lease held by node x")}
+			return nil, &storageStartError{err: errors.New("lease held by node x")}
 		}
 	})
 	r := s.do(t, "GET", "/pico/s", nil).want(t, 503)

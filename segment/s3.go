@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -614,6 +615,25 @@ func isNoSuchKey(err error) bool {
 		return true
 	}
 	return httpStatus(err) == http.StatusNotFound && errorCode(err) == ""
+}
+
+// Transient reports whether err, from a call on an S3Store, says the store
+// could not be reached or failed on its side: a network error, a timeout,
+// throttling, a 5xx. Such a condition passes by itself, unlike a refusal
+// (access denied, no such bucket, a bad certificate) that needs the
+// operator.
+func Transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	// A local file's error (a node id, a file:// store) is not the
+	// store's: classify would take its errno for a network error.
+	var pathErr *fs.PathError
+	if errors.As(err, &pathErr) {
+		return false
+	}
+	retry, _ := classify(err)
+	return retry
 }
 
 // classify says whether a failed request is worth retrying, and whether it

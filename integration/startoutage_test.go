@@ -1,0 +1,121 @@
+package integration
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/caddytest"
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// outageCaddyfile serves both protocols on one storage: Durable Streams
+// under /ds, Pico under /pico.
+func outageCaddyfile(storage string) string {
+	block := func(extra string) string {
+		return fmt.Sprintf("\t\tpicomq {\n\t\t\tstorage %q\n%s\t\t}\n", storage, extra)
+	}
+	return "{\n\tpersist_config off\n}\n\nhttp://:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
+		"\thandle_path /ds/* {\n" + block("") + "\t}\n" +
+		"\thandle_path /pico/* {\n" + block("\t\t\tprotocol pico\n") + "\t}\n" +
+		"\trespond /other 200 {\n\t\tbody \"another site\"\n\t}\n}\n"
+}
+
+// TestStartWithBucketUnreachable: Caddy starts while its bucket cannot be
+// reached (the S3 proxy in front of it is down), so its other routes
+// serve, and both protocols answer 503 with the reason and a Retry-After
+// at once, writing nothing. When the bucket comes back the module opens it
+// by itself, and streams are created, appended to and read as usual.
+// Before, "caddy run" failed within a second: an S3 outage at boot kept
+// every site of that Caddy down.
+func TestStartWithBucketUnreachable(t *testing.T) {
+	v := testenv.NewVersity(t)
+	p := newProxy(t, v)
+	bucket := v.NewBucket(t)
+	p.Down()
+	c, err := caddytest.Launch(t, caddytest.Options{
+		Caddyfile:    outageCaddyfile(testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix)),
+		Env:          caddytest.S3Env(v),
+		ReadyTimeout: 90 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("Caddy did not start with its bucket unreachable: %v", err)
+	}
+	e := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: c, client: &http.Client{Timeout: time.Minute}}
+
+	if r := e.must(fhReq{Method: http.MethodGet, Path: "/other"}); r.Status != http.StatusOK {
+		t.Errorf("another route while the bucket is unreachable: %s", r)
+	}
+	for _, req := range []fhReq{
+		{Method: http.MethodPut, Path: "/ds/outage/a", Header: map[string]string{"Content-Type": "text/plain"}},
+		{Method: http.MethodPost, Path: "/ds/outage/a", Header: map[string]string{"Content-Type": "text/plain"}, Body: []byte("x")},
+		{Method: http.MethodGet, Path: "/ds/outage/a?offset=-1"},
+		{Method: http.MethodPut, Path: "/pico/outage/b", Header: map[string]string{"Content-Type": "application/json"}},
+	} {
+		r := e.must(req)
+		if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" ||
+			!strings.Contains(string(r.Body), "storage is not open yet (retrying)") {
+			t.Errorf("%s %s with the bucket unreachable: %s, want 503 with Retry-After and the reason", req.Method, req.Path, r)
+		}
+		if r.Took > 2*time.Second {
+			t.Errorf("%s %s waited %v for its 503", req.Method, req.Path, r.Took)
+		}
+	}
+	if logs := c.Logs(); !strings.Contains(logs, "storage unreachable; requests are answered 503 until it opens") {
+		t.Errorf("no warning that the storage is unreachable in the log")
+	}
+
+	up := time.Now()
+	if err := p.Up(); err != nil {
+		t.Fatal(err)
+	}
+	// Retries are a second apart at first, doubling: the first after the
+	// proxy came back lands within a few seconds.
+	var created fhResp
+	for {
+		created = e.must(fhReq{Method: http.MethodPut, Path: "/ds/outage/a", Header: map[string]string{"Content-Type": "text/plain"}})
+		if created.Status != http.StatusServiceUnavailable || time.Since(up) > 30*time.Second {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if created.Status != http.StatusCreated {
+		t.Fatalf("create %v after the bucket came back: %s", time.Since(up).Round(time.Millisecond), created)
+	}
+	t.Logf("the storage opened %v after the bucket came back", time.Since(up).Round(time.Millisecond))
+	e.append("/ds/outage/a", "text/plain", []byte("after the outage"))
+	if got, _, err := e.readBytes("/ds/outage/a"); err != nil || string(got) != "after the outage" {
+		t.Errorf("read back = %q, %v", got, err)
+	}
+	if r := e.must(fhReq{Method: http.MethodPut, Path: "/pico/outage/b", Header: map[string]string{"Content-Type": "application/json"}}); r.Status != http.StatusCreated {
+		t.Errorf("Pico create after the bucket came back: %s", r)
+	}
+	if !strings.Contains(c.Logs(), "storage opened after being unreachable") {
+		t.Errorf("no line in the log says the storage opened after the outage")
+	}
+}
+
+// TestStartRefusedFailsTheLoad: a bucket that answers but refuses (access
+// denied) is for the operator to fix, so "caddy run" still fails at once
+// with the reason, rather than serving 503s that hide it.
+func TestStartRefusedFailsTheLoad(t *testing.T) {
+	v := testenv.NewVersity(t)
+	p := newProxy(t, v)
+	bucket := v.NewBucket(t)
+	p.AddFault(testenv.Fault{Op: testenv.OpGet, Status: http.StatusForbidden, Code: "AccessDenied"})
+	began := time.Now()
+	_, err := caddytest.Launch(t, caddytest.Options{
+		Storage:      testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix),
+		Env:          caddytest.S3Env(v),
+		ReadyTimeout: 30 * time.Second,
+	})
+	if err == nil {
+		t.Fatal("Caddy started on a bucket that refuses it")
+	}
+	if !strings.Contains(err.Error(), "AccessDenied") || !strings.Contains(err.Error(), "starting storage") {
+		t.Errorf("the failed start does not give the reason:\n%v", err)
+	}
+	t.Logf("refused after %v", time.Since(began).Round(time.Millisecond))
+}
