@@ -190,3 +190,60 @@ func TestDeleteLeavesNoDeadlineMarker(t *testing.T) {
 		t.Errorf("expiry markers after the delete: %v, want none", got)
 	}
 }
+
+// TestLiveReadersEndAtTheDeadline: a long-poll and an SSE feed waiting at
+// the tail of a stream whose Stream-Expires-At passes while they wait end
+// then, through Caddy on versitygw: the long-poll answers 404 and the feed
+// closes. They ran on to their own timeouts (the long-poll's 20 s here,
+// the feed's minute) and, for a feed renewed by its client, until the
+// sweep (every 5 minutes by default) deleted the stream, reading a stream
+// that every other request found gone.
+func TestLiveReadersEndAtTheDeadline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"long_poll_timeout 20s"}})
+	const name = "/deadline/live"
+	const expiresIn = 2 * time.Second
+	deadline := time.Now().Add(expiresIn)
+	if r := e.must(fhReq{Method: http.MethodPut, Path: name, Header: map[string]string{
+		"Content-Type": textPlain, "Stream-Expires-At": deadline.UTC().Format(time.RFC3339Nano)}}); r.Status != http.StatusCreated {
+		t.Fatalf("PUT %s: %s", name, r)
+	}
+	tail := e.append(name, textPlain, []byte("x"))
+
+	type ended struct {
+		what string
+		r    fhResp
+		err  error
+	}
+	done := make(chan ended, 2)
+	for _, live := range []string{"long-poll", "sse"} {
+		go func() {
+			r, err := e.send(fhReq{Method: http.MethodGet, Path: name + "?live=" + live + "&offset=" + tail})
+			done <- ended{live, r, err}
+		}()
+	}
+	for range 2 {
+		select {
+		case got := <-done:
+			if got.err != nil {
+				t.Errorf("%s: %v", got.what, got.err)
+				continue
+			}
+			late := time.Since(deadline)
+			t.Logf("%s ended %v after the deadline: %d", got.what, late.Round(time.Millisecond), got.r.Status)
+			if late > 3*time.Second {
+				t.Errorf("%s ended %v after the stream's deadline", got.what, late.Round(time.Millisecond))
+			}
+			if got.what == "long-poll" && got.r.Status != http.StatusNotFound {
+				t.Errorf("long-poll past the deadline: %s, want 404", got.r)
+			}
+		case <-time.After(expiresIn + 15*time.Second):
+			t.Fatalf("a live read still runs 15 s after its stream's deadline")
+		}
+	}
+	if r := e.must(fhReq{Method: http.MethodGet, Path: name + "?offset=-1"}); r.Status != http.StatusNotFound {
+		t.Errorf("read after the deadline: %s, want 404", r)
+	}
+}

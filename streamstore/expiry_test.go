@@ -365,25 +365,37 @@ func TestWaitingReadersKeepATTLStreamAlive(t *testing.T) {
 	ctx := context.Background()
 	e := startEngine(t, memstore.New(), Config{})
 	for _, tc := range []struct {
-		name    string
-		expiry  Expiry
-		wait    time.Duration
-		wantErr error // what Wait returns
-		alive   bool  // the stream exists after the wait
+		name     string
+		ttl      time.Duration
+		deadline time.Duration // from the create; 0: none
+		wait     time.Duration
+		wantErr  error // what Wait returns
+		alive    bool  // the stream exists after the wait
 	}{
-		{"/ttl", Expiry{TTL: time.Second}, 2500 * time.Millisecond, context.DeadlineExceeded, true},
-		{"/deadline", Expiry{ExpiresAt: time.Now().Add(1500 * time.Millisecond)}, time.Minute, ErrNotFound, false},
-		{"/ttl-and-deadline", Expiry{TTL: time.Second, ExpiresAt: time.Now().Add(1500 * time.Millisecond)}, time.Minute, ErrNotFound, false},
+		{"/ttl", time.Second, 0, 2500 * time.Millisecond, context.DeadlineExceeded, true},
+		{"/deadline", 0, 1500 * time.Millisecond, time.Minute, ErrNotFound, false},
+		{"/ttl-and-deadline", time.Second, 1500 * time.Millisecond, time.Minute, ErrNotFound, false},
 	} {
-		info, _, err := e.Create(ctx, tc.name, CreateRequest{ContentType: "text/plain", Expiry: tc.expiry})
+		expiry := Expiry{TTL: tc.ttl}
+		if tc.deadline > 0 {
+			expiry.ExpiresAt = time.Now().Add(tc.deadline)
+		}
+		info, _, err := e.Create(ctx, tc.name, CreateRequest{ContentType: "text/plain", Expiry: expiry})
 		if err != nil {
 			t.Fatal(err)
 		}
+		began := time.Now()
 		wctx, cancel := context.WithTimeout(ctx, tc.wait)
 		_, err = e.Wait(wctx, tc.name, info.ID, 0)
 		cancel()
 		if !errors.Is(err, tc.wantErr) {
 			t.Errorf("%s: Wait returned %v, want %v", tc.name, err, tc.wantErr)
+		}
+		if tc.deadline > 0 {
+			// It ends at the deadline, not at the end of its own wait.
+			if took := time.Since(began); took < tc.deadline-100*time.Millisecond || took > tc.deadline+time.Second {
+				t.Errorf("%s: Wait ended %v after it began; the deadline was %v after the create", tc.name, took, tc.deadline)
+			}
 		}
 		if _, err := e.Head(ctx, tc.name); (err == nil) != tc.alive {
 			t.Errorf("%s: Head after the wait: %v, want the stream alive: %v", tc.name, err, tc.alive)

@@ -973,12 +973,20 @@ func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, e
 		// sliding TTL: one shorter than the wait (a long-poll, an SSE
 		// feed's minute) would otherwise expire the stream under it. The
 		// renewal comes halfway through the TTL, as a reader polling at
-		// that pace would make it.
+		// that pace would make it. A stream with a deadline (Expires-At)
+		// is looked at again when it passes: a waiter must not go on
+		// reading a stream that every other request finds gone.
+		var wake int64 // unix milliseconds; 0: only a change wakes it
+		if ttl := s.meta.TTLSeconds * 1000; ttl > 0 {
+			wake = max(s.touched, s.durable.AccessedAt) + ttl/2
+		}
+		if at := s.meta.ExpiresAt; at != 0 && (wake == 0 || at < wake) {
+			wake = at + 1 // expired once now >= at
+		}
 		var renewal *time.Timer
 		var renewC <-chan time.Time
-		if ttl := s.meta.TTLSeconds * 1000; ttl > 0 {
-			last := max(s.touched, s.durable.AccessedAt)
-			renewal = time.NewTimer(max(time.Duration(last+ttl/2-time.Now().UnixMilli())*time.Millisecond, 0))
+		if wake != 0 {
+			renewal = time.NewTimer(max(time.Duration(wake-time.Now().UnixMilli())*time.Millisecond, 0))
 			renewC = renewal.C
 		}
 		s.waiters.Add(1)
