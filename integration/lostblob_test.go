@@ -56,3 +56,36 @@ func TestLostAppendLeavesNoBlob(t *testing.T) {
 		t.Errorf("the stream reads %d bytes (%v), want only the acknowledged %d", len(got), err, len(kept))
 	}
 }
+
+// TestLostAppendsBlobGoesAfterAFailedDelete: when the delete of a lost
+// append's blob is refused too, the next compaction deletes it, through
+// Caddy on versitygw. It stayed in the bucket until the next start.
+func TestLostAppendsBlobGoesAfterAFailedDelete(t *testing.T) {
+	const octet = "application/octet-stream"
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s"}})
+	e.create("/lost/stray", octet)
+	removeDel := e.proxy.AddFault(testenv.Fault{Op: testenv.OpDelete, KeyContains: "/blob/", Status: http.StatusForbidden, Times: 1})
+	defer removeDel()
+	removePut := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/", Status: http.StatusForbidden, Times: 1})
+	defer removePut()
+	r := e.must(fhReq{Method: http.MethodPost, Path: "/lost/stray", Header: map[string]string{"Content-Type": octet},
+		Body: bytes.Repeat([]byte("L"), 300<<10)})
+	if r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("append whose WAL upload was refused: %s, want 503", r)
+	}
+	began := time.Now()
+	for e.proxy.Counts().Containing(testenv.OpDelete, "/blob/") == 0 {
+		if time.Since(began) > 10*time.Second {
+			t.Fatal("no delete of the lost append's blob in 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for len(e.mustList("blob/")) > 0 {
+		if time.Since(began) > 15*time.Second {
+			t.Fatalf("15 s after its refused delete the lost append's blob is still in the bucket: %v", e.mustList("blob/"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("the blob left the bucket %v after the 503 (deletes of it: %d)", time.Since(began).Round(time.Millisecond),
+		e.proxy.Counts().Containing(testenv.OpDelete, "/blob/"))
+}

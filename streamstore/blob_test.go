@@ -422,3 +422,69 @@ func TestTrimRetriesAFailedBlobDelete(t *testing.T) {
 		})
 	}
 }
+
+// TestFailedBlobDeleteIsRetried: the blob of a lost large append is
+// deleted at once; when that delete fails too, the next compaction deletes
+// it. It stayed until the next start's orphan sweep, which a process that
+// runs for months may never reach.
+func TestFailedBlobDeleteIsRetried(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var failWAL atomic.Int32 // WAL uploads still to fail
+	var refuseDelete atomic.Bool
+	var refused atomic.Int32
+	st.Fail = func(op, key string) error {
+		if op == "PUT" && strings.HasPrefix(key, "wal/") && failWAL.Add(-1) >= 0 {
+			return errors.New("injected: WAL upload")
+		}
+		if op == "DELETE" && strings.HasPrefix(key, "blob/") && refuseDelete.Load() {
+			refused.Add(1)
+			return fmt.Errorf("injected: DELETE %s refused", key)
+		}
+		return nil
+	}
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/stray", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
+		t.Fatal(err)
+	}
+	refuseDelete.Store(true)
+	failWAL.Store(1)
+	if _, err := e.Append(ctx, "/stray", AppendRequest{Records: []NewRecord{{Body: body(4, blobMinBytes)}}}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("append whose WAL upload failed: %v", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); refused.Load() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the lost append's blob was never deleted")
+		}
+	}
+	if got := st.Keys("blob/"); len(got) != 1 {
+		t.Fatalf("blobs after the refused delete: %v, want the lost append's", got)
+	}
+	refuseDelete.Store(false)
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Keys("blob/"); len(got) != 0 {
+		t.Errorf("blobs after a compaction: %v, want none", got)
+	}
+	if got := e.strays.take(); len(got) != 0 {
+		t.Errorf("stray blobs still kept after their delete: %v", got)
+	}
+}
+
+func TestStrayBlobsAreBounded(t *testing.T) {
+	var b strayBlobs
+	keys := make([]string, maxStrayBlobs-1)
+	if n := b.add(keys); n != len(keys) {
+		t.Fatalf("add(%d) kept %d", len(keys), n)
+	}
+	if n := b.add([]string{"a", "b", "c"}); n != 1 {
+		t.Errorf("add past the bound kept %d, want 1", n)
+	}
+	if got := b.take(); len(got) != maxStrayBlobs || got[len(got)-1] != "a" {
+		t.Errorf("take returned %d keys ending %q", len(got), got[len(got)-1])
+	}
+	if got := b.take(); len(got) != 0 {
+		t.Errorf("second take returned %d keys", len(got))
+	}
+}

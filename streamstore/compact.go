@@ -81,6 +81,7 @@ func (e *Engine) Compact(ctx context.Context) error {
 	if err := e.fenced(); err != nil {
 		return fmt.Errorf("compact: %w", err)
 	}
+	e.deleteStrayBlobs(ctx)
 	e.compactMu.Lock()
 	defer e.compactMu.Unlock()
 	began := time.Now()

@@ -183,6 +183,7 @@ type Engine struct {
 	stats Stats // running totals for metrics (stats.go)
 
 	orphans orphanSweep // this start's sweep of orphaned blobs (orphans.go)
+	strays  strayBlobs  // unused blobs whose delete failed, tried again by compaction (orphans.go)
 }
 
 // ioLinger is how long an idle goroutine of the engine's pool waits for

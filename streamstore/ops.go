@@ -819,7 +819,7 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 }
 
 // dropBlob deletes a blob no entry refers to. It may not exist (a failed
-// PUT); a failure to delete only leaves it for the stream's deletion.
+// PUT); a failure to delete leaves it to the next compaction (strayBlobs).
 func (e *Engine) dropBlob(key string) { e.dropBlobs([]string{key}) }
 
 // dropBlobs is dropBlob for several blobs, in one request.
@@ -827,7 +827,9 @@ func (e *Engine) dropBlobs(keys []string) {
 	ctx, cancel := context.WithTimeout(e.bgCtx, 30*time.Second)
 	defer cancel()
 	if err := e.store.Delete(ctx, keys); err != nil {
-		e.log.Warn("could not delete unused blobs", zap.Strings("keys", keys), zap.Error(err))
+		kept := e.strays.add(keys)
+		e.log.Warn("could not delete unused blobs; compaction tries again", zap.Strings("keys", keys),
+			zap.Int("kept_for_retry", kept), zap.Error(err))
 	}
 }
 

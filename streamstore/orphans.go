@@ -234,3 +234,50 @@ func (e *Engine) markedBlobs(ctx context.Context, id string) (map[string]bool, e
 		}
 	}
 }
+
+// strayBlobs are blobs that no entry names or ever will (their append
+// failed, or their batch was lost) and whose delete failed. Compaction
+// deletes them at its next pass: left to the orphan sweep, they would
+// stay until the next start, and a process may run for months. Their
+// names are unique, so deleting one late is always safe.
+type strayBlobs struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+// maxStrayBlobs bounds the keys kept for another try; past it, blobs are
+// left to the next start's orphan sweep.
+const maxStrayBlobs = 10000
+
+// add keeps keys for another try and returns how many it kept.
+func (b *strayBlobs) add(keys []string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := min(len(keys), maxStrayBlobs-len(b.keys))
+	b.keys = append(b.keys, keys[:n]...)
+	return n
+}
+
+// take returns the keys kept and forgets them.
+func (b *strayBlobs) take() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	keys := b.keys
+	b.keys = nil
+	return keys
+}
+
+// deleteStrayBlobs tries the kept stray blobs again; those still not
+// deleted are kept for the next pass.
+func (e *Engine) deleteStrayBlobs(ctx context.Context) {
+	keys := e.strays.take()
+	if len(keys) == 0 {
+		return
+	}
+	if err := e.store.Delete(ctx, keys); err != nil {
+		e.strays.add(keys)
+		e.log.Warn("could not delete unused blobs; will retry", zap.Int("blobs", len(keys)), zap.Error(err))
+		return
+	}
+	e.log.Info("deleted unused blobs whose first delete had failed", zap.Int("blobs", len(keys)))
+}
