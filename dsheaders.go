@@ -422,8 +422,21 @@ func repeatedParam(q url.Values, names ...string) string {
 	return ""
 }
 
-// errBodyTooLarge reports a request body over max_append_size.
+// errBodyTooLarge reports a request body over max_append_size, or over a
+// smaller limit that Caddy's request_body max_size put in front of the
+// handler. Errors that match it are a bodyTooLargeError.
 var errBodyTooLarge = errors.New("request body too large")
+
+// bodyTooLargeError is errBodyTooLarge with the limit the body went over,
+// so that the 413 names the limit that applies: behind request_body
+// max_size 1KB, a client told of a 16 MiB limit would send its body again.
+type bodyTooLargeError struct{ limit int64 }
+
+func (e bodyTooLargeError) Error() string {
+	return fmt.Sprintf("body is larger than the %d-byte limit", e.limit)
+}
+
+func (e bodyTooLargeError) Is(target error) bool { return target == errBodyTooLarge }
 
 // errBodyEncoded reports a request body sent with a content coding: its
 // bytes are not the records the client means (a gzip-encoded append would
@@ -439,13 +452,14 @@ var errBodyTimeout = errors.New("request body did not arrive within the server's
 
 // bodyReadError is err of a body read as readBody returns it: a read past the
 // connection's deadline is errBodyTimeout (net's error would also name the
-// server's and client's addresses), a body over the limit errBodyTooLarge.
+// server's and client's addresses), a body over request_body's limit a
+// bodyTooLargeError with that limit.
 func bodyReadError(err error) error {
 	var mbe *http.MaxBytesError
 	var ne net.Error
 	switch {
 	case errors.As(err, &mbe):
-		return errBodyTooLarge
+		return bodyTooLargeError{limit: mbe.Limit}
 	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
 		return errBodyTimeout
 	}
@@ -463,7 +477,7 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 		}
 	}
 	if r.ContentLength > max {
-		return nil, errBodyTooLarge
+		return nil, bodyTooLargeError{limit: max}
 	}
 	if r.Body == nil {
 		return nil, nil
@@ -480,7 +494,7 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 		return nil, bodyReadError(err)
 	}
 	if int64(len(b)) > max {
-		return nil, errBodyTooLarge
+		return nil, bodyTooLargeError{limit: max}
 	}
 	return b, nil
 }

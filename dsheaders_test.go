@@ -302,6 +302,26 @@ func TestReadBodyLimit(t *testing.T) {
 	}
 }
 
+// TestReadBodyNamesCaddysLimit: behind Caddy's request_body max_size, a
+// body over it is refused as too large with that limit in the message, not
+// max_append_size, whether it came with a length or chunked.
+func TestReadBodyNamesCaddysLimit(t *testing.T) {
+	for _, length := range []int64{2000, -1} {
+		r := httptest.NewRequest(http.MethodPost, "/s", strings.NewReader(strings.Repeat("b", 2000)))
+		r.ContentLength = length
+		// What request_body does with max_size 1KB.
+		r.Body = http.MaxBytesReader(httptest.NewRecorder(), r.Body, 1000)
+		_, err := readBody(r, 16<<20)
+		if !errors.Is(err, errBodyTooLarge) || err.Error() != "body is larger than the 1000-byte limit" {
+			t.Errorf("length %d: %v, want the 1000-byte limit", length, err)
+		}
+	}
+	r := httptest.NewRequest(http.MethodPost, "/s", strings.NewReader("123456"))
+	if _, err := readBody(r, 5); err == nil || err.Error() != "body is larger than the 5-byte limit" {
+		t.Errorf("over max_append_size: %v, want the 5-byte limit", err)
+	}
+}
+
 // TestReadBodyKnownLength: a body with a Content-Length is read whole
 // whatever the sizes its reads come in, a short one is an error, and a
 // client that announces a large body and sends little gets a buffer the

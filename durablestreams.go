@@ -1180,7 +1180,7 @@ func (d *durableStreams) readBody(w http.ResponseWriter, r *http.Request) ([]byt
 	body, err := readBody(r, d.maxAppend)
 	switch {
 	case errors.Is(err, errBodyTooLarge):
-		fail(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body is larger than the %d-byte limit", d.maxAppend))
+		fail(w, http.StatusRequestEntityTooLarge, err.Error())
 		return nil, false
 	case errors.Is(err, errBodyEncoded):
 		w.Header().Set("Accept-Encoding", "identity")

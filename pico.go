@@ -113,7 +113,7 @@ func (p *picoProtocol) readBody(w http.ResponseWriter, r *http.Request) ([]byte,
 	body, err := readBody(r, p.maxAppend)
 	switch {
 	case errors.Is(err, errBodyTooLarge):
-		picoFail(w, http.StatusRequestEntityTooLarge, picoErrTooLarge, fmt.Sprintf("body is larger than the %d-byte limit", p.maxAppend), nil)
+		picoFail(w, http.StatusRequestEntityTooLarge, picoErrTooLarge, err.Error(), nil)
 		return nil, false
 	case errors.Is(err, errBodyEncoded):
 		w.Header().Set("Accept-Encoding", "identity")
