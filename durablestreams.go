@@ -641,7 +641,9 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 			return
 		}
 		// A server write timeout shorter than the wait would lose the
-		// answer; the long-poll timeout bounds the response instead.
+		// answer; the long-poll timeout bounds the response instead
+		// (and Caddy's own deadline, which stays, ends it early: see
+		// liveDeadline).
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 		info, err := d.wait(r, eng, name, c.info.ID, c.next, d.longPollTimeout)
 		switch {
@@ -676,7 +678,7 @@ var errWaitOver = errors.New("wait over")
 // errWaitOver when limit passes or the server shuts down, the client's
 // context error when the client left, or the engine's error.
 func (d *durableStreams) wait(r *http.Request, eng *streamstore.Engine, name, id string, pos position, limit time.Duration) (streamstore.Info, error) {
-	lw := newLiveWait(r, d.shutdown, time.Now().Add(limit))
+	lw := newLiveWait(r, d.shutdown, liveDeadline(r, limit))
 	defer lw.close()
 	return lw.wait(eng, name, id, pos.seq)
 }
@@ -722,7 +724,7 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 	}
 	control := func(c sseControl) bool { return event(nil, c) }
 
-	deadline := time.Now().Add(d.sseInterval)
+	deadline := liveDeadline(r, d.sseInterval)
 	lw := newLiveWait(r, d.shutdown, deadline)
 	defer lw.close()
 	cursor := nextCursor(time.Now(), clientCursor, d.jitter)

@@ -883,7 +883,9 @@ func (p *picoProtocol) longPoll(w http.ResponseWriter, r *http.Request, eng *str
 			return
 		}
 		// A server write timeout shorter than the wait would lose the
-		// answer; the long-poll timeout bounds the response instead.
+		// answer; the long-poll timeout bounds the response instead
+		// (and Caddy's own deadline, which stays, ends it early: see
+		// liveDeadline).
 		_ = http.NewResponseController(w).SetWriteDeadline(time.Time{})
 		info, err := p.wait(r, eng, name, pg.info.ID, pg.next, p.longPollTimeout)
 		switch {
@@ -924,7 +926,7 @@ func (p *picoProtocol) writeNoContent(w http.ResponseWriter, next uint64, closed
 // errWaitOver when limit passes or the server shuts down, the client's
 // context error when the client left, or the engine's error.
 func (p *picoProtocol) wait(r *http.Request, eng *streamstore.Engine, name, id string, seq uint64, limit time.Duration) (streamstore.Info, error) {
-	lw := newLiveWait(r, p.shutdown, time.Now().Add(limit))
+	lw := newLiveWait(r, p.shutdown, liveDeadline(r, limit))
 	defer lw.close()
 	return lw.wait(eng, name, id, seq)
 }

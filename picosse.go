@@ -133,7 +133,7 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 	}
 	bw, flush := es.bw, es.flush
 
-	deadline := time.Now().Add(p.sseInterval)
+	deadline := liveDeadline(r, p.sseInterval)
 	lw := newLiveWait(r, p.shutdown, deadline)
 	defer lw.close()
 	announced := false // a control event with up_to_date was sent for pg.next

@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
 	"github.com/picomq/caddy-picomq/streamstore"
 )
 
@@ -138,7 +140,7 @@ type eventStream struct {
 // to the response, whose own buffer then gathers an event's writes; callers
 // that write an event in many small pieces pass a buffer size. A server
 // write timeout would cut the feed short; the caller's reconnect interval
-// bounds it instead.
+// bounds it instead (or Caddy's deadline for the response: liveDeadline).
 func startEventStream(w http.ResponseWriter, r *http.Request, bufSize int) (*eventStream, bool) {
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Time{})
@@ -200,6 +202,28 @@ type liveWait struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	stop   func() bool
+}
+
+// liveDeadline is when a live response that may last d from now must end.
+// Caddy's `write` server timeout is a deadline for the whole response,
+// counted from the request's start, which a handler cannot lift: each
+// write past it fails, so a long-poll woken after it is cut without an
+// answer, and an SSE feed's next event is lost with the connection. Such
+// a response ends a margin before it instead (a long-poll's 204, a feed's
+// clean end for its client to reconnect), with a quarter of the timeout,
+// at most a second, left to write the end.
+func liveDeadline(r *http.Request, d time.Duration) time.Time {
+	end := time.Now().Add(d)
+	_, w := caddyhttp.IdleTimeoutsFromContext(r.Context())
+	if w == nil || w.Deadline.HardDeadline.IsZero() {
+		return end
+	}
+	hard := w.Deadline.HardDeadline
+	margin := min(time.Second, hard.Sub(w.Deadline.Start)/4)
+	if cut := hard.Add(-margin); cut.Before(end) {
+		return cut
+	}
+	return end
 }
 
 func newLiveWait(r *http.Request, shutdown context.Context, deadline time.Time) *liveWait {
