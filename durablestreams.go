@@ -1321,13 +1321,20 @@ func fail(w http.ResponseWriter, status int, msg string) {
 
 // clientPrefix is the part of the client's URL path that Caddy stripped
 // before this handler (handle_path, uri strip_prefix), so that URLs written
-// back to clients stay in their URL space.
+// back to clients stay in their URL space. The prefix is the client's own
+// spelling where the rest of its path is the stream's; strip_prefix cleans
+// the path before it strips (dot segments, repeated slashes), so where
+// that changed the rest (/app/ds/a//b is the stream /a/b) it is the prefix
+// of the cleaned path.
 func clientPrefix(r *http.Request) string {
 	orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request)
 	if !ok || orig.URL == nil {
 		return ""
 	}
 	if p, found := strings.CutSuffix(orig.URL.Path, r.URL.Path); found {
+		return p
+	}
+	if p, found := strings.CutSuffix(caddyhttp.CleanPath(orig.URL.Path, true), r.URL.Path); found {
 		return p
 	}
 	return ""

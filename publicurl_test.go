@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -102,6 +103,35 @@ func TestForkSourcePublicHost(t *testing.T) {
 			}
 			if !tt.ok && err == nil {
 				t.Errorf("forkSourceName(%q) = %q, want an error", tt.src, name)
+			}
+		})
+	}
+}
+
+// TestClientPrefix: the prefix Caddy stripped is found whether or not its
+// cleaning of the path (before strip_prefix) changed the rest of it.
+func TestClientPrefix(t *testing.T) {
+	tests := []struct {
+		name       string
+		orig, path string // the client's path, the handler's
+		want       string
+	}{
+		{name: "no prefix", orig: "/a/b", path: "/a/b", want: ""},
+		{name: "handle_path", orig: "/app/ds/a/b", path: "/a/b", want: "/app/ds"},
+		{name: "client's spelling of the prefix kept", orig: "/APP/ds/a", path: "/a", want: "/APP/ds"},
+		{name: "repeated slash in the name", orig: "/app/ds/a//b", path: "/a/b", want: "/app/ds"},
+		{name: "repeated slash in the prefix", orig: "/app//ds/z", path: "/z", want: "/app//ds"},
+		{name: "dot segments in the name", orig: "/app/ds/x/./y//z", path: "/x/y/z", want: "/app/ds"},
+		{name: "unrelated paths", orig: "/other", path: "/a", want: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPut, "http://caddy.internal"+tt.path, nil)
+			orig := *r
+			orig.URL = &url.URL{Path: tt.orig}
+			r = r.WithContext(context.WithValue(r.Context(), caddyhttp.OriginalRequestCtxKey, orig))
+			if got := clientPrefix(r); got != tt.want {
+				t.Errorf("clientPrefix = %q, want %q", got, tt.want)
 			}
 		})
 	}
