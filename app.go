@@ -579,8 +579,8 @@ func (r *engineRef) engine(ctx context.Context, stop <-chan struct{}) (*streamst
 // storageStartError is why a storage could not be opened. Requests can see
 // it in the moment between the http app starting and the config load failing
 // (apps start in no fixed order), or while a start that could not reach the
-// store is retried, so the reason goes to the client too: "in use by
-// another node" is something an operator must read.
+// store is retried, so its reason (see reason) goes to the client too: "in
+// use by another node" is something an operator must read.
 type storageStartError struct {
 	err      error
 	retrying bool // the start is being retried in the background
@@ -591,6 +591,23 @@ func (e *storageStartError) Error() string {
 		return "storage is not open yet (retrying): " + e.err.Error()
 	}
 	return "storage could not be opened: " + e.err.Error()
+}
+
+// unreachableReason is what a client is told while the start is retried
+// because the store cannot be reached.
+const unreachableReason = "storage is not open yet (retrying): the object store cannot be reached; the server log has the error"
+
+// reason is the error as a client is told it. The transport's error of a
+// store that cannot be reached names its address, bucket and prefix, and
+// an outage can last: like every other store failure it goes to the log
+// only (the start's warning). A store that answers and refuses says
+// something the operator must read ("in use by another node"), and so
+// does a start that failed for good.
+func (e *storageStartError) reason() string {
+	if e.retrying && segment.Transient(e.err) {
+		return unreachableReason
+	}
+	return e.Error()
 }
 
 // Unwrap makes the error match streamstore.ErrUnavailable: nothing was done

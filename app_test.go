@@ -572,3 +572,38 @@ func TestUnreachableStartRetriesUntilCleanup(t *testing.T) {
 		t.Fatal("the retries went on after the last config let go of the storage")
 	}
 }
+
+// TestStorageStartErrorReason: a client is told that the store cannot be
+// reached, without the transport's error that names its address, while
+// the start is retried; a refusal, and a start that failed for good, keep
+// their reason.
+func TestStorageStartErrorReason(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp",
+		Addr: &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 9000}, Err: errors.New("connect: connection refused")}
+	unreachable := fmt.Errorf("start engine: read lease: get http://10.1.2.3:9000/bkt/lease: %w", refused)
+	held := fmt.Errorf("start engine: %w: node n2 holds it", segment.ErrLeaseHeld)
+	for _, tc := range []struct {
+		name     string
+		err      *storageStartError
+		want     string // the client's answer contains it
+		mustNot  string // and does not contain it
+		logWants string // the error, as logged, contains it
+	}{
+		{"unreachable, retrying", &storageStartError{err: unreachable, retrying: true},
+			unreachableReason, "10.1.2.3", "10.1.2.3:9000"},
+		{"refused, retrying", &storageStartError{err: held, retrying: true},
+			"storage is not open yet (retrying): start engine: storage is in use by another PicoMQ node: node n2", "", "node n2"},
+		{"failed for good", &storageStartError{err: held},
+			"storage could not be opened: start engine: storage is in use", "", "node n2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.err.reason()
+			if !strings.Contains(got, tc.want) || (tc.mustNot != "" && strings.Contains(got, tc.mustNot)) {
+				t.Errorf("reason() = %q, want it to contain %q and not %q", got, tc.want, tc.mustNot)
+			}
+			if !strings.Contains(tc.err.Error(), tc.logWants) {
+				t.Errorf("Error() = %q lost %q", tc.err.Error(), tc.logWants)
+			}
+		})
+	}
+}

@@ -1259,7 +1259,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		fail(w, http.StatusServiceUnavailable, "server is shutting down; retry")
 	case errors.As(err, &start):
 		h.Set("Retry-After", "5")
-		fail(w, http.StatusServiceUnavailable, start.Error())
+		fail(w, http.StatusServiceUnavailable, start.reason())
 	case errors.Is(err, streamstore.ErrUnconfirmed):
 		d.failLog.warn(d.log, "write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")

@@ -119,3 +119,68 @@ func TestStartRefusedFailsTheLoad(t *testing.T) {
 	}
 	t.Logf("refused after %v", time.Since(began).Round(time.Millisecond))
 }
+
+// TestUnreachableStoreIsNotNamedToClients: while the start is retried, a
+// client is told the store cannot be reached, not the transport's error,
+// which names the store's address, bucket and prefix (the log has it, as
+// it has every store failure). Once the store answers but refuses, the
+// refusal's reason (here AccessDenied) is the client's answer again, as
+// at a failed start. Before, every module request got the raw error, such
+// as `Get "http://127.0.0.1:PORT/BUCKET/picomq/lease?x-id=GetObject": dial
+// tcp 127.0.0.1:PORT: connect: connection refused`, for as long as the
+// outage lasted, while the same outage after the start is answered with a
+// plain "storage unavailable".
+func TestUnreachableStoreIsNotNamedToClients(t *testing.T) {
+	v := testenv.NewVersity(t)
+	p := newProxy(t, v)
+	bucket := v.NewBucket(t)
+	p.Down()
+	c, err := caddytest.Launch(t, caddytest.Options{
+		Caddyfile:    outageCaddyfile(testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix)),
+		Env:          caddytest.S3Env(v),
+		ReadyTimeout: 90 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("Caddy did not start with its bucket unreachable: %v", err)
+	}
+	e := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: c, client: &http.Client{Timeout: time.Minute}}
+	requests := []fhReq{
+		{Method: http.MethodPut, Path: "/ds/named/a", Header: map[string]string{"Content-Type": "text/plain"}},
+		{Method: http.MethodGet, Path: "/ds/named/a?offset=-1&live=sse"},
+		{Method: http.MethodGet, Path: "/ds/__ds/jwks.json"},
+		{Method: http.MethodPost, Path: "/pico/named/b", Header: map[string]string{"Content-Type": "application/json"}, Body: []byte(`{"n":1}`)},
+		{Method: http.MethodGet, Path: "/pico/"},
+	}
+	for _, req := range requests {
+		r := e.must(req)
+		body := string(r.Body)
+		switch {
+		case r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") == "" ||
+			!strings.Contains(body, "storage is not open yet (retrying): the object store cannot be reached"):
+			t.Errorf("%s %s, bucket unreachable: %s, want 503 saying the store cannot be reached", req.Method, req.Path, r)
+		case strings.Contains(body, p.Addr()) || strings.Contains(body, bucket):
+			t.Errorf("%s %s, bucket unreachable: the answer names the store: %s", req.Method, req.Path, r)
+		}
+	}
+	if logs := c.Logs(); !strings.Contains(logs, "connection refused") || !strings.Contains(logs, p.Addr()) {
+		t.Errorf("the log does not give the transport's error")
+	}
+
+	// The store answers now, but refuses: that reason is for the client
+	// to see, as it is at a start that fails.
+	p.AddFault(testenv.Fault{Op: testenv.OpGet, KeyContains: "lease", Status: http.StatusForbidden, Code: "AccessDenied"})
+	if err := p.Up(); err != nil {
+		t.Fatal(err)
+	}
+	err = fhWaitFor(30*time.Second, 100*time.Millisecond, func() error {
+		for _, req := range requests {
+			if r := e.must(req); r.Status != http.StatusServiceUnavailable || !strings.Contains(string(r.Body), "AccessDenied") {
+				return fmt.Errorf("%s %s: %s", req.Method, req.Path, r)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("a store that refuses the start, want 503 with its reason: %v", err)
+	}
+}
