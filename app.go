@@ -78,12 +78,17 @@ func (a *App) Provision(ctx caddy.Context) error {
 func (a *App) Start() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// At boot a store that cannot be reached must not keep Caddy down, so
+	// its start goes on in the background. A reload has the running config
+	// to fall back on: it fails instead, as for any other reason, rather
+	// than swap a working storage for one that answers 503.
+	background := !configRunning()
 	for key, e := range a.refs {
 		// Only now does this config's settings reach a shared engine: a
 		// config that failed to provision never gets here, and one that
 		// fails to start hands them back in Cleanup.
 		e.ref.activate(a)
-		if err := e.ref.start(); err != nil {
+		if err := e.ref.start(background); err != nil {
 			if errors.Is(err, segment.ErrLeaseHeldHere) {
 				// Name the URLs it is open under, so the operator can
 				// find the other spelling.
@@ -94,6 +99,11 @@ func (a *App) Start() error {
 	}
 	return nil
 }
+
+// configRunning reports whether Caddy runs a config while this one starts:
+// a reload. Caddy swaps its active context only once the new config has
+// started. A variable, so that tests can play a reload.
+var configRunning = func() bool { return caddy.ActiveContext().Context != nil }
 
 // Stop ends the live responses (SSE, long-poll) of this config's handlers.
 // The HTTP server's shutdown hook does that too, but only for HTTP/1 and
@@ -320,17 +330,18 @@ func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Lo
 // wedged store fails the config load instead of hanging it.
 const engineStartTimeout = 5 * time.Minute
 
-// start starts the engine once; later calls return the first result. A
-// start that fails because the store cannot be reached (a network error, a
-// timeout, a 5xx: segment.Transient) does not fail: Caddy and this config
-// start, requests are answered 503 until the store opens, and the start is
-// retried in the background. Any other failure (access denied, no such
-// bucket, another node's lease, an unknown format) is returned, and fails
-// the config load: it needs the operator, who is watching now.
-func (r *engineRef) start() error {
+// start starts the engine once; later calls return the first result. With
+// background (at boot), a start that fails because the store cannot be
+// reached (a network error, a timeout, a 5xx: segment.Transient) does not
+// fail: Caddy and this config start, requests are answered 503 until the
+// store opens, and the start is retried in the background. Any other
+// failure (access denied, no such bucket, another node's lease, an unknown
+// format), and any failure without background, is returned and fails the
+// config load: it needs the operator, who is watching now.
+func (r *engineRef) start(background bool) error {
 	r.startOnce.Do(func() {
 		err := r.doStart(r.openCtx)
-		if err != nil && segment.Transient(err) {
+		if err != nil && background && segment.Transient(err) {
 			r.openErr.Store(&err)
 			close(r.retrying)
 			r.log.Warn("storage unreachable; requests are answered 503 until it opens, and the start is retried in the background",

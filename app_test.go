@@ -607,3 +607,39 @@ func TestStorageStartErrorReason(t *testing.T) {
 		})
 	}
 }
+
+// TestUnreachableStoreFailsAReload: while a config runs, a new storage
+// that cannot be reached fails the reload at once, with the reason, and
+// nothing retries it: the running config goes on serving.
+func TestUnreachableStoreFailsAReload(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Setenv("AWS_ACCESS_KEY_ID", "k")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "s")
+	running := configRunning
+	configRunning = func() bool { return true }
+	t.Cleanup(func() { configRunning = running })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "http://" + l.Addr().String()
+	l.Close()
+	app := newTestApp(t)
+	ref, err := app.acquire("s3://bkt/reload?region=us-east-1&path_style=true&endpoint="+endpoint,
+		engineSettings{S3Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = app.Start()
+	if err == nil || !strings.Contains(err.Error(), "starting storage") || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("reload with the store unreachable: %v, want it to fail with the reason", err)
+	}
+	select {
+	case <-ref.retryDone:
+	default:
+		t.Error("the start of a failed reload is retried in the background")
+	}
+	if err := app.Cleanup(); err != nil {
+		t.Errorf("cleanup: %v", err)
+	}
+}

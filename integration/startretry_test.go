@@ -298,3 +298,39 @@ func TestRestartWhileStoreDown(t *testing.T) {
 		}
 	}
 }
+
+// TestReloadToUnreachableStorageIsRefused: a reload whose new storage
+// cannot be reached fails, as it did before starts went to the background,
+// and the running config keeps serving its storage: unlike at boot,
+// failing hurts no site, and the operator reloading learns of the mistake
+// at once. Taking the reload would have closed a working storage for one
+// that answers 503 until its bucket can be reached.
+func TestReloadToUnreachableStorageIsRefused(t *testing.T) {
+	v := testenv.NewVersity(t)
+	p := newProxy(t, v)
+	bucket := v.NewBucket(t)
+	working := retryCaddyfile(testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix))
+	c, err := caddytest.Launch(t, caddytest.Options{Caddyfile: working, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: c, client: &http.Client{Timeout: time.Minute}}
+	e.create("/ds/keep/a", textPlain)
+	e.append("/ds/keep/a", textPlain, []byte("before;"))
+
+	down := newProxy(t, v)
+	down.Down()
+	err = c.Reload(retryCaddyfile(testenv.StoreURL(down.URL(), v.NewBucket(t), caddytest.S3Prefix)))
+	if err == nil {
+		t.Errorf("a reload to a storage that cannot be reached succeeded")
+	} else if !strings.Contains(err.Error(), "starting storage") || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("the failed reload does not give the reason:\n%v", err)
+	}
+	e.append("/ds/keep/a", textPlain, []byte("after;"))
+	if got, _, err := e.readBytes("/ds/keep/a"); err != nil || string(got) != "before;after;" {
+		t.Errorf("the running storage after the reload: %q, %v; want %q", got, err, "before;after;")
+	}
+	if err := c.Stop(); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+}
