@@ -334,3 +334,53 @@ func TestReloadToUnreachableStorageIsRefused(t *testing.T) {
 		t.Errorf("stop: %v", err)
 	}
 }
+
+// TestStopDuringRetriedStartFreesTheLease: Caddy is stopped while a
+// retried start, having taken the storage lease, waits on the store (a
+// GET held by the proxy). The stop gives the start up, and the lease with
+// it: another node then starts on the bucket at once, as after any other
+// graceful stop. Before, the given-up start left the lease to lapse, and
+// the other node's start failed with "in use by another PicoMQ node"
+// for up to the lease's 30 s.
+func TestStopDuringRetriedStartFreesTheLease(t *testing.T) {
+	v := testenv.NewVersity(t)
+	p := newProxy(t, v)
+	bucket := v.NewBucket(t)
+	storage := testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix)
+	p.Down()
+	c, err := caddytest.Launch(t, caddytest.Options{Caddyfile: retryCaddyfile(storage), Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
+	if err != nil {
+		t.Fatalf("Caddy did not start with its bucket unreachable: %v", err)
+	}
+	e := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: c, client: &http.Client{Timeout: time.Minute}}
+	// The start reads the format object right after taking the lease.
+	release := p.Hold(testenv.Fault{Op: testenv.OpGet, KeyContains: "format"})
+	defer release()
+	if err := p.Up(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.WaitHeld(ctx, 1); err != nil {
+		t.Fatalf("no retried start reached the store: %v", err)
+	}
+	if _, err := e.get("lease"); err != nil {
+		t.Fatalf("the retried start holds no lease while it waits: %v", err)
+	}
+	began := time.Now()
+	if err := c.Stop(); err != nil {
+		t.Errorf("stop during the retried start: %v", err)
+	}
+	t.Logf("stopped in %v", time.Since(began).Round(time.Millisecond))
+	release()
+
+	other, err := caddytest.Launch(t, caddytest.Options{Caddyfile: retryCaddyfile(storage), Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
+	if err == nil {
+		err = waitServing(other, 30*time.Second)
+	}
+	if err != nil {
+		t.Fatalf("another node on the bucket after the stop: %v", err)
+	}
+	o := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: other, client: &http.Client{Timeout: time.Minute}}
+	o.create("/ds/freed/a", textPlain)
+}

@@ -288,10 +288,15 @@ func (e *Engine) Start(ctx context.Context) error {
 	}()
 	fail := func(err error) error {
 		// A retry takes the lease again; this attempt's renewal must not
-		// race it (a renewal that lost that race would fence the node).
+		// race it (a renewal that lost that race would fence the node),
+		// nor a release below.
 		stopRenewal()
 		<-renewed
-		lease.Abandon()
+		if errors.Is(ctx.Err(), context.Canceled) {
+			e.releaseGivenUp(ctx, lease)
+		} else {
+			lease.Abandon()
+		}
 		return fmt.Errorf("start engine: %w", err)
 	}
 	if err := segment.CheckFormat(ctx, e.store); err != nil {
@@ -401,6 +406,31 @@ func (e *Engine) Close(ctx context.Context) error {
 		err = fmt.Errorf("release lease: %w", rerr)
 	}
 	return err
+}
+
+// givenUpReleaseTimeout bounds giving back the lease of a start whose
+// caller gave it up; a store that does not answer by then leaves the lease
+// to lapse.
+const givenUpReleaseTimeout = 5 * time.Second
+
+// releaseGivenUp gives back the lease of a start that its caller gave up
+// (ctx was cancelled: the config that wanted the storage is gone, at a
+// stop or a reload). Left to lapse, it would keep another node out for
+// its whole lifetime after a graceful stop. What the start wrote under it
+// is what a crash leaves, which the next owner's replay settles.
+func (e *Engine) releaseGivenUp(ctx context.Context, lease *segment.Lease) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), givenUpReleaseTimeout)
+	defer cancel()
+	err := lease.Release(rctx)
+	switch {
+	case err == nil:
+		e.log.Info("storage lease released: its start was given up")
+	case errors.Is(err, segment.ErrFenced):
+		// Another process holds it already: nothing to give back.
+	default:
+		e.log.Warn("storage lease of a start that was given up not released; it lapses by itself",
+			zap.Duration("lease_ttl", e.config().LeaseTTL), zap.Error(err))
+	}
 }
 
 func (e *Engine) writer() (*segment.Writer, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
 	"github.com/picomq/caddy-picomq/segment"
@@ -140,5 +141,50 @@ func TestReplacedProcessDeletesNothing(t *testing.T) {
 		if got := readAll(t, cur, name); len(got) != 2 {
 			t.Errorf("the new owner reads %s as %q after its compaction, want both records", name, got)
 		}
+	}
+}
+
+// TestGivenUpStartReleasesTheLease: a start whose context is cancelled
+// after it took the lease (its caller, a config being stopped, gave it
+// up) gives the lease back, so another node starts at once. One that
+// failed otherwise, here on its deadline, leaves it to this node's retry:
+// another node is refused until it lapses.
+func TestGivenUpStartReleasesTheLease(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		ctx       func() (context.Context, context.CancelFunc)
+		end       func(cancel context.CancelFunc)
+		otherErr  error // what another node's start then gets
+		wantCause error
+	}{
+		{"cancelled", func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) },
+			func(cancel context.CancelFunc) { cancel() }, nil, context.Canceled},
+		{"deadline", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 200*time.Millisecond)
+		}, func(context.CancelFunc) {}, segment.ErrLeaseHeld, context.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := memstore.New()
+			g := newGatedStore(t, st, "format")
+			e := New(g, testConfig(Config{NodeID: "node-a", LeaseTTL: time.Minute}), nil)
+			t.Cleanup(func() { _ = e.Close(context.Background()) })
+			ctx, cancel := tc.ctx()
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- e.Start(ctx) }()
+			if !g.waitFor(func() bool { return g.begun("format") > 0 }) {
+				t.Fatal("the start never read the format object")
+			}
+			tc.end(cancel)
+			if err := <-done; !errors.Is(err, tc.wantCause) {
+				t.Fatalf("start: %v, want %v", err, tc.wantCause)
+			}
+			other := New(st, testConfig(Config{NodeID: "node-b", LeaseTTL: time.Minute}), nil)
+			t.Cleanup(func() { _ = other.Close(context.Background()) })
+			err := other.Start(context.Background())
+			if (tc.otherErr == nil && err != nil) || (tc.otherErr != nil && !errors.Is(err, tc.otherErr)) {
+				t.Errorf("another node's start: %v, want %v", err, tc.otherErr)
+			}
+		})
 	}
 }
