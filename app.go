@@ -332,20 +332,26 @@ const engineStartTimeout = 5 * time.Minute
 
 // start starts the engine once; later calls return the first result. With
 // background (at boot), a start that fails because the store cannot be
-// reached (a network error, a timeout, a 5xx: segment.Transient) does not
-// fail: Caddy and this config start, requests are answered 503 until the
-// store opens, and the start is retried in the background. Any other
-// failure (access denied, no such bucket, another node's lease, an unknown
-// format), and any failure without background, is returned and fails the
-// config load: it needs the operator, who is watching now.
+// reached (a network error, a timeout, a 5xx: segment.Transient) or because
+// another node holds its lease does not fail: Caddy and this config start,
+// requests are answered 503 until the store opens, and the start is
+// retried in the background (waitable). Any other failure (access denied,
+// no such bucket, an unknown format), and any failure without background,
+// is returned and fails the config load: it needs the operator, who is
+// watching now.
 func (r *engineRef) start(background bool) error {
 	r.startOnce.Do(func() {
 		err := r.doStart(r.openCtx)
-		if err != nil && background && segment.Transient(err) {
+		if err != nil && background && waitable(err) {
 			r.openErr.Store(&err)
 			close(r.retrying)
-			r.log.Warn("storage unreachable; requests are answered 503 until it opens, and the start is retried in the background",
-				zap.Error(err))
+			if errors.Is(err, segment.ErrLeaseHeld) {
+				r.log.Warn("storage in use by another node; requests are answered 503, and the start is retried "+
+					"in the background until that node lets go of it or its lease lapses", zap.Error(err))
+			} else {
+				r.log.Warn("storage unreachable; requests are answered 503 until it opens, and the start is retried in the background",
+					zap.Error(err))
+			}
 			go r.retryStart()
 			return
 		}
@@ -354,6 +360,14 @@ func (r *engineRef) start(background bool) error {
 		close(r.ready)
 	})
 	return r.startErr
+}
+
+// waitable reports whether a failed start is worth retrying in the
+// background: the store could not be reached, or another node holds its
+// lease, which it gives back when it stops and which lapses when it dies
+// (a node started on the same storage is then a standby that takes over).
+func waitable(err error) bool {
+	return segment.Transient(err) || errors.Is(err, segment.ErrLeaseHeld)
 }
 
 // Retries of a start that could not reach the store: a second apart at
@@ -381,12 +395,16 @@ func (r *engineRef) retryStart() {
 			return
 		case <-t.C:
 		}
+		last := *r.openErr.Load()
 		err := r.doStart(r.openCtx)
 		if err == nil {
 			r.openErr.Store(nil)
 			close(r.ready)
-			r.log.Info("storage opened after being unreachable",
-				zap.Int("attempts", attempt), zap.Duration("unreachable_for", time.Since(began).Round(time.Millisecond)))
+			msg := "storage opened after being unreachable"
+			if errors.Is(last, segment.ErrLeaseHeld) {
+				msg = "storage opened after another node let go of it"
+			}
+			r.log.Info(msg, zap.Int("attempts", attempt), zap.Duration("unreachable_for", time.Since(began).Round(time.Millisecond)))
 			return
 		}
 		if r.openCtx.Err() != nil {
@@ -395,16 +413,16 @@ func (r *engineRef) retryStart() {
 		r.openErr.Store(&err)
 		delay = min(2*delay, openRetryMax)
 		switch {
-		case !segment.Transient(err):
+		case !waitable(err):
 			// Reached now, but refused: still retried, as only the
 			// operator can fix it and nothing else would pick that up.
 			r.log.Error("storage refused the start; retrying", zap.Int("attempt", attempt), zap.Error(err))
 		case time.Since(logged) >= openRetryLogEvery:
 			logged = time.Now()
-			r.log.Warn("storage still unreachable; retrying", zap.Int("attempt", attempt),
+			r.log.Warn("storage still not open; retrying", zap.Int("attempt", attempt),
 				zap.Duration("unreachable_for", time.Since(began).Round(time.Second)), zap.Error(err))
 		default:
-			r.log.Debug("storage still unreachable; retrying", zap.Int("attempt", attempt), zap.Error(err))
+			r.log.Debug("storage still not open; retrying", zap.Int("attempt", attempt), zap.Error(err))
 		}
 	}
 }

@@ -211,8 +211,8 @@ func leaseLine(s string) string {
 
 // TestLeaseExpiryFencesPartitionedNode cuts a running node off from the
 // storage (its S3 proxy goes down) while it is taking appends, starts a
-// second node once the first one's lease has expired, then reconnects the
-// first. The first must not become a second writer: nothing it
+// second node, which takes the storage over once the first one's lease
+// has expired, then reconnects the first. The first must not become a second writer: nothing it
 // acknowledges may be lost, whatever it did while cut off or after, and the
 // storage must still replay cleanly for the new holder. Both nodes append
 // to the same stream, so a rogue write would interleave with the new
@@ -277,8 +277,25 @@ func TestLeaseExpiryFencesPartitionedNode(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second)
 	}
-	tookOver := time.Now()
+	// Started, the second node answers 503 naming the holder until the
+	// lease lapses and its retried start takes the storage over.
 	clB := newClient(t, b.URL(), false)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		r, err := clB.do(ctx, http.MethodGet, name, "offset=-1", nil, nil)
+		cancel()
+		if err == nil && r.status != http.StatusServiceUnavailable {
+			break
+		}
+		if err == nil && !mentionsLease(string(r.body)) {
+			t.Fatalf("second node refused a read for another reason than the lease: %s", r)
+		}
+		if time.Since(partitioned) > takeoverLimit {
+			t.Fatalf("second node still refused %s after the first was cut off: %v %v", takeoverLimit, r, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	tookOver := time.Now()
 	wB := newWriter(abort, clB, 1, name, 20*time.Millisecond)
 	wB.shared = true
 	wg.Add(1)

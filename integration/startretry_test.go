@@ -341,7 +341,8 @@ func TestReloadToUnreachableStorageIsRefused(t *testing.T) {
 // it: another node then starts on the bucket at once, as after any other
 // graceful stop. Before, the given-up start left the lease to lapse, and
 // the other node's start failed with "in use by another PicoMQ node"
-// for up to the lease's 30 s.
+// for up to the lease's 30 s (now it waits as a standby, answering 503,
+// which the create below would get).
 func TestStopDuringRetriedStartFreesTheLease(t *testing.T) {
 	v := testenv.NewVersity(t)
 	p := newProxy(t, v)
