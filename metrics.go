@@ -134,7 +134,7 @@ type storageCollector struct {
 	folds, packed, repacked                   *prometheus.Desc
 	packsWritten, packsLive                   *prometheus.Desc
 	streamsInMemory, orphanBlobs              *prometheus.Desc
-	damagedWAL                                *prometheus.Desc
+	damagedWAL, open                          *prometheus.Desc
 }
 
 // newStorageCollector builds the collector of the storage labelled label.
@@ -193,6 +193,8 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 			"Packs that some stream still reads: listed in the manifest, read by a replay."),
 		streamsInMemory: desc("streams_in_memory",
 			"Stream handles held now: streams used in the last 30 s, and idle ones whose records wait for a compaction. An idle node holds none."),
+		open: desc("storage_open",
+			"1 while the storage is open; 0 before it opens, and while a start that could not reach the store, or found another node holding it, is retried (requests get 503)."),
 		subscribers: desc("open_subscribers",
 			"Live reads open now: SSE responses and long-polls, by protocol and mode.",
 			"protocol", "mode"),
@@ -205,7 +207,7 @@ func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.appends, c.records, c.bytes, c.flushes, c.aborted,
 		c.cacheHits, c.cacheMisses, c.buffersReused, c.expired, c.requests, c.uploads, c.subscribers, c.busy, c.pending,
 		c.folds, c.packed, c.repacked, c.packsWritten, c.packsLive, c.streamsInMemory, c.orphanBlobs,
-		c.damagedWAL,
+		c.damagedWAL, c.open,
 	} {
 		ch <- d
 	}
@@ -217,7 +219,12 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
-	es, _ := c.engine()
+	es, open := c.engine()
+	openValue := 0.0
+	if open {
+		openValue = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.open, prometheus.GaugeValue, openValue)
 	counter(c.appends, es.Appends)
 	counter(c.records, es.Records)
 	counter(c.bytes, es.Bytes)

@@ -136,6 +136,7 @@ func TestStorageCollector(t *testing.T) {
 		{`picomq_orphan_blobs_deleted_total{` + s + `}`, 13},
 		{`picomq_packs_live{` + s + `}`, 1},
 		{`picomq_streams_in_memory{` + s + `}`, 11},
+		{`picomq_storage_open{` + s + `}`, 1},
 		{`picomq_storage_requests_total{op="put",outcome="ok",` + s + `}`, 1},
 		{`picomq_storage_requests_total{op="get",outcome="not_found",` + s + `}`, 1},
 		{`picomq_storage_requests_total{op="list",outcome="error",` + s + `}`, 0},

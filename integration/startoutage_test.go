@@ -20,6 +20,7 @@ func outageCaddyfile(storage string) string {
 	return "{\n\tpersist_config off\n}\n\nhttp://:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
 		"\thandle_path /ds/* {\n" + block("") + "\t}\n" +
 		"\thandle_path /pico/* {\n" + block("\t\t\tprotocol pico\n") + "\t}\n" +
+		"\thandle /metrics {\n\t\tmetrics\n\t}\n" +
 		"\trespond /other 200 {\n\t\tbody \"another site\"\n\t}\n}\n"
 }
 
@@ -66,6 +67,20 @@ func TestStartWithBucketUnreachable(t *testing.T) {
 	if logs := c.Logs(); !strings.Contains(logs, "storage unreachable; requests are answered 503 until it opens") {
 		t.Errorf("no warning that the storage is unreachable in the log")
 	}
+	storageOpen := func() float64 {
+		t.Helper()
+		_, samples, err := siteMetrics(c.URL() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !samples.has("picomq_storage_open") {
+			t.Fatal("no picomq_storage_open in the metrics")
+		}
+		return samples.sum("picomq_storage_open")
+	}
+	if v := storageOpen(); v != 0 {
+		t.Errorf("picomq_storage_open = %v while the bucket is unreachable, want 0", v)
+	}
 
 	up := time.Now()
 	if err := p.Up(); err != nil {
@@ -91,6 +106,9 @@ func TestStartWithBucketUnreachable(t *testing.T) {
 	}
 	if r := e.must(fhReq{Method: http.MethodPut, Path: "/pico/outage/b", Header: map[string]string{"Content-Type": "application/json"}}); r.Status != http.StatusCreated {
 		t.Errorf("Pico create after the bucket came back: %s", r)
+	}
+	if v := storageOpen(); v != 1 {
+		t.Errorf("picomq_storage_open = %v once the storage opened, want 1", v)
 	}
 	if !strings.Contains(c.Logs(), "storage opened after being unreachable") {
 		t.Errorf("no line in the log says the storage opened after the outage")
