@@ -2311,11 +2311,72 @@ func isLoopbackDevHost(host string) bool {
 	return err == nil && ip.Is4() && ip.As4()[0] == 127 && ip.As4()[1] == 0 && ip.As4()[2] == 0
 }
 
+// publicAddr reports whether ip is an address a webhook may be delivered
+// to: one that is globally reachable and stands for itself. IPv4 excludes
+// the special-purpose ranges (RFC 6890 and its updates) besides RFC 1918's;
+// IPv6 is taken only in global unicast (2000::/3), so NAT64 prefixes
+// (64:ff9b::/96, 64:ff9b:1::/48), IPv4-compatible addresses, ULAs,
+// link-local and multicast are out, and within it the blocks that embed or
+// tunnel to an IPv4 address a NAT64, 6to4 or Teredo relay would reach
+// (64:ff9b::a00:5 is 10.0.0.5 behind a NAT64 gateway), and documentation
+// blocks.
 func publicAddr(ip netip.Addr) bool {
 	ip = ip.Unmap()
-	return !(ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() ||
-		ip.IsUnspecified() || ip.IsMulticast() || ip.IsInterfaceLocalMulticast() ||
-		netip.MustParsePrefix("100.64.0.0/10").Contains(ip) || netip.MustParsePrefix("0.0.0.0/8").Contains(ip))
+	if !ip.IsValid() || ip.Zone() != "" {
+		return false
+	}
+	nonPublic := nonPublicV6
+	if ip.Is4() {
+		nonPublic = nonPublicV4
+	} else if !globalUnicastV6.Contains(ip) {
+		return false
+	}
+	for _, p := range nonPublic {
+		if p.Contains(ip) {
+			return false
+		}
+	}
+	return true
+}
+
+// globalUnicastV6 is the only IPv6 block webhooks may reach (RFC 4291).
+var globalUnicastV6 = netip.MustParsePrefix("2000::/3")
+
+// nonPublicV4 are the IPv4 blocks that are not globally reachable, or not
+// unicast (IANA's special-purpose registry).
+var nonPublicV4 = mustPrefixes(
+	"0.0.0.0/8",       // this network
+	"10.0.0.0/8",      // private
+	"100.64.0.0/10",   // shared address space (CGNAT)
+	"127.0.0.0/8",     // loopback
+	"169.254.0.0/16",  // link-local, cloud metadata
+	"172.16.0.0/12",   // private
+	"192.0.0.0/24",    // IETF protocol assignments
+	"192.0.2.0/24",    // documentation
+	"192.88.99.0/24",  // 6to4 relay anycast
+	"192.168.0.0/16",  // private
+	"198.18.0.0/15",   // benchmarking
+	"198.51.100.0/24", // documentation
+	"203.0.113.0/24",  // documentation
+	"224.0.0.0/4",     // multicast
+	"240.0.0.0/4",     // reserved, and the limited broadcast address
+)
+
+// nonPublicV6 are the blocks of 2000::/3 that are not globally reachable
+// or that lead to another address than their own.
+var nonPublicV6 = mustPrefixes(
+	"2001::/23",     // IETF protocol assignments, Teredo (2001::/32) among them
+	"2001:db8::/32", // documentation
+	"2002::/16",     // 6to4: embeds an IPv4 address
+	"3fff::/20",     // documentation
+)
+
+func mustPrefixes(ss ...string) []netip.Prefix {
+	out := make([]netip.Prefix, len(ss))
+	for i, s := range ss {
+		out[i] = netip.MustParsePrefix(s)
+	}
+	return out
 }
 
 // webhookDialControl refuses connections to non-public addresses; with

@@ -111,6 +111,13 @@ func TestValidateWebhookURL(t *testing.T) {
 		"https://169.254.169.254/latest/meta-data", "https://[::1]/", "https://[fe80::1]/",
 		"https://0.0.0.0/", "https://100.64.0.1/", "ftp://localhost/", "https://user:pw@example.com/", "/relative",
 		"https://metadata.google.internal/",
+		// Forms that embed or translate to another address, and
+		// special-purpose ranges outside RFC 1918.
+		"https://[64:ff9b::a00:5]/", "https://[64:ff9b:1::a00:5]/", "https://[2002:a00:5::1]/",
+		"https://[2001:0:a00:5::1]/", "https://[::a00:5]/", "https://[::7f00:1]/", "https://[2001:db8::1]/",
+		"https://[fd00:ec2::254]/", "https://[ff02::1]/", "https://198.18.0.1/", "https://192.0.0.8/",
+		"https://240.0.0.1/", "https://255.255.255.255/", "https://224.0.0.1/", "https://[::ffff:10.0.0.1]/",
+		"https://[::ffff:198.18.0.1]/",
 	}
 	for _, u := range ok {
 		if err := validateWebhookURL(u, true); err != nil {
@@ -143,6 +150,18 @@ func TestValidateWebhookURL(t *testing.T) {
 	}
 	if err := webhookDialControl(false)("tcp", "93.184.216.34:443", nil); err != nil {
 		t.Errorf("dial to a public address refused: %v", err)
+	}
+	// A public name may resolve to a NAT64 or 6to4 form of a private
+	// address: the connect-time check refuses those too.
+	for _, addr := range []string{"[64:ff9b::a00:5]:443", "[2002:a00:5::1]:443", "[::a00:5]:443", "198.18.0.1:443"} {
+		if err := webhookDialControl(true)("tcp", addr, nil); err == nil {
+			t.Errorf("dial to %s allowed", addr)
+		}
+	}
+	for _, addr := range []string{"[2606:4700::1]:443", "[2a00:1450:4001::200e]:443", "8.8.8.8:443"} {
+		if err := webhookDialControl(false)("tcp", addr, nil); err != nil {
+			t.Errorf("dial to public %s refused: %v", addr, err)
+		}
 	}
 }
 
