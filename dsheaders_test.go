@@ -393,6 +393,8 @@ func TestCommonHeadersIndependent(t *testing.T) {
 		{b, "Cross-Origin-Resource-Policy", []string{"cross-origin"}},
 		{b, "Access-Control-Allow-Origin", []string{"*"}},
 		{b, "Access-Control-Expose-Headers", []string{exposedHeaders}},
+		{a, "Content-Security-Policy", []string{contentSecurityPolicy}},
+		{b, "Content-Security-Policy", []string{contentSecurityPolicy}},
 	} {
 		if got := tc.h.Values(tc.name); !slices.Equal(got, tc.want) {
 			t.Errorf("%s = %q, want %q", tc.name, got, tc.want)

@@ -561,7 +561,7 @@ func TestCommonHeadersAndPreflight(t *testing.T) {
 		s.do(t, "GET", "/s", "").want(t, 200),
 	} {
 		r.header(t, "X-Content-Type-Options", "nosniff").header(t, "Cross-Origin-Resource-Policy", "cross-origin").
-			header(t, "Access-Control-Allow-Origin", "*")
+			header(t, "Access-Control-Allow-Origin", "*").header(t, "Content-Security-Policy", "default-src 'none'; sandbox")
 		if !strings.Contains(r.h.Get("Access-Control-Expose-Headers"), "Stream-Next-Offset") {
 			t.Errorf("expose headers %q", r.h.Get("Access-Control-Expose-Headers"))
 		}

@@ -479,18 +479,27 @@ const allowedRequestHeaders = "Content-Type, If-None-Match, Authorization, " +
 
 const allowedMethods = "GET, HEAD, PUT, POST, DELETE, OPTIONS"
 
+// contentSecurityPolicy sandboxes any document a response becomes. A
+// stream's Content-Type is its writer's choice (text/html, image/svg+xml),
+// and a browser that navigates to the stream renders it: without this its
+// scripts ran in the stream origin, with the visitor's cookies and cached
+// credentials for every same-origin fetch. Clients that fetch streams or
+// follow them with EventSource are not documents and are not affected.
+const contentSecurityPolicy = "default-src 'none'; sandbox"
+
 // setCommonHeaders sets the browser-safety and CORS headers every response
 // carries (protocol section 12.7).
 func setCommonHeaders(h http.Header) {
-	// One backing array for the four values rather than one each (Set's
+	// One backing array for the five values rather than one each (Set's
 	// way): every append's response carries them. Each value gets a
 	// capacity of one, so an Add by a later handler copies, not overwrites.
-	v := [...]string{"nosniff", "cross-origin", "*", exposedHeaders}
+	v := [...]string{"nosniff", "cross-origin", "*", exposedHeaders, contentSecurityPolicy}
 	vals := v[:]
 	h["X-Content-Type-Options"] = vals[0:1:1]
 	h["Cross-Origin-Resource-Policy"] = vals[1:2:2]
 	h["Access-Control-Allow-Origin"] = vals[2:3:3]
 	h["Access-Control-Expose-Headers"] = vals[3:4:4]
+	h["Content-Security-Policy"] = vals[4:5:5]
 }
 
 // writePreflight answers an OPTIONS request (a CORS preflight or not) with
