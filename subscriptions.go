@@ -53,6 +53,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
@@ -1136,6 +1138,10 @@ type putBody struct {
 // and a document in the bucket read at every start, and any client may PUT
 // them.
 func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id, base string, allowLoopback bool, maxSubs int) {
+	if err := validSubRoute(root, id); err != nil {
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", err.Error())
+		return
+	}
 	var body putBody
 	if !readJSONBody(w, r, &body) {
 		return
@@ -2268,6 +2274,31 @@ func validRelPath(root, p string) bool {
 		return false
 	}
 	return streamstore.ValidateName(root+p) == nil
+}
+
+// validSubRoute checks the stream root and id of a subscription to create.
+// Both go into its document and answers as JSON strings, and the id into
+// the callback_url of its webhooks: an id that is not UTF-8 would come back
+// as U+FFFD, naming another subscription; "." and ".." are dot segments
+// that clients remove from a URL; a control byte has no place in one. A
+// root that no stream name starts with (a dot or empty segment, NUL, not
+// UTF-8) would make a subscription that matches nothing. Only creates are
+// checked, so a subscription made before this rule can still be deleted.
+func validSubRoute(root, id string) error {
+	if root != "/" {
+		if err := streamstore.ValidateName(strings.TrimSuffix(root, "/")); err != nil {
+			return fmt.Errorf("the stream root %q is no stream path: %s", root, badRequestReason(err))
+		}
+	}
+	switch {
+	case !utf8.ValidString(id):
+		return errors.New("the subscription id is not valid UTF-8")
+	case id == "." || id == "..":
+		return fmt.Errorf("the subscription id may not be %q", id)
+	case strings.ContainsFunc(id, unicode.IsControl):
+		return errors.New("the subscription id contains a control character")
+	}
+	return nil
 }
 
 // validateWebhookURL applies sections 6.2 and 12.8: https to a public

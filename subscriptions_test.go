@@ -1029,3 +1029,33 @@ func TestHeldResponse(t *testing.T) {
 		})
 	}
 }
+
+func TestValidSubRoute(t *testing.T) {
+	for _, c := range []struct {
+		root, id string
+		ok       bool
+	}{
+		{"/", "s1", true},
+		{"/v1/stream/", "sub-1", true},
+		{"/r/", "café", true},
+		{"/r/", "a.b", true},
+		{"/r/", "a b", true},
+		{"/r/", "a\xffb", false},
+		{"/r/", "\xed\xa0\x80", false},
+		{"/r/", ".", false},
+		{"/r/", "..", false},
+		{"/r/", "a\nb", false},
+		{"/r/", "a\x7fb", false},
+		{"/r/", "a\u0085b", false},
+		{"//", "s", false},
+		{"/a//", "s", false},
+		{"/a/../", "s", false},
+		{"/./", "s", false},
+		{"/\xff/", "s", false},
+		{"/a\x00b/", "s", false},
+	} {
+		if err := validSubRoute(c.root, c.id); (err == nil) != c.ok {
+			t.Errorf("validSubRoute(%q, %q): %v, want ok=%v", c.root, c.id, err, c.ok)
+		}
+	}
+}
