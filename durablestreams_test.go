@@ -1443,3 +1443,30 @@ func TestCacheReadsPrivate(t *testing.T) {
 		})
 	}
 }
+
+func TestCheckNewName(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{
+		{"/orders", true},
+		{"/caf\u00e9/x", true},
+		{"/a b", true},
+		{"/a\u202eb", true}, // a format character, not a control one
+		{"/a\nb", false},
+		{"/a\r\nSet-Cookie: x", false},
+		{"/a\tb", false},
+		{"/a\x1bb", false},
+		{"/a\x7fb", false},
+		{"/a\u0085b", false},
+		{"/dir\n/x", false},
+	} {
+		if err := checkNewName(c.name); (err == nil) != c.ok {
+			t.Errorf("checkNewName(%q): %v, want ok=%v", c.name, err, c.ok)
+		}
+	}
+	s := newDSServer(t)
+	s.do(t, "PUT", "/a%0Ab", "", ct, "text/plain").want(t, 400)
+	s.do(t, "HEAD", "/a%0Ab", "").want(t, 404)
+	s.do(t, "PUT", "/a%20b", "", ct, "text/plain").want(t, 201)
+}
