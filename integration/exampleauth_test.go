@@ -58,6 +58,31 @@ func TestBasicAuthWritesExample(t *testing.T) {
 	if st, v := e.subCall("PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool"}`, basic...); st != http.StatusCreated {
 		t.Fatalf("create subscription: %d %v", st, v)
 	}
+	// A subscription's document is its owner's: it shows a webhook's URL,
+	// which often carries the receiver's secret in its path or query, and
+	// which streams the subscription follows. Reading it needs the password
+	// as changing it does; a browser's preflight does not.
+	hook := root + "__ds/subscriptions/h1"
+	if st, v := e.subCall("PUT", hook, `{"type":"webhook","pattern":"events/*","webhook":{"url":"https://hooks.example.com/T0/B0/s3cr3t"}}`, basic...); st != http.StatusCreated {
+		t.Fatalf("create webhook subscription: %d %v", st, v)
+	}
+	for _, p := range []string{sub, hook, root + "__ds/subscriptions/nobody", "/ds/x/../v1/stream/__ds/subscriptions/h1"} {
+		for _, m := range []string{http.MethodGet, http.MethodHead} {
+			r := e.must(fhReq{Method: m, Path: p})
+			if r.Status != http.StatusUnauthorized || strings.Contains(string(r.Body), "s3cr3t") {
+				t.Errorf("%s %s without the password: %s, want 401", m, p, r)
+			}
+		}
+	}
+	if st, v := e.subCall("GET", hook, "", basic...); st != http.StatusOK || !strings.Contains(fmt.Sprint(v), "s3cr3t") {
+		t.Errorf("GET the webhook subscription with the password: %d %v", st, v)
+	}
+	if r := e.must(fhReq{Method: http.MethodOptions, Path: hook, Header: map[string]string{"Origin": "https://app.example.com", "Access-Control-Request-Method": "GET"}}); r.Status != http.StatusNoContent {
+		t.Errorf("preflight of the subscription without the password: %s, want 204", r)
+	}
+	if r := e.must(fhReq{Method: http.MethodGet, Path: root + "__ds/jwks.json"}); r.Status != http.StatusOK {
+		t.Errorf("GET jwks.json without the password: %s, want 200 (receivers fetch it)", r)
+	}
 	for i := 0; i < 2; i++ {
 		if st, v := e.subCall("POST", root+"events/a", `{"n":`+strconv.Itoa(i)+`}`, basic...); st/100 != 2 {
 			t.Fatalf("append: %d %v", st, v)
