@@ -398,6 +398,35 @@ func TestListStreams(t *testing.T) {
 	}
 }
 
+// TestListPrefixLongerThanAnyName: a prefix longer than MaxNameLength
+// matches no stream and is answered an empty page, on the local-directory
+// store too, which refused its key (over 1,024 bytes) as an error.
+func TestListPrefixLongerThanAnyName(t *testing.T) {
+	ctx := context.Background()
+	st, err := segment.NewFileStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := startEngine(t, st, Config{})
+	longest := "/" + strings.Repeat("n", MaxNameLength-1)
+	if _, _, err := e.Create(ctx, longest, CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		prefix string
+		want   int
+	}{
+		{longest, 1},
+		{longest + "n", 0},
+		{"/" + strings.Repeat("p", 3000), 0},
+	} {
+		page, more, err := e.List(ctx, c.prefix, "", 10)
+		if err != nil || more || len(page) != c.want {
+			t.Errorf("List(prefix of %d bytes): %d streams, more %v, %v; want %d", len(c.prefix), len(page), more, err, c.want)
+		}
+	}
+}
+
 // TestListSkipsHiddenStreams: expired and soft-deleted streams are left
 // out of a listing, and the listing goes on past them, so a page is not
 // empty (nor short) while more streams follow.

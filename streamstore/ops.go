@@ -1191,6 +1191,12 @@ func (e *Engine) List(ctx context.Context, prefix, startAfter string, limit int)
 	if limit <= 0 || limit > 1000 {
 		limit = 1000
 	}
+	if len(prefix) > MaxNameLength {
+		// No name is that long, so none starts with it. Its key would
+		// go to the store all the same, where the local directory
+		// refuses paths that long: an error a retry never mends.
+		return nil, false, nil
+	}
 	after := ""
 	if startAfter != "" {
 		after = metaKey(startAfter)
