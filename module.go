@@ -210,6 +210,10 @@ type Handler struct {
 	// holding the server's graceful shutdown open.
 	shutdown       context.Context
 	cancelShutdown context.CancelFunc
+
+	// countsLoopback: this handler is counted in its engine's
+	// loopbackHandlers until Cleanup.
+	countsLoopback bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -269,6 +273,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		srv.RegisterOnShutdown(h.cancelShutdown)
 	}
 	app.onStop(h.cancelShutdown)
+
+	if h.AllowLoopbackWebhooks && h.Protocol == protocolDurableStreams {
+		// Counted while this handler is provisioned: a reload that turns
+		// the option off stops loopback deliveries (subscriptions.go).
+		h.ref.subs.loopbackHandlers.Add(1)
+		h.countsLoopback = true
+	}
 
 	switch h.Protocol {
 	case protocolDurableStreams:
@@ -437,6 +448,10 @@ func checkCacheReads(v string) error {
 func (h *Handler) Cleanup() error {
 	if h.cancelShutdown != nil {
 		h.cancelShutdown()
+	}
+	if h.countsLoopback {
+		h.ref.subs.loopbackHandlers.Add(-1)
+		h.countsLoopback = false
 	}
 	return nil
 }

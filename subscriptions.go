@@ -397,8 +397,9 @@ func (s *subState) streams(withTail bool) []subStreamView {
 
 // subManager owns the subscriptions of one engine.
 type subManager struct {
-	eng *streamstore.Engine
-	log *zap.Logger
+	owner *subManagers // whose handlers say whether loopback webhooks are allowed
+	eng   *streamstore.Engine
+	log   *zap.Logger
 
 	loaded  chan struct{}
 	loadErr error
@@ -446,7 +447,18 @@ type appendNote struct {
 type subManagers struct {
 	cur atomic.Pointer[subManager] // the running one: every request looks
 	mu  sync.Mutex                 // serialises starts
+
+	// loopbackHandlers counts the provisioned handlers of the engine that
+	// allow loopback webhooks. A subscription accepted under the option
+	// keeps its loopback target in its document; it is delivered there
+	// only while some handler still allows it, so turning the option off
+	// (a reload) stops those deliveries rather than leaving them for good.
+	loopbackHandlers atomic.Int64
 }
+
+// loopbackAllowed reports whether a handler of the engine allows loopback
+// webhooks now.
+func (sm *subManagers) loopbackAllowed() bool { return sm != nil && sm.loopbackHandlers.Load() > 0 }
 
 // managerFor returns eng's subscription manager, starting it once.
 func (sm *subManagers) managerFor(eng *streamstore.Engine, log *zap.Logger) *subManager {
@@ -460,6 +472,7 @@ func (sm *subManagers) managerFor(eng *streamstore.Engine, log *zap.Logger) *sub
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &subManager{
+		owner:  sm,
 		eng:    eng,
 		log:    log,
 		loaded: make(chan struct{}),
@@ -2059,8 +2072,17 @@ func (m *subManager) deliverLocked(s *subState) {
 	sig := ed25519.Sign(m.priv, []byte(fmt.Sprintf("%d.%s", t, body)))
 	header := fmt.Sprintf("t=%d,kid=%s,ed25519=%s", t, m.kid, base64.RawURLEncoding.EncodeToString(sig))
 	key, gen, wake, target, loopback := s.key, s.Generation, s.WakeID, s.Config.WebhookURL, s.Loopback
+	// A loopback target is reached only while the option still allows it.
+	// Checked here, not at connect: a pooled connection to it needs none.
+	refused := loopback && !m.owner.loopbackAllowed()
 	go func() {
-		done, err := m.post(target, loopback, header, body)
+		var done bool
+		var err error
+		if refused {
+			err = errLoopbackOff
+		} else {
+			done, err = m.post(target, loopback, header, body)
+		}
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		s := m.ownWakeLocked(key, gen, wake)
@@ -2093,6 +2115,10 @@ func (m *subManager) deliverLocked(s *subState) {
 		m.releaseLocked(s)
 	}()
 }
+
+// errLoopbackOff is a delivery to this machine after the option that
+// allowed its subscription was turned off.
+var errLoopbackOff = errors.New("webhook is on this machine and no handler allows loopback webhooks now (allow_loopback_webhooks)")
 
 // webhookBackoff is exponential from 1s to 60s with 20% jitter. Pull-wake
 // announcements that failed are retried on it too.

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -213,7 +214,7 @@ func startSubNode(t *testing.T, dir string, tweak ...func(*durableStreams)) *sub
 		engine: func(context.Context) (*streamstore.Engine, error) { return eng, nil }, shutdown: shutdown,
 		log: zaptest.NewLogger(t), longPollTimeout: 300 * time.Millisecond, sseInterval: time.Second,
 		maxAppend: 1 << 20, chunkBytes: dsChunkBytes, jitter: randomJitter, allowLoopback: true,
-		subs: &subManagers{},
+		subs: loopbackSubManagers(),
 	}
 	for _, f := range tweak {
 		f(d)
@@ -985,7 +986,7 @@ func loopLessSubManager(t *testing.T, eng *streamstore.Engine) *subManager {
 	t.Helper()
 	loaded := make(chan struct{})
 	close(loaded)
-	return &subManager{eng: eng, log: zaptest.NewLogger(t), loaded: loaded, subs: map[string]*subState{},
+	return &subManager{owner: loopbackSubManagers(), eng: eng, log: zaptest.NewLogger(t), loaded: loaded, subs: map[string]*subState{},
 		kick: make(chan struct{}, 1), ctx: t.Context(), mac: randBytes(32)}
 }
 
@@ -1057,5 +1058,59 @@ func TestValidSubRoute(t *testing.T) {
 		if err := validSubRoute(c.root, c.id); (err == nil) != c.ok {
 			t.Errorf("validSubRoute(%q, %q): %v, want ok=%v", c.root, c.id, err, c.ok)
 		}
+	}
+}
+
+// loopbackSubManagers is the subscription managers' holder of an engine
+// served by one handler that allows loopback webhooks, as the tests'
+// receivers are on this machine.
+func loopbackSubManagers() *subManagers {
+	sm := &subManagers{}
+	sm.loopbackHandlers.Add(1)
+	return sm
+}
+
+// TestLoopbackWebhookNeedsTheOptionNow: a subscription accepted under
+// allow_loopback_webhooks is delivered to this machine only while a
+// handler of its engine still allows it; with none, the delivery fails
+// without a connection (a pooled one needs no dial, so the dialer's check
+// would not see it) and is retried later.
+func TestLoopbackWebhookNeedsTheOptionNow(t *testing.T) {
+	var calls atomic.Int64
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		io.WriteString(w, `{"done":true}`)
+	}))
+	defer recv.Close()
+	var subs *subManagers
+	n := startSubNode(t, t.TempDir(), func(d *durableStreams) { subs = d.subs })
+	const sub = "/s/__ds/subscriptions/hook"
+	if st, v := n.call(t, "PUT", sub, `{"type":"webhook","streams":["orders"],"webhook":{"url":"`+recv.URL+`/h"}}`); st != 201 {
+		t.Fatalf("create: %d %v", st, v)
+	}
+	subs.loopbackHandlers.Add(-1) // the handler that allowed it is gone
+	if st, _ := n.call(t, "PUT", "/s/orders", `{"n":1}`); st != 201 {
+		t.Fatalf("create stream: %d", st)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, v := n.call(t, "GET", sub, ""); v["status"] == "failed" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the delivery never failed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := calls.Load(); got != 0 {
+		t.Fatalf("%d deliveries without the option, want 0", got)
+	}
+	subs.loopbackHandlers.Add(1) // allowed again: the retry goes through
+	deadline = time.Now().Add(10 * time.Second)
+	for calls.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no delivery once the option was back")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
