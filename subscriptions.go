@@ -1209,8 +1209,8 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		cfg.WebhookURL = body.Webhook.URL
 	case "pull-wake":
 		cfg.WakeStream = strings.Trim(cfg.WakeStream, "/")
-		if !validRelPath(root, cfg.WakeStream) {
-			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "wake_stream is required")
+		if msg := wakeStreamProblem(root, cfg.WakeStream); msg != "" {
+			subError(w, http.StatusBadRequest, "INVALID_REQUEST", msg)
 			return
 		}
 	default:
@@ -2300,6 +2300,22 @@ func validRelPath(root, p string) bool {
 		return false
 	}
 	return streamstore.ValidateName(root+p) == nil
+}
+
+// wakeStreamProblem says what is wrong with the wake_stream of a pull-wake
+// subscription under root, or "" when nothing is. A stream no create can
+// make (a __ds segment is Durable Streams' own) would take the wake events
+// of the subscription for ever, each retried on the webhook backoff.
+func wakeStreamProblem(root, wake string) string {
+	switch {
+	case wake == "":
+		return "wake_stream is required"
+	case !validRelPath(root, wake):
+		return fmt.Sprintf("wake_stream %q is no stream path under %s", wake, root)
+	case hasReservedSegment(wake):
+		return fmt.Sprintf("wake_stream %q has a %s segment, under which no stream can be created", wake, reservedSegment)
+	}
+	return ""
 }
 
 // validSubRoute checks the stream root and id of a subscription to create.

@@ -1114,3 +1114,24 @@ func TestLoopbackWebhookNeedsTheOptionNow(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+func TestWakeStreamProblem(t *testing.T) {
+	tests := []struct {
+		root, wake string
+		want       string // a word of the problem; "" for none
+	}{
+		{"/r/", "w", ""},
+		{"/r/", "a/b", ""},
+		{"/", "w", ""},
+		{"/r/", "", "required"},
+		{"/r/", "a//b", "no stream path"},
+		{"/r/", "w/__ds/x", "__ds"},
+		{"/r/", "__ds", "__ds"},
+	}
+	for _, tt := range tests {
+		got := wakeStreamProblem(tt.root, tt.wake)
+		if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
+			t.Errorf("wakeStreamProblem(%q, %q) = %q, want %q", tt.root, tt.wake, got, tt.want)
+		}
+	}
+}

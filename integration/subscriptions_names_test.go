@@ -52,6 +52,20 @@ func TestSubscriptionNamesThatCannotRoundTrip(t *testing.T) {
 			t.Errorf("a subscription document was written: %s", o.Key)
 		}
 	}
+	// A pull-wake subscription whose wake_stream no stream could ever be
+	// (Durable Streams' own __ds segment) is refused, with the reason.
+	for _, wake := range []string{"__ds", "w/__ds/x", "", "a//b"} {
+		body := fmt.Sprintf(`{"type":"pull-wake","pattern":"*","wake_stream":%q}`, wake)
+		st, v := e.subCall(http.MethodPut, "/r/__ds/subscriptions/wake", body)
+		if st != http.StatusBadRequest || !strings.Contains(fmt.Sprint(v), "wake_stream") {
+			t.Errorf("PUT with wake_stream %q: %d %v, want 400 naming wake_stream", wake, st, v)
+		}
+	}
+	for _, o := range e.mustList("subs/") {
+		if o.Key != "subs/key" {
+			t.Errorf("a subscription document was written: %s", o.Key)
+		}
+	}
 	// Ids and roots of every other kind are still taken.
 	for _, p := range []string{"/r/__ds/subscriptions/caf%C3%A9", "/r/__ds/subscriptions/a.b", "/__ds/subscriptions/top", "/a/b/__ds/subscriptions/s-1"} {
 		if st, v := e.subCall(http.MethodPut, p, bodies["pull-wake"]); st != http.StatusCreated {
