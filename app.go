@@ -400,11 +400,12 @@ func (r *engineRef) retryStart() {
 		if err == nil {
 			r.openErr.Store(nil)
 			close(r.ready)
-			msg := "storage opened after being unreachable"
+			waited := time.Since(began).Round(time.Millisecond)
 			if errors.Is(last, segment.ErrLeaseHeld) {
-				msg = "storage opened after another node let go of it"
+				r.log.Info("storage opened after another node let go of it", zap.Int("attempts", attempt), zap.Duration("waited_for", waited))
+			} else {
+				r.log.Info("storage opened after being unreachable", zap.Int("attempts", attempt), zap.Duration("unreachable_for", waited))
 			}
-			r.log.Info(msg, zap.Int("attempts", attempt), zap.Duration("unreachable_for", time.Since(began).Round(time.Millisecond)))
 			return
 		}
 		if r.openCtx.Err() != nil {
