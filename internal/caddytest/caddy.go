@@ -483,18 +483,32 @@ func (c *Caddy) exitError() error {
 // put its admin endpoint and its HTTP server on one port and share the
 // connections between them (CI saw half of a test's requests answered by
 // the admin API).
+//
+// Nor is a port handed out twice in one test process: closed again before
+// its Caddy binds it, a port comes back from the kernel to the next caller,
+// and parallel tests then put two Caddys on it, one's HTTP server and the
+// other's admin endpoint (CI saw a PUT answered "404 page not found" by
+// another instance's admin API). The start's check for a shared port
+// catches that only after the second bind, while requests already flow.
 func freePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
-	for range n {
+	for len(ports) < n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		defer l.Close() // held, even a port already handed out, so the kernel picks another
+		port := l.Addr().(*net.TCPAddr).Port
+		if _, dup := handedOut.LoadOrStore(port, struct{}{}); dup {
+			continue
+		}
+		ports = append(ports, port)
 	}
 	return ports, nil
 }
+
+// handedOut holds every port freePorts gave in this process.
+var handedOut sync.Map
 
 // quote makes s one Caddyfile token.
 func quote(s string) string {

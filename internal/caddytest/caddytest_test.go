@@ -180,6 +180,22 @@ func TestFreePortsAreDistinct(t *testing.T) {
 	}
 }
 
+// TestFreePortsAreNeverHandedOutTwice: parallel tests each take ports, and
+// two instances given one port share its connections.
+func TestFreePortsAreNeverHandedOutTwice(t *testing.T) {
+	seen := make(map[int]bool)
+	for range 300 {
+		ports, err := freePorts(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[ports[0]] {
+			t.Fatalf("port %d handed out twice", ports[0])
+		}
+		seen[ports[0]] = true
+	}
+}
+
 func TestCountListeners(t *testing.T) {
 	const table = `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
    0: 0100007F:9470 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
