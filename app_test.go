@@ -528,28 +528,14 @@ func TestShortGraveTimeByReloadWarns(t *testing.T) {
 // retried in the background, and Cleanup ends the retries (the goroutine
 // would otherwise outlive the config, retrying a store no config uses).
 func TestUnreachableStartRetriesUntilCleanup(t *testing.T) {
-	t.Setenv("XDG_DATA_HOME", t.TempDir())
-	t.Setenv("AWS_ACCESS_KEY_ID", "k")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "s")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	endpoint := "http://" + l.Addr().String()
-	l.Close()
-	app := newTestApp(t)
-	ref, err := app.acquire("s3://bkt/unreachable?region=us-east-1&path_style=true&endpoint="+endpoint,
-		engineSettings{S3Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	app, ref := unreachableStorage(t, "unreachable")
 	if err := app.Start(); err != nil {
 		t.Fatalf("start with the store unreachable: %v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	began := time.Now()
-	_, err = ref.engine(ctx, nil)
+	_, err := ref.engine(ctx, nil)
 	var se *storageStartError
 	if !errors.As(err, &se) || !se.retrying || !errors.Is(err, streamstore.ErrUnavailable) ||
 		!strings.Contains(err.Error(), "connection refused") {
@@ -612,25 +598,11 @@ func TestStorageStartErrorReason(t *testing.T) {
 // that cannot be reached fails the reload at once, with the reason, and
 // nothing retries it: the running config goes on serving.
 func TestUnreachableStoreFailsAReload(t *testing.T) {
-	t.Setenv("XDG_DATA_HOME", t.TempDir())
-	t.Setenv("AWS_ACCESS_KEY_ID", "k")
-	t.Setenv("AWS_SECRET_ACCESS_KEY", "s")
 	running := configRunning
 	configRunning = func() bool { return true }
 	t.Cleanup(func() { configRunning = running })
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	endpoint := "http://" + l.Addr().String()
-	l.Close()
-	app := newTestApp(t)
-	ref, err := app.acquire("s3://bkt/reload?region=us-east-1&path_style=true&endpoint="+endpoint,
-		engineSettings{S3Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = app.Start()
+	app, ref := unreachableStorage(t, "reload")
+	err := app.Start()
 	if err == nil || !strings.Contains(err.Error(), "starting storage") || !strings.Contains(err.Error(), "connection refused") {
 		t.Errorf("reload with the store unreachable: %v, want it to fail with the reason", err)
 	}
@@ -642,4 +614,26 @@ func TestUnreachableStoreFailsAReload(t *testing.T) {
 	if err := app.Cleanup(); err != nil {
 		t.Errorf("cleanup: %v", err)
 	}
+}
+
+// unreachableStorage is an app, not started, using an s3:// storage (under
+// prefix) whose endpoint is a local port nobody listens on.
+func unreachableStorage(t *testing.T, prefix string) (*App, *engineRef) {
+	t.Helper()
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Setenv("AWS_ACCESS_KEY_ID", "k")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "s")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "http://" + l.Addr().String()
+	l.Close()
+	app := newTestApp(t)
+	ref, err := app.acquire("s3://bkt/"+prefix+"?region=us-east-1&path_style=true&endpoint="+endpoint,
+		engineSettings{S3Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return app, ref
 }

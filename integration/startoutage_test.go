@@ -24,14 +24,10 @@ func outageCaddyfile(storage string) string {
 		"\trespond /other 200 {\n\t\tbody \"another site\"\n\t}\n}\n"
 }
 
-// TestStartWithBucketUnreachable: Caddy starts while its bucket cannot be
-// reached (the S3 proxy in front of it is down), so its other routes
-// serve, and both protocols answer 503 with the reason and a Retry-After
-// at once, writing nothing. When the bucket comes back the module opens it
-// by itself, and streams are created, appended to and read as usual.
-// Before, "caddy run" failed within a second: an S3 outage at boot kept
-// every site of that Caddy down.
-func TestStartWithBucketUnreachable(t *testing.T) {
+// startBucketDown starts Caddy on outageCaddyfile with the S3 proxy in
+// front of its bucket down, failing the test if Caddy does not start.
+func startBucketDown(t *testing.T) *fhEnv {
+	t.Helper()
 	v := testenv.NewVersity(t)
 	p := newProxy(t, v)
 	bucket := v.NewBucket(t)
@@ -44,7 +40,19 @@ func TestStartWithBucketUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Caddy did not start with its bucket unreachable: %v", err)
 	}
-	e := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: c, client: &http.Client{Timeout: time.Minute}}
+	return &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: c, client: &http.Client{Timeout: time.Minute}}
+}
+
+// TestStartWithBucketUnreachable: Caddy starts while its bucket cannot be
+// reached (the S3 proxy in front of it is down), so its other routes
+// serve, and both protocols answer 503 with the reason and a Retry-After
+// at once, writing nothing. When the bucket comes back the module opens it
+// by itself, and streams are created, appended to and read as usual.
+// Before, "caddy run" failed within a second: an S3 outage at boot kept
+// every site of that Caddy down.
+func TestStartWithBucketUnreachable(t *testing.T) {
+	e := startBucketDown(t)
+	c, p := e.caddy, e.proxy
 
 	if r := e.must(fhReq{Method: http.MethodGet, Path: "/other"}); r.Status != http.StatusOK {
 		t.Errorf("another route while the bucket is unreachable: %s", r)
@@ -149,19 +157,8 @@ func TestStartRefusedFailsTheLoad(t *testing.T) {
 // outage lasted, while the same outage after the start is answered with a
 // plain "storage unavailable".
 func TestUnreachableStoreIsNotNamedToClients(t *testing.T) {
-	v := testenv.NewVersity(t)
-	p := newProxy(t, v)
-	bucket := v.NewBucket(t)
-	p.Down()
-	c, err := caddytest.Launch(t, caddytest.Options{
-		Caddyfile:    outageCaddyfile(testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix)),
-		Env:          caddytest.S3Env(v),
-		ReadyTimeout: 90 * time.Second,
-	})
-	if err != nil {
-		t.Fatalf("Caddy did not start with its bucket unreachable: %v", err)
-	}
-	e := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: c, client: &http.Client{Timeout: time.Minute}}
+	e := startBucketDown(t)
+	c, p, bucket := e.caddy, e.proxy, e.bucket
 	requests := []fhReq{
 		{Method: http.MethodPut, Path: "/ds/named/a", Header: map[string]string{"Content-Type": "text/plain"}},
 		{Method: http.MethodGet, Path: "/ds/named/a?offset=-1&live=sse"},
@@ -190,7 +187,7 @@ func TestUnreachableStoreIsNotNamedToClients(t *testing.T) {
 	if err := p.Up(); err != nil {
 		t.Fatal(err)
 	}
-	err = fhWaitFor(30*time.Second, 100*time.Millisecond, func() error {
+	err := fhWaitFor(30*time.Second, 100*time.Millisecond, func() error {
 		for _, req := range requests {
 			if r := e.must(req); r.Status != http.StatusServiceUnavailable || !strings.Contains(string(r.Body), "AccessDenied") {
 				return fmt.Errorf("%s %s: %s", req.Method, req.Path, r)
