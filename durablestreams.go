@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
 	"unicode/utf8"
 	"unsafe"
 
@@ -96,10 +95,6 @@ func (d *durableStreams) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // create handles PUT: create a stream (or a fork of one), or confirm an
 // identical one.
 func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name string) {
-	if err := checkNewName(name); err != nil {
-		fail(w, http.StatusBadRequest, err.Error())
-		return
-	}
 	fork, err := parseForkHeaders(r)
 	if err != nil {
 		fail(w, http.StatusBadRequest, err.Error())
@@ -1286,19 +1281,6 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		d.log.Error("request failed", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		fail(w, http.StatusInternalServerError, "internal error")
 	}
-}
-
-// checkNewName refuses a control character (C0, DEL, C1) in the name of a
-// stream to create: no client can type one, a listing or terminal shows the
-// name as another (a CR moves back over what came before), and names go
-// into Location headers and webhook payloads. Only creates are checked, so
-// a stream made before this rule can still be read and deleted.
-func checkNewName(name string) error {
-	if i := strings.IndexFunc(name, unicode.IsControl); i >= 0 {
-		c, _ := utf8.DecodeRuneInString(name[i:])
-		return fmt.Errorf("stream name has the control character %U at byte %d; new streams may not", c, i)
-	}
-	return nil
 }
 
 // badRequestReason is the reason an error wrapping streamstore.ErrBadRequest

@@ -73,12 +73,6 @@ func (p *picoProtocol) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		picoFail(w, http.StatusBadRequest, picoErrBadRequest, badRequestReason(err), nil)
 		return
 	}
-	if r.Method == http.MethodPut {
-		if err := checkNewName(name); err != nil {
-			picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
-			return
-		}
-	}
 	// Durable Streams serves its control resources under __ds segments,
 	// so a stream named with one would be out of its reach. Only creates
 	// are refused: one made before this rule is still read and deleted.

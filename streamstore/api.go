@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/picomq/caddy-picomq/segment"
@@ -255,6 +256,20 @@ const (
 
 // MaxNameLength is the longest stream name, in bytes, that the engine stores.
 const MaxNameLength = 256
+
+// validateNewName refuses a control character (C0, DEL, C1) in the name of
+// a stream to create, whatever the protocol: no client can type one, a
+// listing or terminal shows the name as another (a CR moves back over what
+// came before), and names go into Location headers and webhook payloads.
+// ValidateName, which every request passes, does not: a stream made before
+// this rule can still be read and deleted.
+func validateNewName(name string) error {
+	if i := strings.IndexFunc(name, unicode.IsControl); i >= 0 {
+		c, _ := utf8.DecodeRuneInString(name[i:])
+		return fmt.Errorf("%w: stream name has the control character %U at byte %d; new streams may not", ErrBadRequest, c, i)
+	}
+	return nil
+}
 
 // ValidateName checks a stream name before any I/O: it must start with '/',
 // be at most MaxNameLength bytes of UTF-8, and hold no NUL byte and no

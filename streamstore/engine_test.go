@@ -880,3 +880,27 @@ func TestLapsedLeaseCompactsNothingAway(t *testing.T) {
 		})
 	}
 }
+
+func TestValidateNewName(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{
+		{"/orders", true},
+		{"/caf\u00e9/x", true},
+		{"/a b", true},
+		{"/a\u202eb", true}, // a format character, not a control one
+		{"/a\nb", false},
+		{"/a\r\nSet-Cookie: x", false},
+		{"/a\tb", false},
+		{"/a\x1bb", false},
+		{"/a\x7fb", false},
+		{"/a\u0085b", false},
+		{"/dir\n/x", false},
+	} {
+		err := validateNewName(c.name)
+		if (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrBadRequest)) {
+			t.Errorf("validateNewName(%q): %v, want ok=%v", c.name, err, c.ok)
+		}
+	}
+}

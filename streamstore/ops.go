@@ -22,6 +22,9 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 	if err := ValidateName(name); err != nil {
 		return Info{}, false, err
 	}
+	if err := validateNewName(name); err != nil {
+		return Info{}, false, err
+	}
 	if req.Fork != nil {
 		if err := ValidateName(req.Fork.Source); err != nil {
 			return Info{}, false, err
