@@ -920,3 +920,24 @@ func TestParseControl(t *testing.T) {
 		}
 	}
 }
+
+// A run shorter than the progress tick still prints a line, with its rate
+// over the time it ran rather than over a second it did not last.
+func TestShortRunPrintsOneProgressLine(t *testing.T) {
+	_, srv := newFake(t)
+	var progress bytes.Buffer
+	res := run(t, Config{URL: srv.URL + "/", Prefix: "s-", Writers: 2, Streams: 1, Size: 10, Create: true,
+		Duration: 300 * time.Millisecond, Progress: &progress})
+	lines := strings.Split(strings.TrimSpace(progress.String()), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "ops ") {
+		t.Fatalf("progress = %q, want one line", progress.String())
+	}
+	var secs float64
+	var ops, rate int64
+	if _, err := fmt.Sscanf(strings.TrimSpace(lines[0]), "%fs  ops %d  %d/s", &secs, &ops, &rate); err != nil {
+		t.Fatalf("parse %q: %v", lines[0], err)
+	}
+	if ops < res.Ops || rate < ops*2 {
+		t.Errorf("line %q: %d ops at %d/s, want at least the run's %d ops at their rate over about 0.3 s", lines[0], ops, rate, res.Ops)
+	}
+}

@@ -304,31 +304,42 @@ func (r *runner) progress(stop <-chan struct{}, start time.Time, extra func() st
 		for {
 			select {
 			case <-stop:
+				// A run shorter than a tick still shows one line, or
+				// whoever watches it sees nothing until the summary.
+				if p.lines == 0 {
+					r.printProgress(&p, start, extra)
+				}
 				if r.cfg.ProgressTTY {
 					io.WriteString(r.cfg.Progress, "\n")
 				}
 				return
 			case <-t.C:
 			}
-			line := r.progressLine(&p, time.Since(start))
-			if extra != nil {
-				line += "  " + extra()
-			}
-			if r.cfg.ProgressTTY {
-				io.WriteString(r.cfg.Progress, "\r\033[K"+line)
-			} else {
-				io.WriteString(r.cfg.Progress, line+"\n")
-			}
+			r.printProgress(&p, start, extra)
 		}
 	}()
 	return ch
 }
 
+func (r *runner) printProgress(p *progressState, start time.Time, extra func() string) {
+	line := r.progressLine(p, time.Since(start))
+	if extra != nil {
+		line += "  " + extra()
+	}
+	if r.cfg.ProgressTTY {
+		io.WriteString(r.cfg.Progress, "\r\033[K"+line)
+	} else {
+		io.WriteString(r.cfg.Progress, line+"\n")
+	}
+}
+
 // progressState is what the progress line keeps from one line to the
 // next: its figures are of the interval since.
 type progressState struct {
-	ops  int64
-	hist histCounts
+	ops   int64
+	hist  histCounts
+	at    time.Duration // elapsed time at the last line
+	lines int
 }
 
 // progressLine is one progress line, without the mode's extra. Its p99 is
@@ -342,9 +353,15 @@ func (r *runner) progressLine(p *progressState, elapsed time.Duration) string {
 	if d, ok := r.hist.quantileSince(&p.hist, 0.99); ok {
 		p99 = fmt.Sprintf("%.2fms", float64(d)/1e6)
 	}
+	// Lines come a second apart, except one cut short by the run's end.
+	rate := ops - p.ops
+	if iv := elapsed - p.at; iv > 0 && iv < 900*time.Millisecond {
+		rate = int64(float64(rate) / iv.Seconds())
+	}
 	line := fmt.Sprintf("%6.1fs  ops %d  %d/s  errors %d  p99 (last 1s) %s",
-		elapsed.Seconds(), ops, ops-p.ops, r.errs.Load(), p99)
-	p.ops = ops
+		elapsed.Seconds(), ops, rate, r.errs.Load(), p99)
+	p.ops, p.at = ops, elapsed
+	p.lines++
 	return line
 }
 
