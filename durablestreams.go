@@ -184,7 +184,7 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 				req.Records = []streamstore.NewRecord{{Body: body}}
 			}
 		}
-		info, created, err = eng.Create(r.Context(), name, req)
+		info, created, err = eng.Create(writeContext(r), name, req)
 		if confirm && errors.Is(err, streamstore.ErrNotFound) {
 			confirm = false // deleted since the look: a fork to make
 			continue
@@ -452,7 +452,7 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 	// with one only when it repeats the request that closed the stream
 	// (section 5.2.1); any other producer tuple is refused with 409 and
 	// Stream-Closed, as the reference server does and as an append is.
-	res, err := eng.Append(r.Context(), name, req)
+	res, err := eng.Append(writeContext(r), name, req)
 	if err != nil {
 		d.engineError(w, r, err)
 		return

@@ -179,7 +179,7 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 	if !ok {
 		return
 	}
-	info, created, err := eng.Create(r.Context(), name, req)
+	info, created, err := eng.Create(writeContext(r), name, req)
 	if err != nil {
 		if errors.Is(err, streamstore.ErrConflict) && info.ID != "" {
 			picoFail(w, http.StatusConflict, picoErrConflict, picoCreateConflictMessage(info, req), &info.NextSeq)
@@ -318,7 +318,7 @@ func (p *picoProtocol) trim(w http.ResponseWriter, r *http.Request, name string,
 	if !ok {
 		return
 	}
-	info, err := eng.Trim(r.Context(), name, seq)
+	info, err := eng.Trim(writeContext(r), name, seq)
 	if err != nil {
 		p.engineError(w, r, err)
 		return
@@ -410,7 +410,7 @@ func (p *picoProtocol) append(w http.ResponseWriter, r *http.Request, name strin
 			return
 		}
 	}
-	res, err := eng.Append(r.Context(), name, req)
+	res, err := eng.Append(writeContext(r), name, req)
 	if err != nil {
 		p.engineError(w, r, err)
 		return

@@ -214,16 +214,35 @@ type liveWait struct {
 // at most a second, left to write the end.
 func liveDeadline(r *http.Request, d time.Duration) time.Time {
 	end := time.Now().Add(d)
-	_, w := caddyhttp.IdleTimeoutsFromContext(r.Context())
-	if w == nil || w.Deadline.HardDeadline.IsZero() {
-		return end
-	}
-	hard := w.Deadline.HardDeadline
-	margin := min(time.Second, hard.Sub(w.Deadline.Start)/4)
-	if cut := hard.Add(-margin); cut.Before(end) {
+	if cut, ok := writeCut(r); ok && cut.Before(end) {
 		return cut
 	}
 	return end
+}
+
+// writeCut is when a response to r must be done being handled for its end
+// to be written before Caddy's `write` server timeout: a quarter of the
+// timeout, at most a second, before it. ok is false when there is none.
+func writeCut(r *http.Request) (cut time.Time, ok bool) {
+	_, w := caddyhttp.IdleTimeoutsFromContext(r.Context())
+	if w == nil || w.Deadline.HardDeadline.IsZero() {
+		return time.Time{}, false
+	}
+	hard := w.Deadline.HardDeadline
+	margin := min(time.Second, hard.Sub(w.Deadline.Start)/4)
+	return hard.Add(-margin), true
+}
+
+// writeContext is the context of a write request r: the engine's wait for
+// the write to become durable ends at writeCut, answering ErrUnconfirmed
+// (a 503 that says the write was not acknowledged) where Caddy's `write`
+// timeout would otherwise cut the response and leave the client unable to
+// tell a refused write from a network fault.
+func writeContext(r *http.Request) context.Context {
+	if cut, ok := writeCut(r); ok {
+		return streamstore.WithAnswerBy(r.Context(), cut)
+	}
+	return r.Context()
 }
 
 func newLiveWait(r *http.Request, shutdown context.Context, deadline time.Time) *liveWait {

@@ -1,6 +1,7 @@
 package streamstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -35,6 +36,20 @@ type Expiry struct {
 
 // IsZero reports whether the stream never expires.
 func (x Expiry) IsZero() bool { return x.TTL == 0 && x.ExpiresAt.IsZero() }
+
+// answerByKey is the context key of WithAnswerBy's time.
+type answerByKey struct{}
+
+// WithAnswerBy returns a copy of ctx under which a write (Create with
+// records, Append, a close, Trim) waits for durability until t at most,
+// when t comes before Config.AppendTimeout would end the wait: it then
+// fails as at that timeout, with ErrUnconfirmed, and what it handed to the
+// WAL goes on and may still become durable. Unlike a context deadline it
+// cancels nothing. A server whose response must be written by a deadline
+// of its own passes one a little before it.
+func WithAnswerBy(ctx context.Context, t time.Time) context.Context {
+	return context.WithValue(ctx, answerByKey{}, t)
+}
 
 // CreateRequest creates a stream. Create is idempotent: an existing stream with
 // the same ContentType, Expiry and Closed answers Created=false; a different

@@ -113,7 +113,7 @@ func (e *Engine) settledStream(ctx context.Context, name string) (*stream, error
 		ch := s.changedLocked()
 		s.mu.Unlock()
 		if timeout == nil {
-			timeout = e.deadlines.after(e.config().AppendTimeout)
+			timeout = e.durabilityDeadline(ctx)
 		}
 		select {
 		case <-ch:
@@ -458,7 +458,19 @@ func (e *Engine) addError(err error) error {
 	return fmt.Errorf("%w: %v", ErrUnavailable, err)
 }
 
-// awaitBatch waits for b's outcome, at most the append timeout. A timeout
+// durabilityDeadline returns a channel closed when a wait for durability
+// that starts now must end: after the append timeout, or sooner at the
+// time WithAnswerBy put in ctx.
+func (e *Engine) durabilityDeadline(ctx context.Context) <-chan struct{} {
+	wait := e.config().AppendTimeout
+	if by, ok := ctx.Value(answerByKey{}).(time.Time); ok && !by.IsZero() {
+		wait = min(wait, time.Until(by))
+	}
+	return e.deadlines.after(wait)
+}
+
+// awaitBatch waits for b's outcome, at most the append timeout (or until
+// the caller's WithAnswerBy time). A timeout
 // answers "unavailable" but leaves the entry in the writer: its fate is
 // settled in order, and the stream's tail moves only when it is.
 func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
@@ -477,7 +489,7 @@ func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
 		default:
 			return fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
-	case <-e.deadlines.after(e.config().AppendTimeout):
+	case <-e.durabilityDeadline(ctx):
 		return fmt.Errorf("%w: %w", ErrUnavailable, ErrUnconfirmed)
 	case <-ctx.Done():
 		return ctx.Err()
@@ -578,7 +590,7 @@ func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (Ap
 		// the time an append of its own would wait: a repeat is no more
 		// certain than the attempt it repeats.
 		if timeout == nil {
-			timeout = e.deadlines.after(e.config().AppendTimeout)
+			timeout = e.durabilityDeadline(ctx)
 		}
 		select {
 		case <-wait:

@@ -1,0 +1,162 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/caddytest"
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// TestServerWriteTimeoutUnconfirmedWrites: Caddy's `write` server timeout
+// is a deadline for a whole response that no handler can lift. A write
+// still waiting for its WAL upload when it passed was cut with its
+// connection, which a client cannot tell from a network fault. It now
+// answers 503 with Retry-After and a reason that says it was not
+// acknowledged, before the deadline. Once the held upload lands the
+// stream shows the write, and the client's retry neither loses it nor,
+// with producer headers (or as a create or a close, which are
+// idempotent), duplicates it.
+func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	const write = 2 * time.Second
+	v := testenv.NewVersity(t)
+	p := newProxy(t, v)
+	storage := caddytest.S3Storage(t, v, p.URL())
+	caddyfile := fmt.Sprintf(siteGlobal, fmt.Sprintf("\tservers {\n\t\ttimeouts {\n\t\t\twrite %v\n\t\t}\n\t}\n", write)) +
+		"http://127.0.0.1:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
+		siteMounts(storage, bothMounts, nil) + "}\n"
+	c := caddytest.Start(t, caddytest.Options{Caddyfile: caddyfile, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
+	// A connection per request: Go's client sends a PUT again, unseen,
+	// when a reused connection closes without an answer.
+	tr := &http.Transport{DisableKeepAlives: true, DisableCompression: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	sc := &siteClient{origin: c.URL(), hc: &http.Client{Transport: tr}}
+	text := http.Header{"Content-Type": {textPlain}}
+
+	for _, m := range bothMounts {
+		pr := protoOf(m)
+		// The protocol's header names.
+		producer, closed := http.Header{
+			"Content-Type":   {textPlain},
+			"Producer-Id":    {"held-writer"},
+			"Producer-Epoch": {"0"},
+			"Producer-Seq":   {"0"},
+		}, "Stream-Closed"
+		if m.pico {
+			producer, closed = http.Header{
+				"Content-Type":        {textPlain},
+				"Pico-Producer-Id":    {"held-writer"},
+				"Pico-Producer-Epoch": {"0"},
+				"Pico-Producer-Seq":   {"0"},
+			}, "Pico-Closed"
+		}
+		read := func(t *testing.T, path string) string {
+			t.Helper()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			r, err := sc.do(ctx, http.MethodGet, path+"?"+pr.readAll, nil, nil)
+			if err != nil || r.status != http.StatusOK {
+				return fmt.Sprintf("(read: %v %v)", r, err)
+			}
+			return pr.bodies(t, r.body)
+		}
+		mustDo := func(t *testing.T, method, path string, hdr http.Header, body []byte, want ...int) {
+			t.Helper()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			r, err := sc.do(ctx, method, path, hdr, body)
+			if err != nil {
+				t.Fatalf("%s %s: %v", method, path, err)
+			}
+			for _, s := range want {
+				if r.status == s {
+					return
+				}
+			}
+			t.Fatalf("%s %s: %v, want one of %v", method, path, r, want)
+		}
+
+		t.Run(strings.TrimPrefix(m.prefix, "/"), func(t *testing.T) {
+			t.Run("append", func(t *testing.T) {
+				path := m.prefix + "/held-append" + m.tag()
+				mustDo(t, http.MethodPut, path, text, nil, http.StatusCreated)
+				heldWrite(t, sc, p, write, http.MethodPost, path, producer, []byte("held;"))
+				// The upload went on and landed: the append is in the
+				// stream, and the producer's retry is recognised.
+				if !waitFor(10*time.Second, func() bool { return read(t, path) == "held;" }) {
+					t.Fatalf("after the held upload landed the stream reads %q, want %q", read(t, path), "held;")
+				}
+				mustDo(t, http.MethodPost, path, producer, []byte("held;"), pr.appendStatus, http.StatusNoContent)
+				if got := read(t, path); got != "held;" {
+					t.Errorf("after the producer's retry the stream reads %q, want %q once", got, "held;")
+				}
+			})
+			t.Run("create", func(t *testing.T) {
+				path := m.prefix + "/held-create" + m.tag()
+				heldWrite(t, sc, p, write, http.MethodPut, path, text, []byte("seed;"))
+				mustDo(t, http.MethodPut, path, text, []byte("seed;"), http.StatusCreated, http.StatusOK)
+				if got := read(t, path); got != "seed;" {
+					t.Errorf("after the create's retry the stream reads %q, want %q once", got, "seed;")
+				}
+			})
+			t.Run("close", func(t *testing.T) {
+				path := m.prefix + "/held-close" + m.tag()
+				mustDo(t, http.MethodPut, path, text, []byte("before;"), http.StatusCreated)
+				heldWrite(t, sc, p, write, http.MethodPost, path, http.Header{closed: {"true"}}, nil)
+				isClosed := func() bool {
+					r, err := sc.do(context.Background(), http.MethodHead, path, nil, nil)
+					return err == nil && r.status == http.StatusOK && r.header.Get(closed) == "true"
+				}
+				if !waitFor(10*time.Second, isClosed) {
+					t.Fatal("the held close landed, but the stream is not closed")
+				}
+				mustDo(t, http.MethodPost, path, http.Header{closed: {"true"}}, nil, http.StatusOK, http.StatusNoContent)
+				if got := read(t, path); got != "before;" {
+					t.Errorf("after the close the stream reads %q, want %q", got, "before;")
+				}
+			})
+		})
+	}
+}
+
+// heldWrite sends a write whose WAL upload the proxy holds past the
+// server's write timeout, checks that it is answered 503 with
+// Retry-After and a reason before the timeout cuts the response, then
+// releases the upload and waits for it to land.
+func heldWrite(t *testing.T, sc *siteClient, p *testenv.Proxy, write time.Duration, method, path string, hdr http.Header, body []byte) {
+	t.Helper()
+	release := p.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "wal/"})
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), write+10*time.Second)
+	defer cancel()
+	start := time.Now()
+	r, err := sc.do(ctx, method, path, hdr, body)
+	took := time.Since(start)
+	switch {
+	case err != nil:
+		t.Errorf("%s %s, its upload held past write %v: %v after %v, want a 503 before the timeout",
+			method, path, write, err, took.Round(time.Millisecond))
+	case r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" ||
+		!strings.Contains(string(r.body), "not acknowledged"):
+		t.Errorf("%s %s, its upload held past write %v: %v with Retry-After %q, want 503 with Retry-After and a reason saying it was not acknowledged",
+			method, path, write, r, r.header.Get("Retry-After"))
+	case took >= write:
+		t.Errorf("%s %s, its upload held: answered after %v, past the write timeout %v", method, path, took, write)
+	}
+	if p.Held() == 0 {
+		t.Errorf("%s %s: no WAL upload was held", method, path)
+	}
+	release()
+	lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer lcancel()
+	if err := p.WaitLanded(lctx); err != nil {
+		t.Fatalf("the held WAL upload did not land: %v", err)
+	}
+}
