@@ -2487,14 +2487,26 @@ func webhookDial(ctx context.Context, network, addr string) (net.Conn, error) {
 	return d.DialContext(ctx, network, addr)
 }
 
+// readJSONBody decodes a control request's JSON body into v, answering
+// itself when it cannot: 413 naming the limit for a body over subMaxBody or
+// over Caddy's request_body max_size (a 400 would tell the client that its
+// request is malformed), 415 for one with a content coding, 408 for one
+// that stopped arriving, 400 for anything else.
 func readJSONBody(w http.ResponseWriter, r *http.Request, v any) bool {
-	data, err := io.ReadAll(io.LimitReader(r.Body, subMaxBody+1))
-	if err != nil && errors.Is(bodyReadError(err), errBodyTimeout) {
-		subError(w, http.StatusRequestTimeout, "INVALID_REQUEST", errBodyTimeout.Error())
+	data, err := readBody(r, subMaxBody)
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		subError(w, http.StatusRequestEntityTooLarge, "PAYLOAD_TOO_LARGE", err.Error())
 		return false
-	}
-	if err != nil || len(data) > subMaxBody {
-		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "unreadable or oversized body")
+	case errors.Is(err, errBodyEncoded):
+		w.Header().Set("Accept-Encoding", "identity")
+		subError(w, http.StatusUnsupportedMediaType, "INVALID_REQUEST", err.Error())
+		return false
+	case errors.Is(err, errBodyTimeout):
+		subError(w, http.StatusRequestTimeout, "INVALID_REQUEST", err.Error())
+		return false
+	case err != nil:
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "unreadable body: "+err.Error())
 		return false
 	}
 	if len(bytes.TrimSpace(data)) == 0 {

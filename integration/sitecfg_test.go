@@ -598,6 +598,44 @@ func checkBodyLimit(t *testing.T, sc *siteClient, m siteMount) {
 	if r, err := sc.do(ctx, http.MethodGet, path+"?"+p.readAll, nil, nil); err != nil || p.bodies(t, r.body) != "small;" {
 		t.Errorf("read after the refused appends: %v %v, want only %q", r, err, "small;")
 	}
+	if !m.pico {
+		checkSubscriptionBodyLimit(ctx, t, sc, m)
+	}
+}
+
+// checkSubscriptionBodyLimit: a subscription's body sent chunked past
+// request_body max_size 1KB is 413 naming that limit, as an append's is,
+// not a 400 that tells the client its request is malformed; nothing is
+// created.
+func checkSubscriptionBodyLimit(ctx context.Context, t *testing.T, sc *siteClient, m siteMount) {
+	t.Helper()
+	sub := m.prefix + "/__ds/subscriptions/oversized"
+	var streams []string
+	for i := range 100 {
+		streams = append(streams, fmt.Sprintf("%q", fmt.Sprintf("limited/stream-%03d", i)))
+	}
+	big := []byte(`{"type":"pull-wake","wake_stream":"wake/limited","streams":[` + strings.Join(streams, ",") + `]}`)
+	if len(big) <= 1000 {
+		t.Fatalf("the subscription body is %d bytes, not over the limit", len(big))
+	}
+	// No length: sent chunked, so that the body reaches the module.
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, sc.origin+sub, io.MultiReader(bytes.NewReader(big)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := sc.hc.Do(req)
+	if err != nil {
+		t.Fatalf("subscription of %d bytes: %v", len(big), err)
+	}
+	msg, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(msg), "the 1000-byte limit") {
+		t.Errorf("subscription of %d bytes, chunked: %d %q, want 413 naming the 1000-byte limit", len(big), resp.StatusCode, msg)
+	}
+	if r, err := sc.do(ctx, http.MethodGet, sub, nil, nil); err != nil || r.status != http.StatusNotFound {
+		t.Errorf("the refused subscription: %v %v, want 404", r, err)
+	}
 }
 
 // checkManyFeeds: many SSE feeds of the same streams on one HTTP/2
