@@ -34,6 +34,9 @@ func TestCrashRecovery(t *testing.T) {
 		compactKill = 2
 		// This kill comes right after the restart before it.
 		recoveryKill = 4
+		// Shorter than the default 30s, so that compaction runs in several
+		// incarnations, not only the one before compactKill.
+		compactEvery = 5 * time.Second
 	)
 	// The kill schedule follows from the seed; set PICOMQ_CRASH_SEED to
 	// replay a run's schedule (timing still varies with the machine).
@@ -53,7 +56,8 @@ func TestCrashRecovery(t *testing.T) {
 	storage := caddytest.S3Storage(t, v, p.URL())
 	// A tiny cache, so that reads really go to the bucket.
 	c := caddytest.Start(t, caddyOptions(v, storage,
-		"cache_size 4KiB", "long_poll_timeout 2s", "s3_timeout 5s"))
+		"cache_size 4KiB", "long_poll_timeout 2s", "s3_timeout 5s",
+		fmt.Sprintf("compact_interval %s", compactEvery)))
 	cl := newClient(t, c.URL(), true)
 
 	names := make([]string, streams)
@@ -100,8 +104,8 @@ func TestCrashRecovery(t *testing.T) {
 		switch k {
 		case compactKill:
 			// Long enough for the engine's first compaction pass (every
-			// 30s), with the kill landing after or during it.
-			gap = 30*time.Second + randDur(rng, 4*time.Second)
+			// compactEvery), with the kill landing after or during it.
+			gap = compactEvery + randDur(rng, 4*time.Second)
 		case recoveryKill:
 			// Right after the restart: likely while the new process is
 			// still sealing and replaying the WAL of the ones before.
