@@ -360,8 +360,11 @@ func TestCommonSiteConfigs(t *testing.T) {
 					t.Fatal("no HTTPS answer within 30s")
 				}
 			}
+			// The mounts' checks use streams of their own and mostly wait
+			// for live reads: they run side by side.
 			for _, m := range tc.mounts {
 				t.Run(strings.TrimPrefix(strings.ReplaceAll(m.prefix, "/", "_"), "_"), func(t *testing.T) {
+					t.Parallel()
 					checkSiteMount(t, sc, m)
 					if tc.extra != nil {
 						tc.extra(t, sc, m)
