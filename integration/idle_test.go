@@ -77,13 +77,25 @@ func TestBurstOfIdleStreamsLeavesMemory(t *testing.T) {
 	if data := e.mustList("data/"); len(data) < streams {
 		t.Fatalf("%d data objects for %d folded streams", len(data), streams)
 	}
+	// Read back as they were written, 32 at a time.
+	readErrs := make(chan error, streams)
 	for i, p := range paths {
-		got, _, err := e.readBytes(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(got, bodies[i]) {
-			t.Fatalf("%s read back %d bytes, want the %d appended (first difference at %d)", p, len(got), len(bodies[i]), firstDiff(got, bodies[i]))
-		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			got, _, err := e.readBytes(p)
+			switch {
+			case err != nil:
+				readErrs <- err
+			case !bytes.Equal(got, bodies[i]):
+				readErrs <- fmt.Errorf("%s read back %d bytes, want the %d appended (first difference at %d)",
+					p, len(got), len(bodies[i]), firstDiff(got, bodies[i]))
+			}
+		})
+	}
+	wg.Wait()
+	close(readErrs)
+	for err := range readErrs {
+		t.Error(err)
 	}
 }
