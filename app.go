@@ -378,7 +378,34 @@ const (
 	// openRetryLogEvery spaces the warnings of a store that stays
 	// unreachable; every attempt is logged at debug level.
 	openRetryLogEvery = 5 * time.Minute
+	// standbyPoll bounds the wait of a start that found the lease held by
+	// another node: a holder that stops gives the lease back at once, and
+	// a standby that looked again only when the lease would lapse would
+	// notice that late.
+	standbyPoll = 2 * time.Second
+	// leaseLapseMargin is how soon after a held lease's expiry a standby
+	// tries again (plus as much again at random).
+	leaseLapseMargin = 100 * time.Millisecond
 )
+
+// retryWait is how long to wait before the next start attempt after err,
+// delay being the backoff of a store that cannot be reached. A lease held
+// by another node is looked at again just after it would lapse (its
+// holder's renewals push that on) and at least every standbyPoll: with the
+// backoff, doubling up to openRetryMax, a standby took the storage over up
+// to half a minute after the lease had lapsed.
+func retryWait(err error, delay time.Duration, now time.Time) time.Duration {
+	backoff := delay/2 + rand.N(delay/2+1)
+	var held *segment.LeaseHeldError
+	switch {
+	case errors.As(err, &held):
+		wait := held.Until.Sub(now) + leaseLapseMargin + rand.N(leaseLapseMargin)
+		return min(max(wait, leaseLapseMargin), standbyPoll)
+	case errors.Is(err, segment.ErrLeaseHeld):
+		return min(backoff, standbyPoll)
+	}
+	return backoff
+}
 
 // retryStart starts the engine again until it starts or Destruct ends
 // openCtx.
@@ -388,7 +415,7 @@ func (r *engineRef) retryStart() {
 	logged := began
 	delay := openRetryMin
 	for attempt := 2; ; attempt++ {
-		t := time.NewTimer(delay/2 + rand.N(delay/2+1))
+		t := time.NewTimer(retryWait(*r.openErr.Load(), delay, time.Now()))
 		select {
 		case <-r.openCtx.Done():
 			t.Stop()

@@ -637,3 +637,37 @@ func unreachableStorage(t *testing.T, prefix string) (*App, *engineRef) {
 	}
 	return app, ref
 }
+
+// A start that found the lease held tries again just after the lease
+// would lapse, and at least every standbyPoll; an unreachable store backs
+// off as before.
+func TestRetryWait(t *testing.T) {
+	now := time.Now()
+	held := func(in time.Duration) error {
+		return fmt.Errorf("start engine: %w", &segment.LeaseHeldError{Node: "other", Until: now.Add(in)})
+	}
+	tests := []struct {
+		name     string
+		err      error
+		delay    time.Duration
+		min, max time.Duration
+	}{
+		{"lease lapses in 1s", held(time.Second), openRetryMax, time.Second + leaseLapseMargin, time.Second + 2*leaseLapseMargin},
+		{"lease lapsed already", held(-time.Second), openRetryMax, leaseLapseMargin, leaseLapseMargin},
+		{"lease held for long", held(time.Minute), openRetryMin, standbyPoll, standbyPoll},
+		{"held, no expiry known", fmt.Errorf("start engine: %w", segment.ErrLeaseHeld), openRetryMax, standbyPoll / 2, standbyPoll},
+		{"store unreachable", errors.New("dial tcp: connection refused"), 8 * time.Second, 4 * time.Second, 8 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if !errors.Is(tt.err, segment.ErrLeaseHeld) && strings.Contains(tt.name, "lease") {
+				t.Fatalf("%v is not ErrLeaseHeld", tt.err)
+			}
+			for range 50 {
+				if got := retryWait(tt.err, tt.delay, now); got < tt.min || got > tt.max {
+					t.Fatalf("retryWait = %v, want within [%v, %v]", got, tt.min, tt.max)
+				}
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -55,12 +56,81 @@ func TestStandbyTakesOverWhenTheNodeStops(t *testing.T) {
 	if got.Status != http.StatusOK || string(got.Body) != string(want) {
 		t.Fatalf("read on the standby %v after the first node stopped: %s, want 200 %q", took, got, want)
 	}
-	t.Logf("the standby took the storage over %v after the first node stopped", time.Since(stopped).Round(time.Millisecond))
+	after := time.Since(stopped)
+	t.Logf("the standby took the storage over %v after the first node stopped", after.Round(time.Millisecond))
+	// The stop gave the lease back; a standby looks at it at least every
+	// 2 s (standbyPoll), where its backoff had grown towards 30 s.
+	if after > standbyTakeoverLimit {
+		t.Errorf("the standby took the storage over %v after the first node stopped and gave the lease back, want within %v",
+			after.Round(time.Millisecond), standbyTakeoverLimit)
+	}
 	b.append(name, textPlain, []byte("?"))
 	if body, _, err := b.readBytes(name); err != nil || string(body) != string(want)+"?" {
 		t.Errorf("after an append on the standby the stream reads %q (%v)", body, err)
 	}
 	if !strings.Contains(second.Logs(), "storage opened after another node let go of it") {
 		t.Errorf("the standby's log does not say it took the storage over")
+	}
+}
+
+// How long after the lease became free a standby takes the storage over:
+// it looks again just after the lease's expiry (lapseTakeoverLimit), and
+// at least every 2 s for a lease given back early (standbyTakeoverLimit),
+// plus a start and the test's 100 ms polls.
+const (
+	standbyTakeoverLimit = 5 * time.Second
+	lapseTakeoverLimit   = 3 * time.Second
+)
+
+// TestStandbyTakesOverWhenTheLeaseLapses: a standby of a node that dies
+// (SIGKILL: its lease is not given back) takes the storage over as soon
+// as the lease lapses, not at whatever point its backoff had reached.
+// Before, it retried at intervals doubling up to 30 s and took over up to
+// half a minute after the lease had lapsed (49 s after the cut-off of a
+// 30 s lease in TestLeaseExpiryFencesPartitionedNode).
+func TestStandbyTakesOverWhenTheLeaseLapses(t *testing.T) {
+	v := testenv.NewVersity(t)
+	p := newProxy(t, v)
+	bucket := v.NewBucket(t)
+	cfg := retryCaddyfile(testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix))
+	first := caddytest.Start(t, caddytest.Options{Caddyfile: cfg, Env: caddytest.S3Env(v)})
+	a := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: first, client: &http.Client{Timeout: time.Minute}}
+	const name = "/ds/lapse/s"
+	a.create(name, textPlain)
+	a.append(name, textPlain, []byte("kept"))
+
+	second, err := caddytest.Launch(t, caddytest.Options{Caddyfile: cfg, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
+	if err != nil {
+		t.Fatalf("a second node on a storage another node holds did not start: %v", err)
+	}
+	b := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: second, client: &http.Client{Timeout: time.Minute}}
+	// Let the standby's retries space out, as they would in a standby
+	// that has waited a while, before the first node dies.
+	time.Sleep(20 * time.Second)
+	first.Kill()
+	killed := time.Now()
+	// A renewal the process sent just before it died lands by then.
+	time.Sleep(time.Second)
+	raw, err := a.get("lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lease struct {
+		ExpiresAt int64 `json:"expires_at_ms"`
+	}
+	if err := json.Unmarshal(raw, &lease); err != nil || lease.ExpiresAt == 0 {
+		t.Fatalf("lease object %q: %v", raw, err)
+	}
+	lapses := time.UnixMilli(lease.ExpiresAt)
+	got, _ := waitOpen(t, b, fhReq{Method: http.MethodGet, Path: name + "?offset=-1"})
+	opened := time.Now()
+	if got.Status != http.StatusOK || string(got.Body) != "kept" {
+		t.Fatalf("read on the standby after the first node died: %s, want 200 %q", got, "kept")
+	}
+	late := opened.Sub(lapses)
+	t.Logf("the lease lapsed %v after the kill; the standby took the storage over %v after that",
+		lapses.Sub(killed).Round(time.Millisecond), late.Round(time.Millisecond))
+	if late > lapseTakeoverLimit {
+		t.Errorf("the standby took the storage over %v after the lease lapsed, want within %v", late.Round(time.Millisecond), lapseTakeoverLimit)
 	}
 }

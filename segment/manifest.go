@@ -233,6 +233,21 @@ type leaseBody struct {
 // ErrLeaseHeld is returned when another node holds the storage lease.
 var ErrLeaseHeld = errors.New("storage is in use by another PicoMQ node")
 
+// LeaseHeldError is ErrLeaseHeld with what the lease object said: a node
+// waiting to take the storage over tries again when Until passes, the
+// moment the lease lapses unless its holder renews it.
+type LeaseHeldError struct {
+	Node  string
+	Until time.Time
+}
+
+func (e *LeaseHeldError) Error() string {
+	return fmt.Sprintf("%v: node %s holds it until %s", ErrLeaseHeld, e.Node, e.Until.UTC().Format(time.RFC3339))
+}
+
+// Is makes errors.Is(err, ErrLeaseHeld) hold.
+func (e *LeaseHeldError) Is(target error) bool { return target == ErrLeaseHeld }
+
 // ErrLeaseHeldHere is returned by AcquireLeaseWith, with
 // LeaseOptions.NotFromThisProcess, when the storage's lease is held by a
 // live Lease of this very process.
@@ -279,8 +294,7 @@ func AcquireLeaseWith(ctx context.Context, store Store, node string, ttl time.Du
 			jerr := json.Unmarshal(data, &cur)
 			live := jerr == nil && time.Now().UnixMilli() < cur.ExpiresAt
 			if live && cur.Node != node {
-				return nil, fmt.Errorf("%w: node %s holds it until %s", ErrLeaseHeld, cur.Node,
-					time.UnixMilli(cur.ExpiresAt).UTC().Format(time.RFC3339))
+				return nil, &LeaseHeldError{Node: cur.Node, Until: time.UnixMilli(cur.ExpiresAt)}
 			}
 			if _, here := heldHere.Load(cur.Token); live && o.NotFromThisProcess && here {
 				return nil, ErrLeaseHeldHere
