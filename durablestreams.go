@@ -1260,6 +1260,9 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.As(err, &start):
 		h.Set("Retry-After", "5")
 		fail(w, http.StatusServiceUnavailable, start.reason())
+	case errors.Is(err, streamstore.ErrTooLate):
+		h.Set("Retry-After", "1")
+		fail(w, http.StatusServiceUnavailable, tooLateMessage)
 	case errors.Is(err, streamstore.ErrUnconfirmed):
 		d.failLog.warn(d.log, "write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
@@ -1295,6 +1298,11 @@ func badRequestReason(err error) string {
 func damagedMessage(err error) string {
 	return err.Error() + "; a retry does not help until the object is restored"
 }
+
+// tooLateMessage answers a write that streamstore.ErrTooLate refused, in
+// either protocol: it could not be handed to storage in time to be
+// answered before Caddy's write timeout.
+const tooLateMessage = "the write could not be handed to storage before the server's write timeout; nothing was stored, retry"
 
 // unavailableMessage answers a request that failed with
 // streamstore.ErrUnavailable, in either protocol: a write says that none of

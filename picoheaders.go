@@ -272,6 +272,9 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 	case errors.As(err, &start):
 		h.Set("Retry-After", "5")
 		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, start.reason(), nil)
+	case errors.Is(err, streamstore.ErrTooLate):
+		h.Set("Retry-After", "1")
+		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, tooLateMessage, nil)
 	case errors.Is(err, streamstore.ErrUnconfirmed):
 		p.failLog.warn(p.log, "write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -98,6 +99,41 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 					t.Errorf("after the producer's retry the stream reads %q, want %q once", got, "held;")
 				}
 			})
+			t.Run("late body", func(t *testing.T) {
+				// The body's end arrives after the time by which the
+				// write must be answered (a quarter of write before
+				// it) but before write: nothing was handed to the
+				// store yet, so the 503 must leave nothing behind, not
+				// store the append while saying it may have been.
+				path := m.prefix + "/late-body" + m.tag()
+				mustDo(t, http.MethodPut, path, text, nil, http.StatusCreated)
+				ctx, cancel := context.WithTimeout(context.Background(), write+10*time.Second)
+				defer cancel()
+				body := &lateBody{first: []byte("late"), rest: []byte(";"), pause: write * 7 / 8}
+				req, err := http.NewRequestWithContext(ctx, http.MethodPost, sc.origin+path, body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.ContentLength = int64(len(body.first) + len(body.rest))
+				req.Header = text.Clone()
+				resp, err := sc.hc.Do(req)
+				if err != nil {
+					t.Fatalf("POST %s with its body's end past the answer time: %v", path, err)
+				}
+				msg, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" ||
+					!strings.Contains(string(msg), "nothing was stored") {
+					t.Errorf("POST %s with its body's end past the answer time: %d %q, want 503 with Retry-After saying nothing was stored",
+						path, resp.StatusCode, msg)
+				}
+				// A later append acknowledged means every earlier WAL
+				// entry is settled: the late one shows now if stored.
+				mustDo(t, http.MethodPost, path, text, []byte("next;"), pr.appendStatus)
+				if got := read(t, path); got != "next;" {
+					t.Errorf("after a late append refused with 503 and a later one the stream reads %q, want %q", got, "next;")
+				}
+			})
 			t.Run("create", func(t *testing.T) {
 				path := m.prefix + "/held-create" + m.tag()
 				heldWrite(t, sc, p, write, http.MethodPut, path, text, []byte("seed;"))
@@ -159,4 +195,24 @@ func heldWrite(t *testing.T, sc *siteClient, p *testenv.Proxy, write time.Durati
 	if err := p.WaitLanded(lctx); err != nil {
 		t.Fatalf("the held WAL upload did not land: %v", err)
 	}
+}
+
+// lateBody is a request body whose rest follows its first bytes after a
+// pause, as from a slow client.
+type lateBody struct {
+	first, rest []byte
+	pause       time.Duration
+	step        int
+}
+
+func (b *lateBody) Read(p []byte) (int, error) {
+	b.step++
+	switch b.step {
+	case 1:
+		return copy(p, b.first), nil
+	case 2:
+		time.Sleep(b.pause)
+		return copy(p, b.rest), nil
+	}
+	return 0, io.EOF
 }

@@ -104,3 +104,60 @@ func TestAnswerByEndsDurabilityWaits(t *testing.T) {
 		}
 	})
 }
+
+// TestAnswerByPassedWritesNothing: a write whose WithAnswerBy time has
+// passed before it reaches the WAL hands it nothing and fails with
+// ErrTooLate, a refusal a retry may repeat safely. Handed over, it would
+// have been answered "may still be stored" at once and stored all the
+// same.
+func TestAnswerByPassedWritesNothing(t *testing.T) {
+	big := string(make([]byte, blobMinBytes))
+	tests := []struct {
+		name string
+		do   func(ctx context.Context, e *Engine) error
+	}{
+		{"append", func(ctx context.Context, e *Engine) error {
+			_, err := e.Append(ctx, "/s", AppendRequest{Records: recs("c")})
+			return err
+		}},
+		{"large append", func(ctx context.Context, e *Engine) error {
+			_, err := e.Append(ctx, "/s", AppendRequest{Records: recs(big)})
+			return err
+		}},
+		{"close", func(ctx context.Context, e *Engine) error {
+			_, err := e.Append(ctx, "/s", AppendRequest{Close: true})
+			return err
+		}},
+		{"trim", func(ctx context.Context, e *Engine) error {
+			_, err := e.Trim(ctx, "/s", 1)
+			return err
+		}},
+		{"create with records", func(ctx context.Context, e *Engine) error {
+			_, _, err := e.Create(ctx, "/new", CreateRequest{Records: recs("x")})
+			return err
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := startEngine(t, memstore.New(), Config{AppendTimeout: time.Minute})
+			if _, _, err := e.Create(context.Background(), "/s", CreateRequest{Records: recs("a", "b")}); err != nil {
+				t.Fatal(err)
+			}
+			err := tc.do(WithAnswerBy(context.Background(), time.Now().Add(-time.Millisecond)), e)
+			if !errors.Is(err, ErrTooLate) || !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrUnconfirmed) {
+				t.Fatalf("answer-by passed: %v, want ErrTooLate", err)
+			}
+			// A later write confirmed settles every earlier entry.
+			if _, err := e.Append(context.Background(), "/s", AppendRequest{Records: recs("d")}); err != nil {
+				t.Fatal(err)
+			}
+			info, err := e.Head(context.Background(), "/s")
+			if err != nil || info.NextSeq != 3 || info.Closed || info.StartSeq != 0 {
+				t.Errorf("after the refused write /s is %+v (%v), want records a, b, d only, open, untrimmed", info, err)
+			}
+			if _, err := e.Head(context.Background(), "/new"); !errors.Is(err, ErrNotFound) {
+				t.Errorf("after the refused create /new: %v, want ErrNotFound", err)
+			}
+		})
+	}
+}

@@ -44,8 +44,9 @@ type answerByKey struct{}
 // records, Append, a close, Trim) waits for durability until t at most,
 // when t comes before Config.AppendTimeout would end the wait: it then
 // fails as at that timeout, with ErrUnconfirmed, and what it handed to the
-// WAL goes on and may still become durable. Unlike a context deadline it
-// cancels nothing. A server whose response must be written by a deadline
+// WAL goes on and may still become durable. A write that reaches the WAL
+// only after t hands it nothing and fails with ErrTooLate. Unlike a
+// context deadline it cancels nothing. A server whose response must be written by a deadline
 // of its own passes one a little before it.
 func WithAnswerBy(ctx context.Context, t time.Time) context.Context {
 	return context.WithValue(ctx, answerByKey{}, t)
@@ -208,6 +209,10 @@ var (
 	// confirm an append in time: it was not acknowledged, but it may still
 	// become durable. Only producer headers make a retry safe then.
 	ErrUnconfirmed = errors.New("the write was not confirmed in time and may still be stored")
+	// ErrTooLate (always with ErrUnavailable) means the time WithAnswerBy
+	// gave had passed before the write was handed to the WAL: nothing was
+	// written, and a retry is safe.
+	ErrTooLate = errors.New("the write was not handed to storage before its answer was due")
 	// ErrBusy (always with ErrUnavailable) means the appends waiting for
 	// storage already hold Config.MaxPending bytes: the store is slower
 	// than the appends. Nothing was applied; a retry is safe.

@@ -246,6 +246,9 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 		}
 	}
 	if len(req.Records) > 0 {
+		if err := answerDue(ctx); err != nil {
+			return Info{}, false, unwrittenError{err}
+		}
 		ent := &segment.Entry{
 			StreamID:   m.ID,
 			Name:       name,
@@ -467,6 +470,18 @@ func (e *Engine) durabilityDeadline(ctx context.Context) <-chan struct{} {
 		wait = min(wait, time.Until(by))
 	}
 	return e.deadlines.after(wait)
+}
+
+// answerDue returns ErrTooLate, with ErrUnavailable, when the time by which
+// ctx's caller must be answered (WithAnswerBy) has passed. A write checks
+// it just before handing an entry to the WAL: handed over then, it would
+// be answered at once "not confirmed, may still be stored" and stored all
+// the same, which a plain retry would store twice.
+func answerDue(ctx context.Context) error {
+	if by, ok := ctx.Value(answerByKey{}).(time.Time); ok && !by.IsZero() && !time.Now().Before(by) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, ErrTooLate)
+	}
+	return nil
 }
 
 // awaitBatch waits for b's outcome, at most the append timeout (or until
@@ -701,6 +716,10 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		s.mu.Unlock()
 		return AppendResult{}, nil, &MatchError{NextSeq: st.NextSeq}
 	}
+	if err := answerDue(ctx); err != nil {
+		s.mu.Unlock()
+		return AppendResult{}, nil, err
+	}
 
 	ts := max(now, st.LastTS+1)
 	if recordBytes(req.Records) >= blobMinBytes {
@@ -811,6 +830,10 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 		// An earlier entry of the stream was aborted meanwhile, and the
 		// tail rolled back: these seqs are no longer next.
 		err = fmt.Errorf("%w: stream %s rolled back to %d during a blob upload for %d", ErrUnavailable, s.name, st.NextSeq, ent.FirstSeq)
+	}
+	if err == nil {
+		// The upload may have taken the time left to answer.
+		err = answerDue(ctx)
 	}
 	var b *segment.Batch
 	if err == nil {
@@ -1173,6 +1196,10 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 	// not confirmed in time), but it can yet be rolled back: trim again in
 	// an entry of this call's own, which is durable only once that one is.
 	// Trims apply as a maximum, so the second changes nothing else.
+	if err := answerDue(ctx); err != nil {
+		s.mu.Unlock()
+		return Info{}, err
+	}
 	ent := &segment.Entry{StreamID: s.meta.ID, Name: s.name, FirstSeq: s.pend.NextSeq, TrimTo: seq, AccessedAt: now, Ref: s}
 	b, err := w.Add(ent)
 	if err != nil {
