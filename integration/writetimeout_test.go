@@ -134,6 +134,39 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 					t.Errorf("after a late append refused with 503 and a later one the stream reads %q, want %q", got, "next;")
 				}
 			})
+			t.Run("large append", func(t *testing.T) {
+				// An append of 256 KiB or more is PUT as a blob before
+				// its WAL entry: a blob upload held past the answer
+				// time must not let the timeout cut the response
+				// either. Its entry was never written, so the 503 says
+				// nothing was acknowledged, and nothing shows.
+				path := m.prefix + "/held-blob" + m.tag()
+				mustDo(t, http.MethodPut, path, text, nil, http.StatusCreated)
+				release := p.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "blob/"})
+				defer release()
+				ctx, cancel := context.WithTimeout(context.Background(), write+10*time.Second)
+				defer cancel()
+				start := time.Now()
+				r, err := sc.do(ctx, http.MethodPost, path, text, []byte(strings.Repeat("b", 300<<10)))
+				took := time.Since(start)
+				switch {
+				case err != nil:
+					t.Errorf("POST %s, its blob upload held past write %v: %v after %v, want a 503 before the timeout",
+						path, write, err, took.Round(time.Millisecond))
+				case r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" ||
+					!strings.Contains(string(r.body), "nothing was acknowledged"):
+					t.Errorf("POST %s, its blob upload held past write %v: %v, want 503 with Retry-After saying nothing was acknowledged",
+						path, write, r)
+				}
+				if p.Held() == 0 {
+					t.Errorf("POST %s: no blob upload was held", path)
+				}
+				release()
+				mustDo(t, http.MethodPost, path, text, []byte("next;"), pr.appendStatus)
+				if got := read(t, path); got != "next;" {
+					t.Errorf("after a large append refused with 503 and a later one the stream reads %.40q, want %q", got, "next;")
+				}
+			})
 			t.Run("create", func(t *testing.T) {
 				path := m.prefix + "/held-create" + m.tag()
 				heldWrite(t, sc, p, write, http.MethodPut, path, text, []byte("seed;"))

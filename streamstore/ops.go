@@ -466,10 +466,16 @@ func (e *Engine) addError(err error) error {
 // time WithAnswerBy put in ctx.
 func (e *Engine) durabilityDeadline(ctx context.Context) <-chan struct{} {
 	wait := e.config().AppendTimeout
-	if by, ok := ctx.Value(answerByKey{}).(time.Time); ok && !by.IsZero() {
+	if by, ok := answerBy(ctx); ok {
 		wait = min(wait, time.Until(by))
 	}
 	return e.deadlines.after(wait)
+}
+
+// answerBy is the time WithAnswerBy put in ctx, if any.
+func answerBy(ctx context.Context) (time.Time, bool) {
+	by, ok := ctx.Value(answerByKey{}).(time.Time)
+	return by, ok && !by.IsZero()
 }
 
 // answerDue returns ErrTooLate, with ErrUnavailable, when the time by which
@@ -478,7 +484,7 @@ func (e *Engine) durabilityDeadline(ctx context.Context) <-chan struct{} {
 // be answered at once "not confirmed, may still be stored" and stored all
 // the same, which a plain retry would store twice.
 func answerDue(ctx context.Context) error {
-	if by, ok := ctx.Value(answerByKey{}).(time.Time); ok && !by.IsZero() && !time.Now().Before(by) {
+	if by, ok := answerBy(ctx); ok && !time.Now().Before(by) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, ErrTooLate)
 	}
 	return nil
@@ -814,7 +820,16 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 	ns, _ := w.Position()
 	name := newBlobName(recordBytes(req.Records), ns)
 	key := blobKey(ent.StreamID, name)
-	_, err = e.store.Put(ctx, key, segment.EncodeData(ent.Records), segment.PutOptions{})
+	// Bounded by the caller's answer-by time: nothing is acknowledged
+	// until the entry joins the WAL, so a blob cut short is dropped
+	// below and the write refused as unavailable, safe to retry.
+	putCtx := ctx
+	if by, ok := answerBy(ctx); ok {
+		var cancel context.CancelFunc
+		putCtx, cancel = context.WithDeadline(ctx, by)
+		defer cancel()
+	}
+	_, err = e.store.Put(putCtx, key, segment.EncodeData(ent.Records), segment.PutOptions{})
 	unreserve()
 
 	s.mu.Lock()
