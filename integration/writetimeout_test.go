@@ -88,7 +88,7 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 			t.Run("append", func(t *testing.T) {
 				path := m.prefix + "/held-append" + m.tag()
 				mustDo(t, http.MethodPut, path, text, nil, http.StatusCreated)
-				heldWrite(t, sc, p, write, http.MethodPost, path, producer, []byte("held;"))
+				heldWrite(t, sc, p, write, "wal/", http.MethodPost, path, producer, []byte("held;"))
 				// The upload went on and landed: the append is in the
 				// stream, and the producer's retry is recognised.
 				if !waitFor(10*time.Second, func() bool { return read(t, path) == "held;" }) {
@@ -169,7 +169,22 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 			})
 			t.Run("create", func(t *testing.T) {
 				path := m.prefix + "/held-create" + m.tag()
-				heldWrite(t, sc, p, write, http.MethodPut, path, text, []byte("seed;"))
+				heldWrite(t, sc, p, write, "wal/", http.MethodPut, path, text, []byte("seed;"))
+				mustDo(t, http.MethodPut, path, text, []byte("seed;"), http.StatusCreated, http.StatusOK)
+				if got := read(t, path); got != "seed;" {
+					t.Errorf("after the create's retry the stream reads %q, want %q once", got, "seed;")
+				}
+			})
+			t.Run("create metadata", func(t *testing.T) {
+				// A create with a body writes its metadata object once
+				// its WAL entry is durable: that upload held past the
+				// answer time is answered 503 too, and the create
+				// rolls forward, its retry making the stream once.
+				path := m.prefix + "/held-create-meta" + m.tag()
+				heldWrite(t, sc, p, write, "streams/", http.MethodPut, path, text, []byte("seed;"))
+				if !waitFor(10*time.Second, func() bool { return read(t, path) == "seed;" }) {
+					t.Fatalf("after the held metadata upload landed the stream reads %q, want %q", read(t, path), "seed;")
+				}
 				mustDo(t, http.MethodPut, path, text, []byte("seed;"), http.StatusCreated, http.StatusOK)
 				if got := read(t, path); got != "seed;" {
 					t.Errorf("after the create's retry the stream reads %q, want %q once", got, "seed;")
@@ -178,7 +193,7 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 			t.Run("close", func(t *testing.T) {
 				path := m.prefix + "/held-close" + m.tag()
 				mustDo(t, http.MethodPut, path, text, []byte("before;"), http.StatusCreated)
-				heldWrite(t, sc, p, write, http.MethodPost, path, http.Header{closed: {"true"}}, nil)
+				heldWrite(t, sc, p, write, "wal/", http.MethodPost, path, http.Header{closed: {"true"}}, nil)
 				isClosed := func() bool {
 					r, err := sc.do(context.Background(), http.MethodHead, path, nil, nil)
 					return err == nil && r.status == http.StatusOK && r.header.Get(closed) == "true"
@@ -195,13 +210,13 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 	}
 }
 
-// heldWrite sends a write whose WAL upload the proxy holds past the
-// server's write timeout, checks that it is answered 503 with
+// heldWrite sends a write whose uploads of keys containing held (its WAL
+// upload: "wal/") the proxy holds past the server's write timeout, checks that it is answered 503 with
 // Retry-After and a reason before the timeout cuts the response, then
 // releases the upload and waits for it to land.
-func heldWrite(t *testing.T, sc *siteClient, p *testenv.Proxy, write time.Duration, method, path string, hdr http.Header, body []byte) {
+func heldWrite(t *testing.T, sc *siteClient, p *testenv.Proxy, write time.Duration, held, method, path string, hdr http.Header, body []byte) {
 	t.Helper()
-	release := p.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "wal/"})
+	release := p.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: held})
 	defer release()
 	ctx, cancel := context.WithTimeout(context.Background(), write+10*time.Second)
 	defer cancel()
@@ -220,13 +235,13 @@ func heldWrite(t *testing.T, sc *siteClient, p *testenv.Proxy, write time.Durati
 		t.Errorf("%s %s, its upload held: answered after %v, past the write timeout %v", method, path, took, write)
 	}
 	if p.Held() == 0 {
-		t.Errorf("%s %s: no WAL upload was held", method, path)
+		t.Errorf("%s %s: no upload of %q was held", method, path, held)
 	}
 	release()
 	lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer lcancel()
 	if err := p.WaitLanded(lctx); err != nil {
-		t.Fatalf("the held WAL upload did not land: %v", err)
+		t.Fatalf("the held upload did not land: %v", err)
 	}
 }
 

@@ -234,6 +234,10 @@ func checkContext(ctx context.Context) (context.Context, context.CancelFunc) {
 func (e *Engine) readMeta(ctx context.Context, name string) ([]byte, string, error) {
 	rctx, cancel := checkContext(ctx)
 	defer cancel()
+	// A request's answer-by time bounds it too (checkContext keeps
+	// ctx's values): a failed create then answers "not confirmed".
+	rctx, cancelBy := withAnswerByDeadline(rctx)
+	defer cancelBy()
 	data, etag, err := e.store.Get(rctx, metaKey(name), 0, -1)
 	if err == nil && isGrave(data) {
 		return nil, "", segment.ErrNotFound

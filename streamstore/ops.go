@@ -275,7 +275,11 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 			return Info{}, false, err
 		}
 	}
-	etag, err := e.putNew(ctx, name, body)
+	// Within the caller's answer-by time: past it the outcome is unknown,
+	// as for a PUT whose answer was lost, and handled below as one.
+	putCtx, cancelPut := withAnswerByDeadline(ctx)
+	defer cancelPut()
+	etag, err := e.putNew(putCtx, name, body)
 	if err != nil && !errors.Is(err, segment.ErrPreconditionFailed) {
 		// It may have landed all the same (a lost answer, a cancelled
 		// request), and then the records are the stream's: ask.
@@ -476,6 +480,15 @@ func (e *Engine) durabilityDeadline(ctx context.Context) <-chan struct{} {
 func answerBy(ctx context.Context) (time.Time, bool) {
 	by, ok := ctx.Value(answerByKey{}).(time.Time)
 	return by, ok && !by.IsZero()
+}
+
+// withAnswerByDeadline is ctx with a deadline at its answer-by time, if
+// any, for a store call that must end by then.
+func withAnswerByDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	if by, ok := answerBy(ctx); ok {
+		return context.WithDeadline(ctx, by)
+	}
+	return ctx, func() {}
 }
 
 // answerDue returns ErrTooLate, with ErrUnavailable, when the time by which
@@ -823,12 +836,8 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 	// Bounded by the caller's answer-by time: nothing is acknowledged
 	// until the entry joins the WAL, so a blob cut short is dropped
 	// below and the write refused as unavailable, safe to retry.
-	putCtx := ctx
-	if by, ok := answerBy(ctx); ok {
-		var cancel context.CancelFunc
-		putCtx, cancel = context.WithDeadline(ctx, by)
-		defer cancel()
-	}
+	putCtx, cancelPut := withAnswerByDeadline(ctx)
+	defer cancelPut()
 	_, err = e.store.Put(putCtx, key, segment.EncodeData(ent.Records), segment.PutOptions{})
 	unreserve()
 
