@@ -190,6 +190,44 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 					t.Errorf("after the create's retry the stream reads %q, want %q once", got, "seed;")
 				}
 			})
+			t.Run("create with a TTL", func(t *testing.T) {
+				// A create with a TTL PUTs its expiry marker first:
+				// that upload held past the answer time is answered
+				// 503 too, with nothing acknowledged (a marker alone
+				// makes no stream), and the create's retry makes the
+				// stream once.
+				path := m.prefix + "/held-create-ttl" + m.tag()
+				ttl := text.Clone()
+				if m.pico {
+					ttl.Set("Pico-TTL", "3600")
+				} else {
+					ttl.Set("Stream-TTL", "3600")
+				}
+				release := p.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "expiry/"})
+				defer release()
+				ctx, cancel := context.WithTimeout(context.Background(), write+10*time.Second)
+				defer cancel()
+				start := time.Now()
+				r, err := sc.do(ctx, http.MethodPut, path, ttl, []byte("seed;"))
+				took := time.Since(start)
+				switch {
+				case err != nil:
+					t.Errorf("PUT %s, its expiry marker's upload held past write %v: %v after %v, want a 503 before the timeout",
+						path, write, err, took.Round(time.Millisecond))
+				case r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" ||
+					!strings.Contains(string(r.body), "nothing was acknowledged"):
+					t.Errorf("PUT %s, its expiry marker's upload held past write %v: %v, want 503 with Retry-After saying nothing was acknowledged",
+						path, write, r)
+				}
+				if p.Held() == 0 {
+					t.Errorf("PUT %s: no expiry marker upload was held", path)
+				}
+				release()
+				mustDo(t, http.MethodPut, path, ttl, []byte("seed;"), http.StatusCreated, http.StatusOK)
+				if got := read(t, path); got != "seed;" {
+					t.Errorf("after the create's retry the stream reads %q, want %q once", got, "seed;")
+				}
+			})
 			t.Run("close", func(t *testing.T) {
 				path := m.prefix + "/held-close" + m.tag()
 				mustDo(t, http.MethodPut, path, text, []byte("before;"), http.StatusCreated)

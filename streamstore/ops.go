@@ -241,7 +241,12 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	marker := ""
 	if at := expiresAt(m, m.CreatedAt); at != 0 {
 		marker = expiryKey(at, name, m.ID)
-		if _, err := e.store.Put(ctx, marker, nil, segment.PutOptions{}); err != nil {
+		// Within the answer-by time: a marker alone makes no stream,
+		// so one cut short leaves the create unwritten.
+		mctx, cancelMarker := withAnswerByDeadline(ctx)
+		_, err := e.store.Put(mctx, marker, nil, segment.PutOptions{})
+		cancelMarker()
+		if err != nil {
 			return Info{}, false, unwrittenError{fmt.Errorf("%w: write expiry marker of %s: %v", ErrUnavailable, name, err)}
 		}
 	}
