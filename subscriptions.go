@@ -75,10 +75,6 @@ const (
 	signatureKeyDocKey = "key"
 )
 
-// subMaxDescription bounds the human-readable description, which the
-// subscription's document carries and so is written again at every ack.
-const subMaxDescription = 4 << 10
-
 // subMaxStreams bounds a subscription's explicit streams: each is looked
 // up in the bucket when it is added, and every one is in the
 // subscription's document, which is written again at every change of its
@@ -1173,10 +1169,6 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	}
 	if cfg.LeaseTTLms < subMinLease.Milliseconds() || cfg.LeaseTTLms > subMaxLease.Milliseconds() {
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "lease_ttl_ms must be between 1000 and 600000")
-		return
-	}
-	if len(body.Description) > subMaxDescription {
-		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("description is %d bytes, longer than the %d a subscription may have", len(body.Description), subMaxDescription))
 		return
 	}
 	if len(body.Streams) > subMaxStreams {

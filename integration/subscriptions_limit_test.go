@@ -2,9 +2,7 @@ package integration
 
 import (
 	"encoding/hex"
-	"fmt"
 	"net/http"
-	"strings"
 	"testing"
 )
 
@@ -55,46 +53,5 @@ func TestSubscriptionLimitThroughCaddy(t *testing.T) {
 		if o.Key == refused {
 			t.Errorf("the refused subscription left a document: %v", o)
 		}
-	}
-}
-
-// TestSubscriptionDescriptionBound: a description is carried in the
-// subscription's document, written again at every ack, so one over 4 KiB
-// is refused with 400 and a reason, and leaves no document; one at the
-// bound is kept and shown as given.
-func TestSubscriptionDescriptionBound(t *testing.T) {
-	e := fhStart(t, fhOptions{})
-	for _, tt := range []struct {
-		id   string
-		size int
-		want int
-	}{
-		{"long", 4<<10 + 1, http.StatusBadRequest},
-		{"fits", 4 << 10, http.StatusCreated},
-	} {
-		desc := strings.Repeat("d", tt.size)
-		body := `{"type":"pull-wake","pattern":"**","wake_stream":"wake","description":"` + desc + `"}`
-		st, v := e.subCall(http.MethodPut, "/s/__ds/subscriptions/"+tt.id, body)
-		if st != tt.want {
-			t.Fatalf("%s: PUT with a description of %d bytes: %d %v, want %d", tt.id, tt.size, st, v, tt.want)
-		}
-		if st == http.StatusBadRequest {
-			if msg, _ := v["error"].(map[string]any); !strings.Contains(fmt.Sprint(msg), "description") {
-				t.Errorf("%s: the refusal does not say why: %v", tt.id, v)
-			}
-			continue
-		}
-		st, v = e.subCall(http.MethodGet, "/s/__ds/subscriptions/"+tt.id, "")
-		if st != http.StatusOK || v["description"] != desc {
-			t.Errorf("%s: GET %d, description of %d bytes, want the %d given", tt.id, st, len(fmt.Sprint(v["description"])), tt.size)
-		}
-	}
-	root := "subs/" + hex.EncodeToString([]byte("/s/")) + "/"
-	var kept []string
-	for _, o := range e.mustList(root) {
-		kept = append(kept, o.Key)
-	}
-	if want := root + hex.EncodeToString([]byte("fits")); len(kept) != 1 || kept[0] != want {
-		t.Errorf("documents under %s: %q, want only %s", root, kept, want)
 	}
 }
