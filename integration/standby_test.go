@@ -19,12 +19,8 @@ import (
 // use by another PicoMQ node", and it had to be started again by hand
 // after the first node was gone.
 func TestStandbyTakesOverWhenTheNodeStops(t *testing.T) {
-	v := testenv.NewVersity(t)
-	p := newProxy(t, v)
-	bucket := v.NewBucket(t)
-	cfg := retryCaddyfile(testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix))
-	first := caddytest.Start(t, caddytest.Options{Caddyfile: cfg, Env: caddytest.S3Env(v)})
-	a := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: first, client: &http.Client{Timeout: time.Minute}}
+	a, cfg := startLeaseHolder(t)
+	first := a.caddy
 	const name = "/ds/standby/s"
 	a.create(name, textPlain)
 	var want []byte
@@ -34,11 +30,7 @@ func TestStandbyTakesOverWhenTheNodeStops(t *testing.T) {
 		want = append(want, b...)
 	}
 
-	second, err := caddytest.Launch(t, caddytest.Options{Caddyfile: cfg, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
-	if err != nil {
-		t.Fatalf("a second node on a storage another node holds did not start: %v", err)
-	}
-	b := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: second, client: &http.Client{Timeout: time.Minute}}
+	b := launchStandby(t, a, cfg)
 	r := b.must(fhReq{Method: http.MethodGet, Path: name + "?offset=-1"})
 	if r.Status != http.StatusServiceUnavailable || !strings.Contains(string(r.Body), "in use by another PicoMQ node") ||
 		r.Header.Get("Retry-After") == "" {
@@ -68,7 +60,7 @@ func TestStandbyTakesOverWhenTheNodeStops(t *testing.T) {
 	if body, _, err := b.readBytes(name); err != nil || string(body) != string(want)+"?" {
 		t.Errorf("after an append on the standby the stream reads %q (%v)", body, err)
 	}
-	if !strings.Contains(second.Logs(), "storage opened after another node let go of it") {
+	if !strings.Contains(b.caddy.Logs(), "storage opened after another node let go of it") {
 		t.Errorf("the standby's log does not say it took the storage over")
 	}
 }
@@ -89,21 +81,13 @@ const (
 // half a minute after the lease had lapsed (49 s after the cut-off of a
 // 30 s lease in TestLeaseExpiryFencesPartitionedNode).
 func TestStandbyTakesOverWhenTheLeaseLapses(t *testing.T) {
-	v := testenv.NewVersity(t)
-	p := newProxy(t, v)
-	bucket := v.NewBucket(t)
-	cfg := retryCaddyfile(testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix))
-	first := caddytest.Start(t, caddytest.Options{Caddyfile: cfg, Env: caddytest.S3Env(v)})
-	a := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: first, client: &http.Client{Timeout: time.Minute}}
+	a, cfg := startLeaseHolder(t)
+	first := a.caddy
 	const name = "/ds/lapse/s"
 	a.create(name, textPlain)
 	a.append(name, textPlain, []byte("kept"))
 
-	second, err := caddytest.Launch(t, caddytest.Options{Caddyfile: cfg, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
-	if err != nil {
-		t.Fatalf("a second node on a storage another node holds did not start: %v", err)
-	}
-	b := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: second, client: &http.Client{Timeout: time.Minute}}
+	b := launchStandby(t, a, cfg)
 	// Let the standby's retries space out, as they would in a standby
 	// that has waited a while, before the first node dies.
 	time.Sleep(20 * time.Second)
@@ -133,4 +117,27 @@ func TestStandbyTakesOverWhenTheLeaseLapses(t *testing.T) {
 	if late > lapseTakeoverLimit {
 		t.Errorf("the standby took the storage over %v after the lease lapsed, want within %v", late.Round(time.Millisecond), lapseTakeoverLimit)
 	}
+}
+
+// startLeaseHolder starts a node on a new bucket behind the S3 proxy and
+// returns it with its Caddyfile, which a standby started with it shares.
+func startLeaseHolder(t *testing.T) (*fhEnv, string) {
+	t.Helper()
+	v := testenv.NewVersity(t)
+	p := newProxy(t, v)
+	bucket := v.NewBucket(t)
+	cfg := retryCaddyfile(testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix))
+	c := caddytest.Start(t, caddytest.Options{Caddyfile: cfg, Env: caddytest.S3Env(v)})
+	return &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: c, client: &http.Client{Timeout: time.Minute}}, cfg
+}
+
+// launchStandby starts a second node (another node id) on the storage
+// that holder holds; its start must not fail.
+func launchStandby(t *testing.T, holder *fhEnv, cfg string) *fhEnv {
+	t.Helper()
+	c, err := caddytest.Launch(t, caddytest.Options{Caddyfile: cfg, Env: caddytest.S3Env(holder.v), ReadyTimeout: 90 * time.Second})
+	if err != nil {
+		t.Fatalf("a second node on a storage another node holds did not start: %v", err)
+	}
+	return &fhEnv{t: t, v: holder.v, proxy: holder.proxy, bucket: holder.bucket, caddy: c, client: &http.Client{Timeout: time.Minute}}
 }
