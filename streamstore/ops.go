@@ -501,8 +501,13 @@ func withAnswerByDeadline(ctx context.Context) (context.Context, context.CancelF
 // it just before handing an entry to the WAL: handed over then, it would
 // be answered at once "not confirmed, may still be stored" and stored all
 // the same, which a plain retry would store twice.
-func answerDue(ctx context.Context) error {
-	if by, ok := answerBy(ctx); ok && !time.Now().Before(by) {
+func answerDue(ctx context.Context) error { return pastAnswerBy(answerBy(ctx)) }
+
+// pastAnswerBy is answerDue for a time answerBy already looked up: a
+// caller that checks under a stream's lock looks it up before taking the
+// lock, as the lookup walks the request's whole context chain.
+func pastAnswerBy(by time.Time, ok bool) error {
+	if ok && !time.Now().Before(by) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, ErrTooLate)
 	}
 	return nil
@@ -654,6 +659,7 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		return AppendResult{}, nil, err
 	}
 	now := time.Now().UnixMilli()
+	by, hasBy := answerBy(ctx)
 	s.mu.Lock()
 	if s.gone {
 		s.mu.Unlock()
@@ -740,7 +746,7 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		s.mu.Unlock()
 		return AppendResult{}, nil, &MatchError{NextSeq: st.NextSeq}
 	}
-	if err := answerDue(ctx); err != nil {
+	if err := pastAnswerBy(by, hasBy); err != nil {
 		s.mu.Unlock()
 		return AppendResult{}, nil, err
 	}
