@@ -427,12 +427,8 @@ func (r *engineRef) retryStart() {
 		if err == nil {
 			r.openErr.Store(nil)
 			close(r.ready)
-			waited := time.Since(began).Round(time.Millisecond)
-			if errors.Is(last, segment.ErrLeaseHeld) {
-				r.log.Info("storage opened after another node let go of it", zap.Int("attempts", attempt), zap.Duration("waited_for", waited))
-			} else {
-				r.log.Info("storage opened after being unreachable", zap.Int("attempts", attempt), zap.Duration("unreachable_for", waited))
-			}
+			msg, waited := openedAfter(last, time.Since(began).Round(time.Millisecond))
+			r.log.Info(msg, zap.Int("attempts", attempt), waited)
 			return
 		}
 		if r.openCtx.Err() != nil {
@@ -447,12 +443,34 @@ func (r *engineRef) retryStart() {
 			r.log.Error("storage refused the start; retrying", zap.Int("attempt", attempt), zap.Error(err))
 		case time.Since(logged) >= openRetryLogEvery:
 			logged = time.Now()
-			r.log.Warn("storage still not open; retrying", zap.Int("attempt", attempt),
-				zap.Duration("unreachable_for", time.Since(began).Round(time.Second)), zap.Error(err))
+			msg, waited := stillNotOpen(err, time.Since(began).Round(time.Second))
+			r.log.Warn(msg, zap.Int("attempt", attempt), waited, zap.Error(err))
 		default:
 			r.log.Debug("storage still not open; retrying", zap.Int("attempt", attempt), zap.Error(err))
 		}
 	}
+}
+
+// openedAfter is the line that ends a retried start whose last failure
+// was last, and how long it waited, named as the periodic warnings named
+// it (stillNotOpen): a standby waited for another node's lease; any other
+// start waited for a store it could not reach.
+func openedAfter(last error, waited time.Duration) (string, zap.Field) {
+	if errors.Is(last, segment.ErrLeaseHeld) {
+		return "storage opened after another node let go of it", zap.Duration("waited_for", waited)
+	}
+	return "storage opened after being unreachable", zap.Duration("unreachable_for", waited)
+}
+
+// stillNotOpen is the periodic warning of a start still retried after
+// failing with err, and how long it has waited. A standby's store is
+// reachable: calling its wait "unreachable" would send the operator
+// after the network instead of the node that holds the lease.
+func stillNotOpen(err error, waited time.Duration) (string, zap.Field) {
+	if errors.Is(err, segment.ErrLeaseHeld) {
+		return "storage still in use by another node; waiting for its lease", zap.Duration("waited_for", waited)
+	}
+	return "storage still not open; retrying", zap.Duration("unreachable_for", waited)
 }
 
 // doStart makes one attempt to start the engine, bounded by ctx.

@@ -671,3 +671,30 @@ func TestRetryWait(t *testing.T) {
 		})
 	}
 }
+
+// The lines of a retried start name its wait after what it waited for: a
+// standby waits for another node's lease, which the five-minute warning
+// used to call being unreachable while the line ending it said waited_for.
+func TestRetriedStartLines(t *testing.T) {
+	leaseHeld := fmt.Errorf("start engine: %w", &segment.LeaseHeldError{Node: "other", Until: time.Now()})
+	unreachable := errors.New("dial tcp: connection refused")
+	tests := []struct {
+		name       string
+		line       func(error, time.Duration) (string, zap.Field)
+		err        error
+		msg, field string
+	}{
+		{"warning, lease held", stillNotOpen, leaseHeld, "in use by another node", "waited_for"},
+		{"warning, unreachable", stillNotOpen, unreachable, "still not open", "unreachable_for"},
+		{"opened, lease was held", openedAfter, leaseHeld, "another node let go of it", "waited_for"},
+		{"opened, was unreachable", openedAfter, unreachable, "after being unreachable", "unreachable_for"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			msg, f := tt.line(tt.err, 5*time.Minute)
+			if !strings.Contains(msg, tt.msg) || f.Key != tt.field || time.Duration(f.Integer) != 5*time.Minute {
+				t.Errorf("got %q with %s=%v, want %q with %s=5m0s", msg, f.Key, time.Duration(f.Integer), tt.msg, tt.field)
+			}
+		})
+	}
+}
