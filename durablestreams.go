@@ -489,7 +489,7 @@ func (d *durableStreams) refuseBody(w http.ResponseWriter, r *http.Request, name
 				d.engineError(w, r, &streamstore.ClosedError{NextSeq: info.NextSeq})
 				return
 			case !sameMediaType(ct, info.ContentType):
-				d.engineError(w, r, streamstore.ErrContentType)
+				d.engineError(w, r, &streamstore.ContentTypeError{Sent: ct, Stream: info.ContentType})
 				return
 			}
 		}
@@ -1249,7 +1249,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		// type, a name a soft-deleted stream still holds (section 4.2).
 		fail(w, http.StatusConflict, err.Error())
 	case errors.Is(err, streamstore.ErrContentType):
-		fail(w, http.StatusConflict, "Content-Type does not match the stream's")
+		fail(w, http.StatusConflict, contentTypeMessage(err))
 	case errors.Is(err, streamstore.ErrStreamSeq):
 		fail(w, http.StatusConflict, "Stream-Seq is not greater than the last one")
 	case errors.Is(err, streamstore.ErrBadRequest):
@@ -1291,6 +1291,18 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 // the 400 says already.
 func badRequestReason(err error) string {
 	return strings.TrimPrefix(err.Error(), streamstore.ErrBadRequest.Error()+": ")
+}
+
+// contentTypeMessage is the reason of an append refused for its content
+// type, in either protocol: both types, so that a client that sent one it
+// did not mean to (curl's --data sends application/x-www-form-urlencoded)
+// sees which.
+func contentTypeMessage(err error) string {
+	var ct *streamstore.ContentTypeError
+	if errors.As(err, &ct) {
+		return fmt.Sprintf("Content-Type %s does not match the stream's (%s)", ct.Sent, ct.Stream)
+	}
+	return "Content-Type does not match the stream's"
 }
 
 // damagedMessage answers a read that met streamstore.ErrDamaged, in either

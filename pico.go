@@ -403,7 +403,7 @@ func (p *picoProtocol) append(w http.ResponseWriter, r *http.Request, name strin
 			p.engineError(w, r, &streamstore.ClosedError{NextSeq: info.NextSeq})
 			return
 		case req.ContentType != "" && !sameMediaType(req.ContentType, info.ContentType):
-			p.engineError(w, r, streamstore.ErrContentType)
+			p.engineError(w, r, &streamstore.ContentTypeError{Sent: req.ContentType, Stream: info.ContentType})
 			return
 		case isJSON(info.ContentType):
 			picoFail(w, http.StatusBadRequest, picoErrBadRequest, nonJSONMessage(i), nil)

@@ -263,7 +263,7 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 	case errors.Is(err, streamstore.ErrConflict):
 		picoFail(w, http.StatusConflict, picoErrConflict, err.Error(), nil)
 	case errors.Is(err, streamstore.ErrContentType):
-		picoFail(w, http.StatusConflict, picoErrConflict, "Content-Type does not match the stream's", nil)
+		picoFail(w, http.StatusConflict, picoErrConflict, contentTypeMessage(err), nil)
 	case errors.Is(err, streamstore.ErrBadRequest):
 		picoFail(w, http.StatusBadRequest, picoErrBadRequest, badRequestReason(err), nil)
 	case errors.Is(err, streamstore.ErrShuttingDown):

@@ -104,7 +104,8 @@ type Producer struct {
 // AppendRequest appends zero or more records atomically, on consecutive seqs.
 // Zero records with Close set is a close-only request.
 type AppendRequest struct {
-	// ContentType, when not empty, must equal the stream's (ErrContentType).
+	// ContentType, when not empty, must equal the stream's (a
+	// ContentTypeError, matching ErrContentType).
 	ContentType string
 	Records     []NewRecord
 	// Close seals the stream after the records.
@@ -230,6 +231,19 @@ var (
 type ClosedError struct{ NextSeq uint64 }
 
 func (e *ClosedError) Error() string { return fmt.Sprintf("stream is closed at seq %d", e.NextSeq) }
+
+// ContentTypeError: an append's content type is not its stream's. It
+// matches ErrContentType; it names both types, so that a client that
+// sent another type than it meant (curl's --data sends
+// application/x-www-form-urlencoded) sees which.
+type ContentTypeError struct{ Sent, Stream string }
+
+func (e *ContentTypeError) Error() string {
+	return fmt.Sprintf("content type %s does not match the stream's (%s)", e.Sent, e.Stream)
+}
+
+// Is makes a ContentTypeError match ErrContentType.
+func (e *ContentTypeError) Is(target error) bool { return target == ErrContentType }
 
 // TrimmedError: a position is below the stream's first retained seq, so
 // the records it needs were trimmed. It matches ErrGone.

@@ -81,8 +81,10 @@ func TestCreateAppendRead(t *testing.T) {
 	if err != nil || res.FirstSeq != 1 || res.NextSeq != 3 {
 		t.Fatalf("append: %+v %v", res, err)
 	}
-	if _, err := e.Append(ctx, "/a/b", AppendRequest{ContentType: "text/html", Records: recs("w")}); !errors.Is(err, ErrContentType) {
-		t.Fatalf("content type mismatch: %v", err)
+	_, err = e.Append(ctx, "/a/b", AppendRequest{ContentType: "text/html", Records: recs("w")})
+	var cte *ContentTypeError
+	if !errors.Is(err, ErrContentType) || !errors.As(err, &cte) || cte.Sent != "text/html" || cte.Stream != "text/plain" {
+		t.Fatalf("content type mismatch: %v, want a ContentTypeError naming text/html and text/plain", err)
 	}
 	if got := fmt.Sprint(readAll(t, e, "/a/b")); got != "[x y z]" {
 		t.Fatalf("read %s", got)

@@ -721,8 +721,9 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		}
 	}
 	if req.ContentType != "" && len(req.Records) > 0 && !sameMediaType(req.ContentType, s.meta.ContentType) {
+		err := &ContentTypeError{Sent: req.ContentType, Stream: s.meta.ContentType}
 		s.mu.Unlock()
-		return AppendResult{}, nil, ErrContentType
+		return AppendResult{}, nil, err
 	}
 	if p := req.Producer; p != nil {
 		cur, known := st.Producers.get(p.ID)
