@@ -183,9 +183,10 @@ type Handler struct {
 
 	// Most subscriptions (Durable Streams section 6) under one stream
 	// root; a create past it gets 403 SUBSCRIPTION_LIMIT_EXCEEDED. Any
-	// client may create them, and each costs memory, a document in the
-	// bucket that every start reads, and a look at every lease tick.
-	// Subscriptions already there are kept. Handlers of one storage share
+	// client may create them, and each costs memory and a document in the
+	// bucket that every start reads (the lease tick looks only at those
+	// with something due). Subscriptions already there are kept when it is
+	// lowered. Handlers of one storage share
 	// its subscriptions, each applying its own limit. Default 1000.
 	MaxSubscriptions int `json:"max_subscriptions,omitempty"`
 
