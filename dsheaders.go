@@ -430,11 +430,23 @@ var errBodyTooLarge = errors.New("request body too large")
 // bodyTooLargeError is errBodyTooLarge with the limit the body went over,
 // so that the 413 names the limit that applies: behind request_body
 // max_size 1KB, a client told of a 16 MiB limit would send its body again.
-type bodyTooLargeError struct{ limit int64 }
+// name says which setting that is, so that the operator a client quotes
+// the answer to need not guess it from the number.
+type bodyTooLargeError struct {
+	limit int64
+	name  string
+}
 
 func (e bodyTooLargeError) Error() string {
-	return fmt.Sprintf("body is larger than the %d-byte limit", e.limit)
+	return fmt.Sprintf("body is larger than the %d-byte limit (%s)", e.limit, e.name)
 }
+
+// Names of the limits a body can go over, for bodyTooLargeError.
+const (
+	limitMaxAppendSize = "max_append_size"
+	limitRequestBody   = "the site's request_body max_size"
+	limitSubscription  = "the subscription API's"
+)
 
 func (e bodyTooLargeError) Is(target error) bool { return target == errBodyTooLarge }
 
@@ -459,7 +471,7 @@ func bodyReadError(err error) error {
 	var ne net.Error
 	switch {
 	case errors.As(err, &mbe):
-		return bodyTooLargeError{limit: mbe.Limit}
+		return bodyTooLargeError{limit: mbe.Limit, name: limitRequestBody}
 	case errors.Is(err, os.ErrDeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()):
 		return errBodyTimeout
 	}
@@ -467,8 +479,9 @@ func bodyReadError(err error) error {
 }
 
 // readBody reads the whole request body, but never more than max+1 bytes, so
-// an oversized body costs at most that much memory before it is refused.
-func readBody(r *http.Request, max int64) ([]byte, error) {
+// an oversized body costs at most that much memory before it is refused;
+// name is the limit's, for the error.
+func readBody(r *http.Request, max int64, name string) ([]byte, error) {
 	for _, v := range r.Header.Values("Content-Encoding") {
 		for c := range strings.SplitSeq(v, ",") {
 			if c = strings.TrimSpace(c); c != "" && !strings.EqualFold(c, "identity") {
@@ -477,7 +490,7 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 		}
 	}
 	if r.ContentLength > max {
-		return nil, bodyTooLargeError{limit: max}
+		return nil, bodyTooLargeError{limit: max, name: name}
 	}
 	if r.Body == nil {
 		return nil, nil
@@ -494,7 +507,7 @@ func readBody(r *http.Request, max int64) ([]byte, error) {
 		return nil, bodyReadError(err)
 	}
 	if int64(len(b)) > max {
-		return nil, bodyTooLargeError{limit: max}
+		return nil, bodyTooLargeError{limit: max, name: name}
 	}
 	return b, nil
 }

@@ -285,7 +285,7 @@ func TestReadBodyLimit(t *testing.T) {
 	} {
 		r := httptest.NewRequest(http.MethodPost, "/s", strings.NewReader(tc.body))
 		r.ContentLength = tc.length
-		got, err := readBody(r, 5)
+		got, err := readBody(r, 5, limitMaxAppendSize)
 		if !errors.Is(err, tc.wantErr) || (err == nil && string(got) != tc.body) {
 			t.Errorf("%q (length %d): %q, %v", tc.body, tc.length, got, err)
 		}
@@ -294,7 +294,7 @@ func TestReadBodyLimit(t *testing.T) {
 	src := &countingReader{r: bytes.NewReader(make([]byte, 1<<20))}
 	r := httptest.NewRequest(http.MethodPost, "/s", src)
 	r.ContentLength = -1
-	if _, err := readBody(r, 100); !errors.Is(err, errBodyTooLarge) {
+	if _, err := readBody(r, 100, limitMaxAppendSize); !errors.Is(err, errBodyTooLarge) {
 		t.Fatalf("err = %v", err)
 	}
 	if src.n > 101 {
@@ -311,13 +311,13 @@ func TestReadBodyNamesCaddysLimit(t *testing.T) {
 		r.ContentLength = length
 		// What request_body does with max_size 1KB.
 		r.Body = http.MaxBytesReader(httptest.NewRecorder(), r.Body, 1000)
-		_, err := readBody(r, 16<<20)
-		if !errors.Is(err, errBodyTooLarge) || err.Error() != "body is larger than the 1000-byte limit" {
-			t.Errorf("length %d: %v, want the 1000-byte limit", length, err)
+		_, err := readBody(r, 16<<20, limitMaxAppendSize)
+		if !errors.Is(err, errBodyTooLarge) || err.Error() != "body is larger than the 1000-byte limit (the site's request_body max_size)" {
+			t.Errorf("length %d: %v, want the 1000-byte limit, request_body's", length, err)
 		}
 	}
 	r := httptest.NewRequest(http.MethodPost, "/s", strings.NewReader("123456"))
-	if _, err := readBody(r, 5); err == nil || err.Error() != "body is larger than the 5-byte limit" {
+	if _, err := readBody(r, 5, limitMaxAppendSize); err == nil || err.Error() != "body is larger than the 5-byte limit (max_append_size)" {
 		t.Errorf("over max_append_size: %v, want the 5-byte limit", err)
 	}
 }
@@ -334,13 +334,13 @@ func TestReadBodyKnownLength(t *testing.T) {
 		}
 		r := httptest.NewRequest(http.MethodPost, "/s", iotest.HalfReader(bytes.NewReader(want)))
 		r.ContentLength = int64(n)
-		got, err := readBody(r, 2<<20)
+		got, err := readBody(r, 2<<20, limitMaxAppendSize)
 		if err != nil || !bytes.Equal(got, want) {
 			t.Errorf("a %d-byte body: %d bytes, %v", n, len(got), err)
 		}
 		r = httptest.NewRequest(http.MethodPost, "/s", bytes.NewReader(want[:n-1]))
 		r.ContentLength = int64(n)
-		if got, err := readBody(r, 2<<20); !errors.Is(err, io.ErrUnexpectedEOF) {
+		if got, err := readBody(r, 2<<20, limitMaxAppendSize); !errors.Is(err, io.ErrUnexpectedEOF) {
 			t.Errorf("a %d-byte body one byte short: %d bytes, %v", n, len(got), err)
 		}
 	}
@@ -350,7 +350,7 @@ func TestReadBodyKnownLength(t *testing.T) {
 	r.ContentLength = announced
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	_, err := readBody(r, announced)
+	_, err := readBody(r, announced, limitMaxAppendSize)
 	runtime.ReadMemStats(&after)
 	if err == nil {
 		t.Fatal("a body cut short was taken")
@@ -578,7 +578,7 @@ func TestReadBodyTimeout(t *testing.T) {
 				r.ContentLength = tc.length
 				return r
 			}
-			if _, err := readBody(newReq(), 1<<20); !errors.Is(err, tc.want) {
+			if _, err := readBody(newReq(), 1<<20, limitMaxAppendSize); !errors.Is(err, tc.want) {
 				t.Errorf("readBody: %v, want %v", err, tc.want)
 			}
 			ds := &durableStreams{maxAppend: 1 << 20}

@@ -1179,7 +1179,7 @@ func toRecords(msgs [][]byte) []streamstore.NewRecord {
 // readBody reads an append or create body, answering 413, 415, 408 or 400
 // itself.
 func (d *durableStreams) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := readBody(r, d.maxAppend)
+	body, err := readBody(r, d.maxAppend, limitMaxAppendSize)
 	switch {
 	case errors.Is(err, errBodyTooLarge):
 		fail(w, http.StatusRequestEntityTooLarge, err.Error())

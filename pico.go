@@ -110,7 +110,7 @@ func (p *picoProtocol) engineFor(w http.ResponseWriter, r *http.Request) (*strea
 // readBody reads a create or append body, answering 413, 415, 408 or 400
 // itself.
 func (p *picoProtocol) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := readBody(r, p.maxAppend)
+	body, err := readBody(r, p.maxAppend, limitMaxAppendSize)
 	switch {
 	case errors.Is(err, errBodyTooLarge):
 		picoFail(w, http.StatusRequestEntityTooLarge, picoErrTooLarge, err.Error(), nil)

@@ -2485,7 +2485,7 @@ func webhookDial(ctx context.Context, network, addr string) (net.Conn, error) {
 // request is malformed), 415 for one with a content coding, 408 for one
 // that stopped arriving, 400 for anything else.
 func readJSONBody(w http.ResponseWriter, r *http.Request, v any) bool {
-	data, err := readBody(r, subMaxBody)
+	data, err := readBody(r, subMaxBody, limitSubscription)
 	switch {
 	case errors.Is(err, errBodyTooLarge):
 		subError(w, http.StatusRequestEntityTooLarge, "PAYLOAD_TOO_LARGE", err.Error())
