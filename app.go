@@ -567,7 +567,7 @@ func (r *engineRef) activate(a *App) {
 		if h.app == a {
 			h.started = true
 			r.holders = append(append(r.holders[:i:i], r.holders[i+1:]...), h)
-			r.reconfigureLocked(h.settings)
+			r.reconfigureLocked(h.settings, true)
 			return
 		}
 	}
@@ -582,7 +582,10 @@ func (r *engineRef) release(a *App) {
 	r.holders = slices.DeleteFunc(r.holders, func(h holder) bool { return h.app == a })
 	for i := len(r.holders) - 1; i >= 0; i-- {
 		if r.holders[i].started {
-			r.reconfigureLocked(r.holders[i].settings)
+			// Its activation warned of an s3_timeout it could not
+			// apply; the old config's cleanup after every reload
+			// comes here and would warn a second time.
+			r.reconfigureLocked(r.holders[i].settings, false)
 			return
 		}
 	}
@@ -590,14 +593,16 @@ func (r *engineRef) release(a *App) {
 
 // reconfigureLocked makes s the engine's settings; r.mu held. The
 // object-store timeout belongs to the store opened with the first config
-// and stays until a restart.
-func (r *engineRef) reconfigureLocked(s engineSettings) {
+// and stays until a restart; warnS3 says to warn when s asks for another.
+func (r *engineRef) reconfigureLocked(s engineSettings, warnS3 bool) {
 	if s == r.settings {
 		return
 	}
 	if s.S3Timeout != r.settings.S3Timeout {
-		r.log.Warn("s3_timeout changed; it takes effect when Caddy restarts",
-			zap.Duration("running", r.settings.S3Timeout), zap.Duration("configured", s.S3Timeout))
+		if warnS3 {
+			r.log.Warn("s3_timeout changed; it takes effect when Caddy restarts",
+				zap.Duration("running", r.settings.S3Timeout), zap.Duration("configured", s.S3Timeout))
+		}
 		s.S3Timeout = r.settings.S3Timeout
 		if s == r.settings {
 			return // nothing else changed: the engine runs as it did
