@@ -20,6 +20,7 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/credentials/ec2rolecreds"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
@@ -85,6 +86,13 @@ func NewS3Store(ctx context.Context, loc Location, opts OpenOptions) (*S3Store, 
 	if cfg.Region == "" {
 		cfg.Region = "us-east-1"
 	}
+	// With nothing in the environment or the shared config files, the
+	// chain ends at the EC2 instance role. Off EC2, or on an instance
+	// without a role, the SDK's error speaks of the metadata service
+	// only; say what is missing instead, the SDK's error wrapped.
+	if opts.AccessKeyID == "" && aws.IsCredentialsProvider(cfg.Credentials, (*ec2rolecreds.Provider)(nil)) {
+		cfg.Credentials = instanceRoleCredentials{cfg.Credentials}
+	}
 	// Our own client on that transport, so Close can release its idle
 	// connections. Redirects are not followed: S3 redirects (wrong region)
 	// are errors to report, not to chase.
@@ -143,6 +151,50 @@ func NewS3Store(ctx context.Context, loc Location, opts OpenOptions) (*S3Store, 
 		opts:      opts,
 		transport: transport,
 	}, nil
+}
+
+// NoCredentialsError is the error of an S3 request for which the AWS
+// credential chain found no credentials: none in the environment or the
+// shared config files, and none from an EC2 instance role. Err is the
+// SDK's error from the instance metadata service. No retry fixes it: the
+// chain is read once, when the store is opened.
+type NoCredentialsError struct{ Err error }
+
+func (e *NoCredentialsError) Error() string {
+	return "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE and a shared " +
+		"config file) in Caddy's environment, or run on an EC2 instance with a role; the instance role, " +
+		"the last place the AWS credential chain looks, gave none: " + e.Err.Error()
+}
+
+func (e *NoCredentialsError) Unwrap() error { return e.Err }
+
+// instanceRoleCredentials is the credential chain when all it has left is
+// the EC2 instance role (the SDK's credentials cache around it). A role
+// that answers is used as ever; a failure is a NoCredentialsError.
+type instanceRoleCredentials struct{ aws.CredentialsProvider }
+
+// Retrieve implements aws.CredentialsProvider.
+func (p instanceRoleCredentials) Retrieve(ctx context.Context) (aws.Credentials, error) {
+	c, err := p.CredentialsProvider.Retrieve(ctx)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return c, &NoCredentialsError{Err: err}
+	}
+	return c, err
+}
+
+// IsCredentialsProvider lets aws.IsCredentialsProvider see through the
+// wrapper, as it sees through the SDK's cache.
+func (p instanceRoleCredentials) IsCredentialsProvider(target aws.CredentialsProvider) bool {
+	return aws.IsCredentialsProvider(p.CredentialsProvider, target)
+}
+
+// ProviderSources keeps the SDK's account of where the credentials came
+// from (it goes into the User-Agent).
+func (p instanceRoleCredentials) ProviderSources() []aws.CredentialSource {
+	if s, ok := p.CredentialsProvider.(aws.CredentialProviderSource); ok {
+		return s.ProviderSources()
+	}
+	return nil
 }
 
 // String returns the store's location, e.g. s3://bucket/prefix.
@@ -530,6 +582,13 @@ func (s *S3Store) do(ctx context.Context, op Op, key string, attempt func(ctx co
 		began := time.Now()
 		retry, err = attempt(actx)
 		timedOut := actx.Err() != nil && ctx.Err() == nil
+		var noCreds *NoCredentialsError
+		if errors.As(err, &noCreds) {
+			// The request never left: what the SDK wraps around the
+			// credentials' error ("operation error S3: GetObject, get
+			// identity: get credentials") only hides the reason.
+			err = noCreds
+		}
 		cancel()
 		s.opts.Stats.observe(op, key, time.Since(began), outcomeOf(err, timedOut))
 		if err == nil {
@@ -642,6 +701,14 @@ func Transient(err error) bool {
 func classify(err error) (retry, maybeApplied bool) {
 	if errors.Is(err, context.Canceled) {
 		return false, true
+	}
+	// No credentials: the request was never sent, and the chain that
+	// found none is not read again. (An instance role that fails to
+	// refresh keeps its last keys for a while: the SDK covers a metadata
+	// service's hiccup itself.)
+	var noCreds *NoCredentialsError
+	if errors.As(err, &noCreds) {
+		return false, false
 	}
 	switch errorCode(err) {
 	case "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
