@@ -1342,22 +1342,40 @@ func fail(w http.ResponseWriter, status int, msg string) {
 // clientPrefix is the part of the client's URL path that Caddy stripped
 // before this handler (handle_path, uri strip_prefix), so that URLs written
 // back to clients stay in their URL space. The prefix is the client's own
-// spelling where the rest of its path is the stream's; strip_prefix cleans
-// the path before it strips (dot segments, repeated slashes), so where
-// that changed the rest (/app/ds/a//b is the stream /a/b) it is the prefix
-// of the cleaned path.
+// spelling (its case, a "//" the route may need) where the rest of its path
+// is the stream's. strip_prefix cleans the path before it strips (dot
+// segments, repeated slashes), so where that changed the rest
+// (/app/ds/a//b is the stream /a/b) it is the prefix of the cleaned path;
+// and so it is where the stream's name merely ends a path that was cleaned
+// (/app/ds/a/../b, /app/ds//b are the stream /b under /app/ds, not under
+// /app/ds/a/.. or /app/ds/).
 func clientPrefix(r *http.Request) string {
 	orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request)
 	if !ok || orig.URL == nil {
 		return ""
 	}
-	if p, found := strings.CutSuffix(orig.URL.Path, r.URL.Path); found {
+	if p, found := strings.CutSuffix(orig.URL.Path, r.URL.Path); found && cleanPrefix(p) {
 		return p
 	}
 	if p, found := strings.CutSuffix(caddyhttp.CleanPath(orig.URL.Path, true), r.URL.Path); found {
 		return p
 	}
 	return ""
+}
+
+// cleanPrefix reports whether p, a prefix of a request's path, is one
+// Caddy's cleaning leaves as it is but for repeated slashes inside it: no
+// "." or ".." segment, and no trailing slash (the "//" before the rest).
+func cleanPrefix(p string) bool {
+	if strings.HasSuffix(p, "/") {
+		return false
+	}
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "." || seg == ".." {
+			return false
+		}
+	}
+	return true
 }
 
 // publicURL is the absolute URL clients use for the stream name.

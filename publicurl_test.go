@@ -122,6 +122,9 @@ func TestClientPrefix(t *testing.T) {
 		{name: "repeated slash in the name", orig: "/app/ds/a//b", path: "/a/b", want: "/app/ds"},
 		{name: "repeated slash in the prefix", orig: "/app//ds/z", path: "/z", want: "/app//ds"},
 		{name: "dot segments in the name", orig: "/app/ds/x/./y//z", path: "/x/y/z", want: "/app/ds"},
+		{name: "dot-dot segment before the name", orig: "/app/ds/a/../b", path: "/b", want: "/app/ds"},
+		{name: "dot segment before the name", orig: "/app/ds/./b", path: "/b", want: "/app/ds"},
+		{name: "repeated slash before the name", orig: "/app/ds//b", path: "/b", want: "/app/ds"},
 		{name: "unrelated paths", orig: "/other", path: "/a", want: ""},
 	}
 	for _, tt := range tests {
