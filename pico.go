@@ -387,27 +387,39 @@ func (p *picoProtocol) append(w http.ResponseWriter, r *http.Request, name strin
 	if !ok {
 		return
 	}
-	if i := firstNonJSON(req.Records); i >= 0 {
+	// A record sent as a type that is not JSON needs no look: the engine
+	// refuses it for a JSON stream (409), as for any other type.
+	if i := firstNonJSON(req.Records); i >= 0 && (req.ContentType == "" || isJSON(req.ContentType)) {
 		// Records of an application/json stream must be JSON values, or
 		// Durable Streams' JSON-mode reads of the stream would break.
 		// Only the stream knows its type: a lookup, in memory unless
-		// evicted, needed only when a record is not JSON. Closure and a
-		// content-type mismatch come first, as the engine orders them.
+		// evicted, needed only when a record is not JSON.
 		info, err := eng.Head(r.Context(), name)
 		if err != nil {
 			p.engineError(w, r, err)
 			return
 		}
-		switch {
-		case info.Closed:
-			p.engineError(w, r, &streamstore.ClosedError{NextSeq: info.NextSeq})
+		if isJSON(info.ContentType) {
+			// Closure and a content-type mismatch come first, as the
+			// engine orders them. (A producer's retry of the append that
+			// closed the stream had JSON records, as the first try did.)
+			switch {
+			case info.Closed:
+				p.engineError(w, r, &streamstore.ClosedError{NextSeq: info.NextSeq})
+			case req.ContentType != "" && !sameMediaType(req.ContentType, info.ContentType):
+				p.engineError(w, r, &streamstore.ContentTypeError{Sent: req.ContentType, Stream: info.ContentType})
+			default:
+				picoFail(w, http.StatusBadRequest, picoErrBadRequest, nonJSONMessage(i), nil)
+			}
 			return
-		case req.ContentType != "" && !sameMediaType(req.ContentType, info.ContentType):
-			p.engineError(w, r, &streamstore.ContentTypeError{Sent: req.ContentType, Stream: info.ContentType})
-			return
-		case isJSON(info.ContentType):
-			picoFail(w, http.StatusBadRequest, picoErrBadRequest, nonJSONMessage(i), nil)
-			return
+		}
+		// Not a JSON stream: the records are fine, and the engine answers
+		// the rest in its own order, a closed stream after a producer's
+		// retry of the append that closed it (a duplicate, 200). The
+		// type looked at goes with them, so that a stream deleted and
+		// made again as JSON meanwhile refuses them.
+		if req.ContentType == "" {
+			req.ContentType = info.ContentType
 		}
 	}
 	res, err := eng.Append(writeContext(r), name, req)

@@ -85,6 +85,31 @@ func TestPicoReference(t *testing.T) {
 		{name: "producer 0 again, an older seq", method: "POST", path: "/pico/ref/s", body: []byte("r1"), hdr: []string{"Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0"},
 			status: 200, want: []string{"Pico-Start-Seq", "", "Pico-Timestamp", "", "Pico-Next-Seq", "3"}},
 
+		// A producer's retry of the append that closed the stream (its
+		// answer lost) is that append, acknowledged again without
+		// writing, whatever its records hold; any other seq is refused
+		// as the stream is closed.
+		{name: "create for a closing producer", method: "PUT", path: "/pico/ref/pc", hdr: []string{"Content-Type", "text/plain"}, status: 201},
+		{name: "a producer's closing append", method: "POST", path: "/pico/ref/pc", body: []byte("last"),
+			hdr:    []string{"Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0", "Pico-Closed", "true"},
+			status: 200, want: []string{"Pico-Start-Seq", "0", "Pico-Next-Seq", "1", "Pico-Closed", "true"}},
+		{name: "the closing append again", method: "POST", path: "/pico/ref/pc", body: []byte("last"),
+			hdr:    []string{"Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0", "Pico-Closed", "true"},
+			status: 200, want: []string{"Pico-Start-Seq", "", "Pico-Timestamp", "", "Pico-Next-Seq", "1", "Pico-Closed", "true", "Pico-Producer-Seq", "0"}, writeNothing: true},
+		{name: "the producer's next seq on the closed stream", method: "POST", path: "/pico/ref/pc", body: []byte("more"),
+			hdr:    []string{"Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "1"},
+			status: 409, code: "closed", want: []string{"Pico-Closed", "true", "Pico-Next-Seq", "1"}, writeNothing: true},
+		{name: "create for a closing batch", method: "PUT", path: "/pico/ref/pcb", hdr: []string{"Content-Type", picoBinaryBatch}, status: 201},
+		{name: "a producer's closing batch", method: "POST", path: "/pico/ref/pcb", body: picoEncodeBinary([]picoNewRecord{{body: []byte{0xff}}, {body: []byte("z")}}),
+			hdr:    []string{"Content-Type", picoBinaryBatch, "Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0", "Pico-Closed", "true"},
+			status: 200, want: []string{"Pico-Start-Seq", "0", "Pico-Next-Seq", "2", "Pico-Closed", "true"}},
+		{name: "the closing batch again", method: "POST", path: "/pico/ref/pcb", body: picoEncodeBinary([]picoNewRecord{{body: []byte{0xff}}, {body: []byte("z")}}),
+			hdr:    []string{"Content-Type", picoBinaryBatch, "Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0", "Pico-Closed", "true"},
+			status: 200, want: []string{"Pico-Start-Seq", "", "Pico-Next-Seq", "2", "Pico-Closed", "true"}, writeNothing: true},
+		{name: "the closed streams kept their records", method: "GET", path: "/pico/ref/pc?format=raw", status: 200, wantBody: str("last")},
+		{name: "delete the closing producer's stream", method: "DELETE", path: "/pico/ref/pc", status: 204},
+		{name: "delete the closing batch's stream", method: "DELETE", path: "/pico/ref/pcb", status: 204},
+
 		// Without seq= a read starts where Last-Event-ID says, so a cache
 		// must tell such pages apart, and one placed by the header alone
 		// is kept by none: a CDN that ignores Vary would serve it to
