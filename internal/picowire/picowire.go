@@ -249,6 +249,12 @@ func DecodeJSON(data []byte) ([]Record, error) {
 	if !utf8.Valid(data) {
 		return nil, malformed("batch is not valid UTF-8")
 	}
+	// encoding/json would decode such an escape to U+FFFD: the record
+	// stored would not be the one sent.
+	if at, ok := unpairedSurrogate(data); ok {
+		return nil, malformed("the escape %s at byte %d is half a UTF-16 surrogate pair, which stands for no character; "+
+			"send a body that is not text as body_b64", data[at:at+6], at)
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	var recs []Record
@@ -343,6 +349,50 @@ func jsonRecord(dec *json.Decoder) (Record, error) {
 		return Record{}, malformed("a record needs body or body_b64")
 	}
 	return rec, nil
+}
+
+// unpairedSurrogate returns the offset of the first \u escape in a string
+// of the JSON text data that is a UTF-16 surrogate without its other
+// half: a high one (D800-DBFF) not followed at once by an escaped low one
+// (DC00-DFFF), or a low one alone. It reads only as much of the syntax as
+// it needs; the decoder refuses what is not JSON.
+func unpairedSurrogate(data []byte) (int, bool) {
+	inString := false
+	for i := 0; i < len(data); i++ {
+		switch c := data[i]; {
+		case !inString:
+			inString = c == '"'
+		case c == '"':
+			inString = false
+		case c == '\\':
+			u, ok := escapedUnit(data, i)
+			if !ok {
+				i++ // a one-letter escape, or a malformed one
+				continue
+			}
+			switch {
+			case u >= 0xd800 && u <= 0xdbff:
+				if low, ok := escapedUnit(data, i+6); ok && low >= 0xdc00 && low <= 0xdfff {
+					i += 11
+					continue
+				}
+				return i, true
+			case u >= 0xdc00 && u <= 0xdfff:
+				return i, true
+			}
+			i += 5
+		}
+	}
+	return 0, false
+}
+
+// escapedUnit reads a \uXXXX escape at data[i:].
+func escapedUnit(data []byte, i int) (uint16, bool) {
+	if i+6 > len(data) || data[i] != '\\' || data[i+1] != 'u' {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(string(data[i+2:i+6]), 16, 16)
+	return uint16(n), err == nil
 }
 
 // object walks a JSON object, calling fn with the decoder positioned at

@@ -91,6 +91,20 @@ func TestDecodeJSON(t *testing.T) {
 	}
 }
 
+// TestDecodeJSONEscapes: escapes that stand for characters, surrogate
+// pairs included, decode to their UTF-8; an escaped backslash before a
+// "u" is no escape of a unit.
+func TestDecodeJSONEscapes(t *testing.T) {
+	recs, err := DecodeJSON([]byte(`{"records":[{"body":"\ud83e\udd80 \u00e9 \\ud800 \"\\","headers":{"\uD83E\uDD80":"\t"}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Record{{Headers: []segment.Header{{Name: "\U0001F980", Value: "\t"}}, Body: []byte("\U0001F980 \u00e9 \\ud800 \"\\")}}
+	if !reflect.DeepEqual(recs, want) {
+		t.Fatalf("got %+v, want %+v", recs, want)
+	}
+}
+
 func TestDecodeJSONMalformed(t *testing.T) {
 	cases := map[string]string{
 		"not json":             `{`,
@@ -110,6 +124,13 @@ func TestDecodeJSONMalformed(t *testing.T) {
 		"headers twice":        `{"records":[{"body":"a","headers":{"k":"1"},"headers":{"k":"2"}}]}`,
 		"header twice":         `{"records":[{"body":"a","headers":{"k":"1","j":"","k":"2"}}]}`,
 		"header escaped twice": `{"records":[{"body":"a","headers":{"k":"1","\u006b":"2"}}]}`,
+		"lone high surrogate":  `{"records":[{"body":"a\ud800b"}]}`,
+		"high surrogate last":  `{"records":[{"body":"a\uD800"}]}`,
+		"lone low surrogate":   `{"records":[{"body":"\udc00"}]}`,
+		"surrogates reversed":  `{"records":[{"body":"\udd80\ud83e"}]}`,
+		"high then other":      `{"records":[{"body":"\ud83e\u0041"}]}`,
+		"surrogate in header":  `{"records":[{"body":"a","headers":{"k":"\ud800"}}]}`,
+		"surrogate in a name":  `{"records":[{"body":"a","headers":{"\udfff":"v"}}]}`,
 	}
 	for name, data := range cases {
 		t.Run(name, func(t *testing.T) {
