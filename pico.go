@@ -659,7 +659,11 @@ func (p *picoProtocol) parseReadQuery(r *http.Request) (picoReadQuery, error) {
 		rq.now = true
 	default:
 		n, ok := parseDigits(seq)
-		if !ok {
+		switch {
+		case !ok && rq.byEventID:
+			// The client sent no seq: name what it did send.
+			return rq, fmt.Errorf("Last-Event-ID must be a seq (a non-negative integer) or now, got %q", seq)
+		case !ok:
 			return rq, fmt.Errorf("seq must be a non-negative integer or now, got %q", seq)
 		}
 		rq.seq, rq.fromStart = n, n == 0

@@ -18,6 +18,7 @@ type picoRefStep struct {
 	hdr          []string // request headers, name/value pairs
 	status       int
 	code         string   // the error name of an error body; "" for a success
+	says         string   // a part of the error body's message, when set
 	want         []string // response headers, name/value pairs; "" means absent
 	wantBody     *string  // the exact body, when set
 	writeNothing bool     // a refused request: the bucket sees no write
@@ -133,6 +134,10 @@ func TestPicoReference(t *testing.T) {
 		// readers from the start, who would miss records 0 and 1.
 		{name: "read from Last-Event-ID", method: "GET", path: "/pico/ref/s?format=raw", hdr: []string{"Last-Event-ID", "2"}, status: 200,
 			wantBody: str("r2"), want: []string{"Cache-Control", "no-store", "Vary", "Last-Event-ID", "Pico-Next-Seq", "3"}},
+		// A reconnect whose Last-Event-ID is no seq (a Durable Streams
+		// offset, say) is told that header is wrong: it sent no seq.
+		{name: "a Last-Event-ID that is no seq", method: "GET", path: "/pico/ref/s?live=sse", hdr: []string{"Last-Event-ID", "0000000000000002_0000000000000000"},
+			status: 400, code: "bad_request", says: `Last-Event-ID must be a seq (a non-negative integer) or now, got "0000000000000002_0000000000000000"`},
 		{name: "read from the start without seq", method: "GET", path: "/pico/ref/s?format=raw", status: 200, wantBody: str("r0r1r2"),
 			want: []string{"Cache-Control", catchUpCache, "Vary", "Last-Event-ID"}},
 
@@ -188,8 +193,8 @@ func TestPicoReference(t *testing.T) {
 		}
 		if s.code != "" {
 			body := picoWantError(t, s.name, resp, s.status, s.code)
-			if msg, _ := body["message"].(string); msg == "" {
-				t.Errorf("%s: error body %s has no message", s.name, resp.Body)
+			if msg, _ := body["message"].(string); msg == "" || !strings.Contains(msg, s.says) {
+				t.Errorf("%s: error body %s has no message saying %q", s.name, resp.Body, s.says)
 			}
 		}
 		picoWant(t, s.name, resp, s.status, s.want...)
