@@ -144,7 +144,7 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 		req.Records = nil
 		ct := ct
 		if confirm {
-			cur, err := eng.Head(r.Context(), name)
+			cur, err := eng.Head(writeContext(r), name)
 			if err != nil || cur.Fork.Source != fork.from.Source {
 				confirm = false
 				continue
@@ -299,7 +299,7 @@ func forkSourceName(r *http.Request, v string) (string, error) {
 // (seq, bytes) form, which needs the source's tail and content type. It
 // answers errors itself and returns the source's content type.
 func (d *durableStreams) resolveFork(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, f *forkRequest) (string, bool) {
-	src, err := eng.Head(r.Context(), f.from.Source)
+	src, err := eng.Head(writeContext(r), f.from.Source)
 	switch {
 	case errors.Is(err, streamstore.ErrNotFound):
 		fail(w, http.StatusNotFound, "the Stream-Forked-From stream does not exist")
@@ -483,7 +483,7 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 // wrong whatever the stream.
 func (d *durableStreams) refuseBody(w http.ResponseWriter, r *http.Request, name, ct string, bodyErr error) {
 	if eng, err := d.engine(r.Context()); err == nil {
-		if info, err := eng.Head(r.Context(), name); err == nil {
+		if info, err := eng.Head(writeContext(r), name); err == nil {
 			switch {
 			case info.Closed:
 				d.engineError(w, r, &streamstore.ClosedError{NextSeq: info.NextSeq})

@@ -394,7 +394,7 @@ func (p *picoProtocol) append(w http.ResponseWriter, r *http.Request, name strin
 		// Durable Streams' JSON-mode reads of the stream would break.
 		// Only the stream knows its type: a lookup, in memory unless
 		// evicted, needed only when a record is not JSON.
-		info, err := eng.Head(r.Context(), name)
+		info, err := eng.Head(writeContext(r), name)
 		if err != nil {
 			p.engineError(w, r, err)
 			return

@@ -233,11 +233,13 @@ func writeCut(r *http.Request) (cut time.Time, ok bool) {
 	return hard.Add(-margin), true
 }
 
-// writeContext is the context of a write request r: the engine's wait for
-// the write to become durable ends at writeCut, answering ErrUnconfirmed
-// (a 503 that says the write was not acknowledged) where Caddy's `write`
-// timeout would otherwise cut the response and leave the client unable to
-// tell a refused write from a network fault.
+// writeContext is the context of a write request r, and of the lookups it
+// makes first: the engine's wait for the write to become durable ends at
+// writeCut, answering ErrUnconfirmed (a 503 that says the write was not
+// acknowledged), and a wait before the write was handed to storage (the
+// stream's metadata read) ErrTooLate, where Caddy's `write` timeout would
+// otherwise cut the response and leave the client unable to tell a
+// refused write from a network fault.
 func writeContext(r *http.Request) context.Context {
 	if cut, ok := writeCut(r); ok {
 		return streamstore.WithAnswerBy(r.Context(), cut)

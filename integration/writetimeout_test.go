@@ -2,9 +2,11 @@ package integration
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,18 +29,7 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 		t.Skip("runs Caddy on versitygw")
 	}
 	const write = 2 * time.Second
-	v := testenv.NewVersity(t)
-	p := newProxy(t, v)
-	storage := caddytest.S3Storage(t, v, p.URL())
-	caddyfile := fmt.Sprintf(siteGlobal, fmt.Sprintf("\tservers {\n\t\ttimeouts {\n\t\t\twrite %v\n\t\t}\n\t}\n", write)) +
-		"http://127.0.0.1:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
-		siteMounts(storage, bothMounts, nil) + "}\n"
-	c := caddytest.Start(t, caddytest.Options{Caddyfile: caddyfile, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
-	// A connection per request: Go's client sends a PUT again, unseen,
-	// when a reused connection closes without an answer.
-	tr := &http.Transport{DisableKeepAlives: true, DisableCompression: true}
-	t.Cleanup(tr.CloseIdleConnections)
-	sc := &siteClient{origin: c.URL(), hc: &http.Client{Transport: tr}}
+	_, p, sc := startWriteTimeoutSite(t, write)
 	text := http.Header{"Content-Type": {textPlain}}
 
 	for _, m := range bothMounts {
@@ -245,6 +236,130 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// startWriteTimeoutSite starts Caddy with both mounts on versitygw behind
+// an S3 proxy, under Caddy's `write` server timeout write, and a client
+// that opens a connection per request: Go's client sends a PUT again,
+// unseen, when a reused connection closes without an answer.
+func startWriteTimeoutSite(t *testing.T, write time.Duration) (*caddytest.Caddy, *testenv.Proxy, *siteClient) {
+	t.Helper()
+	v := testenv.NewVersity(t)
+	p := newProxy(t, v)
+	storage := caddytest.S3Storage(t, v, p.URL())
+	caddyfile := fmt.Sprintf(siteGlobal, fmt.Sprintf("\tservers {\n\t\ttimeouts {\n\t\t\twrite %v\n\t\t}\n\t}\n", write)) +
+		"http://127.0.0.1:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
+		siteMounts(storage, bothMounts, nil) + "}\n"
+	c := caddytest.Start(t, caddytest.Options{Caddyfile: caddyfile, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
+	tr := &http.Transport{DisableKeepAlives: true, DisableCompression: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	return c, p, &siteClient{origin: c.URL(), hc: &http.Client{Transport: tr}}
+}
+
+// TestServerWriteTimeoutReadsBeforeTheWAL: a write reads the bucket
+// before it writes anything when its stream is not in memory (made by an
+// earlier process, or evicted): an append or a close loads the stream's
+// metadata, and a create with a body looks for an existing stream first.
+// Such a read held past the answer time of Caddy's `write` timeout is
+// answered 503 with Retry-After saying that nothing was stored, as the
+// write was never handed to the store, not cut with its connection; the
+// read goes on for the requests after it, and a retry then succeeds and
+// stores the write once.
+func TestServerWriteTimeoutReadsBeforeTheWAL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	const write = 2 * time.Second
+	c, p, sc := startWriteTimeoutSite(t, write)
+	text := http.Header{"Content-Type": {textPlain}}
+	do := func(t *testing.T, method, path string, hdr http.Header, body []byte) *siteResp {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		r, err := sc.do(ctx, method, path, hdr, body)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		return r
+	}
+	// Streams an earlier process made: this one has only their metadata
+	// objects (made without a body, they have no WAL entries to replay).
+	for _, m := range bothMounts {
+		for _, name := range []string{"/cold-append", "/cold-close", "/cold-create"} {
+			if r := do(t, http.MethodPut, m.prefix+name+m.tag(), text, nil); r.status != http.StatusCreated {
+				t.Fatalf("PUT %s: %v", m.prefix+name+m.tag(), r)
+			}
+		}
+	}
+	c.Restart()
+
+	for _, m := range bothMounts {
+		pr := protoOf(m)
+		closed := "Stream-Closed"
+		if m.pico {
+			closed = "Pico-Closed"
+		}
+		read := func(t *testing.T, path string) (int, string) {
+			t.Helper()
+			r := do(t, http.MethodGet, path+"?"+pr.readAll, nil, nil)
+			if r.status != http.StatusOK {
+				return r.status, ""
+			}
+			return r.status, pr.bodies(t, r.body)
+		}
+		for _, tc := range []struct {
+			name   string
+			stream string // its metadata read is held
+			method string
+			hdr    http.Header
+			body   []byte
+			// retry is the status of the write sent again once the
+			// read landed; after it the stream reads want.
+			retry []int
+			want  string
+		}{
+			{"append to a stream not in memory", "/cold-append", http.MethodPost, text, []byte("a;"),
+				[]int{pr.appendStatus}, "a;"},
+			{"close of a stream not in memory", "/cold-close", http.MethodPost, http.Header{closed: {"true"}}, nil,
+				[]int{http.StatusOK, http.StatusNoContent}, ""},
+			{"create with a body of a stream not in memory", "/cold-create", http.MethodPut, text, []byte("c;"),
+				[]int{http.StatusOK}, ""},
+			{"create with a body of a new name", "/new-create", http.MethodPut, text, []byte("n;"),
+				[]int{http.StatusCreated}, "n;"},
+		} {
+			t.Run(strings.TrimPrefix(m.prefix, "/")+"/"+tc.name, func(t *testing.T) {
+				path := m.prefix + tc.stream + m.tag()
+				release := p.Hold(testenv.Fault{Op: testenv.OpGet, KeyContains: hex.EncodeToString([]byte(tc.stream+m.tag())) + ".m"})
+				defer release()
+				ctx, cancel := context.WithTimeout(context.Background(), write+5*time.Second)
+				defer cancel()
+				start := time.Now()
+				r, err := sc.do(ctx, tc.method, path, tc.hdr, tc.body)
+				took := time.Since(start)
+				switch {
+				case err != nil:
+					t.Errorf("%s %s, its metadata read held past write %v: %v after %v, want a 503 before the timeout",
+						tc.method, path, write, err, took.Round(time.Millisecond))
+				case r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" ||
+					!strings.Contains(string(r.body), "nothing was stored"):
+					t.Errorf("%s %s, its metadata read held past write %v: %v, want 503 with Retry-After saying nothing was stored",
+						tc.method, path, write, r)
+				case took >= write:
+					t.Errorf("%s %s, its metadata read held: answered after %v, past the write timeout %v", tc.method, path, took, write)
+				}
+				if p.Held() == 0 {
+					t.Errorf("%s %s: no metadata read was held", tc.method, path)
+				}
+				release()
+				if r := do(t, tc.method, path, tc.hdr, tc.body); !slices.Contains(tc.retry, r.status) {
+					t.Errorf("%s %s again once the read landed: %v, want one of %v", tc.method, path, r, tc.retry)
+				}
+				if status, got := read(t, path); status != http.StatusOK || got != tc.want {
+					t.Errorf("after the refused write and its retry, %s reads %d %q, want 200 %q", path, status, got, tc.want)
+				}
+			})
+		}
 	}
 }
 

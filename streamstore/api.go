@@ -45,7 +45,8 @@ type answerByKey struct{}
 // when t comes before Config.AppendTimeout would end the wait: it then
 // fails as at that timeout, with ErrUnconfirmed, and what it handed to the
 // WAL goes on and may still become durable. A write that reaches the WAL
-// only after t hands it nothing and fails with ErrTooLate. Unlike a
+// only after t, or is still waiting at t for its stream's metadata to be
+// read, hands it nothing and fails with ErrTooLate. Unlike a
 // context deadline it cancels nothing. A server whose response must be written by a deadline
 // of its own passes one a little before it.
 func WithAnswerBy(ctx context.Context, t time.Time) context.Context {

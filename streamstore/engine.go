@@ -820,23 +820,43 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 		e.mu.Unlock()
 		return s, nil
 	}
-	if c, ok := e.loading[name]; ok {
-		e.mu.Unlock()
-		select {
-		case <-c.done:
-			if errors.Is(c.err, errLookAgain) {
-				return e.stream(ctx, name)
-			}
-			return c.s, c.err
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	c, ok := e.loading[name]
+	if !ok {
+		c = &loadCall{done: make(chan struct{})}
+		e.loading[name] = c
+		go e.load(ctx, name, c)
 	}
-	c := &loadCall{done: make(chan struct{})}
-	e.loading[name] = c
 	e.mu.Unlock()
+	// Every request waiting for the load, the one that started it too,
+	// stops waiting when it must be answered, and the load goes on for
+	// the others: a write (WithAnswerBy) still here has handed nothing to
+	// storage, so it is told nothing was stored.
+	wctx, cancel := withAnswerByDeadline(ctx)
+	defer cancel()
+	select {
+	case <-c.done:
+	case <-wctx.Done():
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: the metadata of %s was not read in time: %w", ErrUnavailable, name, ErrTooLate)
+	}
+	if errors.Is(c.err, errLookAgain) {
+		return e.stream(ctx, name)
+	}
+	return c.s, c.err
+}
 
-	c.s, c.err = e.loadMeta(ctx, name)
+// load reads name's metadata object for the lookups that wait on c, and
+// publishes it. It runs on its own, not cancelled by the request that
+// started it, as others may be waiting for it too; the engine's close
+// ends it.
+func (e *Engine) load(ctx context.Context, name string, c *loadCall) {
+	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(e.bgCtx, cancel)
+	c.s, c.err = e.loadMeta(lctx, name)
+	stop()
+	cancel()
 	e.mu.Lock()
 	delete(e.loading, name)
 	if c.err == nil {
@@ -849,7 +869,6 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 	}
 	e.mu.Unlock()
 	close(c.done)
-	return c.s, c.err
 }
 
 // claimName makes lookups of name wait while a create or a delete changes
@@ -858,6 +877,10 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 // The caller holds the name lock. done publishes the outcome: the stream
 // that now exists, or nil and the error lookups should see.
 func (e *Engine) claimName(ctx context.Context, name string) (done func(*stream, error), err error) {
+	// A write waits for a load or another change of the name until it
+	// must be answered: it has stored nothing yet.
+	wctx, cancel := withAnswerByDeadline(ctx)
+	defer cancel()
 	e.mu.Lock()
 	for {
 		c, ok := e.loading[name]
@@ -867,8 +890,11 @@ func (e *Engine) claimName(ctx context.Context, name string) (done func(*stream,
 		e.mu.Unlock()
 		select {
 		case <-c.done:
-		case <-ctx.Done():
-			return nil, ctx.Err()
+		case <-wctx.Done():
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %s was being loaded or changed until the answer was due: %w", ErrUnavailable, name, ErrTooLate)
 		}
 		e.mu.Lock()
 	}
