@@ -125,6 +125,73 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 					t.Errorf("after a late append refused with 503 and a later one the stream reads %q, want %q", got, "next;")
 				}
 			})
+			t.Run("append behind a held close", func(t *testing.T) {
+				// An append behind a close still on its way waits for
+				// the close's fate. Cut at the answer time, it was never
+				// handed to the store: the 503 says nothing was stored,
+				// so a plain retry cannot store it twice. The producer's
+				// retry of the closing append itself may still be
+				// stored, and is told so.
+				path := m.prefix + "/queued-behind-close" + m.tag()
+				mustDo(t, http.MethodPut, path, text, []byte("before;"), http.StatusCreated)
+				closing := producer.Clone()
+				closing.Set(closed, "true")
+				release := p.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "wal/"})
+				defer release()
+				type answer struct {
+					r   *siteResp
+					err error
+				}
+				closeDone := make(chan answer, 1)
+				go func() {
+					ctx, cancel := context.WithTimeout(context.Background(), write+10*time.Second)
+					defer cancel()
+					r, err := sc.do(ctx, http.MethodPost, path, closing, []byte("last;"))
+					closeDone <- answer{r, err}
+				}()
+				hctx, hcancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer hcancel()
+				if err := p.WaitHeld(hctx, 1); err != nil {
+					t.Fatalf("the closing append's WAL upload was not held: %v", err)
+				}
+				for _, tc := range []struct {
+					name string
+					hdr  http.Header
+					body []byte
+					want string
+				}{
+					{"an append", text, []byte("queued;"), "nothing was stored"},
+					{"the closing append's producer retry", closing, []byte("last;"), "may still be stored"},
+				} {
+					ctx, cancel := context.WithTimeout(context.Background(), write+5*time.Second)
+					start := time.Now()
+					r, err := sc.do(ctx, http.MethodPost, path, tc.hdr, tc.body)
+					took := time.Since(start)
+					cancel()
+					switch {
+					case err != nil:
+						t.Errorf("%s behind a held close: %v after %v, want a 503 before the timeout", tc.name, err, took.Round(time.Millisecond))
+					case r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" ||
+						!strings.Contains(string(r.body), tc.want):
+						t.Errorf("%s behind a held close: %v, want 503 with Retry-After saying %q", tc.name, r, tc.want)
+					case took >= write:
+						t.Errorf("%s behind a held close: answered after %v, past the write timeout %v", tc.name, took, write)
+					}
+				}
+				if a := <-closeDone; a.err != nil || a.r.status != http.StatusServiceUnavailable ||
+					!strings.Contains(string(a.r.body), "may still be stored") {
+					t.Errorf("the held closing append: %v %v, want 503 saying it may still be stored", a.r, a.err)
+				}
+				release()
+				lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer lcancel()
+				if err := p.WaitLanded(lctx); err != nil {
+					t.Fatalf("the held upload did not land: %v", err)
+				}
+				if !waitFor(10*time.Second, func() bool { return read(t, path) == "before;last;" }) {
+					t.Errorf("after the held close landed the stream reads %q, want %q", read(t, path), "before;last;")
+				}
+			})
 			t.Run("large append", func(t *testing.T) {
 				// An append of 256 KiB or more is PUT as a blob before
 				// its WAL entry: a blob upload held past the answer

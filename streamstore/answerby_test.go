@@ -3,10 +3,14 @@ package streamstore
 import (
 	"context"
 	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
 )
 
 // TestAnswerByEndsDurabilityWaits: a write whose WAL upload is held waits
@@ -157,6 +161,126 @@ func TestAnswerByPassedWritesNothing(t *testing.T) {
 			}
 			if _, err := e.Head(context.Background(), "/new"); !errors.Is(err, ErrNotFound) {
 				t.Errorf("after the refused create /new: %v, want ErrNotFound", err)
+			}
+		})
+	}
+}
+
+// heldPuts holds, once armed, every PUT of a key starting with prefix
+// until released is closed; held is closed when the first one arrives.
+type heldPuts struct {
+	*memstore.Store
+	prefix   string
+	armed    atomic.Bool
+	once     sync.Once
+	held     chan struct{}
+	released chan struct{}
+}
+
+func (h *heldPuts) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	if h.armed.Load() && strings.HasPrefix(key, h.prefix) {
+		h.once.Do(func() { close(h.held) })
+		select {
+		case <-h.released:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	return h.Store.Put(ctx, key, data, opts)
+}
+
+// TestAnswerQueuedWriteWroteNothing: a write queued behind an entry still
+// in flight (a close, a large append's blob upload) and cut before that
+// entry settles was never handed to the WAL. It is answered so (ErrTooLate
+// at its answer-by time, plain ErrUnavailable at the append timeout),
+// not ErrUnconfirmed, which tells a client it may still be stored and
+// that only producer headers make its retry safe. A producer's retry of
+// the entry waited for may be stored, and keeps ErrUnconfirmed.
+func TestAnswerQueuedWriteWroteNothing(t *testing.T) {
+	const answerIn = 200 * time.Millisecond
+	big := recs(string(make([]byte, blobMinBytes)))
+	prod := &Producer{ID: "p"}
+	tests := []struct {
+		name   string
+		prefix string        // the uploads held
+		ahead  AppendRequest // the write in flight
+		queued func(ctx context.Context, e *Engine) error
+		// answerBy says the queued write has an answer-by time; without
+		// one it waits out the append timeout.
+		answerBy bool
+		want     error
+	}{
+		{"append behind a close", "wal/", AppendRequest{Records: recs("last"), Close: true, Producer: prod},
+			func(ctx context.Context, e *Engine) error {
+				_, err := e.Append(ctx, "/s", AppendRequest{Records: recs("c")})
+				return err
+			}, true, ErrTooLate},
+		{"append behind a close at the append timeout", "wal/", AppendRequest{Close: true},
+			func(ctx context.Context, e *Engine) error {
+				_, err := e.Append(ctx, "/s", AppendRequest{Records: recs("c")})
+				return err
+			}, false, nil},
+		{"create behind a close", "wal/", AppendRequest{Close: true},
+			func(ctx context.Context, e *Engine) error {
+				_, _, err := e.Create(ctx, "/s", CreateRequest{Closed: true})
+				return err
+			}, true, ErrTooLate},
+		{"producer retry of the close", "wal/", AppendRequest{Records: recs("last"), Close: true, Producer: prod},
+			func(ctx context.Context, e *Engine) error {
+				_, err := e.Append(ctx, "/s", AppendRequest{Records: recs("last"), Close: true, Producer: prod})
+				return err
+			}, true, ErrUnconfirmed},
+		{"append behind a large append", "blob/", AppendRequest{Records: big, Producer: prod},
+			func(ctx context.Context, e *Engine) error {
+				_, err := e.Append(ctx, "/s", AppendRequest{Records: recs("c")})
+				return err
+			}, true, ErrTooLate},
+		{"producer retry of the large append", "blob/", AppendRequest{Records: big, Producer: prod},
+			func(ctx context.Context, e *Engine) error {
+				_, err := e.Append(ctx, "/s", AppendRequest{Records: big, Producer: prod})
+				return err
+			}, true, ErrUnconfirmed},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &heldPuts{Store: memstore.New(), prefix: tc.prefix, held: make(chan struct{}), released: make(chan struct{})}
+			timeout := time.Minute
+			if !tc.answerBy {
+				timeout = answerIn
+			}
+			e := startEngine(t, st, Config{AppendTimeout: timeout})
+			if _, _, err := e.Create(context.Background(), "/s", CreateRequest{Records: recs("a")}); err != nil {
+				t.Fatal(err)
+			}
+			st.armed.Store(true)
+			ahead := make(chan error, 1)
+			go func() {
+				_, err := e.Append(context.Background(), "/s", tc.ahead)
+				ahead <- err
+			}()
+			t.Cleanup(func() {
+				select {
+				case <-st.released:
+				default:
+					close(st.released)
+				}
+				<-ahead
+			})
+			<-st.held
+			ctx := context.Background()
+			if tc.answerBy {
+				ctx = WithAnswerBy(ctx, time.Now().Add(answerIn))
+			}
+			err := tc.queued(ctx, e)
+			switch {
+			case !errors.Is(err, ErrUnavailable):
+				t.Fatalf("queued behind a held upload: %v, want ErrUnavailable", err)
+			case tc.want == nil && (errors.Is(err, ErrTooLate) || errors.Is(err, ErrUnconfirmed)):
+				t.Fatalf("queued behind a held upload: %v, want ErrUnavailable alone", err)
+			case tc.want != nil && !errors.Is(err, tc.want):
+				t.Fatalf("queued behind a held upload: %v, want %v", err, tc.want)
+			case errors.Is(tc.want, ErrTooLate) && errors.Is(err, ErrUnconfirmed):
+				t.Fatalf("queued behind a held upload: %v, want ErrTooLate without ErrUnconfirmed", err)
 			}
 		})
 	}

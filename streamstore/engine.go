@@ -612,6 +612,9 @@ type stream struct {
 	forksSeen map[string]struct{}
 
 	uploading chan struct{} // closed when a large append's blob upload ends
+	// uploadingBy is the producer of that large append, if any: a retry
+	// of it waits for the upload as a repeat.
+	uploadingBy *segment.ProducerState
 
 	// damagedAt, once set, is the first of runs that a compaction found
 	// damaged (damaged.go): compactions stop before it, and read back

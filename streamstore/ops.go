@@ -118,7 +118,12 @@ func (e *Engine) settledStream(ctx context.Context, name string) (*stream, error
 		select {
 		case <-ch:
 		case <-timeout:
-			return nil, fmt.Errorf("%w: a close of %s is not settled yet: %w", ErrUnavailable, name, ErrUnconfirmed)
+			// The create wrote nothing that could make or change a
+			// stream: a retry is safe.
+			if err := answerDue(ctx); err != nil {
+				return nil, fmt.Errorf("%w: a close of %s is not settled yet", err, name)
+			}
+			return nil, fmt.Errorf("%w: a close of %s was not settled in time; the create wrote nothing", ErrUnavailable, name)
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-e.closing:
@@ -616,6 +621,7 @@ func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*s
 // Append appends to the stream and returns once the append is durable.
 func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (AppendResult, error) {
 	var timeout <-chan struct{} // set at the first wait
+	repeat := false             // a wait was for an entry that may hold this append
 	for {
 		s, err := e.live(ctx, name)
 		if err != nil {
@@ -625,21 +631,31 @@ func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (Ap
 		if errors.Is(err, errStale) {
 			continue
 		}
-		if wait == nil {
+		if wait.ch == nil {
 			return res, err
 		}
+		repeat = repeat || wait.repeat
 		// A producer retry of an append still in flight, or any append
-		// behind a close still in flight: answer once the original's fate
-		// is known (it may roll back, and then this one applies). Within
-		// the time an append of its own would wait: a repeat is no more
-		// certain than the attempt it repeats.
+		// behind a close or a large append still in flight: answer once
+		// the original's fate is known (it may roll back, and then this
+		// one applies). Within the time an append of its own would wait:
+		// a repeat is no more certain than the attempt it repeats.
 		if timeout == nil {
 			timeout = e.durabilityDeadline(ctx)
 		}
 		select {
-		case <-wait:
+		case <-wait.ch:
 		case <-timeout:
-			return AppendResult{}, fmt.Errorf("%w: %w", ErrUnavailable, ErrUnconfirmed)
+			if repeat {
+				// The entry waited for may hold this very append.
+				return AppendResult{}, fmt.Errorf("%w: %w", ErrUnavailable, ErrUnconfirmed)
+			}
+			// Nothing of this append was handed to the WAL: a retry
+			// is safe, with or without producer headers.
+			if err := answerDue(ctx); err != nil {
+				return AppendResult{}, fmt.Errorf("%w: the write ahead of it on %s was not settled yet", err, name)
+			}
+			return AppendResult{}, fmt.Errorf("%w: the write ahead of it on %s was not settled in time; nothing of this one was written", ErrUnavailable, name)
 		case <-ctx.Done():
 			return AppendResult{}, ctx.Err()
 		case <-e.closing:
@@ -648,36 +664,70 @@ func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (Ap
 	}
 }
 
+// appendWait is what an append that cannot be judged yet waits for before
+// it tries again: ch fires once the entry ahead of it settles. repeat says
+// that entry may hold this very append (a producer's retry of one still
+// in flight); otherwise nothing of the append was written yet.
+type appendWait struct {
+	ch     <-chan struct{}
+	repeat bool
+}
+
+// repeatsLocked reports whether an entry still in flight, which an append
+// of req waits for, may hold req itself: a close while a close is on its
+// way, or a producer's retry of an append not yet settled (the large
+// append uploading, the close, or one the producer state counts). Called
+// with s.mu held.
+func (s *stream) repeatsLocked(req AppendRequest) bool {
+	if req.Close && s.pend.Closed {
+		return true
+	}
+	p := req.Producer
+	if p == nil {
+		return false
+	}
+	claim := segment.ProducerState{ID: p.ID, Epoch: p.Epoch, Seq: p.Seq}
+	if u := s.uploadingBy; u != nil && *u == claim {
+		return true
+	}
+	if cb := s.pend.ClosedBy; cb != nil && *cb == claim {
+		return true
+	}
+	cur, known := s.pend.Producers.get(p.ID)
+	return known && p.Epoch == cur.Epoch && p.Seq <= cur.Seq
+}
+
 // appendTo validates req against the pending state, in the protocol's
 // precedence (closed, content type, producer, Stream-Seq, match), assigns
 // seqs and joins the open WAL batch, all under the stream lock; then it
 // waits for durability without the lock. A non-nil wait asks the caller to
 // retry once it fires.
-func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (AppendResult, <-chan struct{}, error) {
+func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (AppendResult, appendWait, error) {
 	w, err := e.writer()
 	if err != nil {
-		return AppendResult{}, nil, err
+		return AppendResult{}, appendWait{}, err
 	}
 	now := time.Now().UnixMilli()
 	by, hasBy := answerBy(ctx)
 	s.mu.Lock()
 	if s.gone {
 		s.mu.Unlock()
-		return AppendResult{}, nil, ErrNotFound
+		return AppendResult{}, appendWait{}, ErrNotFound
 	}
 	if s.evicted {
 		s.mu.Unlock()
-		return AppendResult{}, nil, errStale
+		return AppendResult{}, appendWait{}, errStale
 	}
 	if ch := s.uploading; ch != nil {
 		// A large append ahead of this one holds the next seq.
+		repeat := s.repeatsLocked(req)
 		s.mu.Unlock()
-		return AppendResult{}, ch, nil
+		return AppendResult{}, appendWait{ch: ch, repeat: repeat}, nil
 	}
 	if !s.touchLocked(now) {
 		// Expired since live looked; live deletes it under the name lock.
 		s.mu.Unlock()
-		return AppendResult{}, nil, errStale
+		return AppendResult{}, appendWait{}, errStale
 	}
 	st := &s.pend
 
@@ -688,8 +738,9 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		// whether success for a repeated close or refusal for an append,
 		// once its fate is known.
 		ch := s.changedLocked()
+		repeat := s.repeatsLocked(req)
 		s.mu.Unlock()
-		return AppendResult{}, ch, nil
+		return AppendResult{}, appendWait{ch: ch, repeat: repeat}, nil
 	}
 	if st.Closed {
 		next := st.NextSeq
@@ -698,7 +749,7 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 				return e.duplicateLocked(s, p)
 			}
 			s.mu.Unlock()
-			return AppendResult{}, nil, &ClosedError{NextSeq: next}
+			return AppendResult{}, appendWait{}, &ClosedError{NextSeq: next}
 		}
 		// A repeated close succeeds, but not one whose MatchSeq names
 		// another tail: its condition does not hold, and the stream was
@@ -706,15 +757,15 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		closeOnly := len(req.Records) == 0 && req.Close && (req.MatchSeq == nil || *req.MatchSeq == next)
 		s.mu.Unlock()
 		if closeOnly {
-			return AppendResult{FirstSeq: next, NextSeq: next, Closed: true, Duplicate: true}, nil, nil
+			return AppendResult{FirstSeq: next, NextSeq: next, Closed: true, Duplicate: true}, appendWait{}, nil
 		}
-		return AppendResult{}, nil, &ClosedError{NextSeq: next}
+		return AppendResult{}, appendWait{}, &ClosedError{NextSeq: next}
 	}
 	if p := req.Producer; p != nil {
 		cur, known := st.Producers.get(p.ID)
 		if known && p.Epoch < cur.Epoch {
 			s.mu.Unlock()
-			return AppendResult{}, nil, &FencedError{CurrentEpoch: cur.Epoch}
+			return AppendResult{}, appendWait{}, &FencedError{CurrentEpoch: cur.Epoch}
 		}
 		if known && p.Epoch == cur.Epoch && p.Seq <= cur.Seq {
 			return e.duplicateLocked(s, p)
@@ -723,33 +774,33 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 	if req.ContentType != "" && len(req.Records) > 0 && !sameMediaType(req.ContentType, s.meta.ContentType) {
 		err := &ContentTypeError{Sent: req.ContentType, Stream: s.meta.ContentType}
 		s.mu.Unlock()
-		return AppendResult{}, nil, err
+		return AppendResult{}, appendWait{}, err
 	}
 	if p := req.Producer; p != nil {
 		cur, known := st.Producers.get(p.ID)
 		switch {
 		case known && p.Epoch > cur.Epoch && p.Seq != 0:
 			s.mu.Unlock()
-			return AppendResult{}, nil, fmt.Errorf("%w: a new producer epoch must start at seq 0", ErrBadRequest)
+			return AppendResult{}, appendWait{}, fmt.Errorf("%w: a new producer epoch must start at seq 0", ErrBadRequest)
 		case known && p.Epoch == cur.Epoch && p.Seq > cur.Seq+1:
 			s.mu.Unlock()
-			return AppendResult{}, nil, &SequenceGapError{Expected: cur.Seq + 1, Received: p.Seq}
+			return AppendResult{}, appendWait{}, &SequenceGapError{Expected: cur.Seq + 1, Received: p.Seq}
 		case !known && p.Seq != 0:
 			s.mu.Unlock()
-			return AppendResult{}, nil, &SequenceGapError{Expected: 0, Received: p.Seq}
+			return AppendResult{}, appendWait{}, &SequenceGapError{Expected: 0, Received: p.Seq}
 		}
 	}
 	if req.StreamSeq != "" && st.StreamSeq != "" && req.StreamSeq <= st.StreamSeq {
 		s.mu.Unlock()
-		return AppendResult{}, nil, fmt.Errorf("%w: %q is not after %q", ErrStreamSeq, req.StreamSeq, st.StreamSeq)
+		return AppendResult{}, appendWait{}, fmt.Errorf("%w: %q is not after %q", ErrStreamSeq, req.StreamSeq, st.StreamSeq)
 	}
 	if req.MatchSeq != nil && *req.MatchSeq != st.NextSeq {
 		s.mu.Unlock()
-		return AppendResult{}, nil, &MatchError{NextSeq: st.NextSeq}
+		return AppendResult{}, appendWait{}, &MatchError{NextSeq: st.NextSeq}
 	}
 	if err := pastAnswerBy(by, hasBy); err != nil {
 		s.mu.Unlock()
-		return AppendResult{}, nil, err
+		return AppendResult{}, appendWait{}, err
 	}
 
 	ts := max(now, st.LastTS+1)
@@ -760,19 +811,19 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		if res, ok := e.foldLocked(w, s, req, now, ts); ok {
 			b := s.tailBatch
 			s.mu.Unlock()
-			return res, nil, e.awaitBatch(ctx, b)
+			return res, appendWait{}, e.awaitBatch(ctx, b)
 		}
 	}
 	ent := s.appendEntry(req, now, ts)
 	b, err := w.Add(ent)
 	if err != nil {
 		s.mu.Unlock()
-		return AppendResult{}, nil, e.addError(err)
+		return AppendResult{}, appendWait{}, e.addError(err)
 	}
 	s.joined(ent, b, !req.Close)
 	res := appendResult(ent, req, ts, st.Closed)
 	s.mu.Unlock()
-	return res, nil, e.awaitBatch(ctx, b)
+	return res, appendWait{}, e.awaitBatch(ctx, b)
 }
 
 // appendEntry is the WAL entry of req at the stream's pending tail. Called
@@ -826,18 +877,18 @@ func recordBytes(recs []NewRecord) int {
 // batch is lost (hooks.Aborted); one whose batch's fate stays unknown, or
 // whose node crashes before the entry commits, stays until the stream is
 // deleted. Called with s.mu held; it unlocks.
-func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, req AppendRequest, now, ts int64) (AppendResult, <-chan struct{}, error) {
+func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, req AppendRequest, now, ts int64) (AppendResult, appendWait, error) {
 	st := &s.pend
 	// The blob's bytes wait for storage as an entry's would: they count
 	// against max_pending until the blob is stored.
 	unreserve, err := w.Reserve(recordBytes(req.Records))
 	if err != nil {
 		s.mu.Unlock()
-		return AppendResult{}, nil, e.addError(err)
+		return AppendResult{}, appendWait{}, e.addError(err)
 	}
 	ent := s.appendEntry(req, now, ts)
 	done := make(chan struct{})
-	s.uploading = done
+	s.uploading, s.uploadingBy = done, ent.Producer
 	// Counted as in flight, so the stream is not evicted meanwhile.
 	s.pending++
 	s.mu.Unlock()
@@ -854,7 +905,7 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 	unreserve()
 
 	s.mu.Lock()
-	s.uploading = nil
+	s.uploading, s.uploadingBy = nil, nil
 	close(done)
 	s.pending--
 	switch {
@@ -884,12 +935,12 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 		}
 		s.mu.Unlock()
 		e.dropBlob(key)
-		return AppendResult{}, nil, err
+		return AppendResult{}, appendWait{}, err
 	}
 	s.joined(ent, b, false)
 	res := appendResult(ent, req, ts, st.Closed)
 	s.mu.Unlock()
-	return res, nil, e.awaitBatch(ctx, b)
+	return res, appendWait{}, e.awaitBatch(ctx, b)
 }
 
 // dropBlob deletes a blob no entry refers to. It may not exist (a failed
@@ -957,7 +1008,7 @@ func (e *Engine) foldLocked(w *segment.Writer, s *stream, req AppendRequest, now
 // duplicateLocked answers a producer retry of an accepted append. It is
 // acknowledged only once durable; while the original is in flight the
 // caller waits and retries. It unlocks s.
-func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, <-chan struct{}, error) {
+func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, appendWait, error) {
 	d, known := s.durable.Producers.get(p.ID)
 	durable := known && (d.Epoch > p.Epoch || (d.Epoch == p.Epoch && d.Seq >= p.Seq))
 	if cb := s.durable.ClosedBy; cb != nil && *cb == (segment.ProducerState{ID: p.ID, Epoch: p.Epoch, Seq: p.Seq}) {
@@ -966,7 +1017,7 @@ func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, <-chan s
 	if !durable {
 		ch := s.changedLocked()
 		s.mu.Unlock()
-		return AppendResult{}, ch, nil
+		return AppendResult{}, appendWait{ch: ch, repeat: true}, nil
 	}
 	res := AppendResult{
 		FirstSeq:      s.durable.NextSeq,
@@ -977,7 +1028,7 @@ func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, <-chan s
 		ProducerSeq:   d.Seq,
 	}
 	s.mu.Unlock()
-	return res, nil, nil
+	return res, appendWait{}, nil
 }
 
 // errStale: the handle was evicted while the request held it; look the
