@@ -192,6 +192,54 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 					t.Errorf("after the held close landed the stream reads %q, want %q", read(t, path), "before;last;")
 				}
 			})
+			t.Run("fork", func(t *testing.T) {
+				// A fork's create raises its source's fork count, a
+				// metadata PUT of the source, before it writes anything
+				// of the fork: that PUT held past the answer time is
+				// answered 503 too, saying nothing was stored (the fork
+				// does not exist, and its create's retry makes it).
+				if m.pico {
+					t.Skip("Pico has no forks")
+				}
+				src, fork := m.prefix+"/fork-src"+m.tag(), m.prefix+"/held-fork"+m.tag()
+				mustDo(t, http.MethodPut, src, text, []byte("src;"), http.StatusCreated)
+				srcName := strings.TrimPrefix(src, m.prefix)
+				forked := http.Header{"Content-Type": {textPlain}, "Stream-Forked-From": {src}}
+				release := p.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: hex.EncodeToString([]byte(srcName)) + ".m"})
+				defer release()
+				ctx, cancel := context.WithTimeout(context.Background(), write+5*time.Second)
+				defer cancel()
+				start := time.Now()
+				r, err := sc.do(ctx, http.MethodPut, fork, forked, nil)
+				took := time.Since(start)
+				switch {
+				case err != nil:
+					t.Errorf("PUT %s, its source's metadata upload held past write %v: %v after %v, want a 503 before the timeout",
+						fork, write, err, took.Round(time.Millisecond))
+				case r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" ||
+					!strings.Contains(string(r.body), "nothing was stored"):
+					t.Errorf("PUT %s, its source's metadata upload held past write %v: %v, want 503 with Retry-After saying nothing was stored",
+						fork, write, r)
+				case took >= write:
+					t.Errorf("PUT %s, its source's metadata upload held: answered after %v, past the write timeout %v", fork, took, write)
+				}
+				if p.Held() == 0 {
+					t.Errorf("PUT %s: no metadata upload of its source was held", fork)
+				}
+				release()
+				lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer lcancel()
+				if err := p.WaitLanded(lctx); err != nil {
+					t.Fatalf("the held upload did not land: %v", err)
+				}
+				if r, err := sc.do(context.Background(), http.MethodHead, fork, nil, nil); err != nil || r.status != http.StatusNotFound {
+					t.Errorf("HEAD %s after its create was refused: %v %v, want 404", fork, r, err)
+				}
+				mustDo(t, http.MethodPut, fork, forked, nil, http.StatusCreated)
+				if got := read(t, fork); got != "src;" {
+					t.Errorf("the fork made by the create's retry reads %q, want %q", got, "src;")
+				}
+			})
 			t.Run("large append", func(t *testing.T) {
 				// An append of 256 KiB or more is PUT as a blob before
 				// its WAL entry: a blob upload held past the answer

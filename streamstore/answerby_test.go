@@ -285,3 +285,63 @@ func TestAnswerQueuedWriteWroteNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestAnswerByForkReleaseInBackground: a fork create that fails before it
+// wrote the fork (here its expiry marker refused) gives its source's count
+// back. A caller with an answer-by time is answered without waiting for
+// that metadata write, which goes on in the background: it waited for it,
+// so a slow bucket held its answer past the time it had to be given.
+func TestAnswerByForkReleaseInBackground(t *testing.T) {
+	st := newHookedStore()
+	e := startEngine(t, st, Config{AppendTimeout: time.Minute})
+	ctx := context.Background()
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan struct{})
+	var srcPuts atomic.Int32
+	st.setHook(func(op, key string) error {
+		switch {
+		case op == "PUT" && strings.HasPrefix(key, expiryPrefix):
+			return errors.New("injected: expiry marker refused")
+		case op == "PUT" && key == metaKey("/src") && srcPuts.Add(1) > 1:
+			<-released // the count's release, held
+		}
+		return nil
+	})
+	answered := make(chan error, 1)
+	go func() {
+		_, _, err := e.Create(WithAnswerBy(ctx, time.Now().Add(time.Second)), "/fork",
+			CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}, Expiry: Expiry{TTL: time.Hour}})
+		answered <- err
+	}()
+	select {
+	case err := <-answered:
+		close(released)
+		if !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("fork create with its expiry marker refused: %v, want ErrUnavailable", err)
+		}
+	case <-time.After(5 * time.Second):
+		close(released)
+		<-answered
+		t.Fatal("fork create with its expiry marker refused: not answered within 5s of its answer-by time, the count's release held")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		data, _, err := st.Get(ctx, metaKey("/src"), 0, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := decodeMeta(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Forks == 0 && len(m.ForkList) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the source still counts %d forks (%v) after the failed fork create", m.Forks, m.ForkList)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -50,12 +50,22 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	// small.
 	forkID, listedAt := newID(), time.Now().UnixMilli()
 	listed := len(srcMeta.ForkList) < maxListedForks
-	if err := e.updateMeta(ctx, src, func(m *metaObject) {
+	// Within the caller's answer-by time: nothing of the fork is written
+	// yet, so a raise cut short leaves it unmade, and a raise that lands
+	// all the same only keeps the source's data until its count is
+	// settled (the fork is listed, and never found).
+	uctx, cancelUpdate := withAnswerByDeadline(ctx)
+	err = e.updateMeta(uctx, src, func(m *metaObject) {
 		m.Forks++
 		if listed {
 			m.ForkList = append(slices.Clone(m.ForkList), forkEntry{Name: name, ID: forkID, At: listedAt})
 		}
-	}); err != nil {
+	})
+	cancelUpdate()
+	if err != nil {
+		if due := answerDue(ctx); due != nil {
+			return Info{}, false, fmt.Errorf("%w: raise the fork count of %s: %v", due, src.name, err)
+		}
 		return Info{}, false, err
 	}
 	// A trim does not take the name lock and may have moved the source's
@@ -86,9 +96,22 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	// the source, once deleted, would stay soft-deleted for good.
 	var unwritten unwrittenError
 	if err != nil && (!errors.Is(err, ErrUnavailable) || errors.As(err, &unwritten)) {
-		// Best effort: a failed decrement only keeps the source's data longer.
-		if e.updateMeta(context.WithoutCancel(ctx), src, func(m *metaObject) { m.releaseFork(forkID, listed) }) == nil {
-			e.dropKeptTrims(context.WithoutCancel(ctx), src)
+		// Best effort: a failed decrement only keeps the source's data
+		// longer. A caller that must be answered by a time of its own
+		// does not wait for it.
+		release := func(ctx context.Context) {
+			if e.updateMeta(ctx, src, func(m *metaObject) { m.releaseFork(forkID, listed) }) == nil {
+				e.dropKeptTrims(ctx, src)
+			}
+		}
+		if _, ok := answerBy(ctx); ok {
+			e.bg.Add(1)
+			go func() {
+				defer e.bg.Done()
+				release(e.bgCtx)
+			}()
+		} else {
+			release(context.WithoutCancel(ctx))
 		}
 	}
 	return info, created, err

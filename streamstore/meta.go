@@ -412,6 +412,10 @@ func (e *Engine) writeMeta(ctx context.Context, s *stream, m *metaObject, etag s
 	s.rememberUnsure(body, err)
 	rctx, cancel := checkContext(ctx)
 	defer cancel()
+	// A request's answer-by time bounds it too: the write then stays
+	// unsure, as one whose read-back failed.
+	rctx, cancelBy := withAnswerByDeadline(rctx)
+	defer cancelBy()
 	cur, curTag, gerr := e.metaOf(rctx, s.name, m.ID)
 	switch {
 	case errors.Is(gerr, errMetaGone):
