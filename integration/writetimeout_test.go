@@ -375,7 +375,8 @@ func startWriteTimeoutSite(t *testing.T, write time.Duration) (*caddytest.Caddy,
 // TestServerWriteTimeoutReadsBeforeTheWAL: a write reads the bucket
 // before it writes anything when its stream is not in memory (made by an
 // earlier process, or evicted): an append or a close loads the stream's
-// metadata, and a create with a body looks for an existing stream first.
+// metadata, a create with a body looks for an existing stream first, and
+// a create without one reads the stream its create-only write found.
 // Such a read held past the answer time of Caddy's `write` timeout is
 // answered 503 with Retry-After saying that nothing was stored, as the
 // write was never handed to the store, not cut with its connection; the
@@ -401,7 +402,7 @@ func TestServerWriteTimeoutReadsBeforeTheWAL(t *testing.T) {
 	// Streams an earlier process made: this one has only their metadata
 	// objects (made without a body, they have no WAL entries to replay).
 	for _, m := range bothMounts {
-		for _, name := range []string{"/cold-append", "/cold-close", "/cold-create"} {
+		for _, name := range []string{"/cold-append", "/cold-close", "/cold-create", "/cold-create-empty"} {
 			if r := do(t, http.MethodPut, m.prefix+name+m.tag(), text, nil); r.status != http.StatusCreated {
 				t.Fatalf("PUT %s: %v", m.prefix+name+m.tag(), r)
 			}
@@ -442,6 +443,10 @@ func TestServerWriteTimeoutReadsBeforeTheWAL(t *testing.T) {
 				[]int{http.StatusOK}, ""},
 			{"create with a body of a new name", "/new-create", http.MethodPut, text, []byte("n;"),
 				[]int{http.StatusCreated}, "n;"},
+			// A create without a body writes its metadata create-only
+			// first, and reads what holds the name when that is refused.
+			{"create of a stream not in memory", "/cold-create-empty", http.MethodPut, text, nil,
+				[]int{http.StatusOK}, ""},
 		} {
 			t.Run(strings.TrimPrefix(m.prefix, "/")+"/"+tc.name, func(t *testing.T) {
 				path := m.prefix + tc.stream + m.tag()

@@ -339,6 +339,10 @@ func (e *Engine) putNew(ctx context.Context, name string, body []byte) (string, 
 	return e.putOverGrave(ctx, metaKey(name), body)
 }
 
+// errRefusedUnread is putOverGrave's error when its create-only write was
+// refused and what holds the key could not be read: nothing was written.
+var errRefusedUnread = errors.New("a create-only write was refused and the key could not be read")
+
 // putOverGrave writes body at key where there is nothing or a grave, and
 // returns its version: segment.ErrPreconditionFailed when anything else is
 // there, as a *nameTaken holding what it read.
@@ -356,7 +360,7 @@ func (e *Engine) putOverGrave(ctx context.Context, key string, body []byte) (str
 		case gerr != nil:
 			// Not the precondition error: whether something holds the
 			// key is not known.
-			return "", fmt.Errorf("read %s after a create-only write was refused: %w", key, gerr)
+			return "", fmt.Errorf("%w: read %s: %w", errRefusedUnread, key, gerr)
 		case isGrave(cur):
 			opts = segment.PutOptions{IfMatch: tag}
 		default:

@@ -290,6 +290,20 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	putCtx, cancelPut := withAnswerByDeadline(ctx)
 	defer cancelPut()
 	etag, err := e.putNew(putCtx, name, body)
+	if errors.Is(err, errRefusedUnread) && len(req.Records) == 0 {
+		// Something holds the name, or a grave does, and which is not
+		// known: this create wrote nothing (a marker alone makes no
+		// stream). Told the name is taken, Create looks it up.
+		createErr = errLookAgain
+		e.dropMarker(ctx, name, marker)
+		if !absent {
+			return Info{}, false, errNameTaken
+		}
+		if due := answerDue(ctx); due != nil {
+			return Info{}, false, unwrittenError{fmt.Errorf("%w: write metadata of %s: %v", due, name, err)}
+		}
+		return Info{}, false, unwrittenError{fmt.Errorf("%w: write metadata of %s: %v", ErrUnavailable, name, err)}
+	}
 	if err != nil && !errors.Is(err, segment.ErrPreconditionFailed) {
 		// It may have landed all the same (a lost answer, a cancelled
 		// request), and then the records are the stream's: ask.
@@ -341,12 +355,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 				}
 			}
 			// The name is taken: this create wrote nothing after all.
-			if marker != "" {
-				if err := e.store.Delete(ctx, []string{marker}); err != nil {
-					e.log.Warn("removing the expiry marker of a create that found the name taken failed; a sweep removes it",
-						zap.String("stream", name), zap.Error(err))
-				}
-			}
+			e.dropMarker(ctx, name, marker)
 			return Info{}, false, errNameTaken
 		}
 		return Info{}, false, fmt.Errorf("%w: write metadata of %s: %v", ErrUnavailable, name, err)
@@ -357,6 +366,32 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	s.mu.Unlock()
 	created, createErr = s, nil
 	return info, true, nil
+}
+
+// dropMarker removes the expiry marker of a create that wrote nothing
+// else ("" for none). A caller that must be answered by a time of its own
+// does not wait for it: it goes on in the background.
+func (e *Engine) dropMarker(ctx context.Context, name, marker string) {
+	if marker == "" {
+		return
+	}
+	drop := func(ctx context.Context) {
+		if err := e.store.Delete(ctx, []string{marker}); err != nil {
+			e.log.Warn("removing the expiry marker of a create that wrote nothing else failed; a sweep removes it",
+				zap.String("stream", name), zap.Error(err))
+		}
+	}
+	if _, ok := answerBy(ctx); !ok {
+		drop(ctx)
+		return
+	}
+	e.bg.Add(1)
+	go func() {
+		defer e.bg.Done()
+		ctx, cancel := context.WithTimeout(e.bgCtx, metaCheckTimeout)
+		defer cancel()
+		drop(ctx)
+	}()
 }
 
 // endCreate publishes a create's outcome to the lookups waiting on its
