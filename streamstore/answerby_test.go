@@ -345,3 +345,94 @@ func TestAnswerByForkReleaseInBackground(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestAnswerByForkPointRead: a fork inside a record reads the source's
+// records to place its point before it writes anything. That read held
+// (the source not in memory, its records only in the bucket) ends at the
+// caller's answer-by time with ErrTooLate: nothing was written, and the
+// fork is not made.
+func TestAnswerByForkPointRead(t *testing.T) {
+	const answerIn = 300 * time.Millisecond
+	st := newHookedStore()
+	ctx := context.Background()
+	first := startEngine(t, st, Config{AppendTimeout: time.Minute})
+	if _, _, err := first.Create(ctx, "/src", CreateRequest{Records: recs("aaaa", "bbbb")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hr := &heldReads{Store: st.Store, released: make(chan struct{})}
+	e := startEngine(t, hr, Config{AppendTimeout: time.Minute})
+	released := hr.released
+	held := &hr.held
+	hr.armed.Store(true)
+	answered := make(chan error, 1)
+	go func() {
+		_, _, err := e.Create(WithAnswerBy(ctx, time.Now().Add(answerIn)), "/fork",
+			CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 0, Bytes: 2}})
+		answered <- err
+	}()
+	var err error
+	select {
+	case err = <-answered:
+		close(released)
+	case <-time.After(5 * time.Second):
+		close(released)
+		err = <-answered
+		t.Fatalf("fork create inside a record, the source's records held: not answered within 5s (then: %v)", err)
+	}
+	if held.Load() == 0 {
+		t.Fatal("no read of the source's records was held")
+	}
+	if !errors.Is(err, ErrTooLate) || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("fork create inside a record, the source's records held: %v, want ErrTooLate", err)
+	}
+	hr.armed.Store(false)
+	if _, err := e.Head(ctx, "/fork"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("after the refused fork create /fork: %v, want ErrNotFound", err)
+	}
+	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 0, Bytes: 2}}); err != nil {
+		t.Errorf("the fork create again: %v", err)
+	}
+}
+
+// heldReads holds, once armed, reads of stored records (GETs and
+// listings of data objects and packs) until released is closed or their
+// context ends, as a request to a slow bucket is cut.
+type heldReads struct {
+	*memstore.Store
+	armed    atomic.Bool
+	held     atomic.Int32
+	released chan struct{}
+}
+
+func (h *heldReads) hold(ctx context.Context, key string) error {
+	if !h.armed.Load() || !(strings.HasPrefix(key, "data/") || strings.HasPrefix(key, "pack")) {
+		return nil
+	}
+	h.held.Add(1)
+	select {
+	case <-h.released:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (h *heldReads) Get(ctx context.Context, key string, offset, length int64) ([]byte, string, error) {
+	if err := h.hold(ctx, key); err != nil {
+		return nil, "", err
+	}
+	return h.Store.Get(ctx, key, offset, length)
+}
+
+func (h *heldReads) List(ctx context.Context, prefix, startAfter string, max int) ([]segment.ObjectInfo, bool, error) {
+	if err := h.hold(ctx, prefix); err != nil {
+		return nil, false, err
+	}
+	return h.Store.List(ctx, prefix, startAfter, max)
+}

@@ -38,8 +38,15 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	if req.Expiry.IsZero() {
 		req.Expiry = srcMeta.expiry()
 	}
-	seq, bytes, err := e.resolveForkPoint(ctx, src, req.Fork.Seq, req.Fork.Bytes)
+	// A point inside a record reads the source's records: within the
+	// caller's answer-by time, as nothing is written yet.
+	rctx, cancelResolve := withAnswerByDeadline(ctx)
+	seq, bytes, err := e.resolveForkPoint(rctx, src, req.Fork.Seq, req.Fork.Bytes)
+	cancelResolve()
 	if err != nil {
+		if due := answerDue(ctx); due != nil && ctx.Err() == nil {
+			return Info{}, false, fmt.Errorf("%w: read the fork point in %s: %v", due, src.name, err)
+		}
 		return Info{}, false, err
 	}
 	// The fork is listed with the count, so that a count its release
