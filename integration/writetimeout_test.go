@@ -240,6 +240,49 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 					t.Errorf("the fork made by the create's retry reads %q, want %q", got, "src;")
 				}
 			})
+			t.Run("append to an expired stream", func(t *testing.T) {
+				// A write that finds its stream expired deletes it
+				// first: that delete's uploads held past the answer
+				// time are answered 503 too, saying nothing was stored,
+				// and once they land the stream is gone.
+				path := m.prefix + "/expired-append" + m.tag()
+				ttl := text.Clone()
+				if m.pico {
+					ttl.Set("Pico-TTL", "1")
+				} else {
+					ttl.Set("Stream-TTL", "1")
+				}
+				mustDo(t, http.MethodPut, path, ttl, nil, http.StatusCreated)
+				time.Sleep(1500 * time.Millisecond) // past the TTL: the stream has expired
+				release := p.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "gc/"})
+				defer release()
+				ctx, cancel := context.WithTimeout(context.Background(), write+5*time.Second)
+				defer cancel()
+				start := time.Now()
+				r, err := sc.do(ctx, http.MethodPost, path, text, []byte("late;"))
+				took := time.Since(start)
+				switch {
+				case err != nil:
+					t.Errorf("POST %s, expired, its delete's upload held past write %v: %v after %v, want a 503 before the timeout",
+						path, write, err, took.Round(time.Millisecond))
+				case r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" ||
+					!strings.Contains(string(r.body), "nothing was stored"):
+					t.Errorf("POST %s, expired, its delete's upload held past write %v: %v, want 503 with Retry-After saying nothing was stored",
+						path, write, r)
+				case took >= write:
+					t.Errorf("POST %s, expired, its delete's upload held: answered after %v, past the write timeout %v", path, took, write)
+				}
+				if p.Held() == 0 {
+					t.Errorf("POST %s: no upload of the expired stream's delete was held", path)
+				}
+				release()
+				lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer lcancel()
+				if err := p.WaitLanded(lctx); err != nil {
+					t.Fatalf("the held upload did not land: %v", err)
+				}
+				mustDo(t, http.MethodPost, path, text, []byte("late;"), http.StatusNotFound)
+			})
 			t.Run("large append", func(t *testing.T) {
 				// An append of 256 KiB or more is PUT as a blob before
 				// its WAL entry: a blob upload held past the answer

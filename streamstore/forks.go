@@ -192,7 +192,28 @@ func (e *Engine) updateMeta(ctx context.Context, s *stream, fn func(*metaObject)
 // deleteStream deletes s for clients: soft when forks still read it, hard
 // otherwise, and then releases its own source. The caller holds its name
 // lock.
+//
+// A write that found its stream expired deletes it first, within its
+// answer-by time: cut short, the delete is left (in whatever part) to the
+// next access, which finds the stream expired again or gone, and the
+// write, which wrote nothing, fails with ErrTooLate.
 func (e *Engine) deleteStream(ctx context.Context, s *stream) error {
+	if _, ok := answerBy(ctx); !ok {
+		return e.deleteStreamNow(ctx, s)
+	}
+	dctx, cancel := withAnswerByDeadline(ctx)
+	defer cancel()
+	err := e.deleteStreamNow(dctx, s)
+	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrGone) && !errors.Is(err, ErrNotFound) {
+		if due := answerDue(ctx); due != nil {
+			return fmt.Errorf("%w: delete %s, expired: %v", due, s.name, err)
+		}
+	}
+	return err
+}
+
+// deleteStreamNow is deleteStream without the answer-by time.
+func (e *Engine) deleteStreamNow(ctx context.Context, s *stream) error {
 	s.mu.Lock()
 	forks, deleted, fork, id := s.meta.Forks, s.meta.Deleted, s.meta.Fork, s.meta.ID
 	s.mu.Unlock()
