@@ -436,3 +436,57 @@ func (h *heldReads) List(ctx context.Context, prefix, startAfter string, max int
 	}
 	return h.Store.List(ctx, prefix, startAfter, max)
 }
+
+// TestAnswerByForkWaitsForACheckpoint: a fork's count raise waits for a
+// metadata write of its source already under way (a compaction's
+// checkpoint, after the data objects it writes first). That wait ends at
+// the caller's answer-by time with ErrTooLate too, the fork unmade: it
+// lasted as long as the bucket took, past Caddy's `write` timeout.
+func TestAnswerByForkWaitsForACheckpoint(t *testing.T) {
+	const answerIn = 300 * time.Millisecond
+	st := &heldPuts{Store: memstore.New(), prefix: "data/", held: make(chan struct{}), released: make(chan struct{})}
+	e := startEngine(t, st, Config{AppendTimeout: time.Minute, PackBelow: -1})
+	ctx := context.Background()
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	st.armed.Store(true)
+	compacted := make(chan error, 1)
+	go func() { compacted <- e.Compact(ctx) }()
+	t.Cleanup(func() {
+		select {
+		case <-st.released:
+		default:
+			close(st.released)
+		}
+		<-compacted
+	})
+	<-st.held
+	answered := make(chan error, 1)
+	go func() {
+		_, _, err := e.Create(WithAnswerBy(ctx, time.Now().Add(answerIn)), "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}})
+		answered <- err
+	}()
+	var err error
+	select {
+	case err = <-answered:
+	case <-time.After(5 * time.Second):
+		close(st.released)
+		err = <-answered
+		t.Fatalf("fork create behind a held checkpoint of its source: not answered within 5s (then: %v)", err)
+	}
+	if !errors.Is(err, ErrTooLate) || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("fork create behind a held checkpoint of its source: %v, want ErrTooLate", err)
+	}
+	close(st.released)
+	if err := <-compacted; err != nil {
+		t.Fatalf("compaction: %v", err)
+	}
+	compacted <- nil
+	if _, err := e.Head(ctx, "/fork"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("after the refused fork create /fork: %v, want ErrNotFound", err)
+	}
+	if _, _, err := e.Create(ctx, "/fork", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+		t.Errorf("the fork create again: %v", err)
+	}
+}

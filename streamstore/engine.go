@@ -576,12 +576,52 @@ func (e *Engine) fence(err error) {
 	}
 }
 
+// metaLock is a mutex whose waiters may give up when their context ends:
+// a request must not wait past its answer-by time for a compaction's
+// checkpoint, which takes as long as the bucket does. Its zero value is
+// unlocked.
+type metaLock struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (l *metaLock) slot() chan struct{} {
+	l.once.Do(func() { l.ch = make(chan struct{}, 1) })
+	return l.ch
+}
+
+// Lock locks l.
+func (l *metaLock) Lock() { l.slot() <- struct{}{} }
+
+// LockContext locks l, or returns ctx.Err() if ctx ends first.
+func (l *metaLock) LockContext(ctx context.Context) error {
+	select {
+	case l.slot() <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TryLock locks l if it is unlocked, and reports whether it did.
+func (l *metaLock) TryLock() bool {
+	select {
+	case l.slot() <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// Unlock unlocks l.
+func (l *metaLock) Unlock() { <-l.slot() }
+
 // stream is the in-memory state of one stream. durable is what readers see
 // and what is in the bucket; pend runs ahead of it by the appends whose
 // batches are not committed yet.
 type stream struct {
 	mu     sync.Mutex
-	metaMu sync.Mutex // serialises metadata object writes
+	metaMu metaLock // serialises metadata object writes
 	// unsure holds, under metaMu, the bodies of metadata writes that
 	// failed without saying whether they landed (see writeMeta).
 	unsure [][]byte

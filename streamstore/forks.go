@@ -172,7 +172,9 @@ func (e *Engine) updateMeta(ctx context.Context, s *stream, fn func(*metaObject)
 	if err := e.confirmOwner(ctx); err != nil {
 		return fmt.Errorf("%w: update metadata of %s: %v", ErrUnavailable, s.name, err)
 	}
-	s.metaMu.Lock()
+	if err := s.metaMu.LockContext(ctx); err != nil {
+		return fmt.Errorf("%w: update metadata of %s: another write of it is under way: %v", ErrUnavailable, s.name, err)
+	}
 	defer s.metaMu.Unlock()
 	s.mu.Lock()
 	m, etag := *s.meta, s.etag

@@ -491,7 +491,9 @@ var errNoVersion = errors.New("no known version to delete")
 // saying so and landed, is buried in its turn. metaMu keeps checkpoints
 // from moving the version in between.
 func (e *Engine) deleteMeta(ctx context.Context, s *stream, id string) error {
-	s.metaMu.Lock()
+	if err := s.metaMu.LockContext(ctx); err != nil {
+		return fmt.Errorf("another write of the metadata is under way: %w", err)
+	}
 	defer s.metaMu.Unlock()
 	s.mu.Lock()
 	etag := s.etag
