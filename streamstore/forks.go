@@ -35,6 +35,7 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	} else if !sameMediaType(req.ContentType, srcMeta.ContentType) {
 		return Info{}, false, conflictf("a fork has its source's content type %q", srcMeta.ContentType)
 	}
+	srcExpiry := &expiryRef{TTLSeconds: srcMeta.TTLSeconds, ExpiresAt: srcMeta.ExpiresAt}
 	if req.Expiry.IsZero() {
 		req.Expiry = srcMeta.expiry()
 	}
@@ -87,7 +88,7 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	if seq < start {
 		err = &TrimmedError{Seq: seq, StartSeq: start}
 	} else {
-		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start, Tail: req.Fork.Tail, Listed: listed}
+		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start, Tail: req.Fork.Tail, Listed: listed, SourceExpiry: srcExpiry}
 		info, created, err = e.create(ctx, name, req, ref, forkID, true)
 		if errors.Is(err, errNameTaken) {
 			err = ErrConflict

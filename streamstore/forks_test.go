@@ -941,3 +941,53 @@ func TestLostSourceRemovalIsSettled(t *testing.T) {
 		t.Fatalf("the source no fork counts, nobody touching it: %v; metadata %s; want a grave", werr, data)
 	}
 }
+
+// TestForkRepeatWithoutExpiryAsksForTheSources: a fork create that sets
+// no expiry asks for its source's (section 4.2), after a restart too, so
+// a fork made with an expiry of its own other than that is a conflict
+// for it; one made before forks kept their source's expiry is not.
+func TestForkRepeatWithoutExpiryAsksForTheSources(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := New(st, testConfig(Config{}), nil)
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hour := Expiry{TTL: time.Hour}
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Expiry: hour}); err != nil {
+		t.Fatal(err)
+	}
+	for name, x := range map[string]Expiry{"/inherited": {}, "/same": hour, "/own": {TTL: time.Minute}} {
+		if _, _, err := e.Create(ctx, name, CreateRequest{Expiry: x, Fork: &ForkFrom{Source: "/src"}}); err != nil {
+			t.Fatalf("fork %s: %v", name, err)
+		}
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// /old is /own as an earlier version wrote it, without the source's
+	// expiry.
+	data, _, err := st.Get(ctx, metaKey("/own"), 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := decodeMeta(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Fork.SourceExpiry == nil {
+		t.Fatal("the fork's metadata does not keep its source's expiry")
+	}
+	m.Name, m.ID, m.Fork.SourceExpiry = "/old", newID(), nil
+	if _, err := st.Put(ctx, metaKey("/old"), encodeMeta(m), segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	e = startEngine(t, st, Config{})
+	for name, want := range map[string]error{"/inherited": nil, "/same": nil, "/own": ErrConflict, "/old": nil} {
+		_, created, err := e.Create(ctx, name, CreateRequest{Fork: &ForkFrom{Source: "/src"}})
+		if created || !errors.Is(err, want) {
+			t.Errorf("%s repeated without an expiry: created %t, %v; want %v", name, created, err, want)
+		}
+	}
+}

@@ -147,6 +147,22 @@ type forkRef struct {
 	Tail bool `json:"tail,omitempty"`
 	// Listed says the source lists the fork in its ForkList.
 	Listed bool `json:"listed,omitempty"`
+	// SourceExpiry is the source's expiry when the fork was made: what a
+	// create that sets none asks for (section 4.2), so a create repeated
+	// without Stream-TTL or Stream-Expires-At matches the fork only when
+	// its expiry is this one. Nil on forks made before it was kept, which
+	// such a create matches whatever their expiry.
+	SourceExpiry *expiryRef `json:"source_expiry,omitempty"`
+}
+
+// expiryRef is an expiry as the metadata object keeps it.
+type expiryRef struct {
+	TTLSeconds int64 `json:"ttl_s,omitempty"`
+	ExpiresAt  int64 `json:"expires_at_ms,omitempty"`
+}
+
+func (x *expiryRef) expiry() Expiry {
+	return (&metaObject{TTLSeconds: x.TTLSeconds, ExpiresAt: x.ExpiresAt}).expiry()
 }
 
 // forkEntry is a fork in its source's ForkList, written with the count

@@ -170,12 +170,17 @@ func (e *Engine) sameConfig(ctx context.Context, s *stream, req CreateRequest) b
 			!e.sameForkPoint(ctx, f, req.Fork) {
 			return false
 		}
-		// An omitted content type or expiry on a fork means "inherited".
+		// An omitted content type or expiry on a fork means "inherited":
+		// the source's, which a fork's content type always is, and its
+		// expiry only when the fork's create set none of its own.
 		if req.ContentType == "" {
 			req.ContentType = m.ContentType
 		}
 		if req.Expiry.IsZero() {
 			req.Expiry = m.expiry()
+			if f.SourceExpiry != nil {
+				req.Expiry = f.SourceExpiry.expiry()
+			}
 		}
 	}
 	return sameMediaType(m.ContentType, req.ContentType) &&
