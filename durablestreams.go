@@ -1243,7 +1243,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.Is(err, streamstore.ErrNotFound):
 		fail(w, http.StatusNotFound, "stream not found")
 	case errors.Is(err, streamstore.ErrGone):
-		fail(w, http.StatusGone, "stream is gone, or the offset is before its retained data")
+		fail(w, http.StatusGone, dsGoneMessage(err))
 	case errors.Is(err, streamstore.ErrConflict):
 		// The engine's reason: another configuration, a fork's content
 		// type, a name a soft-deleted stream still holds (section 4.2).
@@ -1284,6 +1284,18 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		d.log.Error("request failed", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		fail(w, http.StatusInternalServerError, "internal error")
 	}
+}
+
+// dsGoneMessage tells a read below the records a trim left from a stream
+// deleted while forks still read it, both of which the engine reports as
+// ErrGone: an append or a DELETE names no offset.
+func dsGoneMessage(err error) string {
+	var trimmed *streamstore.TrimmedError
+	if errors.As(err, &trimmed) {
+		return fmt.Sprintf("offset is before the stream's earliest retained offset %s: the records there were trimmed",
+			position{seq: trimmed.StartSeq})
+	}
+	return "stream was deleted; it is kept only for the forks that still read it"
 }
 
 // badRequestReason is the reason an error wrapping streamstore.ErrBadRequest

@@ -37,7 +37,7 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 	case req.Seq > info.NextSeq:
 		return ReadResult{}, fmt.Errorf("%w: position %d is beyond the tail %d", ErrBadRequest, req.Seq, info.NextSeq)
 	case req.Seq < info.StartSeq:
-		return ReadResult{}, fmt.Errorf("%w: position %d is below the first retained one %d", ErrGone, req.Seq, info.StartSeq)
+		return ReadResult{}, &TrimmedError{Seq: req.Seq, StartSeq: info.StartSeq}
 	}
 	// Most reads are at the tail, from the cache: no buffer to hold, and
 	// no allocation for holding none.
@@ -55,7 +55,7 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 		start := s.startSeq(&s.durable)
 		s.mu.Unlock()
 		if req.Seq < start {
-			return ReadResult{}, fmt.Errorf("%w: position %d is below the first retained one %d (trimmed during the read: %v)", ErrGone, req.Seq, start, err)
+			return ReadResult{}, fmt.Errorf("%w (trimmed during the read: %v)", &TrimmedError{Seq: req.Seq, StartSeq: start}, err)
 		}
 		return ReadResult{}, err
 	}
