@@ -239,9 +239,27 @@ func parseExpiry(h http.Header, now time.Time) (streamstore.Expiry, error) {
 
 // parseRFC3339 parses an RFC 3339 timestamp, fractional seconds optional.
 // RFC 3339 lets its "T" and "Z" be lower case (section 5.6), which Go's
-// layout does not; the syntax has no other letters.
+// layout does not; the syntax has no other letters. Go's parser also takes
+// a comma before the fraction and a zone offset of 24 hours or 60
+// minutes, which section 5.6 does not: such a value is refused, not
+// read as some instant its sender may not have meant.
 func parseRFC3339(v string) (time.Time, error) {
-	return time.Parse(time.RFC3339Nano, strings.ToUpper(v))
+	v = strings.ToUpper(v)
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return t, err
+	}
+	if strings.Contains(v, ",") {
+		return time.Time{}, fmt.Errorf("timestamp %q has a comma before its fraction", v)
+	}
+	if !strings.HasSuffix(v, "Z") {
+		// The parse left a numeric offset, "+hh:mm" or "-hh:mm", at the end.
+		zone := v[len(v)-5:]
+		if zone[:2] > "23" || zone[3:] > "59" {
+			return time.Time{}, fmt.Errorf("timestamp %q has a zone offset out of range", v)
+		}
+	}
+	return t, nil
 }
 
 // checkFuture refuses an expiry instant at or before now: the stream would

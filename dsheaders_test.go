@@ -73,7 +73,10 @@ func TestParseExpiry(t *testing.T) {
 			t.Errorf("%s: %+v %v", in, x, err)
 		}
 	}
-	for _, bad := range []string{"not-a-timestamp", "2030-01-02", "2030-01-02 03:04:05Z", "1767225600", ""} {
+	// Go's parser takes an offset of 24 hours or 60 minutes and a comma
+	// before the fraction; RFC 3339 section 5.6 allows neither.
+	for _, bad := range []string{"not-a-timestamp", "2030-01-02", "2030-01-02 03:04:05Z", "1767225600", "",
+		"2030-01-02T03:04:05+24:00", "2030-01-02T03:04:05-23:60", "2030-01-02T03:04:05,5Z"} {
 		h.Set("Stream-Expires-At", bad)
 		if x, err := parseExpiry(h, now); err == nil {
 			t.Errorf("Expires-At %q accepted: %+v", bad, x)

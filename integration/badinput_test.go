@@ -116,6 +116,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{name: "expires/words", req: put("/bi/new-exp", "Stream-Expires-At", "tomorrow"), status: 400, reason: badAt, absent: "/bi/new-exp"},
 		{name: "expires/month-13", req: put("/bi/new-exp", "Stream-Expires-At", "2030-13-01T00:00:00Z"), status: 400, reason: badAt, absent: "/bi/new-exp"},
 		{name: "expires/unix-seconds", req: put("/bi/new-exp", "Stream-Expires-At", "1900000000"), status: 400, reason: badAt, absent: "/bi/new-exp"},
+		// Go's parser takes these; RFC 3339 section 5.6 does not.
+		{name: "expires/offset-24h", req: put("/bi/new-exp", "Stream-Expires-At", "2030-01-01T00:00:00+24:00"), status: 400, reason: badAt, absent: "/bi/new-exp"},
+		{name: "expires/comma-fraction", req: put("/bi/new-exp", "Stream-Expires-At", "2030-01-01T00:00:00,5Z"), status: 400, reason: badAt, absent: "/bi/new-exp"},
 		{name: "expires/no-zone", req: put("/bi/new-exp", "Stream-Expires-At", "2030-01-01T00:00:00"), status: 400, reason: badAt, absent: "/bi/new-exp"},
 		// A stream that would be expired as soon as it is written.
 		{name: "expires/past", req: put("/bi/new-exp", "Stream-Expires-At", "2001-01-01T00:00:00Z"), status: 400, reason: []string{"future"}, absent: "/bi/new-exp"},
