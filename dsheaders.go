@@ -419,10 +419,15 @@ func parseProducer(h http.Header) (*streamstore.Producer, error) {
 	return &streamstore.Producer{ID: id, Epoch: e, Seq: s}, nil
 }
 
-// parseStreamSeq reads Stream-Seq (section 5.2): any string up to
-// streamstore.MaxStreamSeqLength bytes, "" when absent.
+// parseStreamSeq reads Stream-Seq (section 5.2): any non-empty string up
+// to streamstore.MaxStreamSeqLength bytes, "" when absent.
 func parseStreamSeq(h http.Header) (string, error) {
 	v := h.Get(hdrStreamSeq)
+	if v == "" && len(h.Values(hdrStreamSeq)) > 0 {
+		// Sent empty, it would sort before every other value, and the
+		// engine keeps none as "no Stream-Seq yet": refused, not ignored.
+		return "", errors.New("Stream-Seq must not be empty")
+	}
 	if len(v) > streamstore.MaxStreamSeqLength {
 		return "", fmt.Errorf("Stream-Seq is %d bytes; the limit is %d", len(v), streamstore.MaxStreamSeqLength)
 	}

@@ -214,6 +214,12 @@ func TestProducerAndStreamSeqLimits(t *testing.T) {
 	if v, err := parseStreamSeq(http.Header{"Stream-Seq": {seq + "s"}}); err == nil {
 		t.Errorf("Stream-Seq of %d bytes taken: %q", len(seq)+1, v)
 	}
+	if v, err := parseStreamSeq(http.Header{"Stream-Seq": {""}}); err == nil {
+		t.Errorf("an empty Stream-Seq taken: %q", v)
+	}
+	if v, err := parseStreamSeq(http.Header{}); err != nil || v != "" {
+		t.Errorf("no Stream-Seq: %q, %v", v, err)
+	}
 }
 
 func TestJSONMessages(t *testing.T) {

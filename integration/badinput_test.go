@@ -185,6 +185,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 			status: 400, reason: badJSON, absent: "/bi/new-json",
 		},
 
+		// Section 5.2: a Stream-Seq sent must sort after the last one, and
+		// an empty one sorts before every other.
+		{name: "stream-seq/empty", req: post(textPath, []byte("x"), "Content-Type", "text/plain", "Stream-Seq", ""), status: 400, reason: []string{"stream-seq"}},
 		{name: "producer/partial", req: post(textPath, []byte("x"), "Content-Type", "text/plain", "Producer-Id", "p1"), status: 400, reason: []string{"producer"}},
 
 		// A header of one value sent twice with two means two things.
