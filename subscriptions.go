@@ -1257,7 +1257,11 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	for _, p := range cfg.Streams {
 		l := links[p]
 		if l == nil {
-			tail, sid := m.tailOf(r.Context(), root+p)
+			tail, sid, err := m.tailOf(r.Context(), root+p)
+			if err != nil {
+				subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+				return
+			}
 			l = &subLink{Acked: tail, Tail: tail, Stream: sid}
 			links[p] = l
 		}
@@ -1330,13 +1334,17 @@ func (m *subManager) existingLocked(w http.ResponseWriter, r *http.Request, key,
 }
 
 // tailOf returns the tail and id of stream name, 0 and "" when there is
-// none.
-func (m *subManager) tailOf(ctx context.Context, name string) (uint64, string) {
+// none. A stream that cannot be looked up is an error, not an absent
+// stream: linked at 0, its whole history would be offered as new work.
+func (m *subManager) tailOf(ctx context.Context, name string) (uint64, string, error) {
 	in, err := m.eng.Head(ctx, name)
-	if err != nil {
-		return 0, ""
+	switch {
+	case errors.Is(err, streamstore.ErrNotFound) || errors.Is(err, streamstore.ErrGone):
+		return 0, "", nil
+	case err != nil:
+		return 0, "", fmt.Errorf("looking up stream %s: %w", name, err)
 	}
-	return in.NextSeq, in.ID
+	return in.NextSeq, in.ID, nil
 }
 
 func (m *subManager) viewLocked(s *subState, r *http.Request) map[string]any {
@@ -1500,7 +1508,11 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "invalid stream path "+p)
 			return
 		}
-		tail, sid := m.tailOf(r.Context(), root+p)
+		tail, sid, err := m.tailOf(r.Context(), root+p)
+		if err != nil {
+			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+			return
+		}
 		tails[p] = tailID{tail, sid}
 	}
 	m.mu.Lock()
