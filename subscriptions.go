@@ -1822,7 +1822,10 @@ func pullWakeOnly(w http.ResponseWriter, s *subState) bool {
 // webhook subscription) first told anyone there which subscription ids
 // exist. The token names its subscription, so it is checked without it;
 // a holder of a valid one knows the id, and a 404 after it (the
-// subscription was deleted since) tells nothing new.
+// subscription was deleted since) tells nothing new. A token past its
+// expiry is taken while the lease of the wake it names runs (heartbeats
+// keep a lease for longer than any expiry), and is 401 TOKEN_EXPIRED
+// otherwise.
 func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, root, id, wakeID string, gen uint64, pullOnly bool) *subState {
 	key := subDocKey(root, id)
 	auth := r.Header.Get("Authorization")
@@ -1834,11 +1837,15 @@ func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, roo
 		return nil
 	}
 	claims, err := m.verifyTokenLocked(strings.TrimSpace(tok))
+	// A genuine token past its expiry is judged against the subscription:
+	// a worker that heartbeats holds its lease for as long as it works,
+	// and no answer gives it a new token (section 7.2).
+	tokExpired := errors.Is(err, errTokenExpired) && claims.Sub == key
 	switch {
-	case errors.Is(err, errTokenExpired) && claims.Sub == key:
+	case tokExpired && m.subs[key] == nil:
 		subError(w, http.StatusUnauthorized, "TOKEN_EXPIRED", "token expired")
 		return nil
-	case err != nil || claims.Sub != key:
+	case !tokExpired && (err != nil || claims.Sub != key):
 		subError(w, http.StatusUnauthorized, "TOKEN_INVALID", "invalid token")
 		return nil
 	}
@@ -1846,13 +1853,20 @@ func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, roo
 	if s == nil {
 		return nil
 	}
+	// A lease past its time is over (section 7.3) whether or not the
+	// manager's tick has cleared it yet: no heartbeat revives it.
+	now := time.Now().UnixMilli()
+	expired := s.LeaseUntil > 0 && now >= s.LeaseUntil
+	if tokExpired && (claims.Gen != s.Generation || claims.Wake != s.WakeID || s.WakeID == "" || s.LeaseUntil == 0 || expired) {
+		// Not for the wake whose lease runs now: it expired with its wake.
+		subError(w, http.StatusUnauthorized, "TOKEN_EXPIRED", "token expired")
+		m.releaseLocked(s)
+		return nil
+	}
 	if pullOnly && !pullWakeOnly(w, s) {
 		m.releaseLocked(s)
 		return nil
 	}
-	// A lease past its time is over (section 7.3) whether or not the
-	// manager's tick has cleared it yet: no heartbeat revives it.
-	expired := s.LeaseUntil > 0 && time.Now().UnixMilli() >= s.LeaseUntil
 	if expired || claims.Gen != s.Generation || gen != s.Generation || s.WakeID == "" || wakeID != s.WakeID || claims.Wake != s.WakeID {
 		writeJSONStatus(w, http.StatusConflict, "application/json", map[string]any{"error": map[string]any{"code": "FENCED", "generation": s.Generation}})
 		m.releaseLocked(s)
