@@ -410,7 +410,7 @@ type subManager struct {
 	// creating holds the creates whose document is being written, by
 	// key: a PUT of the same id waits for it, and they count against
 	// max_subscriptions.
-	creating map[string]subCreate
+	creating map[string]*subCreate
 	// bgWrites bounds the loop's writes under way (writeInBackgroundLocked);
 	// made on first use.
 	bgWrites chan struct{}
@@ -427,10 +427,15 @@ type subManager struct {
 	ctx    context.Context // ends when the engine closes
 }
 
-// subCreate is a subscription whose create is being written.
+// subCreate is a subscription whose create is being made: its streams
+// looked up and its document written.
 type subCreate struct {
 	root string
 	done chan struct{} // closed when the write ended
+	// kept holds the notes of streams under root that came meanwhile, for
+	// the subscription to apply once it is stored: a stream looked up
+	// before an append was linked at the tail before it.
+	kept []appendNote
 }
 
 // appendNote is what the engine's hooks said about a stream: records
@@ -908,19 +913,22 @@ func (m *subManager) releaseLocked(s *subState) {
 // takes appends would otherwise keep a note per loop round, for every
 // subscription that follows the stream. Notes of different streams touch
 // different links, so merging into an earlier place changes nothing.
-func (s *subState) keep(n appendNote) {
-	for i := len(s.kept) - 1; i >= 0; i-- {
-		k := &s.kept[i]
+func (s *subState) keep(n appendNote) { s.kept = keepNote(s.kept, n) }
+
+// keepNote adds n to kept, merged as keep says, and returns kept.
+func keepNote(kept []appendNote, n appendNote) []appendNote {
+	for i := len(kept) - 1; i >= 0; i-- {
+		k := &kept[i]
 		if k.name != n.name {
 			continue
 		}
 		if k.id == n.id && !k.deleted && !n.deleted {
 			k.first, k.next = min(k.first, n.first), max(k.next, n.next)
-			return
+			return kept
 		}
 		break
 	}
-	s.kept = append(s.kept, n)
+	return append(kept, n)
 }
 
 // drainLocked applies and writes the notes kept on s, whose writer the
@@ -1225,22 +1233,55 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		m.mu.Unlock()
 		return
 	}
-	full := m.rootFullLocked(w, root, maxSubs)
-	m.mu.Unlock()
-	if full {
+	if m.rootFullLocked(w, root, maxSubs) {
+		m.mu.Unlock()
 		return
 	}
+	// From here the create is under way: a PUT of the same id waits for
+	// it (existingLocked), it counts against max_subscriptions, and the
+	// notes of streams under root are kept for it, so that an append
+	// after a stream was looked up below is not lost. Nothing else sees
+	// the subscription before its document is written.
+	if m.creating == nil {
+		m.creating = map[string]*subCreate{}
+	}
+	cr := &subCreate{root: root, done: make(chan struct{})}
+	m.creating[key] = cr
+	m.mu.Unlock()
+	s, err := m.newSub(r.Context(), root, id, base, key, hash, cfg)
+	if err == nil {
+		err = m.putSub(s)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.creating, key)
+	close(cr.done)
+	if err != nil {
+		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		return
+	}
+	m.addSubLocked(s)
+	if len(cr.kept) > 0 {
+		// Applied and written by s's writer, as notes that come while
+		// s is written are (releaseLocked).
+		s.busy, s.kept = make(chan struct{}), cr.kept
+		m.releaseLocked(s)
+	}
+	writeJSONStatus(w, http.StatusCreated, "application/json", m.viewLocked(s, r))
+}
 
-	// Backfill: streams that exist now are linked at their tail.
+// newSub makes the subscription a create stores, its streams linked at
+// their tails: those matching cfg's pattern (the backfill) and those it
+// names.
+func (m *subManager) newSub(ctx context.Context, root, id, base, key, hash string, cfg subConfig) (*subState, error) {
 	links := map[string]*subLink{}
 	if cfg.Pattern != "" {
 		prefix := root + globLiteralPrefix(cfg.Pattern)
 		after := ""
 		for {
-			infos, more, err := m.eng.List(r.Context(), prefix, after, 1000)
+			infos, more, err := m.eng.List(ctx, prefix, after, 1000)
 			if err != nil {
-				subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
-				return
+				return nil, fmt.Errorf("listing the streams the pattern matches: %w", err)
 			}
 			for _, in := range infos {
 				rel := strings.TrimPrefix(in.Name, root)
@@ -1257,10 +1298,9 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	for _, p := range cfg.Streams {
 		l := links[p]
 		if l == nil {
-			tail, sid, err := m.tailOf(r.Context(), root+p)
+			tail, sid, err := m.tailOf(ctx, root+p)
 			if err != nil {
-				subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
-				return
+				return nil, err
 			}
 			l = &subLink{Acked: tail, Tail: tail, Stream: sid}
 			links[p] = l
@@ -1272,33 +1312,7 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		u, _ := url.Parse(cfg.WebhookURL)
 		s.Loopback = isLoopbackDevHost(u.Hostname())
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.existingLocked(w, r, key, hash) { // a concurrent PUT won
-		return
-	}
-	if m.rootFullLocked(w, root, maxSubs) { // concurrent creates took the room
-		return
-	}
-	// A deleted subscription's document was removed; create-only write,
-	// with m.mu released: a PUT of the same id waits for it (existingLocked)
-	// and nothing else sees the subscription before it is written.
-	if m.creating == nil {
-		m.creating = map[string]subCreate{}
-	}
-	cr := subCreate{root: root, done: make(chan struct{})}
-	m.creating[key] = cr
-	m.mu.Unlock()
-	err := m.putSub(s)
-	m.mu.Lock()
-	delete(m.creating, key)
-	close(cr.done)
-	if err != nil {
-		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
-		return
-	}
-	m.addSubLocked(s)
-	writeJSONStatus(w, http.StatusCreated, "application/json", m.viewLocked(s, r))
+	return s, nil
 }
 
 // existingLocked answers a PUT of key when the subscription exists (200,
@@ -1935,6 +1949,11 @@ func newWakeID() string { return "w_" + hex.EncodeToString(randBytes(12)) }
 // note for its writer to apply; the write of one that changes is started
 // in the background (writeInBackgroundLocked): the loop waits for no PUT.
 func (m *subManager) applyNoteLocked(n appendNote) {
+	for _, cr := range m.creating {
+		if strings.HasPrefix(n.name, cr.root) {
+			cr.kept = keepNote(cr.kept, n)
+		}
+	}
 	m.index.candidates(n.name, func(s *subState) {
 		rel, ok := strings.CutPrefix(n.name, s.Root)
 		if !ok || rel == "" {
