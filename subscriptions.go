@@ -82,6 +82,15 @@ const (
 // a 5 MB document to write at every claim and ack.
 const subMaxStreams = 1000
 
+// Bounds, in bytes, of what a client sets that goes into a subscription's
+// document, written again whole at every claim, ack and append note: the
+// body's limit let one field make it a megabyte. The worker is also in
+// every ALREADY_CLAIMED answer.
+const (
+	subMaxWebhookURL = 2 << 10
+	subMaxWorker     = 256
+)
+
 // serveReserved handles a request under a "__ds" segment and reports
 // whether it did. For other requests it only makes sure the engine's
 // subscription manager runs, so appends wake subscriptions after a restart.
@@ -1233,6 +1242,13 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		m.mu.Unlock()
 		return
 	}
+	// Checked for a create only: a subscription stored before the limit
+	// is re-confirmed by the PUT that made it.
+	if len(cfg.WebhookURL) > subMaxWebhookURL {
+		m.mu.Unlock()
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("webhook.url is at most %d bytes, got %d", subMaxWebhookURL, len(cfg.WebhookURL)))
+		return
+	}
 	if m.rootFullLocked(w, root, maxSubs) {
 		m.mu.Unlock()
 		return
@@ -1733,8 +1749,12 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 	if !readJSONBody(w, r, &body) {
 		return
 	}
-	if body.Worker == "" {
+	switch {
+	case body.Worker == "":
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "worker is required")
+		return
+	case len(body.Worker) > subMaxWorker:
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("worker is at most %d bytes, got %d", subMaxWorker, len(body.Worker)))
 		return
 	}
 	m.mu.Lock()

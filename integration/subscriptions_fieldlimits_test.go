@@ -1,0 +1,62 @@
+package integration
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestWorkerAndWebhookURLLimitsThroughCaddy: through Caddy on versitygw, a
+// claim's worker name is at most 256 bytes and a webhook URL at most 2 KiB;
+// longer ones are 400 INVALID_REQUEST and change nothing. Both went into
+// the subscription's document as they came (up to the 1 MiB body), the
+// worker name written again at every heartbeat and ack of its lease and
+// echoed in every ALREADY_CLAIMED answer.
+func TestWorkerAndWebhookURLLimitsThroughCaddy(t *testing.T) {
+	e := fhStart(t, fhOptions{})
+	const root = "/v1/stream/"
+	e.create(root+"wake/pool", "application/json")
+	hook := func(n int) string {
+		u := "https://hooks.example.com/h?q="
+		return `{"type":"webhook","pattern":"none/*","webhook":{"url":"` + u + strings.Repeat("q", n-len(u)) + `"}}`
+	}
+	for _, tc := range []struct {
+		name, id, body string
+		status         int
+	}{
+		{"webhook URL at the limit", "h1", hook(2048), http.StatusCreated},
+		{"webhook URL over it", "h2", hook(2049), http.StatusBadRequest},
+		{"webhook URL of a megabyte", "h3", hook(1000 << 10), http.StatusBadRequest},
+	} {
+		st, v := e.subCall("PUT", root+"__ds/subscriptions/"+tc.id, tc.body)
+		if st != tc.status || (st == http.StatusBadRequest && errCodeOf(v) != "INVALID_REQUEST") {
+			t.Errorf("%s: %d %s, want %d", tc.name, st, fhClip(fmt.Sprint(v), 200), tc.status)
+		}
+	}
+
+	sub := root + "__ds/subscriptions/p1"
+	if st, v := e.subCall("PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool"}`); st != http.StatusCreated {
+		t.Fatalf("create: %d %v", st, v)
+	}
+	e.create(root+"events/a", "application/json")
+	e.append(root+"events/a", "application/json", []byte(`{"n":1}`))
+	if err := fhWaitFor(15*time.Second, 50*time.Millisecond, func() error {
+		if n := e.wakeCount(root+"wake/pool", "p1"); n < 1 {
+			return fmt.Errorf("%d wake events", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("no wake: %v", err)
+	}
+	for _, n := range []int{257, 1000 << 10} {
+		st, v := e.subCall("POST", sub+"/claim", `{"worker":"`+strings.Repeat("w", n)+`"}`)
+		if st != http.StatusBadRequest || errCodeOf(v) != "INVALID_REQUEST" {
+			t.Errorf("claim by a worker named with %d bytes: %d %s, want 400", n, st, fhClip(fmt.Sprint(v), 200))
+		}
+	}
+	if st, v := e.subCall("POST", sub+"/claim", `{"worker":"`+strings.Repeat("w", 256)+`"}`); st != http.StatusOK {
+		t.Errorf("claim by a worker named with 256 bytes: %d %v, want 200", st, v)
+	}
+}
