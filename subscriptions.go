@@ -947,16 +947,20 @@ func (m *subManager) drainLocked(s *subState) {
 		notes := s.kept
 		s.kept = nil
 		c := s.draft()
-		changed, grew := false, false
+		changed, grew, quiet := false, false, true
 		for _, n := range notes {
 			rel, ok := strings.CutPrefix(n.name, s.Root)
 			if !ok || rel == "" {
 				continue
 			}
+			quiet = quiet && c.quietTail(rel, n)
 			ch, gr := c.applyNote(rel, n)
 			changed, grew = changed || ch, grew || gr
 		}
-		if changed {
+		switch {
+		case changed && quiet:
+			m.installLocked(s, c)
+		case changed:
 			m.saveBackgroundLocked(s, c, grew)
 		}
 	}
@@ -1987,11 +1991,29 @@ func (m *subManager) applyNoteLocked(n appendNote) {
 		if s.Links[rel] == nil && (n.deleted || s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel)) {
 			return // a stream s does not follow: no draft to copy
 		}
+		if s.quietTail(rel, n) {
+			// s has no writer: it changes in place, as its writer would.
+			l := s.Links[rel]
+			l.Tail = max(l.Tail, n.next)
+			return
+		}
 		c := s.draft()
 		if changed, grew := c.applyNote(rel, n); changed {
 			m.writeInBackgroundLocked(s, c, grew, nil)
 		}
 	})
+}
+
+// quietTail reports whether note n, for s's link of rel, can only move the
+// link's tail (the link counts in n's stream already) while s has a wake
+// in flight or a lease held, so that it starts no wake. Such a change is
+// not written: the load reads every linked stream's tail from the stream
+// (reconcile), and the next write of s carries it. Every append to a
+// followed stream wrote the whole document again while a worker was at
+// it.
+func (s *subState) quietTail(rel string, n appendNote) bool {
+	l := s.Links[rel]
+	return (s.WakeID != "" || s.Holder != "") && !n.deleted && l != nil && l.Stream != "" && l.Stream == n.id
 }
 
 // applyNote applies n to s's link of rel (n.name relative to s.Root) and
