@@ -207,12 +207,7 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 				// time are answered 503 too, saying nothing was stored,
 				// and once they land the stream is gone.
 				path := m.prefix + "/expired-append" + m.tag()
-				ttl := text.Clone()
-				if m.pico {
-					ttl.Set("Pico-TTL", "1")
-				} else {
-					ttl.Set("Stream-TTL", "1")
-				}
+				ttl := withTTL(text, m.pico, "1")
 				mustDo(t, http.MethodPut, path, ttl, nil, http.StatusCreated)
 				time.Sleep(1500 * time.Millisecond) // past the TTL: the stream has expired
 				heldWrite(t, sc, p, write, testenv.Fault{Op: testenv.OpPut, KeyContains: "gc/"},
@@ -264,12 +259,7 @@ func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
 				// makes no stream), and the create's retry makes the
 				// stream once.
 				path := m.prefix + "/held-create-ttl" + m.tag()
-				ttl := text.Clone()
-				if m.pico {
-					ttl.Set("Pico-TTL", "3600")
-				} else {
-					ttl.Set("Stream-TTL", "3600")
-				}
+				ttl := withTTL(text, m.pico, "3600")
 				heldWrite(t, sc, p, write, testenv.Fault{Op: testenv.OpPut, KeyContains: "expiry/"},
 					"nothing was acknowledged", http.MethodPut, path, ttl, []byte("seed;"))
 				mustDo(t, http.MethodPut, path, ttl, []byte("seed;"), http.StatusCreated, http.StatusOK)
@@ -445,6 +435,17 @@ func answeredInTime(t *testing.T, sc *siteClient, write time.Duration, what, wan
 	case took >= write:
 		t.Errorf("%s: answered after %v, past the write timeout %v", what, took, write)
 	}
+}
+
+// withTTL is hdr with the protocol's TTL header set to secs.
+func withTTL(hdr http.Header, pico bool, secs string) http.Header {
+	h := hdr.Clone()
+	if pico {
+		h.Set("Pico-TTL", secs)
+	} else {
+		h.Set("Stream-TTL", secs)
+	}
+	return h
 }
 
 // lateBody is a request body whose rest follows its first bytes after a
