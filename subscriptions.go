@@ -420,6 +420,10 @@ type subManager struct {
 	// key: a PUT of the same id waits for it, and they count against
 	// max_subscriptions.
 	creating map[string]*subCreate
+	// adding holds, for a subscription whose writer is adding explicit
+	// streams, the full names of those streams: their notes are kept for
+	// it until the links are stored (handleAddStreams).
+	adding map[*subState]map[string]bool
 	// bgWrites bounds the loop's writes under way (writeInBackgroundLocked);
 	// made on first use.
 	bgWrites chan struct{}
@@ -1527,27 +1531,22 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 	if !readJSONBody(w, r, &body) {
 		return
 	}
-	type tailID struct {
-		tail uint64
-		id   string
-	}
 	if len(body.Streams) > subMaxStreams {
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("a subscription has at most %d streams, got %d", subMaxStreams, len(body.Streams)))
 		return
 	}
-	tails := map[string]tailID{}
+	adding := make(map[string]bool, len(body.Streams))
+	paths := make([]string, 0, len(body.Streams))
 	for _, p := range body.Streams {
 		p = strings.Trim(p, "/")
 		if !validRelPath(root, p) {
 			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "invalid stream path "+p)
 			return
 		}
-		tail, sid, err := m.tailOf(r.Context(), root+p)
-		if err != nil {
-			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
-			return
+		if !adding[p] {
+			adding[p] = true
+			paths = append(paths, p)
 		}
-		tails[p] = tailID{tail, sid}
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -1558,17 +1557,40 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 	defer m.releaseLocked(s)
 	explicit := 0
 	for p, l := range s.Links {
-		if _, adding := tails[p]; l.Explicit || adding {
+		if l.Explicit || adding[p] {
 			explicit++
 		}
 	}
-	for p := range tails {
+	for _, p := range paths {
 		if s.Links[p] == nil {
 			explicit++
 		}
 	}
 	if explicit > subMaxStreams {
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("a subscription has at most %d streams; these would make %d", subMaxStreams, explicit))
+		return
+	}
+	// The streams are looked up as s's writer, and the notes of their
+	// appends and deletes are kept for s from before the first lookup
+	// until the links are stored, then applied (releaseLocked). An
+	// append that came between a lookup and the link found no link to
+	// move and was dropped: the link was stored at a tail the stream
+	// had already passed, and the record was neither pending nor acked
+	// until the stream's next append.
+	names := make(map[string]bool, len(paths))
+	for _, p := range paths {
+		names[root+p] = true
+	}
+	if m.adding == nil {
+		m.adding = map[*subState]map[string]bool{}
+	}
+	m.adding[s] = names
+	defer delete(m.adding, s)
+	m.mu.Unlock()
+	tails, err := m.tailsOf(r.Context(), root, paths)
+	m.mu.Lock()
+	if err != nil {
+		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
 	}
 	c := s.draft()
@@ -1585,6 +1607,25 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// streamTail is a stream's tail and id, as tailOf returns them.
+type streamTail struct {
+	tail uint64
+	id   string
+}
+
+// tailsOf looks up the streams paths under root (tailOf).
+func (m *subManager) tailsOf(ctx context.Context, root string, paths []string) (map[string]streamTail, error) {
+	tails := make(map[string]streamTail, len(paths))
+	for _, p := range paths {
+		tail, sid, err := m.tailOf(ctx, root+p)
+		if err != nil {
+			return nil, err
+		}
+		tails[p] = streamTail{tail, sid}
+	}
+	return tails, nil
 }
 
 func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, root, id, p string) {
@@ -1978,9 +2019,19 @@ func (m *subManager) applyNoteLocked(n appendNote) {
 			cr.kept = keepNote(cr.kept, n)
 		}
 	}
+	var adding map[*subState]bool
+	for s, names := range m.adding {
+		if names[n.name] {
+			s.keep(n) // s's writer is linking the stream
+			if adding == nil {
+				adding = map[*subState]bool{}
+			}
+			adding[s] = true
+		}
+	}
 	m.index.candidates(n.name, func(s *subState) {
 		rel, ok := strings.CutPrefix(n.name, s.Root)
-		if !ok || rel == "" {
+		if !ok || rel == "" || adding[s] {
 			return
 		}
 		if s.busy != nil {
