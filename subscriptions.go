@@ -47,6 +47,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -274,12 +275,13 @@ func (s *subState) streamGone(p string, l *subLink) {
 	}
 }
 
-// dropGone removes the links of deleted streams kept for a wake that has
-// ended.
+// dropGone removes the links of deleted streams, and the names of removed
+// ones, kept for a wake that has ended.
 func (s *subState) dropGone() {
 	if s.WakeID != "" || s.Holder != "" {
 		return
 	}
+	s.Removed = nil
 	for p, l := range s.Links {
 		if l.Gone {
 			delete(s.Links, p)
@@ -340,6 +342,12 @@ type subState struct {
 	Failures   int                 `json:"failures,omitempty"`
 	NextTry    int64               `json:"next_attempt_at,omitempty"` // unix ms of the next webhook retry
 	Snapshot   map[string]uint64   `json:"snapshot,omitempty"`        // tails sent with the wake in flight
+	// Removed holds the streams whose link was removed while the wake in
+	// flight was out (handleRemoveStream): that wake offered them, so its
+	// worker's acks of them are taken, moving nothing, rather than
+	// refused with the rest of their request and its done. Emptied when
+	// the wake ends (dropGone) or gives way to another generation.
+	Removed []string `json:"removed,omitempty"`
 	// Loopback: the webhook URL was accepted under the localhost exception,
 	// so deliveries may connect to loopback addresses (and only then).
 	Loopback bool `json:"loopback,omitempty"`
@@ -1004,6 +1012,7 @@ func (s *subState) draft() *subState {
 		c.Links[p] = &lc
 	}
 	c.Snapshot = maps.Clone(s.Snapshot)
+	c.Removed = slices.Clone(s.Removed)
 	return &c
 }
 
@@ -1642,6 +1651,9 @@ func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, 
 		c.Links[p].Explicit = false
 		if c.Config.Pattern == "" || !globMatch(c.Config.Pattern, p) {
 			delete(c.Links, p)
+			if c.WakeID != "" || c.Holder != "" {
+				c.noteRemoved(p)
+			}
 		}
 		if err := m.commitLocked(s, c); err != nil {
 			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
@@ -1649,6 +1661,19 @@ func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, 
 		}
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// noteRemoved records that the link of p went while a wake is in flight
+// (see Removed). The list is bounded as the links are: past that, the
+// oldest name goes, and an ack of it is refused as before.
+func (s *subState) noteRemoved(p string) {
+	if slices.Contains(s.Removed, p) {
+		return
+	}
+	s.Removed = append(s.Removed, p)
+	if len(s.Removed) > subMaxStreams {
+		s.Removed = slices.Delete(s.Removed, 0, len(s.Removed)-subMaxStreams)
+	}
 }
 
 type ackBody struct {
@@ -1708,6 +1733,9 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 		}
 	}
 	for i, l := range links {
+		if l == nil {
+			continue // removed during this wake: nothing to move
+		}
 		if l.ResetGen == c.Generation {
 			// The link started over during this wake: the worker acks
 			// the offsets of a stream that is no more.
@@ -1743,14 +1771,24 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 // empty offset or any other string that is no offset (each sorts behind
 // the cursor or beyond the tail). The body is well formed; what it names is
 // not a position, which is what INVALID_OFFSET says.
+//
+// A stream whose link was removed while this wake was out (Removed) was
+// offered by it: its ack is taken and moves nothing (a nil link), so
+// that the worker's acks of the other streams and its done are applied.
 func (s *subState) ackProblem(stream, offset string) (*subLink, uint64, string) {
-	l := s.Links[strings.Trim(stream, "/")]
-	if l == nil {
+	p := strings.Trim(stream, "/")
+	l := s.Links[p]
+	if l == nil && !slices.Contains(s.Removed, p) {
 		return nil, 0, "the subscription does not link this stream"
 	}
 	off, err := parseOffset(offset)
 	if err != nil || off.kind != offsetAt {
 		return nil, 0, fmt.Sprintf("offset %q is not a position in the stream: an ack names the offset after the last record processed, as a claim's tail_offset does", offset)
+	}
+	if l == nil || (slices.Contains(s.Removed, p) && off.pos.before(position{seq: l.Acked})) {
+		// Removed, or removed and added again since at a later tail:
+		// what the wake offered of it is behind the new link.
+		return nil, 0, ""
 	}
 	return l, off.pos.seq, s.ackOffsetProblem(l, off.pos)
 }
@@ -1835,6 +1873,7 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 		// about is of a stream deleted since): a new generation.
 		c.Generation++
 		c.WakeID = newWakeID()
+		c.Removed = nil // of the wake before
 	}
 	c.Holder = body.Worker
 	c.LeaseUntil = now.Add(c.lease()).UnixMilli()
