@@ -213,6 +213,7 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 		}
 		ref := newEngineRef(key, store, s, a.log)
 		ref.metrics = m
+		ref.subs.metrics = m
 		return ref, nil
 	})
 	if err != nil {

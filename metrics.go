@@ -67,10 +67,15 @@ func (l *liveReaders) end(mode string) {
 var metricProtocols = [...]string{protocolDurableStreams, protocolPico}
 
 // engineMetrics is what a shared engine counts beside the engine itself:
-// the requests of its store and the live reads of its handlers.
+// the requests of its store, the live reads of its handlers, and the
+// streams its subscriptions could not link.
 type engineMetrics struct {
 	requests segment.RequestStats
 	live     [len(metricProtocols)]liveReaders
+	// subLinksRefused counts the appends to a stream a subscription's
+	// pattern matches that did not link it: the subscription links the
+	// most streams it may (subscriptions.go).
+	subLinksRefused atomic.Uint64
 }
 
 // liveFor returns the live read counters of protocol.
@@ -135,6 +140,7 @@ type storageCollector struct {
 	packsWritten, packsLive                   *prometheus.Desc
 	streamsInMemory, orphanBlobs              *prometheus.Desc
 	damagedWAL, open                          *prometheus.Desc
+	subLinksRefused                           *prometheus.Desc
 }
 
 // newStorageCollector builds the collector of the storage labelled label.
@@ -195,6 +201,8 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 			"Stream handles held now: streams used in the last 30 s, and idle ones whose records wait for a compaction. An idle node holds none."),
 		open: desc("storage_open",
 			"1 while the storage is open; 0 before it opens, and while a start that could not reach the store, or found another node holding it, is retried (requests get 503)."),
+		subLinksRefused: desc("subscription_links_refused_total",
+			"Appends to a stream a subscription's pattern matches that did not link the stream, the subscription linking the most streams it may."),
 		subscribers: desc("open_subscribers",
 			"Live reads open now: SSE responses and long-polls, by protocol and mode.",
 			"protocol", "mode"),
@@ -207,7 +215,7 @@ func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.appends, c.records, c.bytes, c.flushes, c.aborted,
 		c.cacheHits, c.cacheMisses, c.buffersReused, c.expired, c.requests, c.uploads, c.subscribers, c.busy, c.pending,
 		c.folds, c.packed, c.repacked, c.packsWritten, c.packsLive, c.streamsInMemory, c.orphanBlobs,
-		c.damagedWAL, c.open,
+		c.damagedWAL, c.open, c.subLinksRefused,
 	} {
 		ch <- d
 	}
@@ -242,6 +250,7 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.packsWritten, es.PacksWritten)
 	counter(c.orphanBlobs, es.OrphanBlobsDeleted)
 	counter(c.damagedWAL, es.DamagedWALEntries)
+	counter(c.subLinksRefused, c.metrics.subLinksRefused.Load())
 	ch <- prometheus.MustNewConstMetric(c.packsLive, prometheus.GaugeValue, float64(es.LivePacks))
 	ch <- prometheus.MustNewConstMetric(c.streamsInMemory, prometheus.GaugeValue, float64(es.StreamsInMemory))
 

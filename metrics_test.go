@@ -108,6 +108,7 @@ func TestStorageCollector(t *testing.T) {
 	m.liveFor(protocolDurableStreams).begin(liveLongPoll)
 	snap := streamstore.StatsSnapshot{Appends: 3, Records: 5, Bytes: 42, WALObjects: 2, CacheHits: 7, CacheMisses: 1, Expired: 4,
 		Folds: 6, Packed: 9, PacksWritten: 2, LivePacks: 1, StreamsInMemory: 11, OrphanBlobsDeleted: 13}
+	m.subLinksRefused.Add(3)
 	c := newStorageCollector("file:///x", func() (streamstore.StatsSnapshot, bool) { return snap, true }, m)
 
 	// Caddy's registries are pedantic: they check that every metric
@@ -143,6 +144,7 @@ func TestStorageCollector(t *testing.T) {
 		{`picomq_upload_duration_seconds_count{object="wal",` + s + `}`, 1},
 		{`picomq_upload_duration_seconds_bucket{object="wal",` + s + `,le="+Inf"}`, 1},
 		{`picomq_upload_duration_seconds_count{object="other",` + s + `}`, 0},
+		{`picomq_subscription_links_refused_total{` + s + `}`, 3},
 		{`picomq_open_subscribers{mode="sse",protocol="pico",` + s + `}`, 1},
 		{`picomq_open_subscribers{mode="long-poll",protocol="durable-streams",` + s + `}`, 2},
 		{`picomq_open_subscribers{mode="sse",protocol="durable-streams",` + s + `}`, 0},

@@ -83,6 +83,19 @@ const (
 // a 5 MB document to write at every claim and ack.
 const subMaxStreams = 1000
 
+// subMaxLinks bounds the streams a subscription links, explicit and
+// matched by its pattern together: every link is in the subscription's
+// document, written whole at every claim, ack and wake, and a pattern
+// such as "**" over a large root linked every stream under it, making
+// that document many megabytes. A create or add past it is refused; a
+// stream the pattern matches later is not linked while the subscription
+// is full (logged, and counted in picomq_subscription_links_refused_total).
+const subMaxLinks = 1000
+
+// errTooManyLinks is a create that would link more than a subscription's
+// limit of streams.
+var errTooManyLinks = errors.New("too many streams")
+
 // Bounds, in bytes, of what a client sets that goes into a subscription's
 // document, written again whole at every claim, ack and append note: the
 // body's limit let one field make it a megabyte. The worker is also in
@@ -369,6 +382,18 @@ func (s *subState) lease() time.Duration {
 	return time.Duration(s.Config.LeaseTTLms) * time.Millisecond
 }
 
+// liveLinks counts s's links, less those of deleted streams kept for the
+// wake in flight (Gone), which go when it ends.
+func (s *subState) liveLinks() int {
+	n := 0
+	for _, l := range s.Links {
+		if !l.Gone {
+			n++
+		}
+	}
+	return n
+}
+
 func (s *subState) pending() bool {
 	for _, l := range s.Links {
 		if l.Tail > l.Acked {
@@ -446,6 +471,8 @@ type subManager struct {
 	kick   chan struct{}
 	client *http.Client
 	ctx    context.Context // ends when the engine closes
+
+	refusedLog *sampledLog // links refused at the limit, logged sparsely
 }
 
 // subCreate is a subscription whose create is being made: its streams
@@ -480,6 +507,17 @@ type subManagers struct {
 	// only while some handler still allows it, so turning the option off
 	// (a reload) stops those deliveries rather than leaving them for good.
 	loopbackHandlers atomic.Int64
+
+	metrics  *engineMetrics // where refused links are counted; nil in some tests
+	maxLinks int            // the most streams a subscription links; 0: subMaxLinks
+}
+
+// linkLimit returns the most streams a subscription of the engine links.
+func (sm *subManagers) linkLimit() int {
+	if sm == nil || sm.maxLinks <= 0 {
+		return subMaxLinks
+	}
+	return sm.maxLinks
 }
 
 // loopbackAllowed reports whether a handler of the engine allows loopback
@@ -505,6 +543,8 @@ func (sm *subManagers) managerFor(eng *streamstore.Engine, log *zap.Logger) *sub
 		subs:   map[string]*subState{},
 		kick:   make(chan struct{}, 1),
 		ctx:    ctx,
+
+		refusedLog: newSampledLog(time.Minute),
 	}
 	m.client = &http.Client{
 		Timeout: webhookTimeout,
@@ -965,6 +1005,9 @@ func (m *subManager) drainLocked(s *subState) {
 			if !ok || rel == "" {
 				continue
 			}
+			if m.refusesLinkLocked(c, rel, n) {
+				continue
+			}
 			quiet = quiet && c.quietTail(rel, n)
 			ch, gr := c.applyNote(rel, n)
 			changed, grew = changed || ch, grew || gr
@@ -1281,7 +1324,7 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	cr := &subCreate{root: root, done: make(chan struct{})}
 	m.creating[key] = cr
 	m.mu.Unlock()
-	s, err := m.newSub(r.Context(), root, id, base, key, hash, cfg)
+	s, err := m.newSub(r.Context(), root, id, base, key, hash, cfg, m.owner.linkLimit())
 	if err == nil {
 		err = m.putSub(s)
 	}
@@ -1289,7 +1332,11 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	defer m.mu.Unlock()
 	delete(m.creating, key)
 	close(cr.done)
-	if err != nil {
+	switch {
+	case errors.Is(err, errTooManyLinks):
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", err.Error())
+		return
+	case err != nil:
 		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
 		return
 	}
@@ -1305,8 +1352,9 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 
 // newSub makes the subscription a create stores, its streams linked at
 // their tails: those matching cfg's pattern (the backfill) and those it
-// names.
-func (m *subManager) newSub(ctx context.Context, root, id, base, key, hash string, cfg subConfig) (*subState, error) {
+// names. More than limit of them is errTooManyLinks, found before the
+// listing goes further or any named stream is looked up.
+func (m *subManager) newSub(ctx context.Context, root, id, base, key, hash string, cfg subConfig, limit int) (*subState, error) {
 	links := map[string]*subLink{}
 	if cfg.Pattern != "" {
 		prefix := root + globLiteralPrefix(cfg.Pattern)
@@ -1322,11 +1370,23 @@ func (m *subManager) newSub(ctx context.Context, root, id, base, key, hash strin
 					links[rel] = &subLink{Glob: true, Acked: in.NextSeq, Tail: in.NextSeq, Stream: in.ID}
 				}
 				after = in.Name
+				if len(links) > limit {
+					return nil, fmt.Errorf("%w: the pattern matches more than %d streams, and a subscription links at most %d (explicit and matched by its pattern together)", errTooManyLinks, limit, limit)
+				}
 			}
 			if !more || len(infos) == 0 {
 				break
 			}
 		}
+	}
+	n := len(links)
+	for _, p := range cfg.Streams {
+		if links[p] == nil {
+			n++
+		}
+	}
+	if n > limit {
+		return nil, fmt.Errorf("%w: these streams and pattern would link %d streams, and a subscription links at most %d (explicit and matched by its pattern together)", errTooManyLinks, n, limit)
 	}
 	for _, p := range cfg.Streams {
 		l := links[p]
@@ -1564,19 +1624,15 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 		return
 	}
 	defer m.releaseLocked(s)
-	explicit := 0
-	for p, l := range s.Links {
-		if l.Explicit || adding[p] {
-			explicit++
-		}
-	}
+	linked := s.liveLinks()
 	for _, p := range paths {
-		if s.Links[p] == nil {
-			explicit++
+		if l := s.Links[p]; l == nil || l.Gone {
+			linked++
 		}
 	}
-	if explicit > subMaxStreams {
-		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("a subscription has at most %d streams; these would make %d", subMaxStreams, explicit))
+	if limit := m.owner.linkLimit(); linked > limit {
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf(
+			"a subscription links at most %d streams (explicit and matched by its pattern together); these would make %d", limit, linked))
 		return
 	}
 	// The streams are looked up as s's writer, and the notes of their
@@ -2081,6 +2137,9 @@ func (m *subManager) applyNoteLocked(n appendNote) {
 		if s.Links[rel] == nil && (n.deleted || s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel)) {
 			return // a stream s does not follow: no draft to copy
 		}
+		if m.refusesLinkLocked(s, rel, n) {
+			return
+		}
 		if s.quietTail(rel, n) {
 			// s has no writer: it changes in place, as its writer would.
 			l := s.Links[rel]
@@ -2092,6 +2151,26 @@ func (m *subManager) applyNoteLocked(n appendNote) {
 			m.writeInBackgroundLocked(s, c, grew, nil)
 		}
 	})
+}
+
+// refusesLinkLocked reports whether note n would link stream rel to s by
+// its pattern while s links the most streams it may (subMaxLinks), and if
+// so counts and logs that it is not linked: the subscription does not
+// follow that stream until it has room again.
+func (m *subManager) refusesLinkLocked(s *subState, rel string, n appendNote) bool {
+	if n.deleted || s.Links[rel] != nil || s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel) {
+		return false
+	}
+	limit := m.owner.linkLimit()
+	if s.liveLinks() < limit {
+		return false
+	}
+	if m.owner != nil && m.owner.metrics != nil {
+		m.owner.metrics.subLinksRefused.Add(1)
+	}
+	m.refusedLog.warn(m.log, "a stream matches a subscription's pattern but is not linked: the subscription links the most streams it may",
+		zap.String("subscription", s.ID), zap.String("root", s.Root), zap.String("stream", rel), zap.Int("max_links", limit))
+	return true
 }
 
 // quietTail reports whether note n, for s's link of rel, can only move the
