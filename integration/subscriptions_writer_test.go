@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -66,8 +67,8 @@ func TestSubscriptionWriteHoldsUpNoOther(t *testing.T) {
 	}
 }
 
-// TestSubscriptionSlowReaderHoldsUpNoOther: a client that leaves a large
-// answer unread holds up no other subscription request. The handlers
+// TestSubscriptionSlowReaderHoldsUpNoOther: a client that leaves large
+// answers unread holds up no other subscription request. The handlers
 // answered while holding the manager's lock, so the read of one
 // subscription whose answer no longer fitted the sockets' buffers kept
 // the lock for as long as its client did not read: every other request
@@ -75,16 +76,23 @@ func TestSubscriptionWriteHoldsUpNoOther(t *testing.T) {
 func TestSubscriptionSlowReaderHoldsUpNoOther(t *testing.T) {
 	e := fhStart(t, fhOptions{})
 	e.create("/r/wake", "application/json")
-	// A body under the 1 MiB cap whose answer is 6 MB: the view's JSON
-	// spells each '<' as \u003c. That is more than the server's send
-	// buffer (at most 4 MiB here) and the client's receive buffer hold.
-	desc := strings.Repeat("<", 1_000_000)
+	// The largest answer a subscription gives: as many explicit streams
+	// as it may link, each named with as many bytes as a name may hold,
+	// every one a '<' that the view's JSON spells \u003c. That is 1.6 MB;
+	// the reads below ask for it six times on one connection, more than
+	// the server's send buffer (at most 4 MiB here) and the client's
+	// receive buffer hold. The streams need not exist.
+	names := make([]string, 1000)
+	for i := range names {
+		name := fmt.Sprintf("%03d", i)
+		names[i] = `"` + name + strings.Repeat("<", 256-len("/r/")-len(name)) + `"`
+	}
 	for _, c := range []struct{ id, body string }{
-		{"big", `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake","description":"` + desc + `"}`},
+		{"big", `{"type":"pull-wake","streams":[` + strings.Join(names, ",") + `],"wake_stream":"wake"}`},
 		{"small", `{"type":"pull-wake","pattern":"other/*","wake_stream":"wake"}`},
 	} {
 		if st, v := e.subCall(http.MethodPut, "/r/__ds/subscriptions/"+c.id, c.body); st != http.StatusCreated {
-			t.Fatalf("create subscription %s: %d %v", c.id, st, v)
+			t.Fatalf("create subscription %s: %d %s", c.id, st, fhClip(fmt.Sprint(v), 300))
 		}
 	}
 	u, err := url.Parse(e.caddy.URL())
@@ -99,19 +107,28 @@ func TestSubscriptionSlowReaderHoldsUpNoOther(t *testing.T) {
 	if err := conn.(*net.TCPConn).SetReadBuffer(4096); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := fmt.Fprintf(conn, "GET /r/__ds/subscriptions/big HTTP/1.1\r\nHost: %s\r\n\r\n", u.Host); err != nil {
+	// Pipelined: the server takes each once it has written the answer
+	// before, so the later ones are answered while the first wait unread.
+	get := fmt.Sprintf("GET /r/__ds/subscriptions/big HTTP/1.1\r\nHost: %s\r\n\r\n", u.Host)
+	if _, err := io.WriteString(conn, strings.Repeat(get, 6)); err != nil {
 		t.Fatal(err)
 	}
-	// The answer is being written once its first byte is here; nothing
-	// more is read, so the rest of it waits in the server's write.
+	// The answers are being written once the first byte is here; nothing
+	// more is read, so the rest of them waits in the server's writes.
 	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if _, err := conn.Read(make([]byte, 1)); err != nil {
 		t.Fatalf("the large answer never began: %v", err)
 	}
+	// The server gets to the answer whose write waits a moment after the
+	// first byte: reads of another subscription are made for a second,
+	// so that the later ones come after it, and each is answered.
 	short := &http.Client{Timeout: 20 * time.Second}
 	t.Cleanup(short.CloseIdleConnections)
-	r, err := fhSend(short, e.caddy.URL(), fhReq{Method: http.MethodGet, Path: "/r/__ds/subscriptions/small"})
-	if err != nil || r.Status != http.StatusOK {
-		t.Fatalf("read of another subscription while a client leaves its answer unread: %v %v", r, err)
+	for i := range 20 {
+		r, err := fhSend(short, e.caddy.URL(), fhReq{Method: http.MethodGet, Path: "/r/__ds/subscriptions/small"})
+		if err != nil || r.Status != http.StatusOK {
+			t.Fatalf("read %d of another subscription while a client leaves its answers unread: %v %v", i, r, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
