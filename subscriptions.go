@@ -101,8 +101,9 @@ var errTooManyLinks = errors.New("too many streams")
 // body's limit let one field make it a megabyte. The worker is also in
 // every ALREADY_CLAIMED answer.
 const (
-	subMaxWebhookURL = 2 << 10
-	subMaxWorker     = 256
+	subMaxWebhookURL  = 2 << 10
+	subMaxWorker      = 256
+	subMaxDescription = 4 << 10
 )
 
 // serveReserved handles a request under a "__ds" segment and reports
@@ -1307,6 +1308,11 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 	if len(cfg.WebhookURL) > subMaxWebhookURL {
 		m.mu.Unlock()
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("webhook.url is at most %d bytes, got %d", subMaxWebhookURL, len(cfg.WebhookURL)))
+		return
+	}
+	if len(cfg.Description) > subMaxDescription {
+		m.mu.Unlock()
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", fmt.Sprintf("description is at most %d bytes, got %d", subMaxDescription, len(cfg.Description)))
 		return
 	}
 	if m.rootFullLocked(w, root, maxSubs) {

@@ -9,11 +9,12 @@ import (
 )
 
 // TestWorkerAndWebhookURLLimitsThroughCaddy: through Caddy on versitygw, a
-// claim's worker name is at most 256 bytes and a webhook URL at most 2 KiB;
-// longer ones are 400 INVALID_REQUEST and change nothing. Both went into
-// the subscription's document as they came (up to the 1 MiB body), the
-// worker name written again at every heartbeat and ack of its lease and
-// echoed in every ALREADY_CLAIMED answer.
+// claim's worker name is at most 256 bytes, a webhook URL at most 2 KiB
+// and a description at most 4 KiB; longer ones are 400 INVALID_REQUEST
+// and change nothing. All went into the subscription's document as they
+// came (up to the 1 MiB body), the worker name written again at every
+// heartbeat and ack of its lease and echoed in every ALREADY_CLAIMED
+// answer, the description with every claim, ack and wake.
 func TestWorkerAndWebhookURLLimitsThroughCaddy(t *testing.T) {
 	e := fhStart(t, fhOptions{})
 	const root = "/v1/stream/"
@@ -22,6 +23,9 @@ func TestWorkerAndWebhookURLLimitsThroughCaddy(t *testing.T) {
 		u := "https://hooks.example.com/h?q="
 		return `{"type":"webhook","pattern":"none/*","webhook":{"url":"` + u + strings.Repeat("q", n-len(u)) + `"}}`
 	}
+	described := func(n int) string {
+		return `{"type":"pull-wake","pattern":"none/*","wake_stream":"wake/pool","description":"` + strings.Repeat("d", n) + `"}`
+	}
 	for _, tc := range []struct {
 		name, id, body string
 		status         int
@@ -29,6 +33,9 @@ func TestWorkerAndWebhookURLLimitsThroughCaddy(t *testing.T) {
 		{"webhook URL at the limit", "h1", hook(2048), http.StatusCreated},
 		{"webhook URL over it", "h2", hook(2049), http.StatusBadRequest},
 		{"webhook URL of a megabyte", "h3", hook(1000 << 10), http.StatusBadRequest},
+		{"description at the limit", "d1", described(4096), http.StatusCreated},
+		{"description over it", "d2", described(4097), http.StatusBadRequest},
+		{"description of a megabyte", "d3", described(1000 << 10), http.StatusBadRequest},
 	} {
 		st, v := e.subCall("PUT", root+"__ds/subscriptions/"+tc.id, tc.body)
 		if st != tc.status || (st == http.StatusBadRequest && errCodeOf(v) != "INVALID_REQUEST") {
