@@ -95,6 +95,10 @@ func (d *durableStreams) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // create handles PUT: create a stream (or a fork of one), or confirm an
 // identical one.
 func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name string) {
+	if err := refuseAppendHeaders(r.Header); err != nil {
+		fail(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	fork, err := parseForkHeaders(r)
 	if err != nil {
 		fail(w, http.StatusBadRequest, err.Error())
@@ -214,6 +218,26 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 	}
 	h.Set("Location", publicURL(r, name))
 	w.WriteHeader(http.StatusCreated)
+}
+
+// refuseAppendHeaders refuses, on a create, the headers that section 5.2
+// defines for appends only: Stream-Seq and the producer headers. Section
+// 5.1 gives a create none of them and the reference server ignores them
+// there, so a create's body would be stored without the check they ask
+// for, and an append retrying the same data with them stored it again. A
+// writer that needs them creates without a body and appends with POST.
+func refuseAppendHeaders(h http.Header) error {
+	var named []string
+	for _, name := range []string{hdrStreamSeq, hdrProducerID, hdrProducerEpoch, hdrProducerSeq} {
+		if _, ok := headerValue(h, name); ok {
+			named = append(named, name)
+		}
+	}
+	if len(named) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: only an append (POST) takes these; a create (PUT) does not check or record them, "+
+		"so create the stream without a body and append the first data with POST", strings.Join(named, ", "))
 }
 
 // forkRequest is a parsed fork: the source's name and the divergence point
