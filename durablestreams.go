@@ -205,6 +205,13 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 		d.engineError(w, r, err)
 		return
 	}
+	if !created && ifNoneMatchAny(r.Header) {
+		// RFC 9110 section 13.1.2: "*" is false when the resource has a
+		// current representation, and a PUT is then 412, not the 200 of
+		// a create confirmed (which wrote nothing either way).
+		fail(w, http.StatusPreconditionFailed, "If-None-Match: * asks for a new stream, and the stream exists")
+		return
+	}
 	h := w.Header()
 	h.Set("Content-Type", info.ContentType)
 	h.Set(hdrStreamNextOffset, tailOf(info).String())
@@ -1172,6 +1179,19 @@ func (d *durableStreams) writeNoContent(w http.ResponseWriter, tail position, cl
 	// CDNs should not cache an empty long-poll answer (section 10.1).
 	h.Set("Cache-Control", cacheControlNoStore)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// ifNoneMatchAny reports whether If-None-Match holds "*", in any of its
+// lines.
+func ifNoneMatchAny(h http.Header) bool {
+	for _, v := range h.Values("If-None-Match") {
+		for _, t := range strings.Split(v, ",") {
+			if strings.TrimSpace(t) == "*" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // etagMatches implements If-None-Match for our strong tags.

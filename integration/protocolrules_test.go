@@ -49,7 +49,8 @@ func (p protocolRule) check(t *testing.T, e *fhEnv) fhResp {
 // 4.1), closure before the other conflicts (5.2), soft-deleted streams on
 // HEAD and live reads (4.2), offset=now on a closed stream in the live modes
 // (8), what may be cached and what not (5.5, 10.1), malformed offsets and
-// live modes (5.6), and ETags that change with closure (10.1).
+// live modes (5.6), ETags that change with closure (10.1), and a create
+// with If-None-Match: * (5.1, RFC 9110 section 13.1.2).
 func TestProtocolRulesTheSuiteLeavesOpen(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
@@ -114,6 +115,18 @@ func TestProtocolRulesTheSuiteLeavesOpen(t *testing.T) {
 		{"a long-poll 204 is not cached", fhReq{Method: "GET", Path: "/rules/fork?offset=now&live=long-poll"}, 204,
 			hdr("Cache-Control", "no-store", "Stream-Cursor", "*", "Stream-Up-To-Date", "true"), nil},
 		{"errors are not cached", fhReq{Method: "GET", Path: "/rules/none?offset=-1&live=long-poll"}, 404, hdr("Cache-Control", "no-store"), nil},
+		// 5.1 with RFC 9110 section 13.1.2: If-None-Match: * makes a
+		// create of an existing stream 412, not the 200 of a create
+		// confirmed; other settings are still 409 (a failure comes
+		// before preconditions, 13.2.1), and a new stream is made.
+		{"PUT If-None-Match: * of an existing stream", fhReq{Method: "PUT", Path: "/rules/open", Header: hdr("Content-Type", tp, "If-None-Match", "*")}, 412,
+			hdr("Location", ""), nil},
+		{"PUT If-None-Match: * of an existing stream with other settings", fhReq{Method: "PUT", Path: "/rules/open", Header: hdr("Content-Type", "application/json", "If-None-Match", "*")}, 409,
+			nil, nil},
+		{"PUT If-None-Match: * of a new stream", fhReq{Method: "PUT", Path: "/rules/inm", Header: hdr("Content-Type", tp, "If-None-Match", "*")}, 201,
+			hdr("Location", "*"), nil},
+		{"PUT If-None-Match naming a tag of an existing stream", fhReq{Method: "PUT", Path: "/rules/open", Header: hdr("Content-Type", tp, "If-None-Match", `"x"`)}, 200,
+			nil, nil},
 		// 5.6: malformed offsets and live modes are 400.
 		{"offset -2", fhReq{Method: "GET", Path: "/rules/open?offset=-2"}, 400, nil, nil},
 		{"offset NOW (sentinels are case-sensitive)", fhReq{Method: "GET", Path: "/rules/open?offset=NOW"}, 400, nil, nil},
