@@ -644,6 +644,13 @@ func (p *picoProtocol) parseReadQuery(r *http.Request) (picoReadQuery, error) {
 	default:
 		return rq, fmt.Errorf("unknown live mode %q (use long-poll or sse)", rq.live)
 	}
+	if rq.live == "sse" && rq.format != picoFormatJSON {
+		// The wire notes give SSE one shape, JSON arrays of records: a
+		// feed in another would be sent in that one without saying so.
+		return rq, fmt.Errorf("format=%s does not apply to live=sse: SSE events carry records as JSON "+
+			"(the shape of format=json); leave format out, or read with format=%s without live=sse or with live=long-poll",
+			rq.format, rq.format)
+	}
 	seq, hasSeq := q.Get("seq"), q.Has("seq")
 	rq.seqInURL = hasSeq
 	if !hasSeq {

@@ -163,6 +163,12 @@ func TestPicoReference(t *testing.T) {
 			want: []string{"Pico-Closed", "true", "Pico-Up-To-Date", "true", "Pico-Next-Seq", "3", "Cache-Control", "no-store"}},
 		{name: "read the end of a closed stream", method: "GET", path: "/pico/ref/s?seq=2", status: 200,
 			want: []string{"Pico-Closed", "true", "Pico-Up-To-Date", "true", "Pico-Next-Seq", "3"}},
+		// SSE events carry JSON (pico-wire.md): another format is
+		// refused, not answered in JSON without saying so.
+		{name: "SSE with format=binary", method: "GET", path: "/pico/ref/s?seq=2&live=sse&format=binary", status: 400, code: "bad_request",
+			says: "format=binary does not apply to live=sse"},
+		{name: "SSE with format=raw", method: "GET", path: "/pico/ref/s?seq=2&live=sse&format=raw", status: 400, code: "bad_request",
+			says: "format=raw does not apply to live=sse"},
 		{name: "a page short of the end of a closed stream", method: "GET", path: "/pico/ref/s?seq=1&count=1", status: 200,
 			want: []string{"Pico-Closed", "", "Pico-Up-To-Date", "", "Pico-Next-Seq", "2"}},
 
