@@ -1,12 +1,14 @@
 package picomq
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -188,6 +190,18 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 		p.engineError(w, r, err)
 		return
 	}
+	if !created && len(req.Records) > 0 {
+		// The body was to be the first records: a repeated create is
+		// confirmed only when they are (a retry whose answer was lost),
+		// as 200 alone would tell the client its records are there.
+		if msg, err := p.firstRecordsDiffer(r.Context(), eng, name, req.Records); err != nil {
+			p.engineError(w, r, err)
+			return
+		} else if msg != "" {
+			picoFail(w, http.StatusConflict, picoErrConflict, msg, &info.NextSeq)
+			return
+		}
+	}
 	h := w.Header()
 	h.Set("Content-Type", info.ContentType)
 	h.Set(hdrPicoNextSeq, strconv.FormatUint(info.NextSeq, 10))
@@ -201,6 +215,40 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 	}
 	h.Set("Location", picoLocation(r, name))
 	w.WriteHeader(http.StatusCreated)
+}
+
+// firstRecordsDiffer compares want, the records of a create's body, with
+// the first records of the existing stream name. It returns "" when they
+// are the same records (bodies and headers), else why the create is
+// refused.
+func (p *picoProtocol) firstRecordsDiffer(ctx context.Context, eng *streamstore.Engine, name string, want []streamstore.NewRecord) (string, error) {
+	const refused = "; a create's body becomes the first records of a new stream only: append with POST"
+	size := 0
+	for _, rec := range want {
+		size += len(rec.Body)
+	}
+	res, err := eng.Read(ctx, name, streamstore.ReadRequest{Seq: 0, MaxRecords: len(want), MaxBytes: max(size, 1)})
+	switch {
+	case errors.Is(err, streamstore.ErrGone):
+		if info, herr := eng.Head(ctx, name); herr == nil && info.StartSeq > 0 {
+			return "stream exists, and its first records were trimmed, so this create's body cannot be confirmed as them" + refused, nil
+		}
+		return "", err
+	case err != nil:
+		return "", err
+	}
+	defer res.Release()
+	// The read stops at the body's size: fewer records than the body's
+	// means the stream has fewer, or larger ones.
+	same := len(res.Records) == len(want)
+	for i := 0; same && i < len(want); i++ {
+		got := res.Records[i]
+		same = bytes.Equal(got.Body, want[i].Body) && slices.Equal(got.Headers, want[i].Headers)
+	}
+	if !same {
+		return "stream exists, and its first records are not this create's body" + refused, nil
+	}
+	return "", nil
 }
 
 // picoCreateConflictMessage tells a client whose create found the stream

@@ -66,6 +66,14 @@ func TestPicoReference(t *testing.T) {
 		{name: "create with a batch giving a header twice", method: "PUT", path: "/pico/ref/dup", body: twice, hdr: []string{"Content-Type", picoBinaryBatch},
 			status: 400, code: "bad_request", writeNothing: true},
 		{name: "no stream made by the refused create", method: "HEAD", path: "/pico/ref/dup", status: 404},
+		// A create's body is the first records of a new stream: repeated
+		// on the stream it made (a retry whose answer was lost), it is
+		// confirmed; with another body it would be dropped, so it is
+		// refused, and neither writes.
+		{name: "the create with its body again", method: "PUT", path: "/pico/ref/s", body: []byte("r0"), hdr: []string{"Content-Type", "text/plain"}, status: 200,
+			want: []string{"Pico-Next-Seq", "1", "Location", ""}},
+		{name: "a create with another body", method: "PUT", path: "/pico/ref/s", body: []byte("other"), hdr: []string{"Content-Type", "text/plain"},
+			status: 409, code: "conflict", says: "its first records are not this create's body", want: []string{"Pico-Next-Seq", "1"}, writeNothing: true},
 		{name: "nothing appended by the refused batches", method: "GET", path: "/pico/ref/s?format=raw", status: 200, wantBody: str("r0")},
 
 		// A surrogate pair is one character, stored as its UTF-8.
