@@ -868,7 +868,7 @@ func (p *picoProtocol) get(w http.ResponseWriter, r *http.Request, name string) 
 	}
 }
 
-// catchUp answers a plain read with one page.
+// catchUp answers a plain read with one page, with a Pico-Cursor.
 func (p *picoProtocol) catchUp(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, q picoReadQuery) {
 	readAt := time.Now() // no later than the read's renewal of a sliding TTL
 	pg, err := p.read(r.Context(), eng, name, q)
@@ -896,7 +896,10 @@ func (p *picoProtocol) catchUp(w http.ResponseWriter, r *http.Request, eng *stre
 		// for a request that did not, or for another value.
 		w.Header().Add("Vary", "Last-Event-ID")
 	}
-	p.writePage(w, r, &pg, q.format, cc, "", true)
+	// The API page lists Pico-Cursor for paginated catch-up reads too: the
+	// token a long-poll gives, so that a reader going on from the page
+	// (live or not) sends it back as cursor= the same way.
+	p.writePage(w, r, &pg, q.format, cc, nextCursor(time.Now(), q.cursor, p.jitter), true)
 }
 
 // writePage writes a 200 read response (or 304 when withETag and the

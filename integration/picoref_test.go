@@ -245,6 +245,10 @@ func TestPicoReference(t *testing.T) {
 	// The 304 of a page names it again and tells where to resume.
 	r = picoDo(e, "GET", "/pico/ref/s?seq=1&count=1", nil)
 	tag := r.Header.Get("ETag")
+	// The API page lists Pico-Cursor for paginated catch-up reads.
+	if r.Header.Get("Pico-Cursor") == "" {
+		t.Errorf("a catch-up page has no Pico-Cursor (headers %v)", r.Header)
+	}
 	picoWant(t, "revalidated page", picoDo(e, "GET", "/pico/ref/s?seq=1&count=1", nil, "If-None-Match", tag), 304,
 		"ETag", tag, "Pico-Next-Seq", "2", "Cache-Control", catchUpCache)
 	var recs []picoRecord
