@@ -153,6 +153,18 @@ func TestProtocolRulesTheSuiteLeavesOpen(t *testing.T) {
 		t.Errorf("the ETag %s did not change when the stream closed", tag)
 	}
 	protocolRule{"closed tail, weak form of its tag", fhReq{Method: "GET", Path: atTail, Header: hdr("If-None-Match", `"other", W/`+closed.Header.Get("ETag"))}, 304, nil, &empty}.check(t, e)
+
+	// 9.1.4: an escaped half of a surrogate pair is valid JSON (RFC 8259
+	// section 7), taken as the reference server takes it, and kept as
+	// sent, so a read gives the same text back.
+	e.create("/rules/json", "application/json")
+	lone := `["\ud800"]`
+	protocolRule{"a lone surrogate escape", fhReq{Method: "POST", Path: "/rules/json", Header: hdr("Content-Type", "application/json"), Body: []byte(`"\ud800"`)}, 204, nil, nil}.check(t, e)
+	protocolRule{"the lone surrogate escape read back", fhReq{Method: "GET", Path: "/rules/json?offset=-1"}, 200, nil, &lone}.check(t, e)
+	// 5.2: content types match by media type, as the reference server
+	// and client compare them; the parameters do not count.
+	e.create("/rules/charset", "text/plain; charset=utf-8")
+	protocolRule{"another charset of the same media type", fhReq{Method: "POST", Path: "/rules/charset", Header: hdr("Content-Type", "text/plain; charset=latin1"), Body: []byte("x")}, 204, nil, nil}.check(t, e)
 }
 
 // TestLiveReadersAtTheTailSeeACloseOnly: through Caddy on versitygw, a
