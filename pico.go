@@ -139,6 +139,12 @@ func (p *picoProtocol) readBody(w http.ResponseWriter, r *http.Request) ([]byte,
 // batch format; a batch-typed create makes an application/octet-stream
 // stream, with no records when it has no body.
 func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name string) {
+	if with := createConflicts(r.Header); len(with) > 0 {
+		picoFail(w, http.StatusBadRequest, picoErrBadRequest, strings.Join(with, ", ")+
+			": only an append (POST) takes these; a create (PUT) does not check or record them, "+
+			"so create the stream without a body and append the first records with POST", nil)
+		return
+	}
 	raw := r.Header.Get("Content-Type")
 	batch := raw != "" && isBatchType(raw)
 	ct := defaultContentType
@@ -345,6 +351,20 @@ func trimConflicts(h http.Header) []string {
 		with = append(with, displayHeader(hdrPicoClosed))
 	}
 	for _, name := range []string{hdrPicoMatchSeq, hdrPicoProducerID, hdrPicoProducerEpoch, hdrPicoProducerSeq} {
+		if _, ok := headerValue(h, name); ok {
+			with = append(with, displayHeader(name))
+		}
+	}
+	return with
+}
+
+// createConflicts returns the append headers of a create, spelt for the
+// error message: the API page gives them to appends only, and a create
+// would store its body without the check they ask for (a producer's retry
+// with POST would then store it twice).
+func createConflicts(h http.Header) []string {
+	var with []string
+	for _, name := range []string{hdrPicoMatchSeq, hdrPicoTrimSeq, hdrPicoProducerID, hdrPicoProducerEpoch, hdrPicoProducerSeq} {
 		if _, ok := headerValue(h, name); ok {
 			with = append(with, displayHeader(name))
 		}

@@ -74,6 +74,14 @@ func TestPicoReference(t *testing.T) {
 			want: []string{"Pico-Next-Seq", "1", "Location", ""}},
 		{name: "a create with another body", method: "PUT", path: "/pico/ref/s", body: []byte("other"), hdr: []string{"Content-Type", "text/plain"},
 			status: 409, code: "conflict", says: "its first records are not this create's body", want: []string{"Pico-Next-Seq", "1"}, writeNothing: true},
+		// Headers the API page gives appends only are refused on a
+		// create, which would neither check nor record them.
+		{name: "create with producer headers", method: "PUT", path: "/pico/ref/prodcreate", body: []byte("p0"),
+			hdr:    []string{"Content-Type", "text/plain", "Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0"},
+			status: 400, code: "bad_request", says: "Pico-Producer-Id, Pico-Producer-Epoch, Pico-Producer-Seq: only an append (POST) takes these", writeNothing: true},
+		{name: "create with Pico-Match-Seq", method: "PUT", path: "/pico/ref/prodcreate", hdr: []string{"Pico-Match-Seq", "0"},
+			status: 400, code: "bad_request", says: "Pico-Match-Seq", writeNothing: true},
+		{name: "no stream made by the refused creates", method: "HEAD", path: "/pico/ref/prodcreate", status: 404},
 		{name: "nothing appended by the refused batches", method: "GET", path: "/pico/ref/s?format=raw", status: 200, wantBody: str("r0")},
 
 		// A surrogate pair is one character, stored as its UTF-8.
