@@ -376,7 +376,12 @@ func (e *Engine) Close(ctx context.Context) error {
 		return nil
 	default:
 	}
+	// Closed under mu: a lookup that finds closing still open has counted
+	// its metadata load in bg before this, and bg.Wait below waits for it;
+	// one after starts none (stream).
+	e.mu.Lock()
 	close(e.closing)
+	e.mu.Unlock()
 	e.bgCancel()
 	if e.stopRenewal != nil {
 		e.stopRenewal()
@@ -865,8 +870,17 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 	}
 	c, ok := e.loading[name]
 	if !ok {
+		select {
+		case <-e.closing:
+			// Close may be waiting on bg already: a load started now
+			// would outlive it.
+			e.mu.Unlock()
+			return nil, ErrShuttingDown
+		default:
+		}
 		c = &loadCall{done: make(chan struct{})}
 		e.loading[name] = c
+		e.bg.Add(1)
 		go e.load(ctx, name, c)
 	}
 	e.mu.Unlock()
@@ -893,8 +907,9 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 // load reads name's metadata object for the lookups that wait on c, and
 // publishes it. It runs on its own, not cancelled by the request that
 // started it, as others may be waiting for it too; the engine's close
-// ends it.
+// ends it, and waits for it (bg).
 func (e *Engine) load(ctx context.Context, name string, c *loadCall) {
+	defer e.bg.Done()
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(e.bgCtx, cancel)
 	c.s, c.err = e.loadMeta(lctx, name)
