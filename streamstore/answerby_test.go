@@ -328,14 +328,7 @@ func TestAnswerByForkReleaseInBackground(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		data, _, err := st.Get(ctx, metaKey("/src"), 0, -1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := decodeMeta(data)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := storedMeta(t, st, "/src")
 		if m.Forks == 0 && len(m.ForkList) == 0 {
 			break
 		}

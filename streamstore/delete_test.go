@@ -143,14 +143,7 @@ func TestDeleteRemovesOwnUnconfirmedVersion(t *testing.T) {
 	}
 	// The version the engine knows is replaced behind its back by one
 	// of the same stream, as a write reported failed that landed late.
-	data, _, err := st.Get(ctx, metaKey("/s"), 0, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := decodeMeta(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := storedMeta(t, st, "/s")
 	m.CreatedAt++
 	if _, err := st.Put(ctx, metaKey("/s"), encodeMeta(m), segment.PutOptions{}); err != nil {
 		t.Fatal(err)

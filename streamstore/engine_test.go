@@ -40,6 +40,21 @@ func startEngine(t *testing.T, st segment.Store, cfg Config) *Engine {
 	return e
 }
 
+// storedMeta reads and decodes name's metadata object straight from the
+// bucket: a lookup through an engine would load or touch the stream.
+func storedMeta(t *testing.T, st segment.Store, name string) *metaObject {
+	t.Helper()
+	data, _, err := st.Get(context.Background(), metaKey(name), 0, -1)
+	if err != nil {
+		t.Fatalf("read the metadata of %s: %v", name, err)
+	}
+	m, err := decodeMeta(data)
+	if err != nil {
+		t.Fatalf("decode the metadata of %s: %v", name, err)
+	}
+	return m
+}
+
 func recs(bodies ...string) []NewRecord {
 	out := make([]NewRecord, len(bodies))
 	for i, b := range bodies {

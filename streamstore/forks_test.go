@@ -920,16 +920,10 @@ func TestLostSourceRemovalIsSettled(t *testing.T) {
 	if err := e.Delete(ctx, "/src"); err != nil {
 		t.Fatal(err)
 	}
-	data, _, err := st.Get(ctx, metaKey("/src"), 0, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := decodeMeta(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := storedMeta(t, st, "/src")
 	loseForkRelease(t, st, e, func(key string) bool { return key == gcKey(m.ID) })
-	if data, _, err = st.Get(ctx, metaKey("/src"), 0, -1); err != nil || isGrave(data) {
+	data, _, err := st.Get(ctx, metaKey("/src"), 0, -1)
+	if err != nil || isGrave(data) {
 		t.Fatalf("the source when the process ended: %s, %v; want its metadata, its removal lost", data, err)
 	}
 	startEngine(t, st, Config{GraveTime: graveTime, ExpirySweep: 100 * time.Millisecond})
@@ -967,14 +961,7 @@ func TestForkRepeatWithoutExpiryAsksForTheSources(t *testing.T) {
 	}
 	// /old is /own as an earlier version wrote it, without the source's
 	// expiry.
-	data, _, err := st.Get(ctx, metaKey("/own"), 0, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := decodeMeta(data)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := storedMeta(t, st, "/own")
 	if m.Fork.SourceExpiry == nil {
 		t.Fatal("the fork's metadata does not keep its source's expiry")
 	}

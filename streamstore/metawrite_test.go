@@ -308,17 +308,7 @@ func TestCreateRacingCompaction(t *testing.T) {
 // it is in a data object yet.
 func notCheckpointed(t *testing.T, st segment.Store, name string) bool {
 	t.Helper()
-	data, _, err := st.Get(context.Background(), metaKey(name), 0, -1)
-	if err != nil {
-		t.Errorf("metadata of %s: %v", name, err)
-		return false
-	}
-	m, err := decodeMeta(data)
-	if err != nil {
-		t.Errorf("metadata of %s: %v", name, err)
-		return false
-	}
-	return m.State.NextSeq == 0
+	return storedMeta(t, st, name).State.NextSeq == 0
 }
 
 // imageStore can copy the bucket at an instant, as a crash would leave it.
