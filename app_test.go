@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/picomq/caddy-picomq/internal/testenv"
 	"github.com/picomq/caddy-picomq/segment"
 	"github.com/picomq/caddy-picomq/streamstore"
 )
@@ -625,14 +626,8 @@ func unreachableStorage(t *testing.T, prefix string) (*App, *engineRef) {
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
 	t.Setenv("AWS_ACCESS_KEY_ID", "k")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "s")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	endpoint := "http://" + l.Addr().String()
-	l.Close()
 	app := newTestApp(t)
-	ref, err := app.acquire("s3://bkt/"+prefix+"?region=us-east-1&path_style=true&endpoint="+endpoint,
+	ref, err := app.acquire("s3://bkt/"+prefix+"?region=us-east-1&path_style=true&endpoint="+testenv.ClosedURL(t),
 		engineSettings{S3Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)

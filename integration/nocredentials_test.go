@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -51,19 +50,6 @@ func fakeIMDS(t *testing.T, role, accessKey, secretKey string) string {
 	return srv.URL
 }
 
-// closedAddr is the URL of a local port nothing listens on: a host where
-// the instance metadata address does not answer.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return "http://" + addr
-}
-
 // TestNoCredentialsFailsTheStartSayingWhatIsMissing: an s3:// storage with
 // no credentials anywhere (no AWS_* keys, no shared config, no instance
 // role) fails Caddy's start with an error that names where credentials
@@ -78,7 +64,7 @@ func TestNoCredentialsFailsTheStartSayingWhatIsMissing(t *testing.T) {
 		cause string // the SDK's words, kept in the error
 	}{
 		{"the metadata service has no role", func(t *testing.T) string { return fakeIMDS(t, "", "", "") }, "no EC2 IMDS role found"},
-		{"no metadata service", closedAddr, "connection refused"},
+		{"no metadata service", func(t *testing.T) string { return testenv.ClosedURL(t) }, "connection refused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			storage := caddytest.S3Storage(t, v, v.Endpoint)

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"testing"
 
+	"github.com/picomq/caddy-picomq/internal/testenv"
 	"github.com/picomq/caddy-picomq/segment"
 )
 
@@ -51,7 +51,7 @@ func TestTransient(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			endpoint := closedEndpoint(t)
+			endpoint := testenv.ClosedURL(t)
 			if tt.handler != nil {
 				srv := httptest.NewServer(tt.handler)
 				t.Cleanup(srv.Close)
@@ -80,16 +80,4 @@ func TestTransient(t *testing.T) {
 			t.Errorf("Transient(%v) = true", err)
 		}
 	}
-}
-
-// closedEndpoint is the URL of a local port nobody listens on.
-func closedEndpoint(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return "http://" + addr
 }

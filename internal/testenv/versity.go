@@ -365,6 +365,22 @@ func FreePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// ClosedURL is the http:// URL of a port on 127.0.0.1 that nothing listens
+// on: it was bound a moment ago and closed, so a connection to it is
+// refused at once, where an unroutable address would hang until a timeout.
+func ClosedURL(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen on a local port: %v", err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatalf("close the local port: %v", err)
+	}
+	return "http://" + addr
+}
+
 var (
 	binaryMu   sync.Mutex
 	binaryPath string
