@@ -614,6 +614,47 @@ func TestJSONMode(t *testing.T) {
 	s.do(t, "GET", "/j?offset="+position{0, 1}.String(), "").want(t, 400)
 }
 
+// waitEngineWaits waits until n goroutines are parked in the engine's Wait
+// (a live read at its stream's tail), failing the test after 5 s. A fixed
+// pause let an append land before a long-poll at offset=now had read where
+// the tail was, on a busy machine, and the long-poll then waited for the
+// append after it.
+func waitEngineWaits(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := engineWaits()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d live reads parked in the engine after 5 s, want %d", got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// engineWaits counts the goroutines blocked in streamstore's Engine.Wait.
+func engineWaits() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		header, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(header, "[select") && strings.Contains(g, "streamstore.(*Engine).Wait(") {
+			count++
+		}
+	}
+	return count
+}
+
 func TestLongPoll(t *testing.T) {
 	s := newDSServer(t)
 	s.do(t, "PUT", "/s", "old", ct, "text/plain").want(t, 201)
@@ -647,7 +688,7 @@ func TestLongPoll(t *testing.T) {
 	s.proto.longPollTimeout = 5 * time.Second
 	done := make(chan resp, 1)
 	go func() { done <- s.do(t, "GET", "/s?offset=now&live=long-poll", "") }()
-	time.Sleep(100 * time.Millisecond)
+	waitEngineWaits(t, 1)
 	s.do(t, "POST", "/s", "new", ct, "text/plain").want(t, 204)
 	select {
 	case r = <-done:
@@ -675,7 +716,7 @@ func TestLongPollEndsAtShutdown(t *testing.T) {
 	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
 	done := make(chan resp, 1)
 	go func() { done <- s.do(t, "GET", "/s?offset=now&live=long-poll", "") }()
-	time.Sleep(100 * time.Millisecond)
+	waitEngineWaits(t, 1)
 	s.shutdown()
 	select {
 	case r := <-done:

@@ -767,7 +767,7 @@ func TestPicoLongPoll(t *testing.T) {
 	s.pico.longPollTimeout = 10 * time.Second
 	done := make(chan picoResp, 1)
 	go func() { done <- s.do(t, "GET", "/pico/lp?seq=1&live=long-poll&format=binary", nil) }()
-	time.Sleep(100 * time.Millisecond)
+	waitEngineWaits(t, 1)
 	s.do(t, "POST", "/pico/lp", []byte("b")).want(t, 200)
 	select {
 	case r := <-done:
@@ -785,7 +785,7 @@ func TestPicoLongPoll(t *testing.T) {
 	// A shutdown ends a parked long-poll with 204.
 	s.do(t, "PUT", "/pico/lp2", nil).want(t, 201)
 	go func() { done <- s.do(t, "GET", "/pico/lp2?live=long-poll", nil) }()
-	time.Sleep(100 * time.Millisecond)
+	waitEngineWaits(t, 1)
 	s.shutdown()
 	select {
 	case r := <-done:
