@@ -112,8 +112,10 @@ func TestCacheTailReadCostsNoGets(t *testing.T) {
 			resp, err := e.send(fhReq{Method: http.MethodGet, Path: path + "?live=long-poll&offset=" + url.QueryEscape(tail)})
 			done <- result{resp, err}
 		}()
-		// Let the reader park, then append.
-		time.Sleep(300 * time.Millisecond)
+		// Let the reader park, then append: a fixed pause could end
+		// first on a busy machine, and the read would then be a
+		// catch-up read, not the wake-up this is about.
+		fhWaitLongPolls(t, e.caddy.AdminAddr(), 1)
 		e.append(path, ct, fresh)
 		var r result
 		select {

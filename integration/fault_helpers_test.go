@@ -490,3 +490,23 @@ func fhPercentile(sorted []time.Duration, p float64) time.Duration {
 	i := int(float64(len(sorted)-1) * p / 100)
 	return sorted[i]
 }
+
+// fhWaitLongPolls waits until the Caddy whose admin endpoint is admin has n
+// long-poll reads open (its picomq_open_subscribers gauge), so that a test
+// appends to a long-poll that is waiting, not to one still on its way.
+func fhWaitLongPolls(t *testing.T, admin string, n float64) {
+	t.Helper()
+	err := fhWaitFor(30*time.Second, 20*time.Millisecond, func() error {
+		s, err := mGet(admin)
+		if err != nil {
+			return err
+		}
+		if got := s.sum("picomq_open_subscribers", "mode", "long-poll"); got != n {
+			return fmt.Errorf("%v long-polls open, want %v", got, n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -82,14 +82,20 @@ func TestHTTPS(t *testing.T) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			r, err := (&dsClient{base: base, hc: hc}).do(ctx, http.MethodGet, "/ds/poll", "offset=now&live=long-poll", nil, nil)
+			// At the start of the empty stream, not at now: should the
+			// append land before the read found the tail (the gauge
+			// below counts the read from just before), it is read at
+			// once rather than waited past.
+			r, err := (&dsClient{base: base, hc: hc}).do(ctx, http.MethodGet, "/ds/poll", "offset=-1&live=long-poll", nil, nil)
 			if err != nil {
 				got <- err.Error()
 				return
 			}
 			got <- fmt.Sprintf("%d %s", r.status, r.body)
 		}()
-		time.Sleep(500 * time.Millisecond) // let it wait
+		// Until the module has the long-poll open; a fixed pause was
+		// too short on a busy machine, the HTTP/2 handshake included.
+		fhWaitLongPolls(t, c.AdminAddr(), 1)
 		if r, err := hcDo(hc, http.MethodPost, base+"/ds/poll", "woken"); err != nil || r.StatusCode != http.StatusNoContent {
 			t.Fatalf("append: %s", outcome(r, err))
 		}

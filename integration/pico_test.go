@@ -1345,7 +1345,9 @@ func TestPicoLiveEndsAtShutdown(t *testing.T) {
 		resp, err := fhSend(&http.Client{}, e.caddy.URL(), fhReq{Method: "GET", Path: "/pico/idle?seq=1&live=long-poll"})
 		polled <- result{resp, err, time.Now()}
 	}()
-	time.Sleep(500 * time.Millisecond) // let the long-poll park
+	// Let the long-poll park: one still on its way at the stop would
+	// find no server, on a machine busy enough to outlast a fixed pause.
+	fhWaitLongPolls(t, e.caddy.AdminAddr(), 1)
 	stopped := time.Now()
 	stopErr := make(chan error, 1)
 	go func() { stopErr <- e.caddy.StopTimeout(30 * time.Second) }()
