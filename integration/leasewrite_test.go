@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"errors"
 	"net/http"
 	"testing"
 	"time"
@@ -33,8 +34,19 @@ func TestLeaseRenewalWithLostAnswer(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	// A failed renewal is tried again a second later.
-	time.Sleep(3 * time.Second)
+	// A failed renewal is tried again a second later: the appends wait
+	// for that retry, which must find the node's own write, not a
+	// takeover (a fixed pause let a late retry come after them).
+	leasePuts := func() int { return e.proxy.Counts().Containing(testenv.OpPut, "lease") }
+	failed := leasePuts()
+	if err := fhWaitFor(15*time.Second, 50*time.Millisecond, func() error {
+		if leasePuts() == failed {
+			return errors.New("no renewal since the failed one")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	for i := range 5 {
 		r := e.must(fhReq{Method: http.MethodPost, Path: "/lease/s", Header: map[string]string{"Content-Type": text}, Body: []byte("after;")})
 		if r.Status/100 != 2 {

@@ -92,8 +92,19 @@ func TestCrashLeavesNoOrphanedBlob(t *testing.T) {
 
 	// The restarted process writes blobs of its own, which stay.
 	more := bytes.Repeat([]byte("M"), 300<<10)
+	passes := func() int { return e.proxy.Counts().Containing(testenv.OpPut, fhManifestKey) }
+	appended := passes()
 	e.append(path, octet, more)
-	time.Sleep(2 * time.Second) // a compaction or two
+	// Two compaction passes (each ends with a manifest write), so that one
+	// began after the append; a fixed pause could end before any ran.
+	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if n := passes() - appended; n < 2 {
+			return fmt.Errorf("%d compaction passes since the append", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if got := e.mustList("blob/"); len(got) != 2 {
 		t.Errorf("blobs after another acknowledged large append: %v, want 2", got)
 	}
