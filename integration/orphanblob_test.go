@@ -95,16 +95,26 @@ func TestCrashLeavesNoOrphanedBlob(t *testing.T) {
 	passes := func() int { return e.proxy.Counts().Containing(testenv.OpPut, fhManifestKey) }
 	appended := passes()
 	e.append(path, octet, more)
-	// Two compaction passes (each ends with a manifest write), so that one
-	// began after the append; a fixed pause could end before any ran.
-	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-		if n := passes() - appended; n < 2 {
-			return fmt.Errorf("%d compaction passes since the append", n)
+	// A compaction pass that began after the append's answer: the one
+	// that folds it may have begun before (its sweep of stray blobs too),
+	// and an idle pass writes nothing to be seen by, so the pass after
+	// it is given work of its own. Each ends with a manifest write; a
+	// fixed pause could end before any ran.
+	waitPasses := func(want int) {
+		t.Helper()
+		if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+			if n := passes() - appended; n < want {
+				return fmt.Errorf("%d compaction passes since the append", n)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
 	}
+	waitPasses(1)
+	e.create("/orphan/tick", octet)
+	e.append("/orphan/tick", octet, []byte("t"))
+	waitPasses(2)
 	if got := e.mustList("blob/"); len(got) != 2 {
 		t.Errorf("blobs after another acknowledged large append: %v, want 2", got)
 	}

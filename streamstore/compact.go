@@ -115,6 +115,16 @@ func (e *Engine) Compact(ctx context.Context) error {
 		s.mu.Unlock()
 	}
 	e.mu.Unlock()
+	if len(todo) == 0 && e.hasRetired && e.retired == end {
+		if _, dead := e.livePacks(); len(dead) == 0 {
+			// Idle: the manifest already says all this pass would
+			// write, so it writes nothing and asks nothing (before, an
+			// idle node read the lease and the manifest and wrote the
+			// manifest back every compact_interval).
+			e.log.Debug("nothing to compact")
+			return nil
+		}
+	}
 	e.retryDamaged(ctx, todo, began)
 
 	// A backlog the cache lost part of is compacted a window of the WAL
@@ -676,8 +686,11 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 		}
 	}
 	if trimTo > 0 {
-		return e.deleteUnder(ctx, segment.WALPrefix(trimNS), segment.WALKey(trimNS, trimTo))
+		if err := e.deleteUnder(ctx, segment.WALPrefix(trimNS), segment.WALKey(trimNS, trimTo)); err != nil {
+			return err
+		}
 	}
+	e.retired, e.hasRetired = end, true
 	return nil
 }
 

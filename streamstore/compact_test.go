@@ -2,7 +2,9 @@ package streamstore
 
 import (
 	"context"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -117,5 +119,52 @@ func TestPackFoldWorkers(t *testing.T) {
 		if got := e.packFoldWorkers(now); got != tt.want {
 			t.Errorf("%s: %d fold workers, want %d", tt.name, got, tt.want)
 		}
+	}
+}
+
+// A compaction with nothing to do asks the bucket nothing: an idle node
+// used to read the lease and the manifest and write the manifest back at
+// every compact_interval. A new append makes the next pass work again.
+func TestIdleCompactionMakesNoRequests(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{})
+	setPackBelow(e, -1)
+	fillStreams(t, e, 3)
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	st.setHook(func(op, key string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, op+" "+key)
+		return nil
+	})
+	taken := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := seen
+		seen = nil
+		return out
+	}
+	for pass := range 2 {
+		if err := e.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := taken(); len(got) > 0 {
+			t.Errorf("idle compaction %d made %d requests: %v; want none", pass, len(got), got)
+		}
+	}
+	if _, err := e.Append(ctx, "/r1", AppendRequest{Records: recs("more")}); err != nil {
+		t.Fatal(err)
+	}
+	taken()
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := taken(); !slices.Contains(got, "PUT manifest") {
+		t.Errorf("the compaction after an append made %v; want a manifest PUT among them", got)
 	}
 }

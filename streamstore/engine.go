@@ -135,9 +135,14 @@ type Engine struct {
 	creating  map[*stream]struct{} // creates whose metadata is not written yet
 	commitEnd walPos               // just after the last committed WAL position; zero before any
 
-	compactMu   sync.Mutex        // one compaction at a time
-	damage      damageLog         // WAL entries found damaged (damaged.go)
-	packs       []segment.PackRef // packs written or replayed, oldest first, until they die (compactMu)
+	compactMu sync.Mutex        // one compaction at a time
+	damage    damageLog         // WAL entries found damaged (damaged.go)
+	packs     []segment.PackRef // packs written or replayed, oldest first, until they die (compactMu)
+	// retired is where the last compaction that finished retired the WAL
+	// to (compactMu); a pass that would retire to the same point with
+	// nothing to fold and no pack to drop has nothing to write.
+	retired     walPos
+	hasRetired  bool
 	compactKick chan struct{}
 	// compactBegan is when the last compaction began (Unix ns): it folded
 	// the streams already idle then (sweepIdle).
