@@ -242,7 +242,7 @@ func TestHostilePathsStayInTheDirectory(t *testing.T) {
 	paths := []string{
 		"/../outside", "/%2e%2e/outside", "/%2E%2E%2Foutside", "/a/%2e%2e/%2e%2e/outside", "/..%2Foutside",
 		"/a/..%5C..%5Coutside", "/..\\outside", "/%2e%2e%5coutside", "/./lease", "/lease", "/manifest", "/format",
-		"/wal/0000000000000000/0000000000000000", "/streams/2f61.m", "/subs/key", "/.picomq-tmp/x", "/" + strings.Repeat("%2e", 200),
+		"/wal/0000000000000000/0000000000000000", "/streams/2f61.m", "/subs/key", "/.picomq-tmp/x", "/.picomq-locks/00", "/" + strings.Repeat("%2e", 200),
 		"/" + strings.Repeat("z", 255), "/a%2F..%2F..%2Foutside", "/x/__ds/subscriptions/..%2F..%2Foutside",
 		"/%2e%2e/__ds/subscriptions/s", "/x/__ds/subscriptions/" + strings.Repeat("i", 120),
 	}
@@ -278,7 +278,7 @@ func TestHostilePathsStayInTheDirectory(t *testing.T) {
 		}
 	}
 	own := map[string]bool{"format": true, "lease": true, "manifest": true, "streams": true, "wal": true, "subs": true,
-		"graves": true, "gc": true, "data": true, ".picomq-tmp": true, "expiry": true, "pack": true, "blob": true}
+		"graves": true, "gc": true, "data": true, ".picomq-tmp": true, ".picomq-locks": true, "expiry": true, "pack": true, "blob": true}
 	entries, err = os.ReadDir(store)
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash/maphash"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"maps"
@@ -31,21 +31,33 @@ const fileTmpDir = ".picomq-tmp"
 // computed from the content when needed.
 const etagXattr = "user.picomq.etag"
 
+// fileLockDir is the folder, directly under the root, of the lock files
+// that make a key's compare-and-swap atomic across processes. It is apart
+// from fileTmpDir, whose sweep would remove a lock file another process
+// still holds.
+const fileLockDir = ".picomq-locks"
+
 const fileLockStripes = 64
 
 // FileStore is a Store on a local directory with S3's semantics: writes are
 // atomic and durable (temp file, fsync, link or rename into place, fsync of
 // the directory), IfNoneMatch uses link(2), which fails if the name
 // exists, and IfMatch compares and swaps under a lock. A key's '/'
-// separated components are folders. One process owns a directory at a
-// time; the locks are in memory.
+// separated components are folders.
+//
+// The lock of a key is a mutex for the goroutines of this process and
+// flock(2) on a lock file for other processes: two processes share a
+// directory when a restart's new process starts before the old one has
+// exited, and the manifest's compare-and-swap is what fences the old one.
 //
 // ETags are quoted hex MD5 digests of the content, like S3's for single
 // part uploads.
 type FileStore struct {
 	root  string
-	seed  maphash.Seed
 	locks [fileLockStripes]sync.Mutex
+	// lockFiles[i] is the open lock file of stripe i, opened on first
+	// use; guarded by locks[i].
+	lockFiles [fileLockStripes]*os.File
 
 	tmpOnce sync.Once
 }
@@ -59,7 +71,7 @@ func NewFileStore(dir string) (*FileStore, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("segment: file store directory %q is not absolute", dir)
 	}
-	return &FileStore{root: filepath.Clean(dir), seed: maphash.MakeSeed()}, nil
+	return &FileStore{root: filepath.Clean(dir)}, nil
 }
 
 // String returns the store's location, file:///dir.
@@ -68,15 +80,57 @@ func (s *FileStore) String() string { return "file://" + s.root }
 // Dir returns the root directory.
 func (s *FileStore) Dir() string { return s.root }
 
-// Close implements io.Closer; there is nothing to release.
-func (s *FileStore) Close() error { return nil }
+// Close implements io.Closer: it closes the lock files. A later write
+// opens them again.
+func (s *FileStore) Close() error {
+	var errs []error
+	for i := range s.lockFiles {
+		s.locks[i].Lock()
+		if f := s.lockFiles[i]; f != nil {
+			errs = append(errs, f.Close())
+			s.lockFiles[i] = nil
+		}
+		s.locks[i].Unlock()
+	}
+	return errors.Join(errs...)
+}
 
-// lock serialises the writes of one key: the check and the swap of an
-// IfMatch Put must not interleave with another write or delete of it.
-func (s *FileStore) lock(key string) func() {
-	m := &s.locks[maphash.String(s.seed, key)%fileLockStripes]
+// lock serialises the writes of one key, in this process and across
+// processes: the check and the swap of an IfMatch Put must not interleave
+// with another write or delete of it. The stripe is a function of the key
+// alone, so that every process picks the same lock file for it.
+func (s *FileStore) lock(ctx context.Context, key string) (unlock func(), err error) {
+	i := crc32.ChecksumIEEE([]byte(key)) % fileLockStripes
+	m := &s.locks[i]
 	m.Lock()
-	return m.Unlock
+	f := s.lockFiles[i]
+	if f == nil {
+		f, err = s.openLockFile(int(i))
+		if err != nil {
+			m.Unlock()
+			return nil, err
+		}
+		s.lockFiles[i] = f
+	}
+	if err := lockFile(ctx, f); err != nil {
+		m.Unlock()
+		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+	}
+	return func() {
+		unlockFile(f)
+		m.Unlock()
+	}, nil
+}
+
+// openLockFile opens stripe i's lock file, read-only: flock needs no
+// write access, and a file held open for writing would keep the file
+// system from being remounted read-only.
+func (s *FileStore) openLockFile(i int) (*os.File, error) {
+	dir := filepath.Join(s.root, fileLockDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return os.OpenFile(filepath.Join(dir, fmt.Sprintf("%02d", i)), os.O_RDONLY|os.O_CREATE, 0o644)
 }
 
 // checkKey enforces the key rules of the Store interface, and those a
@@ -154,7 +208,7 @@ func (s *FileStore) Put(ctx context.Context, key string, data []byte, opts PutOp
 		if err != nil {
 			return "", fmt.Errorf("segment: put %s: %w", key, err)
 		}
-		consumed, err = s.place(key, tmp, target, opts)
+		consumed, err = s.place(ctx, key, tmp, target, opts)
 		if errors.Is(err, fs.ErrNotExist) && attempt < 100 {
 			continue
 		}
@@ -174,8 +228,11 @@ func (s *FileStore) Put(ctx context.Context, key string, data []byte, opts PutOp
 // place moves the staged file tmp to target under the key's lock, subject
 // to opts. consumed reports that tmp was renamed away. An error matching
 // fs.ErrNotExist means a folder on the way was pruned: try again.
-func (s *FileStore) place(key, tmp, target string, opts PutOptions) (consumed bool, err error) {
-	unlock := s.lock(key)
+func (s *FileStore) place(ctx context.Context, key, tmp, target string, opts PutOptions) (consumed bool, err error) {
+	unlock, err := s.lock(ctx, key)
+	if err != nil {
+		return false, fmt.Errorf("segment: put %s: %w", key, err)
+	}
 	defer unlock()
 	switch {
 	case opts.IfNoneMatch:
@@ -582,7 +639,7 @@ func (s *FileStore) Delete(ctx context.Context, keys []string) error {
 			errs = append(errs, err)
 			continue
 		}
-		if err := s.deleteOne(key, "", dirty); err != nil {
+		if err := s.deleteOne(ctx, key, "", dirty); err != nil {
 			errs = append(errs, fmt.Errorf("segment: delete %s: %w", key, err))
 		}
 	}
@@ -605,7 +662,7 @@ func (s *FileStore) DeleteIfMatch(ctx context.Context, key, etag string) error {
 		return err
 	}
 	dirty := make(map[string]bool)
-	if err := s.deleteOne(key, etag, dirty); err != nil {
+	if err := s.deleteOne(ctx, key, etag, dirty); err != nil {
 		if errors.Is(err, ErrPreconditionFailed) {
 			return err
 		}
@@ -620,10 +677,12 @@ func (s *FileStore) DeleteIfMatch(ctx context.Context, key, etag string) error {
 // deleteOne removes key, only while its ETag is ifMatch when that is set,
 // and prunes the folders it leaves empty, noting in dirty the folders to
 // sync.
-func (s *FileStore) deleteOne(key, ifMatch string, dirty map[string]bool) error {
+func (s *FileStore) deleteOne(ctx context.Context, key, ifMatch string, dirty map[string]bool) error {
 	path := s.path(key)
-	unlock := s.lock(key)
-	var err error
+	unlock, err := s.lock(ctx, key)
+	if err != nil {
+		return err
+	}
 	if ifMatch != "" {
 		var cur string
 		cur, err = s.currentETag(path)

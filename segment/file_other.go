@@ -3,6 +3,7 @@
 package segment
 
 import (
+	"context"
 	"errors"
 	"os"
 )
@@ -23,3 +24,7 @@ func getETagAttr(*os.File, []byte) (int, error) { return 0, errors.ErrUnsupporte
 func unlink(string) error { return errors.ErrUnsupported }
 
 func rmdir(string) error { return errors.ErrUnsupported }
+
+func lockFile(context.Context, *os.File) error { return errors.ErrUnsupported }
+
+func unlockFile(*os.File) {}

@@ -3,10 +3,14 @@ package segment_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/picomq/caddy-picomq/segment"
@@ -78,7 +82,7 @@ func TestFileStoreLayout(t *testing.T) {
 	for _, e := range entries {
 		names = append(names, e.Name())
 	}
-	if !slices.Equal(names, []string{".picomq-tmp"}) {
+	if !slices.Equal(names, []string{".picomq-locks", ".picomq-tmp"}) {
 		t.Fatalf("root holds %q after deleting everything", names)
 	}
 	// An empty folder left behind (by hand, or a crash) is not listed.
@@ -154,4 +158,91 @@ func TestParseFileLocation(t *testing.T) {
 	if err != nil || loc.Dir != "/var/lib/picomq" || loc.String() != "file:///var/lib/picomq" {
 		t.Fatalf("ParseLocation = %+v, %v", loc, err)
 	}
+}
+
+// childDirEnv names the directory a child process of
+// TestFileStoreTwoProcesses increments the counter in.
+const childDirEnv = "PICOMQ_FILESTORE_CHILD_DIR"
+
+// TestFileStoreTwoProcesses runs compare-and-swap increments of one key
+// from two processes on one directory, as a restart whose old process has
+// not exited yet does with the manifest: no increment may be lost.
+func TestFileStoreTwoProcesses(t *testing.T) {
+	if dir := os.Getenv(childDirEnv); dir != "" {
+		if err := incrementCounter(dir); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	const children, perChild = 2, 4 * childIncrements
+	s, dir := newFileStore(t)
+	ctx := context.Background()
+	if _, err := s.Put(ctx, "cas/counter", []byte("0"), segment.PutOptions{IfNoneMatch: true}); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	outs := make([][]byte, children)
+	errs := make([]error, children)
+	for i := range children {
+		wg.Go(func() {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestFileStoreTwoProcesses$")
+			cmd.Env = append(os.Environ(), childDirEnv+"="+dir)
+			outs[i], errs[i] = cmd.CombinedOutput()
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("child %d: %v\n%s", i, err, outs[i])
+		}
+	}
+	got, _, err := s.Get(ctx, "cas/counter", 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strconv.Itoa(children * perChild); string(got) != want {
+		t.Fatalf("counter = %s after %s compare-and-swap increments from %d processes: updates were lost", got, want, children)
+	}
+}
+
+const childIncrements = 50
+
+// incrementCounter is a child process's part: four goroutines each add
+// childIncrements to the counter by compare-and-swap.
+func incrementCounter(dir string) error {
+	s, err := segment.NewFileStore(dir)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for g := range errs {
+		wg.Go(func() {
+			for done := 0; done < childIncrements; {
+				data, etag, err := s.Get(ctx, "cas/counter", 0, -1)
+				if err != nil {
+					errs[g] = err
+					return
+				}
+				n, err := strconv.Atoi(string(data))
+				if err != nil {
+					errs[g] = fmt.Errorf("counter %q: %w", data, err)
+					return
+				}
+				_, err = s.Put(ctx, "cas/counter", []byte(strconv.Itoa(n+1)), segment.PutOptions{IfMatch: etag})
+				switch {
+				case err == nil:
+					done++
+				case !errors.Is(err, segment.ErrPreconditionFailed):
+					errs[g] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
