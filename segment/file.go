@@ -60,6 +60,17 @@ type FileStore struct {
 	lockFiles [fileLockStripes]*os.File
 
 	tmpOnce sync.Once
+
+	// syncDir fsyncs a folder: a field so that tests can make it fail.
+	syncDir func(dir string) error
+
+	freshMu sync.Mutex
+	// fresh holds the folders this process made whose entry in their
+	// parent is not known to be durable yet, each with the number of its
+	// making. A Put into such a folder syncs the parent too, whoever
+	// made it: its maker may not have synced yet, or may have failed to.
+	fresh    map[string]uint64
+	freshSeq uint64
 }
 
 // NewFileStore returns a FileStore rooted at dir, which must be absolute.
@@ -71,7 +82,7 @@ func NewFileStore(dir string) (*FileStore, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("segment: file store directory %q is not absolute", dir)
 	}
-	return &FileStore{root: filepath.Clean(dir)}, nil
+	return &FileStore{root: filepath.Clean(dir), syncDir: syncDir, fresh: make(map[string]uint64)}, nil
 }
 
 // String returns the store's location, file:///dir.
@@ -194,14 +205,10 @@ func (s *FileStore) Put(ctx context.Context, key string, data []byte, opts PutOp
 	}()
 
 	target := s.path(key)
-	var synced []string
 	// Folders can be pruned by a concurrent Delete between being made and
 	// being used; start over when that happens.
 	for attempt := 0; ; attempt++ {
-		created, err := s.mkdirs(filepath.Dir(target))
-		for _, d := range created {
-			synced = append(synced, filepath.Dir(d))
-		}
+		err := s.mkdirs(filepath.Dir(target))
 		if errors.Is(err, fs.ErrNotExist) && attempt < 100 {
 			continue // a parent was pruned under us
 		}
@@ -217,12 +224,47 @@ func (s *FileStore) Put(ctx context.Context, key string, data []byte, opts PutOp
 		}
 		break
 	}
-	// Make the new name, and any folders made for it, durable.
-	synced = append(synced, filepath.Dir(target))
-	if err := syncDirs(synced); err != nil {
+	// Make the new name, and the names of any folders on its path that
+	// may not be durable yet, durable.
+	fresh := s.freshOnPath(filepath.Dir(target))
+	synced := []string{filepath.Dir(target)}
+	for d := range fresh {
+		synced = append(synced, filepath.Dir(d))
+	}
+	if err := s.syncDirs(synced); err != nil {
 		return "", fmt.Errorf("segment: put %s: %w", key, err)
 	}
+	s.freshSynced(fresh)
 	return etag, nil
+}
+
+// freshOnPath returns the fresh folders among dir and its parents, with
+// their numbers.
+func (s *FileStore) freshOnPath(dir string) map[string]uint64 {
+	s.freshMu.Lock()
+	defer s.freshMu.Unlock()
+	found := make(map[string]uint64)
+	for d := dir; len(d) >= len(s.root); d = filepath.Dir(d) {
+		if n, ok := s.fresh[d]; ok {
+			found[d] = n
+		}
+		if d == s.root {
+			break
+		}
+	}
+	return found
+}
+
+// freshSynced forgets the folders whose parents were synced after they
+// were made; one made again since (pruned, then made anew) stays.
+func (s *FileStore) freshSynced(synced map[string]uint64) {
+	s.freshMu.Lock()
+	defer s.freshMu.Unlock()
+	for d, n := range synced {
+		if s.fresh[d] == n {
+			delete(s.fresh, d)
+		}
+	}
 }
 
 // place moves the staged file tmp to target under the key's lock, subject
@@ -334,53 +376,54 @@ func (s *FileStore) sweepTemp(dir string) {
 	}
 }
 
-// mkdirs makes dir and its missing parents below the root, returning the
-// folders it made, outermost first.
-func (s *FileStore) mkdirs(dir string) ([]string, error) {
+// mkdirs makes dir and its missing parents below the root (the root
+// included), noting each as fresh before it exists, so that no Put can
+// see it before it is noted.
+func (s *FileStore) mkdirs(dir string) error {
 	var missing []string
 	for d := dir; ; d = filepath.Dir(d) {
 		st, err := os.Stat(d)
 		if err == nil {
 			if !st.IsDir() {
-				return nil, fmt.Errorf("%s is an object, not a folder", strings.TrimPrefix(d, s.root+"/"))
+				return fmt.Errorf("%s is an object, not a folder", strings.TrimPrefix(d, s.root+"/"))
 			}
 			break
 		}
 		if !errors.Is(err, fs.ErrNotExist) {
 			if errors.Is(err, syscall.ENOTDIR) {
-				return nil, fmt.Errorf("a parent of %s is an object, not a folder", strings.TrimPrefix(d, s.root+"/"))
+				return fmt.Errorf("a parent of %s is an object, not a folder", strings.TrimPrefix(d, s.root+"/"))
 			}
-			return nil, err
+			return err
 		}
 		missing = append(missing, d)
 		if d == s.root || len(d) <= len(s.root) {
 			if err := os.MkdirAll(filepath.Dir(s.root), 0o755); err != nil {
-				return nil, err
+				return err
 			}
 			break
 		}
 	}
-	var created []string
 	for i := len(missing) - 1; i >= 0; i-- {
+		s.freshMu.Lock()
+		s.freshSeq++
+		s.fresh[missing[i]] = s.freshSeq
+		s.freshMu.Unlock()
 		err := os.Mkdir(missing[i], 0o755)
 		if err != nil && !errors.Is(err, fs.ErrExist) {
-			return created, err
-		}
-		if err == nil {
-			created = append(created, missing[i])
+			return err
 		}
 	}
-	return created, nil
+	return nil
 }
 
-func syncDirs(dirs []string) error {
+func (s *FileStore) syncDirs(dirs []string) error {
 	seen := make(map[string]bool, len(dirs))
 	for _, d := range dirs {
 		if seen[d] {
 			continue
 		}
 		seen[d] = true
-		if err := syncDir(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := s.syncDir(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 	}
@@ -643,7 +686,7 @@ func (s *FileStore) Delete(ctx context.Context, keys []string) error {
 			errs = append(errs, fmt.Errorf("segment: delete %s: %w", key, err))
 		}
 	}
-	if err := syncDirs(slices.Collect(maps.Keys(dirty))); err != nil {
+	if err := s.syncDirs(slices.Collect(maps.Keys(dirty))); err != nil {
 		errs = append(errs, fmt.Errorf("segment: delete: %w", err))
 	}
 	return errors.Join(errs...)
@@ -668,7 +711,7 @@ func (s *FileStore) DeleteIfMatch(ctx context.Context, key, etag string) error {
 		}
 		return fmt.Errorf("segment: delete %s: %w", key, err)
 	}
-	if err := syncDirs(slices.Collect(maps.Keys(dirty))); err != nil {
+	if err := s.syncDirs(slices.Collect(maps.Keys(dirty))); err != nil {
 		return fmt.Errorf("segment: delete %s: %w", key, err)
 	}
 	return nil

@@ -1,0 +1,61 @@
+package segment
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// TestFileStoreSyncsFreshFolders checks that a Put into a folder whose
+// entry in its parent may not be durable yet (its maker's fsync of the
+// parent failed, or has not happened yet) syncs the parent before it
+// returns: otherwise a power cut could take the folder, and the
+// acknowledged object in it, back.
+func TestFileStoreSyncsFreshFolders(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "root")
+	s, err := NewFileStore(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, "seed", []byte("x"), PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var synced []string
+	failRoot := true
+	s.syncDir = func(dir string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if dir == root && failRoot {
+			return errors.New("injected fsync failure")
+		}
+		synced = append(synced, dir)
+		return syncDir(dir)
+	}
+	// The first Put makes folder a/ and fails to sync the root: it is not
+	// acknowledged, and a/ stays behind.
+	if _, err := s.Put(ctx, "a/one", []byte("1"), PutOptions{}); err == nil {
+		t.Fatal("Put succeeded although the root's fsync failed")
+	}
+	mu.Lock()
+	failRoot, synced = false, nil
+	mu.Unlock()
+	if _, err := s.Put(ctx, "a/two", []byte("2"), PutOptions{IfNoneMatch: true}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(synced, root) {
+		t.Fatalf("Put of a/two synced %q: not the root, whose entry for a/ is not known to be durable", synced)
+	}
+	// Once the root is synced, the next Put there syncs only its folder.
+	synced = nil
+	if _, err := s.Put(ctx, "a/three", []byte("3"), PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{filepath.Join(root, "a")}; !slices.Equal(synced, want) {
+		t.Fatalf("Put of a/three synced %q, want %q", synced, want)
+	}
+}
