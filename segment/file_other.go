@@ -1,4 +1,4 @@
-//go:build !unix
+//go:build !unix || aix
 
 package segment
 
@@ -11,9 +11,9 @@ import (
 // errFileStoreUnsupported says why there is no FileStore here: its
 // atomicity and durability rest on Unix file-system semantics (link(2)
 // failing on an existing name, rename over a file others have open,
-// fsync of a directory) that this project neither has nor tests on other
-// systems. S3 storage works everywhere.
-var errFileStoreUnsupported = errors.New("segment: file:// storage needs a Unix file system (Linux, macOS, BSD); configure s3:// storage on this system")
+// flock(2), fsync of a directory) that this project neither has nor tests
+// on other systems; AIX has no flock. S3 storage works everywhere.
+var errFileStoreUnsupported = errors.New("segment: file:// storage needs a Unix file system with flock (Linux, macOS, BSD, illumos); configure s3:// storage on this system")
 
 const oDirectory = 0
 
