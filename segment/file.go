@@ -59,7 +59,11 @@ type FileStore struct {
 	// use; guarded by locks[i].
 	lockFiles [fileLockStripes]*os.File
 
-	tmpOnce sync.Once
+	sweepMu sync.Mutex
+	// nextSweep is when writeTemp next sweeps the staging folder;
+	// sweepEvery spaces the sweeps (a field so that tests can shorten it).
+	nextSweep  time.Time
+	sweepEvery time.Duration
 
 	// syncDir fsyncs a folder: a field so that tests can make it fail.
 	syncDir func(dir string) error
@@ -82,7 +86,7 @@ func NewFileStore(dir string) (*FileStore, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("segment: file store directory %q is not absolute", dir)
 	}
-	return &FileStore{root: filepath.Clean(dir), syncDir: syncDir, fresh: make(map[string]uint64)}, nil
+	return &FileStore{root: filepath.Clean(dir), syncDir: syncDir, fresh: make(map[string]uint64), sweepEvery: fileSweepEvery}, nil
 }
 
 // String returns the store's location, file:///dir.
@@ -330,7 +334,7 @@ func etagEqual(a, b string) bool {
 // cached in an xattr, and fsyncs it.
 func (s *FileStore) writeTemp(data []byte, etag string) (string, error) {
 	dir := filepath.Join(s.root, fileTmpDir)
-	s.tmpOnce.Do(func() { s.sweepTemp(dir) })
+	s.maybeSweepTemp(dir)
 	f, err := os.CreateTemp(dir, "put-*")
 	if errors.Is(err, fs.ErrNotExist) {
 		if err = os.MkdirAll(dir, 0o755); err == nil {
@@ -361,14 +365,36 @@ func (s *FileStore) writeTemp(data []byte, etag string) (string, error) {
 	return name, nil
 }
 
-// sweepTemp removes staging files left by a crash of an earlier process.
-// Only old ones: this process's own writes may already be in flight.
-func (s *FileStore) sweepTemp(dir string) {
+// fileSweepEvery is how often the staging folder is swept, and how old a
+// staging file must be to be swept: no write takes that long.
+const fileSweepEvery = time.Hour
+
+// maybeSweepTemp sweeps the staging folder at the first write and then
+// once per sweepEvery: a crash leaves its staging files behind, and one
+// that happened less than sweepEvery before the restart would otherwise
+// keep them (disk space, on a disk that may be full) until a later
+// restart.
+func (s *FileStore) maybeSweepTemp(dir string) {
+	now := time.Now()
+	s.sweepMu.Lock()
+	due := !now.Before(s.nextSweep)
+	if due {
+		s.nextSweep = now.Add(s.sweepEvery)
+	}
+	s.sweepMu.Unlock()
+	if due {
+		s.sweepTemp(dir, now.Add(-fileSweepEvery))
+	}
+}
+
+// sweepTemp removes the staging files modified before cutoff, left by a
+// crash of this process or another. Only old ones: writes of this process
+// and of another on the same directory may be in flight.
+func (s *FileStore) sweepTemp(dir string, cutoff time.Time) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
-	cutoff := time.Now().Add(-time.Hour)
 	for _, e := range entries {
 		if info, err := e.Info(); err == nil && info.ModTime().Before(cutoff) {
 			os.Remove(filepath.Join(dir, e.Name()))

@@ -3,10 +3,12 @@ package segment
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestFileStoreSyncsFreshFolders checks that a Put into a folder whose
@@ -57,5 +59,44 @@ func TestFileStoreSyncsFreshFolders(t *testing.T) {
 	}
 	if want := []string{filepath.Join(root, "a")}; !slices.Equal(synced, want) {
 		t.Fatalf("Put of a/three synced %q, want %q", synced, want)
+	}
+}
+
+// TestFileStoreSweepsStagingFilesAgain checks that staging files a crash
+// left behind are swept by the running process, not only by the first
+// write after a start: a crash shortly before the start leaves files too
+// young for that sweep, and they stayed until a later restart.
+func TestFileStoreSweepsStagingFilesAgain(t *testing.T) {
+	ctx := context.Background()
+	root := filepath.Join(t.TempDir(), "root")
+	s, err := NewFileStore(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.sweepEvery = 0 // every write is due for a sweep
+	if _, err := s.Put(ctx, "first", []byte("x"), PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Left by a crash (of this process or another) after the first sweep,
+	// and now old; and one of a write still in flight.
+	stale := filepath.Join(root, fileTmpDir, "put-stale")
+	young := filepath.Join(root, fileTmpDir, "put-young")
+	for _, p := range []string{stale, young} {
+		if err := os.WriteFile(p, []byte("partial"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-2 * fileSweepEvery)
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, "second", []byte("y"), PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a staging file two sweep periods old is still there after a later write: %v", err)
+	}
+	if _, err := os.Stat(young); err != nil {
+		t.Errorf("a young staging file (a write in flight) was swept: %v", err)
 	}
 }
