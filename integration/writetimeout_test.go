@@ -346,8 +346,13 @@ func TestServerWriteTimeoutReadsBeforeTheWAL(t *testing.T) {
 	for _, m := range bothMounts {
 		pr := protoOf(m)
 		closed := "Stream-Closed"
+		// A create with a body of a stream that exists empty: Durable
+		// Streams compares settings only, Pico confirms it only when the
+		// stream's first records are that body.
+		createAgain := []int{http.StatusOK}
 		if m.pico {
 			closed = "Pico-Closed"
+			createAgain = []int{http.StatusConflict}
 		}
 		read := func(t *testing.T, path string) (int, string) {
 			t.Helper()
@@ -373,7 +378,7 @@ func TestServerWriteTimeoutReadsBeforeTheWAL(t *testing.T) {
 			{"close of a stream not in memory", "/cold-close", http.MethodPost, http.Header{closed: {"true"}}, nil,
 				[]int{http.StatusOK, http.StatusNoContent}, ""},
 			{"create with a body of a stream not in memory", "/cold-create", http.MethodPut, text, []byte("c;"),
-				[]int{http.StatusOK}, ""},
+				createAgain, ""},
 			{"create with a body of a new name", "/new-create", http.MethodPut, text, []byte("n;"),
 				[]int{http.StatusCreated}, "n;"},
 			// A create without a body writes its metadata create-only
