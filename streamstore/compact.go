@@ -28,7 +28,6 @@ const maxDataObject = 4 << 20
 const compactWorkers = 32
 
 func (e *Engine) compactLoop() {
-	defer e.bg.Done()
 	e.compactMu.Lock()
 	if err := e.sweepPacks(e.bgCtx); err != nil && e.bgCtx.Err() == nil {
 		e.log.Warn("deleting unlisted packs failed; they stay until the next start", zap.Error(err))
@@ -733,7 +732,6 @@ func (e *Engine) kickGC() {
 
 // gcLoop removes the data of deleted streams, as their tombstones say.
 func (e *Engine) gcLoop() {
-	defer e.bg.Done()
 	for {
 		// Every few minutes, and when the next grave is due.
 		wait := 5 * time.Minute

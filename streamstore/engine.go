@@ -159,9 +159,14 @@ type Engine struct {
 	nextGrave    atomic.Int64 // when the next indexed grave is due (Unix ms), 0 for none
 	gcMu         sync.Mutex   // held by the collector (collectGarbage)
 	closing      chan struct{}
-	bg           sync.WaitGroup
-	bgCtx        context.Context // ends at Close: for work nobody waits on
-	bgCancel     context.CancelFunc
+	// bg counts the goroutines the engine starts (goBG); Close waits for
+	// them. bgMu orders every bg.Add before that Wait: once bgShut is set,
+	// goBG starts nothing.
+	bg       sync.WaitGroup
+	bgMu     sync.Mutex
+	bgShut   bool
+	bgCtx    context.Context // ends at Close: for work nobody waits on
+	bgCancel context.CancelFunc
 
 	// expiryReset re-arms the expiry sweep's timer, as compactReset does
 	// the compaction's: a reload from expiry_sweep_interval 1h to 1m
@@ -271,6 +276,12 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.started {
 		return nil
 	}
+	select {
+	case <-e.closing:
+		// Close has run: goroutines started now would outlive it.
+		return fmt.Errorf("start engine: %w", ErrShuttingDown)
+	default:
+	}
 	cfg := e.config()
 	if cfg.NodeID == "" {
 		return errors.New("start engine: no node id configured")
@@ -286,11 +297,12 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.lease = lease
 	renewCtx, stopRenewal := context.WithCancel(e.bgCtx)
 	renewed := make(chan struct{})
-	e.bg.Add(1)
-	go func() {
+	// startMu is held and closing was open: Close, which marks bg shut
+	// under startMu, has not begun, so goBG cannot refuse here.
+	e.goBG(func() {
 		defer close(renewed)
 		e.renewLease(renewCtx, lease)
-	}()
+	})
 	fail := func(err error) error {
 		// A retry takes the lease again; this attempt's renewal must not
 		// race it (a renewal that lost that race would fence the node),
@@ -362,13 +374,30 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.statsW.Store(w)
 	e.stopRenewal = stopRenewal
 	e.started = true
-	e.bg.Add(4)
-	go e.compactLoop()
-	go e.gcLoop()
-	go e.idleLoop()
-	go e.expiryLoop()
+	for _, loop := range []func(){e.compactLoop, e.gcLoop, e.idleLoop, e.expiryLoop} {
+		e.goBG(loop)
+	}
 	e.kickGC()
 	return nil
+}
+
+// goBG runs f on a goroutine that Close waits for. Once Close has begun
+// it starts nothing and reports false: a goroutine counted after Close's
+// Wait could start would outlive it (and sync.WaitGroup forbids an Add
+// from zero concurrent with a Wait). The caller then does without, or does
+// the work's closing part itself.
+func (e *Engine) goBG(f func()) bool {
+	e.bgMu.Lock()
+	defer e.bgMu.Unlock()
+	if e.bgShut {
+		return false
+	}
+	e.bg.Add(1)
+	go func() {
+		defer e.bg.Done()
+		f()
+	}()
+	return true
 }
 
 // Close flushes pending batches, waits for their uploads and releases the
@@ -381,12 +410,14 @@ func (e *Engine) Close(ctx context.Context) error {
 		return nil
 	default:
 	}
-	// Closed under mu: a lookup that finds closing still open has counted
-	// its metadata load in bg before this, and bg.Wait below waits for it;
-	// one after starts none (stream).
 	e.mu.Lock()
 	close(e.closing)
 	e.mu.Unlock()
+	// From here goBG starts nothing: every goroutine bg.Wait below waits
+	// for was counted before it.
+	e.bgMu.Lock()
+	e.bgShut = true
+	e.bgMu.Unlock()
 	e.bgCancel()
 	if e.stopRenewal != nil {
 		e.stopRenewal()
@@ -509,7 +540,6 @@ func (e *Engine) registerNamespace(ctx context.Context) (uint64, error) {
 // certain validity the writer refuses work; if another node took the
 // lease, the writer is fenced for good.
 func (e *Engine) renewLease(ctx context.Context, l *segment.Lease) {
-	defer e.bg.Done()
 	ttl := l.TTL()
 	wait := ttl / 3
 	retry := min(time.Second, ttl/3)
@@ -875,18 +905,14 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 	}
 	c, ok := e.loading[name]
 	if !ok {
-		select {
-		case <-e.closing:
-			// Close may be waiting on bg already: a load started now
-			// would outlive it.
+		c = &loadCall{done: make(chan struct{})}
+		// Refused once Close has begun: a load started then would
+		// outlive it.
+		if !e.goBG(func() { e.load(ctx, name, c) }) {
 			e.mu.Unlock()
 			return nil, ErrShuttingDown
-		default:
 		}
-		c = &loadCall{done: make(chan struct{})}
 		e.loading[name] = c
-		e.bg.Add(1)
-		go e.load(ctx, name, c)
 	}
 	e.mu.Unlock()
 	// Every request waiting for the load, the one that started it too,
@@ -914,7 +940,6 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 // started it, as others may be waiting for it too; the engine's close
 // ends it, and waits for it (bg).
 func (e *Engine) load(ctx context.Context, name string, c *loadCall) {
-	defer e.bg.Done()
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(e.bgCtx, cancel)
 	c.s, c.err = e.loadMeta(lctx, name)
@@ -1213,7 +1238,10 @@ func (h hooks) Aborted(b *segment.Batch, err error) {
 	if len(blobs) > 0 {
 		// Not here: the writer's releases wait for this hook, and the
 		// store has just failed an upload.
-		go h.e.dropBlobs(blobs)
+		if !h.e.goBG(func() { h.e.dropBlobs(blobs) }) {
+			h.e.log.Warn("the blobs of a lost WAL batch are kept: the engine is closing; the next start's orphan sweep deletes them",
+				zap.Strings("keys", blobs))
+		}
 	}
 }
 

@@ -30,7 +30,6 @@ import (
 const sweepWorkers = 8
 
 func (e *Engine) expiryLoop() {
-	defer e.bg.Done()
 	for {
 		t := time.NewTimer(e.config().ExpirySweep)
 		select {

@@ -113,11 +113,10 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 			}
 		}
 		if _, ok := answerBy(ctx); ok {
-			e.bg.Add(1)
-			go func() {
-				defer e.bg.Done()
-				release(e.bgCtx)
-			}()
+			if !e.goBG(func() { release(e.bgCtx) }) {
+				e.log.Warn("a failed fork's count on its source was not given back: the engine is closing; the source's data is kept",
+					zap.String("source", src.name))
+			}
 		} else {
 			release(context.WithoutCancel(ctx))
 		}
@@ -274,8 +273,10 @@ func (e *Engine) releaseSource(ctx context.Context, f *forkRef, child string) {
 		e.log.Warn("marking a fork's source to be settled failed; its own marker settles it, later",
 			zap.String("source", left.SourceName), zap.Error(err))
 	}
-	e.bg.Add(1)
-	go e.retryRelease(left, leftChild)
+	if !e.goBG(func() { e.retryRelease(left, leftChild) }) {
+		e.log.Warn("a fork's source was not released before the engine closed; its data is kept",
+			zap.String("source", left.SourceName))
+	}
 }
 
 // releaseChain is releaseSource's work. On failure it returns the
@@ -333,7 +334,6 @@ func (e *Engine) releaseChain(ctx context.Context, f *forkRef, child string) (*f
 // retryRelease releases f again, backing off, until it succeeds or the
 // engine closes.
 func (e *Engine) retryRelease(f *forkRef, child string) {
-	defer e.bg.Done()
 	wait := 250 * time.Millisecond
 	for {
 		select {

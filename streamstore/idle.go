@@ -29,7 +29,6 @@ const (
 )
 
 func (e *Engine) idleLoop() {
-	defer e.bg.Done()
 	for {
 		every := max(e.config().IdleAfter/3, 100*time.Millisecond)
 		t := time.NewTimer(every)

@@ -328,8 +328,10 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 			// metadata is written (by the late PUT or by settleCreate,
 			// the same bytes either way) or another create's is found.
 			handedOver = true
-			e.bg.Add(1)
-			go e.settleCreate(s, body, publish)
+			if !e.goBG(func() { e.settleCreate(s, body, publish) }) {
+				// What settleCreate does when the engine closes.
+				e.endCreate(s, publish, nil, errLookAgain)
+			}
 			return Info{}, false, fmt.Errorf("%w: %w: write metadata of %s: %v", ErrUnavailable, ErrUnconfirmed, name, err)
 		case errors.Is(gerr, segment.ErrNotFound):
 			// It did not land: nothing was acknowledged. (Should it
@@ -390,13 +392,14 @@ func (e *Engine) dropMarker(ctx context.Context, name, marker string) {
 		drop(ctx)
 		return
 	}
-	e.bg.Add(1)
-	go func() {
-		defer e.bg.Done()
+	if !e.goBG(func() {
 		ctx, cancel := context.WithTimeout(e.bgCtx, metaCheckTimeout)
 		defer cancel()
 		drop(ctx)
-	}()
+	}) {
+		e.log.Warn("the expiry marker of a create that wrote nothing else is kept: the engine is closing; a sweep removes it",
+			zap.String("stream", name))
+	}
 }
 
 // endCreate publishes a create's outcome to the lookups waiting on its
@@ -415,7 +418,6 @@ func (e *Engine) endCreate(s *stream, publish func(*stream, error), created *str
 // writes it (create-only). Ours found or written, the stream is published
 // with its records; another create's found, lookups read the bucket.
 func (e *Engine) settleCreate(s *stream, body []byte, publish func(*stream, error)) {
-	defer e.bg.Done()
 	wait := 250 * time.Millisecond
 	for {
 		select {

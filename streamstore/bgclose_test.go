@@ -1,0 +1,122 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+)
+
+// TestStartAfterCloseStartsNothing: an engine closed before it started
+// stays closed. A Start after it took the lease and left the renewal and
+// the background loops running with nothing to end them.
+func TestStartAfterCloseStartsNothing(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := New(st, testConfig(Config{}), nil)
+	if err := e.Close(ctx); err != nil {
+		t.Fatalf("close before start: %v", err)
+	}
+	if err := e.Start(ctx); !errors.Is(err, ErrShuttingDown) {
+		t.Errorf("start after close: %v, want %v", err, ErrShuttingDown)
+	}
+	if keys := st.Keys("lease"); len(keys) != 0 {
+		t.Errorf("start after close took the lease: %v", keys)
+	}
+}
+
+// closeWaitsOnBGOnly reports whether a stack dump shows Engine.Close
+// waiting for its background goroutines while none of the engine's own
+// loops is left: what it still waits for is work started on the side.
+func closeWaitsOnBGOnly() bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	waiting := false
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		for _, loop := range []string{".renewLease(", ".compactLoop(", ".gcLoop(", ".idleLoop(", ".expiryLoop("} {
+			if strings.Contains(g, "streamstore.(*Engine)"+loop) {
+				return false
+			}
+		}
+		if strings.Contains(g, "streamstore.(*Engine).Close(") && strings.Contains(g, "sync.(*WaitGroup).Wait(") {
+			waiting = true
+		}
+	}
+	return waiting
+}
+
+// TestCloseWaitsForALostBlobsDelete: the DELETE of a lost batch's blob
+// runs on a goroutine of its own (the writer's release waits for the
+// hook); Close must wait for it like any other background work, not
+// return while it still calls the store.
+func TestCloseWaitsForALostBlobsDelete(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var failWAL atomic.Int32 // WAL uploads still to fail
+	entered := make(chan struct{}, 1)
+	gate := make(chan struct{})
+	var deleting atomic.Bool // a blob DELETE is under way
+	st.Fail = func(op, key string) error {
+		if op == "PUT" && strings.HasPrefix(key, "wal/") && failWAL.Add(-1) >= 0 {
+			return errors.New("injected: WAL upload")
+		}
+		if op == "DELETE" && strings.HasPrefix(key, "blob/") {
+			deleting.Store(true)
+			select {
+			case entered <- struct{}{}:
+			default:
+			}
+			<-gate // a store slow to answer, whatever the context says
+			deleting.Store(false)
+		}
+		return nil
+	}
+	opened := false
+	open := func() {
+		if !opened {
+			opened = true
+			close(gate)
+		}
+	}
+	t.Cleanup(open)
+	e := New(st, testConfig(Config{}), nil)
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/lost", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
+		t.Fatal(err)
+	}
+	failWAL.Store(1) // the upload fails; the seal that follows lands
+	if _, err := e.Append(ctx, "/lost", AppendRequest{Records: []NewRecord{{Body: body(4, blobMinBytes)}}}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("append whose WAL upload failed: %v", err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lost batch's blob was never deleted")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- e.Close(ctx) }()
+	for !closeWaitsOnBGOnly() {
+		select {
+		case err := <-closed:
+			if deleting.Load() {
+				t.Fatalf("Close returned (%v) while the engine's DELETE of a lost blob was still under way", err)
+			}
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+	open()
+	if err := <-closed; err != nil {
+		t.Errorf("close: %v", err)
+	}
+	if deleting.Load() {
+		t.Error("Close returned while the engine's DELETE of a lost blob was still under way")
+	}
+}
