@@ -155,11 +155,16 @@ func TestWriterFlushQuiet(t *testing.T) {
 			w, store := newTestWriter(t, segment.WriterConfig{FlushInterval: tc.interval, FlushQuiet: tc.quiet})
 			start := time.Now()
 			var batches []*segment.Batch
+			var longest time.Duration // the longest pause between two appends
+			last := start
 			for i := range tc.appends {
 				b, err := w.Add(testEntry(uint64(i)))
 				if err != nil {
 					t.Fatalf("add: %v", err)
 				}
+				now := time.Now()
+				longest = max(longest, now.Sub(last))
+				last = now
 				batches = append(batches, b)
 				time.Sleep(tc.gap)
 			}
@@ -170,9 +175,18 @@ func TestWriterFlushQuiet(t *testing.T) {
 				// A slow machine stretches the run, not the spacing.
 				maxPuts = int(took/tc.interval) + 1
 			}
-			if n := len(store.times()); n < tc.minPuts || n > maxPuts {
-				t.Fatalf("%d uploads for %d appends %s apart in %s (interval %s, quiet %s); want %d to %d",
-					n, tc.appends, tc.gap, took.Round(time.Millisecond), tc.interval, tc.quiet, tc.minPuts, maxPuts)
+			if starts := store.times(); len(starts) < tc.minPuts || len(starts) > maxPuts {
+				// When each upload started, and how long the loop stalled
+				// at worst, tell a writer that held a batch from a process
+				// the machine did not run.
+				var at []string
+				for _, s := range starts {
+					at = append(at, s.Sub(start).Round(time.Millisecond).String())
+				}
+				t.Fatalf("%d uploads for %d appends %s apart in %s (interval %s, quiet %s); want %d to %d "+
+					"(uploads started at %s; longest pause between appends %s)",
+					len(starts), tc.appends, tc.gap, took.Round(time.Millisecond), tc.interval, tc.quiet, tc.minPuts, maxPuts,
+					strings.Join(at, " "), longest.Round(time.Millisecond))
 			}
 			if tc.within > 0 && took >= tc.within {
 				t.Fatalf("appends took %s to be acknowledged; want less than %s (interval %s)", took, tc.within, tc.interval)
