@@ -86,10 +86,26 @@ type Batch struct {
 
 	done chan struct{}
 	err  error
+
+	// stall is closed, with stallErr set, when the batch's settlement
+	// met an error that will not pass by itself (see Permanent): its
+	// outcome is still settled in order, but its waiters need not wait.
+	stall    chan struct{}
+	stallErr error
 }
 
 // Done is closed when the batch's outcome is known; Err then tells it.
 func (b *Batch) Done() <-chan struct{} { return b.done }
+
+// Stalled is closed when the storage refused the batch's upload, or its
+// settlement, with an error that needs the operator (a read-only file
+// system, a permission denied, a full disk): its fate stays unknown until
+// the storage takes writes again, which may be long. StallErr then tells
+// the cause.
+func (b *Batch) Stalled() <-chan struct{} { return b.stall }
+
+// StallErr is the cause of a stall, once Stalled is closed.
+func (b *Batch) StallErr() error { return b.stallErr }
 
 // Err is nil once the batch is committed, or the reason it was aborted.
 func (b *Batch) Err() error { return b.err }
@@ -143,10 +159,13 @@ type Writer struct {
 	lastAdd   time.Time // when the latest entry joined the open batch
 	opened    time.Time // when the open batch got its first entry
 	wantFlush bool
-	broken    bool  // an upload failed; Add refuses until it is settled
-	fenced    error // another process took the storage over: for good
-	closed    bool
-	idle      *sync.Cond // signalled when queue empties
+	broken    bool // an upload failed; Add refuses until it is settled
+	// stallCause is the error that will not pass by itself which stalled
+	// the settlement under way, if any: Add names it when it refuses.
+	stallCause error
+	fenced     error // another process took the storage over: for good
+	closed     bool
+	idle       *sync.Cond // signalled when queue empties
 
 	// Uploads run on goroutines that stay for the next one: the S3
 	// client's calls are deep, and a goroutine per upload grew a fresh
@@ -264,6 +283,9 @@ func (w *Writer) Add(e *Entry) (*Batch, error) {
 	if w.fenced != nil {
 		return nil, w.fenced
 	}
+	if w.broken && w.stallCause != nil {
+		return nil, fmt.Errorf("%w: %v", ErrWriterUnavailable, w.stallCause)
+	}
 	if w.broken || w.closed {
 		return nil, ErrWriterUnavailable
 	}
@@ -274,7 +296,7 @@ func (w *Writer) Add(e *Entry) (*Batch, error) {
 		return nil, ErrWriterBusy
 	}
 	if w.open == nil {
-		w.open = &Batch{done: make(chan struct{})}
+		w.open = &Batch{done: make(chan struct{}), stall: make(chan struct{})}
 		// A wish to flush belongs to the batch open when it was made. One
 		// left by a batch doomed with a failed upload, or by a Flush with
 		// nothing open, would keep this batch from arming its timer, and
@@ -492,7 +514,20 @@ func (w *Writer) settle(queue []*Batch) {
 		// A doomed batch was never given a WAL sequence, so only a batch
 		// whose upload failed needs a seal to fix its fate.
 		if !b.doomed {
-			outcome, err := seal(w.ctx, w.store, b.Namespace, b.Seq, w.deps.Token, 0, true)
+			// A refusal that will not pass by itself (a read-only file
+			// system, a denied permission) keeps the seal from landing
+			// until the operator acts: the waiters are told now rather
+			// than at their timeout, and settlement goes on meanwhile.
+			if Permanent(cause) {
+				w.stall(queue[i:], cause)
+			}
+			outcome, err := seal(w.ctx, w.store, b.Namespace, b.Seq, w.deps.Token, 2, true)
+			if err != nil && w.ctx.Err() == nil {
+				if Permanent(err) {
+					w.stall(queue[i:], err)
+				}
+				outcome, err = seal(w.ctx, w.store, b.Namespace, b.Seq, w.deps.Token, 0, true)
+			}
 			switch {
 			case err != nil: // writer closed while the store was unreachable
 				w.abort(queue[i:], err, false)
@@ -517,8 +552,23 @@ func (w *Writer) settle(queue []*Batch) {
 	}
 	// Every batch landed after all: carry on in the same namespace.
 	w.mu.Lock()
-	w.broken = false
+	w.broken, w.stallCause = false, nil
 	w.mu.Unlock()
+}
+
+// stall tells the waiters of batches that their settlement is held up by
+// cause; each batch is told once.
+func (w *Writer) stall(batches []*Batch, cause error) {
+	w.mu.Lock()
+	w.stallCause = cause
+	w.mu.Unlock()
+	for _, b := range batches {
+		if b.stall == nil || b.stallErr != nil {
+			continue
+		}
+		b.stallErr = cause
+		close(b.stall)
+	}
 }
 
 func (w *Writer) abort(batches []*Batch, cause error, lost bool) {
@@ -544,7 +594,7 @@ func (w *Writer) switchNamespace() {
 		ns, err := w.deps.NewNamespace(w.ctx)
 		if err == nil {
 			w.mu.Lock()
-			w.ns, w.nextSeq, w.broken = ns, 0, false
+			w.ns, w.nextSeq, w.broken, w.stallCause = ns, 0, false, nil
 			w.mu.Unlock()
 			return
 		}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -919,5 +921,57 @@ func TestValidateNewName(t *testing.T) {
 		if (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrBadRequest)) {
 			t.Errorf("validateNewName(%q): %v, want ok=%v", c.name, err, c.ok)
 		}
+	}
+}
+
+// A storage that refuses writes until the operator acts (here a read-only
+// file system) answers an append at once, naming the cause, rather than
+// after the append timeout; later appends are refused at once too, and
+// writes resume by themselves once the storage takes them again.
+func TestRefusedWritesFailFast(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	var mu sync.Mutex
+	var refuse error
+	st.Fail = func(op, key string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if op == "PUT" {
+			return refuse
+		}
+		return nil
+	}
+	setRefuse := func(err error) {
+		mu.Lock()
+		refuse = err
+		mu.Unlock()
+	}
+	// Long enough that an append answered by its timeout cannot pass.
+	e := startEngine(t, st, Config{AppendTimeout: time.Hour})
+	if _, _, err := e.Create(ctx, "/f", CreateRequest{ContentType: "text/plain", Records: recs("ok")}); err != nil {
+		t.Fatal(err)
+	}
+	setRefuse(&fs.PathError{Op: "open", Path: "/data/.picomq-tmp/put-1", Err: syscall.EROFS})
+	for i, what := range []string{"first append", "second append"} {
+		actx, cancel := context.WithTimeout(ctx, time.Minute)
+		_, err := e.Append(actx, "/f", AppendRequest{Records: recs(fmt.Sprint("refused", i))})
+		cancel()
+		if !errors.Is(err, ErrUnavailable) || !strings.Contains(fmt.Sprint(err), "read-only file system") {
+			t.Fatalf("%s on a read-only store: %v, want ErrUnavailable naming the cause", what, err)
+		}
+	}
+	setRefuse(nil)
+	var err error
+	for range 500 {
+		if _, err = e.Append(ctx, "/f", AppendRequest{Records: recs("after")}); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("no recovery once writes are taken again: %v", err)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/f")); got != "[ok after]" {
+		t.Fatalf("records: %s", got)
 	}
 }

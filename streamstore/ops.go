@@ -580,6 +580,11 @@ func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
 		default:
 			return fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
+	case <-b.Stalled():
+		// The storage refuses writes until the operator acts: waiting
+		// for the timeout would change nothing. The entry stays in the
+		// writer, settled in order, as at a timeout.
+		return fmt.Errorf("%w: %w: storage refuses writes: %v", ErrUnavailable, ErrUnconfirmed, b.StallErr())
 	case <-e.durabilityDeadline(ctx):
 		return fmt.Errorf("%w: %w", ErrUnavailable, ErrUnconfirmed)
 	case <-ctx.Done():
