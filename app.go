@@ -480,6 +480,13 @@ func (r *engineRef) doStart(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A file:// directory on a file system without hard links could
+	// never take a write: say so now, not at every append.
+	if lc, ok := r.store.(interface{ CheckLinks() error }); ok {
+		if err := lc.CheckLinks(); err != nil {
+			return err
+		}
+	}
 	r.mu.Lock()
 	r.nodeID = nodeID
 	eng := streamstore.New(r.store, r.engineConfig(), r.log)

@@ -67,6 +67,9 @@ type FileStore struct {
 
 	// syncDir fsyncs a folder: a field so that tests can make it fail.
 	syncDir func(dir string) error
+	// link is os.Link: a field so that tests can play a file system
+	// without hard links.
+	link func(oldname, newname string) error
 
 	freshMu sync.Mutex
 	// fresh holds the folders this process made whose entry in their
@@ -86,7 +89,35 @@ func NewFileStore(dir string) (*FileStore, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("segment: file store directory %q is not absolute", dir)
 	}
-	return &FileStore{root: filepath.Clean(dir), syncDir: syncDir, fresh: make(map[string]uint64), sweepEvery: fileSweepEvery}, nil
+	return &FileStore{root: filepath.Clean(dir), syncDir: syncDir, link: os.Link, fresh: make(map[string]uint64), sweepEvery: fileSweepEvery}, nil
+}
+
+// CheckLinks makes sure that the directory's file system has hard links,
+// which every create-only Put relies on. FAT, exFAT and some FUSE or SMB
+// mounts lack them, and then no write could ever succeed: the start fails
+// with this error rather than every write with link's. Errors that keep
+// the probe from being made at all (a read-only or missing directory)
+// are left to the first write, which names them.
+func (s *FileStore) CheckLinks() error {
+	dir := filepath.Join(s.root, fileTmpDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil
+	}
+	f, err := os.CreateTemp(dir, "probe-*")
+	if err != nil {
+		return nil
+	}
+	name := f.Name()
+	f.Close()
+	defer os.Remove(name)
+	err = s.link(name, name+".link")
+	if err != nil {
+		return fmt.Errorf("segment: the file system of %s does not support hard links (%w), which the file store needs "+
+			"for its create-only writes: use a directory on another file system (ext4, XFS, Btrfs, ZFS, APFS) or an s3:// URL",
+			s.root, err)
+	}
+	os.Remove(name + ".link")
+	return nil
 }
 
 // String returns the store's location, file:///dir.
@@ -284,7 +315,7 @@ func (s *FileStore) place(ctx context.Context, key, tmp, target string, opts Put
 	case opts.IfNoneMatch:
 		// link(2) fails with EEXIST if the name exists: an atomic
 		// create-only write.
-		err := os.Link(tmp, target)
+		err := s.link(tmp, target)
 		if errors.Is(err, fs.ErrExist) {
 			if st, serr := os.Lstat(target); serr == nil && st.IsDir() {
 				return false, fmt.Errorf("segment: put %s: the key is a folder of other keys", key)
