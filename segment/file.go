@@ -1,6 +1,7 @@
 package segment
 
 import (
+	"container/heap"
 	"context"
 	"crypto/md5"
 	"encoding/hex"
@@ -13,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -641,6 +641,20 @@ type listEntry struct {
 	isDir bool
 }
 
+// entryHeap is a min-heap of a folder's entries by name.
+type entryHeap []listEntry
+
+func (h entryHeap) Len() int           { return len(h) }
+func (h entryHeap) Less(i, j int) bool { return h[i].name < h[j].name }
+func (h entryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *entryHeap) Push(x any)        { *h = append(*h, x.(listEntry)) }
+func (h *entryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
 // walk visits the folder dir ("" for the root, else ending in '/') in key
 // order.
 func (w *fileLister) walk(dir string) error {
@@ -659,7 +673,11 @@ func (w *fileLister) walk(dir string) error {
 	if err != nil {
 		return err
 	}
-	entries := make([]listEntry, 0, len(des))
+	// Only the entries that can hold keys in range are kept, and they are
+	// taken in order from a heap rather than sorted: a page of a big
+	// folder costs a pass over it, not a sort of it, and paging through
+	// the folder (streams/, one key a stream) grew with its square.
+	entries := make(entryHeap, 0, len(des))
 	for _, de := range des {
 		name := de.Name()
 		if dir == "" && name[0] == '.' {
@@ -667,29 +685,31 @@ func (w *fileLister) walk(dir string) error {
 		}
 		switch {
 		case de.IsDir():
-			entries = append(entries, listEntry{name: name + "/", isDir: true})
-		case de.Type().IsRegular():
-			entries = append(entries, listEntry{name: name})
-		}
-	}
-	// Byte order of full keys: a folder sorts as its name plus '/'.
-	sort.Slice(entries, func(i, j int) bool { return entries[i].name < entries[j].name })
-	for _, e := range entries {
-		full := dir + e.name
-		if e.isDir {
-			// Keys under full all start with it.
+			// Byte order of full keys: a folder sorts as its name
+			// plus '/', and keys under it all start with that.
+			full := dir + name + "/"
 			if !strings.HasPrefix(full, w.prefix) && !strings.HasPrefix(w.prefix, full) {
 				continue
 			}
 			if full <= w.startAfter && !strings.HasPrefix(w.startAfter, full) {
 				continue // every key in it is before startAfter
 			}
+			entries = append(entries, listEntry{name: name + "/", isDir: true})
+		case de.Type().IsRegular():
+			if full := dir + name; !strings.HasPrefix(full, w.prefix) || full <= w.startAfter {
+				continue
+			}
+			entries = append(entries, listEntry{name: name})
+		}
+	}
+	heap.Init(&entries)
+	for entries.Len() > 0 {
+		e := heap.Pop(&entries).(listEntry)
+		full := dir + e.name
+		if e.isDir {
 			if err := w.walk(full); err != nil {
 				return err
 			}
-			continue
-		}
-		if !strings.HasPrefix(full, w.prefix) || full <= w.startAfter {
 			continue
 		}
 		if len(w.objs) == w.max {
