@@ -31,6 +31,7 @@ func TestTransient(t *testing.T) {
 		name      string
 		handler   http.HandlerFunc // nil: nobody listens on the endpoint
 		transient bool
+		permanent bool // a refusal that needs the operator (Permanent)
 	}{
 		{name: "connection refused", transient: true},
 		{name: "503 SlowDown", handler: s3err(http.StatusServiceUnavailable, "SlowDown"), transient: true},
@@ -41,9 +42,9 @@ func TestTransient(t *testing.T) {
 				conn.Close()
 			}
 		}, transient: true},
-		{name: "403 AccessDenied", handler: s3err(http.StatusForbidden, "AccessDenied")},
-		{name: "403 InvalidAccessKeyId", handler: s3err(http.StatusForbidden, "InvalidAccessKeyId")},
-		{name: "404 NoSuchBucket", handler: s3err(http.StatusNotFound, "NoSuchBucket")},
+		{name: "403 AccessDenied", handler: s3err(http.StatusForbidden, "AccessDenied"), permanent: true},
+		{name: "403 InvalidAccessKeyId", handler: s3err(http.StatusForbidden, "InvalidAccessKeyId"), permanent: true},
+		{name: "404 NoSuchBucket", handler: s3err(http.StatusNotFound, "NoSuchBucket"), permanent: true},
 		{name: "400 garbage", handler: func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(http.StatusBadRequest)
 			io.WriteString(w, "not xml")
@@ -70,6 +71,9 @@ func TestTransient(t *testing.T) {
 			}
 			if got := segment.Transient(fmt.Errorf("start engine: %w", err)); got != tt.transient {
 				t.Errorf("Transient(%v) = %v, want %v", err, got, tt.transient)
+			}
+			if got := segment.Permanent(fmt.Errorf("put wal: %w", err)); got != tt.permanent {
+				t.Errorf("Permanent(%v) = %v, want %v", err, got, tt.permanent)
 			}
 		})
 	}

@@ -1,0 +1,129 @@
+package picomq
+
+import (
+	"context"
+	"io"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/picomq/caddy-picomq/segment"
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+// readOnlyStore is a store whose writes fail as on a file system remounted
+// read-only while refuse is set. (Tests run as root, which a directory
+// made read-only with chmod does not stop.)
+type readOnlyStore struct {
+	segment.Store
+	dir    string
+	refuse atomic.Bool
+}
+
+func (s *readOnlyStore) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	if s.refuse.Load() {
+		return "", &fs.PathError{Op: "open", Path: filepath.Join(s.dir, ".picomq-tmp", "put-1"), Err: syscall.EROFS}
+	}
+	return s.Store.Put(ctx, key, data, opts)
+}
+
+// An append to a file:// storage that turned read-only is answered 503 at
+// once, not after the append timeout, and the warning logged for it names
+// the cause; once the storage takes writes again, appends succeed.
+func TestAppendToReadOnlyStorageFailsFast(t *testing.T) {
+	dir := t.TempDir()
+	inner, err := segment.Open("file://"+dir, segment.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &readOnlyStore{Store: inner, dir: dir}
+	core, logs := observer.New(zapcore.WarnLevel)
+	log := zap.New(core)
+	// An hour: an answer that waited for the timeout cannot pass.
+	eng := streamstore.New(store, streamstore.Config{NodeID: "test-node", FlushInterval: time.Millisecond, AppendTimeout: time.Hour}, log)
+	if err := eng.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Close(context.Background()) })
+	shutdown, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := &durableStreams{
+		engine:          func(context.Context) (*streamstore.Engine, error) { return eng, nil },
+		shutdown:        shutdown,
+		log:             log,
+		longPollTimeout: 300 * time.Millisecond,
+		sseInterval:     5 * time.Second,
+		maxAppend:       1 << 20,
+		chunkBytes:      dsChunkBytes,
+		jitter:          randomJitter,
+		hubs:            &sseHubs{},
+		subs:            &subManagers{},
+	}
+	h := &Handler{proto: d, shutdown: shutdown, cancelShutdown: cancel}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		orig := *r.Clone(r.Context())
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.OriginalRequestCtxKey, orig))
+		if err := h.ServeHTTP(w, r, nil); err != nil {
+			t.Errorf("ServeHTTP returned %v", err)
+		}
+	}))
+	defer srv.Close()
+	client := &http.Client{Timeout: time.Minute}
+	do := func(method, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, srv.URL+"/s", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "text/plain")
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s /s: %v", method, err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	if code, body := do(http.MethodPut, "a"); code != http.StatusCreated {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	store.refuse.Store(true)
+	for _, what := range []string{"first append", "second append"} {
+		if code, body := do(http.MethodPost, "b"); code != http.StatusServiceUnavailable {
+			t.Fatalf("%s on read-only storage: %d %s, want 503", what, code, body)
+		}
+	}
+	named := 0
+	for _, e := range logs.All() {
+		for _, f := range e.Context {
+			if f.Key == "error" && strings.Contains(f.Interface.(error).Error(), "read-only file system") {
+				named++
+			}
+		}
+	}
+	if named < 2 {
+		t.Errorf("%d warnings name the cause, want one per refused append: %v", named, logs.All())
+	}
+	store.refuse.Store(false)
+	code, body := 0, ""
+	for range 500 {
+		if code, body = do(http.MethodPost, "c"); code == http.StatusNoContent || code == http.StatusOK {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code != http.StatusNoContent && code != http.StatusOK {
+		t.Fatalf("append once writable again: %d %s", code, body)
+	}
+}
