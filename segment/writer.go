@@ -514,13 +514,12 @@ func (w *Writer) settle(queue []*Batch) {
 		// A doomed batch was never given a WAL sequence, so only a batch
 		// whose upload failed needs a seal to fix its fate.
 		if !b.doomed {
-			// A refusal that will not pass by itself (a read-only file
-			// system, a denied permission) keeps the seal from landing
-			// until the operator acts: the waiters are told now rather
-			// than at their timeout, and settlement goes on meanwhile.
-			if Permanent(cause) {
-				w.stall(queue[i:], cause)
-			}
+			// Two quick tries first: a seal that lands gives the
+			// waiters a definite answer. One that the storage refuses
+			// in a way that will not pass by itself (a read-only file
+			// system, a denied permission) cannot land until the
+			// operator acts: the waiters are told now rather than at
+			// their timeout, and the seal is retried meanwhile.
 			outcome, err := seal(w.ctx, w.store, b.Namespace, b.Seq, w.deps.Token, 2, true)
 			if err != nil && w.ctx.Err() == nil {
 				if Permanent(err) {
