@@ -19,6 +19,7 @@ import (
 	"unsafe"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/picomq/caddy-picomq/segment"
@@ -45,11 +46,18 @@ func newDSServer(t testing.TB, tweak ...func(*durableStreams)) *dsServer {
 	if err := eng.Start(context.Background()); err != nil {
 		t.Fatalf("starting engine: %v", err)
 	}
+	return newDSServerOn(t, eng, zaptest.NewLogger(t), tweak...)
+}
+
+// newDSServerOn is newDSServer on the started engine eng, with the
+// handler logging to log; it closes eng at the test's end.
+func newDSServerOn(t testing.TB, eng *streamstore.Engine, log *zap.Logger, tweak ...func(*durableStreams)) *dsServer {
+	t.Helper()
 	shutdown, cancel := context.WithCancel(context.Background())
 	d := &durableStreams{
 		engine:          func(context.Context) (*streamstore.Engine, error) { return eng, nil },
 		shutdown:        shutdown,
-		log:             zaptest.NewLogger(t),
+		log:             log,
 		longPollTimeout: 300 * time.Millisecond,
 		sseInterval:     5 * time.Second,
 		maxAppend:       1 << 20,

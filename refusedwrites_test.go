@@ -5,7 +5,6 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -55,30 +53,7 @@ func TestAppendToReadOnlyStorageFailsFast(t *testing.T) {
 	if err := eng.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = eng.Close(context.Background()) })
-	shutdown, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	d := &durableStreams{
-		engine:          func(context.Context) (*streamstore.Engine, error) { return eng, nil },
-		shutdown:        shutdown,
-		log:             log,
-		longPollTimeout: 300 * time.Millisecond,
-		sseInterval:     5 * time.Second,
-		maxAppend:       1 << 20,
-		chunkBytes:      dsChunkBytes,
-		jitter:          randomJitter,
-		hubs:            &sseHubs{},
-		subs:            &subManagers{},
-	}
-	h := &Handler{proto: d, shutdown: shutdown, cancelShutdown: cancel}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		orig := *r.Clone(r.Context())
-		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.OriginalRequestCtxKey, orig))
-		if err := h.ServeHTTP(w, r, nil); err != nil {
-			t.Errorf("ServeHTTP returned %v", err)
-		}
-	}))
-	defer srv.Close()
+	srv := newDSServerOn(t, eng, log)
 	client := &http.Client{Timeout: time.Minute}
 	do := func(method, body string) (int, string) {
 		t.Helper()
