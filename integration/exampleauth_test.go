@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // exampleGuard returns the lines of an example Caddyfile between its site
@@ -94,12 +93,7 @@ func TestBasicAuthWritesExample(t *testing.T) {
 			t.Errorf("append to %s without the password: %d, want 401", p, st)
 		}
 	}
-	if err := fhWaitFor(15*time.Second, 50*time.Millisecond, func() error {
-		if n := e.wakeCount(root+"wake/pool", "p1"); n < 1 {
-			return fmt.Errorf("%d wake events", n)
-		}
-		return nil
-	}); err != nil {
+	if err := e.waitWakes(root+"wake/pool", "p1", 1); err != nil {
 		t.Fatalf("no wake for events/a (reads need no password): %v", err)
 	}
 	st, claim := e.subCall("POST", sub+"/claim", `{"worker":"w1"}`, basic...)

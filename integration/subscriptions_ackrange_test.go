@@ -1,12 +1,10 @@
 package integration
 
 import (
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestAckOutsideCursorAndTailThroughCaddy: through Caddy on versitygw, a
@@ -38,12 +36,7 @@ func TestAckOutsideCursorAndTailThroughCaddy(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		e.append("/v1/stream/events/a", "application/json", []byte(`{"n":`+strconv.Itoa(i)+`}`))
 	}
-	if err := fhWaitFor(15*time.Second, 50*time.Millisecond, func() error {
-		if n := e.wakeCount(wake, "p1"); n < 1 {
-			return fmt.Errorf("%d wake events", n)
-		}
-		return nil
-	}); err != nil {
+	if err := e.waitWakes(wake, "p1", 1); err != nil {
 		t.Fatalf("no wake for events/a: %v", err)
 	}
 	st, claim := e.subCall("POST", sub+"/claim", `{"worker":"w1"}`)

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestWorkerAndWebhookURLLimitsThroughCaddy: through Caddy on versitygw, a
@@ -49,12 +48,7 @@ func TestWorkerAndWebhookURLLimitsThroughCaddy(t *testing.T) {
 	}
 	e.create(root+"events/a", "application/json")
 	e.append(root+"events/a", "application/json", []byte(`{"n":1}`))
-	if err := fhWaitFor(15*time.Second, 50*time.Millisecond, func() error {
-		if n := e.wakeCount(root+"wake/pool", "p1"); n < 1 {
-			return fmt.Errorf("%d wake events", n)
-		}
-		return nil
-	}); err != nil {
+	if err := e.waitWakes(root+"wake/pool", "p1", 1); err != nil {
 		t.Fatalf("no wake: %v", err)
 	}
 	for _, n := range []int{257, 1000 << 10} {

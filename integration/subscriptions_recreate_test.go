@@ -49,6 +49,18 @@ func (e *fhEnv) wakeCount(wake, id string) int {
 	return n
 }
 
+// waitWakes waits up to 15 s until the wake stream holds want wake events
+// of subscription id, and says how many it saw if it does not.
+func (e *fhEnv) waitWakes(wake, id string, want int) error {
+	e.t.Helper()
+	return fhWaitFor(15*time.Second, 20*time.Millisecond, func() error {
+		if n := e.wakeCount(wake, id); n < want {
+			return fmt.Errorf("%d wake events", n)
+		}
+		return nil
+	})
+}
+
 // subLinkView is one stream of a claim answer.
 type subLinkView struct{ acked, tail string }
 

@@ -2,11 +2,9 @@ package integration
 
 import (
 	"encoding/hex"
-	"fmt"
 	"net/http"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/picomq/caddy-picomq/internal/testenv"
 )
@@ -35,12 +33,7 @@ func TestRefusedClaimAndAckChangeNothingThroughCaddy(t *testing.T) {
 	}
 	// The wake event is written after the wake is saved: from then on the
 	// document is written by requests only.
-	if err := fhWaitFor(15*time.Second, 20*time.Millisecond, func() error {
-		if n := e.wakeCount("/r/wake", "p"); n == 0 {
-			return fmt.Errorf("%d wake events", n)
-		}
-		return nil
-	}); err != nil {
+	if err := e.waitWakes("/r/wake", "p", 1); err != nil {
 		t.Fatal(err)
 	}
 	refuse := func() (remove func()) {

@@ -40,12 +40,7 @@ func TestUnclaimedWakeAnnouncedAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.create("/r/wake", "application/json")
-	if err := fhWaitFor(15*time.Second, 50*time.Millisecond, func() error {
-		if n := e.wakeCount("/r/wake", "p"); n == 0 {
-			return fmt.Errorf("%d wake events", n)
-		}
-		return nil
-	}); err != nil {
+	if err := e.waitWakes("/r/wake", "p", 1); err != nil {
 		_, v := e.subCall("GET", sub, "")
 		t.Fatalf("the wake in flight was not announced after the restart: %v; subscription %v", err, v)
 	}

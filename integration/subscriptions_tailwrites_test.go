@@ -27,12 +27,7 @@ func TestAppendsDuringALeaseWriteNoDocument(t *testing.T) {
 	}
 	e.create(root+"events/a", "application/json")
 	e.append(root+"events/a", "application/json", []byte(`{"n":0}`))
-	if err := fhWaitFor(15*time.Second, 50*time.Millisecond, func() error {
-		if n := e.wakeCount(root+"wake/pool", "p1"); n < 1 {
-			return fmt.Errorf("%d wake events", n)
-		}
-		return nil
-	}); err != nil {
+	if err := e.waitWakes(root+"wake/pool", "p1", 1); err != nil {
 		t.Fatalf("no wake: %v", err)
 	}
 	st, claim := e.subCall("POST", sub+"/claim", `{"worker":"w1"}`)

@@ -79,12 +79,7 @@ func TestSubscriptionTimersThroughCaddy(t *testing.T) {
 	// The pull-wake: claimed, kept by a heartbeat, then left to run out
 	// (its lease is 3 s, so that the heartbeat comes within it however
 	// slow the writes of the claim are).
-	if err := fhWaitFor(15*time.Second, 20*time.Millisecond, func() error {
-		if n := e.wakeCount(wake, "pull"); n < 1 {
-			return fmt.Errorf("%d wake events", n)
-		}
-		return nil
-	}); err != nil {
+	if err := e.waitWakes(wake, "pull", 1); err != nil {
 		t.Fatalf("first wake of the pull-wake subscription: %v", err)
 	}
 	st, claim := e.subCall("POST", pull+"/claim", `{"worker":"w1"}`)
@@ -97,12 +92,7 @@ func TestSubscriptionTimersThroughCaddy(t *testing.T) {
 	if st, v := e.subCall("POST", pull+"/ack", heartbeat, "Authorization", bearer); st != http.StatusOK {
 		t.Fatalf("heartbeat: %d %v", st, v)
 	}
-	if err := fhWaitFor(15*time.Second, 20*time.Millisecond, func() error {
-		if n := e.wakeCount(wake, "pull"); n < 2 {
-			return fmt.Errorf("%d wake events", n)
-		}
-		return nil
-	}); err != nil {
+	if err := e.waitWakes(wake, "pull", 2); err != nil {
 		_, v := e.subCall("GET", pull, "")
 		t.Fatalf("no wake after the lease ran out: %v; subscription %v", err, v)
 	}
@@ -113,12 +103,7 @@ func TestSubscriptionTimersThroughCaddy(t *testing.T) {
 		t.Fatalf("claim after the lease ran out: %d %v, want 200 in generation %d", st, v, gen+1)
 	}
 	// Claimed and never heard of again: its lease runs out too.
-	if err := fhWaitFor(15*time.Second, 20*time.Millisecond, func() error {
-		if n := e.wakeCount(wake, "pull"); n < 3 {
-			return fmt.Errorf("%d wake events", n)
-		}
-		return nil
-	}); err != nil {
+	if err := e.waitWakes(wake, "pull", 3); err != nil {
 		_, v := e.subCall("GET", pull, "")
 		t.Fatalf("no wake after the second claim's lease ran out: %v; subscription %v", err, v)
 	}
