@@ -413,7 +413,12 @@ func (w *Writer) sealLocked() {
 	w.lastStart = time.Now()
 	w.queue = append(w.queue, b)
 	w.inFlight++
-	w.uploaders.Go(func() { w.upload(b) })
+	if !w.uploaders.Go(func() { w.upload(b) }) {
+		// Close gave up waiting (its context ended) and has cancelled
+		// w.ctx: the upload fails at once and settles the batch, so its
+		// waiters hear. It must run for that, pool or not.
+		go w.upload(b)
+	}
 }
 
 func (w *Writer) upload(b *Batch) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/internal/testenv"
 )
 
 // TestStartAfterCloseStartsNothing: an engine closed before it started
@@ -118,5 +119,49 @@ func TestCloseWaitsForALostBlobsDelete(t *testing.T) {
 	}
 	if deleting.Load() {
 		t.Error("Close returned while the engine's DELETE of a lost blob was still under way")
+	}
+}
+
+// TestNoReadAheadAfterClose: a read that reaches the engine once Close has
+// returned (an HTTP request still under way at a shutdown) starts no
+// read-ahead. The pool ran such a worker on a goroutine nobody waited
+// for, calling the store of an engine already closed.
+func TestNoReadAheadAfterClose(t *testing.T) {
+	ctx := context.Background()
+	const objects = 6
+	st := memstore.New()
+	first := startEngine(t, st, Config{})
+	writeObjects(t, first, "/late", objects)
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := startEngine(t, st, Config{})
+	info, err := e.Head(ctx, "/late") // loaded: a read after Close finds it
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := dataKey(info.ID, 0, 2)
+	gate := make(chan struct{})
+	t.Cleanup(func() { close(gate) })
+	var late atomic.Int32 // GETs of objects ahead of the read
+	st.Fail = func(op, key string) error {
+		if op == "GET" && strings.HasPrefix(key, "data/") && key != own {
+			late.Add(1)
+			<-gate // a store slow to answer, whatever the context says
+		}
+		return nil
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := testenv.WaitPoolGoroutines(0, 5*time.Second); n != 0 {
+		t.Fatalf("%d pool goroutines before the read", n)
+	}
+	if _, err := e.Read(ctx, "/late", ReadRequest{Seq: 0, MaxRecords: 2}); err != nil {
+		t.Logf("read after close: %v", err)
+	}
+	// A worker started by the read is held at the gate: it is still there.
+	if n := testenv.PoolGoroutines(); n != 0 {
+		t.Errorf("a read after Close left %d goroutines on the engine's pool (%d GETs begun)", n, late.Load())
 	}
 }

@@ -401,7 +401,8 @@ func (e *Engine) foldBatch(ctx context.Context, streams []*stream, end walPos, p
 }
 
 // inParallel calls fn(0) to fn(n-1), at most workers at a time, on the
-// engine's pool, and returns every error they returned, joined.
+// engine's pool, and returns every error they returned, joined. Once the
+// engine has closed it calls no more of them and says so.
 func (e *Engine) inParallel(n, workers int, fn func(i int) error) error {
 	errs := make([]error, n)
 	sem := make(chan struct{}, workers)
@@ -409,11 +410,16 @@ func (e *Engine) inParallel(n, workers int, fn func(i int) error) error {
 	for i := range n {
 		sem <- struct{}{}
 		wg.Add(1)
-		e.ioPool.Go(func() {
+		started := e.ioPool.Go(func() {
 			defer wg.Done()
 			defer func() { <-sem }()
 			errs[i] = fn(i)
 		})
+		if !started {
+			wg.Done()
+			errs[i] = fmt.Errorf("%d of %d calls not made: %w", n-i, n, ErrShuttingDown)
+			break
+		}
 	}
 	wg.Wait()
 	return errors.Join(errs...)

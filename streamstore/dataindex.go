@@ -379,8 +379,16 @@ func (e *Engine) prefetch(s *stream, next []dataSpan) {
 	}
 	ra.workers += start
 	s.mu.Unlock()
-	for range start {
-		e.ioPool.Go(func() { e.readAheadWorker(s, ra) })
+	for i := range start {
+		if !e.ioPool.Go(func() { e.readAheadWorker(s, ra) }) {
+			// The engine has closed: nothing may call the store on its
+			// behalf any more. The reader fetches what it reads itself.
+			s.mu.Lock()
+			ra.workers -= start - i
+			ra.queue = nil
+			s.mu.Unlock()
+			return
+		}
 	}
 }
 

@@ -34,22 +34,23 @@ func New(linger time.Duration) *Pool {
 }
 
 // Go runs f on a waiting goroutine of the pool, or on a new one; it never
-// waits. After Close, f runs on a goroutine of its own.
-func (p *Pool) Go(f func()) {
+// waits. Once Close has begun it runs nothing and reports false: f would
+// run on a goroutine Close does not wait for, after what it uses may be
+// gone. The caller then does without, or does f's work itself.
+func (p *Pool) Go(f func()) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
 	select {
 	case p.handoff <- f:
-		return
+		return true
 	default:
 	}
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		go f()
-		return
-	}
 	p.wg.Add(1)
-	p.mu.Unlock()
 	go p.work(f)
+	return true
 }
 
 func (p *Pool) work(f func()) {
