@@ -706,6 +706,20 @@ func (e *storageStartError) Unwrap() []error { return []error{streamstore.ErrUna
 // protocol: the appends waiting for storage already hold max_pending bytes.
 const busyMessage = "too many appends are waiting for storage; nothing was applied, retry"
 
+// unconfirmedMessage answers a write that was handed to storage and not
+// acknowledged (streamstore.ErrUnconfirmed), in either protocol: it may
+// still be stored. It names the cause when the storage refused the write
+// rather than being slow.
+func unconfirmedMessage(err error) string {
+	var refused *segment.RefusedError
+	if errors.As(err, &refused) {
+		return "storage refuses writes: " + refused.Reason() + "; the write was not acknowledged but may still be stored; " +
+			"once storage takes writes again, retry with producer headers to avoid a duplicate"
+	}
+	return "storage did not confirm the write in time: it was not acknowledged but may still be stored; " +
+		"retry with producer headers to avoid a duplicate"
+}
+
 // engineCloseTimeout bounds the final flush when the last config lets go.
 const engineCloseTimeout = time.Minute
 

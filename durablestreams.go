@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/picomq/caddy-picomq/segment"
 	"github.com/picomq/caddy-picomq/streamstore"
 )
 
@@ -1310,7 +1311,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.Is(err, streamstore.ErrUnconfirmed):
 		d.failLog.warn(d.log, "write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
-		fail(w, http.StatusServiceUnavailable, "storage did not confirm the write in time: it was not acknowledged but may still be stored; retry with producer headers to avoid a duplicate")
+		fail(w, http.StatusServiceUnavailable, unconfirmedMessage(err))
 	case errors.Is(err, streamstore.ErrBusy):
 		h.Set("Retry-After", "1")
 		fail(w, http.StatusServiceUnavailable, busyMessage)
@@ -1321,7 +1322,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.Is(err, streamstore.ErrUnavailable):
 		d.failLog.warn(d.log, "storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
-		fail(w, http.StatusServiceUnavailable, unavailableMessage(r.Method))
+		fail(w, http.StatusServiceUnavailable, unavailableMessage(r.Method, err))
 	case r.Context().Err() != nil:
 		// The client left; nobody reads the answer.
 	default:
@@ -1374,8 +1375,14 @@ const tooLateMessage = "the write could not be handed to storage before the serv
 
 // unavailableMessage answers a request that failed with
 // streamstore.ErrUnavailable, in either protocol: a write says that none of
-// it was acknowledged, a read only that it may be retried.
-func unavailableMessage(method string) string {
+// it was acknowledged, a read only that it may be retried. A write the
+// storage refuses for good names the refusal.
+func unavailableMessage(method string, err error) string {
+	var refused *segment.RefusedError
+	if errors.As(err, &refused) {
+		// Refused before it was handed to storage: nothing of it can land.
+		return "storage refuses writes: " + refused.Reason() + "; nothing was written, retry once storage takes writes again"
+	}
 	if method == http.MethodGet || method == http.MethodHead {
 		return "storage unavailable; retry"
 	}

@@ -278,9 +278,7 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 	case errors.Is(err, streamstore.ErrUnconfirmed):
 		p.failLog.warn(p.log, "write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
-		picoFail(w, http.StatusServiceUnavailable, picoErrDurability,
-			"storage did not confirm the write in time: it was not acknowledged but may still be stored; "+
-				"retry with producer headers to avoid a duplicate", nil)
+		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, unconfirmedMessage(err), nil)
 	case errors.Is(err, streamstore.ErrBusy):
 		h.Set("Retry-After", "1")
 		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, busyMessage, nil)
@@ -289,7 +287,7 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 	case errors.Is(err, streamstore.ErrUnavailable):
 		p.failLog.warn(p.log, "storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
-		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, unavailableMessage(r.Method), nil)
+		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, unavailableMessage(r.Method, err), nil)
 	case r.Context().Err() != nil:
 		// The client left; nobody reads the answer.
 	default:

@@ -74,9 +74,18 @@ func TestAppendToReadOnlyStorageFailsFast(t *testing.T) {
 		t.Fatalf("create: %d %s", code, body)
 	}
 	store.refuse.Store(true)
-	for _, what := range []string{"first append", "second append"} {
-		if code, body := do(http.MethodPost, "b"); code != http.StatusServiceUnavailable {
-			t.Fatalf("%s on read-only storage: %d %s, want 503", what, code, body)
+	// The answer names the cause, not the server's paths; the first
+	// append was on its way to storage, the second never got there.
+	for _, tt := range []struct{ what, want string }{
+		{"first append", "storage refuses writes: read-only file system; the write was not acknowledged but may still be stored"},
+		{"second append", "storage refuses writes: read-only file system; nothing was written"},
+	} {
+		code, body := do(http.MethodPost, "b")
+		if code != http.StatusServiceUnavailable {
+			t.Fatalf("%s on read-only storage: %d %s, want 503", tt.what, code, body)
+		}
+		if !strings.HasPrefix(body, tt.want) || strings.Contains(body, dir) {
+			t.Errorf("%s on read-only storage: %q, want it to begin %q and name no path", tt.what, body, tt.want)
 		}
 	}
 	named := 0

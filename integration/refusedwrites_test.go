@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,5 +56,81 @@ func TestAppendToABucketThatRefusesWritesFailsFast(t *testing.T) {
 	}
 	if got, _, err := e.readBytes(path); err != nil || !bytes.Equal(got, []byte("kept;after;")) {
 		t.Errorf("the stream reads %q (%v), want only the acknowledged \"kept;after;\"", got, err)
+	}
+}
+
+// TestRefusedAppendNamesTheCause: when the bucket refuses writes for good,
+// the 503 of each protocol says so and names the storage's refusal, not a
+// write "not confirmed in time" as if the store had been slow. The append
+// the refusal caught in flight may still be stored (its upload's fate is
+// settled later) and says so; the appends after it were never handed to
+// storage and say that. Status, Retry-After and the Pico error name are
+// those of any other 503 of their kind.
+func TestRefusedAppendNamesTheCause(t *testing.T) {
+	const text = "text/plain"
+	e := picoStart(t, []string{"s3_timeout 30s", "compact_interval 1h"}, nil)
+	const dsPath, picoPath = "/ds/why/ds", "/pico/why/pico"
+	picoWant(t, "DS create", picoDo(e, http.MethodPut, dsPath, nil, "Content-Type", text), http.StatusCreated)
+	picoWant(t, "Pico create", picoDo(e, http.MethodPut, picoPath, nil, "Content-Type", text), http.StatusCreated)
+
+	type proto struct {
+		name string
+		path string
+		// message checks the protocol's error form and returns its text.
+		message func(t *testing.T, what string, r fhResp) string
+	}
+	ds := proto{name: "DS", path: dsPath, message: func(t *testing.T, what string, r fhResp) string {
+		t.Helper()
+		picoWant(t, what, r, http.StatusServiceUnavailable, "Retry-After", "1", "Content-Type", "text/plain; charset=utf-8")
+		return string(r.Body)
+	}}
+	pico := proto{name: "Pico", path: picoPath, message: func(t *testing.T, what string, r fhResp) string {
+		t.Helper()
+		picoWant(t, what, r, http.StatusServiceUnavailable, "Retry-After", "1")
+		body := picoWantError(t, what, r, http.StatusServiceUnavailable, "durability")
+		msg, _ := body["message"].(string)
+		return msg
+	}}
+	send := func(p proto, body string) fhResp {
+		return picoDo(e, http.MethodPost, p.path, []byte(body), "Content-Type", text)
+	}
+	for _, p := range []proto{ds, pico} {
+		if r := send(p, "kept;"); r.Status/100 != 2 {
+			t.Fatalf("%s append before the fault: %s", p.name, r)
+		}
+	}
+	for _, round := range [][2]proto{{ds, pico}, {pico, ds}} {
+		first, then := round[0], round[1]
+		remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/", Status: http.StatusForbidden})
+		what := first.name + " append caught by the refusal"
+		msg := first.message(t, what, send(first, "refused;"))
+		t.Logf("%s: %q", what, msg)
+		for _, want := range []string{"storage refuses writes: ", "403", "may still be stored", "producer headers"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("%s: message %q does not say %q", what, msg, want)
+			}
+		}
+		if strings.Contains(msg, "in time") {
+			t.Errorf("%s: message %q speaks of a timeout", what, msg)
+		}
+		what = then.name + " append while storage refuses writes"
+		msg = then.message(t, what, send(then, "refused;"))
+		t.Logf("%s: %q", what, msg)
+		for _, want := range []string{"storage refuses writes: ", "403", "nothing was written"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("%s: message %q does not say %q", what, msg, want)
+			}
+		}
+		remove()
+		// The seal retried in the background lands now; until it has,
+		// the writer still refuses.
+		r := send(first, "after;")
+		for deadline := time.Now().Add(30 * time.Second); r.Status == http.StatusServiceUnavailable && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+			r = send(first, "after;")
+		}
+		if r.Status/100 != 2 {
+			t.Fatalf("%s append once the bucket takes writes again: %s, want 2xx", first.name, r)
+		}
 	}
 }

@@ -2,9 +2,12 @@ package segment
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"syscall"
+
+	"github.com/aws/smithy-go"
 )
 
 // Permanent reports whether err, from a Store, is a refusal that does not
@@ -39,4 +42,39 @@ func Permanent(err error) bool {
 		return true
 	}
 	return httpStatus(err) == http.StatusForbidden
+}
+
+// RefusedError is the error of a write the storage refuses in a way that
+// does not pass by itself (see Permanent): no write lands until the
+// operator acts.
+type RefusedError struct {
+	// Cause is the storage's refusal.
+	Cause error
+}
+
+func (e *RefusedError) Error() string { return "storage refuses writes: " + e.Cause.Error() }
+
+// Unwrap returns the storage's refusal.
+func (e *RefusedError) Unwrap() error { return e.Cause }
+
+// Reason names the refusal briefly, for a client of the server: the S3
+// error code, status and message, or the file system's error, without
+// the object keys and paths the full error holds.
+func (e *RefusedError) Reason() string {
+	var ae smithy.APIError
+	if errors.As(e.Cause, &ae) {
+		reason := ae.ErrorCode()
+		if status := httpStatus(e.Cause); status != 0 {
+			reason += fmt.Sprintf(" (HTTP %d)", status)
+		}
+		if msg := ae.ErrorMessage(); msg != "" {
+			reason += ": " + msg
+		}
+		return reason
+	}
+	var errno syscall.Errno
+	if errors.As(e.Cause, &errno) {
+		return errno.Error()
+	}
+	return e.Cause.Error()
 }

@@ -284,7 +284,7 @@ func (w *Writer) Add(e *Entry) (*Batch, error) {
 		return nil, w.fenced
 	}
 	if w.broken && w.stallCause != nil {
-		return nil, fmt.Errorf("%w: %v", ErrWriterUnavailable, w.stallCause)
+		return nil, fmt.Errorf("%w: %w", ErrWriterUnavailable, &RefusedError{Cause: w.stallCause})
 	}
 	if w.broken || w.closed {
 		return nil, ErrWriterUnavailable

@@ -209,7 +209,11 @@ var (
 	ErrUnavailable = errors.New("storage unavailable")
 	// ErrUnconfirmed (always with ErrUnavailable) means the store did not
 	// confirm an append in time: it was not acknowledged, but it may still
-	// become durable. Only producer headers make a retry safe then.
+	// become durable. Only producer headers make a retry safe then. When
+	// the storage refused the write for good rather than being slow, the
+	// chain holds a *segment.RefusedError too; a write the writer refused
+	// with one before it was handed over has ErrUnavailable without
+	// ErrUnconfirmed.
 	ErrUnconfirmed = errors.New("the write was not confirmed in time and may still be stored")
 	// ErrTooLate (always with ErrUnavailable) means the time WithAnswerBy
 	// gave had passed before the write was handed to the WAL: nothing was

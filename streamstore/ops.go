@@ -508,11 +508,17 @@ func stamp(in []NewRecord, first uint64, ts int64) []segment.Record {
 	return out
 }
 
-// addError is the error of an entry the WAL writer would not take.
+// addError is the error of an entry the WAL writer would not take. A
+// refusal of the storage's (segment.RefusedError) stays in the chain, for
+// the answer to name it.
 func (e *Engine) addError(err error) error {
 	if errors.Is(err, segment.ErrWriterBusy) {
 		e.stats.busy.Add(1)
 		return fmt.Errorf("%w: %w", ErrUnavailable, ErrBusy)
+	}
+	var refused *segment.RefusedError
+	if errors.As(err, &refused) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, refused)
 	}
 	return fmt.Errorf("%w: %v", ErrUnavailable, err)
 }
@@ -584,7 +590,7 @@ func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
 		// The storage refuses writes until the operator acts: waiting
 		// for the timeout would change nothing. The entry stays in the
 		// writer, settled in order, as at a timeout.
-		return fmt.Errorf("%w: %w: storage refuses writes: %v", ErrUnavailable, ErrUnconfirmed, b.StallErr())
+		return fmt.Errorf("%w: %w: %w", ErrUnavailable, ErrUnconfirmed, &segment.RefusedError{Cause: b.StallErr()})
 	case <-e.durabilityDeadline(ctx):
 		return fmt.Errorf("%w: %w", ErrUnavailable, ErrUnconfirmed)
 	case <-ctx.Done():
