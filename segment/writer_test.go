@@ -132,6 +132,16 @@ func TestWriterSpacesUploads(t *testing.T) {
 // FlushQuiet holds an upload that could start until appends pause, at most
 // FlushInterval after the batch opened.
 func TestWriterFlushQuiet(t *testing.T) {
+	// The counts below hold if the writer's timer goroutine runs while the
+	// appending loop does. With two Ps it may not: taken by the other P,
+	// whose thread the kernel of a loaded machine does not run for a few
+	// hundred milliseconds, it decides nothing while the loop, on its own
+	// thread, adds every append to the batch it was about to seal ("1
+	// uploads for 120 appends 5ms apart in 907ms" once beside CPU
+	// burners). With one P the loop's every sleep hands the P to a timer
+	// goroutine that is ready: a stall stops both alike, and the spacing
+	// and the batches are the writer's own doing.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	for _, tc := range []struct {
 		name             string
 		interval         time.Duration
