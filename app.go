@@ -711,9 +711,8 @@ const busyMessage = "too many appends are waiting for storage; nothing was appli
 // still be stored. It names the cause when the storage refused the write
 // rather than being slow.
 func unconfirmedMessage(err error) string {
-	var refused *segment.RefusedError
-	if errors.As(err, &refused) {
-		return "storage refuses writes: " + refused.Reason() + "; the write was not acknowledged but may still be stored; " +
+	if reason, ok := streamstore.StorageRefusal(err); ok {
+		return "storage refuses writes: " + reason + "; the write was not acknowledged but may still be stored; " +
 			"once storage takes writes again, retry with producer headers to avoid a duplicate"
 	}
 	return "storage did not confirm the write in time: it was not acknowledged but may still be stored; " +

@@ -17,7 +17,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/picomq/caddy-picomq/segment"
 	"github.com/picomq/caddy-picomq/streamstore"
 )
 
@@ -1378,10 +1377,9 @@ const tooLateMessage = "the write could not be handed to storage before the serv
 // it was acknowledged, a read only that it may be retried. A write the
 // storage refuses for good names the refusal.
 func unavailableMessage(method string, err error) string {
-	var refused *segment.RefusedError
-	if errors.As(err, &refused) {
+	if reason, ok := streamstore.StorageRefusal(err); ok {
 		// Refused before it was handed to storage: nothing of it can land.
-		return "storage refuses writes: " + refused.Reason() + "; nothing was written, retry once storage takes writes again"
+		return "storage refuses writes: " + reason + "; nothing was written, retry once storage takes writes again"
 	}
 	if method == http.MethodGet || method == http.MethodHead {
 		return "storage unavailable; retry"

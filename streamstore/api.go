@@ -210,10 +210,9 @@ var (
 	// ErrUnconfirmed (always with ErrUnavailable) means the store did not
 	// confirm an append in time: it was not acknowledged, but it may still
 	// become durable. Only producer headers make a retry safe then. When
-	// the storage refused the write for good rather than being slow, the
-	// chain holds a *segment.RefusedError too; a write the writer refused
-	// with one before it was handed over has ErrUnavailable without
-	// ErrUnconfirmed.
+	// the storage refused the write for good rather than being slow,
+	// StorageRefusal names the cause; a write refused that way before it
+	// was handed over has ErrUnavailable without ErrUnconfirmed.
 	ErrUnconfirmed = errors.New("the write was not confirmed in time and may still be stored")
 	// ErrTooLate (always with ErrUnavailable) means the time WithAnswerBy
 	// gave had passed before the write was handed to the WAL: nothing was
@@ -231,6 +230,18 @@ var (
 	// the object is restored. It always comes with segment.ErrCorrupt.
 	ErrDamaged = errors.New("stored records are damaged")
 )
+
+// StorageRefusal reports whether err is a write the storage refuses in a
+// way that does not pass by itself (access denied, a read-only or full
+// file system), and names the cause briefly, without object keys or paths:
+// what a client may be told.
+func StorageRefusal(err error) (reason string, ok bool) {
+	var refused *segment.RefusedError
+	if !errors.As(err, &refused) {
+		return "", false
+	}
+	return refused.Reason(), true
+}
 
 // ClosedError: the stream is closed and the append cannot be applied.
 type ClosedError struct{ NextSeq uint64 }
