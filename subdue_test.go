@@ -57,7 +57,7 @@ func newDueRig(t *testing.T) *dueRig {
 	t.Helper()
 	g := &dueRig{hooks: make(chan float64, 16)}
 	store := memstore.New()
-	store.Fail = func(op, key string) error {
+	store.SetFail(func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "subs/") && g.failSaves.Load() {
 			return errors.New("injected: subscription document write refused")
 		}
@@ -76,7 +76,7 @@ func newDueRig(t *testing.T) *dueRig {
 			}
 		}
 		return nil
-	}
+	})
 	g.eng = streamstore.New(store, streamstore.Config{NodeID: "test-node", FlushInterval: time.Millisecond}, zaptest.NewLogger(t))
 	if err := g.eng.Start(context.Background()); err != nil {
 		t.Fatal(err)

@@ -19,13 +19,13 @@ func BenchmarkGroupCommitEngine(b *testing.B) {
 	ctx := context.Background()
 	st := memstore.New()
 	var walPuts atomic.Int64
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "wal/") {
 			walPuts.Add(1)
 			time.Sleep(5 * time.Millisecond)
 		}
 		return nil
-	}
+	})
 	e := New(st, Config{NodeID: "bench", CompactInterval: time.Hour}, nil)
 	if err := e.Start(ctx); err != nil {
 		b.Fatal(err)

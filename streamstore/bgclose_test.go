@@ -62,7 +62,7 @@ func TestCloseWaitsForALostBlobsDelete(t *testing.T) {
 	entered := make(chan struct{}, 1)
 	gate := make(chan struct{})
 	var deleting atomic.Bool // a blob DELETE is under way
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "wal/") && failWAL.Add(-1) >= 0 {
 			return errors.New("injected: WAL upload")
 		}
@@ -76,7 +76,7 @@ func TestCloseWaitsForALostBlobsDelete(t *testing.T) {
 			deleting.Store(false)
 		}
 		return nil
-	}
+	})
 	opened := false
 	open := func() {
 		if !opened {
@@ -144,13 +144,13 @@ func TestNoReadAheadAfterClose(t *testing.T) {
 	gate := make(chan struct{})
 	t.Cleanup(func() { close(gate) })
 	var late atomic.Int32 // GETs of objects ahead of the read
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "GET" && strings.HasPrefix(key, "data/") && key != own {
 			late.Add(1)
 			<-gate // a store slow to answer, whatever the context says
 		}
 		return nil
-	}
+	})
 	if err := e.Close(ctx); err != nil {
 		t.Fatal(err)
 	}

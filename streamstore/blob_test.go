@@ -184,14 +184,14 @@ func TestFailedBlobUploadAcknowledgesNothing(t *testing.T) {
 	st := memstore.New()
 	var mu sync.Mutex
 	failing := true
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if failing && op == "PUT" && strings.HasPrefix(key, "blob/") {
 			return errors.New("injected")
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{})
 	if _, _, err := e.Create(ctx, "/f", CreateRequest{ContentType: "application/octet-stream", Records: recs("a")}); err != nil {
 		t.Fatal(err)
@@ -221,13 +221,13 @@ func TestAppendsWaitBehindABlob(t *testing.T) {
 	st := memstore.New()
 	release := make(chan struct{})
 	started := make(chan struct{}, 1)
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "blob/") {
 			started <- struct{}{}
 			<-release
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{})
 	if _, _, err := e.Create(ctx, "/w", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
 		t.Fatal(err)
@@ -297,12 +297,12 @@ func TestLostBatchTakesItsBlobWithIt(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	var failWAL atomic.Int32 // WAL uploads still to fail
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "wal/") && failWAL.Add(-1) >= 0 {
 			return errors.New("injected")
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{})
 	if _, _, err := e.Create(ctx, "/lost", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
 		t.Fatal(err)
@@ -360,12 +360,12 @@ func TestTrimRetriesAFailedBlobDelete(t *testing.T) {
 			ctx := context.Background()
 			st := memstore.New()
 			var failing atomic.Bool
-			st.Fail = func(op, key string) error {
+			st.SetFail(func(op, key string) error {
 				if op == "DELETE" && tc.refuse(key) && failing.Load() {
 					return fmt.Errorf("injected: DELETE %s refused", key)
 				}
 				return nil
-			}
+			})
 			e := startEngine(t, st, Config{})
 			if _, _, err := e.Create(ctx, "/t", CreateRequest{ContentType: "application/octet-stream", Records: recs("a")}); err != nil {
 				t.Fatal(err)
@@ -433,7 +433,7 @@ func TestFailedBlobDeleteIsRetried(t *testing.T) {
 	var failWAL atomic.Int32 // WAL uploads still to fail
 	var refuseDelete atomic.Bool
 	var refused atomic.Int32
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "wal/") && failWAL.Add(-1) >= 0 {
 			return errors.New("injected: WAL upload")
 		}
@@ -442,7 +442,7 @@ func TestFailedBlobDeleteIsRetried(t *testing.T) {
 			return fmt.Errorf("injected: DELETE %s refused", key)
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{})
 	if _, _, err := e.Create(ctx, "/stray", CreateRequest{ContentType: "application/octet-stream"}); err != nil {
 		t.Fatal(err)

@@ -21,14 +21,14 @@ func TestCompactionFoldsStreamsConcurrently(t *testing.T) {
 	st := memstore.New()
 	var counting atomic.Bool
 	var puts concurrency
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if !counting.Load() || op != "PUT" || !strings.HasPrefix(key, "data/") {
 			return nil
 		}
 		defer puts.enter()()
 		time.Sleep(20 * time.Millisecond)
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{})
 	setPackBelow(e, -1) // data objects of their own, not packs
 	fillStreams(t, e, 100)
@@ -52,7 +52,7 @@ func TestCompactionCallsRunOnThePool(t *testing.T) {
 	st := memstore.New()
 	var counting atomic.Bool
 	var onPool, off atomic.Int64
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if counting.Load() && op == "PUT" && strings.HasPrefix(key, "data/") {
 			if testenv.OnPool() {
 				onPool.Add(1)
@@ -61,7 +61,7 @@ func TestCompactionCallsRunOnThePool(t *testing.T) {
 			}
 		}
 		return nil
-	}
+	})
 	before := testenv.WaitPoolGoroutines(0, 5*time.Second)
 	e := startEngine(t, st, Config{})
 	setPackBelow(e, -1)

@@ -91,7 +91,7 @@ func TestCreateCostsOneRequestForANewName(t *testing.T) {
 				}
 			}
 			ops := &metaOps{key: metaKey(name)}
-			st.Fail = ops.hook
+			st.SetFail(ops.hook)
 			e := startEngine(t, st, Config{})
 			ops.arm()
 			_, created, err := e.Create(ctx, name, tt.req)
@@ -124,13 +124,13 @@ func TestLookupDuringRefusedCreateSeesTheStream(t *testing.T) {
 	}
 	held, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "PUT" && key == metaKey(name) {
 			once.Do(func() { close(held) })
 			<-release
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{})
 	type result struct {
 		created bool
@@ -213,7 +213,7 @@ func TestCreateWaitsForAPendingClose(t *testing.T) {
 			ctx := context.Background()
 			st := memstore.New()
 			h := &heldWALPut{fail: tc.closeFail, held: make(chan struct{}), release: make(chan struct{})}
-			st.Fail = h.hook
+			st.SetFail(h.hook)
 			e := startEngine(t, st, Config{AppendTimeout: 10 * time.Second})
 			if _, _, err := e.Create(ctx, "/c", CreateRequest{ContentType: "text/plain"}); err != nil {
 				t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"go.uber.org/zap"
@@ -113,7 +114,7 @@ func TestDamagedWALEntryIsConfinedToItsStream(t *testing.T) {
 			if got := gets.take(); len(got) != 0 {
 				t.Errorf("compactions after the damage read WAL objects back: %v", got)
 			}
-			st.Fail = nil
+			st.SetFail(nil)
 			if got := readAll(t, e, "/good"); !slices.Equal(got, []string{"g0", "g1", "g2"}) {
 				t.Fatalf("/good reads %q", got)
 			}
@@ -185,17 +186,18 @@ func TestWALReadErrorIsNotDamage(t *testing.T) {
 	}
 	mustAppend(t, e, "/s", AppendRequest{Records: recs("a")})
 	dropCache(e)
-	failing := true
-	st.Fail = func(op, key string) error {
-		if failing && op == "GET" && strings.HasPrefix(key, "wal/") {
+	var failing atomic.Bool // read by the collector's goroutine too
+	failing.Store(true)
+	st.SetFail(func(op, key string) error {
+		if failing.Load() && op == "GET" && strings.HasPrefix(key, "wal/") {
 			return errors.New("503 slow down")
 		}
 		return nil
-	}
+	})
 	if err := e.Compact(ctx); err == nil {
 		t.Fatal("a compaction whose WAL read failed succeeded")
 	}
-	failing = false
+	failing.Store(false)
 	mustCompact(t, e)
 	if n := len(walRunsOf(e, "/s")); n != 0 {
 		t.Fatalf("/s still has %d WAL runs after the retry", n)
@@ -408,7 +410,7 @@ func TestRestoredWALObjectIsPickedUpAgain(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 		got := gets.take()
-		st.Fail = nil
+		st.SetFail(nil)
 		return got
 	}
 

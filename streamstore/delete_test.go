@@ -166,12 +166,12 @@ func TestLapsedLeaseDeletesNothing(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	var cutOff atomic.Bool
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if cutOff.Load() && key == "lease" {
 			return errors.New("partitioned")
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{NodeID: "node-a", LeaseTTL: 600 * time.Millisecond})
 	if _, _, err := e.Create(ctx, "/s", CreateRequest{Records: recs("a")}); err != nil {
 		t.Fatal(err)
@@ -292,12 +292,12 @@ func TestCollectorSkipsTombstoneGoneSinceListing(t *testing.T) {
 	// Installed before the engine starts, armed later: its goroutines
 	// read the hook.
 	var armed atomic.Pointer[string]
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if k := armed.Load(); op == "GET" && k != nil && key == *k && armed.CompareAndSwap(k, nil) {
 			_ = st.Delete(ctx, []string{key})
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{PackBelow: -1})
 	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
 		t.Fatal(err)
@@ -349,7 +349,7 @@ func TestLateDataPUTOfADeletedStreamIsCollected(t *testing.T) {
 	var mu sync.Mutex
 	var lateKey string
 	failData := true
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if failData && op == "PUT" && strings.HasPrefix(key, "data/") {
@@ -357,7 +357,7 @@ func TestLateDataPUTOfADeletedStreamIsCollected(t *testing.T) {
 			return errors.New("timed out; the request is still on its way")
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{GraveTime: 200 * time.Millisecond})
 	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
 		t.Fatal(err)
@@ -406,7 +406,7 @@ func TestDeleteRacingAFoldLeavesNothing(t *testing.T) {
 	st := memstore.New()
 	held, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "data/") {
 			once.Do(func() {
 				close(held)
@@ -414,7 +414,7 @@ func TestDeleteRacingAFoldLeavesNothing(t *testing.T) {
 			})
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{})
 	// Before the engine closes, on any way out: a held PUT holds it up.
 	unblock := sync.OnceFunc(func() { close(release) })

@@ -242,14 +242,14 @@ func TestFailedUploadRollsBackAndRecovers(t *testing.T) {
 	st := memstore.New()
 	var mu sync.Mutex
 	failing := false
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if failing && op == "PUT" && len(key) > 4 && key[:4] == "wal/" {
 			return errors.New("injected")
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{AppendTimeout: 5 * time.Second})
 	if _, _, err := e.Create(ctx, "/f", CreateRequest{ContentType: "text/plain", Records: recs("ok")}); err != nil {
 		t.Fatal(err)
@@ -630,14 +630,14 @@ func TestLeaseLossFencesTheOldWriter(t *testing.T) {
 	st := memstore.New()
 	var mu sync.Mutex
 	cutOff := false
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if cutOff && key == "lease" {
 			return errors.New("partitioned")
 		}
 		return nil
-	}
+	})
 	a := startEngine(t, st, Config{NodeID: "node-a", LeaseTTL: 600 * time.Millisecond})
 	if _, _, err := a.Create(ctx, "/x", CreateRequest{ContentType: "text/plain", Records: recs("a0")}); err != nil {
 		t.Fatal(err)
@@ -728,12 +728,12 @@ func TestReconfigureRearmsCompaction(t *testing.T) {
 func TestReconfigureRearmsExpirySweep(t *testing.T) {
 	st := memstore.New()
 	var sweeps atomic.Int64
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "LIST" && key == expiryPrefix {
 			sweeps.Add(1)
 		}
 		return nil
-	}
+	})
 	cfg := Config{ExpirySweep: time.Hour}
 	e := startEngine(t, st, cfg)
 	// The loop must be waiting out its hour already: one that had not
@@ -849,7 +849,7 @@ func TestLapsedLeaseCompactsNothingAway(t *testing.T) {
 			var cutOff atomic.Bool
 			var mu sync.Mutex
 			var writes []string
-			st.Fail = func(op, key string) error {
+			st.SetFail(func(op, key string) error {
 				if !cutOff.Load() {
 					return nil
 				}
@@ -862,7 +862,7 @@ func TestLapsedLeaseCompactsNothingAway(t *testing.T) {
 					mu.Unlock()
 				}
 				return nil
-			}
+			})
 			e := startEngine(t, st, Config{NodeID: "node-a", LeaseTTL: 600 * time.Millisecond, PackBelow: tc.packBelow})
 			for i := range 3 {
 				name := fmt.Sprintf("/l%d", i)
@@ -933,14 +933,14 @@ func TestRefusedWritesFailFast(t *testing.T) {
 	st := memstore.New()
 	var mu sync.Mutex
 	var refuse error
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if op == "PUT" {
 			return refuse
 		}
 		return nil
-	}
+	})
 	setRefuse := func(err error) {
 		mu.Lock()
 		refuse = err

@@ -263,7 +263,7 @@ func TestIdleSweepCostsOneList(t *testing.T) {
 		mu       sync.Mutex
 		ops      = map[string]int{}
 	)
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		// The engine's other background work (GC, lease) is not counted.
 		if counting.Load() && (strings.HasPrefix(key, expiryPrefix) || strings.HasPrefix(key, metaPrefix)) {
 			mu.Lock()
@@ -271,7 +271,7 @@ func TestIdleSweepCostsOneList(t *testing.T) {
 			ops[op]++
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{})
 	for i := range 3 {
 		name := fmt.Sprintf("/idle/%d", i)

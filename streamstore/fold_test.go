@@ -23,12 +23,12 @@ func TestFoldAppendsOfOneStream(t *testing.T) {
 	)
 	ctx := context.Background()
 	st := memstore.New()
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "wal/") {
 			time.Sleep(10 * time.Millisecond) // slow uploads: batches fill up
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{FlushInterval: 10 * time.Millisecond})
 	if _, _, err := e.Create(ctx, "/hot", CreateRequest{ContentType: "text/plain"}); err != nil {
 		t.Fatal(err)
@@ -128,12 +128,12 @@ func TestFoldLeavesCloseAlone(t *testing.T) {
 	st := memstore.New()
 	release := make(chan struct{})
 	var once sync.Once
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "wal/") {
 			<-release
 		}
 		return nil
-	}
+	})
 	// Uploads start at most every 200 ms; the first (of /other) is held,
 	// so a and the close meet in the open batch behind it.
 	e := startEngine(t, st, Config{FlushInterval: 200 * time.Millisecond})

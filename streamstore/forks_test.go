@@ -26,7 +26,7 @@ type hookedStore struct {
 
 func newHookedStore() *hookedStore {
 	s := &hookedStore{Store: memstore.New()}
-	s.Fail = func(op, key string) error {
+	s.SetFail(func(op, key string) error {
 		s.mu.Lock()
 		h := s.hook
 		s.mu.Unlock()
@@ -34,7 +34,7 @@ func newHookedStore() *hookedStore {
 			return h(op, key)
 		}
 		return nil
-	}
+	})
 	return s
 }
 

@@ -24,13 +24,13 @@ func TestLeaseFailuresLogSparsely(t *testing.T) {
 	st := memstore.New()
 	var cutOff atomic.Bool
 	var failed atomic.Int64
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if cutOff.Load() && op == "PUT" && key == "lease" {
 			failed.Add(1)
 			return errors.New("store unreachable")
 		}
 		return nil
-	}
+	})
 	core, logs := observer.New(zapcore.DebugLevel)
 	// Renewed every 100ms, and retried as often while it fails.
 	e := New(st, testConfig(Config{LeaseTTL: 300 * time.Millisecond}), zap.New(core))

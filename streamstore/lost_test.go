@@ -22,14 +22,14 @@ type walGetCounter struct {
 
 func countWALGets(st *memstore.Store) *walGetCounter {
 	c := &walGetCounter{gets: map[string]int{}}
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "GET" && strings.HasPrefix(key, "wal/") {
 			c.mu.Lock()
 			c.gets[key]++
 			c.mu.Unlock()
 		}
 		return nil
-	}
+	})
 	return c
 }
 
@@ -190,7 +190,7 @@ func TestCompactionKeepsWhatItFoundCached(t *testing.T) {
 	var armed atomic.Bool // while the compaction runs
 	var once sync.Once
 	var walGets atomic.Int64
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		switch {
 		case !armed.Load():
 		case op == "PUT" && strings.HasPrefix(key, "data/"):
@@ -199,7 +199,7 @@ func TestCompactionKeepsWhatItFoundCached(t *testing.T) {
 			walGets.Add(1)
 		}
 		return nil
-	}
+	})
 	e = startEngine(t, st, Config{FlushInterval: 20 * time.Millisecond})
 	setPackBelow(e, 0) // every stream folds: a data PUT each, 32 at a time
 	var names []string

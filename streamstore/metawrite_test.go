@@ -426,18 +426,18 @@ func TestDeleteMetadataFailure(t *testing.T) {
 				t.Fatal("compaction wrote no data object: the test checks nothing")
 			}
 			var once sync.Once
-			st.Fail = func(op, key string) error {
+			st.SetFail(func(op, key string) error {
 				var err error
 				if op == "PUT" && key == metaKey("/s") && !tc.lands {
 					once.Do(func() { err = fmt.Errorf("put %s: connection reset", key) })
 				}
 				return err
-			}
+			})
 			if tc.lands {
 				st.loseNext(conditionalOn("/s"))
 			}
 			err := e.Delete(ctx, "/s")
-			st.Fail = nil
+			st.SetFail(nil)
 			if gone := err == nil; gone != tc.wantGone {
 				t.Fatalf("delete: %v", err)
 			}
@@ -503,7 +503,7 @@ func TestProducerRetryAfterAbort(t *testing.T) {
 	var armed atomic.Bool
 	// Fail is set before the engine starts, which reads it from its own
 	// goroutines; armed turns it on once the stream exists.
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		var err error
 		if armed.Load() && op == "PUT" && strings.HasPrefix(key, "wal/") {
 			once.Do(func() {
@@ -512,7 +512,7 @@ func TestProducerRetryAfterAbort(t *testing.T) {
 			})
 		}
 		return err
-	}
+	})
 	e := startEngine(t, st, Config{AppendTimeout: 5 * time.Second})
 	if _, _, err := e.Create(ctx, "/p", CreateRequest{ContentType: "text/plain"}); err != nil {
 		t.Fatal(err)

@@ -62,14 +62,14 @@ func TestStartSweepsOrphanedBlobs(t *testing.T) {
 	st := memstore.New()
 	var armed atomic.Bool
 	entered, hold := make(chan struct{}), make(chan struct{})
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "wal/") && armed.CompareAndSwap(true, false) {
 			close(entered)
 			<-hold
 			return errors.New("injected: the upload never landed")
 		}
 		return nil
-	}
+	})
 	const octet = "application/octet-stream"
 	e1 := startEngine(t, st, Config{})
 	if _, _, err := e1.Create(ctx, "/o", CreateRequest{ContentType: octet}); err != nil {
@@ -223,12 +223,12 @@ func TestSweepManyStreams(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	var fail atomic.Bool
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if op == "DELETE" && fail.CompareAndSwap(true, false) {
 			return errors.New("injected")
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{})
 	var kept, orphans []string
 	for i := range 3 * sweepWorkers {

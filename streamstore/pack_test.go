@@ -26,7 +26,7 @@ type opLog struct {
 
 func watch(st *memstore.Store) *opLog {
 	l := &opLog{ops: map[string]int{}}
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if l.on {
@@ -34,7 +34,7 @@ func watch(st *memstore.Store) *opLog {
 			l.ops[op+" "+prefix]++
 		}
 		return nil
-	}
+	})
 	return l
 }
 
@@ -211,14 +211,14 @@ func TestUnlistedPackAfterACrash(t *testing.T) {
 	st := memstore.New()
 	var failManifest sync.Mutex
 	failing := false
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		failManifest.Lock()
 		defer failManifest.Unlock()
 		if failing && op == "PUT" && key == "manifest" {
 			return errors.New("injected")
 		}
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{})
 	for i := range 5 {
 		name := fmt.Sprintf("/c%d", i)

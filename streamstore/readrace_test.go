@@ -68,7 +68,7 @@ func TestReadRacingATrimmingCompaction(t *testing.T) {
 			ctx := context.Background()
 			st := memstore.New()
 			h := &heldGet{}
-			st.Fail = h.hook
+			st.SetFail(h.hook)
 			e := startEngine(t, st, Config{})
 			if _, _, err := e.Create(ctx, "/r", CreateRequest{ContentType: "text/plain"}); err != nil {
 				t.Fatal(err)

@@ -46,12 +46,12 @@ func TestReplayLongerThanTheLease(t *testing.T) {
 	// check, the manifest, the WAL and the metadata come one after the
 	// other, so the replay outlasts the lease.
 	var slow atomic.Bool
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if slow.Load() && op == "GET" && key != "lease" {
 			time.Sleep(100 * time.Millisecond)
 		}
 		return nil
-	}
+	})
 	const ttl = 300 * time.Millisecond
 	e := startEngine(t, st, Config{LeaseTTL: ttl})
 	fillStreams(t, e, 40)
@@ -84,7 +84,7 @@ func TestReplayLoadsMetadataConcurrently(t *testing.T) {
 	var counting atomic.Bool
 	var loads concurrency
 	var gets, deletedGets atomic.Int64
-	st.Fail = func(op, key string) error {
+	st.SetFail(func(op, key string) error {
 		if !counting.Load() || op != "GET" || !strings.HasPrefix(key, "streams/") {
 			return nil
 		}
@@ -95,7 +95,7 @@ func TestReplayLoadsMetadataConcurrently(t *testing.T) {
 		defer loads.enter()()
 		time.Sleep(10 * time.Millisecond)
 		return nil
-	}
+	})
 	e := startEngine(t, st, Config{})
 	fillStreams(t, e, 64)
 	// A deleted stream's entries stay in the WAL until compaction.

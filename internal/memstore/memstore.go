@@ -10,16 +10,30 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/picomq/caddy-picomq/segment"
 )
 
-// Store keeps objects in a map. Fail, when set, is consulted before every
-// operation and may return an error to inject a fault.
+// Store keeps objects in a map. A hook set with SetFail is consulted before
+// every operation and may return an error to inject a fault.
 type Store struct {
 	mu   sync.Mutex
 	objs map[string][]byte
-	Fail func(op, key string) error
+	// failHook is read by the engine's background goroutines while a test
+	// swaps it.
+	failHook atomic.Pointer[func(op, key string) error]
+}
+
+// SetFail makes f decide, before every operation, whether it fails (a
+// non-nil error) or goes ahead; nil removes the hook. Safe while the store
+// is in use.
+func (m *Store) SetFail(f func(op, key string) error) {
+	if f == nil {
+		m.failHook.Store(nil)
+		return
+	}
+	m.failHook.Store(&f)
 }
 
 // New returns an empty store.
@@ -31,8 +45,8 @@ func etagOf(b []byte) string {
 }
 
 func (m *Store) fail(op, key string) error {
-	if m.Fail != nil {
-		return m.Fail(op, key)
+	if f := m.failHook.Load(); f != nil {
+		return (*f)(op, key)
 	}
 	return nil
 }
