@@ -184,11 +184,20 @@ func runBench(cmd *cobra.Command) error {
 		}
 	}
 	jsonPath := str("json")
+	var jsonFile *os.File
+	if jsonPath != "" && jsonPath != "-" {
+		// Opened before the run, not after it: a path that cannot be
+		// written is told at once, not after minutes of load.
+		if jsonFile, err = os.Create(jsonPath); err != nil {
+			return fmt.Errorf("--json: %w", err)
+		}
+		defer jsonFile.Close()
+	}
 
 	if path := str("cpuprofile"); path != "" {
 		pf, err := os.Create(path)
 		if err != nil {
-			return err
+			return fmt.Errorf("--cpuprofile: %w", err)
 		}
 		defer pf.Close()
 		if err := pprof.StartCPUProfile(pf); err != nil {
@@ -205,10 +214,14 @@ func runBench(cmd *cobra.Command) error {
 			res.WriteSummary(cmd.OutOrStdout())
 		}
 		if jsonPath != "" {
-			if err := writeResultJSON(res, jsonPath, cmd.OutOrStdout()); err != nil {
-				return err
+			if err := writeResultJSON(res, jsonFile, cmd.OutOrStdout()); err != nil {
+				return fmt.Errorf("--json: %w", err)
 			}
 		}
+	} else if jsonFile != nil {
+		// No result to write: leave no empty file that reads as one.
+		jsonFile.Close()
+		os.Remove(jsonPath)
 	}
 	if runErr != nil {
 		return fmt.Errorf("bench: %w", runErr)
@@ -240,17 +253,13 @@ func unusedFlags(f *pflag.FlagSet, mode string) []string {
 	return unused
 }
 
-// writeResultJSON writes res to path, or to stdout for "-".
-func writeResultJSON(res *loadgen.Result, path string, stdout io.Writer) error {
-	if path == "-" {
+// writeResultJSON writes res to f, the --json file, or to stdout when f is
+// nil (--json -).
+func writeResultJSON(res *loadgen.Result, f *os.File, stdout io.Writer) error {
+	if f == nil {
 		return res.WriteJSON(stdout)
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
 	if err := res.WriteJSON(f); err != nil {
-		f.Close()
 		return err
 	}
 	return f.Close()

@@ -53,6 +53,7 @@ func execBenchStderr(t *testing.T, stderr io.Writer, args ...string) (string, er
 func TestBenchCommandRefusesBadInput(t *testing.T) {
 	srv, requests := benchServer(t)
 	base := srv.URL + "/"
+	missing := filepath.Join(t.TempDir(), "missing")
 	tests := []struct {
 		name string
 		args []string
@@ -75,6 +76,10 @@ func TestBenchCommandRefusesBadInput(t *testing.T) {
 		{"pid of no process", []string{"--url", base, "--pid", "caddy=1073741824"}, "--pid caddy=1073741824: cannot read the process"},
 		{"pid without a name", []string{"--url", base, "--pid", "1234"}, "want NAME=PID"},
 		{"an argument", []string{"--url", base, "append"}, `unknown command "append"`},
+		// Files the run would write are opened before it, not after
+		// minutes of load.
+		{"json in no directory", []string{"--url", base, "--json", filepath.Join(missing, "r.json")}, "--json: open " + missing},
+		{"cpuprofile in no directory", []string{"--url", base, "--cpuprofile", filepath.Join(missing, "cpu.out")}, "--cpuprofile: open " + missing},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -141,6 +146,21 @@ func TestBenchCommandFailsWhenNothingSucceeds(t *testing.T) {
 				t.Errorf("the summary lacks %q and the first error sample:\n%s", want, summary)
 			}
 		})
+	}
+}
+
+// The --json file is opened before the run; a run that ends with no
+// result to write (its streams could not be created) leaves no empty file
+// behind that a script would take for one.
+func TestBenchCommandNoResultLeavesNoJSONFile(t *testing.T) {
+	srv, _ := benchServer(t)
+	path := filepath.Join(t.TempDir(), "result.json")
+	_, err := execBench(t, "--url", srv.URL+"/", "--json", path, "--streams", "1", "--writers", "1", "--duration", "200ms")
+	if err == nil || !strings.Contains(err.Error(), "creating") {
+		t.Fatalf("error %v, want the failed create", err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("%s: %v; want no file", path, err)
 	}
 }
 
