@@ -123,6 +123,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		if err != nil {
 			return d.Errf("%s: %v", opt, err)
 		}
+		if loopDurations[opt] {
+			// Validate holds this too; here the error names the line.
+			if v, _ := caddy.ParseDuration(arg); v < minLoopDuration {
+				return d.Errf("%s: must be at least %s, got %s", opt, minLoopDuration, arg)
+			}
+		}
 		if limit, ok := sizeLimits[opt]; ok && arg != "off" {
 			// Validate holds these too, for JSON configs; here the error
 			// names the line and the value as written, not a byte count.

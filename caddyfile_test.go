@@ -83,6 +83,26 @@ func TestUnmarshalCaddyfilePackBelowOff(t *testing.T) {
 	}
 }
 
+// TestDurationsAtTheirFloor: each duration with a floor takes the floor
+// itself, in the Caddyfile and through Validate.
+func TestDurationsAtTheirFloor(t *testing.T) {
+	if len(loopDurations) != 6 {
+		t.Fatalf("loopDurations has %d options; update this test", len(loopDurations))
+	}
+	for o := range loopDurations {
+		line := o + " 100ms"
+		var h Handler
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("picomq {\n\t" + line + "\n}")); err != nil {
+			t.Errorf("%q: %v", line, err)
+			continue
+		}
+		h.applyDefaults()
+		if err := h.Validate(); err != nil {
+			t.Errorf("%q: validate: %v", line, err)
+		}
+	}
+}
+
 // TestUnmarshalCaddyfileCacheReads: cache_reads takes public or private,
 // and a handler without it keeps today's public reads.
 // TestUnmarshalCaddyfileSizeAtBound: a size at its bound is taken (the
@@ -182,6 +202,10 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			tc{o + " 0s", o + ": must be positive, got 0s"},
 			tc{o + " -1s", o + ": must be positive, got -1s"},
 		)
+	}
+	for o := range loopDurations {
+		// Far too short for what it paces, though positive.
+		cases = append(cases, tc{o + " 50ms", o + ": must be at least 100ms, got 50ms"})
 	}
 	for _, o := range sizes {
 		cases = append(cases,
@@ -360,6 +384,16 @@ func TestValidateRejectsBadConfigs(t *testing.T) {
 		"bad scheme":       {`{"handler":"picomq","storage":"ftp://x/y"}`, "unsupported scheme"},
 		"relative dir":     {`{"handler":"picomq","storage":"file://relative/dir"}`, "absolute"},
 		"cache_reads":      {`{"handler":"picomq","cache_reads":"shared"}`, `cache_reads: unknown value "shared" (use public or private)`},
+		// A JSON integer is nanoseconds: meant as 30 seconds, this
+		// long-poll would answer 204 at once, every time.
+		"integer duration": {`{"handler":"picomq","long_poll_timeout":30}`,
+			`long_poll_timeout must be at least 100ms, got 30ns (an integer in JSON is nanoseconds: write a string such as "30s")`},
+		"sweep too short":  {`{"handler":"picomq","expiry_sweep_interval":"10ms"}`, "expiry_sweep_interval must be at least 100ms, got 10ms"},
+		"compaction in ns": {`{"handler":"picomq","compact_interval":30000000}`, "compact_interval must be at least 100ms, got 30ms"},
+		"s3_timeout in ns": {`{"handler":"picomq","s3_timeout":10}`, "s3_timeout must be at least 100ms, got 10ns"},
+		"sse in ns":        {`{"handler":"picomq","sse_reconnect_interval":60}`, "sse_reconnect_interval must be at least 100ms"},
+		"grave_time in ns": {`{"handler":"picomq","grave_time":1200}`, "grave_time must be at least 100ms"},
+		"cache over 1TiB":  {`{"handler":"picomq","cache_size":2199023255552}`, "cache_size must be at most 1TiB"},
 	} {
 		t.Run("json "+name, func(t *testing.T) {
 			js := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"s":{"listen":[":0"],"routes":[{"handle":[` +

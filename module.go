@@ -60,6 +60,22 @@ const (
 	maxPackBelow       = 16 << 20
 )
 
+// minLoopDuration is the least value of the durations in loopDurations.
+// Each paces a loop or bounds a response, so one far too short makes a
+// server that spins or answers at once, over and over: compactions and
+// expiry LISTs back to back, long-polls answered 204 and SSE feeds closed
+// as they arrive, every store request timed out. The usual way to one is
+// a JSON integer, which is nanoseconds ("long_poll_timeout": 30 is 30ns).
+// flush_interval and flush_quiet have no floor: short ones trade PUTs for
+// latency, bounded by the appends that come.
+const minLoopDuration = 100 * time.Millisecond
+
+// loopDurations are the options minLoopDuration applies to.
+var loopDurations = map[string]bool{
+	"long_poll_timeout": true, "sse_reconnect_interval": true, "compact_interval": true,
+	"s3_timeout": true, "expiry_sweep_interval": true, "grave_time": true,
+}
+
 // Handler serves durable streams: every request path below the handler is a
 // stream. Streams are stored in S3-compatible object storage (or a local
 // directory); the process holds caches only.
@@ -87,7 +103,8 @@ const (
 //	    allow_loopback_webhooks
 //	}
 //
-// Sizes take units (64KiB, 1MiB, 16MB). The directive is ordered before
+// Sizes take units (64KiB, 1MiB, 16MB). Durations but flush_interval and
+// flush_quiet are at least 100ms (minLoopDuration). The directive is ordered before
 // respond; inside handle_path the stream name is the path after the stripped
 // prefix, and URLs written back to clients keep the prefix.
 type Handler struct {
@@ -396,6 +413,13 @@ func (h *Handler) Validate() error {
 		if d.v < 0 {
 			return fmt.Errorf("%s must not be negative", d.name)
 		}
+		if loopDurations[d.name] && time.Duration(d.v) < minLoopDuration {
+			hint := ""
+			if time.Duration(d.v) < time.Millisecond {
+				hint = ` (an integer in JSON is nanoseconds: write a string such as "30s")`
+			}
+			return fmt.Errorf("%s must be at least %s, got %s%s", d.name, minLoopDuration, time.Duration(d.v), hint)
+		}
 	}
 	for _, s := range []struct {
 		name string
@@ -425,6 +449,10 @@ func (h *Handler) Validate() error {
 	}
 	if h.MaxPending > 1<<40 {
 		return errors.New("max_pending must be at most 1TiB")
+	}
+	if h.CacheSize > 1<<40 {
+		// As the Caddyfile refuses it.
+		return errors.New("cache_size must be at most 1TiB")
 	}
 	if h.MaxAppendSize > maxAppendSizeLimit {
 		// The whole body is held in memory until it is durable.
