@@ -148,8 +148,13 @@ func parseS3Location(u *url.URL) (Location, error) {
 			l.Region = v
 		case "endpoint":
 			e, err := url.Parse(v)
-			if err != nil || (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
-				return Location{}, fmt.Errorf("storage URL: endpoint %q must be an http(s) URL", redactEndpoint(v))
+			if err != nil {
+				// A host:port without a scheme (127.0.0.1:9000) lands
+				// here; the value is not shown (redactEndpoint).
+				return Location{}, fmt.Errorf("storage URL: endpoint does not parse as a URL; %s", endpointWant)
+			}
+			if (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
+				return Location{}, fmt.Errorf("storage URL: endpoint %q: %s", redactEndpoint(v), endpointWant)
 			}
 			if e.User != nil {
 				// The SDK drops an endpoint's user information from its
@@ -172,6 +177,9 @@ func parseS3Location(u *url.URL) (Location, error) {
 	}
 	return l, nil
 }
+
+// endpointWant says what an endpoint parameter must be.
+const endpointWant = "it must be an http(s) URL with a host, such as http://127.0.0.1:9000 or https://s3.example.com"
 
 // redactURL is u as errors may show it: without user information, in the
 // URL or in its endpoint parameter, where an operator may have put an

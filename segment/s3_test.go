@@ -460,6 +460,25 @@ func TestParseS3Location(t *testing.T) {
 	}
 }
 
+// An endpoint that is not an http(s) URL with a host is refused with an
+// example of one: a MinIO address written as host:port, without its
+// scheme, used to be refused as `endpoint "(unparsable)" must be an
+// http(s) URL`, which showed neither what was wrong nor what to write.
+func TestParseS3LocationEndpointErrors(t *testing.T) {
+	for _, tc := range []struct{ endpoint, want string }{
+		{"127.0.0.1:9000", "endpoint does not parse as a URL; it must be an http(s) URL with a host, such as http://127.0.0.1:9000"},
+		{"localhost:9000", `endpoint "localhost:9000": it must be an http(s) URL with a host, such as http://127.0.0.1:9000`},
+		{"minio.internal", `endpoint "minio.internal": it must be an http(s) URL with a host`},
+		{"ftp://x", `endpoint "ftp://x": it must be an http(s) URL with a host`},
+		{"http://", `endpoint "http:": it must be an http(s) URL with a host`},
+	} {
+		_, err := segment.ParseLocation("s3://bkt/p?endpoint=" + tc.endpoint)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("endpoint=%s: %v, want an error saying %q", tc.endpoint, err, tc.want)
+		}
+	}
+}
+
 // TestS3StoreFolderCollision checks that versitygw's answer to a key that
 // collides with a folder (409 ExistingObjectIsDirectory or
 // ObjectParentIsFile) is reported at once, not retried like a transient
