@@ -34,7 +34,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // the directive name
 	if d.NextArg() {
-		return d.ArgErr()
+		// A matcher token was taken by Caddy before this; what is left
+		// is most often a storage URL written where a block belongs.
+		return d.Errf("picomq takes no argument but a matcher, got %q; options go in a block, as in: picomq { storage <url> }", d.Val())
 	}
 	seen := make(map[string]bool)
 	for d.NextBlock(0) {
@@ -51,20 +53,22 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			// unknown, not as a wrong number of arguments.
 			return d.Errf("unrecognized picomq option %q", opt)
 		}
+		args := d.RemainingArgs()
 		if opt == "allow_loopback_webhooks" { // a flag: no argument
-			if d.NextArg() {
-				return d.ArgErr()
+			if len(args) != 0 {
+				return d.Errf("%s: wrong argument count: it takes no value, got %q", opt, strings.Join(args, " "))
 			}
 			h.AllowLoopbackWebhooks = true
 			continue
 		}
-		var arg string
-		if !d.Args(&arg) {
-			return d.ArgErr()
+		switch len(args) {
+		case 0:
+			return d.Errf("%s: wrong argument count: it takes one value, got none", opt)
+		case 1:
+		default:
+			return d.Errf("%s: wrong argument count: it takes one value, got %d (%s)", opt, len(args), strings.Join(args, " "))
 		}
-		if d.NextArg() {
-			return d.ArgErr()
-		}
+		arg := args[0]
 		var err error
 		switch opt {
 		case "protocol":

@@ -167,23 +167,23 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"bogus 1", `unrecognized picomq option "bogus"`},
 		{"bogus", `unrecognized picomq option "bogus"`},
 		{"allow_loopback_webhook", `unrecognized picomq option "allow_loopback_webhook"`},
-		{"allow_loopback_webhooks yes", "wrong argument count"},
-		{"protocol", "wrong argument count"},
+		{"allow_loopback_webhooks yes", `allow_loopback_webhooks: wrong argument count: it takes no value, got "yes"`},
+		{"protocol", "protocol: wrong argument count: it takes one value, got none"},
 		{"protocol mqtt", `protocol: unknown protocol "mqtt" (use durable-streams or pico)`},
-		{"protocol pico durable-streams", "wrong argument count"},
-		{"storage", "wrong argument count"},
-		{"storage a b", "wrong argument count"},
+		{"protocol pico durable-streams", "protocol: wrong argument count: it takes one value, got 2 (pico durable-streams)"},
+		{"storage", "storage: wrong argument count: it takes one value, got none"},
+		{"storage s3://bkt/p region=eu-west-1", "storage: wrong argument count: it takes one value, got 2 (s3://bkt/p region=eu-west-1)"},
 		{"storage ftp://x/y", `storage: storage URL "ftp://x/y": unsupported scheme "ftp"`},
 		{"storage file://relative/dir", "a file URL needs an absolute path"},
 		{"storage s3:///prefix", "missing bucket"},
 		{"storage file:///a {\n}", "unexpected '{': picomq options take no block"},
 		{"pack_below none", `pack_below: invalid size "none"`},
-		{"max_subscriptions", "wrong argument count"},
+		{"max_subscriptions", "max_subscriptions: wrong argument count: it takes one value, got none"},
 		{"max_subscriptions many", `max_subscriptions: want a count between 1 and 1073741824, got "many"`},
 		{"max_subscriptions 0", `max_subscriptions: want a count between 1 and 1073741824, got "0"`},
 		{"max_subscriptions 1.5", `max_subscriptions: want a count`},
-		{"cache_reads", "wrong argument count"},
-		{"cache_reads public private", "wrong argument count"},
+		{"cache_reads", "cache_reads: wrong argument count: it takes one value, got none"},
+		{"cache_reads public private", "cache_reads: wrong argument count: it takes one value, got 2 (public private)"},
 		{"cache_reads privat", `cache_reads: unknown value "privat" (use public or private)`},
 		{"cache_reads Private", `cache_reads: unknown value "Private" (use public or private)`},
 		{"cache_reads off", `cache_reads: unknown value "off" (use public or private)`},
@@ -195,8 +195,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	}
 	for _, o := range durations {
 		cases = append(cases,
-			tc{o, "wrong argument count"},
-			tc{o + " 1s 2s", "wrong argument count"},
+			tc{o, o + ": wrong argument count: it takes one value, got none"},
+			tc{o + " 1s 2s", o + ": wrong argument count: it takes one value, got 2 (1s 2s)"},
 			tc{o + " soon", o + `: time: invalid duration "soon"`},
 			tc{o + " 5", o + `: time: missing unit in duration "5"`},
 			tc{o + " 0s", o + ": must be positive, got 0s"},
@@ -209,8 +209,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	}
 	for _, o := range sizes {
 		cases = append(cases,
-			tc{o, "wrong argument count"},
-			tc{o + " 1MiB 2MiB", "wrong argument count"},
+			tc{o, o + ": wrong argument count: it takes one value, got none"},
+			tc{o + " 1MiB 2MiB", o + ": wrong argument count: it takes one value, got 2 (1MiB 2MiB)"},
 			tc{o + " lots", o + `: invalid size "lots"`},
 			tc{o + " -5", o + `: invalid size "-5"`},
 			tc{o + " 0", o + ": must be between 1B and 1TiB, got 0"},
@@ -230,7 +230,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		}
 	}
 	for _, c := range []tc{
-		{"picomq extra", "Testfile:1"},
+		{"picomq extra", `picomq takes no argument but a matcher, got "extra"; options go in a block, as in: picomq { storage <url> }, at Testfile:1`},
 		{"picomq {\n\tstorage file:///a\n\tstorage file:///b\n}", "storage given more than once, at Testfile:3"},
 	} {
 		var h Handler
@@ -242,6 +242,20 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	var h Handler
 	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("picomq {\n\tstorage s3://{env.BUCKET}/p\n}")); err != nil {
 		t.Errorf("storage with a placeholder: %v", err)
+	}
+}
+
+// TestCaddyfileArgumentAfterMatcher: through the Caddyfile adapter, which
+// takes a matcher off the line first, a storage URL written on the
+// directive's line is named in the error with where it belongs.
+func TestCaddyfileArgumentAfterMatcher(t *testing.T) {
+	for _, line := range []string{"picomq s3://bkt/p", "picomq /streams/* s3://bkt/p"} {
+		src := "{\n\tadmin off\n}\n:0 {\n\t" + line + "\n}\n"
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
+		want := `picomq takes no argument but a matcher, got "s3://bkt/p"; options go in a block, as in: picomq { storage <url> }, at Caddyfile:5`
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error saying %q", line, err, want)
+		}
 	}
 }
 

@@ -18,6 +18,8 @@ func TestCaddyfileErrorsReachTheOperator(t *testing.T) {
 		{"protocol mqtt", `protocol: unknown protocol "mqtt"`},
 		{"flush_quite 1ms", `unrecognized picomq option "flush_quite"`},
 		{"pack_below 32MiB", "pack_below: must be at most 16MiB, got 32MiB"},
+		{"compact_interval 10ms", "compact_interval: must be at least 100ms, got 10ms"},
+		{"storage s3://my-bucket/p region=eu-west-1", "storage: wrong argument count: it takes one value, got 2 (s3://my-bucket/p region=eu-west-1)"},
 	} {
 		t.Run(tc.line, func(t *testing.T) {
 			c, err := caddytest.Launch(t, caddytest.Options{Directives: []string{"long_poll_timeout 5s", tc.line}})
