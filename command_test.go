@@ -76,6 +76,8 @@ func TestBenchCommandRefusesBadInput(t *testing.T) {
 		{"pid of no process", []string{"--url", base, "--pid", "caddy=1073741824"}, "--pid caddy=1073741824: cannot read the process"},
 		{"pid without a name", []string{"--url", base, "--pid", "1234"}, "want NAME=PID"},
 		{"an argument", []string{"--url", base, "append"}, `unknown command "append"`},
+		{"rate NaN", []string{"--url", base, "--rate", "NaN"}, "--rate NaN: want 0 or more"},
+		{"mark not a URL", []string{"--url", base, "--mark", "localhost:9999/mark"}, `--mark "localhost:9999/mark": want an http:// or https:// URL`},
 		// Files the run would write are opened before it, not after
 		// minutes of load.
 		{"json in no directory", []string{"--url", base, "--json", filepath.Join(missing, "r.json")}, "--json: open " + missing},

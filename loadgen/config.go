@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/url"
 	"slices"
@@ -197,7 +198,9 @@ func (c *Config) normalize() error {
 	if c.Mode == ModeAppend && c.Size == 0 {
 		return errors.New("--size 0: an empty append is not an append (it closes the stream)")
 	}
-	if c.Rate < 0 {
+	if c.Rate < 0 || math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) {
+		// NaN passed for a closed loop and broke the JSON result at
+		// the end; Inf scheduled appends 0s apart.
 		return fmt.Errorf("--rate %g: want 0 or more", c.Rate)
 	}
 	switch c.Protocol {
@@ -224,6 +227,13 @@ func (c *Config) normalize() error {
 	}
 	if c.Warmup < 0 {
 		return fmt.Errorf("--warmup %s: want 0 or more", c.Warmup)
+	}
+	if c.Mark != "" {
+		// Found now, not when the window starts, after the streams are
+		// created and the warm-up spent.
+		if u, err := url.Parse(c.Mark); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("--mark %q: want an http:// or https:// URL", c.Mark)
+		}
 	}
 	for _, p := range c.PIDs {
 		if p.PID <= 0 || p.Name == "" {
@@ -300,7 +310,7 @@ func ParseSize(s string) (int, error) {
 		"g": 1e9, "gb": 1e9, "gib": 1 << 30,
 	}[unit]
 	if mult == 0 {
-		return 0, fmt.Errorf("size %q: unknown unit %q", s, t[i:])
+		return 0, fmt.Errorf("size %q: unknown unit %q (want B, KB, KiB, MB, MiB, GB or GiB)", s, t[i:])
 	}
 	f, err := strconv.ParseFloat(num, 64)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -108,6 +109,7 @@ func TestParseSize(t *testing.T) {
 		{"1.3B", 0, true},
 		{"-1", 0, true},
 		{"1.2.3", 0, true},
+		{"2TiB", 0, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -116,6 +118,11 @@ func TestParseSize(t *testing.T) {
 				t.Errorf("ParseSize(%q) = %d, %v; want %d, error %v", tt.in, got, err, tt.want, tt.wantErr)
 			}
 		})
+	}
+	// An unknown unit's error lists the ones there are: TiB is a unit,
+	// just not one the bench takes.
+	if _, err := ParseSize("2TiB"); err == nil || !strings.Contains(err.Error(), "(want B, KB, KiB, MB, MiB, GB or GiB)") {
+		t.Errorf("ParseSize(2TiB): %v, want the units it takes", err)
 	}
 }
 
@@ -640,6 +647,10 @@ func TestRunRefusesBadInput(t *testing.T) {
 		{"no readers", func(c *Config) { c.Mode, c.Stream, c.Readers = ModeRead, "s", 0 }, "--readers 0: want at least 1"},
 		{"negative readers", func(c *Config) { c.Mode, c.Stream, c.Readers = ModeRead, "s", -3 }, "--readers -3: want at least 1"},
 		{"pid of no process", func(c *Config) { c.PIDs = []NamedPID{{"ghost", 1 << 30}} }, "--pid ghost=1073741824: cannot read the process"},
+		{"rate NaN", func(c *Config) { c.Rate = math.NaN() }, "--rate NaN: want 0 or more"},
+		{"rate Inf", func(c *Config) { c.Rate = math.Inf(1) }, "--rate +Inf: want 0 or more"},
+		{"mark not a URL", func(c *Config) { c.Mark = "localhost:9999/mark" }, `--mark "localhost:9999/mark": want an http:// or https:// URL`},
+		{"mark without host", func(c *Config) { c.Mark = "http:///mark" }, `--mark "http:///mark": want an http:// or https:// URL`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
