@@ -10,6 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+
+	"github.com/picomq/caddy-picomq/segment"
 )
 
 func init() {
@@ -81,6 +83,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			// they are replaced, at provisioning.
 			if !strings.Contains(arg, "{") {
 				if _, err := storageKey(arg); err != nil {
+					return d.Errf("storage: %v", err)
+				}
+				// The rest of the URL (bucket name, parameters) too, so
+				// that its error names the line; provisioning checks it
+				// again, for JSON configs. It is offline and redacts
+				// credentials from its errors.
+				if _, err := segment.ParseLocation(arg); err != nil {
 					return d.Errf("storage: %v", err)
 				}
 			}

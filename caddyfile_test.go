@@ -176,6 +176,13 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"storage ftp://x/y", `storage: storage URL "ftp://x/y": unsupported scheme "ftp"`},
 		{"storage file://relative/dir", "a file URL needs an absolute path"},
 		{"storage s3:///prefix", "missing bucket"},
+		// What only the store's own parser knew used to pass the
+		// Caddyfile and fail at provisioning, without a line.
+		{"storage s3://my-bucket/p?regoin=eu-west-1", `storage: storage URL: unknown parameter "regoin" (known: region, endpoint, path_style)`},
+		{"storage s3://My_Bucket/p", `storage: storage URL: invalid bucket name "My_Bucket"`},
+		{"storage s3://my-bucket/p?path_style=yes", `storage: storage URL: path_style="yes": want true or false`},
+		{"storage s3://my-bucket/p?endpoint=127.0.0.1:9000", "storage: storage URL: endpoint does not parse as a URL"},
+		{"storage file:///srv/streams?sync=1", "file URLs take no parameters"},
 		{"storage file:///a {\n}", "unexpected '{': picomq options take no block"},
 		{"pack_below none", `pack_below: invalid size "none"`},
 		{"max_subscriptions", "max_subscriptions: wrong argument count: it takes one value, got none"},

@@ -19,6 +19,7 @@ func TestCaddyfileErrorsReachTheOperator(t *testing.T) {
 		{"flush_quite 1ms", `unrecognized picomq option "flush_quite"`},
 		{"pack_below 32MiB", "pack_below: must be at most 16MiB, got 32MiB"},
 		{"compact_interval 10ms", "compact_interval: must be at least 100ms, got 10ms"},
+		{"storage s3://my-bucket/p?regoin=eu-west-1", `storage: storage URL: unknown parameter "regoin"`},
 		{"storage s3://my-bucket/p region=eu-west-1", "storage: wrong argument count: it takes one value, got 2 (s3://my-bucket/p region=eu-west-1)"},
 	} {
 		t.Run(tc.line, func(t *testing.T) {
