@@ -177,8 +177,8 @@ var caddyfileOptions = map[string]bool{
 // parseCount parses a positive count such as 1000.
 func parseCount(s string) (int, error) {
 	n, err := strconv.Atoi(s)
-	if err != nil || n <= 0 || n > 1<<30 {
-		return 0, fmt.Errorf("want a count between 1 and %d, got %q", 1<<30, s)
+	if err != nil || n <= 0 || n > maxSubscriptionsLimit {
+		return 0, fmt.Errorf("want a count between 1 and %d, got %q", maxSubscriptionsLimit, s)
 	}
 	return n, nil
 }

@@ -401,7 +401,8 @@ func TestValidateRejectsBadConfigs(t *testing.T) {
 	// What the Caddyfile refuses as it parses, a JSON config meets at
 	// provisioning.
 	for name, tc := range map[string]struct{ handler, want string }{
-		"unknown protocol": {`{"handler":"picomq","protocol":"mqtt"}`, "unknown protocol"},
+		"unknown protocol": {`{"handler":"picomq","protocol":"mqtt"}`, `protocol: unknown protocol "mqtt" (use durable-streams or pico)`},
+		"too many subs":    {`{"handler":"picomq","max_subscriptions":2147483647}`, "max_subscriptions must be at most 1073741824"},
 		"bad scheme":       {`{"handler":"picomq","storage":"ftp://x/y"}`, "unsupported scheme"},
 		"relative dir":     {`{"handler":"picomq","storage":"file://relative/dir"}`, "absolute"},
 		"cache_reads":      {`{"handler":"picomq","cache_reads":"shared"}`, `cache_reads: unknown value "shared" (use public or private)`},

@@ -58,6 +58,8 @@ const (
 	maxFlushSize       = 1 << 30
 	maxAppendSizeLimit = 1 << 30 // the whole body is held in memory until it is durable
 	maxPackBelow       = 16 << 20
+	// maxSubscriptionsLimit bounds max_subscriptions (parseCount's bound).
+	maxSubscriptionsLimit = 1 << 30
 )
 
 // minLoopDuration is the least value of the durations in loopDurations.
@@ -392,7 +394,7 @@ func (h *Handler) Validate() error {
 	switch h.Protocol {
 	case protocolDurableStreams, protocolPico:
 	default:
-		return fmt.Errorf("unknown protocol %q (use durable-streams or pico)", h.Protocol)
+		return fmt.Errorf("protocol: unknown protocol %q (use durable-streams or pico)", h.Protocol)
 	}
 	if err := checkCacheReads(h.CacheReads); err != nil {
 		return err
@@ -436,6 +438,10 @@ func (h *Handler) Validate() error {
 	}
 	if h.MaxSubscriptions < 0 {
 		return errors.New("max_subscriptions must not be negative")
+	}
+	if h.MaxSubscriptions > maxSubscriptionsLimit {
+		// As the Caddyfile refuses it.
+		return fmt.Errorf("max_subscriptions must be at most %d", maxSubscriptionsLimit)
 	}
 	if h.PackBelow < -1 || h.PackBelow > maxPackBelow {
 		return fmt.Errorf("pack_below must be -1 (off) or at most 16MiB, got %d", h.PackBelow)
