@@ -191,7 +191,14 @@ func runBench(cmd *cobra.Command) error {
 		if jsonFile, err = os.Create(jsonPath); err != nil {
 			return fmt.Errorf("--json: %w", err)
 		}
-		defer jsonFile.Close()
+		defer func() {
+			if jsonFile != nil {
+				// No result written: leave no empty file that a
+				// script would take for one.
+				jsonFile.Close()
+				os.Remove(jsonPath)
+			}
+		}()
 	}
 
 	if path := str("cpuprofile"); path != "" {
@@ -217,11 +224,8 @@ func runBench(cmd *cobra.Command) error {
 			if err := writeResultJSON(res, jsonFile, cmd.OutOrStdout()); err != nil {
 				return fmt.Errorf("--json: %w", err)
 			}
+			jsonFile = nil // written and closed: keep it
 		}
-	} else if jsonFile != nil {
-		// No result to write: leave no empty file that reads as one.
-		jsonFile.Close()
-		os.Remove(jsonPath)
 	}
 	if runErr != nil {
 		return fmt.Errorf("bench: %w", runErr)

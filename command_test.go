@@ -164,6 +164,14 @@ func TestBenchCommandNoResultLeavesNoJSONFile(t *testing.T) {
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Errorf("%s: %v; want no file", path, err)
 	}
+	// Nor does a run refused after the file was opened.
+	_, err = execBench(t, "--url", srv.URL+"/", "--json", path, "--cpuprofile", filepath.Join(t.TempDir(), "no", "cpu.out"))
+	if err == nil || !strings.Contains(err.Error(), "--cpuprofile") {
+		t.Fatalf("error %v, want the --cpuprofile one", err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("after a refused --cpuprofile, %s: %v; want no file", path, err)
+	}
 }
 
 // The bench's examples, in its help and in the README, run as written

@@ -106,9 +106,10 @@ var loopDurations = map[string]bool{
 //	}
 //
 // Sizes take units (64KiB, 1MiB, 16MB). Durations but flush_interval and
-// flush_quiet are at least 100ms (minLoopDuration). The directive is ordered before
-// respond; inside handle_path the stream name is the path after the stripped
-// prefix, and URLs written back to clients keep the prefix.
+// flush_quiet are at least 100ms (minLoopDuration). The directive is
+// ordered before respond; inside handle_path the stream name is the path
+// after the stripped prefix, and URLs written back to clients keep the
+// prefix.
 type Handler struct {
 	// Wire protocol: "durable-streams" (default) or "pico", PicoMQ's native
 	// record protocol. Handlers of both protocols on one storage serve the
