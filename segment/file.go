@@ -1,7 +1,6 @@
 package segment
 
 import (
-	"container/heap"
 	"context"
 	"crypto/md5"
 	"encoding/hex"
@@ -70,6 +69,8 @@ type FileStore struct {
 	// link is os.Link: a field so that tests can play a file system
 	// without hard links.
 	link func(oldname, newname string) error
+	// readDir reads a folder: a field so that tests can count the reads.
+	readDir func(dir string) ([]fs.DirEntry, fs.FileInfo, error)
 
 	freshMu sync.Mutex
 	// fresh holds the folders this process made whose entry in their
@@ -78,6 +79,9 @@ type FileStore struct {
 	// made it: its maker may not have synced yet, or may have failed to.
 	fresh    map[string]uint64
 	freshSeq uint64
+
+	// lists keeps the names of the folders where listings' pages ended.
+	lists listCache
 }
 
 // NewFileStore returns a FileStore rooted at dir, which must be absolute.
@@ -89,7 +93,15 @@ func NewFileStore(dir string) (*FileStore, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("segment: file store directory %q is not absolute", dir)
 	}
-	return &FileStore{root: filepath.Clean(dir), syncDir: syncDir, link: os.Link, fresh: make(map[string]uint64), sweepEvery: fileSweepEvery}, nil
+	return &FileStore{
+		root:       filepath.Clean(dir),
+		syncDir:    syncDir,
+		link:       os.Link,
+		readDir:    readDir,
+		fresh:      make(map[string]uint64),
+		sweepEvery: fileSweepEvery,
+		lists:      listCache{keep: fileListKeep, settle: fileListSettle, window: fileListWindow},
+	}, nil
 }
 
 // CheckLinks makes sure that the directory's file system has hard links,
@@ -126,9 +138,10 @@ func (s *FileStore) String() string { return "file://" + s.root }
 // Dir returns the root directory.
 func (s *FileStore) Dir() string { return s.root }
 
-// Close implements io.Closer: it closes the lock files. A later write
-// opens them again.
+// Close implements io.Closer: it closes the lock files and drops the
+// names kept for listings. A later write opens them again.
 func (s *FileStore) Close() error {
+	s.lists.clear()
 	var errs []error
 	for i := range s.lockFiles {
 		s.locks[i].Lock()
@@ -240,6 +253,7 @@ func (s *FileStore) Put(ctx context.Context, key string, data []byte, opts PutOp
 	}()
 
 	target := s.path(key)
+	defer s.lists.changed(key)
 	// Folders can be pruned by a concurrent Delete between being made and
 	// being used; start over when that happens.
 	for attempt := 0; ; attempt++ {
@@ -499,6 +513,25 @@ func syncDir(dir string) error {
 	return err
 }
 
+// readDir reads the folder dir, with its attributes as they were before
+// the read. It fails unless dir is a folder.
+func readDir(dir string) ([]fs.DirEntry, fs.FileInfo, error) {
+	f, err := os.OpenFile(dir, os.O_RDONLY|oDirectory, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	des, err := f.ReadDir(-1)
+	if err != nil {
+		return nil, nil, err
+	}
+	return des, st, nil
+}
+
 // currentETag returns the ETag of the object at path.
 func (s *FileStore) currentETag(path string) (string, error) {
 	f, err := os.Open(path)
@@ -597,154 +630,6 @@ func (s *FileStore) Get(ctx context.Context, key string, offset, length int64) (
 	return data, etag, nil
 }
 
-// List implements Store. max <= 0 means 1,000. Only the folders that can
-// hold keys in range are read: the walk starts at the deepest folder the
-// prefix names, and skips folders wholly before startAfter.
-func (s *FileStore) List(ctx context.Context, prefix, startAfter string, max int) ([]ObjectInfo, bool, error) {
-	if max <= 0 {
-		max = 1000
-	}
-	w := &fileLister{
-		ctx:        ctx,
-		root:       s.root,
-		prefix:     prefix,
-		startAfter: startAfter,
-		max:        max,
-	}
-	base := ""
-	if i := strings.LastIndexByte(prefix, '/'); i >= 0 {
-		base = prefix[:i+1]
-	}
-	err := w.walk(base)
-	if errors.Is(err, errListFull) {
-		err = nil
-	}
-	if err != nil {
-		return nil, false, fmt.Errorf("segment: list %s: %w", prefix, err)
-	}
-	return w.objs, w.more, nil
-}
-
-var errListFull = errors.New("listing full")
-
-type fileLister struct {
-	ctx                context.Context
-	root               string
-	prefix, startAfter string
-	max                int
-	objs               []ObjectInfo
-	more               bool
-}
-
-type listEntry struct {
-	name  string // as sorted: folders end in '/'
-	isDir bool
-}
-
-// entryHeap is a min-heap of a folder's entries by name.
-type entryHeap []listEntry
-
-func (h entryHeap) Len() int           { return len(h) }
-func (h entryHeap) Less(i, j int) bool { return h[i].name < h[j].name }
-func (h entryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *entryHeap) Push(x any)        { *h = append(*h, x.(listEntry)) }
-func (h *entryHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return e
-}
-
-// walk visits the folder dir ("" for the root, else ending in '/') in key
-// order.
-func (w *fileLister) walk(dir string) error {
-	if err := w.ctx.Err(); err != nil {
-		return err
-	}
-	f, err := os.OpenFile(filepath.Join(w.root, dir), os.O_RDONLY|oDirectory, 0)
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
-		return nil // folder pruned meanwhile, never made, or an object
-	}
-	if err != nil {
-		return err
-	}
-	des, err := f.ReadDir(-1)
-	f.Close()
-	if err != nil {
-		return err
-	}
-	// Only the entries that can hold keys in range are kept, and they are
-	// taken in order from a heap rather than sorted: a page of a big
-	// folder costs a pass over it, not a sort of it, and paging through
-	// the folder (streams/, one key a stream) grew with its square.
-	entries := make(entryHeap, 0, len(des))
-	for _, de := range des {
-		name := de.Name()
-		if dir == "" && name[0] == '.' {
-			continue // the staging folder, or anything else not a key
-		}
-		switch {
-		case de.IsDir():
-			// Byte order of full keys: a folder sorts as its name
-			// plus '/', and keys under it all start with that.
-			full := dir + name + "/"
-			if !strings.HasPrefix(full, w.prefix) && !strings.HasPrefix(w.prefix, full) {
-				continue
-			}
-			if full <= w.startAfter && !strings.HasPrefix(w.startAfter, full) {
-				continue // every key in it is before startAfter
-			}
-			entries = append(entries, listEntry{name: name + "/", isDir: true})
-		case de.Type().IsRegular():
-			if full := dir + name; !strings.HasPrefix(full, w.prefix) || full <= w.startAfter {
-				continue
-			}
-			entries = append(entries, listEntry{name: name})
-		}
-	}
-	heap.Init(&entries)
-	for entries.Len() > 0 {
-		e := heap.Pop(&entries).(listEntry)
-		full := dir + e.name
-		if e.isDir {
-			if err := w.walk(full); err != nil {
-				return err
-			}
-			continue
-		}
-		if len(w.objs) == w.max {
-			w.more = true
-			return errListFull
-		}
-		info, err := w.info(full)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // deleted meanwhile
-		}
-		if err != nil {
-			return err
-		}
-		w.objs = append(w.objs, info)
-	}
-	return nil
-}
-
-func (w *fileLister) info(key string) (ObjectInfo, error) {
-	f, err := os.Open(filepath.Join(w.root, key))
-	if err != nil {
-		return ObjectInfo{}, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return ObjectInfo{}, err
-	}
-	etag, err := fileETag(f)
-	if err != nil {
-		return ObjectInfo{}, err
-	}
-	return ObjectInfo{Key: key, Size: st.Size(), ETag: etag}, nil
-}
-
 // Delete implements Store. Folders left empty are removed, up to (not
 // including) the root.
 func (s *FileStore) Delete(ctx context.Context, keys []string) error {
@@ -799,6 +684,7 @@ func (s *FileStore) DeleteIfMatch(ctx context.Context, key, etag string) error {
 // sync.
 func (s *FileStore) deleteOne(ctx context.Context, key, ifMatch string, dirty map[string]bool) error {
 	path := s.path(key)
+	defer s.lists.changed(key)
 	unlock, err := s.lock(ctx, key)
 	if err != nil {
 		return err

@@ -27,6 +27,21 @@ func TestFileStoreContract(t *testing.T) {
 	})
 }
 
+// TestFileStoreContractListKept runs the contract suite with every folder
+// read kept for the next page, even one just written, so that every
+// listing page past the first continues from kept names.
+func TestFileStoreContractListKept(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) segment.Store {
+		s, err := segment.NewFileStore(filepath.Join(t.TempDir(), "store"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		segment.KeepEveryList(s)
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
 func newFileStore(t *testing.T) (*segment.FileStore, string) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "root")
