@@ -82,6 +82,9 @@ type FileStore struct {
 
 	// lists keeps the names of the folders where listings' pages ended.
 	lists listCache
+	// etagBufs holds the buffers that ETags missing from xattrs are
+	// computed with.
+	etagBufs sync.Pool
 }
 
 // NewFileStore returns a FileStore rooted at dir, which must be absolute.
@@ -539,14 +542,23 @@ func (s *FileStore) currentETag(path string) (string, error) {
 		return "", err
 	}
 	defer f.Close()
-	return fileETag(f)
+	var buf *[fileETagBuf]byte
+	defer func() { s.putETagBuf(buf) }()
+	return s.fileETag(f, &buf)
 }
 
-// fileETag reads the cached ETag of an open object, or computes it.
-func fileETag(f *os.File) (string, error) {
-	buf := make([]byte, 64)
-	if n, err := getETagAttr(f, buf); err == nil && n > 2 {
-		return string(buf[:n]), nil
+// fileETagBuf is the size of the buffers ETags are computed with.
+const fileETagBuf = 32 << 10
+
+// fileETag reads the cached ETag of an open object, or computes it. The
+// computation reads the file through *buf, taken from the store's pool if
+// nil: the caller returns it with putETagBuf. Without xattrs a listing
+// computes the ETag of every key it returns, and a buffer per key made
+// listing a big folder churn memory.
+func (s *FileStore) fileETag(f *os.File, buf **[fileETagBuf]byte) (string, error) {
+	var attr [64]byte
+	if n, err := getETagAttr(f, attr[:]); err == nil && n > 2 {
+		return string(attr[:n]), nil
 	}
 	st, err := f.Stat()
 	if err != nil {
@@ -555,11 +567,24 @@ func fileETag(f *os.File) (string, error) {
 	if st.IsDir() {
 		return "", fs.ErrNotExist
 	}
+	if *buf == nil {
+		*buf, _ = s.etagBufs.Get().(*[fileETagBuf]byte)
+		if *buf == nil {
+			*buf = new([fileETagBuf]byte)
+		}
+	}
 	h := md5.New()
-	if _, err := io.Copy(h, io.NewSectionReader(f, 0, st.Size())); err != nil {
+	if _, err := io.CopyBuffer(h, io.NewSectionReader(f, 0, st.Size()), (*buf)[:]); err != nil {
 		return "", err
 	}
 	return quoteETag(h.Sum(nil)), nil
+}
+
+// putETagBuf returns a buffer fileETag took to the pool.
+func (s *FileStore) putETagBuf(buf *[fileETagBuf]byte) {
+	if buf != nil {
+		s.etagBufs.Put(buf)
+	}
 }
 
 // GetBuffer implements BufferGetter.
@@ -613,7 +638,9 @@ func (s *FileStore) Get(ctx context.Context, key string, offset, length int64) (
 		return nil, "", err
 	}
 	defer f.Close()
-	etag, err := fileETag(f)
+	var buf *[fileETagBuf]byte
+	etag, err := s.fileETag(f, &buf)
+	s.putETagBuf(buf)
 	if err != nil {
 		return nil, "", fmt.Errorf("segment: get %s: %w", key, err)
 	}

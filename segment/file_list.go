@@ -295,6 +295,7 @@ func (s *FileStore) List(ctx context.Context, prefix, startAfter string, max int
 		base = prefix[:i+1]
 	}
 	err := w.walk(base)
+	s.putETagBuf(w.etagBuf)
 	if errors.Is(err, errListFull) {
 		err = nil
 	}
@@ -313,6 +314,9 @@ type fileLister struct {
 	max                int
 	objs               []ObjectInfo
 	more               bool
+	// etagBuf computes the ETags missing from xattrs, one for the
+	// listing.
+	etagBuf *[fileETagBuf]byte
 }
 
 type listEntry struct {
@@ -428,7 +432,7 @@ func (w *fileLister) info(key string) (ObjectInfo, error) {
 	if err != nil {
 		return ObjectInfo{}, err
 	}
-	etag, err := fileETag(f)
+	etag, err := w.s.fileETag(f, &w.etagBuf)
 	if err != nil {
 		return ObjectInfo{}, err
 	}
