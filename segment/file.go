@@ -82,6 +82,10 @@ type FileStore struct {
 
 	// lists keeps the names of the folders where listings' pages ended.
 	lists listCache
+	// tidyAge is how long a folder a listing finds empty must have been
+	// left alone for the listing to remove it (a field so that tests can
+	// change it).
+	tidyAge time.Duration
 	// etagBufs holds the buffers that ETags missing from xattrs are
 	// computed with.
 	etagBufs sync.Pool
@@ -103,6 +107,7 @@ func NewFileStore(dir string) (*FileStore, error) {
 		readDir:    readDir,
 		fresh:      make(map[string]uint64),
 		sweepEvery: fileSweepEvery,
+		tidyAge:    fileTidyAge,
 		lists:      listCache{keep: fileListKeep, settle: fileListSettle, window: fileListWindow},
 	}, nil
 }
@@ -412,6 +417,14 @@ func (s *FileStore) writeTemp(data []byte, etag string) (string, error) {
 	}
 	return name, nil
 }
+
+// fileTidyAge is how long a folder a listing finds empty must have been
+// left alone for the listing to remove it: such folders are left by a
+// crash between a delete's unlink and its rmdir, or between a Put's mkdir
+// and its link, and nothing else would ever remove them. The wait only
+// spares an in-flight Put a start over; it is not what makes the removal
+// safe (see prune).
+const fileTidyAge = time.Minute
 
 // fileSweepEvery is how often the staging folder is swept, and how old a
 // staging file must be to be swept: no write takes that long.
@@ -730,25 +743,34 @@ func (s *FileStore) deleteOne(ctx context.Context, key, ifMatch string, dirty ma
 		err = unlink(path)
 	}
 	unlock()
+	dir := filepath.Dir(path)
 	switch {
 	case err == nil:
-	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR):
+		dirty[dir] = true
+	case errors.Is(err, fs.ErrNotExist):
+		// Gone already, perhaps by a delete that crashed before it
+		// pruned: prune now, or its folders would stay for good.
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.EISDIR):
 		return nil
 	default:
 		return err
 	}
-	dir := filepath.Dir(path)
-	dirty[dir] = true
-	// Prune folders that became empty. rmdir fails on a folder that a
-	// concurrent Put has just written into, which is what keeps this
-	// safe; a Put that made a folder we then remove starts over.
+	s.prune(dir, dirty)
+	return nil
+}
+
+// prune removes the folder dir and then its parents, up to (not
+// including) the root, while they are empty, noting in dirty the folders
+// to sync. rmdir fails on a folder that a concurrent Put has just written
+// into, which is what keeps this safe; a Put that made a folder we then
+// remove, and has yet to link its object into it, starts over.
+func (s *FileStore) prune(dir string, dirty map[string]bool) {
 	for dir != s.root && strings.HasPrefix(dir, s.root+"/") {
 		if err := rmdir(dir); err != nil {
-			break
+			return
 		}
 		delete(dirty, dir)
 		dir = filepath.Dir(dir)
 		dirty[dir] = true
 	}
-	return nil
 }

@@ -254,6 +254,13 @@ func (s *FileStore) dirNames(dir, from string, incl bool) (*dirSnapshot, *dirRea
 			entries = append(entries, listEntry{name: name, isDir: de.IsDir()})
 		}
 	}
+	if len(des) == 0 && dir != "" && st.ModTime().Before(now.Add(-s.tidyAge)) {
+		// Empty for a while: left by a crash (see fileTidyAge).
+		s.prune(path, make(map[string]bool))
+		s.lists.changed(dir)
+		s.lists.done(r)
+		return &dirSnapshot{dir: dir, from: from, fromIncl: incl, complete: true}, nil, nil
+	}
 	p := &dirSnapshot{
 		dir:      dir,
 		from:     from,
