@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -50,6 +51,54 @@ func fakeIMDS(t *testing.T, role, accessKey, secretKey string) string {
 	return srv.URL
 }
 
+// noRoleIMDS is a metadata service on an instance without a role.
+func noRoleIMDS(t *testing.T) string { return fakeIMDS(t, "", "", "") }
+
+// silentIMDS is a metadata address that takes connections and never
+// answers them, as a host's firewall that swallows 169.254.169.254 looks
+// to the SDK once its dial goes through. The connections are held until
+// the test ends.
+func silentIMDS(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		<-done
+	})
+	return "http://" + l.Addr().String()
+}
+
+// forbiddingIMDS answers every metadata request 403, as a metadata
+// service does to a container beyond its hop limit.
+func forbiddingIMDS(t *testing.T) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "Forbidden", http.StatusForbidden)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
 // TestNoCredentialsFailsTheStartSayingWhatIsMissing: an s3:// storage with
 // no credentials anywhere (no AWS_* keys, no shared config, no instance
 // role) fails Caddy's start with an error that names where credentials
@@ -58,34 +107,58 @@ func fakeIMDS(t *testing.T, role, accessKey, secretKey string) string {
 // there: the chain was read when the store was opened.
 func TestNoCredentialsFailsTheStartSayingWhatIsMissing(t *testing.T) {
 	v := testenv.NewVersity(t)
+	caddytest.BuildCaddy(t) // before the clock below starts
 	for _, tc := range []struct {
 		name  string
 		imds  func(t *testing.T) string
-		cause string // the SDK's words, kept in the error
+		cause string   // the SDK's words, kept in the error
+		env   []string // more of Caddy's environment
+		hint  string   // what the error says of env
 	}{
-		{"the metadata service has no role", func(t *testing.T) string { return fakeIMDS(t, "", "", "") }, "no EC2 IMDS role found"},
-		{"no metadata service", func(t *testing.T) string { return testenv.ClosedURL(t) }, "connection refused"},
+		{name: "the metadata service has no role", imds: noRoleIMDS, cause: "no EC2 IMDS role found"},
+		{name: "no metadata service", imds: func(t *testing.T) string { return testenv.ClosedURL(t) }, cause: "connection refused"},
+		// A host whose firewall drops packets to the metadata address,
+		// or a metadata service in a hop-limited container.
+		{name: "the metadata service never answers", imds: silentIMDS, cause: "context deadline exceeded"},
+		{name: "the metadata service answers 403", imds: forbiddingIMDS, cause: "StatusCode: 403"},
+		// The SDK takes keys from the environment only in pairs and
+		// ignores half of one; its error then speaks of the instance
+		// role alone.
+		{name: "a key without its secret", imds: noRoleIMDS, cause: "no EC2 IMDS role found",
+			env:  []string{"AWS_ACCESS_KEY_ID=AKIAEXAMPLE", "AWS_SECRET_ACCES_KEY=misspelt"},
+			hint: "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not"},
+		{name: "a secret without its key", imds: noRoleIMDS, cause: "no EC2 IMDS role found",
+			env:  []string{"AWS_SECRET_ACCESS_KEY=s3cr3t"},
+			hint: "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			storage := caddytest.S3Storage(t, v, v.Endpoint)
+			began := time.Now()
 			c, err := caddytest.Launch(t, caddytest.Options{
 				Storage: storage,
-				Env: []string{
+				Env: append([]string{
 					"AWS_REGION=" + testenv.VersityRegion,
 					// caddytest turns the metadata service off; this
 					// test is about what the SDK does with it.
 					"AWS_EC2_METADATA_DISABLED=false",
 					"AWS_EC2_METADATA_SERVICE_ENDPOINT=" + tc.imds(t),
-				},
+				}, tc.env...),
 				ReadyTimeout: 90 * time.Second,
 			})
 			if err == nil {
 				c.Kill()
 				t.Fatalf("Caddy started on a storage it has no credentials for; its log:\n%s", truncateTail(c.Logs(), 3000))
 			}
+			took := time.Since(began)
+			// The SDK's metadata client gives up within seconds (short
+			// dial and header timeouts, three attempts); a start that
+			// took as long as Caddy is given would look hung.
+			if took > 30*time.Second {
+				t.Errorf("the start took %s to fail", took)
+			}
 			msg := err.Error()
-			t.Logf("the start error: %s", truncateTail(msg, 2000))
-			for _, want := range []string{"no AWS credentials", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "instance role", tc.cause} {
+			t.Logf("the start failed after %s: %s", took.Round(time.Millisecond), truncateTail(msg, 2000))
+			for _, want := range []string{"no AWS credentials", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "instance role", tc.cause, tc.hint} {
 				if !strings.Contains(msg, want) {
 					t.Errorf("the start error does not say %q:\n%s", want, truncateTail(msg, 3000))
 				}

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -91,7 +92,7 @@ func NewS3Store(ctx context.Context, loc Location, opts OpenOptions) (*S3Store, 
 	// without a role, the SDK's error speaks of the metadata service
 	// only; say what is missing instead, the SDK's error wrapped.
 	if opts.AccessKeyID == "" && aws.IsCredentialsProvider(cfg.Credentials, (*ec2rolecreds.Provider)(nil)) {
-		cfg.Credentials = instanceRoleCredentials{cfg.Credentials}
+		cfg.Credentials = instanceRoleCredentials{CredentialsProvider: cfg.Credentials, hint: halfKeyPair(os.Getenv)}
 	}
 	// Our own client on that transport, so Close can release its idle
 	// connections. Redirects are not followed: S3 redirects (wrong region)
@@ -158,12 +159,48 @@ func NewS3Store(ctx context.Context, loc Location, opts OpenOptions) (*S3Store, 
 // shared config files, and none from an EC2 instance role. Err is the
 // SDK's error from the instance metadata service. No retry fixes it: the
 // chain is read once, when the store is opened.
-type NoCredentialsError struct{ Err error }
+type NoCredentialsError struct {
+	Err error
+	// Hint names half an access key pair found alone in the
+	// environment, which the SDK ignores without a word (see
+	// halfKeyPair); "" when there is none.
+	Hint string
+}
 
 func (e *NoCredentialsError) Error() string {
-	return "no AWS credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE and a shared " +
+	msg := "no AWS credentials: "
+	if e.Hint != "" {
+		msg += e.Hint + "; "
+	}
+	return msg + "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE and a shared " +
 		"config file) in Caddy's environment, or run on an EC2 instance with a role; the instance role, " +
 		"the last place the AWS credential chain looks, gave none: " + e.Err.Error()
+}
+
+// halfKeyPair says which half of an access key pair the environment holds
+// without the other, or "" if none does. The SDK takes keys from the
+// environment only in pairs and otherwise goes on down the chain, so a
+// misspelt or unexported AWS_SECRET_ACCESS_KEY ended in an error about the
+// instance role alone.
+func halfKeyPair(getenv func(string) string) string {
+	set := func(names ...string) string {
+		for _, n := range names {
+			if getenv(n) != "" {
+				return n
+			}
+		}
+		return ""
+	}
+	// The names the SDK reads, in its order.
+	key := set("AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY")
+	secret := set("AWS_SECRET_ACCESS_KEY", "AWS_SECRET_KEY")
+	switch {
+	case key != "" && secret == "":
+		return key + " is set but AWS_SECRET_ACCESS_KEY is not, and a key without its secret is ignored"
+	case secret != "" && key == "":
+		return secret + " is set but AWS_ACCESS_KEY_ID is not, and a secret without its key is ignored"
+	}
+	return ""
 }
 
 func (e *NoCredentialsError) Unwrap() error { return e.Err }
@@ -171,13 +208,16 @@ func (e *NoCredentialsError) Unwrap() error { return e.Err }
 // instanceRoleCredentials is the credential chain when all it has left is
 // the EC2 instance role (the SDK's credentials cache around it). A role
 // that answers is used as ever; a failure is a NoCredentialsError.
-type instanceRoleCredentials struct{ aws.CredentialsProvider }
+type instanceRoleCredentials struct {
+	aws.CredentialsProvider
+	hint string // NoCredentialsError.Hint
+}
 
 // Retrieve implements aws.CredentialsProvider.
 func (p instanceRoleCredentials) Retrieve(ctx context.Context) (aws.Credentials, error) {
 	c, err := p.CredentialsProvider.Retrieve(ctx)
 	if err != nil && !errors.Is(err, context.Canceled) {
-		return c, &NoCredentialsError{Err: err}
+		return c, &NoCredentialsError{Err: err, Hint: p.hint}
 	}
 	return c, err
 }
