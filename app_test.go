@@ -42,7 +42,7 @@ func TestStorageKey(t *testing.T) {
 	if a == b {
 		t.Error("different endpoints share a key")
 	}
-	for _, bad := range []string{"", "b/p", "ftp://x/y", "s3:///p", "file://host/dir", "file:relative", "%zz"} {
+	for _, bad := range []string{"", "b/p", "ftp://x/y", "s3:///p", "file://host/dir", "file:relative", "%zz", "s3://b/p#x", "file:///d#x"} {
 		if k, err := storageKey(bad); err == nil {
 			t.Errorf("storageKey(%q) = %q, want an error", bad, k)
 		}

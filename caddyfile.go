@@ -10,8 +10,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
-
-	"github.com/picomq/caddy-picomq/segment"
 )
 
 func init() {
@@ -82,14 +80,9 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			// A URL with runtime placeholders ({env.X}) is checked when
 			// they are replaced, at provisioning.
 			if !strings.Contains(arg, "{") {
-				if _, err := storageKey(arg); err != nil {
-					return d.Errf("storage: %v", err)
-				}
-				// The rest of the URL (bucket name, parameters) too, so
-				// that its error names the line; provisioning checks it
-				// again, for JSON configs. It is offline and redacts
-				// credentials from its errors.
-				if _, err := segment.ParseLocation(arg); err != nil {
+				// Here the error names the line; Validate checks it
+				// again, for JSON configs.
+				if err := checkStorageURL(arg); err != nil {
 					return d.Errf("storage: %v", err)
 				}
 			}

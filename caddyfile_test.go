@@ -184,6 +184,12 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"storage s3://my-bucket/p?endpoint=127.0.0.1:9000", "storage: storage URL: endpoint does not parse as a URL"},
 		{"storage file:///srv/streams?sync=1", "file URLs take no parameters"},
 		{"storage file:///a {\n}", "unexpected '{': picomq options take no block"},
+		// What follows a '#' is a fragment to url.Parse, which it used
+		// to drop without a word: a prefix or a parameter lost.
+		{"storage s3://my-bucket/team#1", `storage: storage URL "s3://my-bucket/team": a '#' ends the URL there, and what follows it would be ignored; remove it, or write a '#' that belongs in the prefix as %23`},
+		{"storage s3://my-bucket/p?region=eu-west-1#&path_style=true", `storage URL "s3://my-bucket/p?region=eu-west-1": a '#' ends the URL`},
+		{"storage s3://my-bucket/p#", "a '#' ends the URL"},
+		{"storage file:///srv/streams#old", `storage URL "file:///srv/streams": a '#' ends the URL`},
 		{"pack_below none", `pack_below: invalid size "none"`},
 		{"max_subscriptions", "max_subscriptions: wrong argument count: it takes one value, got none"},
 		{"max_subscriptions many", `max_subscriptions: want a count between 1 and 1073741824, got "many"`},
@@ -405,6 +411,7 @@ func TestValidateRejectsBadConfigs(t *testing.T) {
 		"too many subs":    {`{"handler":"picomq","max_subscriptions":2147483647}`, "max_subscriptions must be at most 1073741824"},
 		"bad scheme":       {`{"handler":"picomq","storage":"ftp://x/y"}`, "unsupported scheme"},
 		"relative dir":     {`{"handler":"picomq","storage":"file://relative/dir"}`, "absolute"},
+		"fragment":         {`{"handler":"picomq","storage":"s3://my-bucket/p#x"}`, `storage: storage URL "s3://my-bucket/p": a '#' ends the URL`},
 		"cache_reads":      {`{"handler":"picomq","cache_reads":"shared"}`, `cache_reads: unknown value "shared" (use public or private)`},
 		// A JSON integer is nanoseconds: meant as 30 seconds, this
 		// long-poll would answer 204 at once, every time.
@@ -492,5 +499,20 @@ func TestValidateSharedStorageDefaultSpelledOut(t *testing.T) {
 				t.Errorf("%q in one handler of a storage and left out in the other: %v", line, err)
 			}
 		})
+	}
+}
+
+// TestStorageFragmentAfterPlaceholders: a storage URL whose '#' appears
+// only once its placeholders are replaced is refused when the storage is
+// acquired, as a literal one is by Validate; it used to share the engine
+// of the URL without the fragment.
+func TestStorageFragmentAfterPlaceholders(t *testing.T) {
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Setenv("PICOMQ_TEST_PREFIX", "team#1")
+	js := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"s":{"listen":[":0"],"routes":[{"handle":[` +
+		`{"handler":"picomq","storage":"s3://my-bucket/{env.PICOMQ_TEST_PREFIX}"}]}]}}}}}`
+	const want = `storage URL "s3://my-bucket/team": a '#' ends the URL there`
+	if err := validate(t, []byte(js)); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("err = %v, want one mentioning %q", err, want)
 	}
 }

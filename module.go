@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -399,6 +400,13 @@ func (h *Handler) Validate() error {
 	}
 	if err := checkCacheReads(h.CacheReads); err != nil {
 		return err
+	}
+	if h.Storage != "" && !strings.Contains(h.Storage, "{") {
+		// As the Caddyfile checks it; one with placeholders is checked
+		// once they are replaced, when the storage is acquired.
+		if err := checkStorageURL(h.Storage); err != nil {
+			return fmt.Errorf("storage: %w", err)
+		}
 	}
 	for _, d := range []struct {
 		name string

@@ -45,6 +45,9 @@ func storageKey(raw string) (string, error) {
 		}
 		return "", fmt.Errorf("parsing storage URL: %w", err)
 	}
+	if err := segment.CheckNoFragment(raw, u); err != nil {
+		return "", err
+	}
 	raw = storageLabel(raw) // the URL as the errors below may show it
 	switch strings.ToLower(u.Scheme) {
 	case "file":
@@ -67,6 +70,17 @@ func storageKey(raw string) (string, error) {
 	default:
 		return "", fmt.Errorf("storage URL %q: unsupported scheme %q (use s3:// or file://)", raw, u.Scheme)
 	}
+}
+
+// checkStorageURL checks a storage URL whole, offline: what storageKey
+// needs, then the rest (bucket name, parameters) as segment.Open would.
+// Its errors leave out any credentials the URL carries.
+func checkStorageURL(raw string) error {
+	if _, err := storageKey(raw); err != nil {
+		return err
+	}
+	_, err := segment.ParseLocation(raw)
+	return err
 }
 
 // openStore opens the object store behind a storage URL, counting its

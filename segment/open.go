@@ -100,6 +100,9 @@ func ParseLocation(rawURL string) (Location, error) {
 		}
 		return Location{}, fmt.Errorf("storage URL: %w", err)
 	}
+	if err := CheckNoFragment(rawURL, u); err != nil {
+		return Location{}, err
+	}
 	rawURL = redactURL(u) // the URL as the errors below may show it
 	switch u.Scheme {
 	case "s3":
@@ -176,6 +179,21 @@ func parseS3Location(u *url.URL) (Location, error) {
 		}
 	}
 	return l, nil
+}
+
+// CheckNoFragment refuses a storage URL raw, parsed as u, with a '#' in it: url.Parse takes
+// it and all that follows as a fragment, which no store uses, so a prefix
+// or parameter written after one would be dropped without a word. The
+// error shows the URL without the fragment, which may hold the rest of a
+// secret that had a '#' in it.
+func CheckNoFragment(raw string, u *url.URL) error {
+	if !strings.Contains(raw, "#") {
+		return nil
+	}
+	c := *u
+	c.Fragment, c.RawFragment = "", ""
+	return fmt.Errorf("storage URL %q: a '#' ends the URL there, and what follows it would be ignored; "+
+		"remove it, or write a '#' that belongs in the prefix as %%23", redactURL(&c))
 }
 
 // endpointWant says what an endpoint parameter must be.

@@ -450,6 +450,9 @@ func TestParseS3Location(t *testing.T) {
 		// Wherever the URL syntax lets credentials in, errors leave them out.
 		"s3://key:secret^@bkt/p", "s3://bkt?endpoint=ftp://key:secret@x", "file://key:secret@host/dir",
 		"s4://key:secret@bkt/p", "s3://bkt?endpoint=http://key:secret@x", "s3://bkt?endpoint=https://key@x",
+		// A fragment would be dropped; one may be the rest of a secret
+		// with a '#' in it.
+		"s3://bkt/p#x", "s3://bkt/p#", "file:///dir#x", "s3://bkt?endpoint=http://key:my#secret@x",
 	}
 	for _, b := range bad {
 		if _, err := segment.ParseLocation(b); err == nil {
