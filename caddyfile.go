@@ -189,7 +189,8 @@ func parseDuration(s string) (caddy.Duration, error) {
 	return caddy.Duration(d), nil
 }
 
-// parseSize parses a size such as 1MiB, 64KB or 1048576.
+// parseSize parses a size such as 1MiB, 64KB or 1048576. A number under
+// minBareSize needs a unit (512B).
 func parseSize(s string) (int64, error) {
 	n, err := humanize.ParseBytes(s)
 	if err != nil {
@@ -200,8 +201,19 @@ func parseSize(s string) (int64, error) {
 	if n == 0 || n > 1<<40 {
 		return 0, fmt.Errorf("must be between 1B and 1TiB, got %s", s)
 	}
+	if n < minBareSize && s[len(s)-1] >= '0' && s[len(s)-1] <= '9' {
+		// "cache_size 64" is bytes to the parser, but almost surely
+		// meant 64MiB: taken as bytes it would be a cache that holds
+		// nothing, or appends refused as busy or too large, with
+		// nothing to say why. A unit says bytes are meant.
+		return 0, fmt.Errorf("%s has no unit, and %s bytes is too small to be meant; "+
+			"write the unit: %sMiB, %sKiB, or %sB if bytes are what you mean", s, s, s, s, s)
+	}
 	return int64(n), nil
 }
+
+// minBareSize is the least size parseSize accepts without a unit.
+const minBareSize = 1024
 
 // Interface guard.
 var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -228,6 +228,11 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			tc{o + " -5", o + `: invalid size "-5"`},
 			tc{o + " 0", o + ": must be between 1B and 1TiB, got 0"},
 			tc{o + " 2TiB", o + ": must be between 1B and 1TiB, got 2TiB"},
+			// Under 1KiB a number without a unit is a slip for MiB
+			// far more often than a size in bytes.
+			tc{o + " 64", o + ": 64 has no unit, and 64 bytes is too small to be meant; write the unit: 64MiB, 64KiB, or 64B if bytes are what you mean"},
+			tc{o + " 1023", o + ": 1023 has no unit"},
+			tc{o + " 1.5", o + ": 1.5 has no unit"},
 		)
 	}
 	for _, c := range cases {
@@ -499,6 +504,39 @@ func TestValidateSharedStorageDefaultSpelledOut(t *testing.T) {
 				t.Errorf("%q in one handler of a storage and left out in the other: %v", line, err)
 			}
 		})
+	}
+}
+
+// TestCaddyfileSmallSizes: a size under 1KiB is taken when it has a unit,
+// bytes included, and from 1KiB up a bare number is bytes as before.
+func TestCaddyfileSmallSizes(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		get  func(*Handler) int64
+		want int64
+	}{
+		{"max_pending 1B", func(h *Handler) int64 { return h.MaxPending }, 1},
+		{"cache_size 4KiB", func(h *Handler) int64 { return h.CacheSize }, 4 << 10},
+		{"max_append_size 100 B", nil, 0}, // two arguments: refused
+		{"max_append_size 512b", func(h *Handler) int64 { return h.MaxAppendSize }, 512},
+		{"flush_size 1024", func(h *Handler) int64 { return h.FlushSize }, 1024},
+		{"pack_below 100B", func(h *Handler) int64 { return h.PackBelow }, 100},
+	} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("picomq {\n\t" + tc.line + "\n}"))
+		if tc.get == nil {
+			if err == nil {
+				t.Errorf("%q was accepted", tc.line)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", tc.line, err)
+			continue
+		}
+		if got := tc.get(&h); got != tc.want {
+			t.Errorf("%q: got %d bytes, want %d", tc.line, got, tc.want)
+		}
 	}
 }
 

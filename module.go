@@ -106,7 +106,8 @@ var loopDurations = map[string]bool{
 //	    allow_loopback_webhooks
 //	}
 //
-// Sizes take units (64KiB, 1MiB, 16MB). Durations but flush_interval and
+// Sizes take units (64KiB, 1MiB, 16MB); a bare number is bytes and, under
+// 1024, refused as a likely slip (512B is taken). Durations but flush_interval and
 // flush_quiet are at least 100ms (minLoopDuration). The directive is
 // ordered before respond; inside handle_path the stream name is the path
 // after the stripped prefix, and URLs written back to clients keep the

@@ -21,6 +21,10 @@ func TestCaddyfileErrorsReachTheOperator(t *testing.T) {
 		{"compact_interval 10ms", "compact_interval: must be at least 100ms, got 10ms"},
 		{"storage s3://my-bucket/p?regoin=eu-west-1", `storage: storage URL: unknown parameter "regoin"`},
 		{"storage s3://my-bucket/p region=eu-west-1", "storage: wrong argument count: it takes one value, got 2 (s3://my-bucket/p region=eu-west-1)"},
+		{"storage s3://my-bucket/team#1", `storage: storage URL "s3://my-bucket/team": a '#' ends the URL there`},
+		{"cache_size 64", "cache_size: 64 has no unit, and 64 bytes is too small to be meant; write the unit: 64MiB, 64KiB, or 64B"},
+		{"max_pending 64", "max_pending: 64 has no unit"},
+		{"max_append_size 100", "max_append_size: 100 has no unit"},
 	} {
 		t.Run(tc.line, func(t *testing.T) {
 			c, err := caddytest.Launch(t, caddytest.Options{Directives: []string{"long_poll_timeout 5s", tc.line}})

@@ -94,7 +94,7 @@ func TestReloadWhileStartRetries(t *testing.T) {
 		run  func(t *testing.T, e *fhEnv, storage string)
 	}{
 		{"same storage, new settings", func(t *testing.T, e *fhEnv, storage string) {
-			if err := e.caddy.Reload(retryCaddyfile(storage, "max_pending 1")); err != nil {
+			if err := e.caddy.Reload(retryCaddyfile(storage, "max_pending 1B")); err != nil {
 				t.Fatalf("reload while the start is retried: %v", err)
 			}
 			if !strings.Contains(e.caddy.Logs(), "max_pending from 67108864 to 1") {
