@@ -18,6 +18,17 @@ func init() {
 	// site answer streams under one path and static replies elsewhere
 	// without an explicit order option.
 	httpcaddyfile.RegisterDirectiveOrder("picomq", httpcaddyfile.Before, "respond")
+	// Written among the global options, picomq would get Caddy's bare
+	// "unrecognized global option"; say where it goes instead.
+	httpcaddyfile.RegisterGlobalOption("picomq", refuseGlobalOption)
+}
+
+// refuseGlobalOption refuses picomq as a global option: its options
+// belong to a site's handler.
+func refuseGlobalOption(d *caddyfile.Dispenser, _ any) (any, error) {
+	d.Next() // the option name
+	return nil, d.Err("picomq is a site directive, not a global option: put it inside a site block, " +
+		"as in: localhost { picomq { storage s3://bucket/prefix } }")
 }
 
 // parseCaddyfile builds a Handler from the picomq directive.

@@ -554,3 +554,16 @@ func TestStorageFragmentAfterPlaceholders(t *testing.T) {
 		t.Errorf("err = %v, want one mentioning %q", err, want)
 	}
 }
+
+// TestCaddyfileGlobalOptionRefused: picomq written among the global
+// options is refused saying where it goes, with its line; Caddy's own
+// error named neither.
+func TestCaddyfileGlobalOptionRefused(t *testing.T) {
+	src := "{\n\tadmin off\n\tpicomq {\n\t\tstorage file:///srv/streams\n\t}\n}\n:0 {\n\trespond 200\n}\n"
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": "Caddyfile"})
+	const want = "picomq is a site directive, not a global option: put it inside a site block, " +
+		"as in: localhost { picomq { storage s3://bucket/prefix } }, at Caddyfile:3"
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("err = %v, want one saying %q", err, want)
+	}
+}

@@ -68,3 +68,21 @@ func TestStartErrorSaysItOnce(t *testing.T) {
 		t.Errorf("Caddy's refusal does not say %q alone:\n%s", want, truncateTail(msg, 2000))
 	}
 }
+
+// TestGlobalPicomqOptionRefused starts Caddy with picomq written among
+// the global options: it refuses to start saying where picomq goes, and
+// on which line it was.
+func TestGlobalPicomqOptionRefused(t *testing.T) {
+	caddyfile := "{\n\tpersist_config off\n\tpicomq {\n\t\tstorage file:///srv/streams\n\t}\n}\n\n" +
+		"http://:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n\trespond 200\n}\n"
+	c, err := caddytest.Launch(t, caddytest.Options{Caddyfile: caddyfile})
+	if err == nil {
+		c.Kill()
+		t.Fatal("Caddy started with picomq as a global option")
+	}
+	for _, want := range []string{"picomq is a site directive, not a global option: put it inside a site block", "Caddyfile:3"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the start error does not say %q:\n%s", want, truncateTail(err.Error(), 2000))
+		}
+	}
+}
