@@ -83,14 +83,18 @@ func TestUnmarshalCaddyfilePackBelowOff(t *testing.T) {
 	}
 }
 
-// TestDurationsAtTheirFloor: each duration with a floor takes the floor
-// itself, in the Caddyfile and through Validate.
-func TestDurationsAtTheirFloor(t *testing.T) {
+// TestOptionsAtTheirBound: a value at its bound is taken, in the Caddyfile
+// and through Validate: each duration with a floor at the floor, each size
+// at its ceiling (the bounds are inclusive, as Validate's).
+func TestOptionsAtTheirBound(t *testing.T) {
 	if len(loopDurations) != 6 {
 		t.Fatalf("loopDurations has %d options; update this test", len(loopDurations))
 	}
+	lines := []string{"pack_below 16MiB", "flush_size 1GiB", "max_append_size 1GiB"}
 	for o := range loopDurations {
-		line := o + " 100ms"
+		lines = append(lines, o+" 100ms")
+	}
+	for _, line := range lines {
 		var h Handler
 		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("picomq {\n\t" + line + "\n}")); err != nil {
 			t.Errorf("%q: %v", line, err)
@@ -105,22 +109,6 @@ func TestDurationsAtTheirFloor(t *testing.T) {
 
 // TestUnmarshalCaddyfileCacheReads: cache_reads takes public or private,
 // and a handler without it keeps today's public reads.
-// TestUnmarshalCaddyfileSizeAtBound: a size at its bound is taken (the
-// bound is inclusive, as Validate's).
-func TestUnmarshalCaddyfileSizeAtBound(t *testing.T) {
-	for _, line := range []string{"pack_below 16MiB", "flush_size 1GiB", "max_append_size 1GiB"} {
-		var h Handler
-		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("picomq {\n\t" + line + "\n}")); err != nil {
-			t.Errorf("%q: %v", line, err)
-			continue
-		}
-		h.applyDefaults()
-		if err := h.Validate(); err != nil {
-			t.Errorf("%q: validate: %v", line, err)
-		}
-	}
-}
-
 func TestUnmarshalCaddyfileCacheReads(t *testing.T) {
 	for _, tc := range []struct{ src, want string }{
 		{"picomq", cacheReadsPublic},
