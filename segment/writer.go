@@ -400,6 +400,17 @@ func (w *Writer) sealLocked() {
 	if w.inFlight >= w.cfg.MaxInFlight {
 		return
 	}
+	if w.ctx.Err() != nil {
+		// Close gave up waiting and is stopping the uploaders: an upload
+		// started now would run where Close does not wait for it, and
+		// settle the batch through the hooks after the owner has closed.
+		// The batch goes unsent instead, doomed as after a failed upload;
+		// only an upload that just ended frees a slot here, and the
+		// release it makes next settles the batch, failing its waiters.
+		w.open.failed = errClosedUnsent
+		w.doomOpenLocked()
+		return
+	}
 	b := w.open
 	w.open = nil
 	w.wantFlush = false
@@ -414,10 +425,40 @@ func (w *Writer) sealLocked() {
 	w.queue = append(w.queue, b)
 	w.inFlight++
 	if !w.uploaders.Go(func() { w.upload(b) }) {
-		// Close gave up waiting (its context ended) and has cancelled
-		// w.ctx: the upload fails at once and settles the batch, so its
-		// waiters hear. It must run for that, pool or not.
-		go w.upload(b)
+		// Not expected: Close cancels w.ctx, checked above under w.mu,
+		// before it stops the pool. Should it happen, the batch fails
+		// unsent here and its seal settles it, never on a goroutine
+		// Close does not wait for.
+		w.failLocked(b, errClosedUnsent)
+	}
+}
+
+// errClosedUnsent is the failure of a batch that Close left no upload to.
+var errClosedUnsent = errors.New("the WAL writer closed before the batch could be uploaded")
+
+// doomOpenLocked queues the open batch, if it has entries, as one never
+// uploaded: it is released in order, aborted with the failed upload
+// before it (or, first in line, on its own), and never replayed.
+func (w *Writer) doomOpenLocked() {
+	if w.open != nil && len(w.open.Entries) > 0 {
+		w.open.doomed = true
+		w.open.finished = true
+		w.queue = append(w.queue, w.open)
+	}
+	w.open = nil
+	w.broken = true
+}
+
+// failLocked records that b's upload attempt is over and failed with err,
+// and stops the writer until the failure is settled.
+func (w *Writer) failLocked(b *Batch, err error) {
+	b.finished = true
+	w.inFlight--
+	b.failed = fmt.Errorf("put wal %s: %w", b.Key, err)
+	if !w.broken {
+		// Entries still open would get seqs above a batch whose fate
+		// is unknown; they are doomed with it and released in order.
+		w.doomOpenLocked()
 	}
 }
 
@@ -436,23 +477,12 @@ func (w *Writer) upload(b *Batch) {
 	}
 	w.mu.Lock()
 	b.Spans = spans
-	b.finished = true
-	w.inFlight--
 	if err == nil {
+		b.finished = true
+		w.inFlight--
 		b.uploaded = true
 	} else {
-		b.failed = fmt.Errorf("put wal %s: %w", b.Key, err)
-		if !w.broken {
-			w.broken = true
-			// Entries still open would get seqs above a batch whose fate
-			// is unknown; they are doomed with it and released in order.
-			if w.open != nil && len(w.open.Entries) > 0 {
-				w.open.doomed = true
-				w.open.finished = true
-				w.queue = append(w.queue, w.open)
-			}
-			w.open = nil
-		}
+		w.failLocked(b, err)
 	}
 	if !w.broken {
 		w.sealLocked()
@@ -549,9 +579,15 @@ func (w *Writer) settle(queue []*Batch) {
 			}
 		}
 		// Replay stops at the seal: neither this batch nor any after it
-		// in the namespace, uploaded or not, will ever be read.
+		// in the namespace, uploaded or not, will ever be read. (A doomed
+		// batch first in line was never given a sequence: nothing of it
+		// or after it was uploaded.)
 		w.abort(queue[i:], cause, true)
-		w.switchNamespace()
+		if w.ctx.Err() == nil {
+			// A writer that Close gave up on writes nothing more: it
+			// needs no namespace, and its owner may be gone.
+			w.switchNamespace()
+		}
 		return
 	}
 	// Every batch landed after all: carry on in the same namespace.
@@ -659,7 +695,11 @@ func (w *Writer) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		err = fmt.Errorf("close wal writer: %w", ctx.Err())
 	}
+	// Under w.mu: sealLocked, which checks w.ctx under it, then never
+	// hands the pool an upload once the pool has begun to close.
+	w.mu.Lock()
 	w.cancel()
+	w.mu.Unlock()
 	w.uploaders.Close()
 	if err != nil {
 		w.mu.Lock()
