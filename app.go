@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -709,14 +710,32 @@ const busyMessage = "too many appends are waiting for storage; nothing was appli
 // unconfirmedMessage answers a write that was handed to storage and not
 // acknowledged (streamstore.ErrUnconfirmed), in either protocol: it may
 // still be stored. It names the cause when the storage refused the write
-// rather than being slow.
-func unconfirmedMessage(err error) string {
-	if reason, ok := streamstore.StorageRefusal(err); ok {
+// rather than being slow; a create (PUT) is told that repeating it is
+// safe, an append that only producer headers make a retry safe.
+func unconfirmedMessage(method string, err error) string {
+	reason, refused := streamstore.StorageRefusal(err)
+	switch {
+	case refused && method == http.MethodPut:
+		return "storage refuses writes: " + reason + "; the create was not acknowledged, and it may or may not take effect; " +
+			"once storage takes writes again, repeat it: an identical create confirms the stream if it was made"
+	case refused:
 		return "storage refuses writes: " + reason + "; the write was not acknowledged but may still be stored; " +
 			"once storage takes writes again, retry with producer headers to avoid a duplicate"
 	}
 	return "storage did not confirm the write in time: it was not acknowledged but may still be stored; " +
 		"retry with producer headers to avoid a duplicate"
+}
+
+// failWarning names the warning logged for a request that failed with
+// streamstore.ErrUnavailable: kind (what the failure is otherwise), or
+// "storage refuses writes" when the storage refused it for good, which
+// needs the operator rather than patience. Warnings are sampled by name,
+// so a refusal is not held back behind a slow store's warnings.
+func failWarning(kind string, err error) string {
+	if _, refused := streamstore.StorageRefusal(err); refused {
+		return "storage refuses writes"
+	}
+	return kind
 }
 
 // engineCloseTimeout bounds the final flush when the last config lets go.

@@ -1308,9 +1308,9 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		h.Set("Retry-After", "1")
 		fail(w, http.StatusServiceUnavailable, tooLateMessage)
 	case errors.Is(err, streamstore.ErrUnconfirmed):
-		d.failLog.warn(d.log, "write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		d.failLog.warn(d.log, failWarning("write not confirmed in time", err), zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
-		fail(w, http.StatusServiceUnavailable, unconfirmedMessage(err))
+		fail(w, http.StatusServiceUnavailable, unconfirmedMessage(r.Method, err))
 	case errors.Is(err, streamstore.ErrBusy):
 		h.Set("Retry-After", "1")
 		fail(w, http.StatusServiceUnavailable, busyMessage)
@@ -1319,7 +1319,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		// make a log line per request.
 		fail(w, http.StatusInternalServerError, damagedMessage(err))
 	case errors.Is(err, streamstore.ErrUnavailable):
-		d.failLog.warn(d.log, "storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		d.failLog.warn(d.log, failWarning("storage unavailable", err), zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
 		fail(w, http.StatusServiceUnavailable, unavailableMessage(r.Method, err))
 	case r.Context().Err() != nil:

@@ -276,16 +276,16 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 		h.Set("Retry-After", "1")
 		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, tooLateMessage, nil)
 	case errors.Is(err, streamstore.ErrUnconfirmed):
-		p.failLog.warn(p.log, "write not confirmed in time", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		p.failLog.warn(p.log, failWarning("write not confirmed in time", err), zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
-		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, unconfirmedMessage(err), nil)
+		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, unconfirmedMessage(r.Method, err), nil)
 	case errors.Is(err, streamstore.ErrBusy):
 		h.Set("Retry-After", "1")
 		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, busyMessage, nil)
 	case errors.Is(err, streamstore.ErrDamaged):
 		picoFail(w, http.StatusInternalServerError, picoErrInternal, damagedMessage(err), nil)
 	case errors.Is(err, streamstore.ErrUnavailable):
-		p.failLog.warn(p.log, "storage unavailable", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		p.failLog.warn(p.log, failWarning("storage unavailable", err), zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
 		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, unavailableMessage(r.Method, err), nil)
 	case r.Context().Err() != nil:

@@ -182,7 +182,7 @@ func (e *Engine) updateMeta(ctx context.Context, s *stream, fn func(*metaObject)
 	fn(&m)
 	tag, err := e.writeMeta(ctx, s, &m, etag)
 	if err != nil {
-		return fmt.Errorf("%w: update metadata of %s: %v", ErrUnavailable, s.name, err)
+		return fmt.Errorf("%w: update metadata of %s: %w", ErrUnavailable, s.name, storeCause(err))
 	}
 	s.mu.Lock()
 	s.meta, s.etag = &m, tag

@@ -257,7 +257,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 		_, err := e.store.Put(mctx, marker, nil, segment.PutOptions{})
 		cancelMarker()
 		if err != nil {
-			return Info{}, false, unwrittenError{fmt.Errorf("%w: write expiry marker of %s: %v", ErrUnavailable, name, err)}
+			return Info{}, false, unwrittenError{fmt.Errorf("%w: write expiry marker of %s: %w", ErrUnavailable, name, storeCause(err))}
 		}
 	}
 	if len(req.Records) > 0 {
@@ -332,11 +332,16 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 				// What settleCreate does when the engine closes.
 				e.endCreate(s, publish, nil, errLookAgain)
 			}
-			return Info{}, false, fmt.Errorf("%w: %w: write metadata of %s: %v", ErrUnavailable, ErrUnconfirmed, name, err)
+			return Info{}, false, fmt.Errorf("%w: %w: write metadata of %s: %w", ErrUnavailable, ErrUnconfirmed, name, storeCause(err))
 		case errors.Is(gerr, segment.ErrNotFound):
 			// It did not land: nothing was acknowledged. (Should it
 			// land late, the stream is the empty one that was asked
 			// for, and a create repeated finds it.)
+		case segment.Permanent(err):
+			// The storage answered the PUT, refusing it for good (as it
+			// may refuse the read as well): nothing was written, though
+			// what holds the name is not known.
+			createErr = errLookAgain
 		default:
 			createErr = errLookAgain
 			return Info{}, false, fmt.Errorf("%w: %w: write metadata of %s: %v", ErrUnavailable, ErrUnconfirmed, name, err)
@@ -365,7 +370,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 			e.dropMarker(ctx, name, marker)
 			return Info{}, false, errNameTaken
 		}
-		return Info{}, false, fmt.Errorf("%w: write metadata of %s: %v", ErrUnavailable, name, err)
+		return Info{}, false, fmt.Errorf("%w: write metadata of %s: %w", ErrUnavailable, name, storeCause(err))
 	}
 	s.mu.Lock()
 	s.etag = etag
@@ -506,6 +511,23 @@ func stamp(in []NewRecord, first uint64, ts int64) []segment.Record {
 		out[i] = segment.Record{Seq: first + uint64(i), Timestamp: ts, Headers: r.Headers, Body: r.Body}
 	}
 	return out
+}
+
+// storeCause is err, the failure of a store call, for an engine error to
+// hold with %w: a refusal that needs the operator (segment.Permanent) as
+// a *segment.RefusedError, for the answer to name it (StorageRefusal);
+// any other error as text only, so that nothing in the store's chain
+// passes for one of the engine's errors.
+func storeCause(err error) error {
+	var refused *segment.RefusedError
+	switch {
+	case errors.As(err, &refused):
+		return err
+	case segment.Permanent(err):
+		return &segment.RefusedError{Cause: err}
+	default:
+		return errors.New(err.Error())
+	}
 }
 
 // addError is the error of an entry the WAL writer would not take. A
