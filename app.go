@@ -709,31 +709,44 @@ const busyMessage = "too many appends are waiting for storage; nothing was appli
 
 // unconfirmedMessage answers a write that was handed to storage and not
 // acknowledged (streamstore.ErrUnconfirmed), in either protocol: it may
-// still be stored. It names the cause when the storage refused the write
-// rather than being slow; a create (PUT) is told that repeating it is
-// safe, an append that only producer headers make a retry safe.
+// still be stored. It says why: the storage refused the write, the
+// server stopped before storage answered, or storage was slow. A create
+// (PUT) is told that repeating it is safe, an append that only producer
+// headers make a retry safe.
 func unconfirmedMessage(method string, err error) string {
 	reason, refused := streamstore.StorageRefusal(err)
-	switch {
-	case refused && method == http.MethodPut:
+	if refused && method == http.MethodPut {
 		return "storage refuses writes: " + reason + "; the create was not acknowledged, and it may or may not take effect; " +
 			"once storage takes writes again, repeat it: an identical create confirms the stream if it was made"
+	}
+	const retry = "retry with producer headers to avoid a duplicate"
+	switch {
 	case refused:
 		return "storage refuses writes: " + reason + "; the write was not acknowledged but may still be stored; " +
-			"once storage takes writes again, retry with producer headers to avoid a duplicate"
+			"once storage takes writes again, " + retry
+	case errors.Is(err, streamstore.ErrClosedUnconfirmed):
+		return "the server stopped before storage confirmed the write: it was not acknowledged but may still be stored; " + retry
 	}
-	return "storage did not confirm the write in time: it was not acknowledged but may still be stored; " +
-		"retry with producer headers to avoid a duplicate"
+	return "storage did not confirm the write in time: it was not acknowledged but may still be stored; " + retry
 }
+
+// takenOverMessage answers a write that failed with
+// streamstore.ErrTakenOver, in either protocol.
+const takenOverMessage = "another server took this storage over, and this one writes no more: " +
+	"the write was not stored; a retry is safe once it reaches the server that holds the storage now"
 
 // failWarning names the warning logged for a request that failed with
 // streamstore.ErrUnavailable: kind (what the failure is otherwise), or
-// "storage refuses writes" when the storage refused it for good, which
-// needs the operator rather than patience. Warnings are sampled by name,
-// so a refusal is not held back behind a slow store's warnings.
+// what happened when that is known: the storage refused the write for
+// good, which needs the operator rather than patience, or the server
+// stopped before storage answered. Warnings are sampled by name, so
+// these are not held back behind a slow store's.
 func failWarning(kind string, err error) string {
 	if _, refused := streamstore.StorageRefusal(err); refused {
 		return "storage refuses writes"
+	}
+	if errors.Is(err, streamstore.ErrClosedUnconfirmed) {
+		return "write not confirmed before the server stopped"
 	}
 	return kind
 }

@@ -1307,6 +1307,10 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.Is(err, streamstore.ErrTooLate):
 		h.Set("Retry-After", "1")
 		fail(w, http.StatusServiceUnavailable, tooLateMessage)
+	case errors.Is(err, streamstore.ErrTakenOver):
+		d.failLog.warn(d.log, "storage taken over by another server", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
+		h.Set("Retry-After", "1")
+		fail(w, http.StatusServiceUnavailable, takenOverMessage)
 	case errors.Is(err, streamstore.ErrUnconfirmed):
 		d.failLog.warn(d.log, failWarning("write not confirmed in time", err), zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")

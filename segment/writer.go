@@ -16,6 +16,11 @@ import (
 // writer is closed.
 var ErrWriterUnavailable = errors.New("WAL writer unavailable")
 
+// ErrClosedUnsettled is in the error of a batch aborted because the
+// writer closed while the store had not answered for its upload nor let
+// a seal settle it: its fate is unknown, and the next replay may find it.
+var ErrClosedUnsettled = errors.New("the WAL writer closed before the batch's fate was known")
+
 // ErrWriterBusy is returned by Writer.Add and Writer.Reserve while the
 // bytes waiting for storage already reach WriterConfig.MaxPending: a store
 // that slows down must not make the writer grow without bound.
@@ -563,7 +568,10 @@ func (w *Writer) settle(queue []*Batch) {
 				outcome, err = seal(w.ctx, w.store, b.Namespace, b.Seq, w.deps.Token, 0, true)
 			}
 			switch {
-			case err != nil: // writer closed while the store was unreachable
+			case err != nil:
+				if w.ctx.Err() != nil { // closed while the store was unreachable
+					err = fmt.Errorf("%w: %w", ErrClosedUnsettled, err)
+				}
 				w.abort(queue[i:], err, false)
 				return
 			case outcome == sealLanded:
@@ -611,8 +619,10 @@ func (w *Writer) stall(batches []*Batch, cause error) {
 	}
 }
 
+// abort releases batches, aborted with cause (kept in Err's chain, for
+// its owner to tell ErrFenced and ErrClosedUnsettled apart).
 func (w *Writer) abort(batches []*Batch, cause error, lost bool) {
-	err := fmt.Errorf("%w: %v", ErrWriterUnavailable, cause)
+	err := fmt.Errorf("%w: %w", ErrWriterUnavailable, cause)
 	for _, b := range batches {
 		b.err, b.lost = err, lost
 		w.deps.Hooks.Aborted(b, err)

@@ -214,6 +214,16 @@ var (
 	// StorageRefusal names the cause; a write refused that way before it
 	// was handed over has ErrUnavailable without ErrUnconfirmed.
 	ErrUnconfirmed = errors.New("the write was not confirmed in time and may still be stored")
+	// ErrClosedUnconfirmed (always with ErrUnavailable and
+	// ErrUnconfirmed) means the engine closed (a shutdown, or a reload
+	// onto other storage) before the store answered for the write: it
+	// was not acknowledged, and the next start's replay may still find
+	// it. Only producer headers make a retry safe.
+	ErrClosedUnconfirmed = errors.New("the engine closed before the store confirmed the write")
+	// ErrTakenOver (always with ErrUnavailable) means another process
+	// took the storage over: this one writes nothing more, and the write
+	// was not stored. A retry is safe, where the storage's owner serves.
+	ErrTakenOver = errors.New("another node took the storage over")
 	// ErrTooLate (always with ErrUnavailable) means the time WithAnswerBy
 	// gave had passed before the write was handed to the WAL: nothing was
 	// written, and a retry is safe.

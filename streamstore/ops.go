@@ -538,6 +538,9 @@ func (e *Engine) addError(err error) error {
 		e.stats.busy.Add(1)
 		return fmt.Errorf("%w: %w", ErrUnavailable, ErrBusy)
 	}
+	if errors.Is(err, segment.ErrFenced) {
+		return fmt.Errorf("%w: %w: %v", ErrUnavailable, ErrTakenOver, err)
+	}
 	var refused *segment.RefusedError
 	if errors.As(err, &refused) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, refused)
@@ -599,11 +602,18 @@ func (e *Engine) awaitBatch(ctx context.Context, b *segment.Batch) error {
 		switch {
 		case err == nil:
 			return nil
+		case errors.Is(err, segment.ErrFenced):
+			// Another process took the storage over, and sealed this
+			// node's WAL where the batch was to go (or before it): no
+			// replay will ever read it.
+			return fmt.Errorf("%w: %w: %v", ErrUnavailable, ErrTakenOver, err)
 		case !b.Lost():
 			// Aborted with its upload's fate unknown (the writer closed
-			// while the store was unreachable, or another process took
-			// the storage over): a replay may still find it, so a
-			// retry is not safe to call harmless.
+			// while the store was unreachable): a replay may still find
+			// it, so a retry is not safe to call harmless.
+			if errors.Is(err, segment.ErrClosedUnsettled) {
+				return fmt.Errorf("%w: %w: %w: %v", ErrUnavailable, ErrUnconfirmed, ErrClosedUnconfirmed, err)
+			}
 			return fmt.Errorf("%w: %w: %v", ErrUnavailable, ErrUnconfirmed, err)
 		default:
 			return fmt.Errorf("%w: %v", ErrUnavailable, err)

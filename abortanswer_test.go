@@ -1,0 +1,91 @@
+package picomq
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+// TestAbortedWriteAnswers: a write whose batch was aborted with its fate
+// unknown to the writer is answered, in both protocols, with what
+// happened and what the client may assume, and its warning is named for
+// it; neither speaks of a write not confirmed "in time". The server
+// stopping before storage answered leaves the write maybe stored; another
+// server taking the storage over leaves it not stored. Both keep the 503,
+// Retry-After and Pico error name of any write storage did not take.
+func TestAbortedWriteAnswers(t *testing.T) {
+	tests := []struct {
+		name    string
+		err     error
+		want    []string // in the answer's text
+		warning string
+	}{
+		{
+			name: "the server stopped",
+			err: fmt.Errorf("%w: %w: %w: WAL writer unavailable: seal wal/01/02: connection reset",
+				streamstore.ErrUnavailable, streamstore.ErrUnconfirmed, streamstore.ErrClosedUnconfirmed),
+			want:    []string{"the server stopped before storage confirmed the write", "may still be stored", "producer headers"},
+			warning: "write not confirmed before the server stopped",
+		},
+		{
+			name: "another server took the storage over",
+			err: fmt.Errorf("%w: %w: WAL writer unavailable: storage was taken over by another node",
+				streamstore.ErrUnavailable, streamstore.ErrTakenOver),
+			want:    []string{"another server took this storage over", "was not stored"},
+			warning: "storage taken over by another server",
+		},
+	}
+	for _, tt := range tests {
+		for _, proto := range []string{"ds", "pico"} {
+			t.Run(tt.name+"/"+proto, func(t *testing.T) {
+				core, logs := observer.New(zapcore.WarnLevel)
+				log := zap.New(core)
+				w := httptest.NewRecorder()
+				r := httptest.NewRequest(http.MethodPost, "/s", nil)
+				var msg, code string
+				if proto == "ds" {
+					(&durableStreams{log: log}).engineError(w, r, tt.err)
+					msg = w.Body.String()
+				} else {
+					(&picoProtocol{log: log}).engineError(w, r, tt.err)
+					var body struct{ Error, Message string }
+					if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+						t.Fatalf("Pico error body %q: %v", w.Body, err)
+					}
+					msg, code = body.Message, body.Error
+				}
+				t.Logf("%d %q", w.Code, msg)
+				if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+					t.Errorf("answered %d, Retry-After %q; want 503, 1", w.Code, w.Header().Get("Retry-After"))
+				}
+				if proto == "pico" && code != picoErrDurability {
+					t.Errorf("Pico error %q, want %q", code, picoErrDurability)
+				}
+				for _, want := range tt.want {
+					if !strings.Contains(msg, want) {
+						t.Errorf("answer %q does not say %q", msg, want)
+					}
+				}
+				if strings.Contains(msg, "in time") {
+					t.Errorf("answer %q speaks of a timeout", msg)
+				}
+				if got := logs.All(); len(got) != 1 || got[0].Message != tt.warning {
+					var names []string
+					for _, e := range got {
+						names = append(names, e.Message)
+					}
+					t.Errorf("warnings %q, want one %q", names, tt.warning)
+				}
+			})
+		}
+	}
+}
