@@ -10,7 +10,7 @@ import (
 	"github.com/picomq/caddy-picomq/internal/testenv"
 )
 
-// TestRefusedCreateNamesTheCause: a create whose metadata object the
+// TestRefusedCreateNamesTheCause: a create (or a delete) whose metadata object the
 // bucket refuses for good (403) is answered 503 naming the refusal in
 // both protocols, not as a write "not confirmed in time" nor a bare
 // "storage unavailable". A create without records wrote nothing, whether
@@ -82,6 +82,28 @@ func TestRefusedCreateNamesTheCause(t *testing.T) {
 				t.Errorf("the stream reads %q (%v), want the create's records %q", got, err, tt.body)
 			}
 		})
+	}
+	// A delete the bucket refuses (its gc record, or the metadata's
+	// grave) changes nothing and says why; once the bucket takes writes
+	// again the delete goes through.
+	for _, proto := range []string{"ds", "pico"} {
+		path := "/" + proto + "/refusedcreate/deleted"
+		picoWant(t, proto+" create", picoDo(e, http.MethodPut, path, nil, "Content-Type", text), http.StatusCreated)
+		for _, key := range []string{"gc/", "streams/"} {
+			remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: key, Status: http.StatusForbidden})
+			what := proto + " delete, PUT of " + key + " refused"
+			msg := message[proto](t, what, picoDo(e, http.MethodDelete, path, nil))
+			remove()
+			t.Logf("%s: %q", what, msg)
+			for _, want := range []string{"storage refuses writes: ", "AccessDenied (HTTP 403)", "nothing was written"} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("%s: message %q does not say %q", what, msg, want)
+				}
+			}
+		}
+		if r := picoDo(e, http.MethodDelete, path, nil); r.Status/100 != 2 {
+			t.Errorf("%s delete once the bucket takes writes again: %s, want 2xx", proto, r)
+		}
 	}
 	// The warnings have the refusal's name: nothing here was slow.
 	logs := e.caddy.Logs()

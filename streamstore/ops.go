@@ -1297,7 +1297,7 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 		}
 	}()
 	if _, err := e.store.Put(ctx, gcKey(id), []byte(name), segment.PutOptions{}); err != nil {
-		return fmt.Errorf("%w: record deletion of %s: %v", ErrUnavailable, name, err)
+		return fmt.Errorf("%w: record deletion of %s: %w", ErrUnavailable, name, storeCause(err))
 	}
 	if seeded {
 		// Before the metadata goes: a replay that met the create's entry
@@ -1309,7 +1309,7 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 	if err := e.deleteMeta(ctx, s, id); err != nil {
 		// The tombstone stays behind, and the collector drops it without
 		// the data, as the metadata still names the id (collectGarbage).
-		return fmt.Errorf("%w: delete metadata of %s: %v", ErrUnavailable, name, err)
+		return fmt.Errorf("%w: delete metadata of %s: %w", ErrUnavailable, name, storeCause(err))
 	}
 	s.mu.Lock()
 	s.gone = true
