@@ -133,4 +133,12 @@ func TestRefusedAppendNamesTheCause(t *testing.T) {
 			t.Fatalf("%s append once the bucket takes writes again: %s, want 2xx", first.name, r)
 		}
 	}
+	// The warnings have the refusal's name too: nothing was slow.
+	logs := e.caddy.Logs()
+	if !strings.Contains(logs, `"msg":"storage refuses writes"`) {
+		t.Error(`no "storage refuses writes" warning in the log`)
+	}
+	if n := strings.Count(logs, `"msg":"write not confirmed in time"`); n > 0 {
+		t.Errorf(`%d "write not confirmed in time" warnings for appends the bucket refused`, n)
+	}
 }
