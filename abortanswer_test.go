@@ -23,21 +23,32 @@ import (
 // server taking the storage over leaves it not stored. Both keep the 503,
 // Retry-After and Pico error name of any write storage did not take.
 func TestAbortedWriteAnswers(t *testing.T) {
+	stopped := fmt.Errorf("%w: %w: %w: WAL writer unavailable: seal wal/01/02: connection reset",
+		streamstore.ErrUnavailable, streamstore.ErrUnconfirmed, streamstore.ErrClosedUnconfirmed)
 	tests := []struct {
 		name    string
+		method  string
 		err     error
 		want    []string // in the answer's text
 		warning string
 	}{
 		{
-			name: "the server stopped",
-			err: fmt.Errorf("%w: %w: %w: WAL writer unavailable: seal wal/01/02: connection reset",
-				streamstore.ErrUnavailable, streamstore.ErrUnconfirmed, streamstore.ErrClosedUnconfirmed),
+			name:    "the server stopped",
+			method:  http.MethodPost,
+			err:     stopped,
 			want:    []string{"the server stopped before storage confirmed the write", "may still be stored", "producer headers"},
 			warning: "write not confirmed before the server stopped",
 		},
 		{
-			name: "another server took the storage over",
+			name:    "the server stopped, a create",
+			method:  http.MethodPut,
+			err:     stopped,
+			want:    []string{"the server stopped before storage confirmed the create", "not acknowledged", "repeat it"},
+			warning: "write not confirmed before the server stopped",
+		},
+		{
+			name:   "another server took the storage over",
+			method: http.MethodPost,
 			err: fmt.Errorf("%w: %w: WAL writer unavailable: storage was taken over by another node",
 				streamstore.ErrUnavailable, streamstore.ErrTakenOver),
 			want:    []string{"another server took this storage over", "was not stored"},
@@ -50,7 +61,7 @@ func TestAbortedWriteAnswers(t *testing.T) {
 				core, logs := observer.New(zapcore.WarnLevel)
 				log := zap.New(core)
 				w := httptest.NewRecorder()
-				r := httptest.NewRequest(http.MethodPost, "/s", nil)
+				r := httptest.NewRequest(tt.method, "/s", nil)
 				var msg, code string
 				if proto == "ds" {
 					(&durableStreams{log: log}).engineError(w, r, tt.err)

@@ -715,16 +715,27 @@ const busyMessage = "too many appends are waiting for storage; nothing was appli
 // headers make a retry safe.
 func unconfirmedMessage(method string, err error) string {
 	reason, refused := streamstore.StorageRefusal(err)
-	if refused && method == http.MethodPut {
-		return "storage refuses writes: " + reason + "; the create was not acknowledged, and it may or may not take effect; " +
-			"once storage takes writes again, repeat it: an identical create confirms the stream if it was made"
+	stopped := errors.Is(err, streamstore.ErrClosedUnconfirmed)
+	if method == http.MethodPut {
+		const (
+			maybe  = "it was not acknowledged, and it may or may not take effect; "
+			repeat = "repeat it: an identical create confirms the stream if it was made"
+		)
+		switch {
+		case refused:
+			return "storage refuses writes: " + reason + "; the create was not acknowledged, and it may or may not take effect; " +
+				"once storage takes writes again, " + repeat
+		case stopped:
+			return "the server stopped before storage confirmed the create: " + maybe + repeat
+		}
+		return "storage did not confirm the create in time: " + maybe + repeat
 	}
 	const retry = "retry with producer headers to avoid a duplicate"
 	switch {
 	case refused:
 		return "storage refuses writes: " + reason + "; the write was not acknowledged but may still be stored; " +
 			"once storage takes writes again, " + retry
-	case errors.Is(err, streamstore.ErrClosedUnconfirmed):
+	case stopped:
 		return "the server stopped before storage confirmed the write: it was not acknowledged but may still be stored; " + retry
 	}
 	return "storage did not confirm the write in time: it was not acknowledged but may still be stored; " + retry
