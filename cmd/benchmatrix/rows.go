@@ -221,7 +221,11 @@ var rowSettings = map[string]settings{
 			"Streams response carries up to 4 MiB instead of 1 MiB: the reader waits a round trip between responses, in which nothing " +
 			"flows, and paid one per 1 MiB record (on the rig, 2026-12-03, fresh Caddy, alternated with the 1 MiB build: faster in 10 of " +
 			"12 pairs, the two others with a fifth of the CPU stolen; e.g. 643 and 659 MiB/s against 546 and 496, Caddy's CPU 0.38-0.41 s " +
-			"per read against 0.42-0.48). During the read Caddy runs at 93-99% of one core, versitygw at about 40% and the reader at 30%",
+			"per read against 0.42-0.48). During the read Caddy runs at 93-99% of one core, versitygw at about 40% and the reader at 30%. " +
+			"The reference is what moves this row: on 2026-12-05, four runs of bench/run -rows 7 alternating the day's first and last " +
+			"builds (79188b0, 4a0f0a1), PicoMQ read at 608-703 MiB/s in every round, while the reference stayed, run by run, near " +
+			"820-1,073 MiB/s (ratios 61-81%) or near 1,104-1,494 (45-60%), with either build: the row's result follows which of the two " +
+			"its run gets, and nothing in the matrix chooses that",
 		Tried: "responses of 4 or 8 MiB instead of 1 MiB, first when the read went through the proxy at about 200 MiB/s (215-218 " +
 			"against 199-215 MiB/s, not landed then; at today's speed the round trips matter, see the note; 8 MiB gains nothing over 4); checksumming each 64 KiB of a data object as it " +
 			"arrives, while it is in the CPU cache, instead of the whole object afterwards (270-310 against 280-293 MiB/s: the 16% the profile " +
