@@ -100,3 +100,63 @@ func TestAbortedWriteAnswers(t *testing.T) {
 		}
 	}
 }
+
+// TestUnconfirmedCloseAnswers: a close that storage did not confirm (in
+// time, before the server stopped, or refused for good) is told, in both
+// protocols, that repeating it as it was is safe, not to retry with
+// producer headers to avoid a duplicate: a repeat of a close that took
+// effect succeeds (section 5.2), and an append that closes its stream
+// cannot be stored twice, its repeat refused as the stream is closed or,
+// with the same producer headers, recognised.
+func TestUnconfirmedCloseAnswers(t *testing.T) {
+	causes := map[string]error{
+		"in time": fmt.Errorf("%w: %w: WAL writer unavailable: put wal/01/02: timeout",
+			streamstore.ErrUnavailable, streamstore.ErrUnconfirmed),
+		"the server stopped": fmt.Errorf("%w: %w: %w: WAL writer unavailable: seal wal/01/02: connection reset",
+			streamstore.ErrUnavailable, streamstore.ErrUnconfirmed, streamstore.ErrClosedUnconfirmed),
+	}
+	kinds := []struct {
+		name string
+		req  streamstore.AppendRequest
+		want []string
+	}{
+		{"a close", streamstore.AppendRequest{Close: true},
+			[]string{"the close", "not acknowledged", "may or may not take effect", "a repeat of a close that took effect succeeds"}},
+		{"records that close the stream", streamstore.AppendRequest{Close: true, Records: []streamstore.NewRecord{{Body: []byte("last")}}},
+			[]string{"may still be stored", "repeat it as it was", "cannot be stored twice", "refused as the stream is closed"}},
+	}
+	for cause, err := range causes {
+		for _, k := range kinds {
+			for _, proto := range []string{"ds", "pico"} {
+				t.Run(k.name+"/"+cause+"/"+proto, func(t *testing.T) {
+					w := httptest.NewRecorder()
+					r := httptest.NewRequest(http.MethodPost, "/s", nil)
+					var msg string
+					if proto == "ds" {
+						(&durableStreams{log: zap.NewNop()}).engineError(w, r, closingError(k.req, err))
+						msg = w.Body.String()
+					} else {
+						(&picoProtocol{log: zap.NewNop()}).engineError(w, r, closingError(k.req, err))
+						var body struct{ Message string }
+						if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+							t.Fatalf("Pico error body %q: %v", w.Body, err)
+						}
+						msg = body.Message
+					}
+					t.Logf("%d %q", w.Code, msg)
+					if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+						t.Errorf("answered %d, Retry-After %q; want 503, 1", w.Code, w.Header().Get("Retry-After"))
+					}
+					for _, want := range k.want {
+						if !strings.Contains(msg, want) {
+							t.Errorf("answer %q does not say %q", msg, want)
+						}
+					}
+					if strings.Contains(msg, "avoid a duplicate") {
+						t.Errorf("answer %q speaks of a duplicate a repeat cannot make", msg)
+					}
+				})
+			}
+		}
+	}
+}

@@ -710,35 +710,62 @@ const busyMessage = "too many appends are waiting for storage; nothing was appli
 // unconfirmedMessage answers a write that was handed to storage and not
 // acknowledged (streamstore.ErrUnconfirmed), in either protocol: it may
 // still be stored. It says why: the storage refused the write, the
-// server stopped before storage answered, or storage was slow. A create
-// (PUT) is told that repeating it is safe, an append that only producer
-// headers make a retry safe.
+// server stopped before storage answered, or storage was slow. Then what
+// makes a repeat safe: a create (PUT) and a close (closingWrite) are
+// confirmed by repeating them, an append that closes its stream cannot
+// be stored twice, and only producer headers make any other append's
+// retry safe.
 func unconfirmedMessage(method string, err error) string {
 	reason, refused := streamstore.StorageRefusal(err)
 	stopped := errors.Is(err, streamstore.ErrClosedUnconfirmed)
-	if method == http.MethodPut {
-		const (
-			maybe  = "it was not acknowledged, and it may or may not take effect; "
-			repeat = "repeat it: an identical create confirms the stream if it was made"
-		)
+	// happened says what befell the write, called what, and what may
+	// become of it (fate).
+	happened := func(what, fate string) string {
 		switch {
 		case refused:
-			return "storage refuses writes: " + reason + "; the create was not acknowledged, and it may or may not take effect; " +
-				"once storage takes writes again, " + repeat
+			return "storage refuses writes: " + reason + "; the " + what + " was not acknowledged" + fate +
+				"; once storage takes writes again, "
 		case stopped:
-			return "the server stopped before storage confirmed the create: " + maybe + repeat
+			return "the server stopped before storage confirmed the " + what + ": it was not acknowledged" + fate + "; "
 		}
-		return "storage did not confirm the create in time: " + maybe + repeat
+		return "storage did not confirm the " + what + " in time: it was not acknowledged" + fate + "; "
 	}
-	const retry = "retry with producer headers to avoid a duplicate"
+	const (
+		maybe  = ", and it may or may not take effect"
+		stored = " but may still be stored"
+	)
+	var closing *closingWrite
 	switch {
-	case refused:
-		return "storage refuses writes: " + reason + "; the write was not acknowledged but may still be stored; " +
-			"once storage takes writes again, " + retry
-	case stopped:
-		return "the server stopped before storage confirmed the write: it was not acknowledged but may still be stored; " + retry
+	case method == http.MethodPut:
+		return happened("create", maybe) + "repeat it: an identical create confirms the stream if it was made"
+	case errors.As(err, &closing) && !closing.records:
+		return happened("close", maybe) + "repeat it as it was: a repeat of a close that took effect succeeds"
+	case closing != nil:
+		return happened("write", stored) + "repeat it as it was: as it closes the stream it cannot be stored twice; " +
+			"if it was, the repeat succeeds with the same producer headers, and without them is refused as the stream is closed"
 	}
-	return "storage did not confirm the write in time: it was not acknowledged but may still be stored; " + retry
+	return happened("write", stored) + "retry with producer headers to avoid a duplicate"
+}
+
+// closingWrite is the error of an append that closes its stream, a close
+// alone or records with the close, for unconfirmedMessage: closing a
+// closed stream succeeds, and records that close it cannot be stored
+// twice, so neither needs producer headers to be repeated safely.
+type closingWrite struct {
+	err     error
+	records bool // records go with the close
+}
+
+func (c *closingWrite) Error() string { return c.err.Error() }
+func (c *closingWrite) Unwrap() error { return c.err }
+
+// closingError returns err, the failure of an append of req, marked as a
+// closingWrite's when req closes the stream.
+func closingError(req streamstore.AppendRequest, err error) error {
+	if !req.Close {
+		return err
+	}
+	return &closingWrite{err: err, records: len(req.Records) > 0}
 }
 
 // takenOverMessage answers a write that failed with

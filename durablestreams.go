@@ -485,7 +485,7 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 	// Stream-Closed, as the reference server does and as an append is.
 	res, err := eng.Append(writeContext(r), name, req)
 	if err != nil {
-		d.engineError(w, r, err)
+		d.engineError(w, r, closingError(req, err))
 		return
 	}
 	h := w.Header()

@@ -492,7 +492,7 @@ func (p *picoProtocol) append(w http.ResponseWriter, r *http.Request, name strin
 	}
 	res, err := eng.Append(writeContext(r), name, req)
 	if err != nil {
-		p.engineError(w, r, err)
+		p.engineError(w, r, closingError(req, err))
 		return
 	}
 	h := w.Header()
