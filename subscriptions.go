@@ -133,7 +133,7 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 		err = m.ensureKey(r.Context())
 	}
 	if err != nil {
-		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		subWriteFailed(w, err)
 		return true
 	}
 	if rest == "jwks.json" {
@@ -1343,7 +1343,7 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", err.Error())
 		return
 	case err != nil:
-		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		subWriteFailed(w, err)
 		return
 	}
 	m.addSubLocked(s)
@@ -1568,7 +1568,7 @@ func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, 
 			m.mu.Lock()
 			if err != nil {
 				m.releaseLocked(s)
-				subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+				subWriteFailed(w, err)
 				return
 			}
 			// In-flight callbacks, acks and releases, and whoever waits
@@ -1674,7 +1674,7 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 		l.Explicit = true
 	}
 	if err := m.commitLocked(s, c); err != nil {
-		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		subWriteFailed(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -1718,7 +1718,7 @@ func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, 
 			}
 		}
 		if err := m.commitLocked(s, c); err != nil {
-			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+			subWriteFailed(w, err)
 			return
 		}
 	}
@@ -1816,7 +1816,7 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 		err = m.commitLocked(s, c)
 	}
 	if err != nil {
-		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		subWriteFailed(w, err)
 		return
 	}
 	writeJSONStatus(w, http.StatusOK, "application/json", map[string]bool{"ok": true, "next_wake": s.WakeID != ""})
@@ -1941,7 +1941,7 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 	c.LeaseUntil = now.Add(c.lease()).UnixMilli()
 	c.NextTry, c.Failures = 0, 0 // claimed: no more announcing the wake
 	if err := m.commitLocked(s, c); err != nil {
-		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		subWriteFailed(w, err)
 		return
 	}
 	writeJSONStatus(w, http.StatusOK, "application/json", map[string]any{
@@ -1968,7 +1968,7 @@ func (m *subManager) handleRelease(w http.ResponseWriter, r *http.Request, root,
 	c := s.draft()
 	c.WakeID, c.Holder, c.LeaseUntil, c.Snapshot = "", "", 0, nil
 	if err := m.wakeOrSaveLocked(s, c); err != nil {
-		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		subWriteFailed(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -2814,6 +2814,22 @@ func writeJSONStatus(w http.ResponseWriter, status int, ctype string, v any) {
 	}
 	w.WriteHeader(status)
 	w.Write(b)
+}
+
+// subWriteFailed answers 503 to a subscription request whose write of a
+// document failed, as a stream's write is answered in the same case
+// (unavailableMessage, takenOverMessage): a refusal of the storage's for
+// good, or another server's takeover, is named without the object's
+// key, and Retry-After is set.
+func subWriteFailed(w http.ResponseWriter, err error) {
+	msg := err.Error()
+	if reason, ok := streamstore.StorageRefusal(err); ok {
+		msg = "storage refuses writes: " + reason + "; nothing was written, retry once storage takes writes again"
+	} else if errors.Is(err, streamstore.ErrTakenOver) {
+		msg = takenOverMessage
+	}
+	w.Header().Set("Retry-After", "1")
+	subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", msg)
 }
 
 func subError(w http.ResponseWriter, status int, code, msg string) {

@@ -3,6 +3,7 @@ package picomq
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -44,15 +45,21 @@ func TestReplacedProcessKeepsOffSubscriptions(t *testing.T) {
 	}
 	// The replaced process lets the wake go; whatever it answers, it must
 	// not write the subscription the new owner holds.
-	st, _ := old.call(t, "POST", sub+"/release", `{"wake_id":"`+wake+`","generation":`+gen+`}`, "Authorization", "Bearer "+token)
-	t.Logf("release on the replaced process: %d", st)
+	st, v := old.call(t, "POST", sub+"/release", `{"wake_id":"`+wake+`","generation":`+gen+`}`, "Authorization", "Bearer "+token)
+	t.Logf("release on the replaced process: %d %v", st, v)
+	// It finds another process's version of the document, and the lease
+	// object another's: it is told so, as a stream's write is.
+	errBody, _ := v["error"].(map[string]any)
+	if msg, _ := errBody["message"].(string); st != 503 || !strings.Contains(msg, "another server took this storage over") {
+		t.Errorf("release on the replaced process: %d %v, want 503 saying another server took this storage over", st, v)
+	}
 	old.Close()
 	// Its lease is another's: giving it up fails, and says so.
 	_ = old.eng.Close(context.Background())
 
 	cur.stop(t)
 	again := startSubNode(t, dir)
-	st, v := again.call(t, "GET", sub, "")
+	st, v = again.call(t, "GET", sub, "")
 	if st != 200 {
 		t.Fatalf("get: %d %v", st, v)
 	}

@@ -2,8 +2,10 @@ package integration
 
 import (
 	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/picomq/caddy-picomq/internal/testenv"
@@ -62,5 +64,54 @@ func TestRefusedClaimAndAckChangeNothingThroughCaddy(t *testing.T) {
 	_, v = e.subCall("GET", sub, "")
 	if got := v["streams"].([]any)[0].(map[string]any)["acked_offset"]; got != subOffset(0) {
 		t.Fatalf("after an ack answered 503, events/a is acked at %v; want it unchanged at %s", got, subOffset(0))
+	}
+}
+
+// TestRefusedSubscriptionWriteNamesTheCause: a subscription request
+// whose document the bucket refuses for good (403) is answered as a
+// stream's write is then: 503 with Retry-After, naming the refusal
+// without the document's key, and saying nothing was written. It was
+// answered with the store's error as it came ("saving subscription p:
+// ..." and the object key), with no Retry-After.
+func TestRefusedSubscriptionWriteNamesTheCause(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{})
+	const sub = "/r/__ds/subscriptions/p"
+	doc := "subs/" + hex.EncodeToString([]byte("/r/")) + "/" + hex.EncodeToString([]byte("p"))
+	e.create("/r/wake", "application/json")
+	if st, v := e.subCall("PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake","lease_ttl_ms":600000}`); st != http.StatusCreated {
+		t.Fatalf("create subscription: %d %v", st, v)
+	}
+	e.create("/r/events/a", "application/json")
+	e.append("/r/events/a", "application/json", []byte(`{"n":1}`))
+	if err := e.waitWakes("/r/wake", "p", 1); err != nil {
+		t.Fatal(err)
+	}
+
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: doc, Status: http.StatusForbidden})
+	r := e.must(fhReq{Method: http.MethodPost, Path: sub + "/claim", Header: map[string]string{"Content-Type": "application/json"},
+		Body: []byte(`{"worker":"w1"}`)})
+	remove()
+	var body struct {
+		Error struct{ Code, Message string }
+	}
+	_ = json.Unmarshal(r.Body, &body)
+	t.Logf("claim while the bucket refuses the document: %s", r)
+	if r.Status != http.StatusServiceUnavailable || body.Error.Code != "UNAVAILABLE" || r.Header.Get("Retry-After") != "1" {
+		t.Errorf("claim while the bucket refuses the document: %s, Retry-After %q; want 503 UNAVAILABLE with Retry-After 1",
+			r, r.Header.Get("Retry-After"))
+	}
+	for _, want := range []string{"storage refuses writes: ", "AccessDenied (HTTP 403)", "nothing was written"} {
+		if !strings.Contains(body.Error.Message, want) {
+			t.Errorf("claim refused by the bucket: message %q does not say %q", body.Error.Message, want)
+		}
+	}
+	if strings.Contains(body.Error.Message, "subs/") {
+		t.Errorf("claim refused by the bucket: message %q names the document's key", body.Error.Message)
+	}
+	if st, v := e.subCall("POST", sub+"/claim", `{"worker":"w2"}`); st != http.StatusOK {
+		t.Fatalf("claim once the bucket takes writes again: %d %v, want 200", st, v)
 	}
 }

@@ -2,6 +2,7 @@ package streamstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -118,7 +119,7 @@ func (e *Engine) mayWrite() error {
 		return err // not started: there is no lease yet
 	}
 	if err := e.fenced(); err != nil {
-		return fmt.Errorf("%w: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: %w: %v", ErrUnavailable, ErrTakenOver, err)
 	}
 	if err := e.checkLease(); err != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
@@ -132,6 +133,9 @@ func (e *Engine) mayWrite() error {
 // which only a process that took the storage over can have written.
 func (e *Engine) ConfirmOwner(ctx context.Context) error {
 	if err := e.confirmOwner(ctx); err != nil {
+		if errors.Is(err, segment.ErrFenced) {
+			return fmt.Errorf("%w: %w: %v", ErrUnavailable, ErrTakenOver, err)
+		}
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	return nil
@@ -149,10 +153,25 @@ func (e *Engine) PutDoc(ctx context.Context, key string, data []byte, version st
 	if err := e.mayWrite(); err != nil {
 		return "", err
 	}
+	var ver string
 	if version == "" {
-		return e.putOverGrave(ctx, k, data)
+		ver, err = e.putOverGrave(ctx, k, data)
+	} else {
+		ver, err = e.store.Put(ctx, k, data, segment.PutOptions{IfMatch: version})
 	}
-	return e.store.Put(ctx, k, data, segment.PutOptions{IfMatch: version})
+	return ver, docWriteError(err)
+}
+
+// docWriteError is err, a document write's failure, with a refusal of the
+// storage's that needs the operator kept as one (ErrUnavailable with a
+// segment.RefusedError, which StorageRefusal names) for the answer to
+// say so; any other error as it is.
+func docWriteError(err error) error {
+	var refused *segment.RefusedError
+	if err == nil || errors.Is(err, ErrDocConflict) || (!errors.As(err, &refused) && !segment.Permanent(err)) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, storeCause(err))
 }
 
 // DeleteDoc replaces a document with a grave while it is still version:
@@ -171,7 +190,7 @@ func (e *Engine) DeleteDoc(ctx context.Context, key, version string) error {
 	}
 	now := time.Now()
 	if _, err := e.store.Put(ctx, k, encodeGrave("", now), segment.PutOptions{IfMatch: version}); err != nil {
-		return err
+		return docWriteError(err)
 	}
 	// Best effort: a grave the index misses is removed when it is read,
 	// at the latest at the next start.
