@@ -208,7 +208,8 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 	}
 	val, loaded, err := engines.LoadOrNew(key, func() (caddy.Destructor, error) {
 		m := new(engineMetrics)
-		store, err := openStore(rawURL, s.S3Timeout, &m.requests)
+		store, err := openStore(rawURL, s.S3Timeout, &m.requests,
+			a.log.Named(sdkLoggerName).With(zap.String("storage", label)))
 		if err != nil {
 			return nil, err
 		}

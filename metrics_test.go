@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
 
 	"github.com/picomq/caddy-picomq/segment"
 	"github.com/picomq/caddy-picomq/streamstore"
@@ -92,7 +93,7 @@ func scrape(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 
 func TestStorageCollector(t *testing.T) {
 	m := new(engineMetrics)
-	store, err := openStore("file://"+t.TempDir(), time.Second, &m.requests)
+	store, err := openStore("file://"+t.TempDir(), time.Second, &m.requests, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}

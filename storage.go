@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/picomq/caddy-picomq/segment"
 )
@@ -84,15 +85,16 @@ func checkStorageURL(raw string) error {
 }
 
 // openStore opens the object store behind a storage URL, counting its
-// requests in stats. It does no network I/O; the engine's Start is the
-// first thing to reach the store.
-func openStore(rawURL string, requestTimeout time.Duration, stats *segment.RequestStats) (segment.Store, error) {
+// requests in stats; the AWS SDK's own messages go to log. It does no
+// network I/O; the engine's Start is the first thing to reach the store.
+func openStore(rawURL string, requestTimeout time.Duration, stats *segment.RequestStats, log *zap.Logger) (segment.Store, error) {
 	st, err := segment.Open(rawURL, segment.OpenOptions{
 		Stats:          stats,
 		RequestTimeout: requestTimeout,
 		MaxAttempts:    s3Attempts,
 		MinBackoff:     s3MinBackoff,
 		MaxBackoff:     s3MaxBackoff,
+		Logger:         sdkLogger{log: log},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("opening storage: %w", err)

@@ -21,6 +21,13 @@ import (
 // something else).
 func fakeIMDS(t *testing.T, role, accessKey, secretKey string) string {
 	t.Helper()
+	srv := httptest.NewServer(imdsHandler(role, accessKey, secretKey))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// imdsHandler is fakeIMDS's service.
+func imdsHandler(role, accessKey, secretKey string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("PUT /latest/api/token", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Aws-Ec2-Metadata-Token-Ttl-Seconds", "21600")
@@ -46,7 +53,21 @@ func fakeIMDS(t *testing.T, role, accessKey, secretKey string) string {
 			"Expiration":      time.Now().Add(6 * time.Hour).UTC().Format(time.RFC3339),
 		})
 	})
-	srv := httptest.NewServer(mux)
+	return mux
+}
+
+// v1OnlyIMDS is fakeIMDS with IMDSv2 refused: its token request is
+// answered 403, and the SDK falls back to IMDSv1, warning that it does.
+func v1OnlyIMDS(t *testing.T, role, accessKey, secretKey string) string {
+	t.Helper()
+	mux := imdsHandler(role, accessKey, secretKey)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/latest/api/token" {
+			http.Error(w, "Forbidden", http.StatusForbidden)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	}))
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
@@ -192,5 +213,51 @@ func TestInstanceRoleCredentialsStillWork(t *testing.T) {
 	}
 	if r.status != http.StatusNoContent && r.status != http.StatusOK {
 		t.Fatalf("append with the instance role's credentials: %s", r.String())
+	}
+}
+
+// TestSDKWarningsInCaddysLog: the AWS SDK's own warnings, here its
+// fallback to IMDSv1 when the metadata service refuses a token, are lines
+// of Caddy's JSON log under picomq.aws_sdk, with the storage they concern.
+// The SDK wrote them to stderr in its own plain-text format, which log
+// collectors reading Caddy's JSON could neither parse nor filter.
+func TestSDKWarningsInCaddysLog(t *testing.T) {
+	v := testenv.NewVersity(t)
+	storage := caddytest.S3Storage(t, v, v.Endpoint)
+	c := caddytest.Start(t, caddytest.Options{
+		Storage: storage,
+		Env: []string{
+			"AWS_REGION=" + testenv.VersityRegion,
+			"AWS_EC2_METADATA_DISABLED=false",
+			"AWS_EC2_METADATA_SERVICE_ENDPOINT=" + v1OnlyIMDS(t, "picomq-node", v.AccessKey, v.SecretKey),
+		},
+		ReadyTimeout: 90 * time.Second,
+	})
+	// The credentials were fetched, and the warning written, before the
+	// storage answered this create.
+	cl := newClient(t, c.URL(), true)
+	cl.create(t, "/s", 30*time.Second)
+
+	const warning = "falling back to IMDSv1"
+	var found []map[string]any
+	for _, line := range strings.Split(c.Logs(), "\n") {
+		if !strings.Contains(line, warning) {
+			continue
+		}
+		var entry map[string]any
+		if err := json.Unmarshal([]byte(line), &entry); err != nil {
+			t.Errorf("the SDK's warning is not a line of Caddy's JSON log: %s", line)
+			continue
+		}
+		found = append(found, entry)
+	}
+	if len(found) == 0 {
+		t.Fatalf("Caddy's log has no %q line:\n%s", warning, truncateTail(c.Logs(), 3000))
+	}
+	for _, e := range found {
+		if e["logger"] != "picomq.aws_sdk" || e["level"] != "warn" || e["storage"] == nil {
+			t.Errorf("the SDK's warning is logged as %v/%v with storage %v, want picomq.aws_sdk/warn with the storage: %v",
+				e["logger"], e["level"], e["storage"], e)
+		}
 	}
 }

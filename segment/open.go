@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/aws/smithy-go/logging"
 )
 
 // OpenOptions tune a Store opened by Open. The zero value gives the
@@ -34,6 +36,11 @@ type OpenOptions struct {
 	// Stats, when set, counts every request attempt the store makes (the
 	// file backend's calls too). Nil counts nothing.
 	Stats *RequestStats
+	// Logger receives the AWS SDK's own messages for an s3 location, such
+	// as its warning when the instance metadata service refuses IMDSv2.
+	// Nil drops them; the SDK would otherwise write them to stderr as
+	// plain text.
+	Logger logging.Logger
 }
 
 func (o OpenOptions) withDefaults() OpenOptions {

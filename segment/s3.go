@@ -25,6 +25,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
+	"github.com/aws/smithy-go/logging"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
@@ -79,11 +80,21 @@ func NewS3Store(ctx context.Context, loc Location, opts OpenOptions) (*S3Store, 
 		cfgOpts = append(cfgOpts, config.WithCredentialsProvider(
 			credentials.NewStaticCredentialsProvider(opts.AccessKeyID, opts.SecretAccessKey, opts.SessionToken)))
 	}
-	cfgOpts = append(cfgOpts, config.WithHTTPClient(base))
+	// Every client the configuration builds (the S3 client, and the
+	// credential chain's metadata and STS clients) takes its logger from
+	// here; without one the SDK writes to stderr.
+	var sdkLog logging.Logger = logging.Nop{}
+	if opts.Logger != nil {
+		sdkLog = opts.Logger
+	}
+	cfgOpts = append(cfgOpts, config.WithHTTPClient(base), config.WithLogger(sdkLog))
 	cfg, err := config.LoadDefaultConfig(ctx, cfgOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("segment: AWS configuration: %w", err)
 	}
+	// No request or response logging: it would show bodies and signed
+	// headers.
+	cfg.ClientLogMode = 0
 	if cfg.Region == "" {
 		cfg.Region = "us-east-1"
 	}
