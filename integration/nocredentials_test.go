@@ -192,17 +192,7 @@ func TestNoCredentialsFailsTheStartSayingWhatIsMissing(t *testing.T) {
 // the EC2 instance role is where the credentials come from, and a role
 // that is there opens the storage.
 func TestInstanceRoleCredentialsStillWork(t *testing.T) {
-	v := testenv.NewVersity(t)
-	storage := caddytest.S3Storage(t, v, v.Endpoint)
-	c := caddytest.Start(t, caddytest.Options{
-		Storage: storage,
-		Env: []string{
-			"AWS_REGION=" + testenv.VersityRegion,
-			"AWS_EC2_METADATA_DISABLED=false",
-			"AWS_EC2_METADATA_SERVICE_ENDPOINT=" + fakeIMDS(t, "picomq-node", v.AccessKey, v.SecretKey),
-		},
-		ReadyTimeout: 90 * time.Second,
-	})
+	c := startWithInstanceRole(t, fakeIMDS)
 	cl := newClient(t, c.URL(), true)
 	cl.create(t, "/s", 30*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -222,17 +212,7 @@ func TestInstanceRoleCredentialsStillWork(t *testing.T) {
 // The SDK wrote them to stderr in its own plain-text format, which log
 // collectors reading Caddy's JSON could neither parse nor filter.
 func TestSDKWarningsInCaddysLog(t *testing.T) {
-	v := testenv.NewVersity(t)
-	storage := caddytest.S3Storage(t, v, v.Endpoint)
-	c := caddytest.Start(t, caddytest.Options{
-		Storage: storage,
-		Env: []string{
-			"AWS_REGION=" + testenv.VersityRegion,
-			"AWS_EC2_METADATA_DISABLED=false",
-			"AWS_EC2_METADATA_SERVICE_ENDPOINT=" + v1OnlyIMDS(t, "picomq-node", v.AccessKey, v.SecretKey),
-		},
-		ReadyTimeout: 90 * time.Second,
-	})
+	c := startWithInstanceRole(t, v1OnlyIMDS)
 	// The credentials were fetched, and the warning written, before the
 	// storage answered this create.
 	cl := newClient(t, c.URL(), true)
@@ -260,4 +240,21 @@ func TestSDKWarningsInCaddysLog(t *testing.T) {
 				e["logger"], e["level"], e["storage"], e)
 		}
 	}
+}
+
+// startWithInstanceRole starts Caddy on versitygw with no credentials in
+// its environment but an instance metadata service, made by imds, that
+// hands out versitygw's key pair as the role "picomq-node".
+func startWithInstanceRole(t *testing.T, imds func(t *testing.T, role, key, secret string) string) *caddytest.Caddy {
+	t.Helper()
+	v := testenv.NewVersity(t)
+	return caddytest.Start(t, caddytest.Options{
+		Storage: caddytest.S3Storage(t, v, v.Endpoint),
+		Env: []string{
+			"AWS_REGION=" + testenv.VersityRegion,
+			"AWS_EC2_METADATA_DISABLED=false",
+			"AWS_EC2_METADATA_SERVICE_ENDPOINT=" + imds(t, "picomq-node", v.AccessKey, v.SecretKey),
+		},
+		ReadyTimeout: 90 * time.Second,
+	})
 }

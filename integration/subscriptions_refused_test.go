@@ -21,15 +21,7 @@ func TestRefusedClaimAndAckChangeNothingThroughCaddy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	e := fhStart(t, fhOptions{})
-	const sub = "/r/__ds/subscriptions/p"
-	// The subscription's document: subs/<hex root>/<hex id>.
-	doc := "subs/" + hex.EncodeToString([]byte("/r/")) + "/" + hex.EncodeToString([]byte("p"))
-	e.create("/r/wake", "application/json")
-	if st, v := e.subCall("PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake","lease_ttl_ms":600000}`); st != http.StatusCreated {
-		t.Fatalf("create subscription: %d %v", st, v)
-	}
-	e.create("/r/events/a", "application/json")
+	e, sub, doc := startPullWakeSub(t)
 	for i := 0; i < 3; i++ {
 		e.append("/r/events/a", "application/json", []byte(`{"n":`+strconv.Itoa(i)+`}`))
 	}
@@ -77,14 +69,7 @@ func TestRefusedSubscriptionWriteNamesTheCause(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	e := fhStart(t, fhOptions{})
-	const sub = "/r/__ds/subscriptions/p"
-	doc := "subs/" + hex.EncodeToString([]byte("/r/")) + "/" + hex.EncodeToString([]byte("p"))
-	e.create("/r/wake", "application/json")
-	if st, v := e.subCall("PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake","lease_ttl_ms":600000}`); st != http.StatusCreated {
-		t.Fatalf("create subscription: %d %v", st, v)
-	}
-	e.create("/r/events/a", "application/json")
+	e, sub, doc := startPullWakeSub(t)
 	e.append("/r/events/a", "application/json", []byte(`{"n":1}`))
 	if err := e.waitWakes("/r/wake", "p", 1); err != nil {
 		t.Fatal(err)
@@ -114,4 +99,21 @@ func TestRefusedSubscriptionWriteNamesTheCause(t *testing.T) {
 	if st, v := e.subCall("POST", sub+"/claim", `{"worker":"w2"}`); st != http.StatusOK {
 		t.Fatalf("claim once the bucket takes writes again: %d %v, want 200", st, v)
 	}
+}
+
+// startPullWakeSub starts Caddy on versitygw with a pull-wake subscription
+// "p" on events/* (wake stream /r/wake) and the stream /r/events/a, and
+// returns the subscription's URL path and the key of its document
+// (subs/<hex root>/<hex id>).
+func startPullWakeSub(t *testing.T) (e *fhEnv, sub, doc string) {
+	t.Helper()
+	e = fhStart(t, fhOptions{})
+	sub = "/r/__ds/subscriptions/p"
+	doc = "subs/" + hex.EncodeToString([]byte("/r/")) + "/" + hex.EncodeToString([]byte("p"))
+	e.create("/r/wake", "application/json")
+	if st, v := e.subCall("PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake","lease_ttl_ms":600000}`); st != http.StatusCreated {
+		t.Fatalf("create subscription: %d %v", st, v)
+	}
+	e.create("/r/events/a", "application/json")
+	return e, sub, doc
 }
