@@ -1,7 +1,9 @@
 // Package conformance runs the official Durable Streams server conformance
 // suite (npm @durable-streams/server-conformance-tests, pinned in
 // package-lock.json) against Caddy with the picomq module, once on versitygw
-// (through the testenv S3 proxy) and once on file:// storage.
+// (through the testenv S3 proxy) and once on file:// storage. The same vitest
+// run drives the module with the official client library
+// (@durable-streams/client, client.test.ts) as an application would.
 //
 // Environment:
 //
@@ -37,7 +39,8 @@ import (
 	"github.com/picomq/caddy-picomq/internal/testenv"
 )
 
-// conformanceSelection is the part of the suite that must pass today: one
+// conformanceSelection is the part of the suite that must pass today, and
+// "Official client" is client.test.ts (the client library's tests): one
 // describe() title path per line ("Group" or "Group > Subgroup"); a line
 // starting with "-" leaves that path out. Widen it as protocol features land;
 // once it covers everything, PICOMQ_CONFORMANCE_ALL's behaviour is the default.
@@ -76,6 +79,7 @@ Fork - TTL and Expiry
 Fork - JSON Mode
 Fork - Edge Cases
 Reserved subscription APIs
+Official client
 `
 
 // longPollTimeout is the module's long_poll_timeout during the run; the suite
