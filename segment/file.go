@@ -289,7 +289,8 @@ func (s *FileStore) Put(ctx context.Context, key string, data []byte, opts PutOp
 		synced = append(synced, filepath.Dir(d))
 	}
 	if err := s.syncDirs(synced); err != nil {
-		return "", fmt.Errorf("segment: put %s: %w", key, err)
+		// The name is in place: readers see it, a crash may take it back.
+		return "", &unknownOutcomeError{err: fmt.Errorf("segment: put %s: %w", key, err)}
 	}
 	s.freshSynced(fresh)
 	return etag, nil

@@ -29,12 +29,21 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 )
 
-// ErrUnknownOutcome is returned (wrapped) by S3Store.Put when a conditional
-// write may or may not have been applied: an attempt timed out or lost its
-// connection, and a retry then found the condition false without the object
-// holding the data that was written. Callers must treat the write as
-// possibly applied.
+// ErrUnknownOutcome is matched (errors.Is) by the error of a Put that may or
+// may not have been applied: an attempt timed out, lost its connection or
+// its answer, or got a 5xx that a store may send after writing, and no
+// later attempt settled it (a conditional retry that found the condition
+// false without the object holding the data that was written, or one that
+// failed too); or a file whose name is in place but could not be made
+// durable. Callers must treat the write as possibly applied.
 var ErrUnknownOutcome = errors.New("outcome of the write is unknown")
+
+// unknownOutcomeError is a Put's failure, with its text as it is, that
+// matches ErrUnknownOutcome: its outcome is unknown.
+type unknownOutcomeError struct{ err error }
+
+func (e *unknownOutcomeError) Error() string   { return e.err.Error() }
+func (e *unknownOutcomeError) Unwrap() []error { return []error{e.err, ErrUnknownOutcome} }
 
 // deleteBatch is the most keys one DeleteObjects request may carry.
 const deleteBatch = 1000
@@ -319,6 +328,10 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte, opts PutOpti
 	}
 	if conditional && ambiguous && errors.Is(err, ErrPreconditionFailed) {
 		return s.resolveAmbiguousPut(ctx, key, data, opts)
+	}
+	if ambiguous {
+		// An attempt may have landed, whatever the last one answered.
+		return "", &unknownOutcomeError{err: err}
 	}
 	return "", err
 }

@@ -341,6 +341,61 @@ func TestS3StoreRetries(t *testing.T) {
 
 var errAny = errors.New("any error")
 
+// TestS3StorePutOfUnknownOutcome: a Put that fails after an attempt that
+// may have been applied (a 5xx a store may send after writing, a
+// dropped connection) matches ErrUnknownOutcome, conditional or not; one
+// whose every attempt was refused before it was applied (503 SlowDown,
+// 403) does not.
+func TestS3StorePutOfUnknownOutcome(t *testing.T) {
+	v := testenv.NewVersity(t)
+	bucket := v.NewBucket(t)
+	p, err := testenv.NewProxy(v.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	s := openS3(t, v, p.URL(), bucket, segment.OpenOptions{
+		RequestTimeout: 2 * time.Second,
+		MaxAttempts:    3,
+		MinBackoff:     time.Millisecond,
+		MaxBackoff:     10 * time.Millisecond,
+	})
+	ctx := context.Background()
+	for _, c := range []struct {
+		name    string
+		fault   testenv.Fault
+		ifMatch bool
+		unknown bool
+	}{
+		{"500 after the write, compare-and-swap", testenv.Fault{Op: testenv.OpPut, Status: 500, AfterForward: true}, true, true},
+		{"500 after the write", testenv.Fault{Op: testenv.OpPut, Status: 500, AfterForward: true}, false, true},
+		{"answer lost, compare-and-swap", testenv.Fault{Op: testenv.OpPut, Reset: true, AfterForward: true}, true, true},
+		{"connection dropped", testenv.Fault{Op: testenv.OpPut, Reset: true}, false, true},
+		{"503 SlowDown", testenv.Fault{Op: testenv.OpPut, Status: 503}, true, false},
+		{"403", testenv.Fault{Op: testenv.OpPut, Status: 403}, true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			etag, err := s.Put(ctx, "doc", []byte("before"), segment.PutOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			opts := segment.PutOptions{}
+			if c.ifMatch {
+				opts.IfMatch = etag
+			}
+			remove := p.AddFault(c.fault)
+			_, err = s.Put(ctx, "doc", []byte("after"), opts)
+			remove()
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if got := errors.Is(err, segment.ErrUnknownOutcome); got != c.unknown {
+				t.Fatalf("error %q: ErrUnknownOutcome %v, want %v", err, got, c.unknown)
+			}
+		})
+	}
+}
+
 // TestS3StoreContextCancel checks that a caller's deadline ends a stalled
 // request at once, without retries.
 func TestS3StoreContextCancel(t *testing.T) {
