@@ -314,7 +314,7 @@ type holder struct {
 
 func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Logger) *engineRef {
 	openCtx, openCancel := context.WithCancel(context.Background())
-	return &engineRef{
+	r := &engineRef{
 		key:        key,
 		store:      store,
 		log:        log.With(zap.String("storage", storageLabel(key))),
@@ -327,6 +327,8 @@ func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Lo
 		fanout:     newFanout(),
 		failLog:    newSampledLog(storeFailureLogEvery),
 	}
+	r.subs.failLog = r.failLog
+	return r
 }
 
 // engineStartTimeout bounds taking the lease and replaying the log, so a

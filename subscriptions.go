@@ -133,7 +133,7 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 		err = m.ensureKey(r.Context())
 	}
 	if err != nil {
-		subWriteFailed(w, err)
+		m.storeFailed(w, r, subWrite{}, err)
 		return true
 	}
 	if rest == "jwks.json" {
@@ -511,6 +511,15 @@ type subManagers struct {
 
 	metrics  *engineMetrics // where refused links are counted; nil in some tests
 	maxLinks int            // the most streams a subscription links; 0: subMaxLinks
+	failLog  *sampledLog    // the storage's warnings of failed requests, shared with its streams'; nil logs each
+}
+
+// storeFailLog returns the sampled log of the storage's failed requests.
+func (sm *subManagers) storeFailLog() *sampledLog {
+	if sm == nil {
+		return nil
+	}
+	return sm.failLog
 }
 
 // linkLimit returns the most streams a subscription of the engine links.
@@ -915,10 +924,11 @@ func subDocKey(root, id string) string {
 // everything else that reads a subscription under m.mu (GET, the claim of
 // the next worker, the tick, a token check) sees saved state and never a
 // claim, cursor or wake that the bucket may refuse: a request whose write
-// fails is answered 503 and has changed nothing, whatever others did
-// meanwhile. Changes made in the background (append notes, the tick,
-// webhook outcomes) are kept in memory when their write fails, as before,
-// for the next write to carry.
+// fails is answered 503 and has changed nothing here, whatever others did
+// meanwhile (a write storage did not confirm may still have landed in the
+// bucket, which the answer says: storeFailed). Changes made in the
+// background (append notes, the tick, webhook outcomes) are kept in
+// memory when their write fails, as before, for the next write to carry.
 //
 // The loop never waits for a writer: the notes that concern a subscription
 // being written are kept on it (subState.kept) and applied by its writer
@@ -1343,7 +1353,7 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", err.Error())
 		return
 	case err != nil:
-		subWriteFailed(w, err)
+		m.storeFailed(w, r, subWriteCreate, err)
 		return
 	}
 	m.addSubLocked(s)
@@ -1568,7 +1578,7 @@ func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, 
 			m.mu.Lock()
 			if err != nil {
 				m.releaseLocked(s)
-				subWriteFailed(w, err)
+				m.storeFailed(w, r, subWriteDelete, err)
 				return
 			}
 			// In-flight callbacks, acks and releases, and whoever waits
@@ -1661,7 +1671,7 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 	tails, err := m.tailsOf(r.Context(), root, paths)
 	m.mu.Lock()
 	if err != nil {
-		subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
+		m.storeFailed(w, r, subWrite{}, err)
 		return
 	}
 	c := s.draft()
@@ -1674,7 +1684,7 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 		l.Explicit = true
 	}
 	if err := m.commitLocked(s, c); err != nil {
-		subWriteFailed(w, err)
+		m.storeFailed(w, r, subWriteAdd, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -1718,7 +1728,7 @@ func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, 
 			}
 		}
 		if err := m.commitLocked(s, c); err != nil {
-			subWriteFailed(w, err)
+			m.storeFailed(w, r, subWriteRemove, err)
 			return
 		}
 	}
@@ -1816,7 +1826,7 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 		err = m.commitLocked(s, c)
 	}
 	if err != nil {
-		subWriteFailed(w, err)
+		m.storeFailed(w, r, ackWrite(webhook, body.Done), err)
 		return
 	}
 	writeJSONStatus(w, http.StatusOK, "application/json", map[string]bool{"ok": true, "next_wake": s.WakeID != ""})
@@ -1941,7 +1951,7 @@ func (m *subManager) handleClaim(w http.ResponseWriter, r *http.Request, root, i
 	c.LeaseUntil = now.Add(c.lease()).UnixMilli()
 	c.NextTry, c.Failures = 0, 0 // claimed: no more announcing the wake
 	if err := m.commitLocked(s, c); err != nil {
-		subWriteFailed(w, err)
+		m.storeFailed(w, r, subWriteClaim, err)
 		return
 	}
 	writeJSONStatus(w, http.StatusOK, "application/json", map[string]any{
@@ -1968,7 +1978,7 @@ func (m *subManager) handleRelease(w http.ResponseWriter, r *http.Request, root,
 	c := s.draft()
 	c.WakeID, c.Holder, c.LeaseUntil, c.Snapshot = "", "", 0, nil
 	if err := m.wakeOrSaveLocked(s, c); err != nil {
-		subWriteFailed(w, err)
+		m.storeFailed(w, r, subWriteRelease, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -2816,18 +2826,95 @@ func writeJSONStatus(w http.ResponseWriter, status int, ctype string, v any) {
 	w.Write(b)
 }
 
-// subWriteFailed answers 503 to a subscription request whose write of a
-// document failed, as a stream's write is answered in the same case
-// (unavailableMessage, takenOverMessage): a refusal of the storage's for
-// good, or another server's takeover, is named without the object's
-// key, and Retry-After is set.
-func subWriteFailed(w http.ResponseWriter, err error) {
-	msg := err.Error()
-	if reason, ok := streamstore.StorageRefusal(err); ok {
-		msg = "storage refuses writes: " + reason + "; nothing was written, retry once storage takes writes again"
-	} else if errors.Is(err, streamstore.ErrTakenOver) {
-		msg = takenOverMessage
+// subWrite is the change a subscription request writes to its document,
+// for the answer to a write that storage did not confirm, which may still
+// have landed: what the change is called, and what a repeat of the request
+// does, which makes the repeat safe. The zero subWrite is a request that
+// failed before writing anything of its own.
+type subWrite struct {
+	what   string
+	repeat string
+}
+
+// The changes of the subscription requests. Each repeat is what
+// TestUnconfirmedSubscriptionWritesAreRepeated and, where the change took
+// effect, ...AfterARestart check (a callback is an ack's handler). While
+// this server keeps the storage, a change whose write was not confirmed is
+// not its state (commitLocked), so a repeat does it again; a server that
+// reads the document anew (another that takes the storage over, a restart)
+// finds it if it landed, and a repeat then meets it done.
+var (
+	subWriteCreate = subWrite{"create",
+		"repeat it: an identical PUT creates the subscription, or confirms it if it was made"}
+	subWriteDelete = subWrite{"delete",
+		"repeat it: a delete of a subscription that is gone succeeds"}
+	subWriteAdd = subWrite{"change of the subscription's streams",
+		"repeat it: it links each stream once, and leaves a stream linked already at its offsets"}
+	subWriteRemove = subWrite{"change of the subscription's streams",
+		"repeat it: a removal of a stream the subscription does not link succeeds"}
+	subWriteClaim = subWrite{"claim",
+		"repeat it with the same worker: it is granted, or, where the claim took effect, answered " +
+			"409 ALREADY_CLAIMED naming this worker until that lease runs out"}
+	subWriteAck = subWrite{"ack",
+		"repeat it as it was: an ack at the offsets it acknowledged is taken again"}
+	subWriteCallback = subWrite{"callback",
+		"repeat it as it was: an ack at the offsets it acknowledged is taken again"}
+	subWriteAckDone = subWrite{"ack",
+		"repeat it as it was: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
+	subWriteCallbackDone = subWrite{"callback",
+		"repeat it as it was: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
+	subWriteRelease = subWrite{"release",
+		"repeat it: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
+)
+
+// ackWrite is the change of an ack, or of a webhook's callback, that ends
+// the wake or not (done).
+func ackWrite(callback, done bool) subWrite {
+	switch {
+	case callback && done:
+		return subWriteCallbackDone
+	case callback:
+		return subWriteCallback
+	case done:
+		return subWriteAckDone
 	}
+	return subWriteAck
+}
+
+// subUnavailableMessage answers a subscription request that failed on
+// storage without writing anything.
+const subUnavailableMessage = "storage unavailable; nothing was changed, retry"
+
+// storeFailed answers 503 UNAVAILABLE with Retry-After to a subscription
+// request that failed on storage, op being the change it writes, as a
+// stream's write is answered in the same case: a write storage did not
+// confirm may or may not take effect, and the answer says what a repeat
+// does (op); a refusal of the storage's for good is named, and so is
+// another server's takeover; anything else changed nothing. No answer
+// names an object key or the store's error, which the warning logged
+// (sampled with the storage's stream failures) has.
+func (m *subManager) storeFailed(w http.ResponseWriter, r *http.Request, op subWrite, err error) {
+	reason, refused := streamstore.StorageRefusal(err)
+	var warning, msg string
+	switch {
+	case op.what != "" && errors.Is(err, streamstore.ErrUnconfirmed):
+		warning = failWarning("write not confirmed in time", err)
+		if refused {
+			msg = "storage refuses writes: " + reason + "; the " + op.what +
+				" was not acknowledged, and it may or may not take effect; once storage takes writes again, " + op.repeat
+		} else {
+			msg = "storage did not confirm the " + op.what +
+				": it was not acknowledged, and it may or may not take effect; " + op.repeat
+		}
+	case errors.Is(err, streamstore.ErrTakenOver):
+		warning, msg = "storage taken over by another server", takenOverMessage
+	case refused:
+		warning, msg = failWarning("storage unavailable", err),
+			"storage refuses writes: "+reason+"; nothing was written, retry once storage takes writes again"
+	default:
+		warning, msg = failWarning("storage unavailable", err), subUnavailableMessage
+	}
+	m.owner.storeFailLog().warn(m.log, warning, zap.String("method", r.Method), zap.String("subscription", r.URL.Path), zap.Error(err))
 	w.Header().Set("Retry-After", "1")
 	subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", msg)
 }

@@ -17,7 +17,9 @@ import (
 // UNAVAILABLE and links nothing. It was 201 and 204, the stream linked at
 // offset 0 as if it did not exist, so its whole history was offered to
 // the worker as pending work, where section 6.4 links a stream at its
-// tail. Once the store answers, the same requests link it at its tail.
+// tail. The answer has Retry-After and names no object key (it named the
+// stream's metadata key and the S3 error). Once the store answers, the
+// same requests link it at its tail.
 func TestExplicitLinkWhenTheStreamCannotBeRead(t *testing.T) {
 	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s", "pack_below off"}})
 	const root = "/v1/stream/"
@@ -64,10 +66,15 @@ func TestExplicitLinkWhenTheStreamCannotBeRead(t *testing.T) {
 				}
 			}
 			remove := e.proxy.AddFault(testenv.Fault{KeyContains: hex.EncodeToString([]byte(stream)), Status: http.StatusForbidden})
-			st, v := e.subCall(tc.method, sub+tc.path, tc.body)
+			r := e.must(fhReq{Method: tc.method, Path: sub + tc.path, Header: map[string]string{"Content-Type": "application/json"}, Body: []byte(tc.body)})
 			remove()
-			if st != http.StatusServiceUnavailable {
-				t.Errorf("with the stream unreadable: %d %v, want 503", st, v)
+			t.Logf("with the stream unreadable: %s, Retry-After %q", r, r.Header.Get("Retry-After"))
+			if r.Status != http.StatusServiceUnavailable || r.Header.Get("Retry-After") != "1" {
+				t.Errorf("with the stream unreadable: %s, Retry-After %q; want 503 with Retry-After 1", r, r.Header.Get("Retry-After"))
+			}
+			// The store's error, with the stream's key, goes to the log.
+			if fhContainsAny(string(r.Body), hex.EncodeToString([]byte(stream)), "streams/", "operation error", "segment:") {
+				t.Errorf("with the stream unreadable: %s names the stream's key or the store's error", r)
 			}
 			if st, v := e.subCall("GET", sub, ""); st == http.StatusOK {
 				for _, l := range v["streams"].([]any) {
@@ -79,7 +86,7 @@ func TestExplicitLinkWhenTheStreamCannotBeRead(t *testing.T) {
 			if st, v := e.subCall(tc.method, sub+tc.path, tc.body); st != tc.ok && st != http.StatusOK {
 				t.Fatalf("with the store back: %d %v", st, v)
 			}
-			st, v = e.subCall("GET", sub, "")
+			st, v := e.subCall("GET", sub, "")
 			if st != http.StatusOK {
 				t.Fatalf("get: %d %v", st, v)
 			}

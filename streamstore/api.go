@@ -212,7 +212,8 @@ var (
 	// become durable. Only producer headers make a retry safe then. When
 	// the storage refused the write for good rather than being slow,
 	// StorageRefusal names the cause; a write refused that way before it
-	// was handed over has ErrUnavailable without ErrUnconfirmed.
+	// was handed over has ErrUnavailable without ErrUnconfirmed. A
+	// document write (PutDoc, DeleteDoc) has it when it may have landed.
 	ErrUnconfirmed = errors.New("the write was not confirmed in time and may still be stored")
 	// ErrClosedUnconfirmed (always with ErrUnavailable and
 	// ErrUnconfirmed) means the engine closed (a shutdown, or a reload

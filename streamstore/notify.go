@@ -162,14 +162,18 @@ func (e *Engine) PutDoc(ctx context.Context, key string, data []byte, version st
 	return ver, docWriteError(err)
 }
 
-// docWriteError is err, a document write's failure, with a refusal of the
-// storage's that needs the operator kept as one (ErrUnavailable with a
-// segment.RefusedError, which StorageRefusal names) for the answer to
-// say so; any other error as it is.
+// docWriteError is err, a document write's failure, as ErrUnavailable:
+// with ErrUnconfirmed when the write may still have landed (an attempt
+// timed out, lost its answer or got a 5xx, and no later one settled it),
+// and with a refusal of the storage's that needs the operator kept as one
+// (a segment.RefusedError, which StorageRefusal names), for the answer to
+// say which. ErrDocConflict stays as it is.
 func docWriteError(err error) error {
-	var refused *segment.RefusedError
-	if err == nil || errors.Is(err, ErrDocConflict) || (!errors.As(err, &refused) && !segment.Permanent(err)) {
+	switch {
+	case err == nil, errors.Is(err, ErrDocConflict):
 		return err
+	case errors.Is(err, segment.ErrUnknownOutcome):
+		return fmt.Errorf("%w: %w: %w", ErrUnavailable, ErrUnconfirmed, storeCause(err))
 	}
 	return fmt.Errorf("%w: %w", ErrUnavailable, storeCause(err))
 }
