@@ -454,6 +454,10 @@ type subManager struct {
 	// key: a PUT of the same id waits for it, and they count against
 	// max_subscriptions.
 	creating map[string]*subCreate
+	// deleting holds, by key, the deletes that may have landed and that
+	// the server is finishing (finishDelete): the subscription is no
+	// longer in subs, and a PUT or DELETE of the id waits for its end.
+	deleting map[string]*subDelete
 	// adding holds, for a subscription whose writer is adding explicit
 	// streams, the full names of those streams: their notes are kept for
 	// it until the links are stored (handleAddStreams).
@@ -485,6 +489,14 @@ type subCreate struct {
 	// the subscription to apply once it is stored: a stream looked up
 	// before an append was linked at the tail before it.
 	kept []appendNote
+}
+
+// subDelete is a subscription's delete whose write may have landed, which
+// the server repeats until storage confirms it (finishDelete).
+type subDelete struct {
+	root string
+	done chan struct{} // closed when it ended: confirmed, or the server gave up
+	kick chan struct{} // a waiting request asks for an attempt now
 }
 
 // appendNote is what the engine's hooks said about a stream: records
@@ -1189,11 +1201,17 @@ func (m *subManager) putSub(s *subState) error {
 	return nil
 }
 
+// subDocTimeout bounds one write of a subscription's document, its
+// retries included. The writes run under the manager's context, not a
+// request's: a client that leaves does not cut a write short, whose
+// outcome would then be unknown.
+const subDocTimeout = 30 * time.Second
+
 // putDoc writes document key with compare-and-swap on version ver (""
 // for a create) and returns its new version. The caller is the
 // document's only writer on this node (its subscription's writer).
 func (m *subManager) putDoc(key string, b []byte, ver string) (string, error) {
-	ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(m.ctx, subDocTimeout)
 	defer cancel()
 	nv, err := m.eng.PutDoc(ctx, key, b, ver)
 	if !errors.Is(err, streamstore.ErrDocConflict) {
@@ -1427,9 +1445,20 @@ func (m *subManager) newSub(ctx context.Context, root, id, base, key, hash strin
 // existingLocked answers a PUT of key when the subscription exists (200,
 // or 409 when its configuration hash is not hash) and reports whether it
 // did. A create of key being written is waited for first, with m.mu
-// released; a PUT whose request ends meanwhile is answered 503.
+// released, and a delete of key being finished too, for a while
+// (awaitDeleteLocked); a PUT whose request ends meanwhile, or that
+// finds the delete still not confirmed, is answered 503.
 func (m *subManager) existingLocked(w http.ResponseWriter, r *http.Request, key, hash string) bool {
 	for {
+		if d := m.deleting[key]; d != nil {
+			// Created anew only once the delete before is confirmed:
+			// finishing it would delete the new document.
+			if !m.awaitDeleteLocked(r.Context(), d) {
+				subDeletePending(w)
+				return true
+			}
+			continue
+		}
 		cr, ok := m.creating[key]
 		if !ok {
 			break
@@ -1520,6 +1549,11 @@ func (m *subManager) rootFullLocked(w http.ResponseWriter, root string, maxSubs 
 			n++
 		}
 	}
+	for _, d := range m.deleting { // and deletes not confirmed: their documents may be there
+		if d.root == root {
+			n++
+		}
+	}
 	if n < maxSubs {
 		return false
 	}
@@ -1559,42 +1593,162 @@ func (m *subManager) handleGet(w http.ResponseWriter, r *http.Request, root, id 
 	}
 }
 
+// handleDelete deletes a subscription. Once its write may have landed, the
+// delete is the server's to finish, whatever its client does: the write
+// runs under the manager's context, not the request's, and one that
+// storage did not confirm takes the subscription out of service at once
+// (no wakes, deliveries or writes of it: a write of its document would
+// bring it back over the grave) and is repeated until storage confirms it
+// (finishDelete). A delete that wrote nothing changes nothing. A DELETE of
+// the id meanwhile waits for that, a while, and answers 204 once it is
+// confirmed, or 503 as the first did.
 func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	key := subDocKey(root, id)
-	if s, ok := m.subs[key]; ok {
-		// As its writer: no write of s is under way, and none starts,
-		// while its document is deleted.
-		switch err := m.acquireLocked(r.Context(), s); {
-		case errors.Is(err, errSubGone):
-		case err != nil:
-			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error())
-			return
-		default:
-			ver := s.version
-			m.mu.Unlock()
-			err := m.deleteDoc(r.Context(), key, ver)
-			m.mu.Lock()
-			if err != nil {
-				m.releaseLocked(s)
-				m.storeFailed(w, r, subWriteDelete, err)
+	for {
+		if d := m.deleting[key]; d != nil {
+			if !m.awaitDeleteLocked(r.Context(), d) {
+				subDeletePending(w)
 				return
 			}
-			// In-flight callbacks, acks and releases, and whoever waits
-			// to write s, find no subscription now.
-			m.removeSubLocked(s)
-			m.releaseLocked(s)
+			continue
 		}
+		s, ok := m.subs[key]
+		if !ok {
+			break
+		}
+		// As its writer: no write of s is under way, and none starts,
+		// while its document is deleted.
+		err := m.acquireLocked(r.Context(), s)
+		if errors.Is(err, errSubGone) {
+			continue // deleted meanwhile, or being deleted: look again
+		}
+		if err != nil {
+			w.Header().Set("Retry-After", "1")
+			subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", err.Error()+"; nothing was changed, retry")
+			return
+		}
+		ver := s.version
+		m.mu.Unlock()
+		err = m.deleteDoc(key, ver)
+		m.mu.Lock()
+		if err != nil && !errors.Is(err, streamstore.ErrUnconfirmed) {
+			m.releaseLocked(s)
+			m.storeFailed(w, r, subWriteDelete, err)
+			return
+		}
+		// In-flight callbacks, acks and releases, deliveries, and whoever
+		// waits to write s, find no subscription now; the notes kept for
+		// its writer are dropped with it.
+		m.removeSubLocked(s)
+		m.releaseLocked(s)
+		if err != nil {
+			m.finishDeleteLocked(root, key, ver)
+			m.storeFailed(w, r, subWriteDelete, err)
+			return
+		}
+		break
 	}
 	w.Header().Set("Cache-Control", cacheControlNoStore)
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// subDeleteWait is how long a request for a subscription whose delete is
+// being finished waits for it before it is answered 503.
+const subDeleteWait = 5 * time.Second
+
+// awaitDeleteLocked asks d for an attempt now and waits, with m.mu
+// released, until it ended, ctx ended or subDeleteWait passed; it reports
+// whether it ended.
+func (m *subManager) awaitDeleteLocked(ctx context.Context, d *subDelete) bool {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+	t := time.NewTimer(subDeleteWait)
+	defer t.Stop()
+	m.mu.Unlock()
+	defer m.mu.Lock()
+	select {
+	case <-d.done:
+		return true
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	return false
+}
+
+// subDeletePendingMessage answers a request for a subscription whose
+// delete storage has not confirmed yet.
+const subDeletePendingMessage = "the subscription is being deleted, and storage has not confirmed the delete yet; " +
+	"the server goes on deleting it: retry (a DELETE answers 204, and a PUT creates the subscription anew, once it is confirmed)"
+
+// subDeletePending answers 503 with Retry-After to a request that found
+// the subscription's delete being finished.
+func subDeletePending(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", subDeletePendingMessage)
+}
+
+// finishDeleteLocked starts finishing the delete of document key, in
+// version ver when last written, whose write may have landed.
+func (m *subManager) finishDeleteLocked(root, key, ver string) {
+	if m.deleting == nil {
+		m.deleting = map[string]*subDelete{}
+	}
+	d := &subDelete{root: root, done: make(chan struct{}), kick: make(chan struct{}, 1)}
+	m.deleting[key] = d
+	go m.finishDelete(key, ver, d)
+}
+
+// finishDelete repeats the delete of document key, with backoff (as a
+// webhook's delivery), until storage confirms it, another server took the
+// storage over (which reads the subscription from storage), or the
+// engine closes (a restart reads storage as it is then).
+func (m *subManager) finishDelete(key, ver string, d *subDelete) {
+	defer func() {
+		m.mu.Lock()
+		if m.deleting[key] == d {
+			delete(m.deleting, key)
+		}
+		close(d.done)
+		m.mu.Unlock()
+	}()
+	for failures := 1; ; failures++ {
+		t := time.NewTimer(webhookBackoff(failures))
+		select {
+		case <-m.ctx.Done():
+			t.Stop()
+			m.log.Warn("a subscription's delete was not confirmed before the storage closed; storage decides whether it exists",
+				zap.String("key", key))
+			return
+		case <-d.kick:
+			t.Stop()
+		case <-t.C:
+		}
+		err := m.deleteDoc(key, ver)
+		switch {
+		case err == nil:
+			return
+		case errors.Is(err, streamstore.ErrTakenOver):
+			m.log.Warn("storage was taken over before a subscription's delete was confirmed; the server that took it decides from storage",
+				zap.String("key", key), zap.Error(err))
+			return
+		}
+		m.log.Warn("a subscription's delete is not confirmed yet; trying again", zap.String("key", key),
+			zap.Int("failures", failures), zap.Error(err))
+	}
+}
+
 // deleteDoc removes document key in version ver, the one this node wrote
-// last. A conflict is, as in putDoc, an earlier write of ours whose answer
-// was lost but which landed: that version goes instead.
-func (m *subManager) deleteDoc(ctx context.Context, key, ver string) error {
+// last, under the manager's context (a request's end does not cut it
+// short). A conflict is, as in putDoc, an earlier write of ours whose
+// answer was lost but which landed: that version goes instead, and a
+// document gone already (our grave landed) is done.
+func (m *subManager) deleteDoc(key, ver string) error {
+	ctx, cancel := context.WithTimeout(m.ctx, subDocTimeout)
+	defer cancel()
 	err := m.eng.DeleteDoc(ctx, key, ver)
 	if !errors.Is(err, streamstore.ErrDocConflict) {
 		return err
@@ -2834,7 +2988,13 @@ func writeJSONStatus(w http.ResponseWriter, status int, ctype string, v any) {
 type subWrite struct {
 	what   string
 	repeat string
+	// outcome, when set, says what became of the change instead of
+	// subMaybeTaken (a delete: the server finishes it).
+	outcome string
 }
+
+// subMaybeTaken is what became of a change storage did not confirm.
+const subMaybeTaken = "it was not acknowledged, and it may or may not take effect"
 
 // The changes of the subscription requests. Each repeat is what
 // TestUnconfirmedSubscriptionWritesAreRepeated and, where the change took
@@ -2842,29 +3002,33 @@ type subWrite struct {
 // this server keeps the storage, a change whose write was not confirmed is
 // not its state (commitLocked), so a repeat does it again; a server that
 // reads the document anew (another that takes the storage over, a restart)
-// finds it if it landed, and a repeat then meets it done.
+// finds it if it landed, and a repeat then meets it done. A delete is the
+// exception: this server takes the subscription out of service and
+// finishes the delete itself (handleDelete).
 var (
-	subWriteCreate = subWrite{"create",
-		"repeat it: an identical PUT creates the subscription, or confirms it if it was made"}
-	subWriteDelete = subWrite{"delete",
-		"repeat it: a delete of a subscription that is gone succeeds"}
-	subWriteAdd = subWrite{"change of the subscription's streams",
-		"repeat it: it links each stream once, and leaves a stream linked already at its offsets"}
-	subWriteRemove = subWrite{"change of the subscription's streams",
-		"repeat it: a removal of a stream the subscription does not link succeeds"}
-	subWriteClaim = subWrite{"claim",
-		"repeat it with the same worker: it is granted, or, where the claim took effect, answered " +
+	subWriteCreate = subWrite{what: "create",
+		repeat: "repeat it: an identical PUT creates the subscription, or confirms it if it was made"}
+	subWriteDelete = subWrite{what: "delete",
+		repeat: "repeat it: a repeat answers 204 once storage has confirmed the delete (it waits for that a few seconds)",
+		outcome: "it was not acknowledged, and the server goes on deleting it until storage confirms it: " +
+			"the subscription is gone from this server, which wakes no worker and calls no webhook for it"}
+	subWriteAdd = subWrite{what: "change of the subscription's streams",
+		repeat: "repeat it: it links each stream once, and leaves a stream linked already at its offsets"}
+	subWriteRemove = subWrite{what: "change of the subscription's streams",
+		repeat: "repeat it: a removal of a stream the subscription does not link succeeds"}
+	subWriteClaim = subWrite{what: "claim",
+		repeat: "repeat it with the same worker: it is granted, or, where the claim took effect, answered " +
 			"409 ALREADY_CLAIMED naming this worker until that lease runs out"}
-	subWriteAck = subWrite{"ack",
-		"repeat it as it was: an ack at the offsets it acknowledged is taken again"}
-	subWriteCallback = subWrite{"callback",
-		"repeat it as it was: an ack at the offsets it acknowledged is taken again"}
-	subWriteAckDone = subWrite{"ack",
-		"repeat it as it was: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
-	subWriteCallbackDone = subWrite{"callback",
-		"repeat it as it was: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
-	subWriteRelease = subWrite{"release",
-		"repeat it: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
+	subWriteAck = subWrite{what: "ack",
+		repeat: "repeat it as it was: an ack at the offsets it acknowledged is taken again"}
+	subWriteCallback = subWrite{what: "callback",
+		repeat: "repeat it as it was: an ack at the offsets it acknowledged is taken again"}
+	subWriteAckDone = subWrite{what: "ack",
+		repeat: "repeat it as it was: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
+	subWriteCallbackDone = subWrite{what: "callback",
+		repeat: "repeat it as it was: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
+	subWriteRelease = subWrite{what: "release",
+		repeat: "repeat it: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
 )
 
 // ackWrite is the change of an ack, or of a webhook's callback, that ends
@@ -2899,12 +3063,15 @@ func (m *subManager) storeFailed(w http.ResponseWriter, r *http.Request, op subW
 	switch {
 	case op.what != "" && errors.Is(err, streamstore.ErrUnconfirmed):
 		warning = failWarning("write not confirmed in time", err)
+		outcome := op.outcome
+		if outcome == "" {
+			outcome = subMaybeTaken
+		}
 		if refused {
-			msg = "storage refuses writes: " + reason + "; the " + op.what +
-				" was not acknowledged, and it may or may not take effect; once storage takes writes again, " + op.repeat
+			msg = "storage refuses writes: " + reason + "; the " + op.what + " " +
+				strings.TrimPrefix(outcome, "it ") + "; once storage takes writes again, " + op.repeat
 		} else {
-			msg = "storage did not confirm the " + op.what +
-				": it was not acknowledged, and it may or may not take effect; " + op.repeat
+			msg = "storage did not confirm the " + op.what + ": " + outcome + "; " + op.repeat
 		}
 	case errors.Is(err, streamstore.ErrTakenOver):
 		warning, msg = "storage taken over by another server", takenOverMessage

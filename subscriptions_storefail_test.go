@@ -48,6 +48,17 @@ func TestSubscriptionStoreFailureAnswers(t *testing.T) {
 			"storage refuses writes",
 			"storage refuses writes: read-only file system; the ack was not acknowledged, and it may or may not take effect; " +
 				"once storage takes writes again, " + subWriteAck.repeat},
+		{"delete not confirmed: the server finishes it", subWriteDelete,
+			fmt.Errorf("%w: %w: %w", streamstore.ErrUnavailable, streamstore.ErrUnconfirmed, cause),
+			"write not confirmed in time",
+			"storage did not confirm the delete: it was not acknowledged, and the server goes on deleting it until storage confirms it: " +
+				"the subscription is gone from this server, which wakes no worker and calls no webhook for it; " + subWriteDelete.repeat},
+		{"delete refused after an attempt that may have landed", subWriteDelete,
+			fmt.Errorf("%w: %w: %w", streamstore.ErrUnavailable, streamstore.ErrUnconfirmed, refusal),
+			"storage refuses writes",
+			"storage refuses writes: read-only file system; the delete was not acknowledged, and the server goes on deleting it " +
+				"until storage confirms it: the subscription is gone from this server, which wakes no worker and calls no webhook for it; " +
+				"once storage takes writes again, " + subWriteDelete.repeat},
 		{"refused", subWriteRelease,
 			fmt.Errorf("saving subscription p: %w: %w", streamstore.ErrUnavailable, refusal),
 			"storage refuses writes",
