@@ -1371,6 +1371,15 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", err.Error())
 		return
 	case err != nil:
+		if errors.Is(err, streamstore.ErrUnconfirmed) {
+			// The document may have landed, and this server does not
+			// have the subscription: undone, as a delete is finished,
+			// or a restart would bring back a subscription that no one
+			// was told exists (nor a DELETE of its id removed, which
+			// found nothing here to delete). A PUT or DELETE of the id
+			// waits for it.
+			m.finishDeleteLocked(root, key, "")
+		}
 		m.storeFailed(w, r, subWriteCreate, err)
 		return
 	}
@@ -1692,7 +1701,8 @@ func subDeletePending(w http.ResponseWriter) {
 }
 
 // finishDeleteLocked starts finishing the delete of document key, in
-// version ver when last written, whose write may have landed.
+// version ver when last written, whose write may have landed; ver ""
+// (a create that may have landed) deletes whatever version is there.
 func (m *subManager) finishDeleteLocked(root, key, ver string) {
 	if m.deleting == nil {
 		m.deleting = map[string]*subDelete{}
@@ -3003,11 +3013,14 @@ const subMaybeTaken = "it was not acknowledged, and it may or may not take effec
 // not its state (commitLocked), so a repeat does it again; a server that
 // reads the document anew (another that takes the storage over, a restart)
 // finds it if it landed, and a repeat then meets it done. A delete is the
-// exception: this server takes the subscription out of service and
-// finishes the delete itself (handleDelete).
+// exception, and so is a create: this server takes the subscription out
+// of service and finishes the delete itself (handleDelete), and undoes
+// the create the same way (handlePut).
 var (
 	subWriteCreate = subWrite{what: "create",
-		repeat: "repeat it: an identical PUT creates the subscription, or confirms it if it was made"}
+		repeat: "repeat it: an identical PUT creates the subscription once storage has confirmed the undo (it waits for that a few seconds)",
+		outcome: "it was not acknowledged, and the server undoes it until storage confirms that: " +
+			"the subscription does not exist on this server"}
 	subWriteDelete = subWrite{what: "delete",
 		repeat: "repeat it: a repeat answers 204 once storage has confirmed the delete (it waits for that a few seconds)",
 		outcome: "it was not acknowledged, and the server goes on deleting it until storage confirms it: " +

@@ -59,6 +59,11 @@ func TestSubscriptionStoreFailureAnswers(t *testing.T) {
 			"storage refuses writes: read-only file system; the delete was not acknowledged, and the server goes on deleting it " +
 				"until storage confirms it: the subscription is gone from this server, which wakes no worker and calls no webhook for it; " +
 				"once storage takes writes again, " + subWriteDelete.repeat},
+		{"create not confirmed: the server undoes it", subWriteCreate,
+			fmt.Errorf("saving subscription q: %w: %w: %w", streamstore.ErrUnavailable, streamstore.ErrUnconfirmed, cause),
+			"write not confirmed in time",
+			"storage did not confirm the create: it was not acknowledged, and the server undoes it until storage confirms that: " +
+				"the subscription does not exist on this server; " + subWriteCreate.repeat},
 		{"refused", subWriteRelease,
 			fmt.Errorf("saving subscription p: %w: %w", streamstore.ErrUnavailable, refusal),
 			"storage refuses writes",

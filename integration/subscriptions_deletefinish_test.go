@@ -204,3 +204,75 @@ func TestDeletedSubscriptionStaysDeleted(t *testing.T) {
 		}
 	})
 }
+
+// TestUnconfirmedCreateIsUndone: through Caddy on versitygw, a create
+// whose document landed while the server saw only failures (a 500 after
+// every forwarded PUT) is undone by the server: the 503 says so, the
+// document becomes a grave without any repeat, a DELETE of the id
+// meanwhile waits for that and is 204, and after a restart neither
+// subscription exists nor is its webhook called. Such a create was kept
+// in the bucket and not in memory: a DELETE of its id was 204 with
+// nothing deleted, and a restart brought both subscriptions back to life.
+func TestUnconfirmedCreateIsUndone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	hooks := &subHooks{n: map[string]int{}}
+	recv := httptest.NewServer(hooks)
+	defer recv.Close()
+	e := fhStart(t, fhOptions{Directives: []string{"allow_loopback_webhooks"}, Optional: []string{"compact_interval 1h"}})
+	e.create("/r/events/a", "application/json")
+	body := func(id string) string {
+		return `{"type":"webhook","streams":["events/a"],"webhook":{"url":"` + recv.URL + `/` + id + `"}}`
+	}
+	if st, v := e.subCall("PUT", "/r/__ds/subscriptions/c", body("c")); st != http.StatusCreated {
+		t.Fatalf("create the control subscription: %d %v", st, v)
+	}
+	for _, id := range []string{"u1", "u2"} {
+		e.subFailure(t, subLanded500, subDoc("/r/", id), "PUT", "/r/__ds/subscriptions/"+id, body(id),
+			[]string{"storage did not confirm the create: it was not acknowledged, and the server undoes it until storage confirms that"})
+	}
+	// u1: nobody repeats anything; the server undoes the create itself.
+	if err := fhWaitFor(20*time.Second, 50*time.Millisecond, func() error {
+		if got := e.mustDoc(t, subDoc("/r/", "u1")); !isGrave([]byte(got)) {
+			return fmt.Errorf("the create's document is still there: %q", fhClip(got, 200))
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	// u2: a DELETE of the id.
+	if st, v := e.subCall("DELETE", "/r/__ds/subscriptions/u2", ""); st != http.StatusNoContent {
+		t.Fatalf("DELETE u2: %d %v, want 204", st, v)
+	}
+	if got := e.mustDoc(t, subDoc("/r/", "u2")); !isGrave([]byte(got)) {
+		t.Errorf("after its DELETE was answered 204, u2's document is %q", fhClip(got, 200))
+	}
+
+	e.caddy.Restart()
+	for _, id := range []string{"u1", "u2"} {
+		if st, v := e.subCall("GET", "/r/__ds/subscriptions/"+id, ""); st != http.StatusNotFound {
+			t.Errorf("GET %s after a restart: %d %v, want 404", id, st, v)
+		}
+	}
+	e.append("/r/events/a", "application/json", []byte(`{"n":1}`))
+	if err := fhWaitFor(20*time.Second, 20*time.Millisecond, func() error {
+		if hooks.count("c") == 0 {
+			return fmt.Errorf("no delivery to the control subscription")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Deliveries of one append start together; the others would have
+	// come within a second of the control's.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, id := range []string{"u1", "u2"} {
+			if n := hooks.count(id); n > 0 {
+				t.Fatalf("%s's webhook was called %d times after the restart", id, n)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
