@@ -54,18 +54,7 @@ func TestDeletedSubscriptionStaysDeleted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	hooks := &subHooks{n: map[string]int{}}
-	recv := httptest.NewServer(hooks)
-	defer recv.Close()
-	e := fhStart(t, fhOptions{Directives: []string{"allow_loopback_webhooks"}, Optional: []string{"compact_interval 1h"}})
-	e.create("/r/events/a", "application/json")
-	body := func(id string) string {
-		return `{"type":"webhook","streams":["events/a"],"webhook":{"url":"` + recv.URL + `/` + id + `"}}`
-	}
-	const ctl = "/r/__ds/subscriptions/c"
-	if st, v := e.subCall("PUT", ctl, body("c")); st != http.StatusCreated {
-		t.Fatalf("create the control subscription: %d %v", st, v)
-	}
+	e, hooks, body := startWebhookSubs(t)
 
 	for _, tc := range []struct {
 		name, id string
@@ -217,17 +206,7 @@ func TestUnconfirmedCreateIsUndone(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	hooks := &subHooks{n: map[string]int{}}
-	recv := httptest.NewServer(hooks)
-	defer recv.Close()
-	e := fhStart(t, fhOptions{Directives: []string{"allow_loopback_webhooks"}, Optional: []string{"compact_interval 1h"}})
-	e.create("/r/events/a", "application/json")
-	body := func(id string) string {
-		return `{"type":"webhook","streams":["events/a"],"webhook":{"url":"` + recv.URL + `/` + id + `"}}`
-	}
-	if st, v := e.subCall("PUT", "/r/__ds/subscriptions/c", body("c")); st != http.StatusCreated {
-		t.Fatalf("create the control subscription: %d %v", st, v)
-	}
+	e, hooks, body := startWebhookSubs(t)
 	for _, id := range []string{"u1", "u2"} {
 		e.subFailure(t, subLanded500, subDoc("/r/", id), "PUT", "/r/__ds/subscriptions/"+id, body(id),
 			[]string{"storage did not confirm the create: it was not acknowledged, and the server undoes it until storage confirms that"})
@@ -275,4 +254,24 @@ func TestUnconfirmedCreateIsUndone(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// startWebhookSubs starts Caddy on versitygw with stream events/a and a
+// control webhook subscription c on it, whose calls (as every one made to
+// body(id)'s receiver) hooks counts; body(id) is the document of webhook
+// subscription id on events/a.
+func startWebhookSubs(t *testing.T) (e *fhEnv, hooks *subHooks, body func(id string) string) {
+	t.Helper()
+	hooks = &subHooks{n: map[string]int{}}
+	recv := httptest.NewServer(hooks)
+	t.Cleanup(recv.Close)
+	e = fhStart(t, fhOptions{Directives: []string{"allow_loopback_webhooks"}, Optional: []string{"compact_interval 1h"}})
+	e.create("/r/events/a", "application/json")
+	body = func(id string) string {
+		return `{"type":"webhook","streams":["events/a"],"webhook":{"url":"` + recv.URL + `/` + id + `"}}`
+	}
+	if st, v := e.subCall("PUT", "/r/__ds/subscriptions/c", body("c")); st != http.StatusCreated {
+		t.Fatalf("create the control subscription: %d %v", st, v)
+	}
+	return e, hooks, body
 }

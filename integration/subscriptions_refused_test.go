@@ -21,15 +21,9 @@ func TestRefusedClaimAndAckChangeNothingThroughCaddy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	e, sub, doc := startPullWakeSub(t)
-	for i := 0; i < 3; i++ {
-		e.append("/r/events/a", "application/json", []byte(`{"n":`+strconv.Itoa(i)+`}`))
-	}
 	// The wake event is written after the wake is saved: from then on the
 	// document is written by requests only.
-	if err := e.waitWakes("/r/wake", "p", 1); err != nil {
-		t.Fatal(err)
-	}
+	e, sub, doc := wokenPullWakeSub(t, 3)
 	refuse := func() (remove func()) {
 		return e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: doc, Status: http.StatusServiceUnavailable})
 	}
@@ -69,11 +63,7 @@ func TestRefusedSubscriptionWriteNamesTheCause(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	e, sub, doc := startPullWakeSub(t)
-	e.append("/r/events/a", "application/json", []byte(`{"n":1}`))
-	if err := e.waitWakes("/r/wake", "p", 1); err != nil {
-		t.Fatal(err)
-	}
+	e, sub, doc := wokenPullWakeSub(t, 1)
 
 	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: doc, Status: http.StatusForbidden})
 	r := e.must(fhReq{Method: http.MethodPost, Path: sub + "/claim", Header: map[string]string{"Content-Type": "application/json"},
@@ -115,5 +105,19 @@ func startPullWakeSub(t *testing.T) (e *fhEnv, sub, doc string) {
 		t.Fatalf("create subscription: %d %v", st, v)
 	}
 	e.create("/r/events/a", "application/json")
+	return e, sub, doc
+}
+
+// wokenPullWakeSub is startPullWakeSub with n records appended to
+// events/a and the wake they cause announced on the wake stream.
+func wokenPullWakeSub(t *testing.T, n int) (e *fhEnv, sub, doc string) {
+	t.Helper()
+	e, sub, doc = startPullWakeSub(t)
+	for i := 0; i < n; i++ {
+		e.append("/r/events/a", "application/json", []byte(`{"n":`+strconv.Itoa(i)+`}`))
+	}
+	if err := e.waitWakes("/r/wake", "p", 1); err != nil {
+		t.Fatal(err)
+	}
 	return e, sub, doc
 }

@@ -233,13 +233,7 @@ func TestUnconfirmedSubscriptionWritesAfterARestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	e, sub, doc := startPullWakeSub(t)
-	for i := 0; i < 3; i++ {
-		e.append("/r/events/a", "application/json", []byte(`{"n":`+strconv.Itoa(i)+`}`))
-	}
-	if err := e.waitWakes("/r/wake", "p", 1); err != nil {
-		t.Fatal(err)
-	}
+	e, sub, doc := wokenPullWakeSub(t, 3)
 	st, claim := e.subCall("POST", sub+"/claim", `{"worker":"w1"}`)
 	if st != http.StatusOK {
 		t.Fatalf("claim: %d %v", st, claim)
@@ -279,11 +273,7 @@ func TestSubscriptionStorageFailureNamesNoKey(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	e, sub, doc := startPullWakeSub(t)
-	e.append("/r/events/a", "application/json", []byte(`{"n":1}`))
-	if err := e.waitWakes("/r/wake", "p", 1); err != nil {
-		t.Fatal(err)
-	}
+	e, sub, doc := wokenPullWakeSub(t, 1)
 	slow := testenv.Fault{Op: testenv.OpPut, Status: http.StatusServiceUnavailable}
 	msg := e.subFailure(t, slow, doc, "POST", sub+"/claim", `{"worker":"w1"}`, []string{"storage unavailable; nothing was changed, retry"})
 	if strings.Contains(msg, "may") {

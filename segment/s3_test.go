@@ -33,6 +33,20 @@ func openS3(t *testing.T, v *testenv.Versity, endpoint, bucket string, opts segm
 	return s.(*segment.S3Store)
 }
 
+// proxiedS3 opens a store on a fresh versitygw bucket through a test S3
+// proxy, for tests that put faults between the store and the server.
+func proxiedS3(t *testing.T, opts segment.OpenOptions) (*segment.S3Store, *testenv.Proxy) {
+	t.Helper()
+	v := testenv.NewVersity(t)
+	bucket := v.NewBucket(t)
+	p, err := testenv.NewProxy(v.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return openS3(t, v, p.URL(), bucket, opts), p
+}
+
 func TestS3StoreContract(t *testing.T) {
 	v := testenv.NewVersity(t)
 	bucket := v.NewBucket(t)
@@ -347,14 +361,7 @@ var errAny = errors.New("any error")
 // whose every attempt was refused before it was applied (503 SlowDown,
 // 403) does not.
 func TestS3StorePutOfUnknownOutcome(t *testing.T) {
-	v := testenv.NewVersity(t)
-	bucket := v.NewBucket(t)
-	p, err := testenv.NewProxy(v.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	s := openS3(t, v, p.URL(), bucket, segment.OpenOptions{
+	s, p := proxiedS3(t, segment.OpenOptions{
 		RequestTimeout: 2 * time.Second,
 		MaxAttempts:    3,
 		MinBackoff:     time.Millisecond,
@@ -399,19 +406,12 @@ func TestS3StorePutOfUnknownOutcome(t *testing.T) {
 // TestS3StoreContextCancel checks that a caller's deadline ends a stalled
 // request at once, without retries.
 func TestS3StoreContextCancel(t *testing.T) {
-	v := testenv.NewVersity(t)
-	bucket := v.NewBucket(t)
-	p, err := testenv.NewProxy(v.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	s := openS3(t, v, p.URL(), bucket, segment.OpenOptions{RequestTimeout: 5 * time.Second})
+	s, p := proxiedS3(t, segment.OpenOptions{RequestTimeout: 5 * time.Second})
 	p.AddFault(testenv.Fault{Op: testenv.OpPut, Stall: time.Minute})
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err = s.Put(ctx, "k", []byte("v"), segment.PutOptions{})
+	_, err := s.Put(ctx, "k", []byte("v"), segment.PutOptions{})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("error = %v, want DeadlineExceeded", err)
 	}
@@ -424,14 +424,7 @@ func TestS3StoreContextCancel(t *testing.T) {
 }
 
 func TestS3StoreServerDown(t *testing.T) {
-	v := testenv.NewVersity(t)
-	bucket := v.NewBucket(t)
-	p, err := testenv.NewProxy(v.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	s := openS3(t, v, p.URL(), bucket, segment.OpenOptions{
+	s, p := proxiedS3(t, segment.OpenOptions{
 		MaxAttempts: 20, MinBackoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
 	})
 	ctx := context.Background()
@@ -543,14 +536,7 @@ func TestParseS3LocationEndpointErrors(t *testing.T) {
 // 409 ConditionalRequestConflict.
 func TestS3StoreFolderCollision(t *testing.T) {
 	ctx := context.Background()
-	v := testenv.NewVersity(t)
-	bucket := v.NewBucket(t)
-	p, err := testenv.NewProxy(v.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	s := openS3(t, v, p.URL(), bucket, segment.OpenOptions{MaxAttempts: 5, MinBackoff: time.Millisecond})
+	s, p := proxiedS3(t, segment.OpenOptions{MaxAttempts: 5, MinBackoff: time.Millisecond})
 	if _, err := s.Put(ctx, "d/x", []byte("x"), segment.PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
