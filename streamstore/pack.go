@@ -604,8 +604,27 @@ func (e *Engine) readRange(ctx context.Context, rg packedRange, damaged func(wal
 	for _, r := range rg.runs {
 		size += r.span.Len
 	}
-	own := make([]byte, 0, size)
 	out := make(map[string][]Record, len(rg.runs))
+	if size == int64(len(data)) {
+		// Nothing but the runs in the range: it holds only what the
+		// fold keeps, so the records stay where they were read rather
+		// than take a copy of the range (in row 2-many, where repacked
+		// streams sit side by side in the packs, the copies were half of
+		// what reading packs back allocated).
+		for _, r := range rg.runs {
+			ent, err := decodeRun(data, rg.off, r)
+			if err != nil {
+				if damaged == nil || !isDamage(err) {
+					return nil, err
+				}
+				damaged(r, err)
+				continue
+			}
+			out[runCacheKey(r.key, r.span)] = ent.Records
+		}
+		return out, nil
+	}
+	own := make([]byte, 0, size)
 	for _, r := range rg.runs {
 		// Each run is checked on its own (its span is known here, not
 		// taken from the object), so a damaged entry costs only its own

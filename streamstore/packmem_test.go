@@ -109,3 +109,64 @@ func TestPackReleasesRecordsOnceWritten(t *testing.T) {
 		}
 	}
 }
+
+// A range read back from a pack that holds nothing but the runs wanted is
+// not copied: its records stay in the buffer the GET returned, and the
+// read allocates the range once rather than twice. (A range with other
+// streams' entries between the runs is copied, so as not to keep them:
+// TestPackedRecordsDoNotHoldTheRange.)
+func TestPackedRangeOfOnlyTheRunsIsNotCopied(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	w := startEngine(t, st, Config{})
+	setPackBelow(w, 4<<20)
+	names := []string{"/a", "/b", "/c"}
+	const size = 100 << 10
+	for _, name := range names {
+		if _, _, err := w.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+		mustAppend(t, w, name, AppendRequest{Records: []NewRecord{{Body: bytes.Repeat([]byte(name[1:]), size)}}})
+	}
+	mustCompact(t, w)
+	if packs := st.Keys("pack/"); len(packs) != 1 {
+		t.Fatalf("%d packs; the test needs the three streams in one", len(packs))
+	}
+	if err := w.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ranges := &rangeGets{Store: st}
+	e := startEngine(t, ranges, Config{})
+	var all []*stream
+	for _, name := range names {
+		if _, err := e.Head(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		e.mu.RLock()
+		all = append(all, e.streams[name])
+		e.mu.RUnlock()
+	}
+	ranges.got = nil
+	got, err := e.readPacked(ctx, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ranges.got) != 1 {
+		t.Fatalf("the fold read %d ranges; the test needs one", len(ranges.got))
+	}
+	var n int
+	for _, recs := range got {
+		for _, r := range recs {
+			n++
+			if len(r.Body) != size {
+				t.Fatalf("a record of %d bytes; want %d", len(r.Body), size)
+			}
+			if !overlaps(r.Body, ranges.got[0]) {
+				t.Errorf("a record of %s was copied out of a range that holds nothing else (%d bytes)", r.Body[:1], len(ranges.got[0]))
+			}
+		}
+	}
+	if n != len(names) {
+		t.Fatalf("read back %d records; want %d", n, len(names))
+	}
+}
