@@ -552,40 +552,8 @@ func TestDueStreamPastHalfTheLimitIsFolded(t *testing.T) {
 // 10,000 streams out of the packs peaked near 1 GB of heap).
 func TestPackedRecordsDoNotHoldTheRange(t *testing.T) {
 	ctx := context.Background()
-	st := memstore.New()
-	w := startEngine(t, st, Config{})
-	setPackBelow(w, 4<<20)
-	names := []string{"/a", "/b", "/c"}
 	const size = 100 << 10 // under packReadGap: one GET for all three
-	for _, name := range names {
-		if _, _, err := w.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
-			t.Fatal(err)
-		}
-		mustAppend(t, w, name, AppendRequest{Records: []NewRecord{{Body: bytes.Repeat([]byte(name[1:]), size)}}})
-	}
-	mustCompact(t, w)
-	if packs := st.Keys("pack/"); len(packs) != 1 {
-		t.Fatalf("%d packs; the test needs the three streams in one", len(packs))
-	}
-	if err := w.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// A node started since has nothing cached: a fold reads the pack.
-	ranges := &rangeGets{Store: st}
-	e := startEngine(t, ranges, Config{})
-	var all []*stream
-	for _, name := range names {
-		if _, err := e.Head(ctx, name); err != nil {
-			t.Fatal(err)
-		}
-		e.mu.RLock()
-		s := e.streams[name]
-		e.mu.RUnlock()
-		if runs, _ := packedRuns(e, name); runs != 1 {
-			t.Fatalf("%s has %d pack runs; the test needs 1", name, runs)
-		}
-		all = append(all, s)
-	}
+	e, ranges, all := threeStreamsInOnePack(t, size)
 	// Fold the first and the last in the pack: the middle one is the gap.
 	slices.SortFunc(all, func(x, y *stream) int { return cmp.Compare(x.runs[0].span.Off, y.runs[0].span.Off) })
 	ranges.got = nil // the pack's index, read at start
@@ -611,6 +579,48 @@ func TestPackedRecordsDoNotHoldTheRange(t *testing.T) {
 	if n != 2 {
 		t.Fatalf("read back %d records; want 2", n)
 	}
+}
+
+// threeStreamsInOnePack packs streams /a, /b and /c, one record of size
+// bytes each, into one pack, and returns them as a node started since
+// has them (nothing cached: a fold reads the pack) on a store that keeps
+// the ranges it was asked for.
+func threeStreamsInOnePack(t *testing.T, size int) (*Engine, *rangeGets, []*stream) {
+	t.Helper()
+	ctx := context.Background()
+	st := memstore.New()
+	w := startEngine(t, st, Config{})
+	setPackBelow(w, 4<<20)
+	names := []string{"/a", "/b", "/c"}
+	for _, name := range names {
+		if _, _, err := w.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+		mustAppend(t, w, name, AppendRequest{Records: []NewRecord{{Body: bytes.Repeat([]byte(name[1:]), size)}}})
+	}
+	mustCompact(t, w)
+	if packs := st.Keys("pack/"); len(packs) != 1 {
+		t.Fatalf("%d packs; the test needs the three streams in one", len(packs))
+	}
+	if err := w.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ranges := &rangeGets{Store: st}
+	e := startEngine(t, ranges, Config{})
+	var all []*stream
+	for _, name := range names {
+		if _, err := e.Head(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		e.mu.RLock()
+		s := e.streams[name]
+		e.mu.RUnlock()
+		if runs, _ := packedRuns(e, name); runs != 1 {
+			t.Fatalf("%s has %d pack runs; the test needs 1", name, runs)
+		}
+		all = append(all, s)
+	}
+	return e, ranges, all
 }
 
 // rangeGets keeps what its ranged GETs of packs returned.

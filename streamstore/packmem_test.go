@@ -117,35 +117,8 @@ func TestPackReleasesRecordsOnceWritten(t *testing.T) {
 // TestPackedRecordsDoNotHoldTheRange.)
 func TestPackedRangeOfOnlyTheRunsIsNotCopied(t *testing.T) {
 	ctx := context.Background()
-	st := memstore.New()
-	w := startEngine(t, st, Config{})
-	setPackBelow(w, 4<<20)
-	names := []string{"/a", "/b", "/c"}
 	const size = 100 << 10
-	for _, name := range names {
-		if _, _, err := w.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
-			t.Fatal(err)
-		}
-		mustAppend(t, w, name, AppendRequest{Records: []NewRecord{{Body: bytes.Repeat([]byte(name[1:]), size)}}})
-	}
-	mustCompact(t, w)
-	if packs := st.Keys("pack/"); len(packs) != 1 {
-		t.Fatalf("%d packs; the test needs the three streams in one", len(packs))
-	}
-	if err := w.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	ranges := &rangeGets{Store: st}
-	e := startEngine(t, ranges, Config{})
-	var all []*stream
-	for _, name := range names {
-		if _, err := e.Head(ctx, name); err != nil {
-			t.Fatal(err)
-		}
-		e.mu.RLock()
-		all = append(all, e.streams[name])
-		e.mu.RUnlock()
-	}
+	e, ranges, all := threeStreamsInOnePack(t, size)
 	ranges.got = nil
 	got, err := e.readPacked(ctx, all)
 	if err != nil {
@@ -166,7 +139,7 @@ func TestPackedRangeOfOnlyTheRunsIsNotCopied(t *testing.T) {
 			}
 		}
 	}
-	if n != len(names) {
-		t.Fatalf("read back %d records; want %d", n, len(names))
+	if n != len(all) {
+		t.Fatalf("read back %d records; want %d", n, len(all))
 	}
 }
