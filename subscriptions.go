@@ -3033,15 +3033,22 @@ var (
 		repeat: "repeat it with the same worker: it is granted, or, where the claim took effect, answered " +
 			"409 ALREADY_CLAIMED naming this worker until that lease runs out"}
 	subWriteAck = subWrite{what: "ack",
-		repeat: "repeat it as it was: an ack at the offsets it acknowledged is taken again"}
+		repeat: ackRepeat}
 	subWriteCallback = subWrite{what: "callback",
-		repeat: "repeat it as it was: an ack at the offsets it acknowledged is taken again"}
+		repeat: ackRepeat}
 	subWriteAckDone = subWrite{what: "ack",
-		repeat: "repeat it as it was: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
+		repeat: ackDoneRepeat}
 	subWriteCallbackDone = subWrite{what: "callback",
-		repeat: "repeat it as it was: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
+		repeat: ackDoneRepeat}
 	subWriteRelease = subWrite{what: "release",
 		repeat: "repeat it: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"}
+)
+
+// What a repeat of an ack (or a webhook's callback) does, one that ends
+// the wake (done) or not.
+const (
+	ackRepeat     = "repeat it as it was: an ack at the offsets it acknowledged is taken again"
+	ackDoneRepeat = "repeat it as it was: it is taken, or, where it took effect and ended the wake, answered 409 FENCED"
 )
 
 // ackWrite is the change of an ack, or of a webhook's callback, that ends
