@@ -147,7 +147,7 @@ func TestMarkdownTable(t *testing.T) {
 	miss := newRow("2", "Object-store cost", "≤ 10 S3 requests of any kind per 1,000 appends")
 	miss.Measured = "14.5 S3 req/1,000 appends"
 	miss.Checks = []check{{What: "S3 requests per 1,000 appends", Got: 14.5, Limit: 10}}
-	miss.use(settings{Note: "compaction lists every stream", Tried: "folding 8 streams at a time"})
+	miss.use(settings{Why: "compaction lists every stream", Note: "a LIST per stream per cycle, 3,000 in the window", Tried: "folding 8 streams at a time"})
 
 	broken := newRow("6", "Fan-out", "every event reaches every subscriber")
 	broken.Err = "bench r6: exit status 1: dial tcp: too many open files"
@@ -190,7 +190,10 @@ func TestMarkdownTable(t *testing.T) {
 			t.Errorf("missing row lacks %q: %s", want, rows[1])
 		}
 	}
-	// What was tried goes to the row's section, not the table.
+	// The evidence and what was tried go to the row's section, not the table.
+	if strings.Contains(rows[1], "3,000 in the window") || !strings.Contains(md, "\n- Note: a LIST per stream per cycle, 3,000 in the window\n") {
+		t.Errorf("note misplaced or missing:\n%s", md)
+	}
 	if strings.Contains(rows[1], "folding 8") || !strings.Contains(md, "\n- Tried without gain: folding 8 streams at a time\n") {
 		t.Errorf("tried-without-gain line misplaced or missing:\n%s", md)
 	}

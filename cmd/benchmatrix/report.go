@@ -21,7 +21,8 @@ type rowResult struct {
 	Ratio     float64
 	Checks    []check
 	Err       string   // set when the row could not be measured
-	Note      string   // a human explanation, from the settings table
+	Why       string   // the table's short reason, from the settings table
+	Note      string   // the full explanation, from the settings table
 	Tried     string   // what was tried without gain, from the settings table
 	Commands  []string // exact load-generator command lines
 	Details   []string // further figures for the row's section
@@ -37,7 +38,7 @@ func newRow(id, title, target string) *rowResult {
 
 // use records the settings the row runs with.
 func (r *rowResult) use(set settings) {
-	r.Settings, r.Note, r.Tried = set.String(), set.Note, set.Tried
+	r.Settings, r.Why, r.Note, r.Tried = set.String(), set.Why, set.Note, set.Tried
 }
 
 // check is one target of a row: Got must be at least (Min) or at most Limit.
@@ -257,11 +258,11 @@ func (rep *report) markdown() string {
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rep.Rows {
 		v, reason := r.verdict()
-		if r.Note != "" {
+		if r.Why != "" {
 			if reason != "" {
-				reason += ". " + r.Note
+				reason += ". " + r.Why
 			} else {
-				reason = r.Note
+				reason = r.Why
 			}
 		}
 		verdict := v
@@ -328,6 +329,9 @@ func (rep *report) markdown() string {
 		}
 		for _, d := range r.Details {
 			fmt.Fprintf(&b, "- %s\n", d)
+		}
+		if r.Why != "" {
+			fmt.Fprintf(&b, "- In short: %s\n", r.Why)
 		}
 		if r.Note != "" {
 			fmt.Fprintf(&b, "- Note: %s\n", r.Note)
@@ -420,4 +424,4 @@ const columnsText = "## Columns\n\n" +
 	"- **Target**: the issue's target for the row.\n" +
 	"- **Steal**: the share of the machine's CPU time that the hypervisor gave to other guests while the row (with its references) ran, from /proc/stat; a figure measured under steal is lower, or slower, than the same code gets on an idle host.\n" +
 	"- **Result**: PASS when every target of the row is met, MISS when one is not, ERROR when the row could not be measured, — when the row has no target of its own.\n" +
-	"- **Reason**: for a MISS, which target missed and by how much, as measured; for an ERROR, what went wrong.\n\n"
+	"- **Reason**: for a MISS, which target missed and by how much, as measured; for an ERROR, what went wrong; then, in a sentence or two, why the row is tuned as it is or what bounds it. The measurements behind that, and what was tried without gain, are in the row's section below.\n\n"

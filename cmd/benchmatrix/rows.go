@@ -22,8 +22,12 @@ type settings struct {
 	Directives []string
 	Latency    time.Duration // fixed delay per S3 request
 	Jitter     time.Duration // plus a random delay in [0, Jitter)
-	// Note is a human explanation shown in the row's Reason cell (say why
-	// a row misses, or why it is tuned the way it is).
+	// Why is the row's Reason cell after its verdict: a sentence or two
+	// on why it is tuned the way it is, or on what bounds it when it
+	// misses. The evidence goes in Note.
+	Why string
+	// Note is the full explanation, with the measurements behind it,
+	// shown in the row's section.
 	Note string
 	// Tried lists changes measured on the profiling rig that did not move
 	// the row, with their figures, so nobody spends a day on them again.
@@ -41,6 +45,10 @@ var rowOneTuning = []string{"flush_interval 5ms", "flush_quiet 300us"}
 // would; "1-defaults" stays at the module's defaults.
 var rowSettings = map[string]settings{
 	"1": {Directives: rowOneTuning,
+		Why: "Tuned for appends/s. What bounds it is the box: versitygw and the S3 proxy run on the 2 cores the ceiling gives to Caddy " +
+			"and the load generator alone, and an append costs about 195 us of CPU across the four processes against 83 us for a ceiling " +
+			"request, so both cores busy would give about 10,000 appends/s; each closed-loop writer also waits a WAL PUT (about 4 ms " +
+			"under this load) for every append",
 		Note: "Tuned: flush_interval 5ms, at most one WAL PUT per 5 ms, and flush_quiet 300us, so that the writers one upload acknowledges " +
 			"share the next instead of the first of them taking one alone (on the rig, 15 s runs: 2,377 and 2,418 WAL PUTs against 3,039 and " +
 			"3,020 without, at 6,460 and 6,733 appends/s against 6,392 and 6,679: fewer PUTs, not more speed). " +
@@ -92,89 +100,101 @@ var rowSettings = map[string]settings{
 			"each, alternated): versitygw and the proxy at nice -10, so that the S3 side's wake-ups are never queued behind Caddy's and " +
 			"the load generator's work, as a remote bucket's would not be: 6,914 and 6,194 appends/s against 7,432 and 6,948 at equal " +
 			"priority, no gain; the PUT's time under load is not the S3 processes waiting for a core"},
-	"1-defaults": {Note: "flush_interval 20ms: at most 50 WAL PUTs/s; latency is about the interval plus a PUT"},
+	"1-defaults": {Why: "flush_interval 20ms: at most 50 WAL PUTs/s; latency is about the interval plus a PUT"},
 	"2": {Directives: []string{"flush_interval 60ms"},
+		Why: "Tuned for cost: flush_interval 60ms caps WAL PUTs at about 17/s; compaction adds a data PUT and a checkpoint per busy stream per cycle",
 		Note: "Tuned for cost: flush_interval 60ms caps WAL PUTs at about 17/s. Compaction costs one data PUT and one metadata PUT per " +
 			"active stream per cycle, and a cycle starts when the backlog reaches 3/4 of the 64 MiB cache: about 4 requests per 1,000 " +
 			"appends of 1 KiB over 100 streams"},
-	"2-many": {Note: "Defaults. A compaction packs the new records of each busy stream with little not yet in data objects of its own " +
-		"(pack_below 256 KiB) into shared pack objects, up to 4 MiB each, instead of writing it a data object and a checkpoint. At 10 to " +
-		"16 compactions or 5 to 10 minutes in the packs (spread by a hash of its name) a stream is repacked into one run of the " +
-		"compaction's pack while its packed records are at most half of pack_below, and folded (a data PUT and a checkpoint) past " +
-		"half: here, at 0.2 appends/s of 1 KiB, every stream is repacked once, 5 to 10 minutes in, and folded 10 to 20 minutes in. " +
-		"The window starts 7 minutes into the load, before the folds: its requests are the WAL's PUTs (at most 50 a second at " +
-		"flush_interval 20ms, about 25 per 1,000 appends here) and the packs'. On the rig (versitygw direct, the module's own " +
-		"counters, f3a8120 with the half rule), minutes 7 to 22, which hold every stream's first fold: 38.3 requests per 1,000 " +
-		"appends (68,877 for 1,800,150; 55.4 in minutes 10 to 15, where most folds fell), p99 209 ms over the 22 minutes, Caddy's " +
-		"peak RSS 1,013 MiB (a transient heap, 160 MiB after the load). Before repacks (a338a0b) streams left the packs every 5 to 10 " +
-		"minutes: 57.4 per 1,000 in this window. Repacking up to pack_below itself, without the half rule, let 10,000 streams " +
-		"growing at one rate pass the limit together 21 minutes in: 20,000 PUTs and the reads of their packs held compaction up " +
-		"until the WAL outgrew the cache, it then read the WAL back a GET per entry and never caught up (614,000 GETs in 5 " +
-		"minutes, p99 155 s); since fb2b514 a compaction that finds entries gone from the cache reads them back a GET per WAL " +
-		"object for all the streams with entries in it, a window of at most 32 MiB of them at a time. Before packs (cc73c1b) this " +
-		"row measured 433 requests per 1,000 appends and a p99 of 4.4 s. Memory: a compaction held every record it packed, repacks' " +
-		"records read back from older packs included, until its last pack was written, and copied each range it read back; since " +
-		"3d5eac0 it lets go of a stream's records once its pack is written, and since fe70678 a range that holds only the runs it " +
-		"wants is decoded in place. bench/run -rows 2,8 at 7512710 (2026-12-05 22:05 UTC): Caddy's RSS over this window 257 MiB, " +
-		"peak 384, 286,777 minor faults, 65.1 s of CPU, p99 121 ms, 29.3 requests per 1,000 appends, against 867 MiB, peak 867, " +
-		"460,523 faults, 69.5 s, 199 ms and 29.2 in the matrix at 15e84b8"},
-	"3": {Latency: 25 * time.Millisecond, Note: "Defaults; the proxy adds 25 ms to every S3 request. " +
-		"A compaction starts when the backlog reaches 3/4 of the 64 MiB cache, here every 7-10 s. It folded each of the 1,000 streams with a " +
-		"data PUT and a checkpoint PUT, about 2,000 PUTs per cycle, seven times the WAL's own; since packs (f943223) their few records per " +
-		"cycle go into shared packs instead, the window's PUTs are the WAL's (930 in 20 s at d8d03d7), and appends/s stayed where they were " +
-		"(41.9% against 39% at cc73c1b): this row is bound by the box's CPU, not by the bucket's requests. " +
-		"Before 7bbdf8b compaction folded 8 at a time and fell behind for good (the WAL grew by 40 objects a second), " +
-		"which this 20 s window showed as a higher figure (41% at 2ebfc5d). The p99 target is below what 1,024 closed-loop writers " +
-		"see even from the respond ceiling, or only just (its own p99 is in the Reference column: 106 ms in the run of a852feb, 99.7 ms in that " +
-		"of 364428f). By Little's law 1,024 closed-loop writers wait 1,024 / X seconds on average at X appends/s, and the ceiling's own p99 " +
-		"is about 2.25 times its mean (99.7 ms at 23,149 requests/s, a mean of 44 ms): with that spread a p99 of 100 ms needs a mean of 44 ms, " +
-		"which is the ceiling's throughput itself. PicoMQ's spread in that run was the same: p99 259 ms at a mean of 122 ms (8,422 appends/s). " +
-		"Since fb2b514 a compaction takes the entries it compacts at its start (appends made while it runs, with packs to read back " +
-		"25 ms away, pushed them out of the cache and it read them back one GET each) and reads those already lost back a GET per WAL " +
-		"object: on the rig (this row's load, 40 s, alternated with 2e437bb) 99-110 GETs against 430-824 at the default cache and " +
-		"appends/s inside the spread (9.0k and 8.4k against 9.6k and 8.5k); at cache_size 8MiB 7.5k and 8.5k appends/s against 6.3k and " +
-		"6.7k, with 1.5-1.7k GETs against 11-12k. What the CPU goes to (the rig, 2026-12-04, each process's CPU over the window divided " +
-		"by its appends): the ceiling's Caddy takes about 40 us a request and the load generator about 45, the load generator the same " +
-		"against PicoMQ; PicoMQ's Caddy took about 88 us an append, versitygw and the proxy about 12 each. Of Caddy's extra, net/http " +
-		"itself starts a goroutine to read ahead on every request whose body is read to its end (an extra read that finds nothing, " +
-		"about 4% of Caddy's CPU), which the respond ceiling, reading no body, never does; compaction takes 6-9%, the WAL's uploads " +
-		"4%. From c446833 to c25ccaa a pack is laid out in one buffer (its index appended past capacity copied up to 4 MiB), every " +
-		"append's timeout shares one timer instead of arming its own, and responses allocate less. On the rig, each step alternated " +
-		"with the build before it (3 pairs, fresh Caddy and bucket each, means of Caddy's CPU per append): 88.8 to 86.4 us (pack " +
-		"buffer, cache keys, headers), 87.5 to 84.0 (the timer), 82.9 to 81.6 (change channels, offset strings)",
+	"2-many": {Why: "Defaults. Many slow streams cost more than a few busy ones: their records go to pack objects shared by hundreds of " +
+		"streams, and most of the window's requests are the WAL's PUTs (up to 50 a second at flush_interval 20ms)",
+		Note: "Defaults. A compaction packs the new records of each busy stream with little not yet in data objects of its own " +
+			"(pack_below 256 KiB) into shared pack objects, up to 4 MiB each, instead of writing it a data object and a checkpoint. At 10 to " +
+			"16 compactions or 5 to 10 minutes in the packs (spread by a hash of its name) a stream is repacked into one run of the " +
+			"compaction's pack while its packed records are at most half of pack_below, and folded (a data PUT and a checkpoint) past " +
+			"half: here, at 0.2 appends/s of 1 KiB, every stream is repacked once, 5 to 10 minutes in, and folded 10 to 20 minutes in. " +
+			"The window starts 7 minutes into the load, before the folds: its requests are the WAL's PUTs (at most 50 a second at " +
+			"flush_interval 20ms, about 25 per 1,000 appends here) and the packs'. On the rig (versitygw direct, the module's own " +
+			"counters, f3a8120 with the half rule), minutes 7 to 22, which hold every stream's first fold: 38.3 requests per 1,000 " +
+			"appends (68,877 for 1,800,150; 55.4 in minutes 10 to 15, where most folds fell), p99 209 ms over the 22 minutes, Caddy's " +
+			"peak RSS 1,013 MiB (a transient heap, 160 MiB after the load). Before repacks (a338a0b) streams left the packs every 5 to 10 " +
+			"minutes: 57.4 per 1,000 in this window. Repacking up to pack_below itself, without the half rule, let 10,000 streams " +
+			"growing at one rate pass the limit together 21 minutes in: 20,000 PUTs and the reads of their packs held compaction up " +
+			"until the WAL outgrew the cache, it then read the WAL back a GET per entry and never caught up (614,000 GETs in 5 " +
+			"minutes, p99 155 s); since fb2b514 a compaction that finds entries gone from the cache reads them back a GET per WAL " +
+			"object for all the streams with entries in it, a window of at most 32 MiB of them at a time. Before packs (cc73c1b) this " +
+			"row measured 433 requests per 1,000 appends and a p99 of 4.4 s. Memory: a compaction held every record it packed, repacks' " +
+			"records read back from older packs included, until its last pack was written, and copied each range it read back; since " +
+			"3d5eac0 it lets go of a stream's records once its pack is written, and since fe70678 a range that holds only the runs it " +
+			"wants is decoded in place. bench/run -rows 2,8 at 7512710 (2026-12-05 22:05 UTC): Caddy's RSS over this window 257 MiB, " +
+			"peak 384, 286,777 minor faults, 65.1 s of CPU, p99 121 ms, 29.3 requests per 1,000 appends, against 867 MiB, peak 867, " +
+			"460,523 faults, 69.5 s, 199 ms and 29.2 in the matrix at 15e84b8"},
+	"3": {Latency: 25 * time.Millisecond,
+		Why: "Defaults. Throughput is bound by the box's CPU, as in row 1. The p99 target sits at the ceiling's own p99 for the same " +
+			"1,024 closed-loop writers: at half the ceiling's rate they wait 1,024 / rate, about 90 ms, on average, and the p99 of " +
+			"such a load is about twice its mean, the ceiling's included",
+		Note: "Defaults; the proxy adds 25 ms to every S3 request. " +
+			"A compaction starts when the backlog reaches 3/4 of the 64 MiB cache, here every 7-10 s. It folded each of the 1,000 streams with a " +
+			"data PUT and a checkpoint PUT, about 2,000 PUTs per cycle, seven times the WAL's own; since packs (f943223) their few records per " +
+			"cycle go into shared packs instead, the window's PUTs are the WAL's (930 in 20 s at d8d03d7), and appends/s stayed where they were " +
+			"(41.9% against 39% at cc73c1b): this row is bound by the box's CPU, not by the bucket's requests. " +
+			"Before 7bbdf8b compaction folded 8 at a time and fell behind for good (the WAL grew by 40 objects a second), " +
+			"which this 20 s window showed as a higher figure (41% at 2ebfc5d). The p99 target is below what 1,024 closed-loop writers " +
+			"see even from the respond ceiling, or only just (its own p99 is in the Reference column: 106 ms in the run of a852feb, 99.7 ms in that " +
+			"of 364428f). By Little's law 1,024 closed-loop writers wait 1,024 / X seconds on average at X appends/s, and the ceiling's own p99 " +
+			"is about 2.25 times its mean (99.7 ms at 23,149 requests/s, a mean of 44 ms): with that spread a p99 of 100 ms needs a mean of 44 ms, " +
+			"which is the ceiling's throughput itself. PicoMQ's spread in that run was the same: p99 259 ms at a mean of 122 ms (8,422 appends/s). " +
+			"Since fb2b514 a compaction takes the entries it compacts at its start (appends made while it runs, with packs to read back " +
+			"25 ms away, pushed them out of the cache and it read them back one GET each) and reads those already lost back a GET per WAL " +
+			"object: on the rig (this row's load, 40 s, alternated with 2e437bb) 99-110 GETs against 430-824 at the default cache and " +
+			"appends/s inside the spread (9.0k and 8.4k against 9.6k and 8.5k); at cache_size 8MiB 7.5k and 8.5k appends/s against 6.3k and " +
+			"6.7k, with 1.5-1.7k GETs against 11-12k. What the CPU goes to (the rig, 2026-12-04, each process's CPU over the window divided " +
+			"by its appends): the ceiling's Caddy takes about 40 us a request and the load generator about 45, the load generator the same " +
+			"against PicoMQ; PicoMQ's Caddy took about 88 us an append, versitygw and the proxy about 12 each. Of Caddy's extra, net/http " +
+			"itself starts a goroutine to read ahead on every request whose body is read to its end (an extra read that finds nothing, " +
+			"about 4% of Caddy's CPU), which the respond ceiling, reading no body, never does; compaction takes 6-9%, the WAL's uploads " +
+			"4%. From c446833 to c25ccaa a pack is laid out in one buffer (its index appended past capacity copied up to 4 MiB), every " +
+			"append's timeout shares one timer instead of arming its own, and responses allocate less. On the rig, each step alternated " +
+			"with the build before it (3 pairs, fresh Caddy and bucket each, means of Caddy's CPU per append): 88.8 to 86.4 us (pack " +
+			"buffer, cache keys, headers), 87.5 to 84.0 (the timer), 82.9 to 81.6 (change channels, offset strings)",
 		Tried: "cache_size 256MiB, so compaction runs a quarter as often (PUTs in the run 3,257 against 8,750, but Caddy's CPU up 2.2 s with a heap of " +
 			"cached records four times larger, RSS 727 MiB, and appends/s unchanged: 7,736 against 7,670); as an experiment only, no checkpoint PUTs at " +
 			"all, which is not durable (PUTs down 30-40%, versitygw and the proxy 5% of a core less, appends/s inside the spread: 7,997 and 7,385 " +
 			"against 7,675 and 5,995). So sharing data objects among streams or batching checkpoints would lower the bucket's bill, not lift this " +
 			"ratio: the cores go to 1,024 connections' HTTP (Caddy 91% of a core, the load generator 47%)"},
-	"4": {Directives: rowOneTuning, Note: "Row 1's tuning"},
-	"5": {Note: "Appends of 256 KiB and more are written once, as blobs the WAL entry names, and compaction lists them instead of copying them. " +
-		"The reference PUTs new keys, as the stream keeps every byte, and deletes them after; both halves start with nothing left to write back " +
-		"(rewriting a few keys, as the reference did before, let a disk file system drop each object unwritten: 242 MiB/s against about 190). " +
-		"Each appended byte still crosses two more sockets than in the reference (client to Caddy, Caddy to the S3 proxy)"},
-	"6": {Note: "Each append is 5,000 events (100,000 a second) that Caddy writes and the load generator reads on the same 2 cores, " +
-		"each a small TCP segment over loopback whose kernel work (about 5 us in the writer's syscall and 4 us in the reader's) is most of the " +
-		"cost. Feeds at the tail park in the stream's hub: one goroutine per processor writes the event, encoded once, to every feed, so an " +
-		"append wakes a few goroutines instead of 5,000. A pass goes 256 feeds at a time and reads the stream again before each slice, so a " +
-		"record that lands mid-pass joins the previous one in the same write to the feeds not yet written, and reaches the others in a pass " +
-		"over just them (since 1d39d50; two runs back to back on this box: p50 54 and p99 122 ms against 78 and 156 before). Since 74202b1 " +
-		"the hub writes beneath the idle write timeout Caddy wraps every response in, which moved the connection's deadline before each " +
-		"write and each flush (13% of Caddy's CPU in perf) while the hub's own deadline bounds the write anyway: at 5 appends/s, alternated, " +
-		"9.4-9.8 s of Caddy's CPU against 10.7-11.1 s for the same 500,000 events. The line at 1 append/s in the details is the floor on this VM: one wave over every " +
-		"feed, with the machine to itself, already takes about a hundred milliseconds. The Steal column matters most here: on 2026-12-02 the " +
-		"same binary measured p99 105 and 112 ms in two rounds at 19:12 UTC, and 210 to 1,380 ms between 19:25 and 19:50 with 30 to 57% of the CPU " +
-		"stolen (/proc/stat's steal counter, read around each run); on 2026-12-03 the full matrix's rounds gave 142, 121 and 105 ms with " +
-		"6% stolen, and the row alone, minutes later with 14-17% stolen, 152-336 ms (and 282-483 ms for the build before 9a7efac, whose " +
-		"change does not touch this path). The box has no room to spare here: on the rig at 1 append/s a wave costs Caddy 82-110 ms of " +
-		"CPU (a write syscall of about 9 us per feed against 5 at 20 appends/s, as each wakes an idle reader) and the load generator " +
-		"about 40 ms more than its baseline (measured 2026-12-03 at 0.1 append/s: Caddy 0.24 s and the load generator 1.68 s in 20 s, " +
-		"its pollers' 1 ms ticks costing about 8% of a core, most of it (perf) the Go runtime breaking its network poller's sleep, a write " +
-		"to its eventfd, for each new timer), so a wave lasts what both need of the two cores, and any CPU taken from them lengthens it. Since 4d129f3 a pass's " +
-		"writes run on goroutines the hub watches every 10 ms, so that a client that stopped reading (its socket full) leaves the hub " +
-		"instead of holding every other feed up to the write timeout (through Caddy, 20 readers beside one such client: a record 7.4-8.2 s " +
-		"late before, 155-560 ms after on a busy box); this row, alternated on 2026-12-04 with the build before (bench/run -rows 6, same " +
-		"hour, no steal): rounds 112, 92.5 and 111 ms against 127, 118 and 104, Caddy's CPU 29.8 s against 29.4. Row 6-node is the " +
-		"same load on the Node reference server, in memory",
+	"4": {Directives: rowOneTuning, Why: "Row 1's tuning"},
+	"5": {Why: "Appends of 256 KiB and more are written once, as blobs the WAL entry names; each byte still crosses two more " +
+		"sockets than in the reference",
+		Note: "Appends of 256 KiB and more are written once, as blobs the WAL entry names, and compaction lists them instead of copying them. " +
+			"The reference PUTs new keys, as the stream keeps every byte, and deletes them after; both halves start with nothing left to write back " +
+			"(rewriting a few keys, as the reference did before, let a disk file system drop each object unwritten: 242 MiB/s against about 190). " +
+			"Each appended byte still crosses two more sockets than in the reference (client to Caddy, Caddy to the S3 proxy)"},
+	"6": {Why: "Each append is 5,000 events that Caddy writes and the load generator reads over loopback on the same 2 cores, a " +
+		"system call on each side per event: a wave over every subscriber takes much of the 50 ms between appends, and the p99 is " +
+		"where the slowest waves end (82 to 155 ms over the last runs, with the machine as much as with the code)",
+		Note: "Each append is 5,000 events (100,000 a second) that Caddy writes and the load generator reads on the same 2 cores, " +
+			"each a small TCP segment over loopback whose kernel work (about 5 us in the writer's syscall and 4 us in the reader's) is most of the " +
+			"cost. Feeds at the tail park in the stream's hub: one goroutine per processor writes the event, encoded once, to every feed, so an " +
+			"append wakes a few goroutines instead of 5,000. A pass goes 256 feeds at a time and reads the stream again before each slice, so a " +
+			"record that lands mid-pass joins the previous one in the same write to the feeds not yet written, and reaches the others in a pass " +
+			"over just them (since 1d39d50; two runs back to back on this box: p50 54 and p99 122 ms against 78 and 156 before). Since 74202b1 " +
+			"the hub writes beneath the idle write timeout Caddy wraps every response in, which moved the connection's deadline before each " +
+			"write and each flush (13% of Caddy's CPU in perf) while the hub's own deadline bounds the write anyway: at 5 appends/s, alternated, " +
+			"9.4-9.8 s of Caddy's CPU against 10.7-11.1 s for the same 500,000 events. The line at 1 append/s in the details is the floor on this VM: one wave over every " +
+			"feed, with the machine to itself, already takes about a hundred milliseconds. The Steal column matters most here: on 2026-12-02 the " +
+			"same binary measured p99 105 and 112 ms in two rounds at 19:12 UTC, and 210 to 1,380 ms between 19:25 and 19:50 with 30 to 57% of the CPU " +
+			"stolen (/proc/stat's steal counter, read around each run); on 2026-12-03 the full matrix's rounds gave 142, 121 and 105 ms with " +
+			"6% stolen, and the row alone, minutes later with 14-17% stolen, 152-336 ms (and 282-483 ms for the build before 9a7efac, whose " +
+			"change does not touch this path). The box has no room to spare here: on the rig at 1 append/s a wave costs Caddy 82-110 ms of " +
+			"CPU (a write syscall of about 9 us per feed against 5 at 20 appends/s, as each wakes an idle reader) and the load generator " +
+			"about 40 ms more than its baseline (measured 2026-12-03 at 0.1 append/s: Caddy 0.24 s and the load generator 1.68 s in 20 s, " +
+			"its pollers' 1 ms ticks costing about 8% of a core, most of it (perf) the Go runtime breaking its network poller's sleep, a write " +
+			"to its eventfd, for each new timer), so a wave lasts what both need of the two cores, and any CPU taken from them lengthens it. Since 4d129f3 a pass's " +
+			"writes run on goroutines the hub watches every 10 ms, so that a client that stopped reading (its socket full) leaves the hub " +
+			"instead of holding every other feed up to the write timeout (through Caddy, 20 readers beside one such client: a record 7.4-8.2 s " +
+			"late before, 155-560 ms after on a busy box); this row, alternated on 2026-12-04 with the build before (bench/run -rows 6, same " +
+			"hour, no steal): rounds 112, 92.5 and 111 ms against 127, 118 and 104, Caddy's CPU 29.8 s against 29.4. Row 6-node is the " +
+			"same load on the Node reference server, in memory",
 		Tried: "before the hub, a fan-out gate of 1, 2, 8, 16 or 64 x GOMAXPROCS feeds (p99 229-266 ms in all runs), or no gate at all " +
 			"(p50 52-59 ms against 135, p99 242-334 against 266-276); waking feeds with the stream's state in the wake-up itself, so that " +
 			"5,000 of them do not queue on the stream's mutex (no change); Caddy with GOMAXPROCS=1 (p99 137 ms against 245, a third less " +
@@ -210,6 +230,8 @@ var rowSettings = map[string]settings{
 	// Compaction must move the stream into data objects before the cold
 	// read, so it runs often here.
 	"7": {Directives: []string{"compact_interval 2s"},
+		Why: "Each byte takes one more hop than in the reference (versitygw to Caddy to the reader), on the same two cores; the " +
+			"reference's own speed differs from run to run, and the ratio with it",
 		Note: "Caddy reads straight from versitygw, as the reference does (until 2026-12-01 it read through the S3 proxy, which copies " +
 			"every byte once more on the same two cores: the same read through it is in the details, with its S3 requests). Each byte " +
 			"still takes one more hop than in the reference (versitygw to Caddy to the client, against versitygw to the client), and the " +
@@ -255,11 +277,13 @@ var rowSettings = map[string]settings{
 			"dropped each cold object from the cache once the reader moved past it still took 7,596, and one that capped cold objects at " +
 			"6 MiB evicted the read-ahead's objects before they were read (189-280 MiB/s)"},
 	"7-warm": {Directives: []string{"compact_interval 2s"},
+		Why: "Not the issue's row: the same Caddy's second read, to show what a fresh process's first read pays",
 		Note: "The process of row 7's timed read, right after it: its heap has grown and its connections to versitygw are open. " +
 			"Cold objects leave its cache as the reader moves past them, so the objects come from versitygw again (the same second read through " +
 			"the S3 proxy, in the details, counts the GETs). Not the issue's row: a freshly started Caddy is what row 7 asks for; this " +
 			"row shows what that first read pays on this machine"},
 	"7-cloud": {Directives: []string{"compact_interval 2s"}, Latency: 25 * time.Millisecond,
+		Why: "The read-ahead keeps up to 16 MiB of objects in flight; the reference reads one range at a time, each GET waiting the whole delay",
 		Note: "The read-ahead keeps the next 16 MiB of objects in flight (16 GETs at most), and the window slides with the reader: what a " +
 			"read must keep in flight is bandwidth times latency. Before 8e18c36 it fetched two at a time, window by window, and read this " +
 			"stream at about 64 MiB/s on the rig. The reference reads one range at a time, so each of its GETs waits the whole delay; it is " +
@@ -267,14 +291,15 @@ var rowSettings = map[string]settings{
 			" Since 8b416bf the window opens at two objects, so one read at an old offset does not fetch sixteen, and since 5194b5c it " +
 			"doubles only when the reader moves on and finds its next object not there yet, which from this bucket is every object " +
 			"until the window covers the delay"},
-	"8": {Note: "Until 680a773 this row landed anywhere from +18.5 to +109 MiB for the same code: the streams leave memory only " +
-		"once a compaction has folded them, which the 30 s interval put anywhere from 30 to 60 s after they went idle, and the " +
-		"fold of the last of them (24 s on this box) could still be running, its heap held, when the minute ended. Since " +
-		"680a773 a sweep that finds 1,000 idle streams waiting for a fold starts one, and the compaction lets them go as it " +
-		"ends; the RSS line in the details shows memory back within 35 s of the last request (rerun alone twice on 2026-12-02: " +
-		"+19.3 and +19.3 MiB)"},
+	"8": {Why: "Streams leave memory once a compaction has folded them, and a sweep that finds 1,000 idle streams waiting for one starts it",
+		Note: "Until 680a773 this row landed anywhere from +18.5 to +109 MiB for the same code: the streams leave memory only " +
+			"once a compaction has folded them, which the 30 s interval put anywhere from 30 to 60 s after they went idle, and the " +
+			"fold of the last of them (24 s on this box) could still be running, its heap held, when the minute ended. Since " +
+			"680a773 a sweep that finds 1,000 idle streams waiting for a fold starts one, and the compaction lets them go as it " +
+			"ends; the RSS line in the details shows memory back within 35 s of the last request (rerun alone twice on 2026-12-02: " +
+			"+19.3 and +19.3 MiB)"},
 	// "At row 1's load": row 1's settings too.
-	"9":     {Directives: rowOneTuning, Note: "Row 1's settings and load"},
+	"9":     {Directives: rowOneTuning, Why: "Row 1's settings and load"},
 	"sweep": {Directives: rowOneTuning},
 }
 
