@@ -86,6 +86,13 @@ type Manifest struct {
 	// of later namespaces (zero: none swept yet, blobs without a
 	// namespace in their name included).
 	BlobsSweptTo uint64 `json:"blobs_swept_to,omitempty"`
+	// RetiredWAL lists namespaces no longer replayed whose WAL objects
+	// may still be in the bucket: a compaction takes a namespace out of
+	// Namespaces and deletes its objects after that write, so a failed
+	// delete, or a crash in between, would otherwise leave them for good.
+	// A compaction deletes what is listed here and takes out, at its next
+	// manifest write, the namespaces it found empty.
+	RetiredWAL []uint64 `json:"retired_wal,omitempty"`
 }
 
 // Namespace is one writer namespace (one process start) in the manifest.

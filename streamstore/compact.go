@@ -648,22 +648,27 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 	if err := e.lease.Confirm(ctx); err != nil {
 		return fmt.Errorf("confirm the lease before retiring the WAL: %w", err)
 	}
-	var drop []string // whole namespaces
+	var drop []uint64 // whole namespaces
 	var trimNS, trimTo uint64
 	live, deadPacks := e.livePacks()
 	man, err := e.man.Update(ctx, func(m *segment.Manifest) error {
 		m.Packs = live
-		drop, trimTo = nil, 0
+		trimTo = 0
+		// A namespace leaves Namespaces for RetiredWAL, and leaves that
+		// only once a compaction found its objects deleted: they go
+		// after this write, and a failed delete or a crash before them
+		// must leave something that names them.
+		m.RetiredWAL = slices.DeleteFunc(m.RetiredWAL, func(id uint64) bool { return e.walSwept[id] })
 		kept := m.Namespaces[:0:0]
 		for _, n := range m.Namespaces {
 			if n.ID < end.NS {
-				drop = append(drop, segment.WALPrefix(n.ID))
+				m.RetiredWAL = append(m.RetiredWAL, n.ID)
 				continue
 			}
 			if n.ID == end.NS {
 				n.ReplayFrom = max(n.ReplayFrom, end.Seq)
 				if n.SealedAt != nil && n.ReplayFrom >= *n.SealedAt {
-					drop = append(drop, segment.WALPrefix(n.ID))
+					m.RetiredWAL = append(m.RetiredWAL, n.ID)
 					continue
 				}
 				trimNS, trimTo = n.ID, n.ReplayFrom
@@ -671,11 +676,14 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 			kept = append(kept, n)
 		}
 		m.Namespaces = kept
+		drop = slices.Clone(m.RetiredWAL)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("advance manifest: %w", err)
 	}
+	// The namespaces swept before are out of the list now.
+	e.walSwept = map[uint64]bool{}
 	e.noteRetired(man)
 	// Unlisted now: a crash before the delete leaves them to sweepPacks.
 	e.packs = live
@@ -685,10 +693,11 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 			return fmt.Errorf("delete dead packs: %w", err)
 		}
 	}
-	for _, p := range drop {
-		if err := e.deleteUnder(ctx, p, ""); err != nil {
+	for _, ns := range drop {
+		if err := e.deleteUnder(ctx, segment.WALPrefix(ns), ""); err != nil {
 			return err
 		}
+		e.walSwept[ns] = true
 	}
 	if trimTo > 0 {
 		if err := e.deleteUnder(ctx, segment.WALPrefix(trimNS), segment.WALKey(trimNS, trimTo)); err != nil {

@@ -141,8 +141,12 @@ type Engine struct {
 	// retired is where the last compaction that finished retired the WAL
 	// to (compactMu); a pass that would retire to the same point with
 	// nothing to fold and no pack to drop has nothing to write.
-	retired     walPos
-	hasRetired  bool
+	retired    walPos
+	hasRetired bool
+	// walSwept holds the retired namespaces (Manifest.RetiredWAL) whose
+	// WAL objects the last compaction deleted, for the next manifest
+	// write to take out of the list (compactMu).
+	walSwept    map[uint64]bool
 	compactKick chan struct{}
 	// compactBegan is when the last compaction began (Unix ns): it folded
 	// the streams already idle then (sweepIdle).

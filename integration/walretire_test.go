@@ -1,0 +1,99 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// TestRetiredWALNamespaceLeavesTheBucket: the first compaction after a
+// restart takes the previous process's WAL namespace out of the manifest
+// and then deletes its objects. Here the store refuses those deletes and
+// the node crashes before it can try again. The next process must still
+// delete them: the manifest no longer lists the namespace for replay, and
+// nothing else named it, so its WAL objects stayed in the bucket for good.
+func TestRetiredWALNamespaceLeavesTheBucket(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s"}})
+	const path, ct = "/retire/s", "text/plain"
+	e.create(path, ct)
+	want := ""
+	for i := range 3 {
+		body := fmt.Sprintf("record %d;", i)
+		e.append(path, ct, []byte(body))
+		want += body
+	}
+	wal := e.mustList("wal/")
+	if len(wal) == 0 {
+		t.Fatal("no WAL object after the appends")
+	}
+	parts := strings.Split(wal[0].Key, "/")
+	if len(parts) != 3 {
+		t.Fatalf("unexpected WAL key %q", wal[0].Key)
+	}
+	oldPrefix := "wal/" + parts[1] + "/"
+	var oldNS uint64
+	if _, err := fmt.Sscanf(parts[1], "%x", &oldNS); err != nil {
+		t.Fatalf("namespace of %q: %v", wal[0].Key, err)
+	}
+
+	// A crash, then a start whose compactions cannot delete the old
+	// namespace's objects.
+	e.caddy.Kill()
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpDelete, KeyContains: oldPrefix, Status: http.StatusInternalServerError})
+	e.caddy.Restart()
+	err := fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
+		body, err := e.get("manifest")
+		if err != nil {
+			return err
+		}
+		var man segment.Manifest
+		if err := json.Unmarshal(body, &man); err != nil {
+			return fmt.Errorf("manifest: %w", err)
+		}
+		for _, n := range man.Namespaces {
+			if n.ID == oldNS {
+				return fmt.Errorf("namespace %d still listed for replay", oldNS)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the restarted node did not retire the old namespace: %v", err)
+	}
+	// Its deletes are refused: the objects are still there.
+	time.Sleep(2 * time.Second)
+	if left := e.mustList(oldPrefix); len(left) == 0 {
+		t.Fatal("the old namespace's objects went although their deletes were refused")
+	}
+
+	// Another crash before the store takes deletes again; the next
+	// process's compactions must find the objects.
+	e.caddy.Kill()
+	remove()
+	e.caddy.Restart()
+	err = fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
+		if left := e.mustList(oldPrefix); len(left) > 0 {
+			return fmt.Errorf("%d objects left under %s, e.g. %s", len(left), oldPrefix, left[0].Key)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("WAL objects of the retired namespace stay in the bucket: %v", err)
+	}
+	got, _, err := e.readBytes(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != want {
+		t.Fatalf("the stream reads %q, want %q", got, want)
+	}
+}
