@@ -97,3 +97,69 @@ func TestRetiredWALNamespaceLeavesTheBucket(t *testing.T) {
 		t.Fatalf("the stream reads %q, want %q", got, want)
 	}
 }
+
+// TestDeadPackLeavesTheBucketAfterAFailedDelete: a pack that no stream
+// reads any more (here, its only stream was deleted) leaves the manifest
+// and is then deleted. The store refuses that delete once; the running
+// node must try again, where it used to forget the pack until its next
+// start swept unlisted packs.
+func TestDeadPackLeavesTheBucketAfterAFailedDelete(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s"}})
+	const path, ct = "/deadpack/s", "text/plain"
+	e.create(path, ct)
+	e.append(path, ct, []byte("packed"))
+	var pack string
+	err := fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
+		packs := e.mustList("pack/")
+		if len(packs) == 0 {
+			return fmt.Errorf("no pack yet")
+		}
+		pack = packs[0].Key
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the stream was not packed: %v", err)
+	}
+
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpDelete, KeyContains: "pack/", Status: http.StatusInternalServerError})
+	if resp := e.must(fhReq{Method: http.MethodDelete, Path: path}); resp.Status/100 != 2 {
+		t.Fatalf("delete: %s", resp)
+	}
+	err = fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
+		body, err := e.get("manifest")
+		if err != nil {
+			return err
+		}
+		var man segment.Manifest
+		if err := json.Unmarshal(body, &man); err != nil {
+			return fmt.Errorf("manifest: %w", err)
+		}
+		for _, p := range man.Packs {
+			if strings.HasSuffix(pack, p.Key) {
+				return fmt.Errorf("pack %s still listed", pack)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the dead pack stayed in the manifest: %v", err)
+	}
+	time.Sleep(2 * time.Second)
+	if len(e.mustList(pack)) == 0 {
+		t.Fatal("the dead pack went although its deletes were refused")
+	}
+
+	remove()
+	err = fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
+		if left := e.mustList(pack); len(left) > 0 {
+			return fmt.Errorf("%s is still there", pack)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("dead pack kept after its delete failed once: %v", err)
+	}
+}

@@ -115,7 +115,7 @@ func (e *Engine) Compact(ctx context.Context) error {
 	}
 	e.mu.Unlock()
 	if len(todo) == 0 && e.hasRetired && e.retired == end {
-		if _, dead := e.livePacks(); len(dead) == 0 {
+		if _, dead := e.livePacks(); len(dead) == 0 && len(e.deadPacks) == 0 {
 			// Idle: the manifest already says all this pass would
 			// write, so it writes nothing and asks nothing (before, an
 			// idle node read the lease and the manifest and wrote the
@@ -688,8 +688,13 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 	// Unlisted now: a crash before the delete leaves them to sweepPacks.
 	e.packs = live
 	e.stats.packsLive.Store(int64(len(live)))
+	// Out of the manifest and of e.packs now: a failed delete is kept to
+	// be tried again, or the pack would stay until the next start's sweep.
+	deadPacks = append(deadPacks, e.deadPacks...)
+	e.deadPacks = nil
 	if len(deadPacks) > 0 {
 		if err := e.store.Delete(ctx, deadPacks); err != nil {
+			e.deadPacks = deadPacks
 			return fmt.Errorf("delete dead packs: %w", err)
 		}
 	}

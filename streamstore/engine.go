@@ -138,6 +138,9 @@ type Engine struct {
 	compactMu sync.Mutex        // one compaction at a time
 	damage    damageLog         // WAL entries found damaged (damaged.go)
 	packs     []segment.PackRef // packs written or replayed, oldest first, until they die (compactMu)
+	// deadPacks are packs out of the manifest whose delete failed: the
+	// next compaction tries again (compactMu).
+	deadPacks []string
 	// retired is where the last compaction that finished retired the WAL
 	// to (compactMu); a pass that would retire to the same point with
 	// nothing to fold and no pack to drop has nothing to write.

@@ -77,3 +77,54 @@ func TestRetiredNamespaceIsDeletedAfterAFailedDelete(t *testing.T) {
 		})
 	}
 }
+
+// A pack no stream reads any more leaves the manifest and is then
+// deleted. When that delete failed, the pack was out of the engine's list
+// as well as the manifest's: no later compaction tried it again, and it
+// stayed in the bucket until the next start swept unlisted packs, which
+// for a node that runs for months is months.
+func TestDeadPackIsDeletedAfterAFailedDelete(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/p", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, e, "/p", AppendRequest{Records: recs("a")})
+	mustCompact(t, e) // packed
+	packs := st.Keys("pack/")
+	if len(packs) != 1 {
+		t.Fatalf("packs after the first compaction: %v; want one", packs)
+	}
+
+	// The stream leaves the packs, folded: the pack is no stream's now,
+	// and its delete fails.
+	setPackBelow(e, -1)
+	mustAppend(t, e, "/p", AppendRequest{Records: recs("b")})
+	st.SetFail(func(op, key string) error {
+		if op == "DELETE" && strings.HasPrefix(key, "pack/") {
+			return errors.New("injected: delete of a dead pack")
+		}
+		return nil
+	})
+	if err := e.Compact(ctx); err == nil {
+		t.Fatal("the compaction whose pack delete failed reported success")
+	}
+	st.SetFail(nil)
+	if len(st.Keys("pack/")) == 0 {
+		t.Fatal("the dead pack went although its delete was refused")
+	}
+
+	// Nothing more to fold: the next passes must still delete it.
+	for range 2 {
+		if err := e.Compact(ctx); err != nil {
+			t.Logf("compaction: %v", err)
+		}
+	}
+	if left := st.Keys("pack/"); len(left) > 0 {
+		t.Errorf("dead pack still in the bucket after later compactions: %v", left)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/p")); got != "[a b]" {
+		t.Fatalf("the stream reads %s", got)
+	}
+}
