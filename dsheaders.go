@@ -274,9 +274,33 @@ func checkFuture(header string, at, now time.Time) error {
 }
 
 // dsSingleHeaders are the request headers of Durable Streams that carry
-// one value each.
-var dsSingleHeaders = []string{"Content-Type", hdrStreamClosed, hdrStreamTTL, hdrStreamExpiresAt, hdrStreamSeq,
+// one value each, checked on every request. Content-Type is checked only
+// where it is used (dsContentTypeHeader), and Stream-Closed by what its
+// values mean (conflictingClosed).
+var dsSingleHeaders = []string{hdrStreamTTL, hdrStreamExpiresAt, hdrStreamSeq,
 	hdrProducerID, hdrProducerEpoch, hdrProducerSeq, hdrForkedFrom, hdrForkOffset, hdrForkSubOffset}
+
+// dsContentTypeHeader is Content-Type for conflictingHeader, on the
+// requests that use it: a create (the stream's type) and an append with
+// data (the body's). A close-only append has no body, and section 5.2 says
+// a server MUST NOT refuse it for its Content-Type, which client libraries
+// attach whatever the request; reads and deletes never look at it.
+var dsContentTypeHeader = []string{"Content-Type"}
+
+// conflictingClosed reports whether Stream-Closed is given on several
+// lines that mean different things. Section 4.1 has only "true", in any
+// case, mean a close, and every other value mean the header is absent,
+// which is no error: "true" and "TRUE" say one thing, and so do "yes" and
+// "no". Only "true" beside another value asks for two things at once.
+func conflictingClosed(h http.Header) bool {
+	vs := h[hdrStreamClosed]
+	for _, v := range vs[min(1, len(vs)):] {
+		if isTrue(v) != isTrue(vs[0]) {
+			return true
+		}
+	}
+	return false
+}
 
 // conflictingHeader returns the first of names (canonical) that the request
 // gives more than once with different values. Each holds one value (RFC

@@ -434,6 +434,34 @@ func TestConflictingHeader(t *testing.T) {
 	}
 }
 
+// TestConflictingClosed: Stream-Closed lines conflict only when one says
+// "true" (in any case) and another does not, since every other value means
+// the header is absent (section 4.1).
+func TestConflictingClosed(t *testing.T) {
+	for _, tc := range []struct {
+		values []string
+		want   bool
+	}{
+		{nil, false},
+		{[]string{"true"}, false},
+		{[]string{"true", "true"}, false},
+		{[]string{"true", "TRUE", "True"}, false},
+		{[]string{"yes", "no"}, false},
+		{[]string{"false", ""}, false},
+		{[]string{"true", "false"}, true},
+		{[]string{"no", "TRUE"}, true},
+		{[]string{"true", "true", "1"}, true},
+	} {
+		h := http.Header{}
+		for _, v := range tc.values {
+			h.Add(hdrStreamClosed, v)
+		}
+		if got := conflictingClosed(h); got != tc.want {
+			t.Errorf("Stream-Closed %q: conflictingClosed = %v, want %v", tc.values, got, tc.want)
+		}
+	}
+}
+
 // TestCacheControlForExpiringStreams: a cacheable read answer of a stream
 // that expires is kept no longer than the stream lives, stale serving
 // included, and not at all in its last second.

@@ -63,8 +63,11 @@ type durableStreams struct {
 // ServeHTTP dispatches on the method. The stream name is the request path as
 // this handler sees it, checked before any I/O.
 func (d *durableStreams) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if name, bad := conflictingHeader(r.Header, dsSingleHeaders); bad {
-		fail(w, http.StatusBadRequest, fmt.Sprintf("%s is given more than once, with different values", displayHeader(name)))
+	if refuseConflicting(w, r.Header, dsSingleHeaders) {
+		return
+	}
+	if conflictingClosed(r.Header) {
+		fail(w, http.StatusBadRequest, hdrStreamClosed+" is given more than once, with different values")
 		return
 	}
 	if d.serveReserved(w, r) { // __ds control paths come before streams (subscriptions.go)
@@ -95,6 +98,9 @@ func (d *durableStreams) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // create handles PUT: create a stream (or a fork of one), or confirm an
 // identical one.
 func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name string) {
+	if refuseConflicting(w, r.Header, dsContentTypeHeader) {
+		return
+	}
 	if err := refuseAppendHeaders(r.Header); err != nil {
 		fail(w, http.StatusBadRequest, err.Error())
 		return
@@ -225,6 +231,17 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 	}
 	h.Set("Location", publicURL(r, name))
 	w.WriteHeader(http.StatusCreated)
+}
+
+// refuseConflicting answers 400 when the request gives one of names
+// (canonical) more than once with different values (conflictingHeader),
+// and reports whether it did.
+func refuseConflicting(w http.ResponseWriter, h http.Header, names []string) bool {
+	name, bad := conflictingHeader(h, names)
+	if bad {
+		fail(w, http.StatusBadRequest, fmt.Sprintf("%s is given more than once, with different values", displayHeader(name)))
+	}
+	return bad
 }
 
 // refuseAppendHeaders refuses, on a create, the headers that section 5.2
@@ -446,6 +463,9 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 		// Close-only: the content type is ignored, whatever a client
 		// library attached.
 	} else {
+		if refuseConflicting(w, r.Header, dsContentTypeHeader) {
+			return
+		}
 		raw := r.Header.Get("Content-Type")
 		if raw == "" {
 			fail(w, http.StatusBadRequest, "Content-Type is required when appending data")
