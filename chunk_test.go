@@ -3,6 +3,7 @@ package picomq
 import (
 	"bytes"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -176,6 +177,25 @@ func TestETagMatches(t *testing.T) {
 	} {
 		if etagMatches(h, tag) != want {
 			t.Errorf("If-None-Match %q: want %v", h, want)
+		}
+	}
+	// Over several lines, as one list (RFC 9110 section 5.3).
+	for _, tc := range []struct {
+		lines []string
+		want  bool
+	}{
+		{nil, false},
+		{[]string{`"x"`, tag}, true},
+		{[]string{`"x"`, `"y", W/` + tag}, true},
+		{[]string{`"x"`, "*"}, true},
+		{[]string{`"x"`, `"id:1:2:c"`}, false},
+	} {
+		h := http.Header{}
+		for _, v := range tc.lines {
+			h.Add("If-None-Match", v)
+		}
+		if got := etagMatches(ifNoneMatch(h), tag); got != tc.want {
+			t.Errorf("If-None-Match lines %q: match %v, want %v", tc.lines, got, tc.want)
 		}
 	}
 }

@@ -1169,7 +1169,7 @@ func (d *durableStreams) writeChunk(w http.ResponseWriter, r *http.Request, c ch
 	if withETag {
 		tag := c.etag()
 		h.Set("ETag", tag)
-		if etagMatches(r.Header.Get("If-None-Match"), tag) {
+		if etagMatches(ifNoneMatch(r.Header), tag) {
 			w.WriteHeader(http.StatusNotModified)
 			return
 		}
@@ -1213,6 +1213,12 @@ func ifNoneMatchAny(h http.Header) bool {
 	}
 	return false
 }
+
+// ifNoneMatch is the request's If-None-Match as one list. A list header
+// may come on several lines, which mean what one line joining them with
+// commas means (RFC 9110 section 5.3); Header.Get sees the first line only,
+// and a tag on another went unmatched (200 where section 10.1 asks 304).
+func ifNoneMatch(h http.Header) string { return strings.Join(h.Values("If-None-Match"), ", ") }
 
 // etagMatches implements If-None-Match for our strong tags.
 func etagMatches(header, tag string) bool {

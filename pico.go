@@ -940,7 +940,7 @@ func (p *picoProtocol) writePage(w http.ResponseWriter, r *http.Request, pg *pic
 	if withETag {
 		tag := pg.etag(format)
 		h.Set("ETag", tag)
-		if etagMatches(r.Header.Get("If-None-Match"), tag) {
+		if etagMatches(ifNoneMatch(r.Header), tag) {
 			w.WriteHeader(http.StatusNotModified)
 			return
 		}

@@ -17,6 +17,9 @@ import (
 //     one close, and two values that are not "true" are both the header
 //     absent, which the server SHOULD NOT answer with an error. Only
 //     "true" with another value is two requests in one.
+//   - If-None-Match is a list (RFC 9110 section 13.1.2), which a client or
+//     proxy may send over several lines; a tag on the second line matches
+//     as on the first (section 10.1: a matching tag MUST give 304).
 func TestRepeatedHeaderLinesThatSayOneThing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
@@ -34,6 +37,10 @@ func TestRepeatedHeaderLinesThatSayOneThing(t *testing.T) {
 	tail := e.append("/lines/open", tp, []byte("abc"))
 	e.create("/lines/close-ct", tp)
 	e.create("/lines/close-case", tp)
+	tag := e.must(fhReq{Method: http.MethodGet, Path: "/lines/open?offset=-1"}).Header.Get("ETag")
+	if tag == "" {
+		t.Fatal("a catch-up read of /lines/open has no ETag")
+	}
 	twoTypes := [][2]string{{"Content-Type", "application/json"}}
 
 	for _, p := range []protocolRule{
@@ -48,6 +55,9 @@ func TestRepeatedHeaderLinesThatSayOneThing(t *testing.T) {
 			More: twoTypes, Body: []byte("x")}, 400, nil, nil},
 		{"a create with two Content-Types is still refused", fhReq{Method: "PUT", Path: "/lines/new", Header: hdr("Content-Type", tp), More: twoTypes},
 			400, nil, nil},
+		// Before the appends below move the tail, and with it the tag.
+		{"If-None-Match with the tag on its second line", fhReq{Method: "GET", Path: "/lines/open?offset=-1", Header: hdr("If-None-Match", `"other"`),
+			More: [][2]string{{"If-None-Match", tag}}}, 304, hdr("ETag", tag), nil},
 
 		{"Stream-Closed: true and TRUE are one close", fhReq{Method: "POST", Path: "/lines/close-case", Header: hdr("Stream-Closed", "true"),
 			More: [][2]string{{"Stream-Closed", "TRUE"}}}, 204, hdr("Stream-Closed", "true"), nil},

@@ -571,6 +571,9 @@ func TestPicoProtocol(t *testing.T) {
 			t.Fatal("no ETag on a caught-up read")
 		}
 		picoWant(t, "If-None-Match", picoDo(e, "GET", "/pico/lp?seq=0", nil, "If-None-Match", tag), 304)
+		// A list header may come on several lines (RFC 9110 section 5.3).
+		picoWant(t, "If-None-Match with the tag on its second line", e.must(fhReq{Method: "GET", Path: "/pico/lp?seq=0",
+			Header: picoHdr("If-None-Match", `"other"`), More: [][2]string{{"If-None-Match", tag}}}), 304)
 		r = picoDo(e, "GET", "/pico/lp?seq=now", nil)
 		picoWant(t, "seq=now", r, 200, "Pico-Next-Seq", "1", "Pico-Up-To-Date", "true", "Cache-Control", "no-store")
 		picoWantError(t, "seq=now on a missing stream", picoDo(e, "GET", "/pico/nope?seq=now", nil), 404, "not_found")
