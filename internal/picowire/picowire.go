@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/picomq/caddy-picomq/segment"
@@ -317,7 +318,7 @@ func jsonRecord(dec *json.Decoder) (Record, error) {
 			if err != nil {
 				return err
 			}
-			b, err := base64.StdEncoding.DecodeString(s)
+			b, err := decodeBase64(s)
 			if err != nil {
 				return malformed("body_b64 is not valid base64: %v", err)
 			}
@@ -349,6 +350,18 @@ func jsonRecord(dec *json.Decoder) (Record, error) {
 		return Record{}, malformed("a record needs body or body_b64")
 	}
 	return rec, nil
+}
+
+// decodeBase64 decodes body_b64, which pico-wire.md gives as standard
+// base64 (RFC 4648 section 4): padded, every character from the alphabet,
+// and zero bits after the last byte. Go's decoder skips CR and LF and, but
+// in strict mode, ignores those bits, so it would store texts that are no
+// base64 (PicoMQ's own decoder refuses them) and several texts as one body.
+func decodeBase64(s string) ([]byte, error) {
+	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
+		return nil, fmt.Errorf("line break at byte %d", i)
+	}
+	return base64.StdEncoding.Strict().DecodeString(s)
 }
 
 // unpairedSurrogate returns the offset of the first \u escape in a string
