@@ -464,3 +464,50 @@ func TestDeleteRemovesADeadlineMarker(t *testing.T) {
 		t.Errorf("markers once every stream is gone: %v", got)
 	}
 }
+
+// TestRefusedReadTouchesNothing: a read the engine refuses, at a seq past
+// the tail or below the first retained record, is no access: it neither
+// renews a sliding TTL in memory nor queues a renewal for the WAL, which a
+// read that is served does (the control).
+func TestRefusedReadTouchesNothing(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	const name = "/refused-reads"
+	if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Minute}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, name, AppendRequest{Records: recs("a", "b", "c")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Trim(ctx, name, 2); err != nil {
+		t.Fatal(err)
+	}
+	s, err := e.live(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	touched := func() int64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.touched
+	}
+	before := touched()
+	time.Sleep(5 * time.Millisecond) // a touch now would move the clock reading
+	if _, err := e.Read(ctx, name, ReadRequest{Seq: 9}); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("read past the tail: %v, want ErrBadRequest", err)
+	}
+	if _, err := e.Read(ctx, name, ReadRequest{Seq: 1}); !errors.Is(err, ErrGone) {
+		t.Fatalf("read of a trimmed record: %v, want ErrGone", err)
+	}
+	if got := touched(); got != before {
+		t.Errorf("refused reads renewed the TTL: last access %d, was %d", got, before)
+	}
+	res, err := e.Read(ctx, name, ReadRequest{Seq: 2, MaxRecords: 1, MaxBytes: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Release()
+	if got := touched(); got <= before {
+		t.Errorf("a served read did not renew the TTL: last access %d, was %d", got, before)
+	}
+}

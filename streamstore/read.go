@@ -11,19 +11,26 @@ import (
 )
 
 // Read returns records from req.Seq, bounded by the durable tail. It renews a
-// sliding TTL.
+// sliding TTL, unless it refuses the position: a refused read is no access,
+// and writes no renewal.
 func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadResult, error) {
 	s, err := e.live(ctx, name)
 	if err != nil {
 		return ReadResult{}, err
 	}
 	s.mu.Lock()
-	if !s.touchLocked(time.Now().UnixMilli()) {
+	now := time.Now()
+	if s.expiredLocked(now) {
 		// Expired since live looked: this time live deletes it.
 		s.mu.Unlock()
 		return e.Read(ctx, name, req)
 	}
 	info := s.info()
+	if err := readPosition(req, info); err != nil {
+		s.mu.Unlock()
+		return ReadResult{}, err
+	}
+	s.touchLocked(now.UnixMilli()) // not expired: checked above, under the same lock
 	sliding := s.meta.TTLSeconds != 0
 	s.mu.Unlock()
 	if sliding {
@@ -31,13 +38,8 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 	}
 
 	res := ReadResult{Info: info, NextSeq: info.NextSeq, UpToDate: true}
-	switch {
-	case req.Tail || req.Seq == info.NextSeq:
+	if req.Tail || req.Seq == info.NextSeq {
 		return res, nil
-	case req.Seq > info.NextSeq:
-		return ReadResult{}, fmt.Errorf("%w: position %d is beyond the tail %d", ErrBadRequest, req.Seq, info.NextSeq)
-	case req.Seq < info.StartSeq:
-		return ReadResult{}, &TrimmedError{Seq: req.Seq, StartSeq: info.StartSeq}
 	}
 	// Most reads are at the tail, from the cache: no buffer to hold, and
 	// no allocation for holding none.
@@ -62,6 +64,20 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 	res.NextSeq = req.Seq + uint64(len(res.Records))
 	res.UpToDate = res.NextSeq == info.NextSeq
 	return res, nil
+}
+
+// readPosition refuses a read of req.Seq past the tail or below the first
+// retained record of a stream in state info.
+func readPosition(req ReadRequest, info Info) error {
+	switch {
+	case req.Tail || req.Seq == info.NextSeq:
+		return nil
+	case req.Seq > info.NextSeq:
+		return fmt.Errorf("%w: position %d is beyond the tail %d", ErrBadRequest, req.Seq, info.NextSeq)
+	case req.Seq < info.StartSeq:
+		return &TrimmedError{Seq: req.Seq, StartSeq: info.StartSeq}
+	}
+	return nil
 }
 
 // renew persists a sliding-TTL renewal lazily: at most every quarter of the
