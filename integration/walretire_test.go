@@ -51,13 +51,9 @@ func TestRetiredWALNamespaceLeavesTheBucket(t *testing.T) {
 	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpDelete, KeyContains: oldPrefix, Status: http.StatusInternalServerError})
 	e.caddy.Restart()
 	err := fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
-		body, err := e.get("manifest")
+		man, err := e.manifest()
 		if err != nil {
 			return err
-		}
-		var man segment.Manifest
-		if err := json.Unmarshal(body, &man); err != nil {
-			return fmt.Errorf("manifest: %w", err)
 		}
 		for _, n := range man.Namespaces {
 			if n.ID == oldNS {
@@ -129,13 +125,9 @@ func TestDeadPackLeavesTheBucketAfterAFailedDelete(t *testing.T) {
 		t.Fatalf("delete: %s", resp)
 	}
 	err = fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
-		body, err := e.get("manifest")
+		man, err := e.manifest()
 		if err != nil {
 			return err
-		}
-		var man segment.Manifest
-		if err := json.Unmarshal(body, &man); err != nil {
-			return fmt.Errorf("manifest: %w", err)
 		}
 		for _, p := range man.Packs {
 			if strings.HasSuffix(pack, p.Key) {
@@ -162,4 +154,17 @@ func TestDeadPackLeavesTheBucketAfterAFailedDelete(t *testing.T) {
 	if err != nil {
 		t.Errorf("dead pack kept after its delete failed once: %v", err)
 	}
+}
+
+// manifest reads and decodes the storage's manifest object.
+func (e *fhEnv) manifest() (segment.Manifest, error) {
+	var man segment.Manifest
+	body, err := e.get("manifest")
+	if err != nil {
+		return man, err
+	}
+	if err := json.Unmarshal(body, &man); err != nil {
+		return man, fmt.Errorf("manifest: %w", err)
+	}
+	return man, nil
 }
