@@ -290,9 +290,11 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte, opts PutOpti
 		in.IfMatch = aws.String(opts.IfMatch)
 	}
 	var etag string
+	attempts := 0
 	ambiguous := false   // an earlier attempt may have been applied
 	folderRetry := false // the one retry of a folder race is spent
 	err := s.do(ctx, OpPut, key, func(ctx context.Context) (bool, error) {
+		attempts++
 		in.Body = bytes.NewReader(data)
 		out, err := s.client.PutObject(ctx, in)
 		if err != nil {
@@ -326,8 +328,8 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte, opts PutOpti
 	if err == nil {
 		return etag, nil
 	}
-	if conditional && ambiguous && errors.Is(err, ErrPreconditionFailed) {
-		return s.resolveAmbiguousPut(ctx, key, data, opts)
+	if conditional && attempts > 1 && errors.Is(err, ErrPreconditionFailed) {
+		return s.resolveRetriedPut(ctx, key, data, opts, ambiguous)
 	}
 	if ambiguous {
 		// An attempt may have landed, whatever the last one answered.
@@ -336,14 +338,20 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte, opts PutOpti
 	return "", err
 }
 
-// resolveAmbiguousPut decides a conditional Put whose retry found the
-// condition false after an earlier attempt that may have been applied. If
-// the object holds exactly our bytes, our attempt landed.
-func (s *S3Store) resolveAmbiguousPut(ctx context.Context, key string, data []byte, opts PutOptions) (string, error) {
+// resolveRetriedPut decides a conditional Put whose retry found the
+// condition false: if the object holds exactly our bytes, an earlier
+// attempt of ours landed. That holds even when no failure left the
+// outcome open (ambiguous false): a gateway in front of the store can
+// answer 503, 429 or 409 after forwarding a request the store applied,
+// and the condition then fails on our own object. Otherwise, unless an
+// attempt may have been applied, the failed condition stands.
+func (s *S3Store) resolveRetriedPut(ctx context.Context, key string, data []byte, opts PutOptions, ambiguous bool) (string, error) {
 	cur, etag, err := s.Get(ctx, key, 0, -1)
 	switch {
 	case err == nil && bytes.Equal(cur, data):
 		return etag, nil
+	case !ambiguous:
+		return "", ErrPreconditionFailed
 	case err != nil && !errors.Is(err, ErrNotFound):
 		return "", fmt.Errorf("segment: put %s: %w (checking it: %v)", key, ErrUnknownOutcome, err)
 	case opts.IfNoneMatch:
