@@ -782,6 +782,16 @@ func classify(err error) (retry, maybeApplied bool) {
 	if errors.As(err, &noCreds) {
 		return false, false
 	}
+	// A request refused for the time it was signed at (a 403
+	// RequestTimeTooSkewed) when the answer's Date says our clock is off
+	// by minutes: the SDK has taken the offset from that answer and signs
+	// the next attempt with the server's time, and marks the error
+	// retryable for its own retryer, which ours replaces. Nothing was
+	// applied: a 4xx is a refusal.
+	var skewed interface{ RetryableError() bool }
+	if errors.As(err, &skewed) && skewed.RetryableError() && httpStatus(err)/100 == 4 {
+		return true, false
+	}
 	switch errorCode(err) {
 	case "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
 		"RequestThrottled", "RequestThrottledException", "TooManyRequests",
