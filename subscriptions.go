@@ -2572,13 +2572,13 @@ func (m *subManager) post(target string, loopback bool, sig string, body []byte)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
-		return false, err
+		return false, webhookError(nil, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Webhook-Signature", sig)
 	resp, err := m.client.Do(req)
 	if err != nil {
-		return false, err
+		return false, webhookError(req.URL, err)
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
@@ -2590,6 +2590,25 @@ func (m *subManager) post(target string, loopback bool, sig string, body []byte)
 	}
 	_ = json.Unmarshal(data, &res)
 	return res.Done, nil
+}
+
+// webhookError is the error of a delivery to u that failed before an
+// answer, as it is logged. The Go client's error (a *url.Error) quotes the
+// whole URL, and a webhook URL's path or query is often where its receiver
+// keeps a secret (?token=..., /services/T.../B.../XXXX), which is why a
+// subscription's document is guarded like a write: only the scheme and
+// host, which the reason (a refused connection, a DNS failure) needs, are
+// kept. The subscription's id, logged beside it, leads whoever may read
+// the subscription to the rest. u is nil when the URL did not parse.
+func webhookError(u *url.URL, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	if u == nil {
+		return fmt.Errorf("webhook URL: %w", err)
+	}
+	return fmt.Errorf("POST to %s://%s: %w", u.Scheme, u.Host, err)
 }
 
 // ownWakeLocked returns subscription key with the caller its writer
