@@ -56,6 +56,11 @@ type App struct {
 type appEngine struct {
 	ref      *engineRef
 	settings engineSettings
+	// loopback counts this config's Durable Streams handlers of the
+	// storage that allow loopback webhooks; loopbackOn says they are
+	// counted in the engine's subManagers (from Start to Cleanup).
+	loopback   int64
+	loopbackOn bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -89,6 +94,12 @@ func (a *App) Start() error {
 		// config that failed to provision never gets here, and one that
 		// fails to start hands them back in Cleanup.
 		e.ref.activate(a)
+		if e.loopback > 0 && !e.loopbackOn {
+			// With the settings: a config's allow_loopback_webhooks
+			// reaches the storage's subscriptions only once it starts.
+			e.ref.subs.loopbackHandlers.Add(e.loopback)
+			e.loopbackOn = true
+		}
 		if err := e.ref.start(background); err != nil {
 			if errors.Is(err, segment.ErrLeaseHeldHere) {
 				// Name the URLs it is open under, so the operator can
@@ -121,6 +132,19 @@ func (a *App) Stop() error {
 	return nil
 }
 
+// allowLoopback records that one of this config's Durable Streams handlers
+// of ref's storage allows loopback webhooks. It takes effect when the
+// config starts (Start) and ends at its Cleanup: not at provisioning, as
+// Caddy provisions a reload while the running config serves and drops it
+// if the load fails, which may take as long as a new storage's start.
+func (a *App) allowLoopback(ref *engineRef) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if e, ok := a.refs[ref.key]; ok && e.ref == ref {
+		e.loopback++
+	}
+}
+
 // onStop registers f to run when this config stops.
 func (a *App) onStop(f func()) {
 	a.mu.Lock()
@@ -135,6 +159,10 @@ func (a *App) Cleanup() error {
 	defer a.mu.Unlock()
 	var errs []error
 	for key, e := range a.refs {
+		if e.loopbackOn {
+			e.ref.subs.loopbackHandlers.Add(-e.loopback)
+			e.loopbackOn = false
+		}
 		e.ref.release(a)
 		if _, err := engines.Delete(key); err != nil {
 			errs = append(errs, fmt.Errorf("closing storage %s: %w", storageLabel(key), err))

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
@@ -693,5 +694,96 @@ func TestRetriedStartLines(t *testing.T) {
 				t.Errorf("got %q with %s=%v, want %q with %s=5m0s", msg, f.Key, time.Duration(f.Integer), tt.msg, tt.field)
 			}
 		})
+	}
+}
+
+// TestLoopbackOptionTakesEffectAtStart: allow_loopback_webhooks lets a
+// storage's loopback subscriptions be delivered to this machine, and a
+// reload that turns it off stops them. Caddy provisions a new config while
+// the old one serves and drops it if a later module fails to provision or
+// an app fails to start (a new storage that cannot be reached holds a
+// reload's start for up to 5 × s3_timeout). A config that turned the
+// option on used to count from its provisioning, so loopback deliveries
+// went out all the while a reload that would fail was being loaded, under
+// a running config that has the option off. Like the engine settings, it
+// now takes effect when the config starts, and ends with its cleanup.
+func TestLoopbackOptionTakesEffectAtStart(t *testing.T) {
+	storage := testStorage(t)
+	// The running config: a handler without the option.
+	running := newTestApp(t)
+	ref, err := running.acquire(storage, testSettings())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := running.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { running.Cleanup() })
+
+	// load provisions a config with one Durable Streams handler that has
+	// the option (and one Pico handler, which has no subscriptions), as
+	// Caddy does, and returns its app and its handlers' cleanup.
+	load := func() (*App, func()) {
+		t.Helper()
+		ctx, err := caddy.ProvisionContext(&caddy.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hs []*Handler
+		for _, proto := range []string{protocolDurableStreams, protocolPico} {
+			h := &Handler{Protocol: proto, Storage: storage, AllowLoopbackWebhooks: true}
+			if err := h.Provision(ctx); err != nil {
+				t.Fatal(err)
+			}
+			hs = append(hs, h)
+		}
+		a, err := ctx.App("picomq")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.(*App), func() {
+			for _, h := range hs {
+				h.Cleanup()
+			}
+		}
+	}
+	allowed := func() bool { return ref.subs.loopbackAllowed() }
+
+	// A reload that fails after its provisioning.
+	failed, cleanupHandlers := load()
+	if allowed() {
+		t.Error("a config that is provisioned and not started allows loopback deliveries")
+	}
+	cleanupHandlers()
+	if err := failed.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if allowed() {
+		t.Error("loopback deliveries are allowed after a failed reload")
+	}
+
+	// A reload that starts: allowed from its start until its cleanup, past
+	// the old config's.
+	ok, cleanupHandlers := load()
+	if err := ok.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if !allowed() {
+		t.Error("a started config with allow_loopback_webhooks does not allow loopback deliveries")
+	}
+	running.Stop()
+	if err := running.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if !allowed() {
+		t.Error("the old config's cleanup took away the new config's allow_loopback_webhooks")
+	}
+	ok.Stop()
+	cleanupHandlers()
+	if err := ok.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if allowed() {
+		t.Error("loopback deliveries are still allowed after the config that allowed them was cleaned up")
 	}
 }

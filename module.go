@@ -233,10 +233,6 @@ type Handler struct {
 	// holding the server's graceful shutdown open.
 	shutdown       context.Context
 	cancelShutdown context.CancelFunc
-
-	// countsLoopback: this handler is counted in its engine's
-	// loopbackHandlers until Cleanup.
-	countsLoopback bool
 }
 
 // CaddyModule returns the Caddy module information.
@@ -298,10 +294,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	app.onStop(h.cancelShutdown)
 
 	if h.AllowLoopbackWebhooks && h.Protocol == protocolDurableStreams {
-		// Counted while this handler is provisioned: a reload that turns
-		// the option off stops loopback deliveries (subscriptions.go).
-		h.ref.subs.loopbackHandlers.Add(1)
-		h.countsLoopback = true
+		// Counted from when this config starts until its cleanup, as its
+		// engine settings are: a reload that fails leaves loopback
+		// deliveries as the running config has them, and one that turns
+		// the option off stops them (subscriptions.go).
+		app.allowLoopback(h.ref)
 	}
 
 	switch h.Protocol {
@@ -488,15 +485,11 @@ func checkCacheReads(v string) error {
 	return fmt.Errorf("cache_reads: unknown value %q (use %s or %s)", v, cacheReadsPublic, cacheReadsPrivate)
 }
 
-// Cleanup ends any live responses still open. The engine itself is released
-// by the picomq app.
+// Cleanup ends any live responses still open. The engine itself, and the
+// handler's allow_loopback_webhooks, are released by the picomq app.
 func (h *Handler) Cleanup() error {
 	if h.cancelShutdown != nil {
 		h.cancelShutdown()
-	}
-	if h.countsLoopback {
-		h.ref.subs.loopbackHandlers.Add(-1)
-		h.countsLoopback = false
 	}
 	return nil
 }

@@ -514,8 +514,9 @@ type subManagers struct {
 	cur atomic.Pointer[subManager] // the running one: every request looks
 	mu  sync.Mutex                 // serialises starts
 
-	// loopbackHandlers counts the provisioned handlers of the engine that
-	// allow loopback webhooks. A subscription accepted under the option
+	// loopbackHandlers counts the Durable Streams handlers of the engine
+	// that allow loopback webhooks, in configs that have started and are
+	// not cleaned up yet (App.Start, App.Cleanup). A subscription accepted under the option
 	// keeps its loopback target in its document; it is delivered there
 	// only while some handler still allows it, so turning the option off
 	// (a reload) stops those deliveries rather than leaving them for good.
