@@ -203,6 +203,11 @@ func parseDuration(s string) (caddy.Duration, error) {
 // parseSize parses a size such as 1MiB, 64KB or 1048576. A number under
 // minBareSize needs a unit (512B).
 func parseSize(s string) (int64, error) {
+	if strings.Contains(s, ",") {
+		// humanize drops every comma as a digit group separator, so a
+		// decimal comma (1,5MiB) was read as fifteen MiB.
+		return 0, fmt.Errorf("invalid size %q: a size takes no comma (1.5MiB is one and a half MiB, 1048576 that many bytes)", s)
+	}
 	n, err := humanize.ParseBytes(s)
 	if err != nil {
 		// humanize's own error names neither the value nor the syntax

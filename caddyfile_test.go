@@ -221,6 +221,10 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 			tc{o + " 64", o + ": 64 has no unit, and 64 bytes is too small to be meant; write the unit: 64MiB, 64KiB, or 64B if bytes are what you mean"},
 			tc{o + " 1023", o + ": 1023 has no unit"},
 			tc{o + " 1.5", o + ": 1.5 has no unit"},
+			// humanize drops commas as thousands separators, so a
+			// decimal comma made 1,5MiB fifteen MiB without a word.
+			tc{o + " 1,5MiB", o + `: invalid size "1,5MiB": a size takes no comma (1.5MiB is one and a half MiB, 1048576 that many bytes)`},
+			tc{o + " 1,048,576", o + `: invalid size "1,048,576": a size takes no comma`},
 		)
 	}
 	for _, c := range cases {
