@@ -80,7 +80,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 }
 
 // Start opens every storage this config uses that is not already running
-// from an earlier config.
+// from an earlier config, then gives the shared ones this config's
+// settings.
 func (a *App) Start() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -90,16 +91,6 @@ func (a *App) Start() error {
 	// than swap a working storage for one that answers 503.
 	background := !configRunning()
 	for key, e := range a.refs {
-		// Only now does this config's settings reach a shared engine: a
-		// config that failed to provision never gets here, and one that
-		// fails to start hands them back in Cleanup.
-		e.ref.activate(a)
-		if e.loopback > 0 && !e.loopbackOn {
-			// With the settings: a config's allow_loopback_webhooks
-			// reaches the storage's subscriptions only once it starts.
-			e.ref.subs.loopbackHandlers.Add(e.loopback)
-			e.loopbackOn = true
-		}
 		if err := e.ref.start(background); err != nil {
 			if errors.Is(err, segment.ErrLeaseHeldHere) {
 				// Name the URLs it is open under, so the operator can
@@ -107,6 +98,22 @@ func (a *App) Start() error {
 				err = fmt.Errorf("%w; open here as %s", err, strings.Join(openStorages(key), ", "))
 			}
 			return fmt.Errorf("starting storage %s: %w", storageLabel(key), err)
+		}
+	}
+	// Only now, with every storage open, do this config's settings reach a
+	// shared engine: a config that failed to provision never gets here,
+	// nor does one whose storage failed to open (which may take 5 ×
+	// s3_timeout, all that while the running config serves the shared
+	// storage as it did), and one that fails later, another app's start,
+	// hands them back in Cleanup. A storage this config opened runs its
+	// settings already.
+	for _, e := range a.refs {
+		e.ref.activate(a)
+		if e.loopback > 0 && !e.loopbackOn {
+			// With the settings: a config's allow_loopback_webhooks
+			// reaches the storage's subscriptions only once it starts.
+			e.ref.subs.loopbackHandlers.Add(e.loopback)
+			e.loopbackOn = true
 		}
 	}
 	return nil

@@ -787,3 +787,68 @@ func TestLoopbackOptionTakesEffectAtStart(t *testing.T) {
 		t.Error("loopback deliveries are still allowed after the config that allowed them was cleaned up")
 	}
 }
+
+// TestStartThatFailsChangesNothing: a reload whose picomq app fails to
+// start, one of its storages refusing to open (here an unknown format; an
+// unreachable one holds the start for up to 5 × s3_timeout first), must
+// leave a storage it shares with the running config as that config runs
+// it, while it starts and after. Start used to apply each storage's
+// settings and allow_loopback_webhooks as it came to it, in map order, so
+// a shared storage reached before the one that failed ran the new settings
+// and loopback deliveries until the failed config's cleanup.
+func TestStartThatFailsChangesNothing(t *testing.T) {
+	storage := testStorage(t)
+	s1 := testSettings()
+	s2 := s1
+	s2.FlushInterval = time.Second
+	running := newTestApp(t)
+	ref, err := running.acquire(storage, s1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := running.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { running.Cleanup() })
+	settings := func() engineSettings {
+		ref.mu.Lock()
+		defer ref.mu.Unlock()
+		return ref.settings
+	}
+
+	broken := t.TempDir()
+	if err := os.WriteFile(filepath.Join(broken, "format"), []byte("not a format"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Map order decides which storage Start reaches first: try enough
+	// times that the shared one comes first in some.
+	for i := range 16 {
+		failed := newTestApp(t)
+		shared, err := failed.acquire(storage, s2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		failed.allowLoopback(shared)
+		if _, err := failed.acquire("file://"+broken, s2); err != nil {
+			t.Fatal(err)
+		}
+		if err := failed.Start(); err == nil {
+			t.Fatal("a config with a storage of an unknown format started")
+		}
+		if got := settings(); got != s1 {
+			t.Errorf("attempt %d: after its failed start, before its cleanup, the reload's settings run the shared engine: %+v, want %+v", i, got, s1)
+		}
+		if ref.subs.loopbackAllowed() {
+			t.Errorf("attempt %d: after its failed start, before its cleanup, the reload's allow_loopback_webhooks is in force", i)
+		}
+		if err := failed.Cleanup(); err != nil {
+			t.Fatal(err)
+		}
+		if t.Failed() {
+			break
+		}
+	}
+	if got := settings(); got != s1 {
+		t.Errorf("after the failed reloads the engine runs %+v, want %+v", got, s1)
+	}
+}
