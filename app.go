@@ -811,6 +811,21 @@ func closingError(req streamstore.AppendRequest, err error) error {
 const takenOverMessage = "another server took this storage over, and this one writes no more: " +
 	"the write was not stored; a retry is safe once it reaches the server that holds the storage now"
 
+// takenOverReadMessage answers a read that failed with
+// streamstore.ErrTakenOver: this process no longer sees the stream's
+// changes, so what it holds may be behind the stream.
+const takenOverReadMessage = "another server took this storage over, and this one serves it no more: " +
+	"read from the server that holds the storage now"
+
+// takenOverMessageFor is the answer to a request of method that failed
+// with streamstore.ErrTakenOver.
+func takenOverMessageFor(method string) string {
+	if method == http.MethodGet || method == http.MethodHead {
+		return takenOverReadMessage
+	}
+	return takenOverMessage
+}
+
 // failWarning names the warning logged for a request that failed with
 // streamstore.ErrUnavailable: kind (what the failure is otherwise), or
 // what happened when that is known: the storage refused the write for

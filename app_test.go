@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -850,5 +851,25 @@ func TestStartThatFailsChangesNothing(t *testing.T) {
 	}
 	if got := settings(); got != s1 {
 		t.Errorf("after the failed reloads the engine runs %+v, want %+v", got, s1)
+	}
+}
+
+// A request refused because another server took the storage over is told
+// what that means for it: a write that it was not stored, a read where to
+// read instead.
+func TestTakenOverMessageFor(t *testing.T) {
+	for _, tc := range []struct {
+		method string
+		want   string
+	}{
+		{http.MethodGet, takenOverReadMessage},
+		{http.MethodHead, takenOverReadMessage},
+		{http.MethodPost, takenOverMessage},
+		{http.MethodPut, takenOverMessage},
+		{http.MethodDelete, takenOverMessage},
+	} {
+		if got := takenOverMessageFor(tc.method); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.method, got, tc.want)
+		}
 	}
 }

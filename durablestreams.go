@@ -853,10 +853,10 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 				}
 				return
 			case err != nil:
-				if r.Context().Err() == nil && !streamDeleted(err) {
+				if r.Context().Err() == nil && !feedOver(err) {
 					d.log.Warn("SSE wait failed", zap.String("stream", name), zap.Error(err))
 				}
-				return // deleted: a reconnect reports it (404, or 410 when soft)
+				return // deleted or taken over: a reconnect reports it (404, 410 when soft, 503)
 			case info.ID != id:
 				return // deleted or recreated; a reconnect reports it
 			}
@@ -870,7 +870,7 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 				es.endDamaged(err)
 				return
 			}
-			if r.Context().Err() == nil {
+			if r.Context().Err() == nil && !feedOver(err) {
 				d.log.Warn("SSE read failed", zap.String("stream", name), zap.Error(err))
 			}
 			return
@@ -1336,7 +1336,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 	case errors.Is(err, streamstore.ErrTakenOver):
 		d.failLog.warn(d.log, "storage taken over by another server", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
-		fail(w, http.StatusServiceUnavailable, takenOverMessage)
+		fail(w, http.StatusServiceUnavailable, takenOverMessageFor(r.Method))
 	case errors.Is(err, streamstore.ErrUnconfirmed):
 		d.failLog.warn(d.log, failWarning("write not confirmed in time", err), zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")

@@ -278,7 +278,7 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 	case errors.Is(err, streamstore.ErrTakenOver):
 		p.failLog.warn(p.log, "storage taken over by another server", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
-		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, takenOverMessage, nil)
+		picoFail(w, http.StatusServiceUnavailable, picoErrDurability, takenOverMessageFor(r.Method), nil)
 	case errors.Is(err, streamstore.ErrUnconfirmed):
 		p.failLog.warn(p.log, failWarning("write not confirmed in time", err), zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")

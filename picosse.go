@@ -208,10 +208,10 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 				}
 				return
 			case err != nil:
-				if r.Context().Err() == nil && !streamDeleted(err) {
+				if r.Context().Err() == nil && !feedOver(err) {
 					p.log.Warn("SSE wait failed", zap.String("stream", name), zap.Error(err))
 				}
-				return // deleted: a reconnect reports it (404, or 410 when soft)
+				return // deleted or taken over: a reconnect reports it (404, 410 when soft, 503)
 			case info.ID != id:
 				return // deleted or recreated; a reconnect reports it
 			}
@@ -226,7 +226,7 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 				es.endDamaged(err)
 				return
 			}
-			if r.Context().Err() == nil {
+			if r.Context().Err() == nil && !feedOver(err) {
 				p.log.Warn("SSE read failed", zap.String("stream", name), zap.Error(err))
 			}
 			return

@@ -280,6 +280,14 @@ func streamDeleted(err error) bool {
 	return errors.Is(err, streamstore.ErrNotFound) || errors.Is(err, streamstore.ErrGone)
 }
 
+// feedOver reports whether a feed's wait or read failed for a reason that
+// ends the feed and is no failure to log per feed: the stream was deleted,
+// or another process took the storage over (the engine logged that once,
+// and the client's reconnect is answered with the reason).
+func feedOver(err error) bool {
+	return streamDeleted(err) || errors.Is(err, streamstore.ErrTakenOver)
+}
+
 // fanout bounds how many live feeds turn a wake-up into a read and a write
 // at the same time. An append to a stream with thousands of subscribers
 // wakes them all at once; unbounded, they flood the scheduler's run queues

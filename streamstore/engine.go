@@ -127,6 +127,9 @@ type Engine struct {
 	fenceMu  sync.Mutex
 	fencedBy error           // the lease was taken by another node
 	fenceW   *segment.Writer // the writer to fence, once there is one
+	// fencedC is closed when fencedBy is first set: live reads waiting
+	// for a change this process will never see end then.
+	fencedC chan struct{}
 
 	mu        sync.RWMutex // lookups of streams take it shared
 	streams   map[string]*stream
@@ -234,6 +237,7 @@ func New(store segment.Store, cfg Config, log *zap.Logger) *Engine {
 		compactReset: make(chan struct{}, 1),
 		expiryReset:  make(chan struct{}, 1),
 		closing:      make(chan struct{}),
+		fencedC:      make(chan struct{}),
 		returnMemory: debug.FreeOSMemory,
 		ioPool:       workers.New(ioLinger),
 	}
@@ -612,11 +616,28 @@ func (e *Engine) fenced() error {
 	return e.fencedBy
 }
 
+// takenOver is the error of a read on a process that another took the
+// storage over from, nil while it was not. Such a process sees none of
+// the new owner's appends, closes or deletes: answering reads from its
+// memory would tell readers they are up to date at a tail the stream has
+// moved past, and a live read would wait for records that never come.
+func (e *Engine) takenOver() error {
+	select {
+	case <-e.fencedC:
+	default:
+		return nil // the common case, without the lock: every read asks
+	}
+	return fmt.Errorf("%w: %w: %v", ErrUnavailable, ErrTakenOver, e.fenced())
+}
+
 // fence stops the writer for good. Before the writer exists (the lease
 // was lost during the replay), Start fences it as it creates it.
 func (e *Engine) fence(err error) {
 	e.fenceMu.Lock()
 	defer e.fenceMu.Unlock()
+	if e.fencedBy == nil {
+		close(e.fencedC)
+	}
 	e.fencedBy = err
 	if e.fenceW != nil {
 		e.fenceW.Fence(err)

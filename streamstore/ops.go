@@ -1148,13 +1148,18 @@ func (e *Engine) Head(ctx context.Context, name string) (Info, error) {
 // at seq (NextSeq > seq), is closed, or is deleted or recreated. It returns the
 // stream's state then, ErrNotFound when it was deleted or recreated, ErrGone
 // when it was soft-deleted (as every later request is answered), ctx.Err()
-// when ctx ends first, or ErrShuttingDown when the engine closes.
+// when ctx ends first, ErrShuttingDown when the engine closes, or
+// ErrTakenOver (with ErrUnavailable) once another process took the storage
+// over, whose changes this one never sees.
 func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, error) {
 	s, err := e.live(ctx, name)
 	if err != nil {
 		return Info{}, err
 	}
 	for {
+		if err := e.takenOver(); err != nil {
+			return Info{}, err
+		}
 		s.mu.Lock()
 		if s.evicted {
 			// Dropped from memory between two waits: look it up again.
@@ -1212,6 +1217,8 @@ func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, e
 			err = ctx.Err()
 		case <-e.closing:
 			err = ErrShuttingDown
+		case <-e.fencedC:
+			err = e.takenOver()
 		}
 		if renewal != nil {
 			renewal.Stop()

@@ -188,3 +188,57 @@ func TestGivenUpStartReleasesTheLease(t *testing.T) {
 		})
 	}
 }
+
+// A replaced process sees none of the new owner's appends, so a reader
+// waiting at a stream's tail on it would wait for records that never come,
+// and a read there would say it is up to date at a tail the stream has
+// moved past. Once it learns of the takeover, a waiter parked at the tail
+// is let go with ErrTakenOver, and later reads and waits get it at once.
+func TestReplacedProcessEndsWaitsAndReads(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	old := startEngine(t, st, Config{})
+	const name = "/waited"
+	info, _, err := old.Create(ctx, name, CreateRequest{ContentType: "text/plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Append(ctx, name, AppendRequest{Records: recs("before")}); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := old.Wait(ctx, name, info.ID, 1)
+		waited <- err
+	}()
+	cur := startEngine(t, st, Config{}) // the same node id: at once
+	if _, err := cur.Append(ctx, name, AppendRequest{Records: recs("after")}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waited:
+		t.Fatalf("the wait on the replaced process ended before it learned of the takeover: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	old.fence(segment.ErrFenced) // as its renewal does
+	select {
+	case err := <-waited:
+		if !errors.Is(err, ErrTakenOver) || !errors.Is(err, ErrUnavailable) {
+			t.Errorf("the waiter parked on the replaced process: %v, want ErrTakenOver and ErrUnavailable", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter parked on the replaced process still waits after the takeover")
+	}
+	for what, op := range map[string]func() error{
+		"a read":        func() error { _, err := old.Read(ctx, name, ReadRequest{Seq: 0}); return err },
+		"a read at now": func() error { _, err := old.Read(ctx, name, ReadRequest{Tail: true}); return err },
+		"a wait":        func() error { _, err := old.Wait(ctx, name, info.ID, 1); return err },
+	} {
+		if err := op(); !errors.Is(err, ErrTakenOver) {
+			t.Errorf("%s on the replaced process: %v, want ErrTakenOver", what, err)
+		}
+	}
+	if got := readAll(t, cur, name); len(got) != 2 {
+		t.Errorf("the new owner reads %q, want both records", got)
+	}
+}
