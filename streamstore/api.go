@@ -224,6 +224,8 @@ var (
 	// ErrTakenOver (always with ErrUnavailable) means another process
 	// took the storage over: this one writes nothing more, and the write
 	// was not stored. A retry is safe, where the storage's owner serves.
+	// Reads and waits get it too: this process no longer sees the
+	// streams' changes.
 	ErrTakenOver = errors.New("another node took the storage over")
 	// ErrTooLate (always with ErrUnavailable) means the time WithAnswerBy
 	// gave had passed before the write was handed to the WAL: nothing was
