@@ -191,6 +191,8 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 			case errHubStopped:
 				// Go on alone from where the hub left the feed, and meet
 				// the reason (shutdown, deletion, a failed read) there.
+				// The page read before parking goes back to its pool.
+				pg.release()
 				pg = picoPage{info: pg.info, start: next.seq, next: next.seq, upToDate: true}
 				announced, alone = true, true
 				continue
