@@ -113,6 +113,8 @@ type Engine struct {
 	w       *segment.Writer
 	// statsW is w for Stats, which must not wait on startMu: Start holds
 	// it through the lease and the replay, and a metrics scrape would hang.
+	// Eviction, under e.mu, writes renewals through it too (nil before
+	// Start has made the writer).
 	statsW atomic.Pointer[segment.Writer]
 	lease  *segment.Lease
 	// stopRenewal ends the lease renewal, which runs from before the
@@ -1087,7 +1089,7 @@ func (e *Engine) evictLocked() {
 		}
 		// Re-check: a request may have added work since the scan. A
 		// request still holding the handle sees evicted and looks again.
-		if s.evictableLocked(e) {
+		if s.evictableLocked(e) && !e.keepForRenewalLocked(s, time.Now().UnixMilli()) {
 			s.evicted = true
 			delete(e.streams, cands[i].name)
 		}

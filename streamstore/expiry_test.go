@@ -511,3 +511,110 @@ func TestRefusedReadTouchesNothing(t *testing.T) {
 		t.Errorf("a served read did not renew the TTL: last access %d, was %d", got, before)
 	}
 }
+
+// TestIdleEvictionKeepsAnUnsavedRenewal: a stream with a sliding TTL read
+// less than a quarter of its TTL after its last saved renewal holds that
+// read in memory only. Leaving memory, idle or pushed out by the streams
+// kept, must not lose it: the expiry sweep, due at the expiry the saved
+// renewal gives, keeps the stream until its TTL has passed since the read.
+// Eviction dropped the handle and the read with it, and the sweep deleted
+// a stream read 10 minutes into a day's TTL a day after the write before.
+func TestIdleEvictionKeepsAnUnsavedRenewal(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		evict func(e *Engine, s *stream) // asks for s to leave memory
+	}{
+		{"idle", func(e *Engine, _ *stream) { e.sweepIdle(time.Now().Add(2 * time.Hour)) }},
+		{"past the streams kept", func(e *Engine, s *stream) {
+			s.used.Store(time.Now().Add(-time.Hour).UnixNano())
+			e.mu.Lock()
+			e.evictLocked()
+			e.mu.Unlock()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			e := startEngine(t, st, Config{IdleAfter: time.Hour, MaxStreams: 1})
+			setPackBelow(e, -1) // packed streams stay in memory (pack_test.go)
+			const name, ttl = "/renewed-then-idle", 24 * time.Hour
+			if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: ttl}}); err != nil {
+				t.Fatal(err)
+			}
+			// A second stream in memory puts the first past MaxStreams.
+			if _, _, err := e.Create(ctx, "/other", CreateRequest{ContentType: "text/plain"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.Append(ctx, name, AppendRequest{Records: recs("x")}); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Compact(ctx); err != nil {
+				t.Fatal(err)
+			}
+			saved := storedMeta(t, st, name).State.AccessedAt
+			if saved == 0 {
+				t.Fatal("the append saved no access time")
+			}
+			// A read 10 minutes after the append: within a quarter of the
+			// TTL of the saved access, so Read keeps it in memory only.
+			read := saved + (10 * time.Minute).Milliseconds()
+			s, err := e.stream(ctx, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.mu.Lock()
+			s.touched = read
+			s.mu.Unlock()
+
+			// The handle goes once its renewal is in the WAL and folded (a
+			// compaction in between, as its interval would run).
+			for range 3 {
+				tc.evict(e, s)
+				if !e.resident(name) {
+					break
+				}
+				waitSettled(t, s)
+				if err := e.Compact(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if e.resident(name) {
+				t.Fatal("the stream never left memory")
+			}
+
+			dueSaved := time.UnixMilli(saved).Add(ttl)
+			n, err := e.SweepExpired(ctx, dueSaved.Add(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if exists := len(streamKeys(t, st, metaKey(name))) == 1; n != 0 || !exists {
+				t.Fatalf("the sweep a TTL after the saved access deleted %d streams (the stream exists: %v); "+
+					"it was read %v later, and expires a TTL after that read",
+					n, exists, time.Duration(read-saved)*time.Millisecond)
+			}
+			n, err = e.SweepExpired(ctx, time.UnixMilli(read).Add(ttl).Add(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != 1 || len(streamKeys(t, st, metaKey(name))) != 0 {
+				t.Errorf("the sweep a TTL after the read deleted %d streams; want %s gone", n, name)
+			}
+		})
+	}
+}
+
+// waitSettled waits until no entry of s is in flight.
+func waitSettled(t *testing.T, s *stream) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		s.mu.Lock()
+		pending := s.pending
+		s.mu.Unlock()
+		if pending == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d entries of %s still in flight after 5 s", pending, s.name)
+		}
+	}
+}

@@ -60,6 +60,8 @@ func (e *Engine) sweepIdle(now time.Time) (streams int, bytes int64) {
 		// Uncompacted WAL runs keep a handle too (until the fold).
 		if !s.pinnedLocked(e) {
 			switch {
+			case len(s.runs) == 0 && e.keepForRenewalLocked(s, now.UnixMilli()):
+				// Its renewal goes to the WAL first; it leaves once folded.
 			case len(s.runs) == 0:
 				s.evicted = true
 				delete(e.streams, name)

@@ -97,12 +97,49 @@ func (e *Engine) renew(s *stream) {
 	if err != nil {
 		return
 	}
+	e.addRenewalLocked(w, s) // failed: the next access tries again
+}
+
+// addRenewalLocked writes s's last access (touched) to the WAL as a
+// record-less entry, and reports whether the writer took it. Called with
+// s.mu held.
+func (e *Engine) addRenewalLocked(w *segment.Writer, s *stream) bool {
 	ent := &segment.Entry{StreamID: s.meta.ID, Name: s.name, FirstSeq: s.pend.NextSeq, AccessedAt: s.touched, Ref: s}
 	b, err := w.Add(ent)
 	if err != nil {
-		return // not persisted now; the next access tries again
+		return false
 	}
 	s.joined(ent, b, false)
+	return true
+}
+
+// renewalUnsavedLocked reports whether s, not expired at now (Unix ms),
+// would expire later for an access that only memory holds (touched) than
+// for the last one its durable state holds: leaving memory, it would lose
+// that renewal, and expire early. Called with s.mu held.
+func (s *stream) renewalUnsavedLocked(now int64) bool {
+	if s.meta.TTLSeconds == 0 || s.gone || s.meta.Deleted {
+		return false
+	}
+	at := s.expiresAtLocked()
+	return now < at && at > expiresAt(s.meta, s.durable.AccessedAt)
+}
+
+// keepForRenewalLocked is asked before s leaves memory: when s holds a
+// renewal only in memory (renewalUnsavedLocked), the renewal goes to the
+// WAL first and s stays until its entry is folded, and it reports true.
+// Without it, a stream read less than a quarter of its TTL after its last
+// saved renewal and then left idle expired up to that quarter early, swept
+// away while a reader still counted on it. Should the writer refuse the
+// entry, s goes all the same, its renewal lost as a crash would lose it.
+// Called with s.mu held; it takes no other lock, so eviction may call it
+// under e.mu.
+func (e *Engine) keepForRenewalLocked(s *stream, now int64) bool {
+	if !s.renewalUnsavedLocked(now) {
+		return false
+	}
+	w := e.statsW.Load() // lock-free: writer() takes startMu
+	return w != nil && e.addRenewalLocked(w, s)
 }
 
 // collect gathers records [req.Seq, end) within the request's limits: from
