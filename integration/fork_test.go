@@ -393,6 +393,13 @@ func TestForkCreateRepeatedAfterSourceChanged(t *testing.T) {
 	}{
 		{"/ds/repeatfork/tail", map[string]string{"Stream-Forked-From": "/ds" + src}, "hello world"},
 		{"/ds/repeatfork/at", map[string]string{"Stream-Forked-From": "/ds" + src, "Stream-Fork-Offset": at}, "hello world"},
+		// Sub-offsets that reach the end of the anchor's record, or past
+		// it: the fork keeps the point they resolve to, not the request's
+		// numbers, so a repeat is resolved again, through trimmed records.
+		{"/ds/repeatfork/sub-end", map[string]string{"Stream-Forked-From": "/ds" + src,
+			"Stream-Fork-Offset": fmt.Sprintf("%016d_%016d", 0, 0), "Stream-Fork-Sub-Offset": "5"}, "hello"},
+		{"/ds/repeatfork/sub-past", map[string]string{"Stream-Forked-From": "/ds" + src,
+			"Stream-Fork-Offset": fmt.Sprintf("%016d_%016d", 0, 0), "Stream-Fork-Sub-Offset": "8"}, "hello wo"},
 	}
 	for _, f := range forks {
 		if r := e.must(fhReq{Method: http.MethodPut, Path: f.name, Header: f.hdr}); r.Status != http.StatusCreated {

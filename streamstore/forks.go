@@ -131,9 +131,20 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 // bytes could read them. The point must not be beyond the source's
 // durable tail.
 func (e *Engine) resolveForkPoint(ctx context.Context, src *stream, seq, bytes uint64) (uint64, uint64, error) {
+	return e.resolveForkPointFrom(ctx, src, seq, bytes, nil)
+}
+
+// resolveForkPointFrom is resolveForkPoint with floor, when set, as the
+// first seq it may read in place of the source's first retained one: the
+// start of an existing fork, whose count keeps the source's records from
+// there on in the bucket, trimmed or not.
+func (e *Engine) resolveForkPointFrom(ctx context.Context, src *stream, seq, bytes uint64, floor *uint64) (uint64, uint64, error) {
 	src.mu.Lock()
 	next, id, start := src.durable.NextSeq, src.meta.ID, src.startSeq(&src.durable)
 	src.mu.Unlock()
+	if floor != nil {
+		start = *floor
+	}
 	if seq < start {
 		return 0, 0, &TrimmedError{Seq: seq, StartSeq: start}
 	}
@@ -157,12 +168,26 @@ func (e *Engine) resolveForkPoint(ctx context.Context, src *stream, seq, bytes u
 	}
 }
 
+// sameForkPoint reports whether want, a fork point as a create asks for
+// it, resolves to fork f's point. The walk over a sub-offset reads the
+// source's records from f's start on, which f holds in the bucket however
+// the source was trimmed since (or soft-deleted): a create repeated is
+// judged as the first was. Refused below the source's retained start, a
+// repeat whose sub-offset reached the end of its anchor's record (or past
+// it) was 409 once the source was trimmed past the fork point.
 func (e *Engine) sameForkPoint(ctx context.Context, f *forkRef, want *ForkFrom) bool {
 	src, err := e.stream(ctx, f.SourceName)
 	if err != nil {
 		return false
 	}
-	seq, bytes, err := e.resolveForkPoint(ctx, src, want.Seq, want.Bytes)
+	src.mu.Lock()
+	same := !src.gone && src.meta.ID == f.SourceID
+	src.mu.Unlock()
+	if !same {
+		return false
+	}
+	floor := f.Start
+	seq, bytes, err := e.resolveForkPointFrom(ctx, src, want.Seq, want.Bytes, &floor)
 	return err == nil && seq == f.Seq && bytes == f.Bytes
 }
 

@@ -978,3 +978,67 @@ func TestForkRepeatWithoutExpiryAsksForTheSources(t *testing.T) {
 		}
 	}
 }
+
+// TestForkRepeatWalksTheRecordsTheForkHolds: a fork made with a byte
+// sub-offset that reaches the end of its anchor's record, or past it,
+// keeps the point it resolves to, so a create repeated with the same
+// request resolves it again. It must read the source's records from the
+// fork's start, which the fork holds in the bucket, however the source
+// was trimmed since or soft-deleted: the repeat is confirmed. Refused
+// below the source's retained start, it was ErrConflict.
+func TestForkRepeatWalksTheRecordsTheForkHolds(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("hello", " world", "!")}); err != nil {
+		t.Fatal(err)
+	}
+	forks := []struct {
+		name      string
+		asked     ForkFrom // as the create asks: record 0, and bytes past its start
+		seq, byts uint64   // the point it resolves to
+	}{
+		{"/end", ForkFrom{Source: "/src", Seq: 0, Bytes: 5}, 1, 0},
+		{"/past", ForkFrom{Source: "/src", Seq: 0, Bytes: 8}, 1, 3},
+	}
+	for _, f := range forks {
+		asked := f.asked
+		if _, created, err := e.Create(ctx, f.name, CreateRequest{Fork: &asked}); err != nil || !created {
+			t.Fatalf("fork %s: created %t, %v", f.name, created, err)
+		}
+		info, err := e.Head(ctx, f.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Fork.Seq != f.seq || info.Fork.Bytes != f.byts {
+			t.Fatalf("fork %s is at (%d, %d), want (%d, %d)", f.name, info.Fork.Seq, info.Fork.Bytes, f.seq, f.byts)
+		}
+	}
+	for _, step := range []struct {
+		name string
+		do   func() error
+	}{
+		{"as made", func() error { return nil }},
+		{"the source trimmed past the points and compacted", func() error {
+			if _, err := e.Trim(ctx, "/src", 3); err != nil {
+				return err
+			}
+			return e.Compact(ctx)
+		}},
+		{"the source soft-deleted", func() error { return e.Delete(ctx, "/src") }},
+	} {
+		if err := step.do(); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		for _, f := range forks {
+			asked := f.asked
+			if _, created, err := e.Create(ctx, f.name, CreateRequest{Fork: &asked}); err != nil || created {
+				t.Errorf("%s: fork %s repeated: created %t, %v; want confirmed", step.name, f.name, created, err)
+			}
+		}
+	}
+	// Another point is still another fork's.
+	other := ForkFrom{Source: "/src", Seq: 0, Bytes: 7}
+	if _, _, err := e.Create(ctx, "/past", CreateRequest{Fork: &other}); !errors.Is(err, ErrConflict) {
+		t.Errorf("fork /past asked at another point: %v, want ErrConflict", err)
+	}
+}

@@ -132,8 +132,8 @@ func (s *stream) renewalUnsavedLocked(now int64) bool {
 // saved renewal and then left idle expired up to that quarter early, swept
 // away while a reader still counted on it. Should the writer refuse the
 // entry, s goes all the same, its renewal lost as a crash would lose it.
-// Called with s.mu held; it takes no other lock, so eviction may call it
-// under e.mu.
+// Called with s.mu held; besides it takes only the writer's own lock (not
+// startMu, as writer() would), so eviction may call it under e.mu.
 func (e *Engine) keepForRenewalLocked(s *stream, now int64) bool {
 	if !s.renewalUnsavedLocked(now) {
 		return false
