@@ -1764,6 +1764,13 @@ func (m *subManager) deleteDoc(key, ver string) error {
 	if !errors.Is(err, streamstore.ErrDocConflict) {
 		return err
 	}
+	// As in putDoc, the other version is ours only while this process
+	// holds the storage: one that took it over (the same node started
+	// again) may have written it, and a grave over it would delete the
+	// subscription that process serves. The lease object says which.
+	if cerr := m.eng.ConfirmOwner(ctx); cerr != nil {
+		return cerr
+	}
 	_, etag, gerr := m.eng.GetDoc(ctx, key)
 	switch {
 	case errors.Is(gerr, streamstore.ErrNotFound):
@@ -1888,6 +1895,10 @@ func (m *subManager) handleRemoveStream(w http.ResponseWriter, r *http.Request, 
 		c.Links[p].Explicit = false
 		if c.Config.Pattern == "" || !globMatch(c.Config.Pattern, p) {
 			delete(c.Links, p)
+			// A webhook's done acks the wake's snapshot: the tail it
+			// offered here must not move a link added again later,
+			// maybe in another stream under the name and behind it.
+			delete(c.Snapshot, p)
 			if c.WakeID != "" || c.Holder != "" {
 				c.noteRemoved(p)
 			}

@@ -68,3 +68,47 @@ func TestReplacedProcessKeepsOffSubscriptions(t *testing.T) {
 			link["acked_offset"], tail)
 	}
 }
+
+// A DELETE served by the replaced process finds the new owner's version
+// of the document too. Deleting that version instead, as if it were a
+// write of its own whose answer was lost, put a grave over a subscription
+// the new owner serves and had just written: the delete must be refused
+// as the replaced process's other writes are, and leave the document be.
+func TestReplacedProcessDeletesNoSubscription(t *testing.T) {
+	dir := t.TempDir()
+	old := startSubNode(t, dir)
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	old.pullSubscribe(t, sub)
+	if st, _ := old.call(t, "PUT", "/v1/stream/events/a", `{"n":1}`); st != 201 {
+		t.Fatalf("create stream: %d", st)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		_, v := old.call(t, "GET", sub, "")
+		if g, _ := v["generation"].(float64); g > 0 {
+			break // the wake is in the old process's document
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no wake on the old process: %v", v)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	cur := startSubNode(t, dir) // the same node id: at once
+	if st, v := cur.call(t, "POST", sub+"/claim", `{"worker":"w1"}`); st != 200 {
+		t.Fatalf("claim on the new owner: %d %v", st, v)
+	}
+	st, v := old.call(t, "DELETE", sub, "")
+	t.Logf("delete on the replaced process: %d %v", st, v)
+	errBody, _ := v["error"].(map[string]any)
+	if msg, _ := errBody["message"].(string); st != 503 || !strings.Contains(msg, "another server took this storage over") {
+		t.Errorf("delete on the replaced process: %d %v, want 503 saying another server took this storage over", st, v)
+	}
+	old.Close()
+	_ = old.eng.Close(context.Background())
+
+	cur.stop(t)
+	again := startSubNode(t, dir)
+	if st, v := again.call(t, "GET", sub, ""); st != 200 {
+		t.Fatalf("after the replaced process's delete the subscription is %d %v, want 200 (the new owner's claim holds)", st, v)
+	}
+}
