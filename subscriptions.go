@@ -776,6 +776,7 @@ func (m *subManager) load() error {
 		subs[k] = &s
 	}
 	heads := m.headLinks(ctx, subs)
+	recheck := failedLinks(subs, heads)
 	// Written before the manager serves, when nothing else can see them.
 	for _, s := range subs {
 		if s.reconcile(heads) {
@@ -806,6 +807,9 @@ func (m *subManager) load() error {
 		m.scheduleLocked(s)
 	}
 	m.mu.Unlock()
+	if len(recheck) > 0 {
+		go m.recheckLinks(recheck)
+	}
 	return nil
 }
 
@@ -831,6 +835,11 @@ func (m *subManager) headLinks(ctx context.Context, subs map[string]*subState) m
 			names[s.Root+p] = true
 		}
 	}
+	return m.headNames(ctx, names)
+}
+
+// headNames looks up the streams names, subHeadWorkers at a time.
+func (m *subManager) headNames(ctx context.Context, names map[string]bool) map[string]linkHead {
 	work := make(chan string)
 	var mu sync.Mutex
 	heads := make(map[string]linkHead, len(names))
@@ -853,6 +862,101 @@ func (m *subManager) headLinks(ctx context.Context, subs map[string]*subState) m
 	close(work)
 	wg.Wait()
 	return heads
+}
+
+// linkRecheck is a link whose stream could not be looked up at load, and
+// what the link was then.
+type linkRecheck struct {
+	sub        *subState
+	path, name string
+	stream     string
+	tail       uint64
+}
+
+// failedLinks returns the links of subs whose stream's lookup failed for
+// another reason than its absence: reconcile leaves them as stored, and
+// the stored tail misses the records appended while a wake was in flight,
+// which are not written (quietTail).
+func failedLinks(subs map[string]*subState, heads map[string]linkHead) []linkRecheck {
+	var out []linkRecheck
+	for _, s := range subs {
+		for p, l := range s.Links {
+			h, ok := heads[s.Root+p]
+			if ok && h.err != nil && !errors.Is(h.err, streamstore.ErrNotFound) && !errors.Is(h.err, streamstore.ErrGone) {
+				out = append(out, linkRecheck{sub: s, path: p, name: s.Root + p, stream: l.Stream, tail: l.Tail})
+			}
+		}
+	}
+	return out
+}
+
+// recheckLinks looks the streams of rs up again, on the webhooks'
+// backoff, until each has been answered or the engine closes, and
+// applies each answer as the load would have (recheckLinkLocked). Without
+// it such a link kept its stored tail until the stream's next append: a
+// worker's ack of the records it read was refused as beyond the tail,
+// and they were not pending.
+func (m *subManager) recheckLinks(rs []linkRecheck) {
+	for failures := 1; len(rs) > 0; failures++ {
+		t := time.NewTimer(webhookBackoff(failures))
+		select {
+		case <-m.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		names := map[string]bool{}
+		for _, r := range rs {
+			names[r.name] = true
+		}
+		ctx, cancel := context.WithTimeout(m.ctx, time.Minute)
+		heads := m.headNames(ctx, names)
+		cancel()
+		m.mu.Lock()
+		left := rs[:0]
+		for _, r := range rs {
+			if !m.recheckLinkLocked(r, heads[r.name]) {
+				left = append(left, r)
+			}
+		}
+		rs = left
+		m.mu.Unlock()
+	}
+}
+
+// recheckLinkLocked applies h, a lookup of r's stream, to r's link, and
+// reports whether r is settled (false: look it up again). A link that a
+// note changed since the load is left alone, since the note is newer than
+// what the load knew, unless h only brings its tail on in the same
+// stream, which is right whatever came since.
+func (m *subManager) recheckLinkLocked(r linkRecheck, h linkHead) bool {
+	if h.err != nil && !errors.Is(h.err, streamstore.ErrNotFound) && !errors.Is(h.err, streamstore.ErrGone) {
+		return false
+	}
+	s := r.sub
+	l := s.Links[r.path]
+	if m.subs[s.key] != s || l == nil {
+		return true // the subscription or the link went since
+	}
+	same := h.err == nil && l.Stream != "" && l.Stream == h.info.ID
+	if !same && (l.Stream != r.stream || l.Tail != r.tail) {
+		return true
+	}
+	if s.busy != nil {
+		return false // its writer's for now
+	}
+	c := s.draft()
+	if !c.reconcile(map[string]linkHead{r.name: h}) {
+		return true
+	}
+	if same && (c.WakeID != "" || c.Holder != "") {
+		// Only the tail moved, during a wake: not written, as a note's
+		// tail then is not (quietTail).
+		m.installLocked(s, c)
+		return true
+	}
+	m.writeInBackgroundLocked(s, c, true, nil)
+	return true
 }
 
 // reconcile brings s's links in line with the streams under their names
