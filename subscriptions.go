@@ -1955,6 +1955,14 @@ func (m *subManager) handleAddStreams(w http.ResponseWriter, r *http.Request, ro
 		l := c.Links[p]
 		if l == nil || l.Gone {
 			l = &subLink{Acked: t.tail, Tail: t.tail, Stream: t.id}
+			if c.WakeID != "" {
+				// The wake in flight did not offer this link: what its
+				// worker acks under the name (a link removed or gone
+				// during the wake, perhaps in another stream) moves
+				// nothing here, as after startOver, and a claim of the
+				// wake gets a new generation.
+				l.ResetGen = c.Generation
+			}
 			c.Links[p] = l
 		}
 		l.Explicit = true
