@@ -231,7 +231,7 @@ func (p *picoProtocol) firstRecordsDiffer(ctx context.Context, eng *streamstore.
 	const refused = "; a create's body becomes the first records of a new stream only: append with POST"
 	size := 0
 	for _, rec := range want {
-		size += len(rec.Body)
+		size += streamstore.ReadWeight(rec.Headers, len(rec.Body))
 	}
 	res, err := eng.Read(ctx, name, streamstore.ReadRequest{Seq: 0, MaxRecords: len(want), MaxBytes: max(size, 1)})
 	switch {

@@ -163,7 +163,7 @@ type ReadRequest struct {
 	// client may send any uint64, and it must be judged as a position.)
 	Tail       bool
 	MaxRecords int // 0 means no limit
-	MaxBytes   int // body bytes; 0 means no limit. At least one record is returned when any exists.
+	MaxBytes   int // body and header bytes (ReadWeight); 0 means no limit. At least one record is returned when any exists.
 }
 
 // ReadResult holds the records read and the stream state at the time of the

@@ -142,6 +142,20 @@ func (e *Engine) keepForRenewalLocked(s *stream, now int64) bool {
 	return w != nil && e.addRenewalLocked(w, s)
 }
 
+// ReadWeight is what a record with headers and a body of bodyLen bytes
+// counts toward ReadRequest.MaxBytes: its body and its headers' names and
+// values. Headers count because a read hands them out as well (Pico's
+// reads carry them) and holds them until it is written: counting bodies
+// only, a page of records with a megabyte of headers and empty bodies took
+// every record up to MaxRecords, thousands of times the limit.
+func ReadWeight(headers []Header, bodyLen int) int {
+	n := bodyLen
+	for _, h := range headers {
+		n += len(h.Name) + len(h.Value)
+	}
+	return n
+}
+
 // collect gathers records [req.Seq, end) within the request's limits: from
 // uncompacted WAL entries when the seq is still there, otherwise from data
 // objects, each through the block cache. A fork's inherited records come
@@ -156,11 +170,12 @@ func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequ
 			(req.MaxBytes > 0 && len(out) > 0 && bytes >= req.MaxBytes)
 	}
 	add := func(r Record) bool {
-		if req.MaxBytes > 0 && len(out) > 0 && bytes+len(r.Body) > req.MaxBytes {
+		n := ReadWeight(r.Headers, len(r.Body))
+		if req.MaxBytes > 0 && len(out) > 0 && bytes+n > req.MaxBytes {
 			return false
 		}
 		out = append(out, r)
-		bytes += len(r.Body)
+		bytes += n
 		return !full()
 	}
 	s.mu.Lock()
