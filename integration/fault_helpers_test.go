@@ -255,6 +255,29 @@ func (e *fhEnv) heapAlloc(gc bool) float64 {
 	return 0
 }
 
+// allocTotal returns the bytes Caddy has allocated on its Go heap since it
+// started (go_memstats_alloc_bytes_total of its admin /metrics): what a
+// request churns through, where heapAlloc shows only what it keeps.
+func (e *fhEnv) allocTotal() float64 {
+	e.t.Helper()
+	admin := "http://" + e.caddy.AdminAddr()
+	r, err := fhSend(e.client, admin, fhReq{Method: http.MethodGet, Path: "/metrics"})
+	if err != nil || r.Status != http.StatusOK {
+		e.t.Fatalf("admin /metrics: %v %s", err, r)
+	}
+	for _, line := range strings.Split(string(r.Body), "\n") {
+		if v, ok := strings.CutPrefix(line, "go_memstats_alloc_bytes_total "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				e.t.Fatalf("go_memstats_alloc_bytes_total %q: %v", v, err)
+			}
+			return f
+		}
+	}
+	e.t.Fatal("admin /metrics has no go_memstats_alloc_bytes_total")
+	return 0
+}
+
 // fhMaxReads bounds the catch-up requests of one full read.
 const fhMaxReads = 10000
 

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -365,5 +366,51 @@ func TestSubscriptionStreamsAreBounded(t *testing.T) {
 	}
 	if reads > 10 {
 		t.Errorf("the refused subscription read %d metadata objects", reads)
+	}
+}
+
+// TestDeepForkReadsAreCheap: a read of a fork at the end of a chain of
+// forks costs about what a read of the same records from the first
+// source does. Each fork in the chain used to copy every record it
+// inherited, so sixty creates made each read of the last fork allocate
+// sixty times as much: hundreds of megabytes, and seconds of CPU, per
+// response. Caddy's allocations (its admin /metrics) over one read of
+// each are compared, not their time.
+func TestDeepForkReadsAreCheap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1h"}})
+	const ct, messages, depth = "application/json", 60_000, 60
+	e.create("/deep/0", ct)
+	e.append("/deep/0", ct, digitMessages(messages))
+	for d := 1; d <= depth; d++ {
+		p := fmt.Sprintf("/deep/%d", d)
+		r := e.must(fhReq{Method: http.MethodPut, Path: p, Header: map[string]string{"Stream-Forked-From": fmt.Sprintf("/deep/%d", d-1)}})
+		if r.Status != http.StatusCreated {
+			t.Fatalf("PUT %s forked from the one before: %s, want 201", p, r)
+		}
+	}
+	last := fmt.Sprintf("/deep/%d", depth)
+	read := func(p string) ([]byte, float64) {
+		t.Helper()
+		before := e.allocTotal()
+		chunks, _, err := e.readFrom(p, "-1")
+		after := e.allocTotal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bytes.Join(chunks, []byte("\n")), after - before
+	}
+	read("/deep/0") // warm: the records in the cache, the chain in memory
+	read(last)
+	want, first := read("/deep/0")
+	got, deep := read(last)
+	t.Logf("a read of %d messages allocated %.1f MiB from the source, %.1f MiB %d forks down", messages, first/(1<<20), deep/(1<<20), depth)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s read %d bytes, the source %d (equal prefix %d)", last, len(got), len(want), fhCommonPrefix(got, want))
+	}
+	if deep > 2*first+8<<20 {
+		t.Errorf("a read %d forks down allocated %.1f MiB, against %.1f MiB for the source's", depth, deep/(1<<20), first/(1<<20))
 	}
 }

@@ -163,56 +163,81 @@ func ReadWeight(headers []Header, bodyLen int) int {
 // them cut to the fork point. The buffers the records are in, held, go to
 // keep; with keep nil they are never recycled.
 func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequest, end uint64, keep *[]*objBuf) ([]Record, error) {
-	var out []Record
-	bytes := 0
-	full := func() bool {
-		return (req.MaxRecords > 0 && len(out) >= req.MaxRecords) ||
-			(req.MaxBytes > 0 && len(out) > 0 && bytes >= req.MaxBytes)
+	a := &readAcc{req: req}
+	if err := e.collectInto(ctx, a, s, id, req.Seq, end, keep); err != nil {
+		return nil, err
 	}
-	add := func(r Record) bool {
-		n := ReadWeight(r.Headers, len(r.Body))
-		if req.MaxBytes > 0 && len(out) > 0 && bytes+n > req.MaxBytes {
-			return false
-		}
-		out = append(out, r)
-		bytes += n
-		return !full()
+	return a.out, nil
+}
+
+// readAcc is the records a read has gathered so far, within its request's
+// limits. Every stream of a fork chain adds to the one accumulator: each
+// level gathering its own and handing them down used to copy every
+// inherited record once per level, so a read of a fork 100 deep took
+// seconds and gigabytes of allocation for one response.
+type readAcc struct {
+	req   ReadRequest
+	out   []Record
+	bytes int
+}
+
+// full reports whether the read has all the records its limits let it take.
+func (a *readAcc) full() bool {
+	return (a.req.MaxRecords > 0 && len(a.out) >= a.req.MaxRecords) ||
+		(a.req.MaxBytes > 0 && len(a.out) > 0 && a.bytes >= a.req.MaxBytes)
+}
+
+// add takes r unless it would pass the byte limit, and reports whether the
+// read takes more after it.
+func (a *readAcc) add(r Record) bool {
+	n := ReadWeight(r.Headers, len(r.Body))
+	if a.req.MaxBytes > 0 && len(a.out) > 0 && a.bytes+n > a.req.MaxBytes {
+		return false
 	}
+	a.out = append(a.out, r)
+	a.bytes += n
+	return !a.full()
+}
+
+// collectInto is collect's work from seq on, adding to a: records [seq,
+// end) of stream s (internal id), its source's first where s is a fork.
+func (e *Engine) collectInto(ctx context.Context, a *readAcc, s *stream, id string, seq, end uint64, keep *[]*objBuf) error {
 	s.mu.Lock()
 	fork := s.meta.Fork
 	s.mu.Unlock()
-	seq := req.Seq
 	if fork != nil && seq < fork.base() {
 		src, err := e.stream(ctx, fork.SourceName)
 		if err != nil {
-			return nil, fmt.Errorf("fork source %s: %w", fork.SourceName, err)
+			return fmt.Errorf("fork source %s: %w", fork.SourceName, err)
 		}
-		inherited, err := e.collect(ctx, src, fork.SourceID, ReadRequest{Seq: seq, MaxRecords: req.MaxRecords, MaxBytes: req.MaxBytes}, min(end, fork.base()), keep)
-		if err != nil {
-			return nil, err
+		had := len(a.out)
+		if err := e.collectInto(ctx, a, src, fork.SourceID, seq, min(end, fork.base()), keep); err != nil {
+			return err
 		}
-		for _, r := range inherited {
-			if fork.Bytes > 0 && r.Seq == fork.Seq {
-				r.Body = r.Body[:min(uint64(len(r.Body)), fork.Bytes)]
+		if len(a.out) > had {
+			last := &a.out[len(a.out)-1]
+			if fork.Bytes > 0 && last.Seq == fork.Seq && uint64(len(last.Body)) > fork.Bytes {
+				// The fork point is inside this record: the fork has its
+				// first fork.Bytes bytes. Cut, it weighs less than the
+				// source's limits took it at.
+				a.bytes -= len(last.Body) - int(fork.Bytes)
+				last.Body = last.Body[:fork.Bytes]
 			}
-			if !add(r) {
-				return out, nil
-			}
-			seq = r.Seq + 1
+			seq = last.Seq + 1
 		}
-		if seq < fork.base() {
-			return out, nil
+		if a.full() || seq < fork.base() {
+			return nil
 		}
 	}
 	for seq < end {
 		recs, buf, err := e.recordsAt(ctx, s, id, seq)
-		if err != nil && len(out) > 0 && errors.Is(err, ErrDamaged) {
+		if err != nil && len(a.out) > 0 && errors.Is(err, ErrDamaged) {
 			// The records before the damage are served; the read from
 			// it fails.
-			return out, nil
+			return nil
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		switch {
 		case buf == nil:
@@ -225,13 +250,13 @@ func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequ
 			if r.Seq < seq {
 				continue
 			}
-			if r.Seq >= end || !add(r) {
-				return out, nil
+			if r.Seq >= end || !a.add(r) {
+				return nil
 			}
 			seq = r.Seq + 1
 		}
 	}
-	return out, nil
+	return nil
 }
 
 // recordsAt returns a run of records that holds seq, and the buffer it
