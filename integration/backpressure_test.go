@@ -279,3 +279,114 @@ func TestMaxPendingBoundsMemoryOfTinyRecords(t *testing.T) {
 		t.Errorf("%s holds %d messages, want the %d of the %d appends that joined", path, len(msgs), len(waiting)*perAppend, len(waiting))
 	}
 }
+
+// TestMaxPendingBoundsLargeAppendsOfTinyRecords: a large append (256 KiB
+// of bodies or more, uploaded as a blob of its own) counts against
+// max_pending what its records hold in memory, as a small append's WAL
+// entry does, not its bodies' bytes alone. Appends of 30,000 nine-byte
+// JSON messages, each to a stream of its own, join one after the other
+// while the blob PUTs are held, until one is refused; Caddy's live heap
+// then has grown by little more than max_pending. Each such append holds
+// about 4 MiB (a 64-byte Record and a 64-byte buffer per message, and its
+// encoded blob), and was counted at its 270,000 bytes of bodies: 24 of
+// them joined under a max_pending of 6 MiB, and the live heap grew by
+// 139 MiB.
+func TestMaxPendingBoundsLargeAppendsOfTinyRecords(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	const maxPending = 6 << 20
+	e := fhStart(t, fhOptions{Directives: []string{"max_pending 6MiB", "compact_interval 1h"}})
+	const ct, perAppend, most = "application/json", 30_000, 40
+	path := func(i int) string { return fmt.Sprintf("/busy/large-%02d", i) }
+	for i := range most {
+		e.create(path(i), ct)
+	}
+	var b strings.Builder
+	b.WriteByte('[')
+	for i := range perAppend {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%d", 100_000_000+i)
+	}
+	b.WriteByte(']')
+	body := []byte(b.String())
+	pending := func() float64 {
+		t.Helper()
+		s, err := mGet(e.caddy.AdminAddr())
+		if err != nil {
+			t.Fatalf("metrics: %v", err)
+		}
+		return s.sum("picomq_wal_pending_bytes")
+	}
+	base := e.heapAlloc(true)
+
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/blob/"})
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	type result struct {
+		resp fhResp
+		err  error
+	}
+	var waiting []chan result // the appends that joined
+	heap := 0.0
+	for i := 0; heap == 0; i++ {
+		if i == most {
+			t.Fatalf("%d large appends of %d records joined with the store stalled and max_pending %d MiB", most, perAppend, maxPending>>20)
+		}
+		before := pending()
+		ch := make(chan result, 1)
+		go func() {
+			r, err := e.send(fhReq{Method: http.MethodPost, Path: path(i), Header: map[string]string{"Content-Type": ct}, Body: body})
+			ch <- result{r, err}
+		}()
+		var answer *result
+		if !waitFor(30*time.Second, func() bool {
+			select {
+			case r := <-ch:
+				answer = &r
+				return true
+			default:
+			}
+			return pending() > before
+		}) {
+			t.Fatalf("append %d neither joined nor was answered in 30s", i)
+		}
+		if answer == nil {
+			waiting = append(waiting, ch)
+			continue
+		}
+		if answer.err != nil || answer.resp.Status != http.StatusServiceUnavailable {
+			t.Fatalf("append %d answered while the store stalled: %v %s, want 503 busy", i, answer.err, answer.resp)
+		}
+		heap = e.heapAlloc(true)
+	}
+	mib := func(b float64) float64 { return b / (1 << 20) }
+	t.Logf("%d large appends of %d nine-byte records joined before one was refused, max_pending %d MiB: live heap %.1f MiB before, %.1f MiB then (%.1f MiB pending counted)",
+		len(waiting), perAppend, maxPending>>20, mib(base), mib(heap), mib(pending()))
+	// The last append to join may pass the bound by its own size, and
+	// each waiting request also holds its body until it is answered.
+	if grew := heap - base; grew > 3*maxPending {
+		t.Errorf("large appends waiting for the store grew the live heap by %.1f MiB with max_pending %d MiB", mib(grew), maxPending>>20)
+	}
+
+	release()
+	released = true
+	for i, ch := range waiting {
+		if r := <-ch; r.err != nil || r.resp.Status/100 != 2 {
+			t.Fatalf("append %d, joined, once the store came back: %v %s", i, r.err, r.resp)
+		}
+		msgs, _, err := e.readJSON(path(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(msgs) != perAppend {
+			t.Errorf("%s holds %d messages, want the %d of its append", path(i), len(msgs), perAppend)
+		}
+	}
+}

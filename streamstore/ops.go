@@ -964,14 +964,17 @@ func recordBytes(recs []NewRecord) int {
 // deleted. Called with s.mu held; it unlocks.
 func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, req AppendRequest, now, ts int64) (AppendResult, appendWait, error) {
 	st := &s.pend
-	// The blob's bytes wait for storage as an entry's would: they count
-	// against max_pending until the blob is stored.
-	unreserve, err := w.Reserve(recordBytes(req.Records))
+	ent := s.appendEntry(req, now, ts)
+	// The blob's records wait for storage as an entry's would: they count
+	// against max_pending until the blob is stored, by what they hold in
+	// memory as the writer counts an entry's (segment.RecordsMemSize).
+	// Counted by their bodies' bytes, an append of 30,000 nine-byte JSON
+	// messages held 14 times what it was counted at.
+	unreserve, err := w.Reserve(segment.RecordsMemSize(ent.Records, 0))
 	if err != nil {
 		s.mu.Unlock()
 		return AppendResult{}, appendWait{}, e.addError(err)
 	}
-	ent := s.appendEntry(req, now, ts)
 	done := make(chan struct{})
 	s.uploading, s.uploadingBy = done, ent.Producer
 	// Counted as in flight, so the stream is not evicted meanwhile.
