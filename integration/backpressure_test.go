@@ -390,3 +390,139 @@ func TestMaxPendingBoundsLargeAppendsOfTinyRecords(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendsQueuedBehindALargeAppendAreBounded: appends to a stream whose
+// large append is still uploading wait for it (the large append holds the
+// next seqs), and while they wait they hold their records in memory as
+// appends waiting in the WAL do, so they count against max_pending: past
+// it they are answered 503 with Retry-After at once and nothing of them is
+// stored. They used to wait uncounted, however many came, for as long as
+// the store stalled: sixteen appends of 25,000 nine-byte JSON messages
+// behind a stalled large append grew the live heap by 49 MiB, with 0.3 MiB
+// counted against a max_pending of 6 MiB. With nothing to wait for when
+// all is well, the look at their
+// answers is bounded, not a deadline: the heap is what is asserted.
+func TestAppendsQueuedBehindALargeAppendAreBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	const maxPending = 6 << 20
+	e := fhStart(t, fhOptions{Directives: []string{"max_pending 6MiB", "compact_interval 1h"}})
+	const path, ct = "/busy/queue", "application/json"
+	e.create(path, ct)
+	messages := func(n, from int) []byte {
+		var b strings.Builder
+		b.WriteByte('[')
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "%d", from+i)
+		}
+		b.WriteByte(']')
+		return []byte(b.String())
+	}
+	const large, small, queued = 30_000, 25_000, 16 // 270,000 and 225,000 bytes of bodies
+	pending := func() float64 {
+		t.Helper()
+		s, err := mGet(e.caddy.AdminAddr())
+		if err != nil {
+			t.Fatalf("metrics: %v", err)
+		}
+		return s.sum("picomq_wal_pending_bytes")
+	}
+	base := e.heapAlloc(true)
+
+	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/blob/"})
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	type result struct {
+		resp fhResp
+		err  error
+	}
+	send := func(body []byte) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			r, err := e.send(fhReq{Method: http.MethodPost, Path: path, Header: map[string]string{"Content-Type": ct}, Body: body})
+			ch <- result{r, err}
+		}()
+		return ch
+	}
+	first := send(messages(large, 100_000_000))
+	if !waitFor(30*time.Second, func() bool { return pending() > 0 }) {
+		t.Fatal("the large append did not start its upload in 30s")
+	}
+	var chans []chan result
+	for i := range queued {
+		chans = append(chans, send(messages(small, 200_000_000+i*small)))
+	}
+	answers := make([]*result, queued)
+	answered := func() int {
+		n := 0
+		for i, ch := range chans {
+			if answers[i] == nil {
+				select {
+				case r := <-ch:
+					answers[i] = &r
+				default:
+				}
+			}
+			if answers[i] != nil {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor(5*time.Second, func() bool { return answered() >= queued-1 })
+	answered()
+	heap := e.heapAlloc(true)
+	refused := 0
+	for i, a := range answers {
+		if a == nil {
+			continue
+		}
+		if a.err != nil || a.resp.Status != http.StatusServiceUnavailable || a.resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("queued append %d answered while the store stalled: %v %s, want 503 busy with Retry-After", i, a.err, a.resp)
+		}
+		refused++
+	}
+	mib := func(b float64) float64 { return b / (1 << 20) }
+	t.Logf("%d of %d appends queued behind a large append refused, max_pending %d MiB: live heap %.1f MiB before, %.1f MiB then (%.1f MiB pending counted)",
+		refused, queued, maxPending>>20, mib(base), mib(heap), mib(pending()))
+	if grew := heap - base; grew > 3*maxPending {
+		t.Errorf("appends queued behind a stalled large append grew the live heap by %.1f MiB with max_pending %d MiB", mib(grew), maxPending>>20)
+	}
+
+	release()
+	released = true
+	if r := <-first; r.err != nil || r.resp.Status/100 != 2 {
+		t.Fatalf("the large append, once the store came back: %v %s", r.err, r.resp)
+	}
+	joined := 0
+	for i, ch := range chans {
+		if answers[i] != nil {
+			continue
+		}
+		// Taken, or refused as busy when the appends let go together
+		// hold max_pending again: nothing of it is stored then.
+		r := <-ch
+		switch {
+		case r.err == nil && r.resp.Status/100 == 2:
+			joined++
+		case r.err == nil && r.resp.Status == http.StatusServiceUnavailable && r.resp.Header.Get("Retry-After") != "":
+		default:
+			t.Fatalf("queued append %d, not refused, once the store came back: %v %s", i, r.err, r.resp)
+		}
+	}
+	msgs, _, err := e.readJSON(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := large + joined*small; len(msgs) != want {
+		t.Errorf("%s holds %d messages, want the %d of the large append and the %d queued ones that were not refused", path, len(msgs), want, joined)
+	}
+}

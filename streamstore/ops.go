@@ -707,6 +707,7 @@ func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*s
 func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (AppendResult, error) {
 	var timeout <-chan struct{} // set at the first wait
 	repeat := false             // a wait was for an entry that may hold this append
+	waitMem := -1               // what the records hold in memory, once a wait needs it
 	for {
 		s, err := e.live(ctx, name)
 		if err != nil {
@@ -720,6 +721,33 @@ func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (Ap
 			return res, err
 		}
 		repeat = repeat || wait.repeat
+		// While it waits, the append holds its records as one waiting in
+		// the WAL does, so they count against max_pending, or any number
+		// of appends queued behind a stalled large append held memory
+		// that nothing counted. Given back before it tries again, so that
+		// its own count never refuses it.
+		if waitMem < 0 {
+			waitMem = 0
+			if len(req.Records) > 0 {
+				waitMem = segment.RecordsMemSize(stamp(req.Records, 0, 0), 0)
+			}
+		}
+		unreserve := func() {}
+		if waitMem > 0 {
+			w, err := e.writer()
+			if err != nil {
+				return AppendResult{}, err
+			}
+			if unreserve, err = w.Reserve(waitMem); err != nil {
+				if repeat && errors.Is(err, segment.ErrWriterBusy) {
+					// Refused, but the entry it would wait for may hold
+					// this very append: not "nothing was applied".
+					e.stats.busy.Add(1)
+					return AppendResult{}, fmt.Errorf("%w: %w: %w", ErrUnavailable, ErrUnconfirmed, ErrBusy)
+				}
+				return AppendResult{}, e.addError(err)
+			}
+		}
 		// A producer retry of an append still in flight, or any append
 		// behind a close or a large append still in flight: answer once
 		// the original's fate is known (it may roll back, and then this
@@ -730,7 +758,9 @@ func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (Ap
 		}
 		select {
 		case <-wait.ch:
+			unreserve()
 		case <-timeout:
+			unreserve()
 			if repeat {
 				// The entry waited for may hold this very append.
 				return AppendResult{}, fmt.Errorf("%w: %w", ErrUnavailable, ErrUnconfirmed)
@@ -742,8 +772,10 @@ func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (Ap
 			}
 			return AppendResult{}, fmt.Errorf("%w: the write ahead of it on %s was not settled in time; nothing of this one was written", ErrUnavailable, name)
 		case <-ctx.Done():
+			unreserve()
 			return AppendResult{}, ctx.Err()
 		case <-e.closing:
+			unreserve()
 			return AppendResult{}, ErrShuttingDown
 		}
 	}
