@@ -360,6 +360,19 @@ func normalizeContentType(v string) (string, error) {
 	return parseContentType(v)
 }
 
+// newStreamContentType is normalizeContentType for a create, whose type
+// the stream keeps: at most streamstore.MaxContentTypeLength bytes.
+func newStreamContentType(v string) (string, error) {
+	ct, err := normalizeContentType(v)
+	if err != nil {
+		return "", err
+	}
+	if len(ct) > streamstore.MaxContentTypeLength {
+		return "", fmt.Errorf("Content-Type is %d bytes; the limit for a stream's type is %d", len(ct), streamstore.MaxContentTypeLength)
+	}
+	return ct, nil
+}
+
 // parseContentType is normalizeContentType without its fast path.
 func parseContentType(v string) (string, error) {
 	mt, params, err := mime.ParseMediaType(v)

@@ -114,6 +114,41 @@ func TestIsTrue(t *testing.T) {
 	}
 }
 
+// TestNewStreamContentTypeIsBounded: a create's type, kept for as long as
+// its stream lives, is at most streamstore.MaxContentTypeLength bytes as
+// normalized; an append's is only compared, and is not bounded here.
+func TestNewStreamContentTypeIsBounded(t *testing.T) {
+	sub := func(n int) string { return "application/" + strings.Repeat("x", n-len("application/")) }
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{in: sub(256), want: sub(256), ok: true},
+		{in: sub(257)},
+		{in: strings.ToUpper(sub(256)), want: sub(256), ok: true},
+		// The type kept is the normalized one: spaces dropped, a value
+		// quoted.
+		{in: "text/plain;" + strings.Repeat(" ", 300) + "a=b", want: "text/plain; a=b", ok: true},
+		{in: "text/plain; a=\"" + strings.Repeat("b c", 80) + "\"", want: "text/plain; a=\"" + strings.Repeat("b c", 80) + "\"", ok: true},
+		{in: "text/plain; a=\"" + strings.Repeat("b c", 81) + "\""},
+		{in: "text"},
+	} {
+		got, err := newStreamContentType(tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("newStreamContentType(%s, %d bytes) = %q, %v; want %q, ok %v", fhead(tc.in), len(tc.in), fhead(got), err, fhead(tc.want), tc.ok)
+		}
+		if err != nil && tc.in != "text" && !strings.Contains(err.Error(), "limit") {
+			t.Errorf("newStreamContentType(%d bytes): %v, want the limit named", len(tc.in), err)
+		}
+	}
+	if _, err := normalizeContentType(sub(4096)); err != nil {
+		t.Errorf("normalizeContentType of a long type: %v; an append's type is compared, not kept", err)
+	}
+}
+
+// fhead is the first bytes of s, for messages.
+func fhead(s string) string { return s[:min(len(s), 24)] }
+
 func TestContentTypes(t *testing.T) {
 	for in, want := range map[string]string{
 		"text/plain":                      "text/plain",

@@ -115,7 +115,7 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 		ct = defaultContentType // a fork without one inherits its source's
 	}
 	if ct != "" {
-		if ct, err = normalizeContentType(ct); err != nil {
+		if ct, err = newStreamContentType(ct); err != nil {
 			fail(w, http.StatusBadRequest, err.Error())
 			return
 		}

@@ -150,7 +150,7 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 	ct := defaultContentType
 	if raw != "" && !batch {
 		var err error
-		if ct, err = normalizeContentType(raw); err != nil {
+		if ct, err = newStreamContentType(raw); err != nil {
 			picoFail(w, http.StatusBadRequest, picoErrBadRequest, err.Error(), nil)
 			return
 		}

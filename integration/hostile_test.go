@@ -369,6 +369,53 @@ func TestSubscriptionStreamsAreBounded(t *testing.T) {
 	}
 }
 
+// TestStreamTypeIsBounded: the content type a stream is created with is
+// kept in its metadata for as long as it lives, held with it in memory,
+// and sent with every read, HEAD and listing entry, so it is bounded
+// (streamstore.MaxContentTypeLength): one byte more is 400 and writes
+// nothing, in both protocols and for a fork. Without the bound a create
+// kept as much as Caddy's header limit lets a client send (about 16 KiB
+// by default, more where a site raises max_header_size), and a Pico
+// listing page of a thousand such streams was 16 MiB.
+func TestStreamTypeIsBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, nil, nil)
+	e.create("/ds/ctb/src", textPlain)
+	typeOf := func(n int) string { return "text/" + strings.Repeat("x", n-len("text/")) }
+	long := typeOf(streamstore.MaxContentTypeLength + 1)
+	for _, req := range []fhReq{
+		{Method: http.MethodPut, Path: "/ds/ctb/new", Header: map[string]string{"Content-Type": long}},
+		{Method: http.MethodPut, Path: "/ds/ctb/body", Body: []byte("x"), Header: map[string]string{"Content-Type": long}},
+		{Method: http.MethodPut, Path: "/ds/ctb/fork", Header: map[string]string{"Content-Type": long, "Stream-Forked-From": "/ds/ctb/src"}},
+		{Method: http.MethodPut, Path: "/pico/ctb/pico", Header: map[string]string{"Content-Type": long}},
+		{Method: http.MethodPut, Path: "/pico/ctb/huge", Header: map[string]string{"Content-Type": typeOf(12 << 10)}},
+	} {
+		r, writes := fhExpectNoWrites(t, e, req)
+		if r.Status != http.StatusBadRequest || !fhContainsAny(string(r.Body), "limit") {
+			t.Errorf("PUT %s with a %d-byte Content-Type: %s, want 400 naming the limit", req.Path, len(req.Header["Content-Type"]), r)
+		}
+		if len(writes) > 0 {
+			t.Errorf("PUT %s (%d) wrote to the object store:%s", req.Path, r.Status, fhSortedKeys(writes))
+		}
+		if h := e.must(fhReq{Method: http.MethodHead, Path: req.Path}); h.Status != http.StatusNotFound {
+			t.Errorf("HEAD %s after the refused create: %d, want 404", req.Path, h.Status)
+		}
+	}
+	// At the limit, the create is taken, and an append in a type that long
+	// is compared with the stream's as any other.
+	at := typeOf(streamstore.MaxContentTypeLength)
+	for _, p := range []string{"/ds/ctb/at", "/pico/ctb/at2"} {
+		if r := e.must(fhReq{Method: http.MethodPut, Path: p, Header: map[string]string{"Content-Type": at}}); r.Status != http.StatusCreated {
+			t.Errorf("PUT %s with a %d-byte Content-Type: %s, want 201", p, len(at), r)
+		}
+	}
+	if r := e.must(fhReq{Method: http.MethodPost, Path: "/ds/ctb/at", Body: []byte("x"), Header: map[string]string{"Content-Type": at}}); r.Status != http.StatusNoContent {
+		t.Errorf("an append in the stream's %d-byte type: %s, want 204", len(at), r)
+	}
+}
+
 // TestDeepForkReadsAreCheap: a read of a fork at the end of a chain of
 // forks costs about what a read of the same records from the first
 // source does. Each fork in the chain used to copy every record it

@@ -320,6 +320,16 @@ const (
 // MaxNameLength is the longest stream name, in bytes, that the engine stores.
 const MaxNameLength = 256
 
+// MaxContentTypeLength bounds, in bytes, the content type a new stream is
+// created with. It is kept in the stream's metadata for as long as the
+// stream lives, held with the stream in memory and sent with every read,
+// HEAD and listing entry: without a bound a create could give it as much
+// as the HTTP header limit lets a client send (16 KiB by default in Caddy,
+// more where a site raises it), 64 times this, in every stream it made.
+// Media type names are at most 127 characters each (RFC 6838 section
+// 4.2).
+const MaxContentTypeLength = 256
+
 // validateNewName refuses a control character (C0, DEL, C1) in the name of
 // a stream to create, whatever the protocol: no client can type one, a
 // listing or terminal shows the name as another (a CR moves back over what
