@@ -600,6 +600,10 @@ func (d *durableStreams) get(w http.ResponseWriter, r *http.Request, name string
 		fail(w, http.StatusBadRequest, name+" given more than once")
 		return
 	}
+	if err := checkCursor(q.Get("cursor")); err != nil {
+		fail(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	off := readOffset{kind: offsetStart}
 	offs, hasOffset := q["offset"]
 	if hasOffset {

@@ -143,3 +143,28 @@ func TestNextCursor(t *testing.T) {
 }
 
 func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
+
+// TestCheckCursor: cursors up to maxCursorLength bytes are taken, longer
+// ones refused naming the limit, whatever they hold.
+func TestCheckCursor(t *testing.T) {
+	for _, tc := range []struct {
+		cursor string
+		ok     bool
+	}{
+		{"", true},
+		{"12345", true},
+		{strings.Repeat("9", maxCursorLength), true},
+		{strings.Repeat("x", maxCursorLength), true},
+		{strings.Repeat("9", maxCursorLength+1), false},
+		{strings.Repeat("x", maxCursorLength+1), false},
+		{strings.Repeat("9", 1<<20), false},
+	} {
+		err := checkCursor(tc.cursor)
+		if (err == nil) != tc.ok {
+			t.Errorf("checkCursor(%d bytes): %v, want ok %v", len(tc.cursor), err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "limit is 64") {
+			t.Errorf("checkCursor(%d bytes): %v, want the limit named", len(tc.cursor), err)
+		}
+	}
+}

@@ -700,6 +700,9 @@ func (p *picoProtocol) parseReadQuery(r *http.Request) (picoReadQuery, error) {
 		count:  picoMaxReadRecords,
 		bytes:  p.chunkBytes,
 	}
+	if err := checkCursor(rq.cursor); err != nil {
+		return rq, err
+	}
 	switch rq.format {
 	case "":
 		rq.format = picoFormatJSON

@@ -416,6 +416,52 @@ func TestStreamTypeIsBounded(t *testing.T) {
 	}
 }
 
+// TestLongCursorsAreRefused: a read's cursor is at most 64 bytes, 400
+// naming the limit otherwise, in both protocols and every read mode. A
+// client's cursor ahead of the clock is answered with a larger one, which
+// past a uint64 is big-number arithmetic, quadratic in the digits: a
+// cursor as long as Caddy's default header limit allows cost 3 ms of CPU
+// per request (an append costs a few dozen microseconds), one of a
+// megabyte, where a site raises max_header_size, 2 to 3 s; and every
+// answer (each SSE control event too) carried the digits back. At the
+// limit, the answer's cursor is still larger than the client's.
+func TestLongCursorsAreRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, nil, nil)
+	e.create("/ds/cur/s", textPlain)
+	e.append("/ds/cur/s", textPlain, []byte("x"))
+	long := strings.Repeat("9", 65)
+	for _, q := range []string{
+		"/ds/cur/s?offset=-1&live=long-poll&cursor=",
+		"/ds/cur/s?offset=-1&live=sse&cursor=",
+		"/ds/cur/s?offset=-1&cursor=",
+		"/pico/cur/s?live=long-poll&cursor=",
+		"/pico/cur/s?live=sse&cursor=",
+		"/pico/cur/s?cursor=",
+	} {
+		for _, c := range []string{long, strings.Repeat("9", 12<<10)} {
+			r := e.must(fhReq{Method: http.MethodGet, Path: q + c})
+			if r.Status != http.StatusBadRequest || !fhContainsAny(string(r.Body), "limit") {
+				t.Errorf("GET %s<%d digits>: %s, want 400 naming the limit", q, len(c), fhClip(r.String(), 200))
+			}
+		}
+	}
+	at := strings.Repeat("9", 64)
+	for _, tc := range []struct{ path, header string }{
+		{"/ds/cur/s?offset=-1&live=long-poll&cursor=" + at, "Stream-Cursor"},
+		{"/pico/cur/s?live=long-poll&cursor=" + at, "Pico-Cursor"},
+		{"/pico/cur/s?cursor=" + at, "Pico-Cursor"},
+	} {
+		r := e.must(fhReq{Method: http.MethodGet, Path: tc.path})
+		got := r.Header.Get(tc.header)
+		if r.Status != http.StatusOK || len(got) != 65 || got[0] != '1' || strings.Trim(got[1:60], "0") != "" {
+			t.Errorf("GET %s: %d with %s %q, want 200 with a cursor past the client's", fhClip(tc.path, 40), r.Status, tc.header, got)
+		}
+	}
+}
+
 // TestDeepForkReadsAreCheap: a read of a fork at the end of a chain of
 // forks costs about what a read of the same records from the first
 // source does. Each fork in the chain used to copy every record it
