@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -199,14 +200,7 @@ func TestMaxPendingBoundsMemoryOfTinyRecords(t *testing.T) {
 	e.create(path, ct)
 	const perAppend = 20_000
 	body := digitMessages(perAppend)
-	pending := func() float64 {
-		t.Helper()
-		s, err := mGet(e.caddy.AdminAddr())
-		if err != nil {
-			t.Fatalf("metrics: %v", err)
-		}
-		return s.sum("picomq_wal_pending_bytes")
-	}
+	pending := func() float64 { return walPendingBytes(t, e) }
 	base := e.heapAlloc(true)
 
 	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/wal/"})
@@ -216,44 +210,9 @@ func TestMaxPendingBoundsMemoryOfTinyRecords(t *testing.T) {
 			release()
 		}
 	}()
-	type result struct {
-		resp fhResp
-		err  error
-	}
-	var waiting []chan result // the appends that joined
-	heap := 0.0
-	for i := 0; heap == 0; i++ {
-		if i == 100 {
-			t.Fatalf("100 appends of %d records joined with the store stalled and max_pending %d MiB", perAppend, maxPending>>20)
-		}
-		before := pending()
-		ch := make(chan result, 1)
-		go func() {
-			r, err := e.send(fhReq{Method: http.MethodPost, Path: path, Header: map[string]string{"Content-Type": ct}, Body: body})
-			ch <- result{r, err}
-		}()
-		// It joins (what waits grows) or is answered: refused.
-		var answer *result
-		if !waitFor(30*time.Second, func() bool {
-			select {
-			case r := <-ch:
-				answer = &r
-				return true
-			default:
-			}
-			return pending() > before
-		}) {
-			t.Fatalf("append %d neither joined nor was answered in 30s", i)
-		}
-		if answer == nil {
-			waiting = append(waiting, ch)
-			continue
-		}
-		if answer.err != nil || answer.resp.Status != http.StatusServiceUnavailable {
-			t.Fatalf("append %d answered while the store stalled: %v %s, want 503 busy", i, answer.err, answer.resp)
-		}
-		heap = e.heapAlloc(true)
-	}
+	waiting, heap := joinUntilRefused(t, e, 100, pending, func(int) fhReq {
+		return fhReq{Method: http.MethodPost, Path: path, Header: map[string]string{"Content-Type": ct}, Body: body}
+	})
 	mib := func(b float64) float64 { return b / (1 << 20) }
 	t.Logf("%d appends of %d one-byte records joined before one was refused, max_pending %d MiB: live heap %.1f MiB before, %.1f MiB then (%.1f MiB pending counted)",
 		len(waiting), perAppend, maxPending>>20, mib(base), mib(heap), mib(pending()))
@@ -302,24 +261,8 @@ func TestMaxPendingBoundsLargeAppendsOfTinyRecords(t *testing.T) {
 	for i := range most {
 		e.create(path(i), ct)
 	}
-	var b strings.Builder
-	b.WriteByte('[')
-	for i := range perAppend {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, "%d", 100_000_000+i)
-	}
-	b.WriteByte(']')
-	body := []byte(b.String())
-	pending := func() float64 {
-		t.Helper()
-		s, err := mGet(e.caddy.AdminAddr())
-		if err != nil {
-			t.Fatalf("metrics: %v", err)
-		}
-		return s.sum("picomq_wal_pending_bytes")
-	}
+	body := numberMessages(perAppend, 100_000_000)
+	pending := func() float64 { return walPendingBytes(t, e) }
 	base := e.heapAlloc(true)
 
 	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/blob/"})
@@ -329,43 +272,9 @@ func TestMaxPendingBoundsLargeAppendsOfTinyRecords(t *testing.T) {
 			release()
 		}
 	}()
-	type result struct {
-		resp fhResp
-		err  error
-	}
-	var waiting []chan result // the appends that joined
-	heap := 0.0
-	for i := 0; heap == 0; i++ {
-		if i == most {
-			t.Fatalf("%d large appends of %d records joined with the store stalled and max_pending %d MiB", most, perAppend, maxPending>>20)
-		}
-		before := pending()
-		ch := make(chan result, 1)
-		go func() {
-			r, err := e.send(fhReq{Method: http.MethodPost, Path: path(i), Header: map[string]string{"Content-Type": ct}, Body: body})
-			ch <- result{r, err}
-		}()
-		var answer *result
-		if !waitFor(30*time.Second, func() bool {
-			select {
-			case r := <-ch:
-				answer = &r
-				return true
-			default:
-			}
-			return pending() > before
-		}) {
-			t.Fatalf("append %d neither joined nor was answered in 30s", i)
-		}
-		if answer == nil {
-			waiting = append(waiting, ch)
-			continue
-		}
-		if answer.err != nil || answer.resp.Status != http.StatusServiceUnavailable {
-			t.Fatalf("append %d answered while the store stalled: %v %s, want 503 busy", i, answer.err, answer.resp)
-		}
-		heap = e.heapAlloc(true)
-	}
+	waiting, heap := joinUntilRefused(t, e, most, pending, func(i int) fhReq {
+		return fhReq{Method: http.MethodPost, Path: path(i), Header: map[string]string{"Content-Type": ct}, Body: body}
+	})
 	mib := func(b float64) float64 { return b / (1 << 20) }
 	t.Logf("%d large appends of %d nine-byte records joined before one was refused, max_pending %d MiB: live heap %.1f MiB before, %.1f MiB then (%.1f MiB pending counted)",
 		len(waiting), perAppend, maxPending>>20, mib(base), mib(heap), mib(pending()))
@@ -410,27 +319,8 @@ func TestAppendsQueuedBehindALargeAppendAreBounded(t *testing.T) {
 	e := fhStart(t, fhOptions{Directives: []string{"max_pending 6MiB", "compact_interval 1h"}})
 	const path, ct = "/busy/queue", "application/json"
 	e.create(path, ct)
-	messages := func(n, from int) []byte {
-		var b strings.Builder
-		b.WriteByte('[')
-		for i := range n {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			fmt.Fprintf(&b, "%d", from+i)
-		}
-		b.WriteByte(']')
-		return []byte(b.String())
-	}
 	const large, small, queued = 30_000, 25_000, 16 // 270,000 and 225,000 bytes of bodies
-	pending := func() float64 {
-		t.Helper()
-		s, err := mGet(e.caddy.AdminAddr())
-		if err != nil {
-			t.Fatalf("metrics: %v", err)
-		}
-		return s.sum("picomq_wal_pending_bytes")
-	}
+	pending := func() float64 { return walPendingBytes(t, e) }
 	base := e.heapAlloc(true)
 
 	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/blob/"})
@@ -440,27 +330,23 @@ func TestAppendsQueuedBehindALargeAppendAreBounded(t *testing.T) {
 			release()
 		}
 	}()
-	type result struct {
-		resp fhResp
-		err  error
-	}
-	send := func(body []byte) chan result {
-		ch := make(chan result, 1)
+	send := func(body []byte) chan fhResult {
+		ch := make(chan fhResult, 1)
 		go func() {
 			r, err := e.send(fhReq{Method: http.MethodPost, Path: path, Header: map[string]string{"Content-Type": ct}, Body: body})
-			ch <- result{r, err}
+			ch <- fhResult{r, err}
 		}()
 		return ch
 	}
-	first := send(messages(large, 100_000_000))
+	first := send(numberMessages(large, 100_000_000))
 	if !waitFor(30*time.Second, func() bool { return pending() > 0 }) {
 		t.Fatal("the large append did not start its upload in 30s")
 	}
-	var chans []chan result
+	var chans []chan fhResult
 	for i := range queued {
-		chans = append(chans, send(messages(small, 200_000_000+i*small)))
+		chans = append(chans, send(numberMessages(small, 200_000_000+i*small)))
 	}
-	answers := make([]*result, queued)
+	answers := make([]*fhResult, queued)
 	answered := func() int {
 		n := 0
 		for i, ch := range chans {
@@ -524,5 +410,74 @@ func TestAppendsQueuedBehindALargeAppendAreBounded(t *testing.T) {
 	}
 	if want := large + joined*small; len(msgs) != want {
 		t.Errorf("%s holds %d messages, want the %d of the large append and the %d queued ones that were not refused", path, len(msgs), want, joined)
+	}
+}
+
+// fhResult is the answer to a request sent on a goroutine of its own.
+type fhResult struct {
+	resp fhResp
+	err  error
+}
+
+// walPendingBytes is what Caddy's WAL writer counts against max_pending.
+func walPendingBytes(t *testing.T, e *fhEnv) float64 {
+	t.Helper()
+	s, err := mGet(e.caddy.AdminAddr())
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	return s.sum("picomq_wal_pending_bytes")
+}
+
+// numberMessages is a JSON array of the n numbers from from on.
+func numberMessages(n, from int) []byte {
+	b := []byte{'['}
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(from+i), 10)
+	}
+	return append(b, ']')
+}
+
+// joinUntilRefused sends req(0), req(1), ... one at a time, with the store
+// stalled, until one is answered 503 busy; each other one must join the
+// appends waiting for the store (pending grows) first. It returns the
+// answers to come of those that joined, and Caddy's live heap taken right
+// after the refusal. More than most joining fails the test.
+func joinUntilRefused(t *testing.T, e *fhEnv, most int, pending func() float64, req func(i int) fhReq) (waiting []chan fhResult, heap float64) {
+	t.Helper()
+	for i := 0; ; i++ {
+		if i == most {
+			t.Fatalf("%d appends joined with the store stalled", most)
+		}
+		before := pending()
+		ch := make(chan fhResult, 1)
+		go func() {
+			r, err := e.send(req(i))
+			ch <- fhResult{r, err}
+		}()
+		// It joins (what waits grows) or is answered: refused.
+		var answer *fhResult
+		if !waitFor(30*time.Second, func() bool {
+			select {
+			case r := <-ch:
+				answer = &r
+				return true
+			default:
+			}
+			return pending() > before
+		}) {
+			t.Fatalf("append %d neither joined nor was answered in 30s", i)
+		}
+		if answer == nil {
+			waiting = append(waiting, ch)
+			continue
+		}
+		if answer.err != nil || answer.resp.Status != http.StatusServiceUnavailable {
+			t.Fatalf("append %d answered while the store stalled: %v %s, want 503 busy", i, answer.err, answer.resp)
+		}
+		return waiting, e.heapAlloc(true)
 	}
 }
