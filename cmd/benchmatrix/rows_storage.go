@@ -88,10 +88,34 @@ func (m *matrix) putBandwidth(ctx context.Context, writers, size int, warmup, du
 	for i := range body {
 		body[i] = byte(rand.N(256))
 	}
+	lat, elapsed, err := timedPuts(ctx, writers, warmup, dur, func(ctx context.Context, w, n int) error {
+		key := fmt.Sprintf("ref/writer-%d/%08d", w, n)
+		_, err := client.PutObject(ctx, &s3.PutObjectInput{
+			Bucket: aws.String(bucket), Key: aws.String(key), Body: bytes.NewReader(body),
+			ContentLength: aws.Int64(int64(size)),
+		})
+		return err
+	})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if err := deleteAll(ctx, client, bucket, "ref/"); err != nil {
+		return 0, 0, 0, fmt.Errorf("deleting the reference objects: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, 0, 0, err
+	}
+	return float64(len(lat)) * float64(size) / elapsed.Seconds() / (1 << 20), percentile(lat, 99), len(lat), nil
+}
+
+// timedPuts has writers goroutines call put, each with its number w and
+// a count n of its own calls, through warmup and then a window of dur. It
+// returns the latencies in ms, sorted, of the calls counted in the window,
+// and the window's length. The first error stops every writer.
+func timedPuts(ctx context.Context, writers int, warmup, dur time.Duration, put func(ctx context.Context, w, n int) error) ([]float64, time.Duration, error) {
 	var (
 		measuring atomic.Bool
 		stop      atomic.Bool
-		bytesIn   atomic.Int64
 		mu        sync.Mutex
 		lat       []float64
 		firstErr  error
@@ -102,14 +126,9 @@ func (m *matrix) putBandwidth(ctx context.Context, writers, size int, warmup, du
 		go func() {
 			defer wg.Done()
 			for n := 0; !stop.Load() && ctx.Err() == nil; n++ {
-				key := fmt.Sprintf("ref/writer-%d/%08d", w, n)
 				t := time.Now()
 				in := measuring.Load()
-				_, err := client.PutObject(ctx, &s3.PutObjectInput{
-					Bucket: aws.String(bucket), Key: aws.String(key), Body: bytes.NewReader(body),
-					ContentLength: aws.Int64(int64(size)),
-				})
-				if err != nil {
+				if err := put(ctx, w, n); err != nil {
 					mu.Lock()
 					if firstErr == nil {
 						firstErr = err
@@ -119,7 +138,6 @@ func (m *matrix) putBandwidth(ctx context.Context, writers, size int, warmup, du
 				}
 				// Count a PUT that started and ended inside the window.
 				if in && measuring.Load() {
-					bytesIn.Add(int64(size))
 					mu.Lock()
 					lat = append(lat, float64(time.Since(t))/1e6)
 					mu.Unlock()
@@ -136,16 +154,10 @@ func (m *matrix) putBandwidth(ctx context.Context, writers, size int, warmup, du
 	stop.Store(true)
 	wg.Wait()
 	if firstErr != nil {
-		return 0, 0, 0, firstErr
-	}
-	if err := deleteAll(ctx, client, bucket, "ref/"); err != nil {
-		return 0, 0, 0, fmt.Errorf("deleting the reference objects: %w", err)
-	}
-	if err := ctx.Err(); err != nil {
-		return 0, 0, 0, err
+		return nil, 0, firstErr
 	}
 	sort.Float64s(lat)
-	return float64(bytesIn.Load()) / elapsed.Seconds() / (1 << 20), percentile(lat, 99), len(lat), nil
+	return lat, elapsed, nil
 }
 
 // deleteAll deletes every object under prefix.
