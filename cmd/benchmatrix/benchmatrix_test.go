@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/testenv"
+	"github.com/picomq/caddy-picomq/loadgen"
 )
 
 func TestCheckAndVerdict(t *testing.T) {
@@ -458,6 +459,33 @@ func TestVersityDir(t *testing.T) {
 		defer os.RemoveAll(dir)
 		if !strings.HasPrefix(dir, "/dev/shm/") || !strings.Contains(where, "tmpfs") {
 			t.Errorf("auto gave %q (%s)", dir, where)
+		}
+	}
+}
+
+// The reference PUTs' p99 is taken at the load generator's rank, the
+// nearest rank (the smallest value with at least p% at or below it), so
+// that the Reference and Measured columns of a row are the same statistic:
+// of 1,060 values the 99th percentile is the 1,050th (0.99 × 1,060 =
+// 1,049.4, rounded up), not the 1,049th.
+func TestPercentileIsTheLoadGeneratorsRank(t *testing.T) {
+	ranks := func(n int) []float64 {
+		t.Helper()
+		s := make([]float64, n)
+		for i := range s {
+			s[i] = float64(i + 1)
+		}
+		return s
+	}
+	if got := percentile(ranks(1060), 99); got != 1050 {
+		t.Errorf("p99 of 1..1060 = %v, want 1050", got)
+	}
+	for _, n := range []int{1, 2, 99, 100, 101, 1000, 1060, 1110, 12345} {
+		s := ranks(n)
+		for _, p := range []float64{50, 90, 99, 99.9} {
+			if got, want := percentile(s, p), loadgen.Percentile(s, p); got != want {
+				t.Errorf("p%v of 1..%d = %v, the load generator's %v", p, n, got, want)
+			}
 		}
 	}
 }

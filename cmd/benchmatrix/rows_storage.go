@@ -181,13 +181,10 @@ func deleteAll(ctx context.Context, c *s3.Client, bucket, prefix string) error {
 	return nil
 }
 
+// percentile is the load generator's nearest-rank percentile of sorted, so
+// that a reference's p99 is the same statistic as the PicoMQ run's.
 func percentile(sorted []float64, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(float64(len(sorted))*p/100+0.5) - 1
-	i = max(0, min(i, len(sorted)-1))
-	return sorted[i]
+	return loadgen.Percentile(sorted, p)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
