@@ -7,7 +7,9 @@ package main
 // starts a process; the matrix itself runs only through bench/run.
 
 import (
+	"context"
 	"encoding/xml"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -487,5 +489,34 @@ func TestPercentileIsTheLoadGeneratorsRank(t *testing.T) {
 				t.Errorf("p%v of 1..%d = %v, the load generator's %v", p, n, got, want)
 			}
 		}
+	}
+}
+
+// The reference PUTs are counted as the load generator counts appends:
+// every PUT that completes inside the window, one that started in the
+// warm-up included, and none that completes after it. Counting only PUTs
+// that also started inside left out one PUT per writer, the one in flight
+// as the window opened, and lowered the reference the ratio divides by.
+func TestTimedPutsCountsWhatCompletesInTheWindow(t *testing.T) {
+	const warmup, dur = 100 * time.Millisecond, 300 * time.Millisecond
+	// One writer: its first PUT spans the window's start (ending at about
+	// 200 ms), its second ends inside (about 210 ms), its third after the
+	// window's end (about 610 ms); no fourth may start.
+	sleeps := []time.Duration{200 * time.Millisecond, 10 * time.Millisecond, 400 * time.Millisecond}
+	lat, elapsed, err := timedPuts(t.Context(), 1, warmup, dur, func(ctx context.Context, w, n int) error {
+		if n >= len(sleeps) {
+			return fmt.Errorf("PUT %d started after the window", n)
+		}
+		time.Sleep(sleeps[n])
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lat) != 2 || lat[0] >= 200 || lat[1] < 200 || lat[1] >= 400 {
+		t.Errorf("latencies counted %v ms, want the 10 ms and the 200 ms PUTs", lat)
+	}
+	if elapsed < dur {
+		t.Errorf("window %s, want at least %s", elapsed, dur)
 	}
 }

@@ -109,25 +109,29 @@ func (m *matrix) putBandwidth(ctx context.Context, writers, size int, warmup, du
 }
 
 // timedPuts has writers goroutines call put, each with its number w and
-// a count n of its own calls, through warmup and then a window of dur. It
+// a count n of its own calls, through warmup and then a window of dur, and
 // returns the latencies in ms, sorted, of the calls counted in the window,
-// and the window's length. The first error stops every writer.
+// and the window's length. It counts as the load generator counts appends
+// (closed loop): a call that completes inside the window counts, whenever
+// it started, and none starts after the window's end; so the reference
+// and the PicoMQ run it is set against count alike. A writer whose call
+// fails stops, and the first error is returned.
 func timedPuts(ctx context.Context, writers int, warmup, dur time.Duration, put func(ctx context.Context, w, n int) error) ([]float64, time.Duration, error) {
+	winStart := time.Now().Add(warmup)
+	winEnd := winStart.Add(dur)
 	var (
-		measuring atomic.Bool
-		stop      atomic.Bool
-		mu        sync.Mutex
-		lat       []float64
-		firstErr  error
-		wg        sync.WaitGroup
+		mu       sync.Mutex
+		lat      []float64
+		firstErr error
+		wg       sync.WaitGroup
 	)
 	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for n := 0; !stop.Load() && ctx.Err() == nil; n++ {
-				t := time.Now()
-				in := measuring.Load()
+		wg.Go(func() {
+			for n := 0; ctx.Err() == nil; n++ {
+				start := time.Now()
+				if !start.Before(winEnd) {
+					return
+				}
 				if err := put(ctx, w, n); err != nil {
 					mu.Lock()
 					if firstErr == nil {
@@ -136,28 +140,24 @@ func timedPuts(ctx context.Context, writers int, warmup, dur time.Duration, put 
 					mu.Unlock()
 					return
 				}
-				// Count a PUT that started and ended inside the window.
-				if in && measuring.Load() {
+				end := time.Now()
+				if !end.Before(winStart) && !end.After(winEnd) {
 					mu.Lock()
-					lat = append(lat, float64(time.Since(t))/1e6)
+					lat = append(lat, float64(end.Sub(start))/1e6)
 					mu.Unlock()
 				}
 			}
-		}()
+		})
 	}
-	sleepCtx(ctx, warmup)
-	measuring.Store(true)
-	start := time.Now()
-	sleepCtx(ctx, dur)
-	measuring.Store(false)
-	elapsed := time.Since(start)
-	stop.Store(true)
 	wg.Wait()
 	if firstErr != nil {
 		return nil, 0, firstErr
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
 	sort.Float64s(lat)
-	return lat, elapsed, nil
+	return lat, dur, nil
 }
 
 // deleteAll deletes every object under prefix.
