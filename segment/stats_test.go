@@ -117,6 +117,19 @@ func TestFileStoreCountsCalls(t *testing.T) {
 			}
 			return nil
 		}},
+		// Cold readers read data objects through BufferGetter: those
+		// reads are GETs too.
+		{"get into a buffer", func() error {
+			_, err := s.(segment.BufferGetter).GetBuffer(ctx, "wal/0/0", func(n int) []byte { return make([]byte, n) })
+			return err
+		}},
+		{"get missing into a buffer", func() error {
+			_, err := s.(segment.BufferGetter).GetBuffer(ctx, "nope", func(n int) []byte { return make([]byte, n) })
+			if !errors.Is(err, segment.ErrNotFound) {
+				return fmt.Errorf("buffered get of a missing key: %v", err)
+			}
+			return nil
+		}},
 		{"list", func() error { _, _, err := s.List(ctx, "wal/", "", 10); return err }},
 		{"stale conditional delete", func() error {
 			if err := s.DeleteIfMatch(ctx, "streams/a.m", `"00000000000000000000000000000000"`); !errors.Is(err, segment.ErrPreconditionFailed) {
@@ -133,7 +146,7 @@ func TestFileStoreCountsCalls(t *testing.T) {
 	}
 	wantRequests(t, st, map[[2]string]uint64{
 		{"put", "ok"}: 2, {"put", "precondition_failed"}: 1,
-		{"get", "ok"}: 1, {"get", "not_found"}: 1, {"head", "ok"}: 1,
+		{"get", "ok"}: 2, {"get", "not_found"}: 2, {"head", "ok"}: 1,
 		{"list", "ok"}: 1, {"delete", "ok"}: 1, {"delete", "precondition_failed"}: 1,
 	})
 	if wal, other := st.Uploads(segment.UploadWAL).Count, st.Uploads(segment.UploadOther).Count; wal != 2 || other != 1 {
