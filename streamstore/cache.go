@@ -71,7 +71,7 @@ func newBlockCache(budget int64) *blockCache {
 }
 
 func (c *blockCache) get(key string) ([]segment.Record, bool) {
-	recs, buf, ok := c.lookup(key, false)
+	recs, buf, ok := c.lookup(key, false, true)
 	buf.escape()
 	return recs, ok
 }
@@ -79,17 +79,27 @@ func (c *blockCache) get(key string) ([]segment.Record, bool) {
 // getHeld is get for a cold reader that releases what it reads: the
 // object's buffer, if recycled, comes held (release it once done).
 func (c *blockCache) getHeld(key string) ([]segment.Record, *objBuf, bool) {
-	return c.lookup(key, true)
+	return c.lookup(key, true, true)
 }
 
-// lookup counts a lookup and refreshes the item's place in the order.
-func (c *blockCache) lookup(key string, hold bool) ([]segment.Record, *objBuf, bool) {
+// recheckHeld is getHeld without counting a lookup: for a caller looking
+// again for what its own lookup just missed (a fetch that may have ended
+// meanwhile), so that one read counts one lookup.
+func (c *blockCache) recheckHeld(key string) ([]segment.Record, *objBuf, bool) {
+	return c.lookup(key, true, false)
+}
+
+// lookup counts a lookup (if count) and refreshes the item's place in the
+// order.
+func (c *blockCache) lookup(key string, hold, count bool) ([]segment.Record, *objBuf, bool) {
 	now := time.Now().UnixNano()
 	c.mu.RLock()
 	el, ok := c.items[key]
 	if !ok {
 		c.mu.RUnlock()
-		c.misses.Add(1)
+		if count {
+			c.misses.Add(1)
+		}
 		return nil, nil, false
 	}
 	it := el.Value.(*cacheItem)
@@ -100,7 +110,9 @@ func (c *blockCache) lookup(key string, hold bool) ([]segment.Record, *objBuf, b
 	}
 	buf := it.buf
 	c.mu.RUnlock()
-	c.hits.Add(1)
+	if count {
+		c.hits.Add(1)
+	}
 	if stale {
 		c.mu.Lock()
 		if cur, ok := c.items[key]; ok && cur == el {

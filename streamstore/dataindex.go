@@ -241,7 +241,9 @@ func (e *Engine) fetchData(ctx context.Context, key string) ([]Record, *objBuf, 
 	}
 	// A fetch puts the object in the cache before it leaves the table: one
 	// that ended since the caller looked in the cache has left it there.
-	if recs, buf, ok := e.cache.getHeld(key); ok {
+	// The caller counted its lookup already (a miss): this one is not
+	// counted again.
+	if recs, buf, ok := e.cache.recheckHeld(key); ok {
 		e.fetchMu.Unlock()
 		return recs, buf, nil
 	}

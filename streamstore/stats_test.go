@@ -49,3 +49,52 @@ func TestEngineStats(t *testing.T) {
 		})
 	}
 }
+
+// TestColdReadCountsOneMiss checks that a read of a data object that is
+// not in the cache counts one cache miss, and a read of it once cached one
+// hit: the fetch that follows a miss looks in the cache again (a fetch
+// may have just put the object there), and that second look must not count
+// as another lookup.
+func TestColdReadCountsOneMiss(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	cfg := Config{PackBelow: -1} // the compaction writes a data object of the stream's own
+	e := startEngine(t, st, cfg)
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{"a", "bc", "def"} {
+		if _, err := e.Append(ctx, "/s", AppendRequest{Records: recs(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatalf("compact: %v", err)
+	}
+	if data := st.Keys("data/"); len(data) != 1 {
+		t.Fatalf("data objects after compaction: %v, want one", data)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+
+	// A fresh engine: its cache is empty, its WAL retired.
+	e2 := startEngine(t, st, cfg)
+	for _, tc := range []struct {
+		name                 string
+		wantHits, wantMisses uint64
+	}{
+		{"cold read", 0, 1},
+		{"read of the cached object", 1, 0},
+	} {
+		before := e2.Stats()
+		if got := readAll(t, e2, "/s"); len(got) != 3 {
+			t.Fatalf("%s: read %q, want three records", tc.name, got)
+		}
+		after := e2.Stats()
+		hits, misses := after.CacheHits-before.CacheHits, after.CacheMisses-before.CacheMisses
+		if hits != tc.wantHits || misses != tc.wantMisses {
+			t.Errorf("%s: counted %d cache hits and %d misses, want %d and %d", tc.name, hits, misses, tc.wantHits, tc.wantMisses)
+		}
+	}
+}
