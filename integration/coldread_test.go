@@ -39,12 +39,7 @@ func TestColdCatchUpReadsEachObjectOnce(t *testing.T) {
 			e.append(path, ct, r)
 		}
 		written = append(written, recs...)
-		err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-			if n := len(e.mustList("wal/")); n > 0 {
-				return fmt.Errorf("%d WAL objects left", n)
-			}
-			return nil
-		})
+		err := e.waitGone("wal/")
 		if err != nil {
 			t.Fatalf("round %d not compacted: %v", round, err)
 		}
@@ -191,12 +186,7 @@ func fhBlobStream(t *testing.T, e *fhEnv, path string, n int, seed uint64) [][]b
 	for _, r := range written {
 		e.append(path, ct, r)
 	}
-	err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-		if n := len(e.mustList("wal/")); n > 0 {
-			return fmt.Errorf("%d WAL objects left", n)
-		}
-		return nil
-	})
+	err := e.waitGone("wal/")
 	if err != nil {
 		t.Fatalf("not compacted: %v", err)
 	}
@@ -362,12 +352,7 @@ func TestColdReadAheadSkipsWhatTheCacheCannotHold(t *testing.T) {
 	body := digitMessages(perRound)
 	for round := range rounds {
 		e.append(name, ct, body)
-		err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-			if n := len(e.mustList("wal/")); n > 0 {
-				return fmt.Errorf("%d WAL objects left", n)
-			}
-			return nil
-		})
+		err := e.waitGone("wal/")
 		if err != nil {
 			t.Fatalf("round %d not compacted: %v", round, err)
 		}
@@ -427,12 +412,7 @@ func TestColdReadCacheMetrics(t *testing.T) {
 	for _, r := range written {
 		e.append(path, ct, r)
 	}
-	err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-		if n := len(e.mustList("wal/")); n > 0 {
-			return fmt.Errorf("%d WAL objects left", n)
-		}
-		return nil
-	})
+	err := e.waitGone("wal/")
 	if err != nil {
 		t.Fatalf("not compacted: %v", err)
 	}

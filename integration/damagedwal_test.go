@@ -226,7 +226,7 @@ func fhDamageAndCompact(t *testing.T, e *fhEnv, stream, body string) (key string
 
 	opts := caddytest.Options{Storage: testenv.StoreURL(e.proxy.URL(), e.bucket, caddytest.S3Prefix),
 		Directives: []string{"cache_size 4KiB", "compact_interval 1s"}}
-	if err := e.caddy.Reload(e.caddy.Config(opts)); err != nil {
+	if err := e.reload(e.caddy.Config(opts)); err != nil {
 		t.Fatalf("reload: %v", err)
 	}
 	err := fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {

@@ -22,7 +22,7 @@ func TestReloadShortensExpirySweep(t *testing.T) {
 		Directives: []string{"expiry_sweep_interval 1s"},
 		Env:        caddytest.S3Env(e.v),
 	}
-	if err := e.caddy.Reload(e.caddy.Config(opts)); err != nil {
+	if err := e.reload(e.caddy.Config(opts)); err != nil {
 		t.Fatalf("reload to expiry_sweep_interval 1s: %v", err)
 	}
 	if err := fhWaitFor(15*time.Second, 50*time.Millisecond, func() error {

@@ -378,6 +378,30 @@ func (e *fhEnv) mustList(prefix string) []fhObject {
 	return objs
 }
 
+// waitGone waits, up to fhCompactWait, until no object is left under prefix:
+// "wal/" once compaction has folded the WAL, "pack/" once packs are
+// retired. The error names what is still there.
+func (e *fhEnv) waitGone(prefix string) error {
+	e.t.Helper()
+	return fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if objs := e.mustList(prefix); len(objs) > 0 {
+			return fmt.Errorf("%d objects left under %s, e.g. %s", len(objs), prefix, objs[0].Key)
+		}
+		return nil
+	})
+}
+
+// reload replaces the instance's configuration and drops the client's idle
+// connections: the old server closes them as it shuts down, and a POST sent
+// on one in that moment meets EOF, which net/http does not retry for a
+// request that is not idempotent.
+func (e *fhEnv) reload(caddyfile string) error {
+	e.t.Helper()
+	err := e.caddy.Reload(caddyfile)
+	e.client.CloseIdleConnections()
+	return err
+}
+
 // fhKeySet returns the keys of objs as a set.
 func fhKeySet(objs []fhObject) map[string]bool {
 	m := make(map[string]bool, len(objs))

@@ -59,19 +59,14 @@ func TestLargeAppendsWrittenOnce(t *testing.T) {
 	check("read after a restart, before compaction")
 
 	// Now compaction, often.
-	err := e.caddy.Reload(e.caddy.Config(caddytest.Options{
+	err := e.reload(e.caddy.Config(caddytest.Options{
 		Storage:    testenv.StoreURL(e.proxy.URL(), e.bucket, caddytest.S3Prefix),
 		Directives: []string{"compact_interval 1s"},
 	}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-		if n := len(e.mustList("wal/")); n > 0 {
-			return fmt.Errorf("%d WAL objects left", n)
-		}
-		return nil
-	})
+	err = e.waitGone("wal/")
 	if err != nil {
 		t.Fatal(err)
 	}

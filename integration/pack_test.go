@@ -59,15 +59,10 @@ func TestPacksKeepManySlowStreamsCheap(t *testing.T) {
 	// of its own, and the packs leave the bucket.
 	opts := caddytest.Options{Storage: testenv.StoreURL(e.proxy.URL(), e.bucket, caddytest.S3Prefix),
 		Directives: []string{"compact_interval 1s", "pack_below off"}}
-	if err := e.caddy.Reload(e.caddy.Config(opts)); err != nil {
+	if err := e.reload(e.caddy.Config(opts)); err != nil {
 		t.Fatal(err)
 	}
-	err := fhWaitFor(fhCompactWait, 200*time.Millisecond, func() error {
-		if packs := e.mustList("pack/"); len(packs) != 0 {
-			return fmt.Errorf("%d packs left, e.g. %s", len(packs), packs[0].Key)
-		}
-		return nil
-	})
+	err := e.waitGone("pack/")
 	if err != nil {
 		t.Fatalf("pack_below off: %v", err)
 	}

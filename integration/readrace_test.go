@@ -79,15 +79,10 @@ func TestReadRacingATrimmingCompaction(t *testing.T) {
 				trim()
 			}
 			cf := e.caddy.Caddyfile()
-			if err := e.caddy.Reload(strings.ReplaceAll(cf, "compact_interval 1h", "compact_interval 200ms")); err != nil {
+			if err := e.reload(strings.ReplaceAll(cf, "compact_interval 1h", "compact_interval 200ms")); err != nil {
 				t.Fatal(err)
 			}
-			err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-				if objs := e.mustList(tc.gone); len(objs) > 0 {
-					return fmt.Errorf("%d objects under %s", len(objs), tc.gone)
-				}
-				return nil
-			})
+			err := e.waitGone(tc.gone)
 			if err != nil {
 				t.Fatalf("the compaction did not apply the trim: %v", err)
 			}

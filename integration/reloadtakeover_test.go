@@ -35,7 +35,7 @@ func TestFailedReloadKeepsItsStorage(t *testing.T) {
 		Storage:    testenv.StoreURL(other.URL(), a.bucket, caddytest.S3Prefix),
 		Directives: a.directives,
 	})
-	err := a.caddy.Reload(cfg)
+	err := a.reload(cfg)
 	if err == nil {
 		t.Fatal("a reload whose storage could not be opened succeeded")
 	}

@@ -94,7 +94,7 @@ func TestReloadWhileStartRetries(t *testing.T) {
 		run  func(t *testing.T, e *fhEnv, storage string)
 	}{
 		{"same storage, new settings", func(t *testing.T, e *fhEnv, storage string) {
-			if err := e.caddy.Reload(retryCaddyfile(storage, "max_pending 1B")); err != nil {
+			if err := e.reload(retryCaddyfile(storage, "max_pending 1B")); err != nil {
 				t.Fatalf("reload while the start is retried: %v", err)
 			}
 			if !strings.Contains(e.caddy.Logs(), "max_pending from 67108864 to 1") {
@@ -152,7 +152,7 @@ func TestReloadWhileStartRetries(t *testing.T) {
 			if n := retryGoroutines(t, e.caddy.AdminAddr()); n != 1 {
 				t.Errorf("%d goroutines retry the start before the reload, want 1", n)
 			}
-			if err := e.caddy.Reload(retryCaddyfile(other)); err != nil {
+			if err := e.reload(retryCaddyfile(other)); err != nil {
 				t.Fatalf("reload to a reachable storage: %v", err)
 			}
 			if r := e.must(fhReq{Method: http.MethodPut, Path: "/ds/r/a", Header: ct}); r.Status != http.StatusCreated {

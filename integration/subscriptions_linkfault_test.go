@@ -2,11 +2,9 @@ package integration
 
 import (
 	"encoding/hex"
-	"fmt"
 	"net/http"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/picomq/caddy-picomq/internal/testenv"
 )
@@ -33,12 +31,7 @@ func TestExplicitLinkWhenTheStreamCannotBeRead(t *testing.T) {
 	}
 	// Compacted out of the WAL, the stream is read from the store again
 	// after a restart.
-	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-		if n := len(e.mustList("wal/")); n > 0 {
-			return fmt.Errorf("%d WAL objects left", n)
-		}
-		return nil
-	}); err != nil {
+	if err := e.waitGone("wal/"); err != nil {
 		t.Fatalf("not compacted: %v", err)
 	}
 	e.caddy.Restart()

@@ -39,12 +39,7 @@ func TestTailsWrittenByNoneAfterALoadThatCouldNotReadTheStream(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		e.append(root+"events/a", "application/json", []byte(`{"n":`+strconv.Itoa(i)+`}`))
 	}
-	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-		if n := len(e.mustList("wal/")); n > 0 {
-			return fmt.Errorf("%d WAL objects left", n)
-		}
-		return nil
-	}); err != nil {
+	if err := e.waitGone("wal/"); err != nil {
 		t.Fatalf("not compacted: %v", err)
 	}
 	remove := e.proxy.AddFault(testenv.Fault{KeyContains: hex.EncodeToString([]byte("events/a")), Status: http.StatusForbidden})
