@@ -16,6 +16,7 @@ import (
 // the others (the renewed one for as long as it is read), and then take the
 // renewed one too once the reads stop.
 func TestExpirySweepDeletesUntouchedStreams(t *testing.T) {
+	t.Parallel() // waits on timers most of its run: beside the other such tests, not after them
 	// A short grave_time lets the collector finish with the deleted
 	// streams (their graves, then their tombstones) inside the test.
 	e := fhStart(t, fhOptions{Directives: []string{"expiry_sweep_interval 300ms", "compact_interval 1s", "grave_time 1s"}})

@@ -14,6 +14,7 @@ import (
 // folded into data objects by a compaction the sweep starts, although
 // compact_interval is an hour; then every one reads back byte-exact.
 func TestBurstOfIdleStreamsLeavesMemory(t *testing.T) {
+	t.Parallel() // waits on timers most of its run: beside the other such tests, not after them
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}

@@ -218,6 +218,7 @@ func leaseLine(s string) string {
 // to the same stream, so a rogue write would interleave with the new
 // holder's appends.
 func TestLeaseExpiryFencesPartitionedNode(t *testing.T) {
+	t.Parallel() // waits on timers most of its run: beside the other such tests, not after them
 	const (
 		// The engine's lease lasts 30s without renewal (not configurable
 		// from the Caddyfile); the second node retries its start this long.

@@ -17,6 +17,7 @@ import (
 // identical line a second for as long as the store was out), and says
 // when the lease is renewed again, with how many renewals failed.
 func TestLeaseOutageLogsSparsely(t *testing.T) {
+	t.Parallel() // waits on timers most of its run: beside the other such tests, not after them
 	e := fhStart(t, fhOptions{})
 	e.create("/up", textPlain)
 	before := e.proxy.Counts().Containing(testenv.OpPut, "lease")

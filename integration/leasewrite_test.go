@@ -16,6 +16,7 @@ import (
 // node's own write there, not take it for another node's takeover and
 // refuse every append from then on.
 func TestLeaseRenewalWithLostAnswer(t *testing.T) {
+	t.Parallel() // waits on timers most of its run: beside the other such tests, not after them
 	const text = "text/plain"
 	e := fhStart(t, fhOptions{Optional: []string{"compact_interval 1h"}})
 	e.create("/lease/s", text)

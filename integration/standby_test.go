@@ -81,6 +81,7 @@ const (
 // half a minute after the lease had lapsed (49 s after the cut-off of a
 // 30 s lease in TestLeaseExpiryFencesPartitionedNode).
 func TestStandbyTakesOverWhenTheLeaseLapses(t *testing.T) {
+	t.Parallel() // waits on timers most of its run: beside the other such tests, not after them
 	a, cfg := startLeaseHolder(t)
 	first := a.caddy
 	const name = "/ds/lapse/s"

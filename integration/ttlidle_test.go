@@ -16,6 +16,7 @@ import (
 // expiry sweep deleted the stream 60 s after the create, 48 s after a read
 // that promised it 60.
 func TestIdleStreamKeepsItsLastRead(t *testing.T) {
+	t.Parallel() // waits on timers most of its run: beside the other such tests, not after them
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}

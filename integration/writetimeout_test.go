@@ -25,6 +25,7 @@ import (
 // with producer headers (or as a create or a close, which are
 // idempotent), duplicates it.
 func TestServerWriteTimeoutUnconfirmedWrites(t *testing.T) {
+	t.Parallel() // waits on timers most of its run: beside the other such tests, not after them
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
@@ -322,6 +323,7 @@ func startWriteTimeoutSite(t *testing.T, write time.Duration) (*caddytest.Caddy,
 // read goes on for the requests after it, and a retry then succeeds and
 // stores the write once.
 func TestServerWriteTimeoutReadsBeforeTheWAL(t *testing.T) {
+	t.Parallel() // waits on timers most of its run: beside the other such tests, not after them
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
