@@ -170,8 +170,10 @@ type Handler struct {
 	// A compaction puts the new records of a stream whose records not yet
 	// in data objects of its own are at most this many bytes into a pack
 	// shared with other streams (one PUT for many streams), and gives the
-	// stream data objects of its own only once it has more, has been in
-	// packs for 5 to 10 minutes, or goes idle. Many slow streams then cost
+	// stream data objects of its own only once it has more, goes idle, or
+	// has more than half as many bytes when its packed records are due for a
+	// repack (5 to 10 minutes in packs, or 10 to 16 runs; with fewer they
+	// are repacked into one run and stay). Many slow streams then cost
 	// a fraction of the requests. -1 (Caddyfile: off) never packs: every
 	// compaction writes a data object and a checkpoint per stream with new
 	// records. Default 256 KiB; at most 16 MiB.
