@@ -142,8 +142,9 @@ type Handler struct {
 	FlushQuiet caddy.Duration `json:"flush_quiet,omitempty"`
 
 	// Memory held by appends waiting for storage (WAL entries in the open batch,
-	// uploading or waiting for an earlier upload's outcome, and large
-	// appends in their own uploads) past which appends get
+	// uploading or waiting for an earlier upload's outcome, large appends
+	// in their own uploads, and appends queued behind a large append or a
+	// close of their stream) past which appends get
 	// 503 with Retry-After at once instead of joining: a store that falls
 	// behind must not make the process grow without bound. Default 64 MiB.
 	MaxPending int64 `json:"max_pending,omitempty"`

@@ -57,7 +57,7 @@ type StatsSnapshot struct {
 	Busy uint64
 	// PendingBytes is a gauge: the memory held by appends waiting for
 	// storage now (WAL entries not yet released, large appends' own
-	// uploads).
+	// uploads, appends queued behind a large append or a close).
 	PendingBytes uint64
 	// Folds is how many times a compaction gave a stream's records data
 	// objects of their own and checkpointed it; Packed how many times it
