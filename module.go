@@ -126,8 +126,9 @@ type Handler struct {
 	Storage string `json:"storage,omitempty"`
 
 	// Least time between the starts of two WAL uploads, which bounds the
-	// PUT rate under load (batches grow instead). An append that finds no
-	// upload started within the interval goes out at once. Default 20ms.
+	// PUT rate under load (batches grow instead; one that reaches
+	// flush_size goes at once). An append that finds no upload started
+	// within the interval goes out at once. Default 20ms.
 	FlushInterval caddy.Duration `json:"flush_interval,omitempty"`
 
 	// Batch size in bytes that starts an upload at once. Default 1 MiB.
