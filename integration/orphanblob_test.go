@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -79,15 +80,23 @@ func TestCrashLeavesNoOrphanedBlob(t *testing.T) {
 	if got := e.mustList("blob/"); got[0].Key != before[0].Key {
 		t.Fatalf("the sweep kept %s and deleted the acknowledged append's blob %s", got[0].Key, before[0].Key)
 	}
+	// The sweep counts what it deleted once it has recorded its progress
+	// in the manifest, a write after the last delete, and then logs the
+	// line: the counter is read after the line, not after the delete.
+	if err := fhWaitFor(10*time.Second, 50*time.Millisecond, func() error {
+		if !strings.Contains(e.caddy.Logs(), "swept orphaned blobs") {
+			return errors.New("no log line for the sweep")
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
 	m, err := mGet(e.caddy.AdminAddr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n := m.sum("picomq_orphan_blobs_deleted_total"); n != 1 {
 		t.Errorf("picomq_orphan_blobs_deleted_total = %v, want 1", n)
-	}
-	if !strings.Contains(e.caddy.Logs(), "swept orphaned blobs") {
-		t.Errorf("no log line for the sweep")
 	}
 
 	// The restarted process writes blobs of its own, which stay.
