@@ -1,0 +1,1349 @@
+package integration
+
+// TestCrashTorture is a randomized crash torture run, skipped unless asked
+// for. Run it with
+//
+//	PICOMQ_TORTURE=10m go test -count=1 -run TestCrashTorture -v ./integration
+//
+// and replay a run's choices (timing still varies) with PICOMQ_TORTURE_SEED,
+// which every run logs. PICOMQ_TORTURE is the length of the load phase, a Go
+// duration.
+//
+// Caddy serves one storage through both protocols (/ds and /pico) on
+// versitygw behind the fault-injecting proxy (latency, a few 503s), with
+// settings that keep every background path busy: a tiny cache, a short
+// flush interval and compaction interval, packs, a fast expiry sweep.
+// Workers append (Durable Streams and Pico, with and without idempotent
+// producers, a few bodies large enough to go to blobs), create streams (some
+// with a TTL), fork, close and delete them, and read them (catch-up reads,
+// Durable Streams long-polls and SSE, Pico long-polls). Every acknowledged
+// append and every byte a reader was served is recorded with its position.
+//
+// Meanwhile Caddy is SIGKILLed again and again at random moments, some
+// while the proxy holds an upload of a chosen kind (WAL, data object, pack,
+// blob, stream metadata, manifest, a WAL delete) so that the kill lands in
+// the middle of a group commit, a compaction or a delete, and restarted on
+// the same storage. After each restart every fact recorded so far is
+// checked while the load goes on: every acknowledged record reads back at
+// its seq with its bytes, every byte a reader was served reads back at its
+// offset, no stream's tail is below an offset already handed out, a closed
+// stream is closed at the same tail, a deleted stream stays gone. At the
+// end, with the load stopped, each stream is read whole: a body that was
+// acknowledged (producer retries across kills included) is there exactly
+// once, one whose request got no answer at most once, one refused with a
+// 4xx not at all.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/caddytest"
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// Body states, for the final exactly-once check.
+const (
+	tBodyMaybe  = iota // no answer, or a 5xx: stored at most once
+	tBodyAcked         // acknowledged: stored exactly once
+	tBodyAbsent        // refused with a 4xx: never stored
+)
+
+// tStream is what the torture knows of one stream: facts that must hold
+// for as long as it exists.
+type tStream struct {
+	name string // below /ds and /pico
+	ttl  bool   // may expire (a 404 is then no violation)
+	// fork point in records, for a fork (-1 for other streams).
+	forkOf *tStream
+	forkAt uint64
+
+	mu sync.Mutex
+	// recs holds every record known by seq: acknowledged by an append,
+	// or served by a Pico read.
+	recs map[uint64]tRec
+	// obs are the Durable Streams reads that served bytes.
+	obs []tObs
+	// maxTail is the highest tail seq anyone was given.
+	maxTail uint64
+	// bodies maps each body's token to its state.
+	bodies map[string]int
+	// live: created and acknowledged, not closing or deleting.
+	created  bool
+	closing  bool
+	closedAt int64 // tail at the acknowledged close; -1 while open
+	deleting bool
+	deleted  bool // a delete was acknowledged
+}
+
+// tRec is one known record and how it became known.
+type tRec struct {
+	body []byte
+	how  string
+}
+
+// tObs is one Durable Streams read: data served at a position.
+type tObs struct {
+	seq, off uint64
+	data     []byte
+	how      string
+}
+
+func (s *tStream) knowRec(seq uint64, body []byte, how string) (problem string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.recs[seq]; ok && !bytes.Equal(old.body, body) {
+		return fmt.Sprintf("%s: record %d known as %s (%s) and now as %s (%s)",
+			s.name, seq, clipB(old.body), old.how, clipB(body), how)
+	}
+	s.recs[seq] = tRec{body: body, how: how}
+	if seq+1 > s.maxTail {
+		s.maxTail = seq + 1
+	}
+	return ""
+}
+
+func (s *tStream) seeTail(seq uint64) {
+	s.mu.Lock()
+	if seq > s.maxTail {
+		s.maxTail = seq
+	}
+	s.mu.Unlock()
+}
+
+func (s *tStream) setBody(token string, state int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Acked wins over anything; maybe over absent.
+	if old, ok := s.bodies[token]; ok && (old == tBodyAcked || (old == tBodyMaybe && state == tBodyAbsent)) {
+		return
+	}
+	s.bodies[token] = state
+}
+
+// tModel is every stream of the run.
+type tModel struct {
+	mu      sync.Mutex
+	streams []*tStream
+	next    int
+
+	violations atomic.Int64
+	vmu        sync.Mutex
+	vlist      []string
+
+	// counters
+	appends, producerAppends, picoAppends, large, creates, forks, closes, deletes atomic.Int64
+	reads, servedBytes, polls, sseEvents, picoPolls                               atomic.Int64
+	noAnswer, refused                                                             atomic.Int64
+}
+
+func (m *tModel) violation(format string, args ...any) {
+	m.violations.Add(1)
+	m.vmu.Lock()
+	if len(m.vlist) < 200 {
+		m.vlist = append(m.vlist, fmt.Sprintf(format, args...))
+	}
+	m.vmu.Unlock()
+}
+
+// newStream adds a stream to be created (a fork of forkOf when not nil).
+func (m *tModel) newStream(ttl bool, forkOf *tStream) *tStream {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := &tStream{name: fmt.Sprintf("/torture/s%04d", m.next), ttl: ttl, forkOf: forkOf, recs: map[uint64]tRec{},
+		bodies: map[string]int{}, closedAt: -1}
+	m.next++
+	m.streams = append(m.streams, s)
+	return s
+}
+
+func (m *tModel) all() []*tStream {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]*tStream(nil), m.streams...)
+}
+
+// pick returns a random stream that is created and, with open, not closing
+// or going away; nil when there is none.
+func (m *tModel) pick(rng *rand.Rand, open bool) *tStream {
+	all := m.all()
+	var c []*tStream
+	for _, s := range all {
+		s.mu.Lock()
+		ok := s.created && !s.deleting && (!open || !s.closing)
+		s.mu.Unlock()
+		if ok {
+			c = append(c, s)
+		}
+	}
+	if len(c) == 0 {
+		return nil
+	}
+	return c[rng.IntN(len(c))]
+}
+
+func (m *tModel) openCount() int {
+	n := 0
+	for _, s := range m.all() {
+		s.mu.Lock()
+		if s.created && !s.deleting && !s.closing {
+			n++
+		}
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// tortureBody is a body starting with a unique token ended by '|', then
+// filler: no newline and no leading space, so that SSE carries it as is.
+func tortureBody(rng *rand.Rand, token string, size int) []byte {
+	b := make([]byte, 0, size+len(token)+1)
+	b = append(b, token...)
+	b = append(b, '|')
+	for len(b) < size {
+		b = append(b, byte('a'+rng.IntN(26)))
+	}
+	return b
+}
+
+func clipB(b []byte) string { return fhClip(string(b), 60) }
+
+// parseDSOffset decodes "%016d_%016d".
+func parseDSOffset(s string) (seq, off uint64, ok bool) {
+	a, b, found := strings.Cut(s, "_")
+	if !found {
+		return 0, 0, false
+	}
+	x, err1 := strconv.ParseUint(a, 10, 64)
+	y, err2 := strconv.ParseUint(b, 10, 64)
+	return x, y, err1 == nil && err2 == nil
+}
+
+// tTorture is one run.
+type tTorture struct {
+	t     *testing.T
+	m     *tModel
+	c     *caddytest.Caddy
+	px    *testenv.Proxy
+	cl    *dsClient
+	kills atomic.Int64
+	// down is set while Caddy is being killed and restarted.
+	stop chan struct{}
+}
+
+func (tt *tTorture) stopped() bool {
+	select {
+	case <-tt.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// req sends one request with a timeout.
+func (tt *tTorture) req(method, path, query string, hdr map[string]string, body []byte, timeout time.Duration) (*response, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	h := http.Header{}
+	for k, v := range hdr {
+		h.Set(k, v)
+	}
+	return tt.cl.do(ctx, method, path, query, h, body)
+}
+
+// settle sends a request until it gets an answer below 500 or until
+// giveUp; lost reports whether any attempt went unanswered (or 5xx).
+func (tt *tTorture) settle(method, path string, hdr map[string]string, body []byte, giveUp time.Duration) (r *response, lost bool) {
+	deadline := time.Now().Add(giveUp)
+	for {
+		r, err := tt.req(method, path, "", hdr, body, 20*time.Second)
+		if err == nil && r.status < 500 {
+			return r, lost
+		}
+		lost = true
+		tt.m.noAnswer.Add(1)
+		if time.Now().After(deadline) {
+			return nil, true
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// ---- workers
+
+type tWorker struct {
+	tt  *tTorture
+	id  int
+	rng *rand.Rand
+	n   int
+	// producer seqs per stream, for this worker's DS and Pico producers.
+	dsSeq, picoSeq map[*tStream]int
+	// offsets this worker was served, to read again from.
+	offsets map[*tStream][]string
+}
+
+func (w *tWorker) token(s *tStream) string {
+	w.n++
+	return fmt.Sprintf("%s/w%d/%d", strings.TrimPrefix(s.name, "/torture/"), w.id, w.n)
+}
+
+func (w *tWorker) size() int {
+	switch r := w.rng.IntN(100); {
+	case r < 2:
+		w.tt.m.large.Add(1)
+		return 270<<10 + w.rng.IntN(20<<10) // beyond 256 KiB: a blob of its own
+	case r < 10:
+		return 2<<10 + w.rng.IntN(20<<10)
+	default:
+		return 20 + w.rng.IntN(200)
+	}
+}
+
+func (w *tWorker) run() {
+	for !w.tt.stopped() {
+		m := w.tt.m
+		r := w.rng.IntN(100)
+		open := m.openCount()
+		switch {
+		case open < 8 || (r < 3 && open < 60):
+			w.create()
+		case r < 30:
+			w.dsAppend(false)
+		case r < 42:
+			w.dsAppend(true)
+		case r < 52:
+			w.picoAppend(false)
+		case r < 60:
+			w.picoAppend(true)
+		case r < 75:
+			w.catchUp()
+		case r < 77:
+			if open < 60 {
+				w.fork()
+			}
+		case r < 78:
+			w.close()
+		case r < 79:
+			w.delete()
+		default:
+			time.Sleep(time.Duration(w.rng.IntN(30)) * time.Millisecond)
+		}
+	}
+}
+
+func (w *tWorker) create() {
+	tt, m := w.tt, w.tt.m
+	ttl := w.rng.IntN(5) == 0
+	s := m.newStream(ttl, nil)
+	hdr := map[string]string{"Content-Type": textPlain}
+	path := "/ds" + s.name
+	if w.rng.IntN(2) == 0 {
+		path = "/pico" + s.name
+		if ttl {
+			hdr["Pico-TTL"] = strconv.Itoa(3 + w.rng.IntN(5))
+		}
+	} else if ttl {
+		hdr["Stream-TTL"] = strconv.Itoa(3 + w.rng.IntN(5))
+	}
+	r, _ := tt.settle(http.MethodPut, path, hdr, nil, 90*time.Second)
+	switch {
+	case r == nil:
+		return // never settled: the name is left alone
+	case r.status == http.StatusCreated || r.status == http.StatusOK:
+		m.creates.Add(1)
+		s.mu.Lock()
+		s.created = true
+		s.mu.Unlock()
+	default:
+		m.violation("create %s: %s (a create repeated after a lost answer must be 200)", path, r)
+	}
+}
+
+func (w *tWorker) fork() {
+	tt, m := w.tt, w.tt.m
+	src := m.pick(w.rng, false)
+	if src == nil {
+		return
+	}
+	src.mu.Lock()
+	ttl := src.ttl
+	src.mu.Unlock()
+	s := m.newStream(ttl, src)
+	hdr := map[string]string{"Content-Type": textPlain, "Stream-Forked-From": "/ds" + src.name}
+	r, _ := tt.settle(http.MethodPut, "/ds"+s.name, hdr, nil, 90*time.Second)
+	switch {
+	case r == nil:
+		return
+	case r.status == http.StatusCreated || r.status == http.StatusOK:
+		seq, off, ok := parseDSOffset(r.next())
+		if !ok || off != 0 {
+			m.violation("fork %s of %s: Stream-Next-Offset %q", s.name, src.name, r.next())
+			return
+		}
+		m.forks.Add(1)
+		s.forkAt = seq
+		// The source's known records below the fork point are the fork's.
+		src.mu.Lock()
+		inherited := map[uint64]tRec{}
+		for q, rec := range src.recs {
+			if q < seq {
+				inherited[q] = tRec{body: rec.body, how: "source " + src.name + " " + rec.how}
+			}
+		}
+		src.mu.Unlock()
+		s.mu.Lock()
+		for q, rec := range inherited {
+			s.recs[q] = rec
+		}
+		s.maxTail = seq
+		s.created = true
+		s.mu.Unlock()
+		src.seeTail(seq)
+	case r.status == http.StatusNotFound || r.status == http.StatusGone || r.status == http.StatusConflict:
+		// The source went away (deleted, expired) meanwhile.
+	default:
+		m.violation("fork %s of %s: %s", s.name, src.name, r)
+	}
+}
+
+func (w *tWorker) dsAppend(producer bool) {
+	tt, m := w.tt, w.tt.m
+	s := m.pick(w.rng, true)
+	if s == nil {
+		return
+	}
+	tok := w.token(s)
+	body := tortureBody(w.rng, tok, w.size())
+	hdr := map[string]string{"Content-Type": textPlain}
+	if !producer {
+		r, err := tt.req(http.MethodPost, "/ds"+s.name, "", hdr, body, 30*time.Second)
+		switch {
+		case err != nil || r.status >= 500:
+			m.noAnswer.Add(1)
+			s.setBody(tok, tBodyMaybe)
+		case r.status == http.StatusNoContent || r.status == http.StatusOK:
+			m.appends.Add(1)
+			s.setBody(tok, tBodyAcked)
+			w.ackDS(s, r, body, "DS append "+tok)
+		default:
+			m.refused.Add(1)
+			s.setBody(tok, tBodyAbsent)
+			w.expectRefusal(s, r, "DS append")
+		}
+		return
+	}
+	if w.dsSeq == nil {
+		w.dsSeq = map[*tStream]int{}
+	}
+	seq := w.dsSeq[s]
+	if seq < 0 {
+		return // this producer ended on this stream
+	}
+	hdr["Producer-Id"] = fmt.Sprintf("ds-w%d", w.id)
+	hdr["Producer-Epoch"] = "0"
+	hdr["Producer-Seq"] = strconv.Itoa(seq)
+	s.setBody(tok, tBodyMaybe)
+	r, lost := tt.settle(http.MethodPost, "/ds"+s.name, hdr, body, 120*time.Second)
+	switch {
+	case r == nil:
+		m.violation("%s: DS producer seq %d (%s) not settled in 120s", s.name, seq, tok)
+		w.dsSeq[s] = -1
+	case r.status == http.StatusOK || r.status == http.StatusNoContent:
+		m.producerAppends.Add(1)
+		s.setBody(tok, tBodyAcked)
+		w.dsSeq[s] = seq + 1
+		if r.status == http.StatusOK {
+			w.ackDS(s, r, body, "DS producer append "+tok)
+		} else if !lost {
+			m.violation("%s: DS producer seq %d answered 204 (duplicate) on its first request", s.name, seq)
+		} else {
+			tt.seeDSTail(s, r.next())
+		}
+	default:
+		if !lost {
+			s.setBody(tok, tBodyAbsent)
+		}
+		w.dsSeq[s] = -1
+		w.expectRefusal(s, r, "DS producer append")
+	}
+}
+
+// ackDS records an acknowledged Durable Streams append of one record.
+func (w *tWorker) ackDS(s *tStream, r *response, body []byte, how string) {
+	seq, off, ok := parseDSOffset(r.next())
+	if !ok || off != 0 || seq == 0 {
+		w.tt.m.violation("%s: %s acknowledged with Stream-Next-Offset %q", s.name, how, r.next())
+		return
+	}
+	if p := s.knowRec(seq-1, body, fmt.Sprintf("%s (acked, after %d kills)", how, w.tt.kills.Load())); p != "" {
+		w.tt.m.violation("%s", p)
+	}
+}
+
+func (tt *tTorture) seeDSTail(s *tStream, off string) {
+	if seq, _, ok := parseDSOffset(off); ok {
+		s.seeTail(seq)
+	}
+}
+
+// expectRefusal accepts the 4xx answers a stream that is closing, deleted
+// or expired gives; any other is a violation.
+func (w *tWorker) expectRefusal(s *tStream, r *response, what string) {
+	s.mu.Lock()
+	closing, deleting, ttl := s.closing, s.deleting, s.ttl
+	fork := s.forkOf
+	s.mu.Unlock()
+	if fork != nil {
+		fork.mu.Lock()
+		ttl = ttl || fork.ttl
+		fork.mu.Unlock()
+	}
+	switch {
+	case r.status == http.StatusConflict && (r.header.Get("Stream-Closed") == "true" || r.header.Get("Pico-Closed") == "true") && closing:
+	case (r.status == http.StatusNotFound || r.status == http.StatusGone) && (deleting || ttl):
+	default:
+		w.tt.m.violation("%s %s: %s (closing %v, deleting %v, ttl %v; headers %v)", what, s.name, r, closing, deleting, ttl, r.header)
+	}
+}
+
+func (w *tWorker) picoAppend(producer bool) {
+	tt, m := w.tt, w.tt.m
+	s := m.pick(w.rng, true)
+	if s == nil {
+		return
+	}
+	k := 1 + w.rng.IntN(4)
+	var toks []string
+	var bodies [][]byte
+	type rec struct {
+		Body string `json:"body"`
+	}
+	var batch struct {
+		Records []rec `json:"records"`
+	}
+	for i := 0; i < k; i++ {
+		tok := w.token(s)
+		size := w.size()
+		if size > 64<<10 {
+			size = 64 << 10 // the batch goes through the WAL; blobs come from DS
+		}
+		b := tortureBody(w.rng, tok, size)
+		toks = append(toks, tok)
+		bodies = append(bodies, b)
+		batch.Records = append(batch.Records, rec{Body: string(b)})
+	}
+	payload, _ := json.Marshal(batch)
+	hdr := map[string]string{"Content-Type": "application/vnd.picomq.batch+json"}
+	seq := 0
+	if producer {
+		if w.picoSeq == nil {
+			w.picoSeq = map[*tStream]int{}
+		}
+		seq = w.picoSeq[s]
+		if seq < 0 {
+			return
+		}
+		hdr["Pico-Producer-Id"] = fmt.Sprintf("pico-w%d", w.id)
+		hdr["Pico-Producer-Epoch"] = "0"
+		hdr["Pico-Producer-Seq"] = strconv.Itoa(seq)
+	}
+	set := func(state int) {
+		for _, tok := range toks {
+			s.setBody(tok, state)
+		}
+	}
+	set(tBodyMaybe)
+	var r *response
+	lost := false
+	if producer {
+		r, lost = tt.settle(http.MethodPost, "/pico"+s.name, hdr, payload, 120*time.Second)
+		if r == nil {
+			m.violation("%s: Pico producer seq %d not settled in 120s", s.name, seq)
+			w.picoSeq[s] = -1
+			return
+		}
+	} else {
+		var err error
+		r, err = tt.req(http.MethodPost, "/pico"+s.name, "", hdr, payload, 30*time.Second)
+		if err != nil || r.status >= 500 {
+			m.noAnswer.Add(1)
+			return
+		}
+	}
+	switch {
+	case r.status == http.StatusOK:
+		set(tBodyAcked)
+		m.picoAppends.Add(1)
+		if producer {
+			w.picoSeq[s] = seq + 1
+		}
+		next, err := strconv.ParseUint(r.header.Get("Pico-Next-Seq"), 10, 64)
+		if err != nil {
+			m.violation("%s: Pico append acknowledged without Pico-Next-Seq: %v", s.name, r.header)
+			return
+		}
+		s.seeTail(next)
+		start := r.header.Get("Pico-Start-Seq")
+		if start == "" {
+			if !lost {
+				m.violation("%s: Pico append answered as a duplicate on its first request", s.name)
+			}
+			return
+		}
+		first, err := strconv.ParseUint(start, 10, 64)
+		if err != nil || first+uint64(k) != next {
+			m.violation("%s: Pico append of %d records: Pico-Start-Seq %q, Pico-Next-Seq %d", s.name, k, start, next)
+			return
+		}
+		for i := range bodies {
+			if p := s.knowRec(first+uint64(i), bodies[i], fmt.Sprintf("Pico append %s (acked, after %d kills)", toks[i], tt.kills.Load())); p != "" {
+				m.violation("%s", p)
+			}
+		}
+	default:
+		if !lost {
+			set(tBodyAbsent)
+		}
+		if producer {
+			w.picoSeq[s] = -1
+		}
+		w.expectRefusal(s, r, "Pico append")
+	}
+}
+
+func (w *tWorker) close() {
+	tt, m := w.tt, w.tt.m
+	s := m.pick(w.rng, true)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.closing = true
+	s.mu.Unlock()
+	path, hdr := "/ds"+s.name, map[string]string{"Stream-Closed": "true"}
+	if w.rng.IntN(2) == 0 {
+		path, hdr = "/pico"+s.name, map[string]string{"Pico-Closed": "true"}
+	}
+	r, _ := tt.settle(http.MethodPost, path, hdr, nil, 90*time.Second)
+	switch {
+	case r == nil:
+		return
+	case r.status == http.StatusNoContent || r.status == http.StatusOK:
+		var tail uint64
+		var ok bool
+		if strings.HasPrefix(path, "/ds") {
+			var off uint64
+			tail, off, ok = parseDSOffset(r.next())
+			ok = ok && off == 0
+		} else {
+			var err error
+			tail, err = strconv.ParseUint(r.header.Get("Pico-Next-Seq"), 10, 64)
+			ok = err == nil
+		}
+		if !ok {
+			m.violation("close %s: no tail in %v", path, r.header)
+			return
+		}
+		m.closes.Add(1)
+		s.mu.Lock()
+		if s.closedAt >= 0 && uint64(s.closedAt) != tail {
+			m.violation("%s closed at %d and again at %d", s.name, s.closedAt, tail)
+		}
+		s.closedAt = int64(tail)
+		s.mu.Unlock()
+		s.seeTail(tail)
+	default:
+		w.expectRefusal(s, r, "close")
+	}
+}
+
+func (w *tWorker) delete() {
+	tt, m := w.tt, w.tt.m
+	s := m.pick(w.rng, false)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.deleting = true
+	s.mu.Unlock()
+	path := "/ds" + s.name
+	if w.rng.IntN(2) == 0 {
+		path = "/pico" + s.name
+	}
+	r, lost := tt.settle(http.MethodDelete, path, nil, nil, 90*time.Second)
+	switch {
+	case r == nil:
+	case r.status == http.StatusNoContent || r.status == http.StatusOK || (lost && r.status == http.StatusNotFound):
+		m.deletes.Add(1)
+		s.mu.Lock()
+		s.deleted = true
+		s.mu.Unlock()
+	case r.status == http.StatusNotFound && s.ttl:
+	case r.status == http.StatusGone:
+		// Deleted already (soft, forks still read it): by an earlier
+		// request whose answer was lost, or expired.
+		if !lost && !s.ttl {
+			m.violation("delete %s: %s, though nobody deleted it before", path, r)
+		}
+	default:
+		m.violation("delete %s: %s", path, r)
+	}
+}
+
+// catchUp reads a stream from its start or from an offset this worker
+// was served before.
+func (w *tWorker) catchUp() {
+	tt, m := w.tt, w.tt.m
+	s := m.pick(w.rng, false)
+	if s == nil {
+		return
+	}
+	if w.offsets == nil {
+		w.offsets = map[*tStream][]string{}
+	}
+	offset := "-1"
+	if offs := w.offsets[s]; len(offs) > 0 && w.rng.IntN(3) > 0 {
+		offset = offs[w.rng.IntN(len(offs))]
+	}
+	for i := 0; i < 20; i++ {
+		r, err := tt.req(http.MethodGet, "/ds"+s.name, "offset="+url.QueryEscape(offset), nil, nil, 20*time.Second)
+		if err != nil || r.status >= 500 {
+			return
+		}
+		if r.status != http.StatusOK {
+			w.readRefused(s, r, "catch-up read at "+offset)
+			return
+		}
+		m.reads.Add(1)
+		if !tt.recordDS(s, offset, r.body, r.next(), "catch-up") {
+			return
+		}
+		if len(w.offsets[s]) < 50 {
+			w.offsets[s] = append(w.offsets[s], r.next())
+		}
+		offset = r.next()
+		if r.header.Get("Stream-Up-To-Date") == "true" {
+			return
+		}
+	}
+}
+
+func (w *tWorker) readRefused(s *tStream, r *response, what string) {
+	s.mu.Lock()
+	deleting, ttl := s.deleting, s.ttl
+	s.mu.Unlock()
+	if (r.status == http.StatusNotFound || r.status == http.StatusGone) && (deleting || ttl) {
+		return
+	}
+	w.tt.m.violation("%s %s: %s (deleting %v, ttl %v)", what, s.name, r, deleting, ttl)
+}
+
+// recordDS records data served at offset with next after it; false when
+// the answer is malformed (recorded as a violation).
+func (tt *tTorture) recordDS(s *tStream, offset string, data []byte, next, how string) bool {
+	var seq, off uint64
+	if offset != "-1" {
+		var ok bool
+		if seq, off, ok = parseDSOffset(offset); !ok {
+			tt.m.violation("%s: bad offset %q", s.name, offset)
+			return false
+		}
+	}
+	nseq, noff, ok := parseDSOffset(next)
+	if !ok {
+		tt.m.violation("%s: %s at %s: Stream-Next-Offset %q", s.name, how, offset, next)
+		return false
+	}
+	if nseq < seq || (nseq == seq && noff < off) {
+		tt.m.violation("%s: %s at %s answered Stream-Next-Offset %s, before it", s.name, how, offset, next)
+		return false
+	}
+	if noff == 0 {
+		s.seeTail(nseq)
+	} else {
+		s.seeTail(nseq + 1)
+	}
+	if len(data) == 0 {
+		return true
+	}
+	tt.m.servedBytes.Add(int64(len(data)))
+	s.mu.Lock()
+	if len(s.obs) < 400 {
+		s.obs = append(s.obs, tObs{seq: seq, off: off, data: data,
+			how: fmt.Sprintf("%s (served after %d kills)", how, tt.kills.Load())})
+	} else {
+		// Keep a bounded, changing sample.
+		s.obs[rand.IntN(len(s.obs))] = tObs{seq: seq, off: off, data: data,
+			how: fmt.Sprintf("%s (served after %d kills)", how, tt.kills.Load())}
+	}
+	s.mu.Unlock()
+	return true
+}
+
+// ---- live readers
+
+// tailer follows streams with Durable Streams long-polls, SSE, or Pico
+// long-polls, moving to another stream when one goes away or closes.
+func (tt *tTorture) tail(rng *rand.Rand, mode string) {
+	for !tt.stopped() {
+		s := tt.m.pick(rng, false)
+		if s == nil {
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		deadline := time.Now().Add(time.Duration(5+rng.IntN(20)) * time.Second)
+		switch mode {
+		case "long-poll":
+			tt.dsLongPoll(s, deadline)
+		case "sse":
+			tt.dsSSE(s, deadline)
+		case "pico":
+			tt.picoLongPoll(s, deadline)
+		}
+	}
+}
+
+func (tt *tTorture) goneOK(s *tStream, r *response) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return (r.status == http.StatusNotFound || r.status == http.StatusGone) && (s.deleting || s.ttl || (s.forkOf != nil && s.forkOf.ttl))
+}
+
+func (tt *tTorture) dsLongPoll(s *tStream, until time.Time) {
+	offset := "-1"
+	for time.Now().Before(until) && !tt.stopped() {
+		r, err := tt.req(http.MethodGet, "/ds"+s.name, "live=long-poll&offset="+url.QueryEscape(offset), nil, nil, 10*time.Second)
+		if err != nil || r.status >= 500 {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		tt.m.polls.Add(1)
+		switch r.status {
+		case http.StatusOK:
+			if !tt.recordDS(s, offset, r.body, r.next(), "long-poll") {
+				return
+			}
+			offset = r.next()
+		case http.StatusNoContent:
+			if n := r.next(); n != "" {
+				if offset != "-1" && n < offset {
+					tt.m.violation("%s: long-poll at %s answered 204 with Stream-Next-Offset %s", s.name, offset, n)
+				}
+				offset = n
+			}
+			if r.header.Get("Stream-Closed") == "true" {
+				return
+			}
+		default:
+			if !tt.goneOK(s, r) {
+				tt.m.violation("%s: long-poll at %s: %s", s.name, offset, r)
+			}
+			return
+		}
+	}
+}
+
+func (tt *tTorture) dsSSE(s *tStream, until time.Time) {
+	offset := "-1"
+	for time.Now().Before(until) && !tt.stopped() {
+		ctx, cancel := context.WithDeadline(context.Background(), until)
+		closed, gone := tt.sseOnce(ctx, s, &offset)
+		cancel()
+		if closed || gone {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (tt *tTorture) sseOnce(ctx context.Context, s *tStream, offset *string) (closed, gone bool) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, tt.cl.base+"/ds"+s.name+"?live=sse&offset="+url.QueryEscape(*offset), nil)
+	if err != nil {
+		return false, true
+	}
+	resp, err := tt.cl.hc.Do(req)
+	if err != nil {
+		return false, false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		r := &response{status: resp.StatusCode, header: resp.Header, body: b}
+		if resp.StatusCode >= 500 {
+			return false, false
+		}
+		if !tt.goneOK(s, r) {
+			tt.m.violation("%s: SSE at %s: %s", s.name, *offset, r)
+		}
+		return false, true
+	}
+	br := bufio.NewReader(resp.Body)
+	var pending []byte
+	havePending := false
+	for {
+		ev, err := readSSEEvent(br)
+		if err != nil {
+			return false, false
+		}
+		tt.m.sseEvents.Add(1)
+		switch ev.event {
+		case "data":
+			pending = append(pending, ev.data...)
+			havePending = true
+		case "control":
+			var ctl sseControl
+			if err := json.Unmarshal([]byte(ev.data), &ctl); err != nil {
+				tt.m.violation("%s: SSE control %q: %v", s.name, ev.data, err)
+				return false, true
+			}
+			if havePending {
+				if !tt.recordDS(s, *offset, pending, ctl.StreamNextOffset, "SSE") {
+					return false, true
+				}
+			} else if ctl.StreamNextOffset != "" {
+				if *offset != "-1" && ctl.StreamNextOffset < *offset {
+					tt.m.violation("%s: SSE control at %s names %s, before it", s.name, *offset, ctl.StreamNextOffset)
+				}
+			}
+			pending, havePending = nil, false
+			if ctl.StreamNextOffset != "" {
+				*offset = ctl.StreamNextOffset
+			}
+			if ctl.StreamClosed {
+				return true, false
+			}
+		}
+	}
+}
+
+func (tt *tTorture) picoLongPoll(s *tStream, until time.Time) {
+	seq := uint64(0)
+	for time.Now().Before(until) && !tt.stopped() {
+		r, err := tt.req(http.MethodGet, "/pico"+s.name, fmt.Sprintf("seq=%d&live=long-poll&format=json", seq), nil, nil, 10*time.Second)
+		if err != nil || r.status >= 500 {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		tt.m.picoPolls.Add(1)
+		switch r.status {
+		case http.StatusOK:
+			var recs []picoRecord
+			if err := json.Unmarshal(r.body, &recs); err != nil {
+				tt.m.violation("%s: Pico long-poll at %d: %v", s.name, seq, err)
+				return
+			}
+			for _, rec := range recs {
+				if rec.Body == nil {
+					tt.m.violation("%s: Pico record %d has no text body", s.name, rec.Seq)
+					return
+				}
+				if p := s.knowRec(rec.Seq, []byte(*rec.Body), fmt.Sprintf("Pico long-poll (served after %d kills)", tt.kills.Load())); p != "" {
+					tt.m.violation("%s", p)
+				}
+				seq = rec.Seq + 1
+			}
+			if n, err := strconv.ParseUint(r.header.Get("Pico-Next-Seq"), 10, 64); err == nil {
+				if n < seq {
+					tt.m.violation("%s: Pico long-poll: Pico-Next-Seq %d below records up to %d", s.name, n, seq)
+				}
+				s.seeTail(n)
+				seq = n
+			}
+		case http.StatusNoContent:
+			if r.header.Get("Pico-Closed") == "true" {
+				return
+			}
+		default:
+			if !tt.goneOK(s, r) {
+				tt.m.violation("%s: Pico long-poll at %d: %s", s.name, seq, r)
+			}
+			return
+		}
+	}
+}
+
+// ---- checks
+
+// check verifies every fact recorded so far, stream by stream, while the
+// load goes on. final adds the exactly-once check of every body, which
+// needs the load stopped.
+func (tt *tTorture) check(final bool) (checkedRecs, checkedObs, checkedStreams int) {
+	streams := tt.m.all()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	work := make(chan *tStream)
+	for i := 0; i < 3; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := range work {
+				r, o, ok := tt.checkStream(s, final)
+				mu.Lock()
+				checkedRecs += r
+				checkedObs += o
+				if ok {
+					checkedStreams++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, s := range streams {
+		work <- s
+	}
+	close(work)
+	wg.Wait()
+	return
+}
+
+func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok bool) {
+	m := tt.m
+	// Facts first, then the stream: anything recorded later is newer.
+	s.mu.Lock()
+	if !s.created {
+		s.mu.Unlock()
+		return 0, 0, false
+	}
+	recs := make(map[uint64]tRec, len(s.recs))
+	for k, v := range s.recs {
+		recs[k] = v
+	}
+	obs := append([]tObs(nil), s.obs...)
+	maxTail, closedAt, deleted := s.maxTail, s.closedAt, s.deleted
+	ttl := s.ttl || (s.forkOf != nil && s.forkOf.ttl)
+	bodies := map[string]int{}
+	for k, v := range s.bodies {
+		bodies[k] = v
+	}
+	s.mu.Unlock()
+
+	head, _ := tt.settle(http.MethodHead, "/ds"+s.name, nil, nil, 60*time.Second)
+	if head == nil {
+		m.violation("%s: HEAD not answered within 60s after a restart", s.name)
+		return 0, 0, false
+	}
+	// A delete may have begun since the facts were taken.
+	nowDeleting := func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.deleting
+	}
+	switch {
+	case head.status == http.StatusNotFound || head.status == http.StatusGone:
+		if !deleted && !nowDeleting() && !ttl {
+			m.violation("%s: %d after a restart, though it was never deleted and has no TTL (%d records known)", s.name, head.status, len(recs))
+		}
+		return 0, 0, false
+	case head.status != http.StatusOK:
+		m.violation("%s: HEAD %s", s.name, head)
+		return 0, 0, false
+	case deleted:
+		m.violation("%s: deleted (acknowledged) but HEAD is %s", s.name, head)
+		return 0, 0, false
+	}
+	tail, _, okTail := parseDSOffset(head.next())
+	if !okTail {
+		m.violation("%s: HEAD without a tail: %v", s.name, head.header)
+		return 0, 0, false
+	}
+	if tail < maxTail {
+		m.violation("%s: tail %d after %d kills, but tail %d was handed out before", s.name, tail, tt.kills.Load(), maxTail)
+	}
+	if closedAt >= 0 {
+		if head.header.Get("Stream-Closed") != "true" {
+			m.violation("%s: closed at %d (acknowledged) but HEAD says open at %d", s.name, closedAt, tail)
+		} else if tail != uint64(closedAt) {
+			m.violation("%s: closed at %d (acknowledged) but now closed at %d", s.name, closedAt, tail)
+		}
+	}
+	need := maxTail
+	if final {
+		need = tail
+	}
+	got, err := tt.readRecords(s, need)
+	if err != nil {
+		if errors.Is(err, errTortureGone) && (nowDeleting() || ttl) {
+			return 0, 0, false
+		}
+		m.violation("%s: reading records below %d: %v", s.name, need, err)
+		return 0, 0, false
+	}
+	for seq, want := range recs {
+		have, ok := got[seq]
+		nRecs++
+		switch {
+		case !ok:
+			m.violation("%s: record %d (%s) is missing after %d kills (tail %d)", s.name, seq, want.how, tt.kills.Load(), tail)
+		case !bytes.Equal(have, want.body):
+			d := firstDiff(have, want.body)
+			m.violation("%s: record %d (%s) reads differently after %d kills: at +%d was %s, now %s",
+				s.name, seq, want.how, tt.kills.Load(), d, around(want.body, d), around(have, d))
+		}
+	}
+	for _, o := range obs {
+		nObs++
+		var b []byte
+		seq, off := o.seq, o.off
+		for len(b) < len(o.data) {
+			rec, ok := got[seq]
+			if !ok {
+				break
+			}
+			if off > uint64(len(rec)) {
+				break
+			}
+			b = append(b, rec[off:]...)
+			seq, off = seq+1, 0
+		}
+		if !bytes.HasPrefix(b, o.data) {
+			d := firstDiff(b, o.data)
+			m.violation("%s: offset %d_%d (%s) reads differently after %d kills: at +%d served %s, now %s",
+				s.name, o.seq, o.off, o.how, tt.kills.Load(), d, around(o.data, d), around(b, d))
+		}
+	}
+	if final {
+		count := map[string]int{}
+		for seq := uint64(0); seq < tail; seq++ {
+			rec, ok := got[seq]
+			if !ok {
+				m.violation("%s: record %d missing from the final read (tail %d)", s.name, seq, tail)
+				continue
+			}
+			tok, _, _ := bytes.Cut(rec, []byte("|"))
+			count[string(tok)]++
+		}
+		// A fork's records below its point are its source's.
+		own := func(tok string) bool {
+			return strings.HasPrefix(tok, strings.TrimPrefix(s.name, "/torture/")+"/")
+		}
+		for tok, n := range count {
+			state, known := bodies[tok]
+			switch {
+			case !own(tok):
+				// inherited from the source; checked there and by recs
+			case !known:
+				m.violation("%s: holds %d copies of %q, which nobody sent to it", s.name, n, tok)
+			case n > 1:
+				m.violation("%s: holds %d copies of %q (state %d)", s.name, n, tok, state)
+			case state == tBodyAbsent:
+				m.violation("%s: holds %q, whose append was refused", s.name, tok)
+			}
+		}
+		for tok, state := range bodies {
+			if state == tBodyAcked && count[tok] == 0 {
+				m.violation("%s: acknowledged body %q is not in the stream", s.name, tok)
+			}
+		}
+	}
+	return nRecs, nObs, true
+}
+
+var errTortureGone = errors.New("stream gone")
+
+// readRecords reads records [0, need) (at least) through Pico JSON reads.
+func (tt *tTorture) readRecords(s *tStream, need uint64) (map[uint64][]byte, error) {
+	got := map[uint64][]byte{}
+	seq := uint64(0)
+	deadline := time.Now().Add(2 * time.Minute)
+	for seq < need {
+		if time.Now().After(deadline) {
+			return got, fmt.Errorf("not done within 2 minutes, at seq %d", seq)
+		}
+		r, err := tt.req(http.MethodGet, "/pico"+s.name, fmt.Sprintf("seq=%d&format=json&bytes=4194304", seq), nil, nil, 30*time.Second)
+		if err != nil || r.status >= 500 {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		if r.status == http.StatusNotFound || r.status == http.StatusGone {
+			return got, fmt.Errorf("%w: %s", errTortureGone, r)
+		}
+		if r.status != http.StatusOK {
+			return got, fmt.Errorf("Pico read at %d: %s", seq, r)
+		}
+		var recs []picoRecord
+		if err := json.Unmarshal(r.body, &recs); err != nil {
+			return got, fmt.Errorf("Pico read at %d: %v", seq, err)
+		}
+		if len(recs) == 0 {
+			return got, fmt.Errorf("Pico read at %d: no records, Pico-Next-Seq %s, below %d", seq, r.header.Get("Pico-Next-Seq"), need)
+		}
+		for _, rec := range recs {
+			if rec.Seq != seq {
+				return got, fmt.Errorf("Pico read: record seq %d where %d was next", rec.Seq, seq)
+			}
+			if rec.Body == nil {
+				return got, fmt.Errorf("Pico read: record %d without a text body", rec.Seq)
+			}
+			got[rec.Seq] = []byte(*rec.Body)
+			seq++
+		}
+	}
+	return got, nil
+}
+
+// ---- the run
+
+func TestCrashTorture(t *testing.T) {
+	spec := os.Getenv("PICOMQ_TORTURE")
+	if spec == "" {
+		t.Skip("a long randomized crash run: set PICOMQ_TORTURE=10m (the load phase's length) to run it")
+	}
+	length, err := time.ParseDuration(spec)
+	if err != nil {
+		t.Fatalf("PICOMQ_TORTURE: %v", err)
+	}
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("PICOMQ_TORTURE_SEED"); s != "" {
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("PICOMQ_TORTURE_SEED: %v", err)
+		}
+	}
+	t.Logf("random seed %d (PICOMQ_TORTURE_SEED)", seed)
+	rng := rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
+
+	v := testenv.NewVersity(t)
+	px := newProxy(t, v)
+	bucket := v.NewBucket(t)
+	storage := testenv.StoreURL(px.URL(), bucket, caddytest.S3Prefix)
+	engine := []string{
+		"cache_size 16KiB", "flush_interval 5ms", "compact_interval 700ms", "pack_below 32KiB",
+		"s3_timeout 5s", "expiry_sweep_interval 1s", "long_poll_timeout 1500ms",
+	}
+	block := func(extra ...string) string {
+		var b strings.Builder
+		fmt.Fprintf(&b, "\t\tpicomq {\n\t\t\tstorage %q\n", storage)
+		for _, d := range append(append([]string(nil), engine...), extra...) {
+			fmt.Fprintf(&b, "\t\t\t%s\n", d)
+		}
+		b.WriteString("\t\t}\n")
+		return b.String()
+	}
+	caddyfile := "{\n\tpersist_config off\n}\n\nhttp://:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
+		"\thandle_path /ds/* {\n" + block("sse_reconnect_interval 3s") + "\t}\n" +
+		"\thandle_path /pico/* {\n" + block("protocol pico") + "\t}\n}\n"
+	c := caddytest.Start(t, caddytest.Options{Caddyfile: caddyfile, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
+	px.SetLatency(time.Millisecond, 4*time.Millisecond)
+	px.AddFault(testenv.Fault{Status: http.StatusServiceUnavailable, Rate: 0.01})
+
+	tt := &tTorture{t: t, m: &tModel{}, c: c, px: px, cl: newClient(t, c.URL(), true), stop: make(chan struct{})}
+	var wg sync.WaitGroup
+	var stopOnce sync.Once
+	stopLoad := func() { stopOnce.Do(func() { close(tt.stop) }); wg.Wait() }
+	t.Cleanup(stopLoad)
+	for i := 0; i < 8; i++ {
+		w := &tWorker{tt: tt, id: i, rng: rand.New(rand.NewPCG(seed+uint64(i)+1, 7))}
+		wg.Add(1)
+		go func() { defer wg.Done(); w.run() }()
+	}
+	for i, mode := range []string{"long-poll", "long-poll", "sse", "sse", "pico", "pico"} {
+		r := rand.New(rand.NewPCG(seed+uint64(i)+100, 11))
+		wg.Add(1)
+		go func() { defer wg.Done(); tt.tail(r, mode) }()
+	}
+
+	holds := []testenv.Fault{
+		{Op: testenv.OpPut, KeyContains: "/wal/", Times: 1},
+		{Op: testenv.OpPut, KeyContains: "/data/", Times: 1},
+		{Op: testenv.OpPut, KeyContains: "/pack/", Times: 1},
+		{Op: testenv.OpPut, KeyContains: "/blob/", Times: 1},
+		{Op: testenv.OpPut, KeyContains: "/streams/", Times: 1},
+		{Op: testenv.OpPut, KeyContains: "/manifest", Times: 1},
+		{Op: testenv.OpDelete, KeyContains: "/wal/", Times: 1},
+		{Op: testenv.OpPut, KeyContains: "/wal/"}, // every WAL upload from now until the kill
+	}
+	began := time.Now()
+	var kills, heldKills, checks int
+	var killKinds = map[string]int{}
+	var totalRecs, totalObs int
+	for time.Since(began) < length && !t.Failed() {
+		gap := 500*time.Millisecond + time.Duration(rng.Int64N(int64(5*time.Second)))
+		if rng.IntN(6) == 0 {
+			gap = time.Duration(rng.Int64N(int64(300 * time.Millisecond))) // right after the restart
+		}
+		time.Sleep(gap)
+		var release func()
+		kind := "plain"
+		if rng.IntN(3) > 0 {
+			h := holds[rng.IntN(len(holds))]
+			rel := px.Hold(h)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			err := px.WaitHeld(ctx, 1)
+			cancel()
+			if err != nil {
+				rel()
+			} else {
+				time.Sleep(time.Duration(rng.Int64N(int64(200 * time.Millisecond))))
+				release = rel
+				kind = h.Op + " " + h.KeyContains
+				if h.Times == 0 {
+					kind += " (all)"
+				}
+				heldKills++
+			}
+		}
+		c.Kill()
+		kills++
+		killKinds[kind]++
+		tt.kills.Add(1)
+		if release != nil {
+			if rng.IntN(2) == 0 {
+				release()
+			} else {
+				d := time.Duration(rng.Int64N(int64(700 * time.Millisecond)))
+				wg.Add(1)
+				go func() { defer wg.Done(); time.Sleep(d); release() }()
+			}
+		}
+		time.Sleep(time.Duration(rng.Int64N(int64(400 * time.Millisecond))))
+		if err := c.TryRestart(); err != nil {
+			t.Fatalf("restart after kill %d (%s): %v", kills, kind, err)
+		}
+		if rng.IntN(2) == 0 {
+			// Check now, while the load goes on.
+			r, o, _ := tt.check(false)
+			totalRecs += r
+			totalObs += o
+			checks++
+			if n := tt.m.violations.Load(); n > 0 {
+				t.Errorf("violations after kill %d (%s)", kills, kind)
+				break
+			}
+		}
+	}
+	loadTook := time.Since(began)
+	stopLoad()
+	// Let the last incarnation settle (answers in flight, compaction).
+	time.Sleep(2 * time.Second)
+	r, o, n := tt.check(true)
+	totalRecs += r
+	totalObs += o
+	for _, v := range tt.m.vlist {
+		t.Error(v)
+	}
+	m := tt.m
+	t.Logf("load %s: kills %d (%d while an upload was held: %v), checks %d during the load and one at the end",
+		loadTook.Round(time.Second), kills, heldKills, killKinds, checks)
+	t.Logf("streams %d (checked at the end %d): creates %d, forks %d, closes %d, deletes %d; appends acked: DS %d, DS producer %d, Pico batches %d (%d large); no answer %d, refused %d",
+		len(m.all()), n, m.creates.Load(), m.forks.Load(), m.closes.Load(), m.deletes.Load(), m.appends.Load(), m.producerAppends.Load(),
+		m.picoAppends.Load(), m.large.Load(), m.noAnswer.Load(), m.refused.Load())
+	t.Logf("reads: catch-up %d, long-polls %d, SSE events %d, Pico long-polls %d, bytes served %d; facts checked: records %d, served ranges %d",
+		m.reads.Load(), m.polls.Load(), m.sseEvents.Load(), m.picoPolls.Load(), m.servedBytes.Load(), totalRecs, totalObs)
+	counts := px.Counts()
+	t.Logf("S3 through the proxy: PUT %d (data %d, pack %d, blob %d), GET %d, LIST %d, DELETE %d",
+		counts.Put, counts.PutsUnder(caddytest.S3Prefix+"/data/"), counts.PutsUnder(caddytest.S3Prefix+"/pack/"),
+		counts.PutsUnder(caddytest.S3Prefix+"/blob/"), counts.Get, counts.List, counts.Delete)
+}
