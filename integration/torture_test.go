@@ -7,7 +7,8 @@ package integration
 //
 // and replay a run's choices (timing still varies) with PICOMQ_TORTURE_SEED,
 // which every run logs. PICOMQ_TORTURE is the length of the load phase, a Go
-// duration.
+// duration. The seed also picks whether streams are closed and deleted often
+// or live long and grow; PICOMQ_TORTURE_CHURN=1 or 0 picks it instead.
 //
 // Caddy serves one storage through both protocols (/ds and /pico) on
 // versitygw behind the fault-injecting proxy (latency, a few 503s), with
@@ -241,6 +242,9 @@ type tTorture struct {
 	px    *testenv.Proxy
 	cl    *dsClient
 	kills atomic.Int64
+	// churn: streams are closed and deleted often; without it they live
+	// long and grow, compacted again and again.
+	churn bool
 	// down is set while Caddy is being killed and restarted.
 	stop chan struct{}
 }
@@ -337,9 +341,13 @@ func (w *tWorker) run() {
 				w.fork()
 			}
 		case r < 78:
-			w.close()
+			if w.tt.churn || w.rng.IntN(10) == 0 {
+				w.close()
+			}
 		case r < 79:
-			w.delete()
+			if w.tt.churn || w.rng.IntN(10) == 0 {
+				w.delete()
+			}
 		default:
 			time.Sleep(time.Duration(w.rng.IntN(30)) * time.Millisecond)
 		}
@@ -1300,6 +1308,11 @@ func TestCrashTorture(t *testing.T) {
 	px.AddFault(testenv.Fault{Op: testenv.OpPut, Status: http.StatusServiceUnavailable, AfterForward: true, Rate: 0.005})
 
 	tt := &tTorture{t: t, m: &tModel{}, c: c, px: px, cl: newClient(t, c.URL(), true), stop: make(chan struct{})}
+	tt.churn = rng.IntN(2) == 0
+	if v := os.Getenv("PICOMQ_TORTURE_CHURN"); v != "" {
+		tt.churn = v == "1"
+	}
+	t.Logf("stream churn: %v", tt.churn)
 	var wg sync.WaitGroup
 	var stopOnce sync.Once
 	stopLoad := func() { stopOnce.Do(func() { close(tt.stop) }); wg.Wait() }
