@@ -10,6 +10,10 @@ import (
 	"time"
 )
 
+// notesFile is the hand-written companion of the report, beside it in
+// docs/: a section per row whose settings have Notes, headed "Row <ID>".
+const notesFile = "benchmark-notes.md"
+
 // rowResult is one line of the table and its section below it.
 type rowResult struct {
 	ID        string // "1", "1-defaults", "1-node", "2", ...
@@ -22,8 +26,7 @@ type rowResult struct {
 	Checks    []check
 	Err       string   // set when the row could not be measured
 	Why       string   // the table's short reason, from the settings table
-	Note      string   // the full explanation, from the settings table
-	Tried     string   // what was tried without gain, from the settings table
+	Notes     bool     // the row has a section in docs/benchmark-notes.md
 	Commands  []string // exact load-generator command lines
 	Details   []string // further figures for the row's section
 	Elapsed   time.Duration
@@ -38,7 +41,7 @@ func newRow(id, title, target string) *rowResult {
 
 // use records the settings the row runs with.
 func (r *rowResult) use(set settings) {
-	r.Settings, r.Why, r.Note, r.Tried = set.String(), set.Why, set.Note, set.Tried
+	r.Settings, r.Why, r.Notes = set.String(), set.Why, set.Notes
 }
 
 // check is one target of a row: Got must be at least (Min) or at most Limit.
@@ -333,11 +336,8 @@ func (rep *report) markdown() string {
 		if r.Why != "" {
 			fmt.Fprintf(&b, "- In short: %s\n", r.Why)
 		}
-		if r.Note != "" {
-			fmt.Fprintf(&b, "- Note: %s\n", r.Note)
-		}
-		if r.Tried != "" {
-			fmt.Fprintf(&b, "- Tried without gain: %s\n", r.Tried)
+		if r.Notes {
+			fmt.Fprintf(&b, "- Notes: what bounds the row, how it is tuned and what was tried, with the measurements, in [benchmark-notes.md](%s#row-%s)\n", notesFile, r.ID)
 		}
 		if len(r.Commands) > 0 {
 			b.WriteString("\n```sh\n")
@@ -424,4 +424,4 @@ const columnsText = "## Columns\n\n" +
 	"- **Target**: the issue's target for the row.\n" +
 	"- **Steal**: the share of the machine's CPU time that the hypervisor gave to other guests while the row (with its references) ran, from /proc/stat; a figure measured under steal is lower, or slower, than the same code gets on an idle host.\n" +
 	"- **Result**: PASS when every target of the row is met, MISS when one is not, ERROR when the row could not be measured, — when the row has no target of its own.\n" +
-	"- **Reason**: for a MISS, which target missed and by how much, as measured; for an ERROR, what went wrong; then, in a sentence or two, why the row is tuned as it is or what bounds it. The measurements behind that, and what was tried without gain, are in the row's section below.\n\n"
+	"- **Reason**: for a MISS, which target missed and by how much, as measured; for an ERROR, what went wrong; then, in a sentence or two, why the row is tuned as it is or what bounds it. The measurements behind that, and what was tried without gain, are in the hand-written [benchmark-notes.md](" + notesFile + "), linked from the row's section below.\n\n"
