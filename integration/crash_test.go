@@ -3,9 +3,12 @@ package integration
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -17,17 +20,28 @@ import (
 )
 
 // TestCrashRecovery SIGKILLs Caddy again and again under concurrent appends
-// to 50 streams and long-poll readers on all of them, some kills while the
-// S3 proxy holds WAL uploads open, and restarts the same node each time.
+// to 50 streams and long-poll readers on all of them, and restarts the same
+// node each time: on versitygw behind the S3 proxy, where some kills come
+// while the proxy holds WAL uploads open, and on the embedded default, a
+// local directory, where each kill lands wherever the load has the process.
 // Afterwards every acknowledged append must be in its stream exactly once,
 // byte-exact and in order; an append whose request failed may be there at
 // most once; and every byte a reader was served before a kill must still be
 // at the offset it was served at.
 func TestCrashRecovery(t *testing.T) {
+	for _, backend := range []string{"s3", "file"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			crashRecovery(t, backend)
+		})
+	}
+}
+
+func crashRecovery(t *testing.T, backend string) {
 	const (
 		streams    = 50
 		kills      = 6
-		heldKills  = 3 // of the kills, how many happen while WAL uploads are held
+		heldKills  = 3 // of the kills on S3, how many happen while WAL uploads are held
 		minBetween = 2 * time.Second
 		maxBetween = 6 * time.Second
 		// Before this kill the process lives long enough to compact.
@@ -51,13 +65,26 @@ func TestCrashRecovery(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, seed>>7))
 	t.Logf("random seed %d (PICOMQ_CRASH_SEED)", seed)
 
-	v := testenv.NewVersity(t)
-	p := newProxy(t, v)
-	storage := caddytest.S3Storage(t, v, p.URL())
-	// A tiny cache, so that reads really go to the bucket.
-	c := caddytest.Start(t, caddyOptions(v, storage,
-		"cache_size 4KiB", "long_poll_timeout 2s", "s3_timeout 5s",
-		fmt.Sprintf("compact_interval %s", compactEvery)))
+	// A tiny cache, so that reads really go to the storage.
+	directives := []string{"cache_size 4KiB", "long_poll_timeout 2s", "s3_timeout 5s",
+		fmt.Sprintf("compact_interval %s", compactEvery)}
+	var (
+		p       *testenv.Proxy // nil on the local directory
+		opts    caddytest.Options
+		fileDir string
+	)
+	switch backend {
+	case "s3":
+		v := testenv.NewVersity(t)
+		p = newProxy(t, v)
+		opts = caddyOptions(v, caddytest.S3Storage(t, v, p.URL()), directives...)
+	case "file":
+		fileDir = filepath.Join(t.TempDir(), "store")
+		opts = caddytest.Options{Storage: "file://" + fileDir, Directives: directives, ReadyTimeout: 90 * time.Second}
+	default:
+		t.Fatalf("unknown backend %q", backend)
+	}
+	c := caddytest.Start(t, opts)
 	cl := newClient(t, c.URL(), true)
 
 	names := make([]string, streams)
@@ -112,7 +139,7 @@ func TestCrashRecovery(t *testing.T) {
 			gap = randDur(rng, 300*time.Millisecond)
 		}
 		time.Sleep(gap)
-		wantHold := k%2 == 1 && held < heldKills && k != recoveryKill
+		wantHold := p != nil && k%2 == 1 && held < heldKills && k != recoveryKill
 		var release func()
 		if wantHold {
 			// Park the next WAL upload (Times 1: later ones may land
@@ -241,15 +268,43 @@ func TestCrashRecovery(t *testing.T) {
 	if len(statuses) > 0 {
 		t.Logf("failed appends by HTTP status: %v", statuses)
 	}
-	counts := p.Counts()
-	dataPuts := counts.PutsUnder(caddytest.S3Prefix + "/data/")
-	packPuts := counts.PutsUnder(caddytest.S3Prefix + "/pack/")
+	dataPuts, packPuts := compactionWrites(t, p, fileDir)
 	if dataPuts+packPuts == 0 {
 		t.Errorf("no data object or pack was written: compaction never ran, so its interplay with crashes went untested")
 	}
 	t.Logf("written by compaction: %d data objects, %d packs", dataPuts, packPuts)
-	t.Logf("S3 requests through the proxy: PUT %d, GET %d, LIST %d, DELETE %d, HEAD %d, other %d",
-		counts.Put, counts.Get, counts.List, counts.Delete, counts.Head, counts.Other)
+	if p != nil {
+		counts := p.Counts()
+		t.Logf("S3 requests through the proxy: PUT %d, GET %d, LIST %d, DELETE %d, HEAD %d, other %d",
+			counts.Put, counts.Get, counts.List, counts.Delete, counts.Head, counts.Other)
+	}
+}
+
+// compactionWrites counts the data objects and packs compaction wrote: the
+// PUTs the proxy saw, or on a local directory (p nil) the files under dir
+// now, which compaction of the last incarnations may have replaced but
+// never all of.
+func compactionWrites(t *testing.T, p *testenv.Proxy, dir string) (data, packs int) {
+	t.Helper()
+	if p != nil {
+		counts := p.Counts()
+		return counts.PutsUnder(caddytest.S3Prefix + "/data/"), counts.PutsUnder(caddytest.S3Prefix + "/pack/")
+	}
+	for sub, n := range map[string]*int{"data": &data, "pack": &packs} {
+		err := filepath.WalkDir(filepath.Join(dir, sub), func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				*n++
+			}
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatalf("count %s files: %v", sub, err)
+		}
+	}
+	return data, packs
 }
 
 // randDur returns a random duration in [0, d) from rng, so that a run's
