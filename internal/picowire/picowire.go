@@ -337,6 +337,20 @@ func jsonRecord(dec *json.Decoder) (Record, error) {
 				return malformed("a record has header %q twice", name)
 			}
 			return err
+		case "key":
+			// Later PicoMQ releases give records a key, which these
+			// formats (pico-wire.md) have no place for: skipped like an
+			// unknown member, the record would be stored without it
+			// under a 200. A null key is no key.
+			var v json.RawMessage
+			if err := dec.Decode(&v); err != nil {
+				return err
+			}
+			if string(v) != "null" {
+				return malformed("a record has a key, which this protocol does not carry; " +
+					"put it in a header (\"headers\": {\"key\": ...}) instead")
+			}
+			return nil
 		default:
 			return skipValue(dec)
 		}

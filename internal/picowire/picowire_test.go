@@ -91,6 +91,18 @@ func TestDecodeJSON(t *testing.T) {
 	}
 }
 
+// TestDecodeJSONNullKey: a null key is no key, as a client that always
+// writes the member says of a record without one.
+func TestDecodeJSONNullKey(t *testing.T) {
+	recs, err := DecodeJSON([]byte(`{"records":[{"key":null,"body":"a"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []Record{{Body: []byte("a")}}; !reflect.DeepEqual(recs, want) {
+		t.Fatalf("got %+v, want %+v", recs, want)
+	}
+}
+
 // TestDecodeJSONEscapes: escapes that stand for characters, surrogate
 // pairs included, decode to their UTF-8; an escaped backslash before a
 // "u" is no escape of a unit.
@@ -136,6 +148,11 @@ func TestDecodeJSONMalformed(t *testing.T) {
 		"high then other":      `{"records":[{"body":"\ud83e\u0041"}]}`,
 		"surrogate in header":  `{"records":[{"body":"a","headers":{"k":"\ud800"}}]}`,
 		"surrogate in a name":  `{"records":[{"body":"a","headers":{"\udfff":"v"}}]}`,
+		// A key (later PicoMQ releases) has no place in these formats:
+		// skipped, the record would be stored without it.
+		"key":          `{"records":[{"key":"order-1","body":"a"}]}`,
+		"empty key":    `{"records":[{"body":"a","key":""}]}`,
+		"key as bytes": `{"records":[{"body":"a","key":[1,2]}]}`,
 	}
 	for name, data := range cases {
 		t.Run(name, func(t *testing.T) {
