@@ -575,7 +575,12 @@ func TestPicoProducers(t *testing.T) {
 	// A new epoch fences the old one.
 	s.do(t, "POST", "/pico/p", []byte("c"), prod(2, 0)...).want(t, 200).header(t, hdrPicoStartSeq, "2")
 	s.do(t, "POST", "/pico/p", []byte("x"), prod(1, 2)...).wantError(t, 403, picoErrFenced, -1).header(t, hdrPicoProducerEpoch, "2")
-	s.do(t, "POST", "/pico/p", []byte("x"), prod(3, 5)...).wantError(t, 400, picoErrBadRequest, -1)
+	// A new epoch starts at seq 0: another is a gap from it, as for a
+	// producer the stream does not know yet (pico-wire.md's error table).
+	s.do(t, "POST", "/pico/p", []byte("x"), prod(3, 5)...).wantError(t, 409, picoErrSeqGap, -1).
+		header(t, hdrPicoExpectedSeq, "0").header(t, hdrPicoReceivedSeq, "5")
+	s.do(t, "POST", "/pico/p", []byte("x"), hCT, "text/plain", hdrPicoProducerID, "w9", hdrPicoProducerEpoch, "0", hdrPicoProducerSeq, "4").
+		wantError(t, 409, picoErrSeqGap, -1).header(t, hdrPicoExpectedSeq, "0").header(t, hdrPicoReceivedSeq, "4")
 	// Producer headers come together.
 	s.do(t, "POST", "/pico/p", []byte("x"), hdrPicoProducerID, "w1").wantError(t, 400, picoErrBadRequest, -1)
 	s.do(t, "POST", "/pico/p", []byte("x"), hdrPicoProducerID, "w1", hdrPicoProducerEpoch, "x", hdrPicoProducerSeq, "0").

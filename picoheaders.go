@@ -238,6 +238,7 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 		match  *streamstore.MatchError
 		fenced *streamstore.FencedError
 		gap    *streamstore.SequenceGapError
+		epoch  *streamstore.EpochStartError
 		start  *storageStartError
 	)
 	switch {
@@ -256,6 +257,15 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 		h.Set(hdrPicoReceivedSeq, strconv.FormatUint(gap.Received, 10))
 		picoFail(w, http.StatusConflict, picoErrSeqGap,
 			fmt.Sprintf("producer seq gap: expected %d, received %d", gap.Expected, gap.Received), nil)
+	case errors.As(err, &epoch):
+		// The wire notes' error table has a seq that does not follow the
+		// producer's expected one as sequence_gap, whatever the reason;
+		// a first append of a producer unknown to the stream, at a seq
+		// other than 0, is one already.
+		h.Set(hdrPicoExpectedSeq, "0")
+		h.Set(hdrPicoReceivedSeq, strconv.FormatUint(epoch.Received, 10))
+		picoFail(w, http.StatusConflict, picoErrSeqGap,
+			fmt.Sprintf("producer seq gap: a new producer epoch starts at seq 0, received %d", epoch.Received), nil)
 	case errors.Is(err, streamstore.ErrNotFound):
 		picoFail(w, http.StatusNotFound, picoErrNotFound, "no such stream", nil)
 	case errors.Is(err, streamstore.ErrGone):

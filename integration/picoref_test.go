@@ -212,6 +212,20 @@ func TestPicoReference(t *testing.T) {
 		{name: "the same instant in Unix ms is the same create", method: "PUT", path: "/pico/ref/exp",
 			hdr: []string{"Pico-Expires-At", strconv.FormatInt(time.Date(2098, 12, 31, 22, 0, 0, 0, time.UTC).UnixMilli(), 10)}, status: 200},
 
+		// A producer's new epoch starts at seq 0: another seq is a gap from
+		// it (the error table's sequence_gap), as for a producer the stream
+		// does not know yet, where it used to be 400 bad_request.
+		{name: "create for producers", method: "PUT", path: "/pico/refx/c", hdr: []string{"Content-Type", "text/plain"}, status: 201},
+		{name: "a producer's first append", method: "POST", path: "/pico/refx/c", body: []byte("b"),
+			hdr:    []string{"Pico-Producer-Id", "w", "Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0"},
+			status: 200, want: []string{"Pico-Next-Seq", "1"}},
+		{name: "its new epoch at seq 3", method: "POST", path: "/pico/refx/c", body: []byte("c"),
+			hdr:    []string{"Pico-Producer-Id", "w", "Pico-Producer-Epoch", "1", "Pico-Producer-Seq", "3"},
+			status: 409, code: "sequence_gap", says: "starts at seq 0", want: []string{"Pico-Expected-Seq", "0", "Pico-Received-Seq", "3"}, writeNothing: true},
+		{name: "an unknown producer at seq 3", method: "POST", path: "/pico/refx/c", body: []byte("c"),
+			hdr:    []string{"Pico-Producer-Id", "v", "Pico-Producer-Epoch", "1", "Pico-Producer-Seq", "3"},
+			status: 409, code: "sequence_gap", want: []string{"Pico-Expected-Seq", "0", "Pico-Received-Seq", "3"}, writeNothing: true},
+
 		// Listing: limit=0 is no cap beyond the server's own.
 		{name: "list with limit=0", method: "GET", path: "/pico/?prefix=/ref/&limit=0", status: 200,
 			want: []string{"Content-Type", "application/json", "Cache-Control", "no-store"},

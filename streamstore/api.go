@@ -306,6 +306,18 @@ func (e *SequenceGapError) Error() string {
 	return fmt.Sprintf("producer seq gap: expected %d, received %d", e.Expected, e.Received)
 }
 
+// EpochStartError: a producer's first append of a new epoch has a seq
+// other than 0. It matches ErrBadRequest, as Durable Streams answers it
+// (400); Pico reports it as the gap it is from the 0 the epoch starts at.
+type EpochStartError struct{ Received uint64 }
+
+func (e *EpochStartError) Error() string {
+	return ErrBadRequest.Error() + ": a new producer epoch must start at seq 0"
+}
+
+// Is makes the error match ErrBadRequest.
+func (e *EpochStartError) Is(target error) bool { return target == ErrBadRequest }
+
 // MaxProducerIDLength and MaxStreamSeqLength bound the producer id and the
 // Stream-Seq value an append may carry, in bytes. Both are kept in the
 // stream's writer state for as long as the stream lives (a producer's state

@@ -898,7 +898,7 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		switch {
 		case known && p.Epoch > cur.Epoch && p.Seq != 0:
 			s.mu.Unlock()
-			return AppendResult{}, appendWait{}, fmt.Errorf("%w: a new producer epoch must start at seq 0", ErrBadRequest)
+			return AppendResult{}, appendWait{}, &EpochStartError{Received: p.Seq}
 		case known && p.Epoch == cur.Epoch && p.Seq > cur.Seq+1:
 			s.mu.Unlock()
 			return AppendResult{}, appendWait{}, &SequenceGapError{Expected: cur.Seq + 1, Received: p.Seq}
