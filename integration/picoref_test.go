@@ -226,6 +226,21 @@ func TestPicoReference(t *testing.T) {
 			hdr:    []string{"Pico-Producer-Id", "v", "Pico-Producer-Epoch", "1", "Pico-Producer-Seq", "3"},
 			status: 409, code: "sequence_gap", want: []string{"Pico-Expected-Seq", "0", "Pico-Received-Seq", "3"}, writeNothing: true},
 
+		// Choices the reference leaves open (README, Protocols, Pico), on
+		// the stream above, outside the listing below. Pico-Closed counts
+		// only as true: another value appends without closing.
+		{name: "an append with Pico-Closed: 1", method: "POST", path: "/pico/refx/c", body: []byte("a"), hdr: []string{"Pico-Closed", "1"}, status: 200,
+			want: []string{"Pico-Next-Seq", "2", "Pico-Closed", ""}},
+		{name: "not closed by it", method: "HEAD", path: "/pico/refx/c", status: 200, want: []string{"Pico-Closed", "", "Pico-Next-Seq", "2"}},
+		// A position past the tail is no place to read or trim to.
+		{name: "read past the tail", method: "GET", path: "/pico/refx/c?seq=3", status: 400, code: "bad_request", says: "beyond the tail 2"},
+		{name: "Last-Event-ID past the tail", method: "GET", path: "/pico/refx/c", hdr: []string{"Last-Event-ID", "5"}, status: 400, code: "bad_request",
+			says: "beyond the tail 2"},
+		{name: "trim past the tail", method: "POST", path: "/pico/refx/c", hdr: []string{"Pico-Trim-Seq", "3"}, status: 400, code: "bad_request",
+			says: "beyond the tail 2", writeNothing: true},
+		// A name is the decoded path: %2F is a slash.
+		{name: "the same stream with %2F", method: "HEAD", path: "/pico/refx%2Fc", status: 200, want: []string{"Pico-Next-Seq", "2", "Content-Type", "text/plain"}},
+
 		// Listing: limit=0 is no cap beyond the server's own.
 		{name: "list with limit=0", method: "GET", path: "/pico/?prefix=/ref/&limit=0", status: 200,
 			want: []string{"Content-Type", "application/json", "Cache-Control", "no-store"},
