@@ -170,6 +170,12 @@ func TestProducerDedupAndFencing(t *testing.T) {
 	if _, err := app(0, 5, "x"); !errors.As(err, &gap) || gap.Expected != 1 {
 		t.Fatalf("gap: %v", err)
 	}
+	// A new epoch starts at seq 0: another seq is a bad request (Durable
+	// Streams' 400) that says which seq came, for Pico's sequence_gap.
+	var start *EpochStartError
+	if _, err := app(1, 3, "x"); !errors.As(err, &start) || start.Received != 3 || !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("new epoch at seq 3: %v", err)
+	}
 	if _, err := app(1, 0, "b"); err != nil {
 		t.Fatal(err)
 	}
