@@ -15,24 +15,33 @@ package integration
 // settings that keep every background path busy: a tiny cache, a short
 // flush interval and compaction interval, packs, a fast expiry sweep.
 // Workers append (Durable Streams and Pico, with and without idempotent
-// producers, a few bodies large enough to go to blobs), create streams (some
-// with a TTL), fork, close and delete them, and read them (catch-up reads,
-// Durable Streams long-polls and SSE, Pico long-polls). Every acknowledged
-// append and every byte a reader was served is recorded with its position.
+// producers, with Stream-Seq, a few bodies large enough to go to blobs),
+// create streams (some with a TTL, a quarter of them application/json,
+// whose appends are arrays of messages), fork, trim (Pico-Trim-Seq), close
+// and delete them, and read them (catch-up reads, Durable Streams
+// long-polls and SSE, Pico long-polls). Every acknowledged append and every
+// byte (or JSON message) a reader was served is recorded with its position.
+// The workers in torture_ops_test.go do the trims, the Stream-Seq appends
+// and the JSON bodies, and the checks of the first two.
 //
 // Meanwhile Caddy is SIGKILLed again and again at random moments, some
 // while the proxy holds an upload of a chosen kind (WAL, data object, pack,
 // blob, stream metadata, manifest, a WAL delete) so that the kill lands in
-// the middle of a group commit, a compaction or a delete, and restarted on
+// the middle of a group commit, a compaction or a delete, some while a
+// reload of the same configuration (POST /load) is under way, some in a
+// graceful shutdown (SIGTERM) that the SIGKILL cuts short, and restarted on
 // the same storage. After each restart every fact recorded so far is
 // checked while the load goes on: every acknowledged record reads back at
 // its seq with its bytes, every byte a reader was served reads back at its
 // offset, no stream's tail is below an offset already handed out, a closed
-// stream is closed at the same tail, a deleted stream stays gone. At the
-// end, with the load stopped, each stream is read whole: a body that was
-// acknowledged (producer retries across kills included) is there exactly
-// once, one whose request got no answer at most once, one refused with a
-// 4xx not at all.
+// stream is closed at the same tail, a deleted stream stays gone, a stream
+// starts at or after its last acknowledged trim and at a point some trim
+// named (a trim that got no answer happened whole or not at all) with the
+// record before it gone, and the highest acknowledged Stream-Seq is
+// refused again. At the end, with the load stopped, each stream is read
+// whole: a body that was acknowledged (producer retries across kills
+// included) is there exactly once unless a trim took it, one whose request
+// got no answer at most once, one refused with a 4xx not at all.
 
 import (
 	"bufio"
@@ -42,6 +51,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -89,6 +99,19 @@ type tStream struct {
 	closedAt int64 // tail at the acknowledged close; -1 while open
 	deleting bool
 	deleted  bool // a delete was acknowledged
+
+	// json: an application/json stream, whose records are JSON messages
+	// and whose Durable Streams reads answer arrays of them.
+	json bool
+	// Trims (Pico-Trim-Seq), the stream's own and, for a fork, those its
+	// source had when it was made: the first retained seq is at least
+	// trimAcked, and is one of starts (0 or a trim point somebody sent):
+	// never halfway.
+	trimAcked, trimSent uint64
+	starts              map[uint64]bool
+	// Stream-Seq: the next value to hand out, and the highest one
+	// acknowledged (-1 for none), which the stream refuses from then on.
+	seqNext, seqAcked int
 }
 
 // tRec is one known record and how it became known.
@@ -150,6 +173,8 @@ type tModel struct {
 	appends, producerAppends, picoAppends, large, creates, forks, closes, deletes atomic.Int64
 	reads, servedBytes, polls, sseEvents, picoPolls                               atomic.Int64
 	noAnswer, refused, fenced                                                     atomic.Int64
+	jsonStreams, trims, trimsLost, trimProbes                                     atomic.Int64
+	seqAppends, seqRefused, seqProbes                                             atomic.Int64
 }
 
 func (m *tModel) violation(format string, args ...any) {
@@ -162,11 +187,11 @@ func (m *tModel) violation(format string, args ...any) {
 }
 
 // newStream adds a stream to be created (a fork of forkOf when not nil).
-func (m *tModel) newStream(ttl bool, forkOf *tStream) *tStream {
+func (m *tModel) newStream(ttl, isJSON bool, forkOf *tStream) *tStream {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := &tStream{name: fmt.Sprintf("/torture/s%04d", m.next), ttl: ttl, forkOf: forkOf, recs: map[uint64]tRec{},
-		bodies: map[string]int{}, closedAt: -1}
+		bodies: map[string]int{}, closedAt: -1, json: isJSON, starts: map[uint64]bool{0: true}, seqAcked: -1}
 	m.next++
 	m.streams = append(m.streams, s)
 	return s
@@ -242,6 +267,11 @@ type tTorture struct {
 	px    *testenv.Proxy
 	cl    *dsClient
 	kills atomic.Int64
+	// probeN numbers the bodies the checks send.
+	probeN atomic.Int64
+	// reloads are the configs a reload loads: the one running, and others
+	// that differ only in engine settings.
+	reloads []string
 	// churn: streams are closed and deleted often; without it they live
 	// long and grow, compacted again and again.
 	churn bool
@@ -348,6 +378,12 @@ func (w *tWorker) run() {
 			if w.tt.churn || w.rng.IntN(10) == 0 {
 				w.delete()
 			}
+		case r < 80:
+			w.trim()
+		case r < 85:
+			w.seqAppend()
+		case r < 86:
+			w.seqStale()
 		default:
 			time.Sleep(time.Duration(w.rng.IntN(30)) * time.Millisecond)
 		}
@@ -357,8 +393,9 @@ func (w *tWorker) run() {
 func (w *tWorker) create() {
 	tt, m := w.tt, w.tt.m
 	ttl := w.rng.IntN(5) == 0
-	s := m.newStream(ttl, nil)
-	hdr := map[string]string{"Content-Type": textPlain}
+	isJSON := w.rng.IntN(4) == 0
+	s := m.newStream(ttl, isJSON, nil)
+	hdr := map[string]string{"Content-Type": s.contentType()}
 	path := "/ds" + s.name
 	if w.rng.IntN(2) == 0 {
 		path = "/pico" + s.name
@@ -374,6 +411,9 @@ func (w *tWorker) create() {
 		return // never settled: the name is left alone
 	case r.status == http.StatusCreated || r.status == http.StatusOK:
 		m.creates.Add(1)
+		if isJSON {
+			m.jsonStreams.Add(1)
+		}
 		s.mu.Lock()
 		s.created = true
 		s.mu.Unlock()
@@ -390,9 +430,12 @@ func (w *tWorker) fork() {
 	}
 	src.mu.Lock()
 	ttl := src.ttl
+	// The fork's start is its source's when it is made: at least the
+	// trims acknowledged before it is asked for.
+	trimAcked := src.trimAcked
 	src.mu.Unlock()
-	s := m.newStream(ttl, src)
-	hdr := map[string]string{"Content-Type": textPlain, "Stream-Forked-From": "/ds" + src.name}
+	s := m.newStream(ttl, src.json, src)
+	hdr := map[string]string{"Content-Type": s.contentType(), "Stream-Forked-From": "/ds" + src.name}
 	r, _ := tt.settle(http.MethodPut, "/ds"+s.name, hdr, nil, 90*time.Second)
 	switch {
 	case r == nil:
@@ -413,11 +456,14 @@ func (w *tWorker) fork() {
 				inherited[q] = tRec{body: rec.body, how: "source " + src.name + " " + rec.how}
 			}
 		}
+		// Any start the source may have had by now may be the fork's.
+		starts, trimSent := maps.Clone(src.starts), src.trimSent
 		src.mu.Unlock()
 		s.mu.Lock()
 		for q, rec := range inherited {
 			s.recs[q] = rec
 		}
+		s.starts, s.trimAcked, s.trimSent = starts, trimAcked, trimSent
 		s.maxTail = seq
 		s.created = true
 		s.mu.Unlock()
@@ -435,22 +481,22 @@ func (w *tWorker) dsAppend(producer bool) {
 	if s == nil {
 		return
 	}
-	tok := w.token(s)
-	body := tortureBody(w.rng, tok, w.size())
-	hdr := map[string]string{"Content-Type": textPlain}
+	p := w.dsPayload(s, 0)
+	tok, body := p.toks[0], p.body
+	hdr := map[string]string{"Content-Type": s.contentType()}
 	if !producer {
 		r, err := tt.req(http.MethodPost, "/ds"+s.name, "", hdr, body, 30*time.Second)
 		switch {
 		case err != nil || r.status >= 500:
 			m.noAnswer.Add(1)
-			s.setBody(tok, tBodyMaybe)
+			p.set(s, tBodyMaybe)
 		case r.status == http.StatusNoContent || r.status == http.StatusOK:
 			m.appends.Add(1)
-			s.setBody(tok, tBodyAcked)
-			w.ackDS(s, r, body, "DS append "+tok)
+			p.set(s, tBodyAcked)
+			w.ackDS(s, r, p, "DS append "+tok)
 		default:
 			m.refused.Add(1)
-			s.setBody(tok, tBodyAbsent)
+			p.set(s, tBodyAbsent)
 			w.expectRefusal(s, r, "DS append")
 		}
 		return
@@ -475,7 +521,7 @@ func (w *tWorker) dsAppend(producer bool) {
 	hdr["Producer-Id"] = fmt.Sprintf("ds-w%d", w.id)
 	hdr["Producer-Epoch"] = strconv.Itoa(epoch)
 	hdr["Producer-Seq"] = strconv.Itoa(seq)
-	s.setBody(tok, tBodyMaybe)
+	p.set(s, tBodyMaybe)
 	r, lost := tt.settle(http.MethodPost, "/ds"+s.name, hdr, body, 120*time.Second)
 	switch {
 	case r == nil:
@@ -483,10 +529,10 @@ func (w *tWorker) dsAppend(producer bool) {
 		w.dsSeq[s] = -1
 	case r.status == http.StatusOK || r.status == http.StatusNoContent:
 		m.producerAppends.Add(1)
-		s.setBody(tok, tBodyAcked)
+		p.set(s, tBodyAcked)
 		w.dsSeq[s], w.dsEpoch[s] = seq+1, epoch
 		if r.status == http.StatusOK {
-			w.ackDS(s, r, body, "DS producer append "+tok)
+			w.ackDS(s, r, p, "DS producer append "+tok)
 		} else if !lost {
 			m.violation("%s: DS producer seq %d answered 204 (duplicate) on its first request", s.name, seq)
 		} else {
@@ -497,7 +543,7 @@ func (w *tWorker) dsAppend(producer bool) {
 		}
 	default:
 		if !lost {
-			s.setBody(tok, tBodyAbsent)
+			p.set(s, tBodyAbsent)
 		}
 		w.dsSeq[s] = -1
 		w.expectRefusal(s, r, "DS producer append")
@@ -511,37 +557,40 @@ func (w *tWorker) staleEpoch(s *tStream, id string, epoch, seq int) {
 		// Mostly after a kill or two: the fencing must survive them.
 		time.Sleep(time.Duration(w.rng.IntN(3000)) * time.Millisecond)
 	}
-	tok := w.token(s)
-	body := tortureBody(w.rng, tok, 40)
-	hdr := map[string]string{"Content-Type": textPlain, "Producer-Id": id,
+	p := w.dsPayload(s, 40)
+	hdr := map[string]string{"Content-Type": s.contentType(), "Producer-Id": id,
 		"Producer-Epoch": strconv.Itoa(epoch), "Producer-Seq": strconv.Itoa(seq)}
-	s.setBody(tok, tBodyMaybe)
-	r, err := w.tt.req(http.MethodPost, "/ds"+s.name, "", hdr, body, 30*time.Second)
+	p.set(s, tBodyMaybe)
+	r, err := w.tt.req(http.MethodPost, "/ds"+s.name, "", hdr, p.body, 30*time.Second)
 	switch {
 	case err != nil || r.status >= 500:
 		// No answer: never stored all the same, which the final check
 		// cannot tell from a maybe; leave it at that.
 	case r.status == http.StatusForbidden:
-		s.setBody(tok, tBodyAbsent)
+		p.set(s, tBodyAbsent)
 		w.tt.m.fenced.Add(1)
 	case r.status < 300:
 		w.tt.m.violation("%s: producer %s epoch %d seq %d accepted (%s) after epoch %d was acknowledged",
 			s.name, id, epoch, seq, r, epoch+1)
 	default:
-		s.setBody(tok, tBodyAbsent)
+		p.set(s, tBodyAbsent)
 		w.expectRefusal(s, r, "stale-epoch append")
 	}
 }
 
-// ackDS records an acknowledged Durable Streams append of one record.
-func (w *tWorker) ackDS(s *tStream, r *response, body []byte, how string) {
+// ackDS records an acknowledged Durable Streams append: its records (one,
+// or a JSON stream's messages) end at the tail it was answered.
+func (w *tWorker) ackDS(s *tStream, r *response, p tPayload, how string) {
 	seq, off, ok := parseDSOffset(r.next())
-	if !ok || off != 0 || seq == 0 {
-		w.tt.m.violation("%s: %s acknowledged with Stream-Next-Offset %q", s.name, how, r.next())
+	k := uint64(len(p.msgs))
+	if !ok || off != 0 || seq < k {
+		w.tt.m.violation("%s: %s of %d records acknowledged with Stream-Next-Offset %q", s.name, how, k, r.next())
 		return
 	}
-	if p := s.knowRec(seq-1, body, fmt.Sprintf("%s (acked, after %d kills)", how, w.tt.kills.Load())); p != "" {
-		w.tt.m.violation("%s", p)
+	for i, msg := range p.msgs {
+		if pr := s.knowRec(seq-k+uint64(i), msg, fmt.Sprintf("%s (acked, after %d kills)", how, w.tt.kills.Load())); pr != "" {
+			w.tt.m.violation("%s", pr)
+		}
 	}
 }
 
@@ -593,6 +642,9 @@ func (w *tWorker) picoAppend(producer bool) {
 			size = 64 << 10 // the batch goes through the WAL; blobs come from DS
 		}
 		b := tortureBody(w.rng, tok, size)
+		if s.json {
+			b = jsonString(b) // a JSON stream's records are JSON values
+		}
 		toks = append(toks, tok)
 		bodies = append(bodies, b)
 		batch.Records = append(batch.Records, rec{Body: string(b)})
@@ -797,7 +849,7 @@ func (w *tWorker) readRefused(s *tStream, r *response, what string) {
 	s.mu.Lock()
 	deleting, ttl := s.deleting, s.ttl
 	s.mu.Unlock()
-	if (r.status == http.StatusNotFound || r.status == http.StatusGone) && (deleting || ttl) {
+	if (r.status == http.StatusNotFound || r.status == http.StatusGone) && (deleting || ttl) || s.trimmedGone(r) {
 		return
 	}
 	w.tt.m.violation("%s %s: %s (deleting %v, ttl %v)", what, s.name, r, deleting, ttl)
@@ -828,10 +880,18 @@ func (tt *tTorture) recordDS(s *tStream, offset string, data []byte, next, how s
 	} else {
 		s.seeTail(nseq + 1)
 	}
+	if s.json {
+		return tt.recordDSJSON(s, offset, seq, data, nseq, noff, how)
+	}
 	if len(data) == 0 {
 		return true
 	}
 	tt.m.servedBytes.Add(int64(len(data)))
+	if offset == "-1" && s.mayStartLate() {
+		// Served from the first retained record, which a trim may have
+		// moved: where these bytes begin is not known.
+		return true
+	}
 	s.mu.Lock()
 	if len(s.obs) < 400 {
 		s.obs = append(s.obs, tObs{seq: seq, off: off, data: data,
@@ -869,6 +929,9 @@ func (tt *tTorture) tail(rng *rand.Rand, mode string) {
 }
 
 func (tt *tTorture) goneOK(s *tStream, r *response) bool {
+	if s.trimmedGone(r) {
+		return true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return (r.status == http.StatusNotFound || r.status == http.StatusGone) && (s.deleting || s.ttl || (s.forkOf != nil && s.forkOf.ttl))
@@ -953,7 +1016,16 @@ func (tt *tTorture) sseOnce(ctx context.Context, s *tStream, offset *string) (cl
 		tt.m.sseEvents.Add(1)
 		switch ev.event {
 		case "data":
-			pending = append(pending, ev.data...)
+			if s.json {
+				// One array per event: the messages of all of them
+				// up to the control event, as one array.
+				if pending, err = joinJSONArrays(pending, ev.data); err != nil {
+					tt.m.violation("%s: SSE data of a JSON stream at %s: %v", s.name, *offset, err)
+					return false, true
+				}
+			} else {
+				pending = append(pending, ev.data...)
+			}
 			havePending = true
 		case "control":
 			var ctl sseControl
@@ -1074,7 +1146,7 @@ func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok boo
 		recs[k] = v
 	}
 	obs := append([]tObs(nil), s.obs...)
-	maxTail, closedAt, deleted := s.maxTail, s.closedAt, s.deleted
+	maxTail, closedAt, deleted, trimAcked := s.maxTail, s.closedAt, s.deleted, s.trimAcked
 	ttl := s.ttl || (s.forkOf != nil && s.forkOf.ttl)
 	bodies := map[string]int{}
 	for k, v := range s.bodies {
@@ -1125,7 +1197,13 @@ func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok boo
 	if final {
 		need = tail
 	}
-	got, err := tt.readRecords(s, need)
+	// Where the records begin: a trim acknowledged is in force, one that
+	// was not may or may not be, but never half of one.
+	start, err := tt.checkStart(s, trimAcked)
+	var got map[uint64][]byte
+	if err == nil {
+		got, start, err = tt.readRecords(s, start, need, trimAcked)
+	}
 	if err != nil {
 		if errors.Is(err, errTortureGone) && (nowDeleting() || ttl) {
 			return 0, 0, false
@@ -1134,6 +1212,9 @@ func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok boo
 		return 0, 0, false
 	}
 	for seq, want := range recs {
+		if seq < start {
+			continue // trimmed, by a trim checkStart found in order
+		}
 		have, ok := got[seq]
 		nRecs++
 		switch {
@@ -1146,6 +1227,9 @@ func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok boo
 		}
 	}
 	for _, o := range obs {
+		if o.seq < start {
+			continue
+		}
 		nObs++
 		var b []byte
 		seq, off := o.seq, o.off
@@ -1168,14 +1252,26 @@ func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok boo
 	}
 	if final {
 		count := map[string]int{}
-		for seq := uint64(0); seq < tail; seq++ {
+		for seq := start; seq < tail; seq++ {
 			rec, ok := got[seq]
 			if !ok {
 				m.violation("%s: record %d missing from the final read (tail %d)", s.name, seq, tail)
 				continue
 			}
-			tok, _, _ := bytes.Cut(rec, []byte("|"))
-			count[string(tok)]++
+			count[recToken(rec)]++
+		}
+		// Below the start, bodies went with a trim: those whose seq is
+		// known to be there, and on a trimmed stream those whose seq is
+		// not known (a producer's retry answered as a duplicate).
+		trimmed := map[string]bool{}
+		for seq, rec := range recs {
+			if seq < start {
+				trimmed[recToken(rec.body)] = true
+			}
+		}
+		placed := map[string]bool{}
+		for _, rec := range recs {
+			placed[recToken(rec.body)] = true
 		}
 		// A fork's records below its point are its source's.
 		own := func(tok string) bool {
@@ -1195,55 +1291,17 @@ func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok boo
 			}
 		}
 		for tok, state := range bodies {
+			if trimmed[tok] || (start > 0 && !placed[tok]) {
+				continue
+			}
 			if state == tBodyAcked && count[tok] == 0 {
 				m.violation("%s: acknowledged body %q is not in the stream", s.name, tok)
 			}
 		}
+	} else {
+		tt.probeStreamSeq(s)
 	}
 	return nRecs, nObs, true
-}
-
-var errTortureGone = errors.New("stream gone")
-
-// readRecords reads records [0, need) (at least) through Pico JSON reads.
-func (tt *tTorture) readRecords(s *tStream, need uint64) (map[uint64][]byte, error) {
-	got := map[uint64][]byte{}
-	seq := uint64(0)
-	deadline := time.Now().Add(2 * time.Minute)
-	for seq < need {
-		if time.Now().After(deadline) {
-			return got, fmt.Errorf("not done within 2 minutes, at seq %d", seq)
-		}
-		r, err := tt.req(http.MethodGet, "/pico"+s.name, fmt.Sprintf("seq=%d&format=json&bytes=4194304", seq), nil, nil, 30*time.Second)
-		if err != nil || r.status >= 500 {
-			time.Sleep(100 * time.Millisecond)
-			continue
-		}
-		if r.status == http.StatusNotFound || r.status == http.StatusGone {
-			return got, fmt.Errorf("%w: %s", errTortureGone, r)
-		}
-		if r.status != http.StatusOK {
-			return got, fmt.Errorf("Pico read at %d: %s", seq, r)
-		}
-		var recs []picoRecord
-		if err := json.Unmarshal(r.body, &recs); err != nil {
-			return got, fmt.Errorf("Pico read at %d: %v", seq, err)
-		}
-		if len(recs) == 0 {
-			return got, fmt.Errorf("Pico read at %d: no records, Pico-Next-Seq %s, below %d", seq, r.header.Get("Pico-Next-Seq"), need)
-		}
-		for _, rec := range recs {
-			if rec.Seq != seq {
-				return got, fmt.Errorf("Pico read: record seq %d where %d was next", rec.Seq, seq)
-			}
-			if rec.Body == nil {
-				return got, fmt.Errorf("Pico read: record %d without a text body", rec.Seq)
-			}
-			got[rec.Seq] = []byte(*rec.Body)
-			seq++
-		}
-	}
-	return got, nil
 }
 
 // ---- the run
@@ -1273,29 +1331,39 @@ func TestCrashTorture(t *testing.T) {
 	// The seed picks the engine's settings too, each run another corner:
 	// all of them keep compaction, packs and the cache busy.
 	pickOne := func(opts ...string) string { return opts[rng.IntN(len(opts))] }
-	engine := []string{
-		pickOne("cache_size 16KiB", "cache_size 256KiB", "cache_size 4MiB"),
-		pickOne("flush_interval 5ms", "flush_interval 20ms"),
-		pickOne("compact_interval 300ms", "compact_interval 700ms", "compact_interval 2s"),
-		pickOne("pack_below 32KiB", "pack_below 256KiB", "pack_below off"),
-		"s3_timeout 5s", "expiry_sweep_interval 1s", "long_poll_timeout 1500ms",
-	}
-	if rng.IntN(3) == 0 {
-		engine = append(engine, "flush_quiet 1ms")
-	}
-	t.Logf("engine settings: %s", strings.Join(engine, "; "))
-	block := func(extra ...string) string {
-		var b strings.Builder
-		fmt.Fprintf(&b, "\t\tpicomq {\n\t\t\tstorage %q\n", storage)
-		for _, d := range append(append([]string(nil), engine...), extra...) {
-			fmt.Fprintf(&b, "\t\t\t%s\n", d)
+	pickEngine := func() []string {
+		engine := []string{
+			pickOne("cache_size 16KiB", "cache_size 256KiB", "cache_size 4MiB"),
+			pickOne("flush_interval 5ms", "flush_interval 20ms"),
+			pickOne("compact_interval 300ms", "compact_interval 700ms", "compact_interval 2s"),
+			pickOne("pack_below 32KiB", "pack_below 256KiB", "pack_below off"),
+			"s3_timeout 5s", "expiry_sweep_interval 1s", "long_poll_timeout 1500ms",
 		}
-		b.WriteString("\t\t}\n")
-		return b.String()
+		if rng.IntN(3) == 0 {
+			engine = append(engine, "flush_quiet 1ms")
+		}
+		return engine
 	}
-	caddyfile := "{\n\tpersist_config off\n}\n\nhttp://:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
-		"\thandle_path /ds/* {\n" + block("sse_reconnect_interval 3s") + "\t}\n" +
-		"\thandle_path /pico/* {\n" + block("protocol pico") + "\t}\n}\n"
+	config := func(engine []string) string {
+		block := func(extra ...string) string {
+			var b strings.Builder
+			fmt.Fprintf(&b, "\t\tpicomq {\n\t\t\tstorage %q\n", storage)
+			for _, d := range append(append([]string(nil), engine...), extra...) {
+				fmt.Fprintf(&b, "\t\t\t%s\n", d)
+			}
+			b.WriteString("\t\t}\n")
+			return b.String()
+		}
+		return "{\n\tpersist_config off\n}\n\nhttp://:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
+			"\thandle_path /ds/* {\n" + block("sse_reconnect_interval 3s") + "\t}\n" +
+			"\thandle_path /pico/* {\n" + block("protocol pico") + "\t}\n}\n"
+	}
+	engine := pickEngine()
+	t.Logf("engine settings: %s", strings.Join(engine, "; "))
+	caddyfile := config(engine)
+	// Reloads load this config again, or one whose engine settings were
+	// picked again, which the running engine takes on without a restart.
+	reloads := []string{caddyfile, config(pickEngine())}
 	c := caddytest.Start(t, caddytest.Options{Caddyfile: caddyfile, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
 	if rng.IntN(3) == 0 {
 		px.SetLatency(10*time.Millisecond, 30*time.Millisecond) // a distant bucket
@@ -1307,7 +1375,7 @@ func TestCrashTorture(t *testing.T) {
 	// find out what it stored.
 	px.AddFault(testenv.Fault{Op: testenv.OpPut, Status: http.StatusServiceUnavailable, AfterForward: true, Rate: 0.005})
 
-	tt := &tTorture{t: t, m: &tModel{}, c: c, px: px, cl: newClient(t, c.URL(), true), stop: make(chan struct{})}
+	tt := &tTorture{t: t, m: &tModel{}, c: c, px: px, cl: newClient(t, c.URL(), true), stop: make(chan struct{}), reloads: reloads}
 	tt.churn = rng.IntN(2) == 0
 	if v := os.Getenv("PICOMQ_TORTURE_CHURN"); v != "" {
 		tt.churn = v == "1"
@@ -1354,6 +1422,13 @@ func TestCrashTorture(t *testing.T) {
 	began := time.Now()
 	var kills, heldKills, checks int
 	var killKinds = map[string]int{}
+	endings := map[string]int{}
+	// A reload of the same configuration works before it is cut short.
+	reloadBegan := time.Now()
+	if err := tt.reload(tt.reloads[1]); err != nil {
+		t.Fatalf("reload of the running configuration: %v", err)
+	}
+	t.Logf("a reload under the load took %s", time.Since(reloadBegan).Round(time.Millisecond))
 	var totalRecs, totalObs int
 	for time.Since(began) < length && !t.Failed() {
 		gap := 500*time.Millisecond + time.Duration(rng.Int64N(int64(5*time.Second)))
@@ -1381,9 +1456,10 @@ func TestCrashTorture(t *testing.T) {
 				heldKills++
 			}
 		}
-		c.Kill()
+		ending := tt.crash(rng)
 		kills++
 		killKinds[kind]++
+		endings[ending]++
 		tt.kills.Add(1)
 		if release != nil {
 			if rng.IntN(2) == 0 {
@@ -1435,6 +1511,15 @@ func TestCrashTorture(t *testing.T) {
 	stopLoad()
 	// Let the last incarnation settle (answers in flight, compaction).
 	time.Sleep(2 * time.Second)
+	// The last incarnation too refuses every acknowledged Stream-Seq again.
+	for _, s := range tt.m.all() {
+		s.mu.Lock()
+		created := s.created
+		s.mu.Unlock()
+		if created {
+			tt.probeStreamSeq(s)
+		}
+	}
 	r, o, n := tt.check(true)
 	totalRecs += r
 	totalObs += o
@@ -1442,11 +1527,13 @@ func TestCrashTorture(t *testing.T) {
 		t.Error(v)
 	}
 	m := tt.m
-	t.Logf("load %s: kills %d (%d while an upload was held: %v), checks %d during the load and one at the end",
-		loadTook.Round(time.Second), kills, heldKills, killKinds, checks)
+	t.Logf("load %s: kills %d (%d while an upload was held: %v; ended by: %v), checks %d during the load and one at the end",
+		loadTook.Round(time.Second), kills, heldKills, killKinds, endings, checks)
 	t.Logf("streams %d (checked at the end %d): creates %d, forks %d, closes %d, deletes %d; appends acked: DS %d, DS producer %d, Pico batches %d (%d large); no answer %d, refused %d; stale producer epochs fenced %d",
 		len(m.all()), n, m.creates.Load(), m.forks.Load(), m.closes.Load(), m.deletes.Load(), m.appends.Load(), m.producerAppends.Load(),
 		m.picoAppends.Load(), m.large.Load(), m.noAnswer.Load(), m.refused.Load(), m.fenced.Load())
+	t.Logf("JSON streams %d (messages served by DS reads are in the facts); trims acked %d (each followed by a read below it) unanswered %d; Stream-Seq appends acked %d, refused as out of order %d, stale ones refused %d",
+		m.jsonStreams.Load(), m.trims.Load(), m.trimsLost.Load(), m.seqAppends.Load(), m.seqRefused.Load(), m.seqProbes.Load())
 	t.Logf("reads: catch-up %d, long-polls %d, SSE events %d, Pico long-polls %d, bytes served %d; facts checked: records %d, served ranges %d",
 		m.reads.Load(), m.polls.Load(), m.sseEvents.Load(), m.picoPolls.Load(), m.servedBytes.Load(), totalRecs, totalObs)
 	counts := px.Counts()
