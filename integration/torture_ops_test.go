@@ -468,7 +468,7 @@ func (tt *tTorture) crash(rng *rand.Rand) string {
 		}
 		return "kill during a reload"
 	case r < 5:
-		if err := tt.c.StopTimeout(time.Duration(rng.Int64N(int64(600 * time.Millisecond)))); err == nil {
+		if err := tt.c.StopTimeout(time.Duration(rng.Int64N(int64(400 * time.Millisecond)))); err == nil {
 			return "graceful stop, completed"
 		}
 		return "graceful stop cut by a kill"
