@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -164,8 +165,9 @@ func (tt *tTorture) recordDSJSON(s *tStream, offset string, seq uint64, data []b
 
 // trim cuts a stream (Pico-Trim-Seq) at a point no further than half-way
 // from its last acknowledged trim to the highest tail handed out, so that
-// records stay to check; some trims are sent once, others until answered.
-func (w *tWorker) trim() {
+// records stay to check; some trims are sent once, others until answered,
+// and those sent in the moment before a kill (once) only.
+func (w *tWorker) trim(once bool) {
 	tt, m := w.tt, w.tt.m
 	s := m.pick(w.rng, false)
 	if s == nil {
@@ -184,7 +186,7 @@ func (w *tWorker) trim() {
 	s.mu.Unlock()
 	hdr := map[string]string{"Pico-Trim-Seq": strconv.FormatUint(n, 10)}
 	var r *response
-	if w.rng.IntN(3) == 0 {
+	if once || w.rng.IntN(3) == 0 {
 		var err error
 		r, err = tt.req(http.MethodPost, "/pico"+s.name, "", hdr, nil, 30*time.Second)
 		if err != nil || r.status >= 500 {
@@ -442,6 +444,23 @@ func (tt *tTorture) sendStaleSeq(s *tStream, v int, p tPayload) {
 }
 
 // ---- ways to end the process
+
+// inFlight sends a trim, a Stream-Seq append and a JSON or text append,
+// each once, on workers of their own, to be under way when the process
+// ends: with an upload held, they wait in the batch it holds (or the next
+// one), and whether it lands is left to the kill. wg tracks them.
+func (tt *tTorture) inFlight(rng *rand.Rand, wg *sync.WaitGroup) {
+	ops := []func(w *tWorker){
+		func(w *tWorker) { w.trim(true) },
+		func(w *tWorker) { w.seqAppend() },
+		func(w *tWorker) { w.dsAppend(false) },
+	}
+	for _, op := range ops {
+		w := &tWorker{tt: tt, id: 1000 + int(tt.spare.Add(1)), rng: rand.New(rand.NewPCG(rng.Uint64(), 13))}
+		wg.Add(1)
+		go func() { defer wg.Done(); op(w) }()
+	}
+}
 
 // crash ends the running Caddy: mostly a plain SIGKILL, or a SIGKILL while
 // a reload of the same configuration (POST /load) is under way, or a

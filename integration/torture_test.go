@@ -27,8 +27,10 @@ package integration
 // Meanwhile Caddy is SIGKILLed again and again at random moments, some
 // while the proxy holds an upload of a chosen kind (WAL, data object, pack,
 // blob, stream metadata, manifest, a WAL delete) so that the kill lands in
-// the middle of a group commit, a compaction or a delete, some while a
-// reload of the same configuration (POST /load) is under way, some in a
+// the middle of a group commit, a compaction or a delete, half of them
+// with a trim, a Stream-Seq append and an append sent just before (waiting
+// in a held batch, if any), some while a reload of the same configuration,
+// or one with other engine settings (POST /load), is under way, some in a
 // graceful shutdown (SIGTERM) that the SIGKILL cuts short, and restarted on
 // the same storage. After each restart every fact recorded so far is
 // checked while the load goes on: every acknowledged record reads back at
@@ -267,8 +269,9 @@ type tTorture struct {
 	px    *testenv.Proxy
 	cl    *dsClient
 	kills atomic.Int64
-	// probeN numbers the bodies the checks send.
-	probeN atomic.Int64
+	// probeN numbers the bodies the checks send; spare the workers that
+	// send requests to be under way at a kill.
+	probeN, spare atomic.Int64
 	// reloads are the configs a reload loads: the one running, and others
 	// that differ only in engine settings.
 	reloads []string
@@ -379,7 +382,7 @@ func (w *tWorker) run() {
 				w.delete()
 			}
 		case r < 80:
-			w.trim()
+			w.trim(false)
 		case r < 85:
 			w.seqAppend()
 		case r < 86:
@@ -1455,6 +1458,10 @@ func TestCrashTorture(t *testing.T) {
 				}
 				heldKills++
 			}
+		}
+		if rng.IntN(2) == 0 {
+			tt.inFlight(rng, &wg)
+			time.Sleep(time.Duration(10+rng.IntN(40)) * time.Millisecond)
 		}
 		ending := tt.crash(rng)
 		kills++
