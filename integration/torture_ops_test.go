@@ -217,7 +217,6 @@ func (w *tWorker) trim(once bool) {
 	if err := tt.readBelow(s, n); err != nil {
 		m.violation("%s: after the trim to %d was acknowledged, %v", s.name, n, err)
 	}
-	m.trimProbes.Add(1)
 }
 
 // readBelow reads the record before start, which a trim took: 410, or

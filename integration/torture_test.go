@@ -175,7 +175,7 @@ type tModel struct {
 	appends, producerAppends, picoAppends, large, creates, forks, closes, deletes atomic.Int64
 	reads, servedBytes, polls, sseEvents, picoPolls                               atomic.Int64
 	noAnswer, refused, fenced                                                     atomic.Int64
-	jsonStreams, trims, trimsLost, trimProbes                                     atomic.Int64
+	jsonStreams, trims, trimsLost                                                 atomic.Int64
 	seqAppends, seqRefused, seqProbes                                             atomic.Int64
 }
 
