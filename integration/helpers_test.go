@@ -667,6 +667,14 @@ type sseEvent struct {
 // ctx or the test, and returns its body to read events from.
 func openSSE(ctx context.Context, t *testing.T, e *fhEnv, path string) *bufio.Reader {
 	t.Helper()
+	return bufio.NewReader(sseResponse(ctx, t, e, path).Body)
+}
+
+// sseResponse sends openSSE's request and returns the response, whose body
+// is closed when the test ends, for a caller that checks its status or
+// headers too.
+func sseResponse(ctx context.Context, t *testing.T, e *fhEnv, path string) *http.Response {
+	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.caddy.URL()+path, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -676,7 +684,7 @@ func openSSE(ctx context.Context, t *testing.T, e *fhEnv, path string) *bufio.Re
 		t.Fatalf("SSE: %v", err)
 	}
 	t.Cleanup(func() { resp.Body.Close() })
-	return bufio.NewReader(resp.Body)
+	return resp
 }
 
 // readSSEEvent reads the next event. It returns io.EOF when the stream ends

@@ -171,14 +171,7 @@ func sseTextUntilUpToDate(t *testing.T, e *fhEnv, path string) (data, encoding s
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.caddy.URL()+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := e.client.Do(req)
-	if err != nil {
-		t.Fatalf("SSE: %v", err)
-	}
+	resp := sseResponse(ctx, t, e, path)
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("SSE: status %d", resp.StatusCode)
