@@ -207,6 +207,9 @@ type engineSettings struct {
 	S3Timeout       time.Duration
 	ExpirySweep     time.Duration
 	GraveTime       time.Duration
+	// LeaseTTL is the storage lease's lifetime, fixed when the engine
+	// takes the lease: a reload's takes effect at the next start.
+	LeaseTTL time.Duration
 }
 
 // acquire returns the engine for the storage at rawURL (placeholders already
@@ -236,7 +239,7 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 		if e.settings != s {
 			return nil, fmt.Errorf("handlers using storage %s disagree on %s; "+
 				"engine settings (flush_interval, flush_size, flush_quiet, max_pending, cache_size, compact_interval, "+
-				"pack_below, s3_timeout, expiry_sweep_interval, grave_time) must be the same in every handler of a storage",
+				"pack_below, s3_timeout, expiry_sweep_interval, grave_time, lease_ttl) must be the same in every handler of a storage",
 				label, settingsDiff(e.settings, s))
 		}
 		return e.ref, nil
@@ -305,6 +308,7 @@ func diffSettings(a, b engineSettings, format string) string {
 	add("s3_timeout", a.S3Timeout, b.S3Timeout)
 	add("expiry_sweep_interval", a.ExpirySweep, b.ExpirySweep)
 	add("grave_time", a.GraveTime, b.GraveTime)
+	add("lease_ttl", a.LeaseTTL, b.LeaseTTL)
 	return strings.Join(out, ", ")
 }
 
@@ -564,6 +568,7 @@ func (r *engineRef) engineConfig() streamstore.Config {
 		GraveTime:       r.settings.GraveTime,
 		AppendTimeout:   appendTimeout(r.settings),
 		NodeID:          r.nodeID,
+		LeaseTTL:        r.settings.LeaseTTL,
 		// Two storage URLs of one bucket and prefix are two pool keys:
 		// the second engine must not take the lease from the first.
 		OneEnginePerProcess: true,
@@ -640,7 +645,8 @@ func (r *engineRef) release(a *App) {
 
 // reconfigureLocked makes s the engine's settings; r.mu held. The
 // object-store timeout belongs to the store opened with the first config
-// and stays until a restart; warnS3 says to warn when s asks for another.
+// and stays until a restart, as does the lease's lifetime; warnS3 says to
+// warn when s asks for another.
 func (r *engineRef) reconfigureLocked(s engineSettings, warnS3 bool) {
 	if s == r.settings {
 		return
@@ -653,6 +659,19 @@ func (r *engineRef) reconfigureLocked(s engineSettings, warnS3 bool) {
 		s.S3Timeout = r.settings.S3Timeout
 		if s == r.settings {
 			return // nothing else changed: the engine runs as it did
+		}
+	}
+	if s.LeaseTTL != r.settings.LeaseTTL {
+		// The lease was taken with the first config's lifetime, and a
+		// standby's retried start keeps it too: one storage, one value
+		// until a restart.
+		if warnS3 {
+			r.log.Warn("lease_ttl changed; it takes effect when Caddy restarts",
+				zap.Duration("running", r.settings.LeaseTTL), zap.Duration("configured", s.LeaseTTL))
+		}
+		s.LeaseTTL = r.settings.LeaseTTL
+		if s == r.settings {
+			return
 		}
 	}
 	if s.GraveTime != r.settings.GraveTime {

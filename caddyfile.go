@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -127,6 +128,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.ExpirySweepInterval, err = parseDuration(arg)
 		case "grave_time":
 			h.GraveTime, err = parseDuration(arg)
+		case "lease_ttl":
+			h.LeaseTTL, err = parseDuration(arg)
+			if err == nil && time.Duration(h.LeaseTTL) < minLeaseTTL {
+				// Validate holds this too; here the error names the line.
+				err = fmt.Errorf("must be at least %s, got %s", minLeaseTTL, arg)
+			}
 		case "max_subscriptions":
 			h.MaxSubscriptions, err = parseCount(arg)
 		case "cache_reads":
@@ -174,7 +181,7 @@ var caddyfileOptions = map[string]bool{
 	"flush_quiet": true, "max_pending": true, "long_poll_timeout": true,
 	"sse_reconnect_interval": true, "max_append_size": true, "cache_size": true,
 	"compact_interval": true, "pack_below": true, "s3_timeout": true,
-	"expiry_sweep_interval": true, "grave_time": true, "allow_loopback_webhooks": true,
+	"expiry_sweep_interval": true, "grave_time": true, "lease_ttl": true, "allow_loopback_webhooks": true,
 	"max_subscriptions": true, "cache_reads": true,
 }
 

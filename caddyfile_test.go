@@ -33,6 +33,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		s3_timeout 3s
 		expiry_sweep_interval 10m
 		grave_time 30m
+		lease_ttl 10s
 		max_subscriptions 50
 		cache_reads private
 	}`)
@@ -56,6 +57,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		S3Timeout:            caddy.Duration(3 * time.Second),
 		ExpirySweepInterval:  caddy.Duration(10 * time.Minute),
 		GraveTime:            caddy.Duration(30 * time.Minute),
+		LeaseTTL:             caddy.Duration(10 * time.Second),
 		MaxSubscriptions:     50,
 		CacheReads:           "private",
 	}
@@ -148,7 +150,7 @@ func TestUnmarshalCaddyfileEmpty(t *testing.T) {
 // line comes third, after a good one, so the line number is checked.
 func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	durations := []string{"flush_interval", "flush_quiet", "long_poll_timeout", "sse_reconnect_interval",
-		"compact_interval", "s3_timeout", "expiry_sweep_interval", "grave_time"}
+		"compact_interval", "s3_timeout", "expiry_sweep_interval", "grave_time", "lease_ttl"}
 	sizes := []string{"flush_size", "max_pending", "max_append_size", "cache_size", "pack_below"}
 	type tc struct{ line, want string }
 	cases := []tc{
@@ -193,6 +195,9 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		{"pack_below 16777217", "pack_below: must be at most 16MiB, got 16777217"},
 		{"flush_size 2GiB", "flush_size: must be at most 1GiB, got 2GiB"},
 		{"max_append_size 1.5GiB", "max_append_size: must be at most 1GiB, got 1.5GiB"},
+		// A lease renewed every third of 1s leaves a store no room.
+		{"lease_ttl 1s", "lease_ttl: must be at least 3s, got 1s"},
+		{"lease_ttl 2999ms", "lease_ttl: must be at least 3s, got 2999ms"},
 	}
 	for _, o := range durations {
 		cases = append(cases,
@@ -419,6 +424,7 @@ func TestValidateRejectsBadConfigs(t *testing.T) {
 		"s3_timeout in ns": {`{"handler":"picomq","s3_timeout":10}`, "s3_timeout must be at least 100ms, got 10ns"},
 		"sse in ns":        {`{"handler":"picomq","sse_reconnect_interval":60}`, "sse_reconnect_interval must be at least 100ms"},
 		"grave_time in ns": {`{"handler":"picomq","grave_time":1200}`, "grave_time must be at least 100ms"},
+		"lease_ttl short":  {`{"handler":"picomq","lease_ttl":"2s"}`, "lease_ttl must be at least 3s, got 2s"},
 		"cache over 1TiB":  {`{"handler":"picomq","cache_size":2199023255552}`, "cache_size must be at most 1TiB"},
 	} {
 		t.Run("json "+name, func(t *testing.T) {

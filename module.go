@@ -46,6 +46,7 @@ const (
 	defaultCompactInterval      = 30 * time.Second
 	defaultExpirySweepInterval  = 5 * time.Minute
 	defaultGraveTime            = 20 * time.Minute
+	defaultLeaseTTL             = 30 * time.Second
 	defaultMaxSubscriptions     = 1000
 	// The engine's own default, applied here so that a handler that
 	// leaves pack_below out and one that spells the default out give one
@@ -72,6 +73,12 @@ const (
 // flush_interval and flush_quiet have no floor: short ones trade PUTs for
 // latency, bounded by the appends that come.
 const minLoopDuration = 100 * time.Millisecond
+
+// minLeaseTTL is the least lease_ttl: the holder renews the lease every
+// third of it and counts it valid for four fifths, so a shorter one would
+// leave a store's ordinary latency (and one retried renewal) no room
+// before the holder stops writing.
+const minLeaseTTL = 3 * time.Second
 
 // loopDurations are the options minLoopDuration applies to.
 var loopDurations = map[string]bool{
@@ -101,6 +108,7 @@ var loopDurations = map[string]bool{
 //	    s3_timeout             <duration>
 //	    expiry_sweep_interval  <duration>
 //	    grave_time             <duration>
+//	    lease_ttl              <duration>
 //	    max_subscriptions      <count>
 //	    cache_reads            public|private
 //	    allow_loopback_webhooks
@@ -201,6 +209,15 @@ type Handler struct {
 	// Default 20m.
 	GraveTime caddy.Duration `json:"grave_time,omitempty"`
 
+	// How long the storage lease lasts without renewal: the node renews
+	// it every third of that, and another node (a standby) takes the
+	// storage over once it lapses, so this bounds the wait after the
+	// holder dies or is cut off from the store. Shorter means a faster
+	// takeover and a renewal PUT more often; the store must answer a
+	// renewal within a third of it. At least 3s. Takes effect when the
+	// storage is opened (a restart), not at a reload. Default 30s.
+	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
+
 	// Accept webhook subscriptions whose URL is on this machine
 	// (http://localhost, http://127.0.0.x): the development exception of
 	// protocol section 6.2. Off by default: webhook URLs must be https to a
@@ -283,6 +300,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		S3Timeout:       time.Duration(h.S3Timeout),
 		ExpirySweep:     time.Duration(h.ExpirySweepInterval),
 		GraveTime:       time.Duration(h.GraveTime),
+		LeaseTTL:        time.Duration(h.LeaseTTL),
 	})
 	if err != nil {
 		return fmt.Errorf("storage: %w", err)
@@ -382,6 +400,9 @@ func (h *Handler) applyDefaults() {
 	if h.GraveTime == 0 {
 		h.GraveTime = caddy.Duration(defaultGraveTime)
 	}
+	if h.LeaseTTL == 0 {
+		h.LeaseTTL = caddy.Duration(defaultLeaseTTL)
+	}
 	if h.PackBelow == 0 {
 		h.PackBelow = defaultPackBelow
 	}
@@ -422,6 +443,7 @@ func (h *Handler) Validate() error {
 		{"compact_interval", h.CompactInterval},
 		{"expiry_sweep_interval", h.ExpirySweepInterval},
 		{"grave_time", h.GraveTime},
+		{"lease_ttl", h.LeaseTTL},
 	} {
 		if d.v < 0 {
 			return fmt.Errorf("%s must not be negative", d.name)
@@ -433,6 +455,9 @@ func (h *Handler) Validate() error {
 			}
 			return fmt.Errorf("%s must be at least %s, got %s%s", d.name, minLoopDuration, time.Duration(d.v), hint)
 		}
+	}
+	if time.Duration(h.LeaseTTL) < minLeaseTTL {
+		return fmt.Errorf("lease_ttl must be at least %s, got %s", minLeaseTTL, time.Duration(h.LeaseTTL))
 	}
 	for _, s := range []struct {
 		name string

@@ -220,8 +220,8 @@ func leaseLine(s string) string {
 func TestLeaseExpiryFencesPartitionedNode(t *testing.T) {
 	t.Parallel() // waits on timers most of its run: beside the other such tests, not after them
 	const (
-		// The engine's lease lasts 30s without renewal (not configurable
-		// from the Caddyfile); the second node retries its start this long.
+		// The engine's lease lasts 30s without renewal (lease_ttl's
+		// default); the second node retries its start this long.
 		takeoverLimit = 60 * time.Second
 		name          = "/fence/s"
 	)

@@ -120,14 +120,57 @@ func TestStandbyTakesOverWhenTheLeaseLapses(t *testing.T) {
 	}
 }
 
-// startLeaseHolder starts a node on a new bucket behind the S3 proxy and
-// returns it with its Caddyfile, which a standby started with it shares.
-func startLeaseHolder(t *testing.T) (*fhEnv, string) {
+// TestLeaseTTLBoundsTheTakeover: with lease_ttl 3s the holder's lease
+// object expires 3 s after its renewal, not 30, and a standby of a node
+// that dies serves the storage within seconds. Before lease_ttl there was
+// no way to shorten the lease from the Caddyfile: every takeover after a
+// crash waited out 30 s.
+func TestLeaseTTLBoundsTheTakeover(t *testing.T) {
+	const ttl = 3 * time.Second
+	a, cfg := startLeaseHolder(t, "lease_ttl 3s")
+	first := a.caddy
+	const name = "/ds/shortlease/s"
+	a.create(name, textPlain)
+	a.append(name, textPlain, []byte("kept"))
+	b := launchStandby(t, a, cfg)
+
+	raw, err := a.get("lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lease struct {
+		ExpiresAt int64 `json:"expires_at_ms"`
+	}
+	if err := json.Unmarshal(raw, &lease); err != nil || lease.ExpiresAt == 0 {
+		t.Fatalf("lease object %q: %v", raw, err)
+	}
+	// Renewed every second: it runs out at most 3 s from now.
+	if left := time.Until(time.UnixMilli(lease.ExpiresAt)); left > ttl+500*time.Millisecond {
+		t.Errorf("the lease object runs %v past now, want at most lease_ttl %v", left.Round(time.Millisecond), ttl)
+	}
+	first.Kill()
+	killed := time.Now()
+	got, _ := waitOpen(t, b, fhReq{Method: http.MethodGet, Path: name + "?offset=-1"})
+	took := time.Since(killed)
+	if got.Status != http.StatusOK || string(got.Body) != "kept" {
+		t.Fatalf("read on the standby after the holder died: %s, want 200 %q", got, "kept")
+	}
+	t.Logf("the standby took the storage over %v after the holder died", took.Round(time.Millisecond))
+	if took > ttl+lapseTakeoverLimit {
+		t.Errorf("the standby took the storage over %v after the holder died, want within lease_ttl %v and %v",
+			took.Round(time.Millisecond), ttl, lapseTakeoverLimit)
+	}
+}
+
+// startLeaseHolder starts a node on a new bucket behind the S3 proxy, with
+// extra picomq directives, and returns it with its Caddyfile, which a
+// standby started with it shares.
+func startLeaseHolder(t *testing.T, directives ...string) (*fhEnv, string) {
 	t.Helper()
 	v := testenv.NewVersity(t)
 	p := newProxy(t, v)
 	bucket := v.NewBucket(t)
-	cfg := retryCaddyfile(testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix))
+	cfg := retryCaddyfile(testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix), directives...)
 	c := caddytest.Start(t, caddytest.Options{Caddyfile: cfg, Env: caddytest.S3Env(v)})
 	return &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: c, client: &http.Client{Timeout: time.Minute}}, cfg
 }
