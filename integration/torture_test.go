@@ -261,25 +261,47 @@ func parseDSOffset(s string) (seq, off uint64, ok bool) {
 	return x, y, err1 == nil && err2 == nil
 }
 
-// tTorture is one run.
-type tTorture struct {
+// tRun is one run: what every view of it (tTorture) shares.
+type tRun struct {
 	t     *testing.T
 	m     *tModel
-	c     *caddytest.Caddy
-	px    *testenv.Proxy
-	cl    *dsClient
 	kills atomic.Int64
 	// probeN numbers the bodies the checks send; spare the workers that
 	// send requests to be under way at a kill.
 	probeN, spare atomic.Int64
-	// reloads are the configs a reload loads: the one running, and others
-	// that differ only in engine settings.
-	reloads []string
 	// churn: streams are closed and deleted often; without it they live
 	// long and grow, compacted again and again.
 	churn bool
-	// down is set while Caddy is being killed and restarted.
+	// stop is closed when the load ends.
 	stop chan struct{}
+	// nodes are the clients of the nodes serving the storage (two in the
+	// two-node mode, torture_nodes_test.go): a view without a client of
+	// its own sends each request to one of them at random.
+	nodes []*dsClient
+	// answered, when set, is told of every answer to a request sent to a
+	// node picked at random: which node, and when the request was sent.
+	answered func(node int, sent time.Time, method, path string, hdr map[string]string, r *response)
+}
+
+// tTorture is a run seen through one node (its process c and client cl),
+// or, with cl nil, through any of them at random.
+type tTorture struct {
+	*tRun
+	c  *caddytest.Caddy
+	cl *dsClient
+	// reloads are the configs a reload of c loads: the one running, and
+	// others that differ only in engine settings.
+	reloads []string
+}
+
+// client is the client a request goes out on, and the node's index in
+// nodes when it was picked at random (-1 otherwise).
+func (tt *tTorture) client() (*dsClient, int) {
+	if tt.cl != nil {
+		return tt.cl, -1
+	}
+	i := rand.IntN(len(tt.nodes))
+	return tt.nodes[i], i
 }
 
 func (tt *tTorture) stopped() bool {
@@ -299,7 +321,13 @@ func (tt *tTorture) req(method, path, query string, hdr map[string]string, body 
 	for k, v := range hdr {
 		h.Set(k, v)
 	}
-	return tt.cl.do(ctx, method, path, query, h, body)
+	cl, node := tt.client()
+	sent := time.Now()
+	r, err := cl.do(ctx, method, path, query, h, body)
+	if err == nil && node >= 0 && tt.answered != nil {
+		tt.answered(node, sent, method, path, hdr, r)
+	}
+	return r, err
 }
 
 // settle sends a request until it gets an answer below 500 or until
@@ -988,11 +1016,12 @@ func (tt *tTorture) dsSSE(s *tStream, until time.Time) {
 }
 
 func (tt *tTorture) sseOnce(ctx context.Context, s *tStream, offset *string) (closed, gone bool) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, tt.cl.base+"/ds"+s.name+"?live=sse&offset="+url.QueryEscape(*offset), nil)
+	cl, _ := tt.client()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, cl.base+"/ds"+s.name+"?live=sse&offset="+url.QueryEscape(*offset), nil)
 	if err != nil {
 		return false, true
 	}
-	resp, err := tt.cl.hc.Do(req)
+	resp, err := cl.hc.Do(req)
 	if err != nil {
 		return false, false
 	}
@@ -1309,7 +1338,44 @@ func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok boo
 
 // ---- the run
 
-func TestCrashTorture(t *testing.T) {
+// tortureEngine picks a run's engine settings: each seed another corner,
+// all of them keeping compaction, packs and the cache busy.
+func tortureEngine(rng *rand.Rand) []string {
+	pickOne := func(opts ...string) string { return opts[rng.IntN(len(opts))] }
+	engine := []string{
+		pickOne("cache_size 16KiB", "cache_size 256KiB", "cache_size 4MiB"),
+		pickOne("flush_interval 5ms", "flush_interval 20ms"),
+		pickOne("compact_interval 300ms", "compact_interval 700ms", "compact_interval 2s"),
+		pickOne("pack_below 32KiB", "pack_below 256KiB", "pack_below off"),
+		"s3_timeout 5s", "expiry_sweep_interval 1s", "long_poll_timeout 1500ms",
+	}
+	if rng.IntN(3) == 0 {
+		engine = append(engine, "flush_quiet 1ms")
+	}
+	return engine
+}
+
+// tortureCaddyfile serves storage through both protocols, /ds and /pico,
+// with the engine settings given.
+func tortureCaddyfile(storage string, engine []string) string {
+	block := func(extra ...string) string {
+		var b strings.Builder
+		fmt.Fprintf(&b, "\t\tpicomq {\n\t\t\tstorage %q\n", storage)
+		for _, d := range append(append([]string(nil), engine...), extra...) {
+			fmt.Fprintf(&b, "\t\t\t%s\n", d)
+		}
+		b.WriteString("\t\t}\n")
+		return b.String()
+	}
+	return "{\n\tpersist_config off\n}\n\nhttp://:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
+		"\thandle_path /ds/* {\n" + block("sse_reconnect_interval 3s") + "\t}\n" +
+		"\thandle_path /pico/* {\n" + block("protocol pico") + "\t}\n}\n"
+}
+
+// tortureLength reads PICOMQ_TORTURE (skipping the test without it) and
+// the seed, which it logs.
+func tortureLength(t *testing.T) (time.Duration, uint64, *rand.Rand) {
+	t.Helper()
 	spec := os.Getenv("PICOMQ_TORTURE")
 	if spec == "" {
 		t.Skip("a long randomized crash run: set PICOMQ_TORTURE=10m (the load phase's length) to run it")
@@ -1325,42 +1391,18 @@ func TestCrashTorture(t *testing.T) {
 		}
 	}
 	t.Logf("random seed %d (PICOMQ_TORTURE_SEED)", seed)
-	rng := rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
+	return length, seed, rand.New(rand.NewPCG(seed, seed^0x5bd1e995))
+}
+
+func TestCrashTorture(t *testing.T) {
+	length, seed, rng := tortureLength(t)
 
 	v := testenv.NewVersity(t)
 	px := newProxy(t, v)
 	bucket := v.NewBucket(t)
 	storage := testenv.StoreURL(px.URL(), bucket, caddytest.S3Prefix)
-	// The seed picks the engine's settings too, each run another corner:
-	// all of them keep compaction, packs and the cache busy.
-	pickOne := func(opts ...string) string { return opts[rng.IntN(len(opts))] }
-	pickEngine := func() []string {
-		engine := []string{
-			pickOne("cache_size 16KiB", "cache_size 256KiB", "cache_size 4MiB"),
-			pickOne("flush_interval 5ms", "flush_interval 20ms"),
-			pickOne("compact_interval 300ms", "compact_interval 700ms", "compact_interval 2s"),
-			pickOne("pack_below 32KiB", "pack_below 256KiB", "pack_below off"),
-			"s3_timeout 5s", "expiry_sweep_interval 1s", "long_poll_timeout 1500ms",
-		}
-		if rng.IntN(3) == 0 {
-			engine = append(engine, "flush_quiet 1ms")
-		}
-		return engine
-	}
-	config := func(engine []string) string {
-		block := func(extra ...string) string {
-			var b strings.Builder
-			fmt.Fprintf(&b, "\t\tpicomq {\n\t\t\tstorage %q\n", storage)
-			for _, d := range append(append([]string(nil), engine...), extra...) {
-				fmt.Fprintf(&b, "\t\t\t%s\n", d)
-			}
-			b.WriteString("\t\t}\n")
-			return b.String()
-		}
-		return "{\n\tpersist_config off\n}\n\nhttp://:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
-			"\thandle_path /ds/* {\n" + block("sse_reconnect_interval 3s") + "\t}\n" +
-			"\thandle_path /pico/* {\n" + block("protocol pico") + "\t}\n}\n"
-	}
+	pickEngine := func() []string { return tortureEngine(rng) }
+	config := func(engine []string) string { return tortureCaddyfile(storage, engine) }
 	engine := pickEngine()
 	t.Logf("engine settings: %s", strings.Join(engine, "; "))
 	caddyfile := config(engine)
@@ -1378,7 +1420,8 @@ func TestCrashTorture(t *testing.T) {
 	// find out what it stored.
 	px.AddFault(testenv.Fault{Op: testenv.OpPut, Status: http.StatusServiceUnavailable, AfterForward: true, Rate: 0.005})
 
-	tt := &tTorture{t: t, m: &tModel{}, c: c, px: px, cl: newClient(t, c.URL(), true), stop: make(chan struct{}), reloads: reloads}
+	cl := newClient(t, c.URL(), true)
+	tt := &tTorture{tRun: &tRun{t: t, m: &tModel{}, stop: make(chan struct{}), nodes: []*dsClient{cl}}, c: c, cl: cl, reloads: reloads}
 	tt.churn = rng.IntN(2) == 0
 	if v := os.Getenv("PICOMQ_TORTURE_CHURN"); v != "" {
 		tt.churn = v == "1"
