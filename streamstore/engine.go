@@ -632,6 +632,35 @@ func (e *Engine) takenOver() error {
 	return fmt.Errorf("%w: %w: %v", ErrUnavailable, ErrTakenOver, e.fenced())
 }
 
+// holding is the error of a request to a process that cannot answer for
+// the storage, nil while it can: another process took the storage over
+// (takenOver), or this one's lease could not be renewed in time, so that
+// another may have taken it (a node cut off from the store: the standby
+// takes over once the lease lapses, and this one learns of it only when
+// the store answers again). Either way its memory may be behind the
+// streams: a read at an offset the new holder handed out is "beyond the
+// tail" here, a HEAD gives the old tail, a producer's append that the new
+// holder took makes the next one a "sequence gap" here, and a create
+// without records (its metadata object alone, which no WAL seal fences)
+// would write a stream into storage another node holds. Every request
+// asks, before it looks at a stream.
+func (e *Engine) holding() error {
+	if err := e.takenOver(); err != nil {
+		return err
+	}
+	if e.lease != nil && !e.lease.Valid() {
+		select {
+		case <-e.closing:
+			// Close gave the lease back: the request's own path
+			// answers ErrShuttingDown, as a client should hear.
+			return nil
+		default:
+		}
+		return fmt.Errorf("%w: %w", ErrUnavailable, errLeaseLapsed)
+	}
+	return nil
+}
+
 // fence stops the writer for good. Before the writer exists (the lease
 // was lost during the replay), Start fences it as it creates it.
 func (e *Engine) fence(err error) {

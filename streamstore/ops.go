@@ -33,6 +33,9 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 			return Info{}, false, fmt.Errorf("%w: a stream cannot fork itself", ErrBadRequest)
 		}
 	}
+	if err := e.holding(); err != nil {
+		return Info{}, false, err
+	}
 	unlock := e.lockName(name)
 	defer unlock()
 	// A name not in memory is most often a new stream: write its metadata
@@ -708,6 +711,9 @@ func (e *Engine) Append(ctx context.Context, name string, req AppendRequest) (Ap
 	var timeout <-chan struct{} // set at the first wait
 	repeat := false             // a wait was for an entry that may hold this append
 	waitMem := -1               // what the records hold in memory, once a wait needs it
+	if err := e.holding(); err != nil {
+		return AppendResult{}, err
+	}
 	for {
 		s, err := e.live(ctx, name)
 		if err != nil {
@@ -1170,6 +1176,9 @@ func mediaType(ct string) string {
 
 // Head returns the stream's state without renewing its TTL.
 func (e *Engine) Head(ctx context.Context, name string) (Info, error) {
+	if err := e.holding(); err != nil {
+		return Info{}, err
+	}
 	s, err := e.live(ctx, name)
 	if err != nil {
 		return Info{}, err
@@ -1192,7 +1201,7 @@ func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, e
 		return Info{}, err
 	}
 	for {
-		if err := e.takenOver(); err != nil {
+		if err := e.holding(); err != nil {
 			return Info{}, err
 		}
 		s.mu.Lock()
@@ -1288,6 +1297,9 @@ func (e *Engine) Delete(ctx context.Context, name string) error {
 	// The handle is looked up under the lock, which keeps it in memory:
 	// one looked up before could be evicted and replaced while the delete
 	// waited, and deleting through it would leave the new one live.
+	if err := e.holding(); err != nil {
+		return err
+	}
 	unlock := e.lockName(name)
 	defer unlock()
 	s, err := e.liveLocked(ctx, name, true)
@@ -1377,6 +1389,9 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 // ErrGone at once, and the bytes leave the bucket at the next compaction.
 // The trim is a WAL entry, durable before Trim returns.
 func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error) {
+	if err := e.holding(); err != nil {
+		return Info{}, err
+	}
 	s, err := e.live(ctx, name)
 	if err != nil {
 		return Info{}, err
@@ -1442,6 +1457,9 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 // none).
 func (e *Engine) List(ctx context.Context, prefix, startAfter string, limit int) ([]Info, bool, error) {
 	if _, err := e.writer(); err != nil {
+		return nil, false, err
+	}
+	if err := e.holding(); err != nil {
 		return nil, false, err
 	}
 	if limit <= 0 || limit > 1000 {

@@ -13,9 +13,10 @@ import (
 // Read returns records from req.Seq, bounded by the durable tail. It renews a
 // sliding TTL, unless it refuses the position: a refused read is no access,
 // and writes no renewal. Once another process took the storage over it
-// answers ErrTakenOver (with ErrUnavailable).
+// answers ErrTakenOver (with ErrUnavailable), and while its lease could
+// not be renewed in time, ErrUnavailable (holding).
 func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadResult, error) {
-	if err := e.takenOver(); err != nil {
+	if err := e.holding(); err != nil {
 		return ReadResult{}, err
 	}
 	s, err := e.live(ctx, name)
