@@ -289,7 +289,9 @@ var errTortureGone = errors.New("stream gone")
 // reads. A trim that moves the start past the read meanwhile is followed
 // (the new start checked like the first); it returns the start it ended
 // with.
-func (tt *tTorture) readRecords(s *tStream, from, need, trimAcked uint64) (map[uint64][]byte, uint64, error) {
+// metas (when not nil) gets what the reads show of each record besides
+// its body.
+func (tt *tTorture) readRecords(s *tStream, from, need, trimAcked uint64, metas map[uint64]tMeta) (map[uint64][]byte, uint64, error) {
 	got := map[uint64][]byte{}
 	seq := from
 	deadline := time.Now().Add(2 * time.Minute)
@@ -334,6 +336,9 @@ func (tt *tTorture) readRecords(s *tStream, from, need, trimAcked uint64) (map[u
 				return got, from, fmt.Errorf("Pico read: record %d without a text body", rec.Seq)
 			}
 			got[rec.Seq] = []byte(*rec.Body)
+			if metas != nil {
+				metas[rec.Seq] = tMeta{hdrs: canonHeaders(rec.Headers), ts: rec.Timestamp}
+			}
 			seq++
 		}
 	}
@@ -453,6 +458,7 @@ func (tt *tTorture) inFlight(rng *rand.Rand, wg *sync.WaitGroup) {
 		func(w *tWorker) { w.trim(true) },
 		func(w *tWorker) { w.seqAppend() },
 		func(w *tWorker) { w.dsAppend(false) },
+		func(w *tWorker) { w.picoOp() },
 	}
 	for _, op := range ops {
 		w := &tWorker{tt: tt, id: 1000 + int(tt.spare.Add(1)), rng: rand.New(rand.NewPCG(rng.Uint64(), 13))}

@@ -22,7 +22,13 @@ package integration
 // long-polls and SSE, Pico long-polls). Every acknowledged append and every
 // byte (or JSON message) a reader was served is recorded with its position.
 // The workers in torture_ops_test.go do the trims, the Stream-Seq appends
-// and the JSON bodies, and the checks of the first two.
+// and the JSON bodies, and the checks of the first two; those in
+// torture_pico_test.go the Pico batches (binary, and JSON with record
+// headers), Pico-Match-Seq appends, binary reads and Pico SSE readers, and
+// the check of every known record's headers and timestamp.
+// PICOMQ_TORTURE_STORE=file runs it all on a file:// directory (the
+// embedded default) instead: no proxy there, so every kill is at a random
+// moment.
 //
 // Meanwhile Caddy is SIGKILLed again and again at random moments, some
 // while the proxy holds an upload of a chosen kind (WAL, data object, pack,
@@ -120,6 +126,7 @@ type tStream struct {
 type tRec struct {
 	body []byte
 	how  string
+	meta *tMeta // what a Pico read shows besides the body; nil: not known
 }
 
 // tObs is one Durable Streams read: data served at a position.
@@ -130,17 +137,7 @@ type tObs struct {
 }
 
 func (s *tStream) knowRec(seq uint64, body []byte, how string) (problem string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if old, ok := s.recs[seq]; ok && !bytes.Equal(old.body, body) {
-		return fmt.Sprintf("%s: record %d known as %s (%s) and now as %s (%s)",
-			s.name, seq, clipB(old.body), old.how, clipB(body), how)
-	}
-	s.recs[seq] = tRec{body: body, how: how}
-	if seq+1 > s.maxTail {
-		s.maxTail = seq + 1
-	}
-	return ""
+	return s.knowRecMeta(seq, body, nil, how)
 }
 
 func (s *tStream) seeTail(seq uint64) {
@@ -177,6 +174,7 @@ type tModel struct {
 	noAnswer, refused, fenced                                                     atomic.Int64
 	jsonStreams, trims, trimsLost                                                 atomic.Int64
 	seqAppends, seqRefused, seqProbes                                             atomic.Int64
+	pico                                                                          tPicoStats // torture_pico_test.go
 }
 
 func (m *tModel) violation(format string, args ...any) {
@@ -360,6 +358,7 @@ type tWorker struct {
 	dsEpoch        map[*tStream]int
 	// offsets this worker was served, to read again from.
 	offsets map[*tStream][]string
+	pico    *tPicoWorker // torture_pico_test.go
 }
 
 func (w *tWorker) token(s *tStream) string {
@@ -415,6 +414,8 @@ func (w *tWorker) run() {
 			w.seqAppend()
 		case r < 86:
 			w.seqStale()
+		case r < 93:
+			w.picoOp()
 		default:
 			time.Sleep(time.Duration(w.rng.IntN(30)) * time.Millisecond)
 		}
@@ -484,7 +485,7 @@ func (w *tWorker) fork() {
 		inherited := map[uint64]tRec{}
 		for q, rec := range src.recs {
 			if q < seq {
-				inherited[q] = tRec{body: rec.body, how: "source " + src.name + " " + rec.how}
+				inherited[q] = tRec{body: rec.body, meta: rec.meta, how: "source " + src.name + " " + rec.how}
 			}
 		}
 		// Any start the source may have had by now may be the fork's.
@@ -619,7 +620,8 @@ func (w *tWorker) ackDS(s *tStream, r *response, p tPayload, how string) {
 		return
 	}
 	for i, msg := range p.msgs {
-		if pr := s.knowRec(seq-k+uint64(i), msg, fmt.Sprintf("%s (acked, after %d kills)", how, w.tt.kills.Load())); pr != "" {
+		// No headers: Durable Streams has no way to send them.
+		if pr := s.knowRecMeta(seq-k+uint64(i), msg, &tMeta{hdrs: "{}"}, fmt.Sprintf("%s (acked, after %d kills)", how, w.tt.kills.Load())); pr != "" {
 			w.tt.m.violation("%s", pr)
 		}
 	}
@@ -739,12 +741,14 @@ func (w *tWorker) picoAppend(producer bool) {
 			return
 		}
 		first, err := strconv.ParseUint(start, 10, 64)
-		if err != nil || first+uint64(k) != next {
-			m.violation("%s: Pico append of %d records: Pico-Start-Seq %q, Pico-Next-Seq %d", s.name, k, start, next)
+		ts, err2 := strconv.ParseInt(r.header.Get("Pico-Timestamp"), 10, 64)
+		if err != nil || err2 != nil || first+uint64(k) != next {
+			m.violation("%s: Pico append of %d records: Pico-Start-Seq %q, Pico-Next-Seq %d, Pico-Timestamp %q", s.name, k, start, next, r.header.Get("Pico-Timestamp"))
 			return
 		}
 		for i := range bodies {
-			if p := s.knowRec(first+uint64(i), bodies[i], fmt.Sprintf("Pico append %s (acked, after %d kills)", toks[i], tt.kills.Load())); p != "" {
+			meta := &tMeta{hdrs: "{}", ts: ts}
+			if p := s.knowRecMeta(first+uint64(i), bodies[i], meta, fmt.Sprintf("Pico append %s (acked, after %d kills)", toks[i], tt.kills.Load())); p != "" {
 				m.violation("%s", p)
 			}
 		}
@@ -955,6 +959,8 @@ func (tt *tTorture) tail(rng *rand.Rand, mode string) {
 			tt.dsSSE(s, deadline)
 		case "pico":
 			tt.picoLongPoll(s, deadline)
+		case "pico-sse":
+			tt.picoSSE(rng, s, deadline)
 		}
 	}
 }
@@ -1102,12 +1108,8 @@ func (tt *tTorture) picoLongPoll(s *tStream, until time.Time) {
 				return
 			}
 			for _, rec := range recs {
-				if rec.Body == nil {
-					tt.m.violation("%s: Pico record %d has no text body", s.name, rec.Seq)
+				if !tt.knowPicoRecord(s, rec, "Pico long-poll") {
 					return
-				}
-				if p := s.knowRec(rec.Seq, []byte(*rec.Body), fmt.Sprintf("Pico long-poll (served after %d kills)", tt.kills.Load())); p != "" {
-					tt.m.violation("%s", p)
 				}
 				seq = rec.Seq + 1
 			}
@@ -1233,8 +1235,9 @@ func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok boo
 	// was not may or may not be, but never half of one.
 	start, err := tt.checkStart(s, trimAcked)
 	var got map[uint64][]byte
+	metas := map[uint64]tMeta{}
 	if err == nil {
-		got, start, err = tt.readRecords(s, start, need, trimAcked)
+		got, start, err = tt.readRecords(s, start, need, trimAcked, metas)
 	}
 	if err != nil {
 		if errors.Is(err, errTortureGone) && (nowDeleting() || ttl) {
@@ -1258,6 +1261,7 @@ func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok boo
 				s.name, seq, want.how, tt.kills.Load(), d, around(want.body, d), around(have, d))
 		}
 	}
+	tt.checkMetas(s, start, recs, metas)
 	for _, o := range obs {
 		if o.seq < start {
 			continue
@@ -1397,10 +1401,7 @@ func tortureLength(t *testing.T) (time.Duration, uint64, *rand.Rand) {
 func TestCrashTorture(t *testing.T) {
 	length, seed, rng := tortureLength(t)
 
-	v := testenv.NewVersity(t)
-	px := newProxy(t, v)
-	bucket := v.NewBucket(t)
-	storage := testenv.StoreURL(px.URL(), bucket, caddytest.S3Prefix)
+	storage, env, px := tortureStorage(t) // px is nil on file://
 	pickEngine := func() []string { return tortureEngine(rng) }
 	config := func(engine []string) string { return tortureCaddyfile(storage, engine) }
 	engine := pickEngine()
@@ -1409,16 +1410,18 @@ func TestCrashTorture(t *testing.T) {
 	// Reloads load this config again, or one whose engine settings were
 	// picked again, which the running engine takes on without a restart.
 	reloads := []string{caddyfile, config(pickEngine())}
-	c := caddytest.Start(t, caddytest.Options{Caddyfile: caddyfile, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
-	if rng.IntN(3) == 0 {
-		px.SetLatency(10*time.Millisecond, 30*time.Millisecond) // a distant bucket
-	} else {
-		px.SetLatency(time.Millisecond, 4*time.Millisecond)
+	c := caddytest.Start(t, caddytest.Options{Caddyfile: caddyfile, Env: env, ReadyTimeout: 90 * time.Second})
+	if px != nil {
+		if rng.IntN(3) == 0 {
+			px.SetLatency(10*time.Millisecond, 30*time.Millisecond) // a distant bucket
+		} else {
+			px.SetLatency(time.Millisecond, 4*time.Millisecond)
+		}
+		px.AddFault(testenv.Fault{Status: http.StatusServiceUnavailable, Rate: 0.01})
+		// Now and then a write lands but its answer is lost: the engine
+		// must find out what it stored.
+		px.AddFault(testenv.Fault{Op: testenv.OpPut, Status: http.StatusServiceUnavailable, AfterForward: true, Rate: 0.005})
 	}
-	px.AddFault(testenv.Fault{Status: http.StatusServiceUnavailable, Rate: 0.01})
-	// Now and then a write lands but its answer is lost: the engine must
-	// find out what it stored.
-	px.AddFault(testenv.Fault{Op: testenv.OpPut, Status: http.StatusServiceUnavailable, AfterForward: true, Rate: 0.005})
 
 	cl := newClient(t, c.URL(), true)
 	tt := &tTorture{tRun: &tRun{t: t, m: &tModel{}, stop: make(chan struct{}), nodes: []*dsClient{cl}}, c: c, cl: cl, reloads: reloads}
@@ -1436,7 +1439,7 @@ func TestCrashTorture(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); w.run() }()
 	}
-	for i, mode := range []string{"long-poll", "long-poll", "sse", "sse", "pico", "pico"} {
+	for i, mode := range []string{"long-poll", "long-poll", "sse", "sse", "pico", "pico", "pico-sse", "pico-sse"} {
 		r := rand.New(rand.NewPCG(seed+uint64(i)+100, 11))
 		wg.Add(1)
 		go func() { defer wg.Done(); tt.tail(r, mode) }()
@@ -1484,7 +1487,7 @@ func TestCrashTorture(t *testing.T) {
 		time.Sleep(gap)
 		var release func()
 		kind := "plain"
-		if rng.IntN(3) > 0 {
+		if rng.IntN(3) > 0 && px != nil {
 			h := holds[rng.IntN(len(holds))]
 			rel := px.Hold(h)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -1521,7 +1524,17 @@ func TestCrashTorture(t *testing.T) {
 			}
 		}
 		time.Sleep(time.Duration(rng.Int64N(int64(400 * time.Millisecond))))
-		if rng.IntN(5) == 0 {
+		if startKill := rng.IntN(5) == 0; startKill && px == nil {
+			// No proxy to hold a request with: kill the next process
+			// at a random moment of its start-up.
+			if tt.killInStartUp(rng) {
+				killKinds["start-up"]++
+			} else {
+				killKinds["just after start-up"]++
+			}
+			kills++
+			tt.kills.Add(1)
+		} else if startKill {
 			// Kill the next process during its start-up: while its
 			// recovery waits on a held request of the kind picked.
 			h := startHolds[rng.IntN(len(startHolds))]
@@ -1586,6 +1599,10 @@ func TestCrashTorture(t *testing.T) {
 		m.jsonStreams.Load(), m.trims.Load(), m.trimsLost.Load(), m.seqAppends.Load(), m.seqRefused.Load(), m.seqProbes.Load())
 	t.Logf("reads: catch-up %d, long-polls %d, SSE events %d, Pico long-polls %d, bytes served %d; facts checked: records %d, served ranges %d",
 		m.reads.Load(), m.polls.Load(), m.sseEvents.Load(), m.picoPolls.Load(), m.servedBytes.Load(), totalRecs, totalObs)
+	tt.logPico()
+	if px == nil {
+		return
+	}
 	counts := px.Counts()
 	t.Logf("S3 through the proxy: PUT %d (data %d, pack %d, blob %d), GET %d, LIST %d, DELETE %d",
 		counts.Put, counts.PutsUnder(caddytest.S3Prefix+"/data/"), counts.PutsUnder(caddytest.S3Prefix+"/pack/"),
