@@ -918,8 +918,20 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		return AppendResult{}, appendWait{}, fmt.Errorf("%w: %q is not after %q", ErrStreamSeq, req.StreamSeq, st.StreamSeq)
 	}
 	if req.MatchSeq != nil && *req.MatchSeq != st.NextSeq {
+		// Judged against the tail reads show, the durable one: appends
+		// still on their way may roll back, and a refusal naming their
+		// tail would name one that never was (and one a HEAD does not
+		// show). A match the durable tail has passed, or beyond every
+		// pending append, fails whatever becomes of them; one between
+		// the two waits for them.
+		durable := s.durable.NextSeq
+		if m := *req.MatchSeq; m >= durable && m < st.NextSeq {
+			ch := s.changedLocked()
+			s.mu.Unlock()
+			return AppendResult{}, appendWait{ch: ch}, nil
+		}
 		s.mu.Unlock()
-		return AppendResult{}, appendWait{}, &MatchError{NextSeq: st.NextSeq}
+		return AppendResult{}, appendWait{}, &MatchError{NextSeq: durable}
 	}
 	if err := pastAnswerBy(by, hasBy); err != nil {
 		s.mu.Unlock()
