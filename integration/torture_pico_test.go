@@ -131,9 +131,22 @@ func (s *tStream) knowRecMeta(seq uint64, body []byte, meta *tMeta, how string) 
 	}
 	s.recs[seq] = rec
 	if seq+1 > s.maxTail {
-		s.maxTail = seq + 1
+		s.maxTail, s.tailHow = seq+1, " (record "+strconv.FormatUint(seq, 10)+", "+rec.how+")"
 	}
 	return ""
+}
+
+// seeTailBy records a tail seq someone was given, and by what when how
+// is not empty: a check that finds the stream's tail below it names it.
+func (s *tStream) seeTailBy(seq uint64, how string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seq > s.maxTail {
+		s.maxTail, s.tailHow = seq, ""
+		if how != "" {
+			s.tailHow = " (by " + how + ")"
+		}
+	}
 }
 
 // knowPicoRecord records a record a Pico JSON read or SSE event served.
@@ -452,7 +465,7 @@ func (w *tWorker) picoMatchAppend() {
 		return
 	}
 	// A tail a HEAD showed is durable: no kill may take it back.
-	s.seeTail(tail)
+	s.seeTailBy(tail, fmt.Sprintf("a Pico HEAD after %d kills", tt.kills.Load()))
 	match, stale := tail, false
 	if tail > 0 && w.rng.IntN(5) == 0 {
 		match, stale = tail-1-uint64(w.rng.IntN(int(min(tail, 3)))), true
@@ -475,7 +488,7 @@ func (w *tWorker) picoMatchAppend() {
 	what := fmt.Sprintf("Pico append with Pico-Match-Seq %d (tail %d by HEAD)", match, tail)
 	switch {
 	case r.status == http.StatusOK && stale:
-		m.violation("%s: %s accepted after %d kills, below the tail: %v", s.name, what, tt.kills.Load(), r.header)
+		m.violation("%s: %s accepted after %d kills, below the tail: Pico-Start-Seq %q", s.name, what, tt.kills.Load(), r.header.Get("Pico-Start-Seq"))
 	case r.status == http.StatusOK:
 		b.set(s, tBodyAcked)
 		m.pico.matchAcked.Add(1)
@@ -495,7 +508,7 @@ func (w *tWorker) picoMatchAppend() {
 		case n == match || n < tail:
 			m.violation("%s: %s refused with Pico-Next-Seq %d after %d kills", s.name, what, n, tt.kills.Load())
 		}
-		s.seeTail(n)
+		s.seeTailBy(n, fmt.Sprintf("the 412 of a Pico-Match-Seq %d after %d kills", match, tt.kills.Load()))
 		if stale {
 			m.pico.matchStale.Add(1)
 		} else {
@@ -560,7 +573,7 @@ func (w *tWorker) picoBinaryRead() {
 		}
 	}
 	if n, err := strconv.ParseUint(r.header.Get("Pico-Next-Seq"), 10, 64); err == nil {
-		s.seeTail(n)
+		s.seeTailBy(n, fmt.Sprintf("a Pico binary read after %d kills", tt.kills.Load()))
 	}
 }
 
@@ -663,7 +676,7 @@ func (tt *tTorture) picoSSEOnce(ctx context.Context, s *tStream, seq *uint64, by
 				m.violation("%s: Pico SSE control (id %q) names %d, records up to %d served", s.name, id, n, *seq)
 				return false, true
 			}
-			s.seeTail(n)
+			s.seeTailBy(n, fmt.Sprintf("a Pico SSE control event after %d kills", tt.kills.Load()))
 			*seq, first = n, false
 			if ctl.Closed {
 				return true, false

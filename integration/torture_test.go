@@ -97,8 +97,10 @@ type tStream struct {
 	recs map[uint64]tRec
 	// obs are the Durable Streams reads that served bytes.
 	obs []tObs
-	// maxTail is the highest tail seq anyone was given.
+	// maxTail is the highest tail seq anyone was given, and tailHow
+	// what gave it when known (torture_pico_test.go's seeTailBy).
 	maxTail uint64
+	tailHow string
 	// bodies maps each body's token to its state.
 	bodies map[string]int
 	// live: created and acknowledged, not closing or deleting.
@@ -140,13 +142,7 @@ func (s *tStream) knowRec(seq uint64, body []byte, how string) (problem string) 
 	return s.knowRecMeta(seq, body, nil, how)
 }
 
-func (s *tStream) seeTail(seq uint64) {
-	s.mu.Lock()
-	if seq > s.maxTail {
-		s.maxTail = seq
-	}
-	s.mu.Unlock()
-}
+func (s *tStream) seeTail(seq uint64) { s.seeTailBy(seq, "") }
 
 func (s *tStream) setBody(token string, state int) {
 	s.mu.Lock()
@@ -1180,7 +1176,7 @@ func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok boo
 		recs[k] = v
 	}
 	obs := append([]tObs(nil), s.obs...)
-	maxTail, closedAt, deleted, trimAcked := s.maxTail, s.closedAt, s.deleted, s.trimAcked
+	maxTail, closedAt, deleted, trimAcked, tailHow := s.maxTail, s.closedAt, s.deleted, s.trimAcked, s.tailHow
 	ttl := s.ttl || (s.forkOf != nil && s.forkOf.ttl)
 	bodies := map[string]int{}
 	for k, v := range s.bodies {
@@ -1218,7 +1214,7 @@ func (tt *tTorture) checkStream(s *tStream, final bool) (nRecs, nObs int, ok boo
 		return 0, 0, false
 	}
 	if tail < maxTail {
-		m.violation("%s: tail %d after %d kills, but tail %d was handed out before", s.name, tail, tt.kills.Load(), maxTail)
+		m.violation("%s: tail %d after %d kills, but tail %d was handed out before%s", s.name, tail, tt.kills.Load(), maxTail, tailHow)
 	}
 	if closedAt >= 0 {
 		if head.header.Get("Stream-Closed") != "true" {
