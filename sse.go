@@ -268,6 +268,11 @@ func (lw *liveWait) wait(eng *streamstore.Engine, name, id string, seq uint64) (
 	if cerr := lw.client.Err(); cerr != nil {
 		return info, cerr
 	}
+	if errors.Is(err, streamstore.ErrUnavailable) {
+		// The time was up on a node that lost its lease meanwhile: not
+		// "nothing new", which another node's appends may belie.
+		return info, err
+	}
 	if lw.ctx.Err() != nil || errors.Is(err, streamstore.ErrShuttingDown) {
 		return info, errWaitOver
 	}
@@ -282,10 +287,11 @@ func streamDeleted(err error) bool {
 
 // feedOver reports whether a feed's wait or read failed for a reason that
 // ends the feed and is no failure to log per feed: the stream was deleted,
-// or another process took the storage over (the engine logged that once,
-// and the client's reconnect is answered with the reason).
+// or the storage is unavailable here (another process took it over, or the
+// lease could not be renewed in time: the engine logs those once, and the
+// client's reconnect is answered with the reason).
 func feedOver(err error) bool {
-	return streamDeleted(err) || errors.Is(err, streamstore.ErrTakenOver)
+	return streamDeleted(err) || errors.Is(err, streamstore.ErrTakenOver) || errors.Is(err, streamstore.ErrLeaseLapsed)
 }
 
 // fanout bounds how many live feeds turn a wake-up into a read and a write

@@ -28,8 +28,9 @@ func TestCutOffNodeAnswersNothingFromMemory(t *testing.T) {
 	v := testenv.NewVersity(t)
 	bucket := v.NewBucket(t)
 	pA := newProxy(t, v)
+	// The holder's long-polls outlast its lease (see parked below).
 	a := caddytest.Start(t, caddyOptions(v, testenv.StoreURL(pA.URL(), bucket, caddytest.S3Prefix),
-		"lease_ttl 3s", "s3_timeout 1s", "long_poll_timeout 2s"))
+		"lease_ttl 3s", "s3_timeout 1s", "long_poll_timeout 6s"))
 	clA := newClient(t, a.URL(), false)
 	clA.create(t, name, 30*time.Second)
 	send := func(cl *dsClient, method, path, query string, hdr map[string]string, body string) *response {
@@ -51,13 +52,30 @@ func TestCutOffNodeAnswersNothingFromMemory(t *testing.T) {
 		return r
 	}
 	text := map[string]string{"Content-Type": textPlain}
-	if r := send(clA, http.MethodPost, name, "", text, "a\n"); r.status/100 != 2 {
+	r := send(clA, http.MethodPost, name, "", text, "a\n")
+	if r.status/100 != 2 {
 		t.Fatalf("append on the holder: %s", r)
 	}
 
 	b := caddytest.Start(t, caddyOptions(v, testenv.StoreURL(v.Endpoint, bucket, caddytest.S3Prefix),
 		"lease_ttl 3s", "long_poll_timeout 2s"))
 	clB := newClient(t, b.URL(), false)
+	// A long-poll parked at the holder's tail when it is cut off: nothing
+	// wakes it as the lease lapses, and at its timeout (6 s, past the
+	// lapse) it must not answer "nothing new" at a tail the new holder
+	// has moved past.
+	parked := make(chan *response, 1)
+	at := r.next()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		r, err := clA.do(ctx, http.MethodGet, name, "live=long-poll&offset="+at, http.Header{}, nil)
+		if err != nil {
+			r = &response{status: -1, body: []byte(err.Error())}
+		}
+		parked <- r
+	}()
+	time.Sleep(300 * time.Millisecond) // parked before the cut-off
 	pA.Down()
 	cut := time.Now()
 	if !waitFor(30*time.Second, func() bool {
@@ -66,7 +84,7 @@ func TestCutOffNodeAnswersNothingFromMemory(t *testing.T) {
 		t.Fatal("the standby did not take the storage over within 30s of the holder's cut-off")
 	}
 	t.Logf("the standby took over %s after the holder was cut off", time.Since(cut).Round(time.Millisecond))
-	r := send(clB, http.MethodPost, name, "", text, "b\n")
+	r = send(clB, http.MethodPost, name, "", text, "b\n")
 	if r.status/100 != 2 {
 		t.Fatalf("append on the new holder: %s", r)
 	}
@@ -88,6 +106,7 @@ func TestCutOffNodeAnswersNothingFromMemory(t *testing.T) {
 	refused(cutOff, "a HEAD", send(clA, http.MethodHead, name, "", nil, ""))
 	producer["Producer-Seq"] = "1"
 	refused(cutOff, "the producer's second append", send(clA, http.MethodPost, name, "", producer, "p1\n"))
+	refused(cutOff, "a long-poll parked before the cut-off, at its timeout", <-parked)
 
 	if err := pA.Up(); err != nil {
 		t.Fatalf("proxy up: %v", err)

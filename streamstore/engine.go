@@ -496,13 +496,14 @@ func (e *Engine) writer() (*segment.Writer, error) {
 	return e.w, nil
 }
 
-// errLeaseLapsed: the lease could not be renewed in time, so this node
-// may no longer be the only writer.
-var errLeaseLapsed = errors.New("the storage lease could not be renewed in time")
+// ErrLeaseLapsed (with ErrUnavailable) answers a request to a node whose
+// lease could not be renewed in time: it may no longer be the only writer,
+// so it answers nothing until a renewal goes through.
+var ErrLeaseLapsed = errors.New("the storage lease could not be renewed in time")
 
 func (e *Engine) checkLease() error {
 	if !e.lease.Valid() {
-		return errLeaseLapsed
+		return ErrLeaseLapsed
 	}
 	return nil
 }
@@ -656,7 +657,7 @@ func (e *Engine) holding() error {
 			return nil
 		default:
 		}
-		return fmt.Errorf("%w: %w", ErrUnavailable, errLeaseLapsed)
+		return fmt.Errorf("%w: %w", ErrUnavailable, ErrLeaseLapsed)
 	}
 	return nil
 }

@@ -1206,7 +1206,8 @@ func (e *Engine) Head(ctx context.Context, name string) (Info, error) {
 // when it was soft-deleted (as every later request is answered), ctx.Err()
 // when ctx ends first, ErrShuttingDown when the engine closes, or
 // ErrTakenOver (with ErrUnavailable) once another process took the storage
-// over, whose changes this one never sees.
+// over, whose changes this one never sees. When ctx ends on a node whose
+// lease lapsed meanwhile, the error is ErrUnavailable, not ctx.Err().
 func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, error) {
 	s, err := e.live(ctx, name)
 	if err != nil {
@@ -1271,6 +1272,13 @@ func (e *Engine) Wait(ctx context.Context, name, id string, seq uint64) (Info, e
 			renew = true
 		case <-ctx.Done():
 			err = ctx.Err()
+			// Nothing wakes a waiter when the lease lapses: one that ends
+			// now on a node that cannot vouch for the storage says so,
+			// rather than "nothing new" while another node may have
+			// written since.
+			if herr := e.holding(); herr != nil {
+				err = herr
+			}
 		case <-e.closing:
 			err = ErrShuttingDown
 		case <-e.fencedC:
