@@ -45,7 +45,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
 	"os"
 	"strings"
@@ -226,16 +225,7 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 	var stopOnce sync.Once
 	stopLoad := func() { stopOnce.Do(func() { close(run.stop) }); wg.Wait() }
 	t.Cleanup(stopLoad)
-	for i := 0; i < 8; i++ {
-		w := &tWorker{tt: anyNode, id: i, rng: rand.New(rand.NewPCG(seed+uint64(i)+1, 7))}
-		wg.Add(1)
-		go func() { defer wg.Done(); w.run() }()
-	}
-	for i, mode := range []string{"long-poll", "long-poll", "sse", "sse", "pico", "pico"} {
-		r := rand.New(rand.NewPCG(seed+uint64(i)+100, 11))
-		wg.Add(1)
-		go func() { defer wg.Done(); anyNode.tail(r, mode) }()
-	}
+	startLoad(anyNode, seed, &wg)
 
 	holds := []testenv.Fault{
 		{Op: testenv.OpPut, KeyContains: "/wal/", Times: 1},

@@ -597,7 +597,8 @@ func (tt *tTorture) picoSSE(rng *rand.Rand, s *tStream, until time.Time) {
 // with its events.
 func (tt *tTorture) picoSSEOnce(ctx context.Context, s *tStream, seq *uint64, byEventID bool) (closed, gone bool) {
 	m := tt.m
-	u := tt.cl.base + "/pico" + s.name + "?live=sse"
+	cl, _ := tt.client() // in the two-node mode, either node
+	u := cl.base + "/pico" + s.name + "?live=sse"
 	if !byEventID {
 		u += "&seq=" + strconv.FormatUint(*seq, 10)
 	}
@@ -609,7 +610,7 @@ func (tt *tTorture) picoSSEOnce(ctx context.Context, s *tStream, seq *uint64, by
 		req.Header.Set("Last-Event-ID", strconv.FormatUint(*seq, 10))
 		m.pico.sseLastEventID.Add(1)
 	}
-	resp, err := tt.cl.hc.Do(req)
+	resp, err := cl.hc.Do(req)
 	if err != nil {
 		return false, false
 	}

@@ -1355,6 +1355,21 @@ func tortureEngine(rng *rand.Rand) []string {
 	return engine
 }
 
+// startLoad starts the torture's workers and live readers on tt, each with
+// a generator of its own drawn from seed; they run until tt's stop closes.
+func startLoad(tt *tTorture, seed uint64, wg *sync.WaitGroup) {
+	for i := 0; i < 8; i++ {
+		w := &tWorker{tt: tt, id: i, rng: rand.New(rand.NewPCG(seed+uint64(i)+1, 7))}
+		wg.Add(1)
+		go func() { defer wg.Done(); w.run() }()
+	}
+	for i, mode := range []string{"long-poll", "long-poll", "sse", "sse", "pico", "pico", "pico-sse", "pico-sse"} {
+		r := rand.New(rand.NewPCG(seed+uint64(i)+100, 11))
+		wg.Add(1)
+		go func() { defer wg.Done(); tt.tail(r, mode) }()
+	}
+}
+
 // tortureCaddyfile serves storage through both protocols, /ds and /pico,
 // with the engine settings given.
 func tortureCaddyfile(storage string, engine []string) string {
@@ -1430,16 +1445,7 @@ func TestCrashTorture(t *testing.T) {
 	var stopOnce sync.Once
 	stopLoad := func() { stopOnce.Do(func() { close(tt.stop) }); wg.Wait() }
 	t.Cleanup(stopLoad)
-	for i := 0; i < 8; i++ {
-		w := &tWorker{tt: tt, id: i, rng: rand.New(rand.NewPCG(seed+uint64(i)+1, 7))}
-		wg.Add(1)
-		go func() { defer wg.Done(); w.run() }()
-	}
-	for i, mode := range []string{"long-poll", "long-poll", "sse", "sse", "pico", "pico", "pico-sse", "pico-sse"} {
-		r := rand.New(rand.NewPCG(seed+uint64(i)+100, 11))
-		wg.Add(1)
-		go func() { defer wg.Done(); tt.tail(r, mode) }()
-	}
+	startLoad(tt, seed, &wg)
 
 	holds := []testenv.Fault{
 		{Op: testenv.OpPut, KeyContains: "/wal/", Times: 1},
