@@ -96,17 +96,7 @@ func TestStandbyTakesOverWhenTheLeaseLapses(t *testing.T) {
 	killed := time.Now()
 	// A renewal the process sent just before it died lands by then.
 	time.Sleep(time.Second)
-	raw, err := a.get("lease")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lease struct {
-		ExpiresAt int64 `json:"expires_at_ms"`
-	}
-	if err := json.Unmarshal(raw, &lease); err != nil || lease.ExpiresAt == 0 {
-		t.Fatalf("lease object %q: %v", raw, err)
-	}
-	lapses := time.UnixMilli(lease.ExpiresAt)
+	lapses := leaseExpiry(t, a)
 	got, _ := waitOpen(t, b, fhReq{Method: http.MethodGet, Path: name + "?offset=-1"})
 	opened := time.Now()
 	if got.Status != http.StatusOK || string(got.Body) != "kept" {
@@ -134,18 +124,8 @@ func TestLeaseTTLBoundsTheTakeover(t *testing.T) {
 	a.append(name, textPlain, []byte("kept"))
 	b := launchStandby(t, a, cfg)
 
-	raw, err := a.get("lease")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lease struct {
-		ExpiresAt int64 `json:"expires_at_ms"`
-	}
-	if err := json.Unmarshal(raw, &lease); err != nil || lease.ExpiresAt == 0 {
-		t.Fatalf("lease object %q: %v", raw, err)
-	}
 	// Renewed every second: it runs out at most 3 s from now.
-	if left := time.Until(time.UnixMilli(lease.ExpiresAt)); left > ttl+500*time.Millisecond {
+	if left := time.Until(leaseExpiry(t, a)); left > ttl+500*time.Millisecond {
 		t.Errorf("the lease object runs %v past now, want at most lease_ttl %v", left.Round(time.Millisecond), ttl)
 	}
 	first.Kill()
@@ -160,6 +140,23 @@ func TestLeaseTTLBoundsTheTakeover(t *testing.T) {
 		t.Errorf("the standby took the storage over %v after the holder died, want within lease_ttl %v and %v",
 			took.Round(time.Millisecond), ttl, lapseTakeoverLimit)
 	}
+}
+
+// leaseExpiry reads the lease object of a's bucket and returns when it runs
+// out, as its holder last wrote it.
+func leaseExpiry(t *testing.T, a *fhEnv) time.Time {
+	t.Helper()
+	raw, err := a.get("lease")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lease struct {
+		ExpiresAt int64 `json:"expires_at_ms"`
+	}
+	if err := json.Unmarshal(raw, &lease); err != nil || lease.ExpiresAt == 0 {
+		t.Fatalf("lease object %q: %v", raw, err)
+	}
+	return time.UnixMilli(lease.ExpiresAt)
 }
 
 // startLeaseHolder starts a node on a new bucket behind the S3 proxy, with
