@@ -651,28 +651,26 @@ func (r *engineRef) reconfigureLocked(s engineSettings, warnS3 bool) {
 	if s == r.settings {
 		return
 	}
-	if s.S3Timeout != r.settings.S3Timeout {
-		if warnS3 {
-			r.log.Warn("s3_timeout changed; it takes effect when Caddy restarts",
-				zap.Duration("running", r.settings.S3Timeout), zap.Duration("configured", s.S3Timeout))
-		}
-		s.S3Timeout = r.settings.S3Timeout
-		if s == r.settings {
-			return // nothing else changed: the engine runs as it did
+	// Two settings belong to the storage as it was opened: the timeout of
+	// its object-store client, and the lease's lifetime (taken with it, and
+	// kept by a standby's retried start). They stay until a restart.
+	for _, f := range []struct {
+		name                string
+		running, configured *time.Duration
+	}{
+		{"s3_timeout", &r.settings.S3Timeout, &s.S3Timeout},
+		{"lease_ttl", &r.settings.LeaseTTL, &s.LeaseTTL},
+	} {
+		if *f.configured != *f.running {
+			if warnS3 {
+				r.log.Warn(f.name+" changed; it takes effect when Caddy restarts",
+					zap.Duration("running", *f.running), zap.Duration("configured", *f.configured))
+			}
+			*f.configured = *f.running
 		}
 	}
-	if s.LeaseTTL != r.settings.LeaseTTL {
-		// The lease was taken with the first config's lifetime, and a
-		// standby's retried start keeps it too: one storage, one value
-		// until a restart.
-		if warnS3 {
-			r.log.Warn("lease_ttl changed; it takes effect when Caddy restarts",
-				zap.Duration("running", r.settings.LeaseTTL), zap.Duration("configured", s.LeaseTTL))
-		}
-		s.LeaseTTL = r.settings.LeaseTTL
-		if s == r.settings {
-			return
-		}
+	if s == r.settings {
+		return // nothing else changed: the engine runs as it did
 	}
 	if s.GraveTime != r.settings.GraveTime {
 		warnShortGrave(r.log, r.key, s.GraveTime)
