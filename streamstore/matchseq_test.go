@@ -3,6 +3,7 @@ package streamstore
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,6 +90,90 @@ func TestMatchSeqJudgedOnDurableTail(t *testing.T) {
 				}
 				if r.res.FirstSeq != 1 || r.res.NextSeq != 2 {
 					t.Fatalf("MatchSeq 1 landed at %d..%d", r.res.FirstSeq, r.res.NextSeq)
+				}
+			}
+			want := []string{"a", "b"}
+			if !lands {
+				want = []string{"a", "c"}
+			}
+			if got := readAll(t, e, "/s"); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+				t.Fatalf("records %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// Stream-Seq is judged the same way: a value only a pending append has
+// passed waits for it, and a refusal names the durable value.
+func TestStreamSeqJudgedOnDurableValue(t *testing.T) {
+	for _, lands := range []bool{true, false} {
+		name := "the append ahead fails"
+		if lands {
+			name = "the append ahead lands"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := &heldUpload{Store: memstore.New(), held: make(chan struct{}), fail: make(chan bool, 1)}
+			e := startEngine(t, st, Config{})
+			t.Cleanup(func() {
+				select {
+				case st.fail <- true:
+				default:
+				}
+			})
+			if _, _, err := e.Create(ctx, "/s", CreateRequest{}); err != nil {
+				t.Fatal(err)
+			}
+			seqd := func(rec, seq string) (AppendResult, error) {
+				return e.Append(ctx, "/s", AppendRequest{Records: recs(rec), StreamSeq: seq})
+			}
+			if _, err := seqd("a", "001"); err != nil {
+				t.Fatal(err)
+			}
+			st.holdNext()
+			ahead := make(chan error, 1)
+			go func() {
+				_, err := seqd("b", "002")
+				ahead <- err
+			}()
+			<-st.held
+			if _, err := seqd("x", "001"); !errors.Is(err, ErrStreamSeq) || !strings.Contains(err.Error(), `not after "001"`) {
+				t.Fatalf("Stream-Seq 001 with 001 durable and 002 pending: %v, want a refusal naming 001", err)
+			}
+			type result struct {
+				res AppendResult
+				err error
+			}
+			second := make(chan result, 1)
+			go func() {
+				res, err := seqd("c", "002")
+				second <- result{res, err}
+			}()
+			select {
+			case r := <-second:
+				t.Fatalf("Stream-Seq 002 answered (%+v, %v) while the append that holds 002 is not durable", r.res, r.err)
+			case <-time.After(200 * time.Millisecond):
+			}
+			st.fail <- !lands
+			if err := <-ahead; (err == nil) != lands {
+				t.Fatalf("the append ahead: %v", err)
+			}
+			r := <-second
+			switch {
+			case lands && (!errors.Is(r.err, ErrStreamSeq) || !strings.Contains(r.err.Error(), `not after "002"`)):
+				t.Fatalf("Stream-Seq 002 once 002 is durable: %+v, %v, want a refusal naming 002", r.res, r.err)
+			case !lands && errors.Is(r.err, ErrStreamSeq):
+				t.Fatalf("Stream-Seq 002 refused (%v) although the append ahead rolled back", r.err)
+			case !lands:
+				// Landed, or refused while the writer recovers from the
+				// failed upload: then again it lands.
+				deadline := time.Now().Add(10 * time.Second)
+				for r.err != nil {
+					if errors.Is(r.err, ErrStreamSeq) || time.Now().After(deadline) {
+						t.Fatalf("Stream-Seq 002 after the append ahead rolled back: %v", r.err)
+					}
+					time.Sleep(20 * time.Millisecond)
+					r.res, r.err = seqd("c", "002")
 				}
 			}
 			want := []string{"a", "b"}

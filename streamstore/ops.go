@@ -914,8 +914,17 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		}
 	}
 	if req.StreamSeq != "" && st.StreamSeq != "" && req.StreamSeq <= st.StreamSeq {
+		// As with MatchSeq below: a value that only appends still on
+		// their way have passed waits for them, since they may roll
+		// back; a refusal names the durable value, never a pending one.
+		durable := s.durable.StreamSeq
+		if durable == "" || req.StreamSeq > durable {
+			ch := s.changedLocked()
+			s.mu.Unlock()
+			return AppendResult{}, appendWait{ch: ch}, nil
+		}
 		s.mu.Unlock()
-		return AppendResult{}, appendWait{}, fmt.Errorf("%w: %q is not after %q", ErrStreamSeq, req.StreamSeq, st.StreamSeq)
+		return AppendResult{}, appendWait{}, fmt.Errorf("%w: %q is not after %q", ErrStreamSeq, req.StreamSeq, durable)
 	}
 	if req.MatchSeq != nil && *req.MatchSeq != st.NextSeq {
 		// Judged against the tail reads show, the durable one: appends
