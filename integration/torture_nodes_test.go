@@ -43,6 +43,7 @@ package integration
 // must still refuse.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -160,14 +161,15 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 	reloadEngine := append(tortureEngine(rng), fmt.Sprintf("lease_ttl %s", ttl))
 	slow := rng.IntN(3) == 0
 
+	latency, jitter := time.Millisecond, 4*time.Millisecond
+	if slow {
+		latency, jitter = 10*time.Millisecond, 30*time.Millisecond // a distant bucket
+	}
+
 	nodes := make([]*tNode, 2)
 	for i := range nodes {
 		px := newProxy(t, v)
-		if slow {
-			px.SetLatency(10*time.Millisecond, 30*time.Millisecond) // a distant bucket
-		} else {
-			px.SetLatency(time.Millisecond, 4*time.Millisecond)
-		}
+		px.SetLatency(latency, jitter)
 		px.AddFault(testenv.Fault{Status: http.StatusServiceUnavailable, Rate: 0.01})
 		px.AddFault(testenv.Fault{Op: testenv.OpPut, Status: http.StatusServiceUnavailable, AfterForward: true, Rate: 0.005})
 		storage := testenv.StoreURL(px.URL(), bucket, caddytest.S3Prefix)
@@ -300,9 +302,163 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 		}
 	}
 
+	// The short events (a cut-off shorter than the lease, faults on both
+	// proxies) leave the holder holding, unless its lease lapsed: a lease
+	// watch reads the lease object past the proxies and judges any
+	// takeover (torture_lease_test.go). After the event the holder must
+	// acknowledge a write again within resumeLimit: its renewal is retried
+	// at least every second (renewRetry below, as streamstore's
+	// renewLease), an S3 request the outage failed is retried by the
+	// store with a backoff of at most 5 s, and a WAL writer broken by it
+	// waits at most 5 s more before its next namespace; the rest is room
+	// for a versitygw on two busy cores.
+	s3c := v.Client()
+	const resumeLimit = 15 * time.Second
+	renewRetry := min(time.Second, ttl/3)
+	resumeStream := "/ds/torture-probe/resumed"
+	nodes[0].cl.create(t, resumeStream, 30*time.Second)
+	var resumeAcked [][]byte
+	// resumeWrite appends to resumeStream through n until an append is
+	// acknowledged (it must then read back at the end, like every
+	// acknowledged record) or until the deadline.
+	resumeWrite := func(n *tNode, deadline time.Time) bool {
+		body := fmt.Appendf(nil, "resumed %d on %s at %s;", len(resumeAcked), n.name, time.Now().Format("15:04:05.000"))
+		for time.Now().Before(deadline) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			r, err := n.cl.appendBody(ctx, resumeStream, body)
+			cancel()
+			if err == nil && r.status < 300 {
+				resumeAcked = append(resumeAcked, body)
+				return true
+			}
+			if err == nil && r.status < 500 {
+				run.m.violation("node %s refused an append to %s after the event: %s", n.name, resumeStream, r)
+				return false
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		return false
+	}
+	var slowestResume time.Duration
+	// afterBlip follows a short event on holder hi that ended at back: the
+	// holder must acknowledge a write again within resumeLimit and the
+	// standby must not serve, unless the lease watch w saw the lease
+	// lapse and the standby take it (then the old holder, which learns at
+	// its next renewal that it was replaced, must refuse, and is killed
+	// and started again as the standby, as after a long cut-off). It
+	// returns the holder after the event and whether the lease changed
+	// hands.
+	afterBlip := func(what string, hi int, w *leaseWatch, back time.Time) (int, bool) {
+		h, o := nodes[hi], nodes[1-hi]
+		resumed := false
+		for deadline := back.Add(resumeLimit); time.Now().Before(deadline); {
+			if o.probe() {
+				break // taken over: judged below
+			}
+			if resumeWrite(h, time.Now().Add(min(time.Until(deadline), time.Second))) {
+				resumed = true
+				slowestResume = max(slowestResume, time.Since(back))
+				break
+			}
+		}
+		// A standby looks at the lease at least every 2 s: a takeover
+		// the event brought about shows by then.
+		time.Sleep(3 * time.Second)
+		v := judgeTakeover(w.end(), ttl)
+		if !v.taken {
+			if o.probe() {
+				run.m.violation("after a %s of node %s, node %s serves the storage, though the lease object still names the holder (%s)",
+					what, h.name, o.name, v.detail)
+			}
+			if !resumed {
+				run.m.violation("node %s acknowledged no write within %s after a %s ended, and kept its lease (%s)",
+					h.name, resumeLimit, what, v.detail)
+			}
+			return hi, false
+		}
+		if !v.lapsed {
+			run.m.violation("node %s took the storage over from node %s during a %s while its lease was live: %s",
+				o.name, h.name, what, v.detail)
+		} else {
+			t.Logf("the lease lapsed in a %s of node %s and node %s took over: %s", what, h.name, o.name, v.detail)
+		}
+		next := waitHolder(hi, takeoverLimit)
+		if !waitFor(ttl+15*time.Second, func() bool { return !h.probe() }) {
+			run.m.violation("node %s still serves the storage %s after node %s took it over in a %s",
+				h.name, ttl+15*time.Second, nodes[next].name, what)
+		} else if served := h.replacedHeads(run.m.all()); len(served) > 0 {
+			run.m.violation("node %s, replaced by node %s, refuses reads but answers HEADs from memory: %s",
+				h.name, nodes[next].name, strings.Join(served, "; "))
+		}
+		h.c.Kill()
+		restart(h)
+		return next, true
+	}
+	// freshLease waits (up to a lease) for the holder's next renewal to
+	// land and returns the expiry it wrote.
+	freshLease := func() time.Time {
+		var first time.Time
+		var last time.Time
+		deadline := time.Now().Add(ttl)
+		for time.Now().Before(deadline) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			s, err := readLease(ctx, s3c, bucket)
+			cancel()
+			if err == nil {
+				if first.IsZero() {
+					first = s.expires
+				} else if !s.expires.Equal(first) {
+					return s.expires
+				}
+				last = s.expires
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return last
+	}
+	faultKinds := []string{"503s", "500s", "lost answers to writes", "dropped connections", "latency"}
+	// faultBoth puts transient faults of a random kind on both proxies and
+	// returns what it did and the undoing.
+	faultBoth := func() (string, func()) {
+		kind := faultKinds[rng.IntN(len(faultKinds))]
+		rate := 0.1 + 0.3*rng.Float64()
+		var f testenv.Fault
+		switch kind {
+		case "503s":
+			f = testenv.Fault{Status: http.StatusServiceUnavailable, Rate: rate}
+		case "500s":
+			f = testenv.Fault{Status: http.StatusInternalServerError, Rate: rate}
+		case "lost answers to writes":
+			f = testenv.Fault{Op: testenv.OpPut, Status: http.StatusInternalServerError, AfterForward: true, Rate: rate}
+		case "dropped connections":
+			f = testenv.Fault{Reset: true, Rate: rate}
+		case "latency":
+			add := 100*time.Millisecond + time.Duration(rng.Int64N(int64(300*time.Millisecond)))
+			for _, n := range nodes {
+				n.px.SetLatency(latency+add, jitter+add/2)
+			}
+			return fmt.Sprintf("latency +%s", add.Round(time.Millisecond)), func() {
+				for _, n := range nodes {
+					n.px.SetLatency(latency, jitter)
+				}
+			}
+		}
+		var undo []func()
+		for _, n := range nodes {
+			undo = append(undo, n.px.AddFault(f))
+		}
+		return fmt.Sprintf("%s on %.0f%%", kind, 100*rate), func() {
+			for _, u := range undo {
+				u()
+			}
+		}
+	}
+
 	began := time.Now()
 	holder := 0
 	var kills, stops, cuts, takeovers, retaken, heldEvents, checks int
+	var shortCuts, faultBursts, lapsedBlips int
+	var longestShortCut float64
 	events := map[string]int{}
 	var takeoverTimes []time.Duration
 	var totalRecs, totalObs int
@@ -322,9 +478,49 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 		}
 		var event string
 		eventAt := time.Now()
-		early := false
-		switch r := rng.IntN(10); {
-		case r < 3:
+		early, blip, handed := false, false, false
+		switch r := rng.IntN(20); {
+		case r < 4:
+			// Cut off for less than the lease: from just after a renewal
+			// landed, plus a random part of the renewal period, for 0.2
+			// to 0.7 of the lease, but so that the proxy is back with
+			// time for a renewal retry (and latency) before the last
+			// expiry written: the lease cannot lapse unless a fault
+			// fails that retry too, and the lease watch tells.
+			shortCuts++
+			blip = true
+			w := watchLease(t, s3c, bucket)
+			expires := freshLease()
+			time.Sleep(time.Duration(rng.Int64N(int64(ttl / 3))))
+			d := ttl/5 + time.Duration(rng.Int64N(int64(ttl/2)))
+			d = max(min(d, time.Until(expires)-renewRetry-500*time.Millisecond), 0)
+			longestShortCut = max(longestShortCut, d.Seconds()/ttl.Seconds())
+			event = "short cut-off"
+			h.px.Down()
+			time.Sleep(d)
+			// A held upload lands while the holder hears nothing of it,
+			// or a moment after the proxy is back.
+			releaseLater(release)
+			if err := h.px.Up(); err != nil {
+				t.Fatalf("node %s's proxy up again: %v", h.name, err)
+			}
+			holder, handed = afterBlip(fmt.Sprintf("cut-off of %s (%.2f of the lease)", d.Round(time.Millisecond), d.Seconds()/ttl.Seconds()),
+				holder, w, time.Now())
+		case r < 8:
+			// Transient faults on both proxies for a few seconds, while
+			// the load goes on: the holder's renewals and the standby's
+			// look at the lease meet them too.
+			faultBursts++
+			blip = true
+			w := watchLease(t, s3c, bucket)
+			kind, undo := faultBoth()
+			releaseLater(release)
+			d := 2*time.Second + time.Duration(rng.Int64N(int64(4*time.Second)))
+			time.Sleep(d)
+			undo()
+			event = "faults on both nodes"
+			holder, handed = afterBlip(fmt.Sprintf("%s of %s on both nodes", kind, d.Round(time.Millisecond)), holder, w, time.Now())
+		case r < 12:
 			// Cut off: the held upload, if any, lands once the standby
 			// has taken over, and its answer is lost.
 			cuts++
@@ -359,7 +555,7 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 			kills++
 			restart(h)
 			holder = next
-		case r < 5:
+		case r < 15:
 			stops++
 			event = "graceful stop"
 			if err := h.c.StopTimeout(30 * time.Second); err != nil {
@@ -393,11 +589,19 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 		if early {
 			event += ", restarted at once"
 		}
+		if handed {
+			lapsedBlips++
+			event += ", lease lapsed"
+		}
 		events[event]++
-		run.kills.Add(1)
-		if nodes[holder] == h {
+		switch {
+		case blip && !handed:
+			// The holder held on: nothing was killed or taken over.
+		case nodes[holder] == h:
+			run.kills.Add(1)
 			retaken++
-		} else {
+		default:
+			run.kills.Add(1)
 			takeovers++
 		}
 		if o.probe() && nodes[holder] != o {
@@ -427,6 +631,15 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 	r, ob, n := final.check(true)
 	totalRecs += r
 	totalObs += ob
+	if content, _, err := nodes[holder].cl.readAll(resumeStream, time.Minute); err != nil {
+		run.m.violation("reading %s at the end: %v", resumeStream, err)
+	} else {
+		for _, b := range resumeAcked {
+			if !bytes.Contains(content, b) {
+				run.m.violation("%s: the append %q, acknowledged after a short event, is missing", resumeStream, b)
+			}
+		}
+	}
 	if nodes[1-holder].probe() {
 		run.m.violation("at the end node %s serves the storage node %s holds", nodes[1-holder].name, nodes[holder].name)
 	}
@@ -440,6 +653,8 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 	}
 	t.Logf("load %s: takeovers %d (slowest %s after the event), lease taken back by the same node %d; kills %d, graceful stops %d, cut off from the store %d; %d with an upload held; events %v; checks %d during the load and one at the end",
 		loadTook.Round(time.Second), takeovers, slowest.Round(time.Millisecond), retaken, kills, stops, cuts, heldEvents, events, checks)
+	t.Logf("short events: cut-offs shorter than the lease %d (longest %.2f of the lease), faults on both nodes %d; the lease lapsed in %d of them; the holder acknowledged writes again within %s of the end at the slowest (%d such appends, all read back)",
+		shortCuts, longestShortCut, faultBursts, lapsedBlips, slowestResume.Round(time.Millisecond), len(resumeAcked))
 	t.Logf("streams %d (checked at the end %d): creates %d, forks %d, closes %d, deletes %d; appends acked: DS %d, DS producer %d, Pico batches %d (%d large); no answer (or 503) %d, refused %d; stale producer epochs fenced %d; writes acked by a cut-off node past its lease %d",
 		len(m.all()), n, m.creates.Load(), m.forks.Load(), m.closes.Load(), m.deletes.Load(), m.appends.Load(), m.producerAppends.Load(),
 		m.picoAppends.Load(), m.large.Load(), m.noAnswer.Load(), m.refused.Load(), m.fenced.Load(), len(fencingAcks))
