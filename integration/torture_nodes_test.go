@@ -367,27 +367,27 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 		v := judgeTakeover(w.end(), ttl)
 		if !v.taken {
 			if o.probe() {
-				run.m.violation("after a %s of node %s, node %s serves the storage, though the lease object still names the holder (%s)",
-					what, h.name, o.name, v.detail)
+				run.m.violation("after %s, node %s serves the storage, though the lease object still names node %s (%s)",
+					what, o.name, h.name, v.detail)
 			}
 			if !resumed {
-				run.m.violation("node %s acknowledged no write within %s after a %s ended, and kept its lease (%s)",
+				run.m.violation("node %s acknowledged no write within %s after %s, and kept its lease (%s)",
 					h.name, resumeLimit, what, v.detail)
 			} else {
-				t.Logf("a %s of node %s: it kept the lease and acknowledged a write %s after", what, h.name,
+				t.Logf("%s: node %s kept the lease and acknowledged a write %s after", what, h.name,
 					took.Round(time.Millisecond))
 			}
 			return hi, false
 		}
 		if !v.lapsed {
-			run.m.violation("node %s took the storage over from node %s during a %s while its lease was live: %s",
+			run.m.violation("node %s took the storage over from node %s in %s while its lease was live: %s",
 				o.name, h.name, what, v.detail)
 		} else {
-			t.Logf("the lease lapsed in a %s of node %s and node %s took over: %s", what, h.name, o.name, v.detail)
+			t.Logf("%s: the lease of node %s lapsed and node %s took over: %s", what, h.name, o.name, v.detail)
 		}
 		next := waitHolder(hi, takeoverLimit)
 		if !waitFor(ttl+15*time.Second, func() bool { return !h.probe() }) {
-			run.m.violation("node %s still serves the storage %s after node %s took it over in a %s",
+			run.m.violation("node %s still serves the storage %s after node %s took it over in %s",
 				h.name, ttl+15*time.Second, nodes[next].name, what)
 		} else if served := h.replacedHeads(run.m.all()); len(served) > 0 {
 			run.m.violation("node %s, replaced by node %s, refuses reads but answers HEADs from memory: %s",
@@ -419,7 +419,7 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 		}
 		return last
 	}
-	faultKinds := []string{"503s", "500s", "lost answers to writes", "dropped connections", "latency"}
+	faultKinds := []string{"503s", "500s", "lost answers to writes", "dropped connections", "lease requests failing", "latency"}
 	// faultBoth puts transient faults of a random kind on both proxies and
 	// returns what it did and the undoing.
 	faultBoth := func() (string, func()) {
@@ -435,6 +435,12 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 			f = testenv.Fault{Op: testenv.OpPut, Status: http.StatusInternalServerError, AfterForward: true, Rate: rate}
 		case "dropped connections":
 			f = testenv.Fault{Reset: true, Rate: rate}
+		case "lease requests failing":
+			// Most of the holder's renewals and the standby's looks,
+			// each retried by the store: the lease may lapse (a sound
+			// takeover), and the watch judges it.
+			rate = 0.5 + 0.4*rng.Float64()
+			f = testenv.Fault{KeyContains: "/lease", Status: http.StatusInternalServerError, Rate: rate}
 		case "latency":
 			add := 100*time.Millisecond + time.Duration(rng.Int64N(int64(300*time.Millisecond)))
 			for _, n := range nodes {
@@ -450,7 +456,7 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 		for _, n := range nodes {
 			undo = append(undo, n.px.AddFault(f))
 		}
-		return fmt.Sprintf("%s on %.0f%%", kind, 100*rate), func() {
+		return fmt.Sprintf("%s on %.0f%% of requests", kind, 100*rate), func() {
 			for _, u := range undo {
 				u()
 			}
@@ -507,8 +513,8 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 			if err := h.px.Up(); err != nil {
 				t.Fatalf("node %s's proxy up again: %v", h.name, err)
 			}
-			holder, handed = afterBlip(fmt.Sprintf("cut-off of %s (%.2f of the lease)", d.Round(time.Millisecond), d.Seconds()/ttl.Seconds()),
-				holder, w, time.Now())
+			holder, handed = afterBlip(fmt.Sprintf("a cut-off of node %s for %s (%.2f of the lease)",
+				h.name, d.Round(time.Millisecond), d.Seconds()/ttl.Seconds()), holder, w, time.Now())
 		case r < 10:
 			// Transient faults on both proxies for a few seconds, while
 			// the load goes on: the holder's renewals and the standby's
@@ -522,7 +528,7 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 			time.Sleep(d)
 			undo()
 			event = "faults on both nodes"
-			holder, handed = afterBlip(fmt.Sprintf("%s of %s on both nodes", kind, d.Round(time.Millisecond)), holder, w, time.Now())
+			holder, handed = afterBlip(fmt.Sprintf("%s for %s on both nodes' proxies", kind, d.Round(time.Millisecond)), holder, w, time.Now())
 		case r < 13:
 			// Cut off: the held upload, if any, lands once the standby
 			// has taken over, and its answer is lost.
