@@ -31,16 +31,32 @@ package integration
 //
 // and the old holder is started again and becomes the standby (or, now
 // and then started again at once after a kill, takes its own lease back
-// before the standby could). After each takeover every fact recorded so
-// far is checked through the new holder alone, while the load goes on:
-// nothing acknowledged by either node, at any time, is missing, nothing a
-// reader was served reads differently, and trims, Stream-Seq, closes and
-// deletes hold. Besides, a node cut off from the store for longer than a
-// lease must not acknowledge a write (an append with new records, a
-// create, a delete) sent after its lease lapsed: its lease was no longer
-// certainly its own. At the end the load stops and each stream is read
-// whole through the holder, as in the one-node torture, and the standby
-// must still refuse.
+// before the standby could). Half the events are short ones that leave
+// the holder holding:
+//
+//   - a cut-off shorter than the lease (0.2 to 0.7 of it, ending early
+//     enough for a renewal retry to land before the last expiry the
+//     holder wrote), sometimes with an upload held that lands meanwhile;
+//   - a few seconds of transient faults on both proxies at once (500s,
+//     503s, lost answers to writes, dropped connections, failing lease
+//     requests, or added latency) while the load goes on.
+//
+// After one the standby must not have taken a live lease over: a watch
+// reads the lease object past the proxies, and a takeover is sound only
+// if the holder's latest expiry was past when the standby's lease began
+// (the engine's own renewal may fail to land in time under faults; then
+// the event ends as a cut-off does). Otherwise the holder must
+// acknowledge a write again within 15 s and the standby still refuse.
+// After each event every fact recorded so far is checked through the
+// holder alone, while the load goes on: nothing acknowledged by either
+// node, at any time, is missing, nothing a reader was served reads
+// differently, and trims, Stream-Seq, closes and deletes hold. Besides,
+// a node cut off from the store for longer than a lease must not
+// acknowledge a write (an append with new records, a create, a delete)
+// sent after its lease lapsed: its lease was no longer certainly its
+// own. At the end the load stops and each stream is read whole through
+// the holder, as in the one-node torture (and so is every write
+// acknowledged after a short event), and the standby must still refuse.
 
 import (
 	"bytes"
