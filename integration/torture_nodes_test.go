@@ -38,8 +38,8 @@ package integration
 //     enough for a renewal retry to land before the last expiry the
 //     holder wrote), sometimes with an upload held that lands meanwhile;
 //   - a few seconds of transient faults on both proxies at once (500s,
-//     503s, lost answers to writes, dropped connections, failing lease
-//     requests, or added latency) while the load goes on.
+//     503s, lost answers to writes, dropped connections, stalls, failing
+//     lease requests, or added latency) while the load goes on.
 //
 // After one the standby must not have taken a live lease over: a watch
 // reads the lease object past the proxies, and a takeover is sound only
@@ -435,7 +435,7 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 		}
 		return last
 	}
-	faultKinds := []string{"503s", "500s", "lost answers to writes", "dropped connections", "lease requests failing", "latency"}
+	faultKinds := []string{"503s", "500s", "lost answers to writes", "dropped connections", "stalls", "lease requests failing", "latency"}
 	// faultBoth puts transient faults of a random kind on both proxies and
 	// returns what it did and the undoing.
 	faultBoth := func() (string, func()) {
@@ -451,6 +451,10 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 			f = testenv.Fault{Op: testenv.OpPut, Status: http.StatusInternalServerError, AfterForward: true, Rate: rate}
 		case "dropped connections":
 			f = testenv.Fault{Reset: true, Rate: rate}
+		case "stalls":
+			// Requests that hang up to 2 s before they go on, past the
+			// renewal's own timeout (a third of the lease) at times.
+			f = testenv.Fault{Stall: 500*time.Millisecond + time.Duration(rng.Int64N(int64(1500*time.Millisecond))), Rate: rate}
 		case "lease requests failing":
 			// Most of the holder's renewals and the standby's looks,
 			// each retried by the store: the lease may lapse (a sound
@@ -472,7 +476,11 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 		for _, n := range nodes {
 			undo = append(undo, n.px.AddFault(f))
 		}
-		return fmt.Sprintf("%s on %.0f%% of requests", kind, 100*rate), func() {
+		desc := fmt.Sprintf("%s on %.0f%% of requests", kind, 100*rate)
+		if f.Stall > 0 {
+			desc = fmt.Sprintf("%s of %s on %.0f%% of requests", kind, f.Stall.Round(time.Millisecond), 100*rate)
+		}
+		return desc, func() {
 			for _, u := range undo {
 				u()
 			}
