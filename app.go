@@ -451,6 +451,21 @@ func retryWait(err error, delay time.Duration, now time.Time) time.Duration {
 	return backoff
 }
 
+// nextRetryDelay is the backoff after a start attempt that failed with
+// err, delay being the one before it. It doubles (up to openRetryMax)
+// while the store cannot be reached. An attempt that found the lease held
+// reached the store, and its wait is bounded by standbyPoll whatever the
+// backoff: the backoff starts over, so that a standby whose next look
+// meets a blip of the store tries again within a second or two, not the
+// 15 to 30 s its many looks at a held lease had doubled it to, while the
+// holder may die and its lease lapse.
+func nextRetryDelay(err error, delay time.Duration) time.Duration {
+	if errors.Is(err, segment.ErrLeaseHeld) {
+		return openRetryMin
+	}
+	return min(2*delay, openRetryMax)
+}
+
 // retryStart starts the engine again until it starts or Destruct ends
 // openCtx.
 func (r *engineRef) retryStart() {
@@ -479,7 +494,7 @@ func (r *engineRef) retryStart() {
 			return
 		}
 		r.openErr.Store(&err)
-		delay = min(2*delay, openRetryMax)
+		delay = nextRetryDelay(err, delay)
 		switch {
 		case !waitable(err):
 			// Reached now, but refused: still retried, as only the

@@ -671,6 +671,44 @@ func TestRetryWait(t *testing.T) {
 	}
 }
 
+// A start's backoff doubles while the store cannot be reached and starts
+// over when an attempt reached it and found the lease held: a standby's
+// looks at a held lease once doubled it to 30 s, and its first look that
+// met a blip of the store then waited 15 to 30 s.
+func TestNextRetryDelay(t *testing.T) {
+	held := fmt.Errorf("start engine: %w", &segment.LeaseHeldError{Node: "other", Until: time.Now()})
+	unreachable := errors.New("dial tcp: connection refused")
+	tests := []struct {
+		name        string
+		err         error
+		delay, want time.Duration
+	}{
+		{"unreachable doubles", unreachable, 2 * time.Second, 4 * time.Second},
+		{"unreachable stops at the cap", unreachable, openRetryMax, openRetryMax},
+		{"held starts over", held, openRetryMax, openRetryMin},
+		{"held, no expiry known, starts over", fmt.Errorf("start engine: %w", segment.ErrLeaseHeld), 8 * time.Second, openRetryMin},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := nextRetryDelay(tt.err, tt.delay); got != tt.want {
+				t.Errorf("nextRetryDelay(%v, %v) = %v, want %v", tt.err, tt.delay, got, tt.want)
+			}
+		})
+	}
+	// A standby's many looks at a held lease, then one that cannot reach
+	// the store: the next try comes within two seconds.
+	delay := openRetryMin
+	for range 20 {
+		delay = nextRetryDelay(held, delay)
+	}
+	delay = nextRetryDelay(unreachable, delay)
+	for range 50 {
+		if w := retryWait(unreachable, delay, time.Now()); w > 2*openRetryMin {
+			t.Fatalf("after 20 looks at a held lease and one unreachable store, the next try waits %v, want at most %v", w, 2*openRetryMin)
+		}
+	}
+}
+
 // The lines of a retried start name its wait after what it waited for: a
 // standby waits for another node's lease, which the five-minute warning
 // used to call being unreachable while the line ending it said waited_for.

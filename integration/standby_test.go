@@ -110,6 +110,57 @@ func TestStandbyTakesOverWhenTheLeaseLapses(t *testing.T) {
 	}
 }
 
+// TestStandbyTakesOverPromptlyAfterAStoreBlip: a standby that has waited
+// a while, then met a store that failed its read of the lease for a
+// moment, still takes the storage over as soon as the lease lapses.
+// Before, its backoff doubled at every look that found the lease held
+// (where standbyPoll bounds the wait anyway), so after a few seconds as a
+// standby it stood at 30 s, and the one start that failed to reach the
+// store waited 15 to 30 s before the next: a holder that died meanwhile
+// left the storage without a writer that long after its lease lapsed.
+// Found while adding faults on both nodes to the two-node crash torture.
+func TestStandbyTakesOverPromptlyAfterAStoreBlip(t *testing.T) {
+	t.Parallel() // waits on timers most of its run
+	a, cfg := startLeaseHolder(t, "lease_ttl 3s")
+	first := a.caddy
+	const name = "/ds/blip/s"
+	a.create(name, textPlain)
+	a.append(name, textPlain, []byte("kept"))
+
+	b := launchStandby(t, a, cfg)
+	// Looks that find the lease held, every 2 s, for a while.
+	time.Sleep(15 * time.Second)
+	// The standby's next look meets a failing store. Only its reads of
+	// the lease fail: the holder writes the lease and reads it only when
+	// a write of it is refused.
+	before := a.proxy.Counts().Faults
+	remove := a.proxy.AddFault(testenv.Fault{Op: testenv.OpGet, KeyContains: "/lease", Status: http.StatusInternalServerError})
+	if !waitFor(10*time.Second, func() bool { return a.proxy.Counts().Faults > before }) {
+		remove()
+		t.Fatal("the standby did not read the lease within 10 s")
+	}
+	// Its store's retries (a second at most) run out: the start fails
+	// as unreachable, and the store answers again.
+	time.Sleep(3 * time.Second)
+	remove()
+	first.Kill()
+	killed := time.Now()
+	time.Sleep(time.Second) // a renewal sent just before the kill lands
+	lapses := leaseExpiry(t, a)
+	got, _ := waitOpen(t, b, fhReq{Method: http.MethodGet, Path: name + "?offset=-1"})
+	opened := time.Now()
+	if got.Status != http.StatusOK || string(got.Body) != "kept" {
+		t.Fatalf("read on the standby after the first node died: %s, want 200 %q", got, "kept")
+	}
+	late := opened.Sub(lapses)
+	t.Logf("the lease lapsed %v after the kill; the standby took the storage over %v after that",
+		lapses.Sub(killed).Round(time.Millisecond), late.Round(time.Millisecond))
+	if late > lapseTakeoverLimit {
+		t.Errorf("the standby, whose read of the lease had failed once, took the storage over %v after the lease lapsed, want within %v",
+			late.Round(time.Millisecond), lapseTakeoverLimit)
+	}
+}
+
 // TestLeaseTTLBoundsTheTakeover: with lease_ttl 3s the holder's lease
 // object expires 3 s after its renewal, not 30, and a standby of a node
 // that dies serves the storage within seconds. Before lease_ttl there was
