@@ -435,7 +435,7 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 		}
 		return last
 	}
-	faultKinds := []string{"503s", "500s", "lost answers to writes", "dropped connections", "stalls", "lease requests failing", "latency"}
+	faultKinds := []string{"503s", "500s", "lost answers to writes", "dropped connections", "stalls", "lease requests failing", "lease writes failing", "latency"}
 	// faultBoth puts transient faults of a random kind on both proxies and
 	// returns what it did and the undoing.
 	faultBoth := func() (string, func()) {
@@ -461,6 +461,12 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 			// takeover), and the watch judges it.
 			rate = 0.5 + 0.4*rng.Float64()
 			f = testenv.Fault{KeyContains: "/lease", Status: http.StatusInternalServerError, Rate: rate}
+		case "lease writes failing":
+			// The holder's renewals, while the standby's looks read the
+			// lease freely: the lease lapses more often than not, and
+			// the standby's write of its own lease meets the faults.
+			rate = 0.8 + 0.15*rng.Float64()
+			f = testenv.Fault{Op: testenv.OpPut, KeyContains: "/lease", Status: http.StatusServiceUnavailable, Rate: rate}
 		case "latency":
 			add := 100*time.Millisecond + time.Duration(rng.Int64N(int64(300*time.Millisecond)))
 			for _, n := range nodes {
