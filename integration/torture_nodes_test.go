@@ -31,15 +31,16 @@ package integration
 //
 // and the old holder is started again and becomes the standby (or, now
 // and then started again at once after a kill, takes its own lease back
-// before the standby could). Half the events are short ones that leave
-// the holder holding:
+// before the standby could). Events are dealt from a shuffled deck, and
+// half of them are short ones after which the holder should still hold:
 //
 //   - a cut-off shorter than the lease (0.2 to 0.7 of it, ending early
 //     enough for a renewal retry to land before the last expiry the
 //     holder wrote), sometimes with an upload held that lands meanwhile;
 //   - a few seconds of transient faults on both proxies at once (500s,
-//     503s, lost answers to writes, dropped connections, stalls, failing
-//     lease requests, or added latency) while the load goes on.
+//     503s, lost answers to writes, dropped connections, stalls, added
+//     latency, or most lease requests or lease writes failing) while the
+//     load goes on.
 //
 // After one the standby must not have taken a live lease over: a watch
 // reads the lease object past the proxies, and a takeover is sound only
