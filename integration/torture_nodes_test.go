@@ -542,16 +542,27 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 			// to 0.7 of the lease, but so that the proxy is back with
 			// time for a renewal retry (and latency) before the last
 			// expiry written: the lease cannot lapse unless a fault
-			// fails that retry too, and the lease watch tells.
+			// fails that retry too, and the lease watch tells. One in
+			// three goes to the edge instead: the proxy is back just
+			// before the holder stops counting the lease as its own (a
+			// fifth of it before the expiry), so that its renewal may
+			// land after that, while it refuses all work, or (with a
+			// lease of 3 or 4 s) after the expiry, and the standby may
+			// soundly take over.
 			shortCuts++
 			blip = true
 			w := watchLease(t, s3c, bucket)
 			expires := freshLease()
 			time.Sleep(time.Duration(rng.Int64N(int64(ttl / 3))))
 			d := ttl/5 + time.Duration(rng.Int64N(int64(ttl/2)))
-			d = max(min(d, time.Until(expires)-renewRetry-500*time.Millisecond), 0)
-			longestShortCut = max(longestShortCut, d.Seconds()/ttl.Seconds())
+			d = min(d, time.Until(expires)-renewRetry-500*time.Millisecond)
 			event = "short cut-off"
+			if rng.IntN(3) == 0 {
+				d = time.Until(expires.Add(-ttl/5)) - time.Duration(rng.Int64N(int64(500*time.Millisecond)))
+				event += " to the edge"
+			}
+			d = max(d, 0)
+			longestShortCut = max(longestShortCut, d.Seconds()/ttl.Seconds())
 			h.px.Down()
 			time.Sleep(d)
 			// A held upload lands while the holder hears nothing of it,
@@ -560,8 +571,8 @@ func TestCrashTortureTwoNodes(t *testing.T) {
 			if err := h.px.Up(); err != nil {
 				t.Fatalf("node %s's proxy up again: %v", h.name, err)
 			}
-			holder, handed = afterBlip(fmt.Sprintf("a cut-off of node %s for %s (%.2f of the lease)",
-				h.name, d.Round(time.Millisecond), d.Seconds()/ttl.Seconds()), holder, w, time.Now())
+			holder, handed = afterBlip(fmt.Sprintf("a %s of node %s for %s (%.2f of the lease)",
+				event, h.name, d.Round(time.Millisecond), d.Seconds()/ttl.Seconds()), holder, w, time.Now())
 		case r < 10:
 			// Transient faults on both proxies for a few seconds, while
 			// the load goes on: the holder's renewals and the standby's
