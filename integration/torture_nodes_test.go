@@ -36,7 +36,9 @@ package integration
 //
 //   - a cut-off shorter than the lease (0.2 to 0.7 of it, ending early
 //     enough for a renewal retry to land before the last expiry the
-//     holder wrote), sometimes with an upload held that lands meanwhile;
+//     holder wrote, or, one in three, just before the holder stops
+//     counting the lease as its own), sometimes with an upload held that
+//     lands meanwhile;
 //   - a few seconds of transient faults on both proxies at once (500s,
 //     503s, lost answers to writes, dropped connections, stalls, added
 //     latency, or most lease requests or lease writes failing) while the
