@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -193,13 +192,11 @@ func leaseExpiry(t *testing.T, a *fhEnv) time.Time {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lease struct {
-		ExpiresAt int64 `json:"expires_at_ms"`
+	lease, err := parseLease(raw)
+	if err != nil || lease.expires.Equal(time.UnixMilli(0)) {
+		t.Fatalf("lease object %q: no expiry (%v)", raw, err)
 	}
-	if err := json.Unmarshal(raw, &lease); err != nil || lease.ExpiresAt == 0 {
-		t.Fatalf("lease object %q: %v", raw, err)
-	}
-	return time.UnixMilli(lease.ExpiresAt)
+	return lease.expires
 }
 
 // startLeaseHolder starts a node on a new bucket behind the S3 proxy, with

@@ -40,6 +40,12 @@ func readLease(ctx context.Context, cli *s3.Client, bucket string) (leaseSeen, e
 	if err != nil {
 		return leaseSeen{}, fmt.Errorf("read the lease object: %w", err)
 	}
+	return parseLease(raw)
+}
+
+// parseLease decodes a lease object as its holder wrote it (a lease given
+// back expires at the Unix epoch, its expiry written as 0).
+func parseLease(raw []byte) (leaseSeen, error) {
 	var body struct {
 		Node      string `json:"node"`
 		ExpiresAt int64  `json:"expires_at_ms"`
