@@ -887,8 +887,16 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 	if p := req.Producer; p != nil {
 		cur, known := st.Producers.get(p.ID)
 		if known && p.Epoch < cur.Epoch {
+			// Fenced for certain only by an epoch the durable stream
+			// holds, and that is the one the refusal names; an epoch
+			// bump still on its way may roll back, so wait for it.
+			if d, ok := s.durable.Producers.get(p.ID); ok && p.Epoch < d.Epoch {
+				s.mu.Unlock()
+				return AppendResult{}, appendWait{}, &FencedError{CurrentEpoch: d.Epoch}
+			}
+			ch := s.changedLocked()
 			s.mu.Unlock()
-			return AppendResult{}, appendWait{}, &FencedError{CurrentEpoch: cur.Epoch}
+			return AppendResult{}, appendWait{ch: ch}, nil
 		}
 		if known && p.Epoch == cur.Epoch && p.Seq <= cur.Seq {
 			return e.duplicateLocked(s, p)
@@ -901,16 +909,27 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 	}
 	if p := req.Producer; p != nil {
 		cur, known := st.Producers.get(p.ID)
+		var refusal error
 		switch {
 		case known && p.Epoch > cur.Epoch && p.Seq != 0:
-			s.mu.Unlock()
-			return AppendResult{}, appendWait{}, &EpochStartError{Received: p.Seq}
+			refusal = &EpochStartError{Received: p.Seq}
 		case known && p.Epoch == cur.Epoch && p.Seq > cur.Seq+1:
-			s.mu.Unlock()
-			return AppendResult{}, appendWait{}, &SequenceGapError{Expected: cur.Seq + 1, Received: p.Seq}
+			refusal = &SequenceGapError{Expected: cur.Seq + 1, Received: p.Seq}
 		case !known && p.Seq != 0:
+			refusal = &SequenceGapError{Expected: 0, Received: p.Seq}
+		}
+		if refusal != nil {
+			// Judged against pending state, which the producer's
+			// appends still on their way may yet roll back: then the
+			// seq expected, even the kind of refusal, would be one no
+			// read showed. Answer once they have settled.
+			if s.producerUnsettledLocked(p.ID) {
+				ch := s.changedLocked()
+				s.mu.Unlock()
+				return AppendResult{}, appendWait{ch: ch}, nil
+			}
 			s.mu.Unlock()
-			return AppendResult{}, appendWait{}, &SequenceGapError{Expected: 0, Received: p.Seq}
+			return AppendResult{}, appendWait{}, refusal
 		}
 	}
 	if req.StreamSeq != "" && st.StreamSeq != "" && req.StreamSeq <= st.StreamSeq {
@@ -1178,6 +1197,15 @@ func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, appendWa
 	return res, appendWait{}, nil
 }
 
+// producerUnsettledLocked reports whether appends still on their way carry
+// producer id, so that its pending state is not yet its durable one.
+// Called with s.mu held.
+func (s *stream) producerUnsettledLocked(id string) bool {
+	p, known := s.pend.Producers.get(id)
+	d, durable := s.durable.Producers.get(id)
+	return known != durable || p != d
+}
+
 // errStale: the handle was evicted while the request held it; look the
 // stream up again.
 var errStale = errors.New("stale stream handle")
@@ -1441,7 +1469,9 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 		return e.Trim(ctx, name, seq)
 	}
 	if seq > s.pend.NextSeq {
-		next := s.pend.NextSeq
+		// Beyond every pending append, so refused whatever becomes of
+		// them; the tail named is the one reads show.
+		next := s.durable.NextSeq
 		s.mu.Unlock()
 		return Info{}, fmt.Errorf("%w: trim seq %d is beyond the tail %d", ErrBadRequest, seq, next)
 	}
