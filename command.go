@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -109,6 +110,7 @@ succeeded; in sse mode, no record reached a subscriber).`,
 	f.String("protocol", loadgen.ProtocolDurableStreams, "sse mode: the feeds' protocol, durable-streams or pico (PicoMQ's own; URL then names a picomq handler with protocol pico)")
 	f.String("stream", "", "read mode: the existing stream to read (full name, no prefix)")
 	f.Int("readers", 1, "read mode: parallel readers of --stream")
+	f.StringArray("header", nil, `"NAME: VALUE": send this header with every request to the server, as curl -H does (repeatable), e.g. an Authorization for a site behind auth; "Host: NAME" sets the Host`)
 	f.StringArray("pid", nil, "NAME=PID: report that process's CPU time, minor page faults and RSS (end and peak) over the window, from /proc (repeatable)")
 	f.String("mark", "", "POST URL?phase=start and URL?phase=end at the window's edges (failures are fatal)")
 	f.String("json", "", "write the result as JSON to FILE (- for stdout, instead of the text summary)")
@@ -153,6 +155,17 @@ func runBench(cmd *cobra.Command) error {
 	}
 	cfg.Rate, _ = f.GetFloat64("rate")
 	cfg.Create, _ = f.GetBool("create")
+	headers, _ := f.GetStringArray("header")
+	for _, h := range headers {
+		name, value, err := loadgen.ParseHeader(h)
+		if err != nil {
+			return err
+		}
+		if cfg.Header == nil {
+			cfg.Header = http.Header{}
+		}
+		cfg.Header.Add(name, value)
+	}
 	mode := cmp.Or(cfg.Mode, loadgen.ModeAppend)
 	if cfg.Mode == loadgen.ModeSSE && !f.Changed("content-type") {
 		cfg.ContentType = "text/plain"

@@ -75,6 +75,8 @@ func TestBenchCommandRefusesBadInput(t *testing.T) {
 		{"no path", []string{"--url", srv.URL}, "end it with a slash"},
 		{"pid of no process", []string{"--url", base, "--pid", "caddy=1073741824"}, "--pid caddy=1073741824: cannot read the process"},
 		{"pid without a name", []string{"--url", base, "--pid", "1234"}, "want NAME=PID"},
+		{"header without a colon", []string{"--url", base, "--header", "Authorization Bearer x"}, `--header "Authorization Bearer x": want NAME: VALUE`},
+		{"header content type", []string{"--url", base, "--header", "Content-Type: text/plain"}, "use --content-type"},
 		{"an argument", []string{"--url", base, "append"}, `unknown command "append"`},
 		{"rate NaN", []string{"--url", base, "--rate", "NaN"}, "--rate NaN: want 0 or more"},
 		{"mark not a URL", []string{"--url", base, "--mark", "localhost:9999/mark"}, `--mark "localhost:9999/mark": want an http:// or https:// URL`},

@@ -26,6 +26,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"net/url"
 	"slices"
 	"strconv"
@@ -121,6 +122,11 @@ type Config struct {
 	PIDs    []NamedPID    // processes to account for besides this one
 	Mark    string        // POSTed with ?phase=start and ?phase=end at the window's edges
 	Timeout time.Duration // per request; 0 is DefaultTimeout
+
+	// Header is sent with every request to URL's host (never to Mark's),
+	// as ParseHeader reads it: an Authorization for a site behind
+	// authentication, say. A Host entry is the requests' Host.
+	Header http.Header
 
 	// Progress receives one line per second while running; nil for none.
 	// With ProgressTTY each line overwrites the last (\r).
@@ -324,6 +330,44 @@ func ParseSize(s string) (int, error) {
 		return 0, fmt.Errorf("size %q is too large", s)
 	}
 	return int(v), nil
+}
+
+// ParseHeader parses "Name: value" as curl's -H takes it, and returns the
+// canonical name. The headers the load generator sets itself to frame its
+// requests are refused, Content-Type among them (--content-type sets that
+// one, and the streams are created with it).
+func ParseHeader(s string) (name, value string, err error) {
+	name, value, ok := strings.Cut(s, ":")
+	name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+	if !ok || !validHeaderName(name) {
+		return "", "", fmt.Errorf("--header %q: want NAME: VALUE with a header name before the colon", s)
+	}
+	if strings.ContainsFunc(value, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+		return "", "", fmt.Errorf("--header %q: the value has a control character", s)
+	}
+	name = http.CanonicalHeaderKey(name)
+	switch name {
+	case "Content-Type":
+		return "", "", fmt.Errorf("--header %q: use --content-type", s)
+	case "Content-Length", "Transfer-Encoding", "Connection", "Upgrade", "Te", "Trailer", "Expect":
+		return "", "", fmt.Errorf("--header %q: the load generator sets %s itself", s, name)
+	}
+	return name, value, nil
+}
+
+// validHeaderName reports whether name is an HTTP token (RFC 9110).
+func validHeaderName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, c := range []byte(name) {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+		if !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // ParsePID parses NAME=PID.

@@ -31,6 +31,10 @@ type fakeServer struct {
 	appends     int
 	marks       []string
 	requests    atomic.Int64 // every request, marks included
+
+	// auth and host, when set, are what every request must carry as its
+	// Authorization and Host (401 otherwise); marks are exempt.
+	auth, host string
 }
 
 type fakeStream struct {
@@ -50,6 +54,10 @@ func newFake(t *testing.T) (*fakeServer, *httptest.Server) {
 func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.requests.Add(1)
 	if f.plain {
+		return
+	}
+	if r.URL.Path != "/mark" && (f.auth != "" && r.Header.Get("Authorization") != f.auth || f.host != "" && r.Host != f.host) {
+		http.Error(w, "unauthorized", http.StatusUnauthorized)
 		return
 	}
 	if r.URL.Path == "/mark" {

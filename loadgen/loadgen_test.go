@@ -3,6 +3,7 @@ package loadgen
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -950,5 +952,150 @@ func TestShortRunPrintsOneProgressLine(t *testing.T) {
 	}
 	if ops < res.Ops || rate < ops*2 {
 		t.Errorf("line %q: %d ops at %d/s, want at least the run's %d ops at their rate over about 0.3 s", lines[0], ops, rate, res.Ops)
+	}
+}
+
+func TestParseHeader(t *testing.T) {
+	tests := []struct {
+		in, name, value, err string
+	}{
+		{in: "Authorization: Bearer abc", name: "Authorization", value: "Bearer abc"},
+		{in: "x-api-key:k1", name: "X-Api-Key", value: "k1"},
+		{in: " host :  localhost ", name: "Host", value: "localhost"},
+		{in: "X-Empty:", name: "X-Empty", value: ""},
+		{in: "X-Tab: a\tb", name: "X-Tab", value: "a\tb"},
+		{in: "no colon", err: "want NAME: VALUE"},
+		{in: ": value", err: "want NAME: VALUE"},
+		{in: "bad name: v", err: "want NAME: VALUE"},
+		{in: "X-Split: a\r\nInjected: 1", err: "control character"},
+		{in: "Content-Type: text/plain", err: "use --content-type"},
+		{in: "content-length: 5", err: "sets Content-Length itself"},
+		{in: "Transfer-Encoding: chunked", err: "sets Transfer-Encoding itself"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			name, value, err := ParseHeader(tt.in)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("ParseHeader(%q) = %q, %q, %v; want an error with %q", tt.in, name, value, err, tt.err)
+				}
+				return
+			}
+			if err != nil || name != tt.name || value != tt.value {
+				t.Fatalf("ParseHeader(%q) = %q, %q, %v; want %q, %q", tt.in, name, value, err, tt.name, tt.value)
+			}
+		})
+	}
+}
+
+// The configured headers go with every request to the server, in every
+// mode and whichever way the SSE feeds are read, and never to the mark URL.
+// A Host header sets the requests' Host. The fake server answers 401 to a
+// request without them, and 400 to a mark with the Authorization.
+func TestRunSendsHeaders(t *testing.T) {
+	const auth = "Bearer s3cret"
+	header := http.Header{"Authorization": {auth}, "Host": {"streams.example"}}
+	newAuthFake := func(t *testing.T) (*fakeServer, string) {
+		t.Helper()
+		f, srv := newFake(t)
+		f.auth, f.host = auth, "streams.example"
+		return f, srv.URL
+	}
+	t.Run("append", func(t *testing.T) {
+		_, url := newAuthFake(t)
+		// The marks go to another host, which must not get them.
+		var mu sync.Mutex
+		var marks []string
+		mark := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
+			marks = append(marks, r.URL.Query().Get("phase")+" "+r.Header.Get("Authorization"))
+		}))
+		defer mark.Close()
+		res := run(t, Config{URL: url + "/", Prefix: "h-", Writers: 2, Streams: 2, Size: 10, Create: true,
+			Duration: 300 * time.Millisecond, Mark: mark.URL, Header: header})
+		if res.Ops == 0 || res.Errors != 0 {
+			t.Fatalf("ops %d, errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Equal(marks, []string{"start ", "end "}) {
+			t.Errorf("marks %q, want start and end without the server's Authorization", marks)
+		}
+	})
+	t.Run("populate, verify and read", func(t *testing.T) {
+		_, url := newAuthFake(t)
+		base := Config{URL: url + "/", Prefix: "hp-", Writers: 2, Streams: 3, Size: 10, Create: true, Header: header}
+		pop, ver := base, base
+		pop.Mode, ver.Mode = ModePopulate, ModeVerify
+		if res := run(t, pop); res.Errors != 0 || res.Ops != 3 {
+			t.Fatalf("populate: ops %d errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
+		}
+		if res := run(t, ver); res.Errors != 0 || res.OK != 3 {
+			t.Fatalf("verify: ok %d errors %d %q", res.OK, res.Errors, res.ErrorSamples)
+		}
+		res := run(t, Config{URL: url + "/", Mode: ModeRead, Stream: "hp-1", Readers: 1, Header: header})
+		if res.Ops == 0 || res.Errors != 0 {
+			t.Fatalf("read: ops %d errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
+		}
+	})
+	readings := map[feedReading]string{feedsByURL: "poller", feedsNetHTTP: "net-http", feedsGoroutine: "goroutine"}
+	for reading, how := range readings {
+		t.Run("sse/"+how, func(t *testing.T) {
+			_, url := newAuthFake(t)
+			res := run(t, Config{URL: url + "/", Mode: ModeSSE, Size: 16, ContentType: "text/plain", Create: true,
+				Subscribers: 3, Rate: 20, Duration: 400 * time.Millisecond, feeds: reading, Header: header})
+			if res.Ops == 0 || res.Errors != 0 || res.Delivered != res.Expected {
+				t.Fatalf("ops %d errors %d delivered %d of %d %q", res.Ops, res.Errors, res.Delivered, res.Expected, res.ErrorSamples)
+			}
+		})
+	}
+	// Without the headers the same server refuses the run: the test's 401s
+	// are what the headers prevent.
+	t.Run("without", func(t *testing.T) {
+		_, url := newAuthFake(t)
+		res := run(t, Config{URL: url + "/", Mode: ModeRead, Stream: "x", Readers: 1})
+		if res.Errors != 1 || !strings.HasPrefix(res.ErrorSamples[0], "401") {
+			t.Fatalf("without the headers: errors %d %q, want a 401", res.Errors, res.ErrorSamples)
+		}
+	})
+}
+
+// Basic auth in the URL's user info reaches the server from the feeds read
+// by hand as from net/http's client, unless an Authorization is configured.
+func TestRawRequestHeaders(t *testing.T) {
+	u, err := url.Parse("http://user:pw@127.0.0.1:9/s?offset=now&live=sse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	basic := "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("user:pw")) + "\r\n"
+	tests := []struct {
+		name   string
+		header http.Header
+		want   []string
+		not    []string
+	}{
+		{"user info", nil, []string{"GET /s?offset=now&live=sse HTTP/1.1\r\n", "Host: 127.0.0.1:9\r\n", basic}, nil},
+		{"configured", http.Header{"Authorization": {"Bearer t"}, "Host": {"h.example"}, "X-A": {"1", "2"}},
+			[]string{"Host: h.example\r\n", "Authorization: Bearer t\r\n", "X-A: 1\r\nX-A: 2\r\n"}, []string{basic, "Host: 127.0.0.1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &runner{cfg: Config{Header: tt.header}}
+			got := string(r.rawRequest(u))
+			if !strings.HasSuffix(got, "\r\n\r\n") || strings.Count(got, "\r\n\r\n") != 1 {
+				t.Errorf("request not ended by one blank line: %q", got)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("request lacks %q:\n%s", w, got)
+				}
+			}
+			for _, n := range tt.not {
+				if strings.Contains(got, n) {
+					t.Errorf("request has %q:\n%s", n, got)
+				}
+			}
+		})
 	}
 }

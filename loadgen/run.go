@@ -99,12 +99,42 @@ func newRunner(cfg Config) *runner {
 		// is then the same whatever the scheme.
 		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
+	var rt http.RoundTripper = tr
+	if len(cfg.Header) > 0 {
+		u, _ := url.Parse(cfg.URL) // checked by normalize
+		rt = &withHeader{base: tr, host: u.Host, header: cfg.Header}
+	}
 	return &runner{
 		cfg:    cfg,
 		tr:     tr,
-		client: &http.Client{Transport: tr, Timeout: cfg.Timeout},
-		live:   &http.Client{Transport: tr},
+		client: &http.Client{Transport: rt, Timeout: cfg.Timeout},
+		live:   &http.Client{Transport: rt},
 	}
+}
+
+// withHeader adds the configured headers to every request for the server's
+// host. Requests elsewhere (the mark URL) go without them: an Authorization
+// meant for the server is not for anyone else.
+type withHeader struct {
+	base   http.RoundTripper
+	host   string
+	header http.Header
+}
+
+func (t *withHeader) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Host != t.host {
+		return t.base.RoundTrip(req)
+	}
+	// A RoundTripper must not change the request it is given.
+	out := req.Clone(req.Context())
+	for name, values := range t.header {
+		if name == "Host" {
+			out.Host = values[0]
+			continue
+		}
+		out.Header[name] = values
+	}
+	return t.base.RoundTrip(out)
 }
 
 // streamName is the name of stream i: Prefix + i.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -68,9 +69,7 @@ func (s *subscriber) openRaw(ctx context.Context) (*rawFeed, error) {
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	conn.SetDeadline(time.Now().Add(s.r.cfg.Timeout))
-	req := "GET " + u.RequestURI() + " HTTP/1.1\r\nHost: " + u.Host +
-		"\r\nAccept: text/event-stream\r\nUser-Agent: picomq-bench\r\n\r\n"
-	if _, err := conn.Write([]byte(req)); err != nil {
+	if _, err := conn.Write(s.r.rawRequest(u)); err != nil {
 		return nil, err
 	}
 	br := bufio.NewReaderSize(conn, 4096)
@@ -104,6 +103,30 @@ func (s *subscriber) openRaw(ctx context.Context) (*rawFeed, error) {
 	}
 	ok = true
 	return f, nil
+}
+
+// rawRequest is the SSE request for u as net/http's client would send it:
+// the configured headers (a Host among them is the Host line), and basic
+// auth from u's user info when they have no Authorization.
+func (r *runner) rawRequest(u *url.URL) []byte {
+	host := u.Host
+	var b strings.Builder
+	for name, values := range r.cfg.Header {
+		if name == "Host" {
+			host = values[0]
+			continue
+		}
+		for _, v := range values {
+			b.WriteString(name + ": " + v + "\r\n")
+		}
+	}
+	if u.User != nil && r.cfg.Header.Get("Authorization") == "" {
+		pass, _ := u.User.Password()
+		cred := base64.StdEncoding.EncodeToString([]byte(u.User.Username() + ":" + pass))
+		b.WriteString("Authorization: Basic " + cred + "\r\n")
+	}
+	return []byte("GET " + u.RequestURI() + " HTTP/1.1\r\nHost: " + host +
+		"\r\nAccept: text/event-stream\r\nUser-Agent: picomq-bench\r\n" + b.String() + "\r\n")
 }
 
 // onceRaw is once for plain http:// URLs.
