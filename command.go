@@ -111,6 +111,7 @@ succeeded; in sse mode, no record reached a subscriber).`,
 	f.String("stream", "", "read mode: the existing stream to read (full name, no prefix)")
 	f.Int("readers", 1, "read mode: parallel readers of --stream")
 	f.StringArray("header", nil, `"NAME: VALUE": send this header with every request to the server, as curl -H does (repeatable), e.g. an Authorization for a site behind auth; "Host: NAME" sets the Host`)
+	f.String("cacert", "", "PEM file of the certificate authorities an https:// --url must chain to, in place of the system's (a staging CA, or Caddy's local one for tls internal)")
 	f.StringArray("pid", nil, "NAME=PID: report that process's CPU time, minor page faults and RSS (end and peak) over the window, from /proc (repeatable)")
 	f.String("mark", "", "POST URL?phase=start and URL?phase=end at the window's edges (failures are fatal)")
 	f.String("json", "", "write the result as JSON to FILE (- for stdout, instead of the text summary)")
@@ -165,6 +166,15 @@ func runBench(cmd *cobra.Command) error {
 			cfg.Header = http.Header{}
 		}
 		cfg.Header.Add(name, value)
+	}
+	if file := str("cacert"); file != "" {
+		pem, err := os.ReadFile(file)
+		if err != nil {
+			return fmt.Errorf("--cacert: %w", err)
+		}
+		if cfg.RootCAs, err = loadgen.ParseCACert(pem); err != nil {
+			return fmt.Errorf("--cacert %s: %w", file, err)
+		}
 	}
 	mode := cmp.Or(cfg.Mode, loadgen.ModeAppend)
 	if cfg.Mode == loadgen.ModeSSE && !f.Changed("content-type") {

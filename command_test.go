@@ -54,6 +54,10 @@ func TestBenchCommandRefusesBadInput(t *testing.T) {
 	srv, requests := benchServer(t)
 	base := srv.URL + "/"
 	missing := filepath.Join(t.TempDir(), "missing")
+	notPEM := filepath.Join(t.TempDir(), "ca.txt")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		args []string
@@ -77,6 +81,8 @@ func TestBenchCommandRefusesBadInput(t *testing.T) {
 		{"pid without a name", []string{"--url", base, "--pid", "1234"}, "want NAME=PID"},
 		{"header without a colon", []string{"--url", base, "--header", "Authorization Bearer x"}, `--header "Authorization Bearer x": want NAME: VALUE`},
 		{"header content type", []string{"--url", base, "--header", "Content-Type: text/plain"}, "use --content-type"},
+		{"cacert missing", []string{"--url", base, "--cacert", missing}, "--cacert: open " + missing},
+		{"cacert not PEM", []string{"--url", base, "--cacert", notPEM}, "no PEM certificate in it"},
 		{"an argument", []string{"--url", base, "append"}, `unknown command "append"`},
 		{"rate NaN", []string{"--url", base, "--rate", "NaN"}, "--rate NaN: want 0 or more"},
 		{"mark not a URL", []string{"--url", base, "--mark", "localhost:9999/mark"}, `--mark "localhost:9999/mark": want an http:// or https:// URL`},

@@ -261,31 +261,68 @@ func TestBenchBehindAuth(t *testing.T) {
 	base := e.caddy.URL() + "/ds/"
 	auth := "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("writer:"+readerPassword))
 
-	res := runBench(t, "--url", base, "--header", auth, "--mode", "append", "--writers", "4", "--streams", "2",
-		"--duration", "1s", "--prefix", "auth-app-")
-	if res.Ops <= 0 || res.Errors != 0 {
-		t.Fatalf("append with the credentials: ops %d, errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
-	}
-	res = runBench(t, "--url", base, "--header", auth, "--mode", "sse", "--subscribers", "20", "--rate", "20",
-		"--duration", "1s", "--prefix", "auth-sse-")
-	if res.Ops < 5 || res.Errors != 0 || res.Delivered != res.Expected {
-		t.Fatalf("sse with the credentials: ops %d, errors %d, delivered %d of %d %q",
-			res.Ops, res.Errors, res.Delivered, res.Expected, res.ErrorSamples)
-	}
+	benchAppendAndSSE(t, "auth-", "--url", base, "--header", auth)
 	common := []string{"--url", base, "--header", auth, "--streams", "5", "--writers", "2", "--prefix", "auth-pop-"}
-	if res = runBench(t, append([]string{"--mode", "populate"}, common...)...); res.Ops != 5 || res.Errors != 0 {
+	if res := runBench(t, append([]string{"--mode", "populate"}, common...)...); res.Ops != 5 || res.Errors != 0 {
 		t.Fatalf("populate with the credentials: ops %d, errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
 	}
-	if res = runBench(t, append([]string{"--mode", "verify"}, common...)...); res.OK != 5 || res.Errors != 0 {
+	if res := runBench(t, append([]string{"--mode", "verify"}, common...)...); res.OK != 5 || res.Errors != 0 {
 		t.Fatalf("verify with the credentials: ok %d, errors %d %q", res.OK, res.Errors, res.ErrorSamples)
 	}
-	if res = runBench(t, "--url", base, "--header", auth, "--mode", "read", "--stream", "auth-pop-3"); res.Ops <= 0 || res.Errors != 0 {
+	if res := runBench(t, "--url", base, "--header", auth, "--mode", "read", "--stream", "auth-pop-3"); res.Ops <= 0 || res.Errors != 0 {
 		t.Fatalf("read with the credentials: ops %d, errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
 	}
 
-	res, _ = runBenchFailing(t, "no operation succeeded", "--url", base, "--mode", "read", "--stream", "auth-pop-3")
+	res, _ := runBenchFailing(t, "no operation succeeded", "--url", base, "--mode", "read", "--stream", "auth-pop-3")
 	if res.Errors != 1 || len(res.ErrorSamples) != 1 || !strings.HasPrefix(res.ErrorSamples[0], "401") {
 		t.Errorf("read without the credentials: errors %d %q, want one 401", res.Errors, res.ErrorSamples)
+	}
+}
+
+// TestBenchOverTLS runs the benchmark command against the module on
+// versitygw behind an HTTPS site whose certificate Caddy's own local CA
+// issued (tls internal): with --cacert naming that CA's root, appends and
+// SSE feeds go through; without it the certificate is refused.
+func TestBenchOverTLS(t *testing.T) {
+	v := testenv.NewVersity(t)
+	storage := caddytest.S3Storage(t, v, v.Endpoint)
+	caddyfile := "{\n\tpersist_config off\n\tskip_install_trust\n\tauto_https disable_redirects\n}\n\n" +
+		"https://localhost:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n\ttls internal\n" +
+		"\tpicomq {\n\t\tstorage " + strconv.Quote(storage) + "\n\t}\n}\n"
+	c := caddytest.Start(t, caddytest.Options{Caddyfile: caddyfile, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
+	var root string
+	filepath.WalkDir(c.DataDir(), func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.Name() == "root.crt" && strings.Contains(path, filepath.Join("pki", "authorities", "local")) {
+			root = path
+		}
+		return nil
+	})
+	if root == "" {
+		t.Fatalf("no root.crt of Caddy's local CA under %s", c.DataDir())
+	}
+	base := "https://localhost:" + strconv.Itoa(c.Port()) + "/"
+
+	benchAppendAndSSE(t, "tls-", "--url", base, "--cacert", root)
+	res, _ := runBenchFailing(t, "no operation succeeded", "--url", base, "--mode", "read", "--stream", "tls-app-0")
+	if res.Errors != 1 || len(res.ErrorSamples) != 1 || !strings.Contains(res.ErrorSamples[0], "certificate") {
+		t.Errorf("read without the CA: errors %d %q, want the certificate refused", res.Errors, res.ErrorSamples)
+	}
+}
+
+// benchAppendAndSSE runs a short append run and a short SSE fan-out with
+// args (the URL and how to reach it) on streams named after prefix, and
+// fails the test unless both succeed with no error and every event arrives.
+func benchAppendAndSSE(t *testing.T, prefix string, args ...string) {
+	t.Helper()
+	res := runBench(t, append(args, "--mode", "append", "--writers", "4", "--streams", "2", "--duration", "1s",
+		"--prefix", prefix+"app-")...)
+	if res.Ops <= 0 || res.Errors != 0 {
+		t.Fatalf("append: ops %d, errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
+	}
+	res = runBench(t, append(args, "--mode", "sse", "--subscribers", "10", "--rate", "20", "--duration", "1s",
+		"--prefix", prefix+"sse-")...)
+	if res.Ops < 5 || res.Errors != 0 || res.Delivered != res.Expected {
+		t.Fatalf("sse: ops %d, errors %d, delivered %d of %d %q", res.Ops, res.Errors, res.Delivered, res.Expected, res.ErrorSamples)
 	}
 }
 

@@ -21,6 +21,7 @@
 package loadgen
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -122,6 +123,11 @@ type Config struct {
 	PIDs    []NamedPID    // processes to account for besides this one
 	Mark    string        // POSTed with ?phase=start and ?phase=end at the window's edges
 	Timeout time.Duration // per request; 0 is DefaultTimeout
+
+	// RootCAs, when set, are the certificate authorities an https:// URL's
+	// certificate must chain to, in place of the system's: a staging CA, or
+	// the local one Caddy's tls internal uses.
+	RootCAs *x509.CertPool
 
 	// Header is sent with every request to URL's host (never to Mark's),
 	// as ParseHeader reads it: an Authorization for a site behind
@@ -330,6 +336,15 @@ func ParseSize(s string) (int, error) {
 		return 0, fmt.Errorf("size %q is too large", s)
 	}
 	return int(v), nil
+}
+
+// ParseCACert reads PEM certificates, as --cacert gives them, into a pool.
+func ParseCACert(pem []byte) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, errors.New("no PEM certificate in it")
+	}
+	return pool, nil
 }
 
 // ParseHeader parses "Name: value" as curl's -H takes it, and returns the

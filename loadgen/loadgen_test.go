@@ -3,8 +3,10 @@ package loadgen
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -1097,5 +1099,43 @@ func TestRawRequestHeaders(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An https:// server whose certificate chains to RootCAs is reached in
+// every mode that uses the network's client, SSE feeds included; without
+// them its certificate is refused.
+func TestRunTrustsRootCAs(t *testing.T) {
+	f := &fakeServer{streams: map[string]*fakeStream{}, changed: make(chan struct{})}
+	srv := httptest.NewTLSServer(f)
+	t.Cleanup(srv.Close)
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+
+	res := run(t, Config{URL: srv.URL + "/", Prefix: "tls-", Writers: 2, Streams: 2, Size: 10, Create: true,
+		Duration: 300 * time.Millisecond, RootCAs: pool})
+	if res.Ops == 0 || res.Errors != 0 {
+		t.Fatalf("append: ops %d, errors %d %q", res.Ops, res.Errors, res.ErrorSamples)
+	}
+	res = run(t, Config{URL: srv.URL + "/", Mode: ModeSSE, Size: 16, ContentType: "text/plain", Create: true,
+		Subscribers: 3, Rate: 20, Duration: 400 * time.Millisecond, RootCAs: pool})
+	if res.Ops == 0 || res.Errors != 0 || res.Delivered != res.Expected {
+		t.Fatalf("sse: ops %d errors %d delivered %d of %d %q", res.Ops, res.Errors, res.Delivered, res.Expected, res.ErrorSamples)
+	}
+	res = run(t, Config{URL: srv.URL + "/", Mode: ModeRead, Stream: "tls-0", Readers: 1})
+	if res.Errors != 1 || !strings.Contains(res.ErrorSamples[0], "certificate") {
+		t.Fatalf("without the CA: errors %d %q, want the certificate refused", res.Errors, res.ErrorSamples)
+	}
+}
+
+func TestParseCACert(t *testing.T) {
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	defer srv.Close()
+	pemCert := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	if pool, err := ParseCACert(pemCert); err != nil || pool == nil {
+		t.Fatalf("ParseCACert of a certificate: %v", err)
+	}
+	if _, err := ParseCACert([]byte("not a certificate")); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+		t.Fatalf("ParseCACert of text: %v, want no PEM certificate", err)
 	}
 }

@@ -99,6 +99,9 @@ func newRunner(cfg Config) *runner {
 		// is then the same whatever the scheme.
 		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
+	if cfg.RootCAs != nil {
+		tr.TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs}
+	}
 	var rt http.RoundTripper = tr
 	if len(cfg.Header) > 0 {
 		u, _ := url.Parse(cfg.URL) // checked by normalize
