@@ -443,6 +443,10 @@ func TestWriterReusesUploaders(t *testing.T) {
 		segment.WriterDeps{Hooks: noHooks{}})
 	const n = 20
 	for seq := uint64(0); seq < n; seq++ {
+		// The batch is released from its upload's goroutine, which is
+		// back waiting for the next a moment later. (Should it not get
+		// back, the counts below say so.)
+		testenv.WaitPoolIdle(5 * time.Second)
 		b, err := w.Add(testEntry(seq))
 		if err != nil {
 			t.Fatalf("add %d: %v", seq, err)
