@@ -22,13 +22,10 @@ func TestMatchSeqJudgedOnDurableTail(t *testing.T) {
 		if _, _, err := e.Create(ctx, "/s", CreateRequest{Records: recs("a")}); err != nil {
 			t.Fatal(err)
 		}
-		st.holdNext()
-		ahead := make(chan error, 1)
-		go func() {
+		settle := holdAhead(st, func() error {
 			_, err := e.Append(ctx, "/s", AppendRequest{Records: recs("b")})
-			ahead <- err
-		}()
-		<-st.held
+			return err
+		})
 		match := func(seq uint64) (AppendResult, error) {
 			return e.Append(ctx, "/s", AppendRequest{Records: recs("c"), MatchSeq: &seq})
 		}
@@ -39,24 +36,8 @@ func TestMatchSeqJudgedOnDurableTail(t *testing.T) {
 				t.Fatalf("MatchSeq %d with tail 1 durable and 2 pending: %v, want a MatchError naming 1", seq, err)
 			}
 		}
-		type result struct {
-			res AppendResult
-			err error
-		}
-		matched := make(chan result, 1)
-		go func() {
-			res, err := match(1)
-			matched <- result{res, err}
-		}()
-		select {
-		case r := <-matched:
-			t.Fatalf("MatchSeq 1 answered (%+v, %v) while the append that would move the tail is not durable", r.res, r.err)
-		case <-time.After(200 * time.Millisecond):
-		}
-		st.fail <- !lands
-		if err := <-ahead; (err == nil) != lands {
-			t.Fatalf("the append ahead: %v", err)
-		}
+		matched := appendBehind(t, "MatchSeq 1", func() (AppendResult, error) { return match(1) })
+		settle(t, lands)
 		r := <-matched
 		var me *MatchError
 		switch {
@@ -73,13 +54,7 @@ func TestMatchSeqJudgedOnDurableTail(t *testing.T) {
 				t.Fatalf("MatchSeq 1 landed at %d..%d", r.res.FirstSeq, r.res.NextSeq)
 			}
 		}
-		want := []string{"a", "b"}
-		if !lands {
-			want = []string{"a", "c"}
-		}
-		if got := readAll(t, e, "/s"); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
-			t.Fatalf("records %q, want %q", got, want)
-		}
+		wantRecords(t, e, lands, "c")
 	})
 }
 
@@ -97,34 +72,15 @@ func TestStreamSeqJudgedOnDurableValue(t *testing.T) {
 		if _, err := seqd("a", "001"); err != nil {
 			t.Fatal(err)
 		}
-		st.holdNext()
-		ahead := make(chan error, 1)
-		go func() {
+		settle := holdAhead(st, func() error {
 			_, err := seqd("b", "002")
-			ahead <- err
-		}()
-		<-st.held
+			return err
+		})
 		if _, err := seqd("x", "001"); !errors.Is(err, ErrStreamSeq) || !strings.Contains(err.Error(), `not after "001"`) {
 			t.Fatalf("Stream-Seq 001 with 001 durable and 002 pending: %v, want a refusal naming 001", err)
 		}
-		type result struct {
-			res AppendResult
-			err error
-		}
-		second := make(chan result, 1)
-		go func() {
-			res, err := seqd("c", "002")
-			second <- result{res, err}
-		}()
-		select {
-		case r := <-second:
-			t.Fatalf("Stream-Seq 002 answered (%+v, %v) while the append that holds 002 is not durable", r.res, r.err)
-		case <-time.After(200 * time.Millisecond):
-		}
-		st.fail <- !lands
-		if err := <-ahead; (err == nil) != lands {
-			t.Fatalf("the append ahead: %v", err)
-		}
+		second := appendBehind(t, "Stream-Seq 002", func() (AppendResult, error) { return seqd("c", "002") })
+		settle(t, lands)
 		r := <-second
 		switch {
 		case lands && (!errors.Is(r.err, ErrStreamSeq) || !strings.Contains(r.err.Error(), `not after "002"`)):
@@ -137,13 +93,7 @@ func TestStreamSeqJudgedOnDurableValue(t *testing.T) {
 			untilLanded(t, r.res, r.err, func() (AppendResult, error) { return seqd("c", "002") },
 				func(err error) bool { return errors.Is(err, ErrStreamSeq) })
 		}
-		want := []string{"a", "b"}
-		if !lands {
-			want = []string{"a", "c"}
-		}
-		if got := readAll(t, e, "/s"); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
-			t.Fatalf("records %q, want %q", got, want)
-		}
+		wantRecords(t, e, lands, "c")
 	})
 }
 
@@ -187,42 +137,18 @@ func TestProducerRefusalsJudgedOnDurableState(t *testing.T) {
 		if _, err := produce("a", 1, 0); err != nil {
 			t.Fatal(err)
 		}
-		st.holdNext()
-		ahead := make(chan error, 1)
-		go func() {
+		settle := holdAhead(st, func() error {
 			_, err := produce("b", 2, 0)
-			ahead <- err
-		}()
-		<-st.held
+			return err
+		})
 
 		var fe *FencedError
 		if _, err := produce("x", 0, 0); !errors.As(err, &fe) || fe.CurrentEpoch != 1 {
 			t.Fatalf("epoch 0 with epoch 1 durable and 2 pending: %v, want fenced by epoch 1", err)
 		}
-		type result struct {
-			res AppendResult
-			err error
-		}
-		gap, stale := make(chan result, 1), make(chan result, 1)
-		go func() {
-			res, err := produce("y", 2, 5)
-			gap <- result{res, err}
-		}()
-		go func() {
-			res, err := produce("z", 1, 1)
-			stale <- result{res, err}
-		}()
-		select {
-		case r := <-gap:
-			t.Fatalf("epoch 2 seq 5 answered (%+v, %v) while epoch 2 is not durable", r.res, r.err)
-		case r := <-stale:
-			t.Fatalf("epoch 1 seq 1 answered (%+v, %v) while epoch 2 is not durable", r.res, r.err)
-		case <-time.After(200 * time.Millisecond):
-		}
-		st.fail <- !lands
-		if err := <-ahead; (err == nil) != lands {
-			t.Fatalf("the append ahead: %v", err)
-		}
+		gap := appendBehind(t, "epoch 2 seq 5", func() (AppendResult, error) { return produce("y", 2, 5) })
+		stale := appendBehind(t, "epoch 1 seq 1", func() (AppendResult, error) { return produce("z", 1, 1) })
+		settle(t, lands)
 
 		g := <-gap
 		var ge *SequenceGapError
@@ -255,13 +181,7 @@ func TestProducerRefusalsJudgedOnDurableState(t *testing.T) {
 				t.Fatalf("epoch 1 seq 1 landed at %d", r.res.FirstSeq)
 			}
 		}
-		want := []string{"a", "b"}
-		if !lands {
-			want = []string{"a", "z"}
-		}
-		if got := readAll(t, e, "/s"); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
-			t.Fatalf("records %q, want %q", got, want)
-		}
+		wantRecords(t, e, lands, "z")
 	})
 }
 
@@ -286,6 +206,60 @@ func TestTrimBeyondTailNamesDurableTail(t *testing.T) {
 	_, err := e.Trim(ctx, "/s", 5)
 	if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), "beyond the tail 1") {
 		t.Fatalf("trim to 5 with tail 1 durable and 3 pending: %v, want a refusal naming tail 1", err)
+	}
+}
+
+// holdAhead holds the next WAL upload and starts send, the append whose
+// upload it is, returning once the upload is held. settle then lets the
+// upload land or fail and checks that the append's answer says which.
+func holdAhead(st *heldUpload, send func() error) (settle func(t *testing.T, lands bool)) {
+	st.holdNext()
+	ahead := make(chan error, 1)
+	go func() { ahead <- send() }()
+	<-st.held
+	return func(t *testing.T, lands bool) {
+		t.Helper()
+		st.fail <- !lands
+		if err := <-ahead; (err == nil) != lands {
+			t.Fatalf("the append ahead: %v", err)
+		}
+	}
+}
+
+// appendOutcome is what an append answered.
+type appendOutcome struct {
+	res AppendResult
+	err error
+}
+
+// appendBehind starts send, an append behind the held one, and fails the
+// test if it is answered within 200 ms, while the append ahead is not
+// durable.
+func appendBehind(t *testing.T, what string, send func() (AppendResult, error)) <-chan appendOutcome {
+	t.Helper()
+	ch := make(chan appendOutcome, 1)
+	go func() {
+		res, err := send()
+		ch <- appendOutcome{res, err}
+	}()
+	select {
+	case r := <-ch:
+		t.Fatalf("%s answered (%+v, %v) while the append ahead is not durable", what, r.res, r.err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	return ch
+}
+
+// wantRecords checks that the stream /s holds "a", then "b" if the append
+// ahead landed, else the one sent behind it.
+func wantRecords(t *testing.T, e *Engine, lands bool, behind string) {
+	t.Helper()
+	want := []string{"a", "b"}
+	if !lands {
+		want[1] = behind
+	}
+	if got := readAll(t, e, "/s"); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("records %q, want %q", got, want)
 	}
 }
 
