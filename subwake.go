@@ -1,0 +1,421 @@
+package picomq
+
+// Subscriptions: applying append notes, and waking subscriptions by webhook or wake stream.
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/picomq/caddy-picomq/streamstore"
+)
+
+// applyNoteLocked links and advances streams that got records, and starts
+// over the links of streams deleted or created again, in the subscriptions
+// the index finds for the stream. A subscription being written keeps the
+// note for its writer to apply; the write of one that changes is started
+// in the background (writeInBackgroundLocked): the loop waits for no PUT.
+func (m *subManager) applyNoteLocked(n appendNote) {
+	for _, cr := range m.creating {
+		if strings.HasPrefix(n.name, cr.root) {
+			cr.kept = keepNote(cr.kept, n)
+		}
+	}
+	var adding map[*subState]bool
+	for s, names := range m.adding {
+		if names[n.name] {
+			s.keep(n) // s's writer is linking the stream
+			if adding == nil {
+				adding = map[*subState]bool{}
+			}
+			adding[s] = true
+		}
+	}
+	m.index.candidates(n.name, func(s *subState) {
+		rel, ok := strings.CutPrefix(n.name, s.Root)
+		if !ok || rel == "" || adding[s] {
+			return
+		}
+		if s.busy != nil {
+			// Kept whatever it is: s's writer may be linking the stream.
+			s.keep(n)
+			return
+		}
+		if s.Links[rel] == nil && (n.deleted || s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel)) {
+			return // a stream s does not follow: no draft to copy
+		}
+		if m.refusesLinkLocked(s, rel, n) {
+			return
+		}
+		if s.quietTail(rel, n) {
+			// s has no writer: it changes in place, as its writer would.
+			l := s.Links[rel]
+			l.Tail = max(l.Tail, n.next)
+			return
+		}
+		c := s.draft()
+		if changed, grew := c.applyNote(rel, n); changed {
+			m.writeInBackgroundLocked(s, c, grew, nil)
+		}
+	})
+}
+
+// refusesLinkLocked reports whether note n would link stream rel to s by
+// its pattern while s links the most streams it may (subMaxLinks), and if
+// so counts and logs that it is not linked: the subscription does not
+// follow that stream until it has room again.
+func (m *subManager) refusesLinkLocked(s *subState, rel string, n appendNote) bool {
+	if n.deleted || s.Links[rel] != nil || s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel) {
+		return false
+	}
+	limit := m.owner.linkLimit()
+	if s.liveLinks() < limit {
+		return false
+	}
+	if m.owner != nil && m.owner.metrics != nil {
+		m.owner.metrics.subLinksRefused.Add(1)
+	}
+	m.refusedLog.warn(m.log, "a stream matches a subscription's pattern but is not linked: the subscription links the most streams it may",
+		zap.String("subscription", s.ID), zap.String("root", s.Root), zap.String("stream", rel), zap.Int("max_links", limit))
+	return true
+}
+
+// quietTail reports whether note n, for s's link of rel, can only move the
+// link's tail (the link counts in n's stream already) while s has a wake
+// in flight or a lease held, so that it starts no wake. Such a change is
+// not written: the load reads every linked stream's tail from the stream
+// (reconcile), and the next write of s carries it. Every append to a
+// followed stream wrote the whole document again while a worker was at
+// it.
+func (s *subState) quietTail(rel string, n appendNote) bool {
+	l := s.Links[rel]
+	return (s.WakeID != "" || s.Holder != "") && !n.deleted && l != nil && l.Stream != "" && l.Stream == n.id
+}
+
+// applyNote applies n to s's link of rel (n.name relative to s.Root) and
+// reports whether s changed, and whether it was by the link's tail growing.
+func (s *subState) applyNote(rel string, n appendNote) (changed, grew bool) {
+	l := s.Links[rel]
+	if n.deleted {
+		// A link that counts in another stream (a newer one) stays.
+		if l == nil || (l.Stream != "" && l.Stream != n.id) || (l.Stream == "" && l.Tail == 0 && (l.Explicit || l.Gone)) {
+			return false, false
+		}
+		s.streamGone(rel, l)
+		return true, false
+	}
+	switch {
+	case l == nil:
+		if s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel) {
+			return false, false
+		}
+		// Discovered by this append: linked before it.
+		l = &subLink{Glob: true, Acked: n.first, Tail: n.first, Stream: n.id}
+		s.Links[rel] = l
+		changed = true
+	case l.Stream == n.id:
+	case l.Stream != "" || n.first < l.Tail:
+		// Another stream under the name than the one the offsets count
+		// in (one without an id is another when its records start below
+		// the tail: a stream's appends come in order).
+		s.startOver(rel, l, n.id, 0)
+		changed = true
+	default:
+		// Linked when no stream was there, or stored without an id.
+		l.Stream, l.Gone = n.id, false
+		changed = true
+	}
+	if n.next <= l.Tail {
+		return changed, false
+	}
+	l.Tail = n.next
+	return true, true
+}
+
+// wakeOrSaveLocked commits c, a draft of s whose writer the caller is,
+// starting a wake in it when it has pending work and none is in flight. On
+// failure s is as it was and c as it was given, without the wake (not
+// durable, so not issued: the tick tries again), and the error is
+// returned, so that a request whose change it saves can answer 503.
+func (m *subManager) wakeOrSaveLocked(s, c *subState) error {
+	c.dropGone()
+	if c.WakeID != "" || c.Holder != "" || !c.pending() {
+		return m.commitLocked(s, c)
+	}
+	wc := c.draft()
+	wc.Generation++
+	wc.WakeID = newWakeID()
+	wc.Failures, wc.NextTry = 0, 0
+	if wc.Config.Type == "webhook" {
+		wc.LeaseUntil = time.Now().Add(wc.lease()).UnixMilli()
+	}
+	if err := m.commitLocked(s, wc); err != nil {
+		return fmt.Errorf("saving a new wake: %w", err)
+	}
+	if s.Config.Type == "webhook" {
+		m.deliverLocked(s)
+	} else {
+		m.writeWakeEventLocked(s)
+	}
+	return nil
+}
+
+// tickLocked expires leases, runs due webhook retries and wake event
+// rewrites, and wakes what has pending work and nothing in flight: for
+// the subscriptions due by now, which the due heap holds first, and no
+// others. Those taken from the heap are put back at their next case after
+// it, so that one acted on again within the tick (a wake that could not
+// be saved is due again at once) waits for the next tick. A subscription
+// being written is left to the next tick too: the loop does not wait for
+// its writer, and what is due may have changed when the writer is done.
+// The writes the tick starts run in the background.
+func (m *subManager) tickLocked(now time.Time) {
+	ms := now.UnixMilli()
+	for _, s := range m.popDueLocked(ms) {
+		if m.subs[s.key] == s {
+			if s.busy == nil {
+				m.tickSubLocked(s, now)
+			}
+			m.scheduleLocked(s)
+		}
+	}
+}
+
+// tickSubLocked does what the tick does for s, which has no writer, at
+// now, if anything.
+func (m *subManager) tickSubLocked(s *subState, now time.Time) {
+	kind, at := s.nextTick()
+	if now.UnixMilli() < at {
+		return
+	}
+	c := s.draft()
+	switch kind {
+	case tickWebhookRetry:
+		c.NextTry = 0
+		c.LeaseUntil = now.Add(c.lease()).UnixMilli()
+		m.writeInBackgroundLocked(s, c, false, m.deliverLocked)
+	case tickWakeEventRetry:
+		// A pull-wake whose wake event could not be written. Nothing is
+		// written to the bucket: s changes in place.
+		s.NextTry = 0
+		m.writeWakeEventLocked(s)
+	case tickLeaseExpiry:
+		// The lease ran out: clear holder and wake; wake again if needed.
+		c.WakeID, c.Holder, c.LeaseUntil, c.Snapshot = "", "", 0, nil
+		m.writeInBackgroundLocked(s, c, true, nil)
+	case tickWake:
+		// Pending work and nothing in flight (a restart, or a wake
+		// whose state could not be saved): wake now.
+		m.writeInBackgroundLocked(s, c, true, nil)
+	}
+}
+
+// deliverLocked sends the wake in flight to the webhook in a goroutine that
+// ends within webhookTimeout or when the engine closes. The caller is s's
+// writer (it changes the snapshot in place). The goroutine becomes s's
+// writer to record the outcome, waiting for the writer then.
+func (m *subManager) deliverLocked(s *subState) {
+	snap := map[string]uint64{}
+	for p, l := range s.Links {
+		if !l.Gone {
+			snap[p] = l.Tail
+		}
+	}
+	s.Snapshot = snap
+	payload := map[string]any{
+		"subscription_id": s.ID,
+		"wake_id":         s.WakeID,
+		"generation":      s.Generation,
+		"streams":         s.streams(true),
+		"callback_url":    strings.TrimSuffix(s.BaseURL, "/") + "/" + reservedSegment + "/subscriptions/" + url.PathEscape(s.ID) + "/callback",
+		"callback_token":  m.tokenLocked(s),
+	}
+	body, _ := json.Marshal(payload)
+	t := time.Now().Unix()
+	sig := ed25519.Sign(m.priv, []byte(fmt.Sprintf("%d.%s", t, body)))
+	header := fmt.Sprintf("t=%d,kid=%s,ed25519=%s", t, m.kid, base64.RawURLEncoding.EncodeToString(sig))
+	key, gen, wake, target, loopback := s.key, s.Generation, s.WakeID, s.Config.WebhookURL, s.Loopback
+	// A loopback target is reached only while the option still allows it.
+	// Checked here, not at connect: a pooled connection to it needs none.
+	refused := loopback && !m.owner.loopbackAllowed()
+	go func() {
+		var done bool
+		var err error
+		if refused {
+			err = errLoopbackOff
+		} else {
+			done, err = m.post(target, loopback, header, body)
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		s := m.ownWakeLocked(key, gen, wake)
+		if s == nil {
+			return // deleted, or acked or fenced meanwhile
+		}
+		c := s.draft()
+		if err != nil {
+			c.Failures++
+			c.NextTry = time.Now().Add(webhookBackoff(c.Failures)).UnixMilli()
+			m.log.Warn("webhook delivery failed", zap.String("id", s.ID), zap.Int("failures", c.Failures), zap.Error(err))
+			m.saveBackgroundLocked(s, c, false)
+			m.releaseLocked(s)
+			return
+		}
+		c.Failures = 0
+		if !done {
+			m.saveBackgroundLocked(s, c, false)
+			m.releaseLocked(s)
+			return
+		}
+		// {"done": true}: ack the snapshot and release.
+		for p, tail := range c.Snapshot {
+			if l := c.Links[p]; l != nil && tail > l.Acked {
+				l.Acked = tail
+			}
+		}
+		c.WakeID, c.Holder, c.LeaseUntil, c.Snapshot = "", "", 0, nil
+		m.saveBackgroundLocked(s, c, true)
+		m.releaseLocked(s)
+	}()
+}
+
+// errLoopbackOff is a delivery to this machine after the option that
+// allowed its subscription was turned off.
+var errLoopbackOff = errors.New("webhook is on this machine and no handler allows loopback webhooks now (allow_loopback_webhooks)")
+
+// webhookBackoff is exponential from 1s to 60s with 20% jitter. Pull-wake
+// announcements that failed are retried on it too.
+func webhookBackoff(failures int) time.Duration {
+	d := webhookMinBackoff << min(failures-1, 6)
+	d = min(d, webhookMaxBackoff)
+	j := time.Duration(float64(d) * 0.2 * (2*mrand.Float64() - 1))
+	return d + j
+}
+
+// post delivers one webhook request and reports whether it answered
+// {"done": true}.
+func (m *subManager) post(target string, loopback bool, sig string, body []byte) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithValue(m.ctx, loopbackKey{}, loopback), webhookTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
+	if err != nil {
+		return false, webhookError(nil, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Webhook-Signature", sig)
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return false, webhookError(req.URL, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return false, fmt.Errorf("webhook answered %s", resp.Status)
+	}
+	var res struct {
+		Done bool `json:"done"`
+	}
+	_ = json.Unmarshal(data, &res)
+	return res.Done, nil
+}
+
+// webhookError is the error of a delivery to u that failed before an
+// answer, as it is logged. The Go client's error (a *url.Error) quotes the
+// whole URL, and a webhook URL's path or query is often where its receiver
+// keeps a secret (?token=..., /services/T.../B.../XXXX), which is why a
+// subscription's document is guarded like a write: only the scheme and
+// host, which the reason (a refused connection, a DNS failure) needs, are
+// kept. The subscription's id, logged beside it, leads whoever may read
+// the subscription to the rest. u is nil when the URL did not parse.
+func webhookError(u *url.URL, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	if u == nil {
+		return fmt.Errorf("webhook URL: %w", err)
+	}
+	return fmt.Errorf("POST to %s://%s: %w", u.Scheme, u.Host, err)
+}
+
+// ownWakeLocked returns subscription key with the caller its writer
+// (waiting for the writer before, until the engine closes), if its wake in
+// flight is still wake of generation gen; nil if not.
+func (m *subManager) ownWakeLocked(key string, gen uint64, wake string) *subState {
+	s, ok := m.subs[key]
+	if !ok || s.Generation != gen || s.WakeID != wake {
+		return nil
+	}
+	if m.acquireLocked(m.ctx, s) != nil {
+		return nil
+	}
+	if s.Generation != gen || s.WakeID != wake { // moved on while waiting
+		m.releaseLocked(s)
+		return nil
+	}
+	return s
+}
+
+// writeWakeEventLocked appends the wake event to the pull-wake stream in a
+// goroutine (an append waits for durability); it ends with the append, or
+// with recording its failure as s's writer.
+func (m *subManager) writeWakeEventLocked(s *subState) {
+	stream := ""
+	paths := make([]string, 0, len(s.Links))
+	for p, l := range s.Links {
+		if l.Tail > l.Acked {
+			paths = append(paths, p)
+		}
+	}
+	sort.Strings(paths)
+	if len(paths) > 0 {
+		stream = paths[0]
+	}
+	ev, _ := json.Marshal(map[string]any{
+		"type": "wake", "subscription_id": s.ID, "stream": stream,
+		"generation": s.Generation, "ts": time.Now().UnixMilli(),
+	})
+	name := s.Root + s.Config.WakeStream
+	key, gen, wake := s.key, s.Generation, s.WakeID
+	go func() {
+		ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+		defer cancel()
+		_, err := m.eng.Append(ctx, name, streamstore.AppendRequest{Records: []streamstore.NewRecord{{Body: ev}}})
+		if err == nil {
+			return
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		s := m.ownWakeLocked(key, gen, wake)
+		if s == nil {
+			return // deleted, or moved on meanwhile
+		}
+		defer m.releaseLocked(s)
+		if s.Holder != "" {
+			return // claimed meanwhile
+		}
+		// Nothing is written to the bucket (the retry time is kept in
+		// memory only): s changes in place, as its writer.
+		// A wake no worker heard of waits for a claim nobody makes, and
+		// nothing else would wake the subscription again: announce it
+		// again after a pause (the tick does), as a webhook is retried.
+		s.Failures++
+		s.NextTry = time.Now().Add(webhookBackoff(s.Failures)).UnixMilli()
+		m.scheduleLocked(s)
+		m.log.Warn("writing wake event failed", zap.String("id", s.ID), zap.String("stream", name),
+			zap.Int("failures", s.Failures), zap.Error(err))
+	}()
+}
