@@ -170,7 +170,10 @@ type Writer struct {
 	stallCause error
 	fenced     error // another process took the storage over: for good
 	closed     bool
-	idle       *sync.Cond // signalled when queue empties
+	// settling is set while release settles batches it took off the
+	// queue: Close waits for their outcome as for the queue's.
+	settling bool
+	idle     *sync.Cond // signalled when queue empties or a settlement ends
 
 	// Uploads run on goroutines that stay for the next one: the S3
 	// client's calls are deep, and a goroutine per upload grew a fresh
@@ -522,8 +525,12 @@ func (w *Writer) release() {
 			}
 			queue := w.queue
 			w.queue = nil
+			w.settling = true
 			w.mu.Unlock()
 			w.settle(queue)
+			w.mu.Lock()
+			w.settling = false
+			w.mu.Unlock()
 			continue
 		}
 		w.queue = w.queue[1:]
@@ -692,7 +699,7 @@ func (w *Writer) Close(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		w.mu.Lock()
-		for len(w.queue) > 0 || (w.open != nil && len(w.open.Entries) > 0 && !w.broken) {
+		for len(w.queue) > 0 || w.settling || (w.open != nil && len(w.open.Entries) > 0 && !w.broken) {
 			w.idle.Wait()
 		}
 		w.mu.Unlock()

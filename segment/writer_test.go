@@ -302,6 +302,55 @@ func TestWriterTellsLostBatches(t *testing.T) {
 	}
 }
 
+// Close waits for a settlement under way as for an upload: a seal that
+// lands a few tries later tells the batch's waiters that it is lost, safe
+// to send again. Close once saw an empty queue while the batches being
+// settled were off it, gave up at once and cut the seal short, and the
+// waiters heard only that the outcome was unknown.
+func TestWriterCloseWaitsForSettlement(t *testing.T) {
+	var mu sync.Mutex
+	puts, left := 0, 4 // the upload and the seal's first three tries fail
+	sealing := make(chan struct{})
+	store := &failingPuts{Store: memstore.New(), fail: func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		puts++
+		if puts == 2 {
+			close(sealing)
+		}
+		if left == 0 {
+			return false
+		}
+		left--
+		return true
+	}}
+	w := segment.NewWriter(store, 1, 0, segment.WriterConfig{FlushInterval: time.Millisecond}, segment.WriterDeps{
+		Hooks:        noHooks{},
+		NewNamespace: func(context.Context) (uint64, error) { return 2, nil },
+	})
+	b, err := w.Add(testEntry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-sealing
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case <-b.Done():
+	default:
+		t.Fatal("Close returned before the batch's outcome was released")
+	}
+	if b.Err() == nil {
+		t.Fatal("the batch committed despite its failed upload")
+	}
+	if !b.Lost() || errors.Is(b.Err(), segment.ErrClosedUnsettled) {
+		t.Errorf("the batch whose seal landed is not known lost: %v", b.Err())
+	}
+}
+
 // heldPuts is a store whose PUTs wait until release is closed: a store
 // that has stalled.
 type heldPuts struct {
