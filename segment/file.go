@@ -79,6 +79,14 @@ type FileStore struct {
 	// made it: its maker may not have synced yet, or may have failed to.
 	fresh    map[string]uint64
 	freshSeq uint64
+	// unsynced holds the folders where a Put placed a name and then
+	// failed to sync the folder, each with the number of that failure:
+	// the name is there to see, and a crash may take it back. A read of
+	// a key there, or a create-only Put that finds its key taken, syncs
+	// the folder first, so that nobody acts on an object that is not
+	// durable: the WAL writer settles a failed upload by reading its key
+	// back, and acknowledges the batch it finds there.
+	unsynced map[string]uint64
 
 	// lists keeps the names of the folders where listings' pages ended.
 	lists listCache
@@ -106,6 +114,7 @@ func NewFileStore(dir string) (*FileStore, error) {
 		link:       os.Link,
 		readDir:    readDir,
 		fresh:      make(map[string]uint64),
+		unsynced:   make(map[string]uint64),
 		sweepEvery: fileSweepEvery,
 		tidyAge:    fileTidyAge,
 		lists:      listCache{keep: fileListKeep, settle: fileListSettle, window: fileListWindow},
@@ -276,24 +285,64 @@ func (s *FileStore) Put(ctx context.Context, key string, data []byte, opts PutOp
 		if errors.Is(err, fs.ErrNotExist) && attempt < 100 {
 			continue
 		}
+		if errors.Is(err, ErrPreconditionFailed) && opts.IfNoneMatch {
+			// The caller may act on the object it finds there.
+			if serr := s.syncIfUnsynced(filepath.Dir(target)); serr != nil {
+				return "", fmt.Errorf("segment: put %s: the key is taken, and its folder could not be synced: %w", key, serr)
+			}
+		}
 		if err != nil {
 			return "", err
 		}
 		break
 	}
-	// Make the new name, and the names of any folders on its path that
-	// may not be durable yet, durable.
-	fresh := s.freshOnPath(filepath.Dir(target))
-	synced := []string{filepath.Dir(target)}
-	for d := range fresh {
-		synced = append(synced, filepath.Dir(d))
-	}
-	if err := s.syncDirs(synced); err != nil {
+	if err := s.syncPath(filepath.Dir(target)); err != nil {
 		// The name is in place: readers see it, a crash may take it back.
 		return "", &unknownOutcomeError{err: fmt.Errorf("segment: put %s: %w", key, err)}
 	}
-	s.freshSynced(fresh)
 	return etag, nil
+}
+
+// syncPath makes the names in dir durable, with the names of any folders
+// on its path that may not be durable yet. When it fails, dir is noted
+// unsynced until a later sync of it succeeds.
+func (s *FileStore) syncPath(dir string) error {
+	fresh := s.freshOnPath(dir)
+	dirs := []string{dir}
+	for d := range fresh {
+		dirs = append(dirs, filepath.Dir(d))
+	}
+	s.freshMu.Lock()
+	mark := s.unsynced[dir]
+	s.freshMu.Unlock()
+	if err := s.syncDirs(dirs); err != nil {
+		s.freshMu.Lock()
+		s.freshSeq++
+		s.unsynced[dir] = s.freshSeq
+		s.freshMu.Unlock()
+		return err
+	}
+	s.freshSynced(fresh)
+	s.freshMu.Lock()
+	// A failure noted while this sync ran may be of a name placed after
+	// it began: that one stays.
+	if s.unsynced[dir] == mark {
+		delete(s.unsynced, dir)
+	}
+	s.freshMu.Unlock()
+	return nil
+}
+
+// syncIfUnsynced syncs dir if a Put failed to, so that what is there to
+// see in it is durable.
+func (s *FileStore) syncIfUnsynced(dir string) error {
+	s.freshMu.Lock()
+	_, pending := s.unsynced[dir]
+	s.freshMu.Unlock()
+	if !pending {
+		return nil
+	}
+	return s.syncPath(dir)
 }
 
 // freshOnPath returns the fresh folders among dir and its parents, with
@@ -623,7 +672,11 @@ func (s *FileStore) open(ctx context.Context, key string) (*os.File, fs.FileInfo
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	f, err := os.Open(s.path(key))
+	path := s.path(key)
+	if err := s.syncIfUnsynced(filepath.Dir(path)); err != nil {
+		return nil, nil, fmt.Errorf("segment: get %s: a write there could not be made durable: %w", key, err)
+	}
+	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 		return nil, nil, ErrNotFound
 	}
