@@ -1041,6 +1041,14 @@ func (d *durableStreams) read(ctx context.Context, eng *streamstore.Engine, name
 	}
 	req := streamstore.ReadRequest{Seq: from.seq, MaxBytes: d.chunkBytes + int(min(from.off, uint64(d.chunkBytes))),
 		MaxRecords: dsChunkRecords}
+	if from.off > 0 {
+		// Only a position inside a record can be refused with what the
+		// engine reads: judged there, the refusal is no access to the
+		// stream, and renews no TTL.
+		req.Judge = func(info streamstore.Info, recs []streamstore.Record) error {
+			return offsetProblem(from, info, recs)
+		}
+	}
 	res, err := eng.Read(ctx, name, req)
 	if err != nil && off.kind == offsetStart && errors.Is(err, streamstore.ErrGone) {
 		// "-1" means the first retained record, wherever trims left it.
@@ -1071,6 +1079,26 @@ func (d *durableStreams) read(ctx context.Context, eng *streamstore.Engine, name
 	return c, nil
 }
 
+// offsetProblem refuses a read from position from of a stream in state
+// info, given the records read from from.seq on: a position past the tail,
+// inside a JSON message, or past the end of its record.
+func offsetProblem(from position, info streamstore.Info, recs []streamstore.Record) error {
+	tail := tailOf(info)
+	if from.seq > tail.seq || (from.seq == tail.seq && from.off > 0) {
+		return &offsetError{"offset is beyond the end of the stream"}
+	}
+	if from.off == 0 {
+		return nil
+	}
+	if isJSON(info.ContentType) {
+		return &offsetError{"offset points inside a JSON message"}
+	}
+	if len(recs) > 0 && recs[0].Seq == from.seq && from.off > uint64(len(recs[0].Body)) {
+		return &offsetError{"offset is beyond the end of its record"}
+	}
+	return nil
+}
+
 // assemble turns an engine read into a chunk of at most limit stream bytes.
 // In bytes mode a record that does not fit is left for the next read, unless
 // it is the first, which is then split (text at a UTF-8 boundary). JSON
@@ -1078,12 +1106,8 @@ func (d *durableStreams) read(ctx context.Context, eng *streamstore.Engine, name
 func assemble(res streamstore.ReadResult, from position, limit int) (chunk, error) {
 	info := res.Info
 	c := chunk{info: info, start: from, next: from, json: isJSON(info.ContentType)}
-	tail := tailOf(info)
-	if from.seq > tail.seq || (from.seq == tail.seq && from.off > 0) {
-		return chunk{}, &offsetError{"offset is beyond the end of the stream"}
-	}
-	if c.json && from.off > 0 {
-		return chunk{}, &offsetError{"offset points inside a JSON message"}
+	if err := offsetProblem(from, info, res.Records); err != nil {
+		return chunk{}, err
 	}
 	textual := isTextual(info.ContentType)
 	complete := true // every record the engine returned is in the chunk
@@ -1139,7 +1163,7 @@ func assemble(res streamstore.ReadResult, from position, limit int) (chunk, erro
 		c.add(rest)
 		c.next = position{seq: rec.Seq + 1}
 	}
-	c.upToDate = complete && c.next.off == 0 && c.next.seq >= tail.seq
+	c.upToDate = complete && c.next.off == 0 && c.next.seq >= tailOf(info).seq
 	c.closed = c.upToDate && info.Closed
 	return c, nil
 }

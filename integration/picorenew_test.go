@@ -8,7 +8,8 @@ import (
 )
 
 // TestPicoRefusedReadsRenewNothing: a read the server refuses, at a seq
-// past the tail (400) or below the records a trim left (410), is no access
+// past the tail (400), below the records a trim left (410), or at a
+// Durable Streams offset past the end of its record (400), is no access
 // to the stream. It makes no object-store write (design invariant 6), even
 // when a quarter of a sliding TTL has passed, where a read that is served
 // persists its renewal in the WAL (the control at the end, without which
@@ -42,6 +43,12 @@ func TestPicoRefusedReadsRenewNothing(t *testing.T) {
 		{"a seq below the first retained record", path + "?seq=1", 410},
 		{"a Durable Streams read past the tail", "/ds/renew/s?offset=" + picoOffset(5, 0), 400},
 		{"a Durable Streams read of trimmed records", "/ds/renew/s?offset=" + picoOffset(1, 0), 410},
+		// Refusals the Durable Streams side makes only once it has the
+		// stream's tail or the record in hand.
+		{"a Durable Streams offset inside the tail", "/ds/renew/s?offset=" + picoOffset(3, 1), 400},
+		{"a Durable Streams offset past the end of its record", "/ds/renew/s?offset=" + picoOffset(2, 5), 400},
+		{"a Durable Streams long-poll past the end of its record", "/ds/renew/s?live=long-poll&offset=" + picoOffset(2, 5), 400},
+		{"a Durable Streams SSE feed past the end of its record", "/ds/renew/s?live=sse&offset=" + picoOffset(2, 5), 400},
 	} {
 		resp, writes := fhExpectNoWrites(t, e, fhReq{Method: "GET", Path: c.path})
 		if resp.Status != c.status {

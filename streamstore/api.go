@@ -164,6 +164,12 @@ type ReadRequest struct {
 	Tail       bool
 	MaxRecords int // 0 means no limit
 	MaxBytes   int // body and header bytes (ReadWeight); 0 means no limit. At least one record is returned when any exists.
+	// Judge, if set, is shown the stream's state and the records read
+	// before the read counts as an access: a protocol refuses there what
+	// it can only judge with them (a byte position inside a record). Its
+	// error is Read's, and then the read neither touches the stream nor
+	// renews its TTL.
+	Judge func(Info, []Record) error
 }
 
 // ReadResult holds the records read and the stream state at the time of the

@@ -499,6 +499,20 @@ func TestRefusedReadTouchesNothing(t *testing.T) {
 	if _, err := e.Read(ctx, name, ReadRequest{Seq: 1}); !errors.Is(err, ErrGone) {
 		t.Fatalf("read of a trimmed record: %v, want ErrGone", err)
 	}
+	// A protocol refuses a byte position inside a record once it sees the
+	// record: that read is no access either.
+	errJudged := errors.New("position past the end of its record")
+	var judged []Record
+	_, err = e.Read(ctx, name, ReadRequest{Seq: 2, Judge: func(_ Info, recs []Record) error {
+		judged = recs
+		return errJudged
+	}})
+	if !errors.Is(err, errJudged) {
+		t.Fatalf("read its judge refused: %v, want the judge's error", err)
+	}
+	if len(judged) != 1 || string(judged[0].Body) != "c" {
+		t.Fatalf("the judge saw %v, want the record read", judged)
+	}
 	if got := touched(); got != before {
 		t.Errorf("refused reads renewed the TTL: last access %d, was %d", got, before)
 	}

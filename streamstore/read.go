@@ -11,8 +11,8 @@ import (
 )
 
 // Read returns records from req.Seq, bounded by the durable tail. It renews a
-// sliding TTL, unless it refuses the position: a refused read is no access,
-// and writes no renewal. Once another process took the storage over it
+// sliding TTL, unless it refuses the position or req.Judge refuses the
+// read: a refused read is no access, and writes no renewal. Once another process took the storage over it
 // answers ErrTakenOver (with ErrUnavailable), and while its lease could
 // not be renewed in time, ErrUnavailable (holding).
 func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadResult, error) {
@@ -35,16 +35,11 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 		s.mu.Unlock()
 		return ReadResult{}, err
 	}
-	s.touchLocked(now.UnixMilli()) // not expired: checked above, under the same lock
-	sliding := s.meta.TTLSeconds != 0
 	s.mu.Unlock()
-	if sliding {
-		e.renew(s)
-	}
 
 	res := ReadResult{Info: info, NextSeq: info.NextSeq, UpToDate: true}
 	if req.Tail || req.Seq == info.NextSeq {
-		return res, nil
+		return e.served(s, req, res)
 	}
 	// Most reads are at the tail, from the cache: no buffer to hold, and
 	// no allocation for holding none.
@@ -68,6 +63,26 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 	}
 	res.NextSeq = req.Seq + uint64(len(res.Records))
 	res.UpToDate = res.NextSeq == info.NextSeq
+	return e.served(s, req, res)
+}
+
+// served hands res to req's Judge, if any, and counts the read as an
+// access once it is accepted: the stream's last access moves on, and a
+// sliding TTL's renewal is persisted when due.
+func (e *Engine) served(s *stream, req ReadRequest, res ReadResult) (ReadResult, error) {
+	if req.Judge != nil {
+		if err := req.Judge(res.Info, res.Records); err != nil {
+			res.Release()
+			return ReadResult{}, err
+		}
+	}
+	s.mu.Lock()
+	s.touchLocked(time.Now().UnixMilli()) // one that expired meanwhile stays expired
+	sliding := s.meta.TTLSeconds != 0
+	s.mu.Unlock()
+	if sliding {
+		e.renew(s)
+	}
 	return res, nil
 }
 
