@@ -3,6 +3,7 @@ package streamstore
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -161,6 +162,104 @@ func TestLookupDuringRefusedCreateSeesTheStream(t *testing.T) {
 	}
 	if err := <-headDone; err != nil {
 		t.Fatalf("head while the create was refused: %v", err)
+	}
+}
+
+// TestCreateDuringLoadKeepsTheLoadedStream: a create of an existing
+// stream that is not in memory writes its metadata first and reads the
+// bucket only when the name is taken. If a lookup's load of that stream
+// was under way, the create waits for it and claims the name, but
+// requests use the handle the load published meanwhile: an append was
+// acknowledged on it. The create's refused write then put a second handle
+// for the same metadata in its place, and the acknowledged record
+// vanished from reads, its seq was given out again, and compaction and a
+// restart kept one of the two.
+func TestCreateDuringLoadKeepsTheLoadedStream(t *testing.T) {
+	const name = "/x"
+	ctx := context.Background()
+	st := newHookedStore()
+	first := startEngine(t, st, Config{PackBelow: -1})
+	if _, _, err := first.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Append(ctx, name, AppendRequest{Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := startEngine(t, st, Config{PackBelow: -1})
+	if err := e.Compact(ctx); err != nil { // nothing left in the WAL: the stream can leave memory
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	if s, ok := e.streams[name]; ok {
+		s.mu.Lock()
+		s.evicted = true
+		s.mu.Unlock()
+		delete(e.streams, name) // as the idle sweep does
+	}
+	e.mu.Unlock()
+
+	loading, loadGo := make(chan struct{}), make(chan struct{})
+	writing, writeGo := make(chan struct{}), make(chan struct{})
+	var getOnce, putOnce sync.Once
+	st.setHook(func(op, key string) error {
+		if key != metaKey(name) {
+			return nil
+		}
+		switch op {
+		case "GET":
+			getOnce.Do(func() { close(loading); <-loadGo })
+		case "PUT":
+			putOnce.Do(func() { close(writing); <-writeGo })
+		}
+		return nil
+	})
+	appended := make(chan error, 1)
+	go func() { // loads the stream, then appends to it
+		_, err := e.Append(ctx, name, AppendRequest{Records: recs("b")})
+		appended <- err
+	}()
+	<-loading
+	created := make(chan error, 1)
+	go func() {
+		_, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"})
+		created <- err
+	}()
+	if err := waitUntil(5*time.Second, func() bool { return goroutineWaits("streamstore.(*Engine).claimName(") }); err != nil {
+		t.Fatal("the create never waited for the load to claim the name")
+	}
+	close(loadGo)
+	<-writing // the create's metadata PUT, which finds the name taken
+	if err := <-appended; err != nil {
+		t.Fatalf("append on the loaded stream: %v", err)
+	}
+	close(writeGo)
+	if err := <-created; err != nil {
+		t.Fatalf("create of the existing stream: %v", err)
+	}
+	st.setHook(nil)
+
+	if got := readAll(t, e, name); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("after the create: %q, want the acknowledged records a b", got)
+	}
+	res, err := e.Append(ctx, name, AppendRequest{Records: recs("c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.FirstSeq != 2 {
+		t.Fatalf("the next append got seq %d, want 2 (seq 1 is b's)", res.FirstSeq)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := startEngine(t, st, Config{PackBelow: -1})
+	if got := readAll(t, again, name); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("after compaction and a restart: %q, want a b c", got)
 	}
 }
 

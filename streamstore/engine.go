@@ -1053,8 +1053,19 @@ func (e *Engine) claimName(ctx context.Context, name string) (done func(*stream,
 		e.mu.Lock()
 		delete(e.loading, name)
 		if s != nil {
-			e.streams[name] = s
-			e.evictLocked()
+			if cur, ok := e.streams[name]; ok && cur != s {
+				// A load the claim waited for published the stream, and
+				// requests have used that handle since: appends were
+				// acknowledged on it, and compaction folds its runs. A
+				// create that found the name taken and read the same
+				// metadata must not put a second handle in its place
+				// (the first one's records would vanish from reads, their
+				// seqs be given out again, and compaction forget them).
+				s = cur
+			} else {
+				e.streams[name] = s
+				e.evictLocked()
+			}
 		}
 		c.s, c.err = s, err
 		e.mu.Unlock()
