@@ -316,8 +316,10 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte, opts PutOpti
 				folderRetry = true
 				return true, err
 			}
+			// A write cut short by the caller (cancelled) is not tried
+			// again, but may have been applied all the same.
 			retry, maybeApplied := classify(err)
-			if retry && maybeApplied {
+			if maybeApplied {
 				ambiguous = true
 			}
 			return retry, err

@@ -403,6 +403,58 @@ func TestS3StorePutOfUnknownOutcome(t *testing.T) {
 	}
 }
 
+// TestS3StorePutCutShortIsUnknown: a PUT whose caller gave up (cancelled,
+// or past its deadline) after the request was sent may still land, and
+// here does: its error must say that the outcome is unknown, so that no
+// one answers that nothing was written.
+func TestS3StorePutCutShortIsUnknown(t *testing.T) {
+	s, p := proxiedS3(t, segment.OpenOptions{RequestTimeout: 5 * time.Second})
+	for _, c := range []struct {
+		name string
+		end  func() (context.Context, context.CancelFunc, func())
+		want error
+	}{
+		{"cancelled", func() (context.Context, context.CancelFunc, func()) {
+			ctx, cancel := context.WithCancel(context.Background())
+			return ctx, cancel, cancel
+		}, context.Canceled},
+		{"past its deadline", func() (context.Context, context.CancelFunc, func()) {
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			return ctx, cancel, func() {}
+		}, context.DeadlineExceeded},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			key := "cut/" + strings.ReplaceAll(c.name, " ", "-")
+			release := p.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: key, Times: 1})
+			defer release()
+			ctx, cancel, end := c.end()
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				_, err := s.Put(ctx, key, []byte("v"), segment.PutOptions{IfNoneMatch: true})
+				done <- err
+			}()
+			wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer wcancel()
+			if err := p.WaitHeld(wctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			end()
+			err := <-done
+			if !errors.Is(err, c.want) || !errors.Is(err, segment.ErrUnknownOutcome) {
+				t.Fatalf("error %v: want %v, and ErrUnknownOutcome", err, c.want)
+			}
+			release()
+			if err := p.WaitLanded(wctx); err != nil {
+				t.Fatal(err)
+			}
+			if got, _, err := s.Get(context.Background(), key, 0, -1); err != nil || string(got) != "v" {
+				t.Fatalf("the PUT cut short did not land after all (%q, %v): the test shows nothing", got, err)
+			}
+		})
+	}
+}
+
 // TestS3StoreContextCancel checks that a caller's deadline ends a stalled
 // request at once, without retries.
 func TestS3StoreContextCancel(t *testing.T) {
