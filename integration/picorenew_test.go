@@ -2,6 +2,7 @@ package integration
 
 import (
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -76,5 +77,53 @@ func TestPicoRefusedReadsRenewNothing(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("a served read a quarter of the TTL on persisted no renewal, so the test cannot see one: %v", err)
+	}
+}
+
+// TestRefusedWritesRenewNothing: an append or a trim the server refuses is
+// no access to the stream either: a stream with a sliding TTL that gets
+// nothing but refused writes expires when its TTL has passed since its
+// last real access. Refused writes used to renew it, so a client sending
+// nothing but bad appends (a fenced producer's, say) kept it alive.
+func TestRefusedWritesRenewNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, []string{"compact_interval 1h"}, nil)
+	const (
+		path = "/pico/renew/w"
+		ttl  = 4 * time.Second
+	)
+	text := []string{"Content-Type", "text/plain"}
+	picoWant(t, "create", picoDo(e, "PUT", path, nil, append(text, "Pico-TTL", "4")...), 201)
+	picoWant(t, "append", picoDo(e, "POST", path, []byte("r0"), append(text, "Pico-Producer-Id", "p",
+		"Pico-Producer-Epoch", "1", "Pico-Producer-Seq", "0")...), 200)
+	lastAccess := time.Now()
+	time.Sleep(ttl / 4)
+	for _, c := range []struct {
+		name   string
+		method string
+		path   string
+		header []string
+		status int
+	}{
+		{"a match seq that is not the tail", "POST", path, append(text, "Pico-Match-Seq", "7"), 412},
+		{"a producer seq past the next", "POST", path, append(text, "Pico-Producer-Id", "p",
+			"Pico-Producer-Epoch", "1", "Pico-Producer-Seq", "5"), 409},
+		{"a fenced producer epoch", "POST", path, append(text, "Pico-Producer-Id", "p",
+			"Pico-Producer-Epoch", "0", "Pico-Producer-Seq", "0"), 403},
+		{"a trim beyond the tail", "POST", path, []string{"Pico-Trim-Seq", "9"}, 400},
+		{"a Durable Streams append of another content type", "POST", "/ds/renew/w", []string{"Content-Type", "image/png"}, 409},
+	} {
+		if r := picoDo(e, c.method, c.path, []byte("x"), c.header...); r.Status != c.status {
+			t.Errorf("%s: %s, want %d", c.name, r, c.status)
+		}
+	}
+	// Past the TTL since the last access, and well before it since the
+	// refused writes.
+	time.Sleep(time.Until(lastAccess.Add(ttl + 600*time.Millisecond)))
+	if r := picoDo(e, "HEAD", path, nil); r.Status != http.StatusNotFound {
+		t.Fatalf("HEAD %v after the last access, with a TTL of %v: %d, want 404 (the refused writes renewed it)",
+			time.Since(lastAccess).Round(time.Millisecond), ttl, r.Status)
 	}
 }

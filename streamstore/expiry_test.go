@@ -465,6 +465,96 @@ func TestDeleteRemovesADeadlineMarker(t *testing.T) {
 	}
 }
 
+// TestRefusedWritesTouchNothing: an append or a trim the engine refuses
+// is bad input, and changes nothing: not even a sliding TTL's last access,
+// which a refused append or trim moved on before it was judged (kept in
+// memory, and written to the WAL when the stream left it). An append that
+// is accepted, or a producer's duplicate answered with success, is an
+// access (the controls).
+func TestRefusedWritesTouchNothing(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{})
+	const name, closed = "/refused-writes", "/refused-writes-closed"
+	for _, n := range []string{name, closed} {
+		if _, _, err := e.Create(ctx, n, CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Minute}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prod := func(epoch, seq uint64) *Producer { return &Producer{ID: "p", Epoch: epoch, Seq: seq} }
+	if _, err := e.Append(ctx, name, AppendRequest{Records: recs("a"), Producer: prod(1, 0), StreamSeq: "5"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, closed, AppendRequest{Close: true}); err != nil {
+		t.Fatal(err)
+	}
+	touched := func(n string) int64 {
+		t.Helper()
+		s, err := e.live(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.touched
+	}
+	five := uint64(5)
+	for _, c := range []struct {
+		name    string
+		stream  string
+		do      func() error
+		refused bool
+	}{
+		{"a match seq that is not the tail", name, func() error {
+			_, err := e.Append(ctx, name, AppendRequest{Records: recs("x"), MatchSeq: &five})
+			return err
+		}, true},
+		{"a producer seq past the next", name, func() error {
+			_, err := e.Append(ctx, name, AppendRequest{Records: recs("x"), Producer: prod(1, 5)})
+			return err
+		}, true},
+		{"a fenced producer epoch", name, func() error {
+			_, err := e.Append(ctx, name, AppendRequest{Records: recs("x"), Producer: prod(0, 0)})
+			return err
+		}, true},
+		{"a Stream-Seq not after the last", name, func() error {
+			_, err := e.Append(ctx, name, AppendRequest{Records: recs("x"), StreamSeq: "4"})
+			return err
+		}, true},
+		{"another content type", name, func() error {
+			_, err := e.Append(ctx, name, AppendRequest{Records: recs("x"), ContentType: "image/png"})
+			return err
+		}, true},
+		{"an append to a closed stream", closed, func() error {
+			_, err := e.Append(ctx, closed, AppendRequest{Records: recs("x")})
+			return err
+		}, true},
+		{"a trim beyond the tail", name, func() error {
+			_, err := e.Trim(ctx, name, 9)
+			return err
+		}, true},
+		{"a producer's duplicate (the control)", name, func() error {
+			_, err := e.Append(ctx, name, AppendRequest{Records: recs("a"), Producer: prod(1, 0)})
+			return err
+		}, false},
+		{"an append accepted (the control)", name, func() error {
+			_, err := e.Append(ctx, name, AppendRequest{Records: recs("b")})
+			return err
+		}, false},
+	} {
+		before := touched(c.stream)
+		time.Sleep(5 * time.Millisecond) // a touch now would move the clock reading
+		err := c.do()
+		if c.refused != (err != nil) {
+			t.Fatalf("%s: %v, refused want %v", c.name, err, c.refused)
+		}
+		if got := touched(c.stream); c.refused && got != before {
+			t.Errorf("%s: refused, and renewed the TTL: last access %d, was %d", c.name, got, before)
+		} else if !c.refused && got <= before {
+			t.Errorf("%s: answered with success, and no access: last access %d, was %d", c.name, got, before)
+		}
+	}
+}
+
 // TestRefusedReadTouchesNothing: a read the engine refuses, at a seq past
 // the tail or below the first retained record, is no access: it neither
 // renews a sliding TTL in memory nor queues a renewal for the WAL, which a

@@ -847,11 +847,14 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		s.mu.Unlock()
 		return AppendResult{}, appendWait{ch: ch, repeat: repeat}, nil
 	}
-	if !s.touchLocked(now) {
+	if s.expiredLocked(time.UnixMilli(now)) {
 		// Expired since live looked; live deletes it under the name lock.
 		s.mu.Unlock()
 		return AppendResult{}, appendWait{}, errStale
 	}
+	// The access is recorded (touchLocked) only where the append is
+	// answered with success: a refused one is bad input, and changes
+	// nothing, a sliding TTL's expiry included.
 	st := &s.pend
 
 	// Closure comes first, before producer fencing too (section 5.2.1):
@@ -878,6 +881,9 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		// another tail: its condition does not hold, and the stream was
 		// sealed somewhere it did not expect.
 		closeOnly := len(req.Records) == 0 && req.Close && (req.MatchSeq == nil || *req.MatchSeq == next)
+		if closeOnly {
+			s.touchLocked(now)
+		}
 		s.mu.Unlock()
 		if closeOnly {
 			return AppendResult{FirstSeq: next, NextSeq: next, Closed: true, Duplicate: true}, appendWait{}, nil
@@ -965,6 +971,7 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		s.mu.Unlock()
 		return AppendResult{}, appendWait{}, err
 	}
+	s.touchLocked(now) // not expired: checked above, under the same lock
 
 	ts := max(now, st.LastTS+1)
 	if recordBytes(req.Records) >= blobMinBytes {
@@ -1185,6 +1192,9 @@ func (e *Engine) duplicateLocked(s *stream, p *Producer) (AppendResult, appendWa
 		s.mu.Unlock()
 		return AppendResult{}, appendWait{ch: ch, repeat: true}, nil
 	}
+	// A duplicate is answered with success: the producer's retry is an
+	// access like the append it repeats.
+	s.touchLocked(time.Now().UnixMilli())
 	res := AppendResult{
 		FirstSeq:      s.durable.NextSeq,
 		NextSeq:       s.durable.NextSeq,
@@ -1463,18 +1473,20 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 		return Info{}, ErrNotFound
 	}
 	now := time.Now().UnixMilli()
-	if s.evicted || !s.touchLocked(now) {
+	if s.evicted || s.expiredLocked(time.UnixMilli(now)) {
 		// Replaced, or expired since live looked: look again.
 		s.mu.Unlock()
 		return e.Trim(ctx, name, seq)
 	}
 	if seq > s.pend.NextSeq {
 		// Beyond every pending append, so refused whatever becomes of
-		// them; the tail named is the one reads show.
+		// them; the tail named is the one reads show. Bad input: no
+		// access either.
 		next := s.durable.NextSeq
 		s.mu.Unlock()
 		return Info{}, fmt.Errorf("%w: trim seq %d is beyond the tail %d", ErrBadRequest, seq, next)
 	}
+	s.touchLocked(now)
 	if seq <= s.startSeq(&s.durable) {
 		info := s.info()
 		s.mu.Unlock()
