@@ -629,6 +629,12 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, token string
 		if f.err != nil {
 			return 0, f.err
 		}
+		// The header is not under the entries' checksums: an object
+		// that names another place in the log is damaged, and its
+		// entries would be applied at the wrong position.
+		if f.obj.Namespace != n.ID || f.obj.Seq != seq {
+			return 0, fmt.Errorf("replay %s: %w: it says namespace %d, sequence %d", key, ErrCorrupt, f.obj.Namespace, f.obj.Seq)
+		}
 		if f.obj.Sealed {
 			return seq, nil
 		}

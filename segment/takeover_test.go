@@ -94,3 +94,53 @@ func TestReplayFencesTheProcessItReplaced(t *testing.T) {
 		})
 	}
 }
+
+// TestReplayRefusesDamagedHeaders: a WAL object's header (its magic, its
+// namespace and sequence) is not under the entries' checksums. One flipped
+// bit turned a WAL object's magic into a seal's, and replay took it for
+// the end of the log and stopped there without a word, dropping it and
+// every acknowledged batch after it; a header naming another sequence had
+// its entries applied at that position. Replay now stops the start with
+// ErrCorrupt for both, as for any damaged object.
+func TestReplayRefusesDamagedHeaders(t *testing.T) {
+	entry := &segment.Entry{StreamID: "id", Name: "/s", FirstSeq: 0, Records: []segment.Record{{Seq: 0, Body: []byte("acknowledged")}}}
+	for _, tc := range []struct {
+		name   string
+		damage func(ns uint64) []byte // the object at WALKey(ns, 0)
+	}{
+		{"a magic one bit from a seal's", func(ns uint64) []byte {
+			data, _ := segment.EncodeWAL(ns, 0, []*segment.Entry{entry})
+			data[3] ^= 'W' ^ 'S' // PMQW becomes PMQS
+			return data
+		}},
+		{"another sequence in the header", func(ns uint64) []byte {
+			data, _ := segment.EncodeWAL(ns, 7, []*segment.Entry{entry})
+			return data
+		}},
+		{"another namespace in the header", func(ns uint64) []byte {
+			data, _ := segment.EncodeWAL(ns+1, 0, []*segment.Entry{entry})
+			return data
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			ns, err := segment.Replay(ctx, st, segment.NewManifests(st), "first", segment.ReplayFuncs{Apply: func(string, *segment.WALObject) error { return nil }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.Put(ctx, segment.WALKey(ns, 0), tc.damage(ns), segment.PutOptions{IfNoneMatch: true}); err != nil {
+				t.Fatal(err)
+			}
+			_, err = segment.Replay(ctx, st, segment.NewManifests(st), "second", segment.ReplayFuncs{Apply: func(string, *segment.WALObject) error { return nil }})
+			if !errors.Is(err, segment.ErrCorrupt) {
+				t.Fatalf("replay over the damaged object: %v, want ErrCorrupt", err)
+			}
+		})
+	}
+	// A seal as processes write it still decodes as one.
+	obj, err := segment.DecodeWAL(segment.EncodeSeal(3, 4, "0123456789abcdef01234567"))
+	if err != nil || !obj.Sealed || obj.Namespace != 3 || obj.Seq != 4 || obj.SealToken != "0123456789abcdef01234567" {
+		t.Fatalf("a seal decodes as %+v, %v", obj, err)
+	}
+}

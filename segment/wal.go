@@ -321,6 +321,23 @@ func bodiesMem(recs []Record) int {
 	return n
 }
 
+// maxSealToken bounds a seal's token: processes write 24 hex digits.
+const maxSealToken = 128
+
+// validSealToken reports whether tok can be a seal's token: at most
+// maxSealToken bytes of printable ASCII.
+func validSealToken(tok []byte) bool {
+	if len(tok) > maxSealToken {
+		return false
+	}
+	for _, c := range tok {
+		if c < 0x21 || c > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
 func appendString(b []byte, s string) []byte {
 	b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
 	return append(b, s...)
@@ -331,6 +348,13 @@ func DecodeWAL(data []byte) (*WALObject, error) {
 	if len(data) >= 21 && string(data[:4]) == sealMagic {
 		if data[4] != walVersion {
 			return nil, fmt.Errorf("%w: seal version %d", ErrCorrupt, data[4])
+		}
+		// No checksum covers the header, and one flipped bit turns a
+		// WAL object's magic into a seal's, which replay would take for
+		// the end of the log and stop at, silently. A seal's token is a
+		// short word of printable ASCII; the rest of a WAL object is not.
+		if !validSealToken(data[21:]) {
+			return nil, fmt.Errorf("%w: a seal whose token is %d bytes, not a short printable word (a damaged WAL object?)", ErrCorrupt, len(data)-21)
 		}
 		return &WALObject{
 			Namespace: binary.BigEndian.Uint64(data[5:]),
