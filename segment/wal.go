@@ -331,7 +331,7 @@ func validSealToken(tok []byte) bool {
 		return false
 	}
 	for _, c := range tok {
-		if c < 0x21 || c > 0x7e {
+		if c < 0x20 || c > 0x7e {
 			return false
 		}
 	}
