@@ -107,18 +107,26 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 		// Best effort: a failed decrement only keeps the source's data
 		// longer. A caller that must be answered by a time of its own
 		// does not wait for it.
-		release := func(ctx context.Context) {
-			if e.updateMeta(ctx, src, func(m *metaObject) { m.releaseFork(forkID, listed) }) == nil {
-				e.dropKeptTrims(ctx, src)
-			}
-		}
 		if _, ok := answerBy(ctx); ok {
-			if !e.goBG(func() { release(e.bgCtx) }) {
+			// After this call has let go of the source's name: under
+			// the lock again, and through the handle lookups use then.
+			// src may have left memory meanwhile (nothing pins it), and
+			// a write through it would change the metadata behind the
+			// back of the handle loaded since, whose every later write
+			// (compaction's checkpoints, a delete) it would then fail.
+			ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Listed: listed}
+			if !e.goBG(func() {
+				if _, _, err := e.releaseChain(e.bgCtx, ref, forkID); err != nil {
+					e.log.Warn("a failed fork's count on its source was not given back; the source's data is kept",
+						zap.String("source", src.name), zap.Error(err))
+				}
+			}) {
 				e.log.Warn("a failed fork's count on its source was not given back: the engine is closing; the source's data is kept",
 					zap.String("source", src.name))
 			}
-		} else {
-			release(context.WithoutCancel(ctx))
+		} else if rctx := context.WithoutCancel(ctx); e.updateMeta(rctx, src, func(m *metaObject) { m.releaseFork(forkID, listed) }) == nil {
+			// Still under the source's name lock: src is the handle.
+			e.dropKeptTrims(rctx, src)
 		}
 	}
 	return info, created, err

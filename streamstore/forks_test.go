@@ -1042,3 +1042,85 @@ func TestForkRepeatWalksTheRecordsTheForkHolds(t *testing.T) {
 		t.Errorf("fork /past asked at another point: %v, want ErrConflict", err)
 	}
 }
+
+// TestFailedForkReleaseUsesTheCurrentHandle: a fork create that fails
+// before writing anything gives its source's count back, in the background
+// when its caller must be answered by a time. That release ran after the
+// create had let go of the source's name, through the handle it had looked
+// up: the source could leave memory and be loaded again meanwhile, and the
+// release's write then changed the metadata behind the new handle, so the
+// new handle's every write failed ("changed by another writer"): the
+// checkpoints that let the WAL be retired, and the source's delete.
+func TestFailedForkReleaseUsesTheCurrentHandle(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{PackBelow: -1})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/src", AppendRequest{Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil { // no runs left: the source may leave memory
+		t.Fatal(err)
+	}
+	releasing, releaseGo := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	srcPuts := 0
+	st.setHook(func(op, key string) error {
+		if op != "PUT" {
+			return nil
+		}
+		if strings.HasPrefix(key, expiryPrefix) {
+			return errors.New("injected: the fork's expiry marker is refused")
+		}
+		if key != metaKey("/src") {
+			return nil
+		}
+		mu.Lock()
+		srcPuts++
+		n := srcPuts
+		mu.Unlock()
+		if n == 2 { // the first raised the count; this one gives it back
+			close(releasing)
+			<-releaseGo
+		}
+		return nil
+	})
+	_, _, err := e.Create(WithAnswerBy(ctx, time.Now().Add(time.Minute)), "/fork", CreateRequest{
+		Fork: &ForkFrom{Source: "/src", Seq: 1, Tail: true}, Expiry: Expiry{TTL: time.Hour}})
+	if err == nil {
+		t.Fatal("a fork create whose expiry marker was refused succeeded")
+	}
+	select {
+	case <-releasing:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the failed fork's count was never given back")
+	}
+	// The source leaves memory if nothing pins it, and a lookup loads it.
+	e.sweepIdle(time.Now().Add(2 * time.Hour))
+	if _, err := e.Head(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	close(releaseGo)
+	if err := waitUntil(5*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return srcPuts >= 2 && storedMeta(t, st.Store, "/src").Forks == 0
+	}); err != nil {
+		t.Fatal("the count never came back down")
+	}
+	st.setHook(nil)
+	if _, err := e.Append(ctx, "/src", AppendRequest{Records: recs("b")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatalf("compaction after the release: %v", err)
+	}
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatalf("delete of the source after the release: %v", err)
+	}
+	if _, err := e.Head(ctx, "/src"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("head after the delete: %v, want ErrNotFound", err)
+	}
+}
