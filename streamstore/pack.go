@@ -470,7 +470,8 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 // sweepPacks deletes packs the manifest does not list: written by a
 // compaction that did not get to list them before the process ended.
 // Called before this process's first compaction, so every pack it could
-// have written is listed.
+// have written is listed; and only while the storage is still this
+// process's, so that none a process that replaced it wrote is lost.
 func (e *Engine) sweepPacks(ctx context.Context) error {
 	listed := map[string]bool{}
 	for _, p := range e.packs {
@@ -490,6 +491,14 @@ func (e *Engine) sweepPacks(ctx context.Context) error {
 			after = o.Key
 		}
 		if len(dead) > 0 {
+			// A process that replaced this one (a restart of the node
+			// while this one still started) lists packs of its own that
+			// this process's manifest never will: the page may hold them
+			// only if it took the lease before the listing ended, which
+			// the lease, read now, shows.
+			if err := e.confirmOwner(ctx); err != nil {
+				return fmt.Errorf("delete unlisted packs: %w", err)
+			}
 			if err := e.store.Delete(ctx, dead); err != nil {
 				return fmt.Errorf("delete unlisted packs: %w", err)
 			}

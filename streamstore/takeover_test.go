@@ -3,6 +3,8 @@ package streamstore
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -240,5 +242,58 @@ func TestReplacedProcessEndsWaitsAndReads(t *testing.T) {
 	}
 	if got := readAll(t, cur, name); len(got) != 2 {
 		t.Errorf("the new owner reads %q, want both records", got)
+	}
+}
+
+// TestReplacedProcessSweepsNoPacks: a process's first compaction deletes
+// the packs its manifest does not list, left by a compaction that ended
+// before listing them. If its listing is held up long enough for another
+// process of the node to take over and compact, that listing can hold the
+// new owner's packs, which the old manifest never lists: it deleted them,
+// with the acknowledged records only they held. The sweep now confirms
+// the lease before it deletes.
+func TestReplacedProcessSweepsNoPacks(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	listing, listGo := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	st.setHook(func(op, key string) error {
+		// Only the first: the new owner's own sweep must go through.
+		if op == "LIST" && key == segment.PackPrefix() && first.CompareAndSwap(false, true) {
+			close(listing)
+			<-listGo
+		}
+		return nil
+	})
+	old := New(st, testConfig(Config{}), nil)
+	if err := old.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-listing                           // the old process's sweep, held
+	cur := startEngine(t, st, Config{}) // the same node id: it takes over at once
+	if _, _, err := cur.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cur.Append(ctx, "/s", AppendRequest{Records: recs("acknowledged")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cur.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	packs := st.Keys(segment.PackPrefix())
+	if len(packs) == 0 {
+		t.Fatal("the new owner's compaction wrote no pack: the test shows nothing")
+	}
+	close(listGo)
+	_ = old.Close(ctx) // waits for its sweep to end
+	if got := st.Keys(segment.PackPrefix()); !slices.Equal(got, packs) {
+		t.Fatalf("packs after the replaced process's sweep: %v, want the new owner's %v", got, packs)
+	}
+	if err := cur.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := startEngine(t, st, Config{})
+	if got := readAll(t, again, "/s"); !slices.Equal(got, []string{"acknowledged"}) {
+		t.Fatalf("after a restart: %q, want the acknowledged record", got)
 	}
 }
