@@ -533,10 +533,9 @@ func (e *Engine) confirmOwner(ctx context.Context) error {
 // lease is certainly ours: a node that lost the storage must not add to
 // the manifest another node replays.
 func (e *Engine) registerNamespace(ctx context.Context) (uint64, error) {
-	if err := e.checkLease(); err != nil {
-		return 0, err
-	}
-	if err := e.lease.Confirm(ctx); err != nil {
+	// A lease another process holds fences the engine, not just this
+	// writer: it must stop serving what its memory says, too.
+	if err := e.confirmOwner(ctx); err != nil {
 		return 0, err
 	}
 	ns, err := e.man.RegisterNamespace(ctx)
@@ -1285,6 +1284,12 @@ func (e *Engine) kickCompaction() {
 
 func (h hooks) Aborted(b *segment.Batch, err error) {
 	h.e.stats.aborted(b)
+	if errors.Is(err, segment.ErrFenced) && h.e.takenOver() == nil {
+		// The writer found another process's seal in its namespace: that
+		// process owns the storage, and this one's memory is stale for
+		// reads too (until now only its next lease renewal said so).
+		h.e.fence(err)
+	}
 	var blobs []string
 	for _, ent := range b.Entries {
 		if ent.Blob != "" && b.Lost() {

@@ -297,3 +297,32 @@ func TestReplacedProcessSweepsNoPacks(t *testing.T) {
 		t.Fatalf("after a restart: %q, want the acknowledged record", got)
 	}
 }
+
+// TestForeignSealFencesTheEngine: a WAL upload that finds another
+// process's seal where it was to go means that process replayed this
+// one's log and owns the storage. The writer stopped for good, but the
+// engine went on serving reads (and compacting) from memory the new owner
+// had moved past, until its next lease renewal, seconds later; now the
+// seal fences the whole engine at once.
+func TestForeignSealFencesTheEngine(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := e.writer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, seq := w.Position()
+	if _, err := st.Put(ctx, segment.WALKey(ns, seq), segment.EncodeSeal(ns, seq, "another process"), segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/s", AppendRequest{Records: recs("x")}); !errors.Is(err, ErrTakenOver) {
+		t.Fatalf("append into the sealed namespace: %v, want ErrTakenOver", err)
+	}
+	if _, err := e.Read(ctx, "/s", ReadRequest{}); !errors.Is(err, ErrTakenOver) {
+		t.Fatalf("read after the seal was found: %v, want ErrTakenOver", err)
+	}
+}
