@@ -523,7 +523,12 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	}
 	newTag, err := e.writeMeta(ctx, s, &meta, etag)
 	if errors.Is(err, errMetaGone) {
-		return nil // deleted meanwhile; its data goes with the gc tombstone
+		// Deleted meanwhile; its data goes with the gc tombstone. A
+		// delete that finished has marked s gone; one whose grave landed
+		// unconfirmed (or another writer's) has not, and s must not take
+		// appends the bucket has already thrown away.
+		e.forget(s)
+		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("checkpoint %s: %w", s.name, err)

@@ -453,3 +453,94 @@ func TestDeleteRacingAFoldLeavesNothing(t *testing.T) {
 		t.Fatalf("the deleted stream's objects are left: %v", left)
 	}
 }
+
+// graveAnswerLost is a store whose grave PUTs of one metadata key land but
+// answer with an error whose outcome is unknown (the answer lost), while
+// its reads of that key fail, as in a short outage of the bucket.
+type graveAnswerLost struct {
+	segment.Store
+	key  string
+	lose atomic.Bool
+}
+
+func (s *graveAnswerLost) Put(ctx context.Context, key string, data []byte, opts segment.PutOptions) (string, error) {
+	etag, err := s.Store.Put(ctx, key, data, opts)
+	if err == nil && key == s.key && opts.IfMatch != "" && isGrave(data) && s.lose.Load() {
+		return "", fmt.Errorf("injected: the answer was lost: %w", segment.ErrUnknownOutcome)
+	}
+	return etag, err
+}
+
+func (s *graveAnswerLost) Get(ctx context.Context, key string, offset, length int64) ([]byte, string, error) {
+	if key == s.key && s.lose.Load() {
+		return nil, "", errors.New("injected: the bucket does not answer")
+	}
+	return s.Store.Get(ctx, key, offset, length)
+}
+
+// TestDeleteOfUnknownOutcome: a delete whose grave landed while its answer
+// was lost, and whose read-back failed, was answered as a plain failure
+// with the stream left live in memory: appends were then acknowledged on
+// it, compaction found the grave and kept quiet, the collector took the
+// data, and after a restart the stream, with the appends, was gone. The
+// delete now says that it may have happened, and the next lookup reads the
+// bucket to tell: here, that the stream is deleted.
+func TestDeleteOfUnknownOutcome(t *testing.T) {
+	ctx := context.Background()
+	st := &graveAnswerLost{Store: memstore.New(), key: metaKey("/s")}
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/s", AppendRequest{Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	st.lose.Store(true)
+	err := e.Delete(ctx, "/s")
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrUnconfirmed) {
+		t.Fatalf("delete whose grave landed unconfirmed: %v, want ErrUnavailable with ErrUnconfirmed", err)
+	}
+	// While the bucket cannot say, nothing is acknowledged on the stream.
+	if _, err := e.Append(ctx, "/s", AppendRequest{Records: recs("b")}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("append while the delete's fate is unknown: %v, want ErrUnavailable", err)
+	}
+	st.lose.Store(false)
+	if _, err := e.Append(ctx, "/s", AppendRequest{Records: recs("c")}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("append once the bucket shows the grave: %v, want ErrNotFound", err)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := startEngine(t, st, Config{})
+	if _, err := again.Head(ctx, "/s"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after a restart: %v, want ErrNotFound", err)
+	}
+}
+
+// TestCompactionFindingAGraveDropsTheStream: a checkpoint that finds the
+// stream's metadata replaced by a grave (a delete whose answer this
+// process never had, or another writer's) left the handle live: appends
+// were acknowledged on a stream the bucket had deleted, and compaction,
+// having found nothing to keep, let the WAL that held them go. The stream
+// is now dropped from memory as deleted.
+func TestCompactionFindingAGraveDropsTheStream(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{PackBelow: -1}) // a fold's checkpoint, not a pack
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/s", AppendRequest{Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	id := storedMeta(t, st, "/s").ID
+	if _, err := st.Put(ctx, metaKey("/s"), encodeGrave(id, time.Now()), segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/s", AppendRequest{Records: recs("b")}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("append after compaction found the grave: %v, want ErrNotFound", err)
+	}
+}

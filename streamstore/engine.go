@@ -738,9 +738,14 @@ type stream struct {
 	changed    chan struct{} // closed at the next change; nil until someone waits
 	gone       bool          // deleted or expired: the handle is dead
 	evicted    bool          // dropped from memory: look the stream up again
-	waiters    atomic.Int32  // live readers waiting in Wait
-	touched    int64         // last access (ms), for a sliding TTL
-	used       atomic.Int64  // last lookup (Unix ns), for eviction
+	// deleteUnsure: a delete's grave may have landed, unconfirmed (the
+	// PUT's answer lost, and the bucket not read back). Lookups settle it
+	// from the bucket first (settleDelete), so that nothing is acknowledged
+	// on a stream the bucket may already say is deleted.
+	deleteUnsure bool
+	waiters      atomic.Int32 // live readers waiting in Wait
+	touched      int64        // last access (ms), for a sliding TTL
+	used         atomic.Int64 // last lookup (Unix ns), for eviction
 	// forksChecked is when settleForks last looked the forks of this
 	// soft-deleted stream up (Unix ms), to do so at most every
 	// forkCheckEvery while its 410s are read.

@@ -650,9 +650,11 @@ func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*s
 	}
 	s.mu.Lock()
 	expired := !s.gone && !s.meta.Deleted && s.expiredLocked(time.Now())
-	gone, deleted := s.gone, s.meta.Deleted
+	gone, deleted, unsure := s.gone, s.meta.Deleted, s.deleteUnsure && !s.gone
 	s.mu.Unlock()
 	switch {
+	case unsure:
+		return e.settleDelete(ctx, name, haveLock)
 	case expired:
 		unlock := func() {}
 		if !haveLock {
@@ -704,6 +706,54 @@ func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*s
 		return nil, ErrGone
 	}
 	return s, nil
+}
+
+// forget marks s deleted and drops it from memory, as a delete that
+// landed does; waiters wake to find it gone.
+func (e *Engine) forget(s *stream) {
+	s.mu.Lock()
+	s.gone = true
+	s.notifyLocked()
+	s.mu.Unlock()
+	e.mu.Lock()
+	if e.streams[s.name] == s {
+		delete(e.streams, s.name)
+	}
+	e.mu.Unlock()
+}
+
+// settleDelete reads from the bucket the fate of a delete of name whose
+// grave may have landed unconfirmed, under the name lock: landed, the
+// stream is deleted here too (its data goes with the gc tombstone the
+// delete wrote first); not, it lives on and the lookup goes on.
+func (e *Engine) settleDelete(ctx context.Context, name string, haveLock bool) (*stream, error) {
+	if !haveLock {
+		unlock := e.lockName(name)
+		defer unlock()
+	}
+	s, err := e.stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	unsure, id := s.deleteUnsure && !s.gone, s.meta.ID
+	s.mu.Unlock()
+	if unsure {
+		rctx, cancel := checkContext(ctx)
+		_, _, err = e.metaOf(rctx, name, id)
+		cancel()
+		switch {
+		case errors.Is(err, errMetaGone):
+			e.forget(s)
+			return nil, ErrNotFound
+		case err != nil:
+			return nil, fmt.Errorf("%w: whether a delete of %s landed is not known yet: %v", ErrUnavailable, name, err)
+		}
+		s.mu.Lock()
+		s.deleteUnsure = false
+		s.mu.Unlock()
+	}
+	return e.liveLocked(ctx, name, true)
 }
 
 // Append appends to the stream and returns once the append is durable.
@@ -1428,19 +1478,19 @@ func (e *Engine) remove(ctx context.Context, s *stream) error {
 		}
 	}
 	if err := e.deleteMeta(ctx, s, id); err != nil {
+		if errors.Is(err, segment.ErrUnknownOutcome) {
+			// The grave may be in the bucket: the stream may be deleted,
+			// whatever this answer says, and the next lookup reads which.
+			s.mu.Lock()
+			s.deleteUnsure = true
+			s.mu.Unlock()
+			return fmt.Errorf("%w: %w: delete metadata of %s: %w", ErrUnavailable, ErrUnconfirmed, name, storeCause(err))
+		}
 		// The tombstone stays behind, and the collector drops it without
 		// the data, as the metadata still names the id (collectGarbage).
 		return fmt.Errorf("%w: delete metadata of %s: %w", ErrUnavailable, name, storeCause(err))
 	}
-	s.mu.Lock()
-	s.gone = true
-	s.notifyLocked()
-	s.mu.Unlock()
-	e.mu.Lock()
-	if e.streams[name] == s {
-		delete(e.streams, name)
-	}
-	e.mu.Unlock()
+	e.forget(s)
 	removed = true
 	e.kickGC()
 	if len(markers) > 0 {
