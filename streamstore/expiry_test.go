@@ -722,3 +722,60 @@ func waitSettled(t *testing.T, s *stream) {
 		}
 	}
 }
+
+// TestReadAcrossAnEvictionRenews: a read whose records come from the
+// bucket can outlast its stream's handle, which may leave memory while the
+// read waits. The read's access went to that dropped handle and was lost:
+// the handle loaded next knew only the access before, and the stream
+// expired up to a TTL early. It now reaches the current handle.
+func TestReadAcrossAnEvictionRenews(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{PackBelow: -1})
+	const name = "/read-evicted"
+	if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Hour}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, name, AppendRequest{Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil { // the record is in a data object now
+		t.Fatal(err)
+	}
+	e.sweepIdle(time.Now().Add(2 * time.Hour)) // out of memory, and out of the cache
+	time.Sleep(20 * time.Millisecond)          // the read's access is later than any before
+
+	fetching, fetchGo := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	st.setHook(func(op, key string) error {
+		if op == "GET" && strings.HasPrefix(key, "data/") && first.CompareAndSwap(false, true) {
+			close(fetching)
+			<-fetchGo
+		}
+		return nil
+	})
+	readAt := time.Now().UnixMilli()
+	done := make(chan error, 1)
+	go func() {
+		res, err := e.Read(ctx, name, ReadRequest{})
+		res.Release()
+		done <- err
+	}()
+	<-fetching
+	e.sweepIdle(time.Now().Add(2 * time.Hour)) // the handle the read holds leaves memory
+	close(fetchGo)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	st.setHook(nil)
+	s, err := e.live(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	last := max(s.touched, s.durable.AccessedAt)
+	s.mu.Unlock()
+	if last < readAt {
+		t.Fatalf("the stream's last access is %d, before the read at %d: the read renewed nothing", last, readAt)
+	}
+}

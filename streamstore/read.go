@@ -39,7 +39,7 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 
 	res := ReadResult{Info: info, NextSeq: info.NextSeq, UpToDate: true}
 	if req.Tail || req.Seq == info.NextSeq {
-		return e.served(s, req, res)
+		return e.served(ctx, s, req, res)
 	}
 	// Most reads are at the tail, from the cache: no buffer to hold, and
 	// no allocation for holding none.
@@ -63,23 +63,40 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 	}
 	res.NextSeq = req.Seq + uint64(len(res.Records))
 	res.UpToDate = res.NextSeq == info.NextSeq
-	return e.served(s, req, res)
+	return e.served(ctx, s, req, res)
 }
 
 // served hands res to req's Judge, if any, and counts the read as an
 // access once it is accepted: the stream's last access moves on, and a
 // sliding TTL's renewal is persisted when due.
-func (e *Engine) served(s *stream, req ReadRequest, res ReadResult) (ReadResult, error) {
+func (e *Engine) served(ctx context.Context, s *stream, req ReadRequest, res ReadResult) (ReadResult, error) {
 	if req.Judge != nil {
 		if err := req.Judge(res.Info, res.Records); err != nil {
 			res.Release()
 			return ReadResult{}, err
 		}
 	}
+	now := time.Now().UnixMilli()
 	s.mu.Lock()
-	s.touchLocked(time.Now().UnixMilli()) // one that expired meanwhile stays expired
-	sliding := s.meta.TTLSeconds != 0
+	s.touchLocked(now) // one that expired meanwhile stays expired
+	sliding, evicted, id := s.meta.TTLSeconds != 0, s.evicted, s.meta.ID
 	s.mu.Unlock()
+	if sliding && evicted {
+		// The stream left memory while its records were fetched: the
+		// access belongs to the handle lookups use now, or it is lost
+		// with this one and the stream expires early.
+		if cur, err := e.stream(ctx, s.name); err == nil && cur != s {
+			cur.mu.Lock()
+			same := cur.meta.ID == id
+			if same {
+				cur.touchLocked(now)
+			}
+			cur.mu.Unlock()
+			if same {
+				s = cur
+			}
+		}
+	}
 	if sliding {
 		e.renew(s)
 	}
