@@ -527,6 +527,13 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 		// delete that finished has marked s gone; one whose grave landed
 		// unconfirmed (or another writer's) has not, and s must not take
 		// appends the bucket has already thrown away.
+		s.mu.Lock()
+		known := s.gone
+		s.mu.Unlock()
+		if !known {
+			e.log.Warn("a checkpoint found the stream's metadata deleted or replaced; the stream is dropped from memory as deleted",
+				zap.String("stream", s.name), zap.String("id", meta.ID))
+		}
 		e.forget(s)
 		return nil
 	}
