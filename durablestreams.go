@@ -150,6 +150,11 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 	// implicit), as section 4.2 asks. Only when there is none is the
 	// source looked at, and the fork made.
 	confirm := fork != nil
+	// RFC 9110 section 13.1.2: "*" is false when the resource has a
+	// current representation, and a PUT is then 412, not the 200 of a
+	// create confirmed. The engine judges it, so that the refusal renews
+	// nothing.
+	req.Exclusive = ifNoneMatchAny(r.Header)
 	for {
 		req.Records = nil
 		ct := ct
@@ -201,6 +206,10 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 		}
 		break
 	}
+	if errors.Is(err, streamstore.ErrExists) {
+		fail(w, http.StatusPreconditionFailed, "If-None-Match: * asks for a new stream, and the stream exists")
+		return
+	}
 	if err != nil {
 		var trimmed *streamstore.TrimmedError
 		if errors.As(err, &trimmed) {
@@ -211,10 +220,9 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 		d.engineError(w, r, err)
 		return
 	}
-	if !created && ifNoneMatchAny(r.Header) {
-		// RFC 9110 section 13.1.2: "*" is false when the resource has a
-		// current representation, and a PUT is then 412, not the 200 of
-		// a create confirmed (which wrote nothing either way).
+	if !created && req.Exclusive {
+		// Not expected (the engine refuses with ErrExists), but never a
+		// 200 for a create that asked for a new stream.
 		fail(w, http.StatusPreconditionFailed, "If-None-Match: * asks for a new stream, and the stream exists")
 		return
 	}

@@ -62,6 +62,10 @@ type CreateRequest struct {
 	Closed      bool        // create the stream already closed
 	Records     []NewRecord // initial records, possibly none
 	Fork        *ForkFrom   // create a fork of another stream
+	// Exclusive asks for a new stream only: an existing one with the same
+	// configuration fails with ErrExists instead of being confirmed, and
+	// that refusal is no access to it (a sliding TTL is not renewed).
+	Exclusive bool
 }
 
 // ForkFrom names a fork's source and divergence point. The fork inherits
@@ -207,6 +211,7 @@ var (
 	ErrNotFound    = errors.New("stream not found")
 	ErrGone        = errors.New("stream is gone") // soft-deleted, or data below the retained start
 	ErrConflict    = errors.New("stream exists with a different configuration")
+	ErrExists      = errors.New("stream exists, and the create asked for a new one")
 	ErrContentType = errors.New("content type does not match the stream")
 	ErrStreamSeq   = errors.New("stream-seq is not greater than the last one")
 	ErrBadRequest  = errors.New("bad request")

@@ -465,8 +465,8 @@ func TestDeleteRemovesADeadlineMarker(t *testing.T) {
 	}
 }
 
-// TestRefusedWritesTouchNothing: an append or a trim the engine refuses
-// is bad input, and changes nothing: not even a sliding TTL's last access,
+// TestRefusedWritesTouchNothing: an append, a trim or an exclusive create
+// the engine refuses changes nothing: not even a sliding TTL's last access,
 // which a refused append or trim moved on before it was judged (kept in
 // memory, and written to the WAL when the stream left it). An append that
 // is accepted, or a producer's duplicate answered with success, is an
@@ -532,6 +532,17 @@ func TestRefusedWritesTouchNothing(t *testing.T) {
 			_, err := e.Trim(ctx, name, 9)
 			return err
 		}, true},
+		{"a create that asks for a new stream", name, func() error {
+			_, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Minute}, Exclusive: true})
+			if !errors.Is(err, ErrExists) {
+				t.Errorf("an exclusive create of an existing stream: %v, want ErrExists", err)
+			}
+			return err
+		}, true},
+		{"a create confirmed (the control)", name, func() error {
+			_, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Minute}})
+			return err
+		}, false},
 		{"a producer's duplicate (the control)", name, func() error {
 			_, err := e.Append(ctx, name, AppendRequest{Records: recs("a"), Producer: prod(1, 0)})
 			return err

@@ -63,6 +63,9 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 			if !e.sameConfig(ctx, s, req) {
 				return s.info(), false, ErrConflict
 			}
+			if req.Exclusive {
+				return s.info(), false, ErrExists // a refusal: no access
+			}
 			s.touched = time.Now().UnixMilli()
 			return s.info(), false, nil
 		}
