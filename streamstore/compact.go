@@ -541,6 +541,10 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 		return fmt.Errorf("checkpoint %s: %w", s.name, err)
 	}
 	e.stats.folds.Add(1)
+	if ce := e.log.Check(zap.DebugLevel, "checkpoint written"); ce != nil {
+		ce.Write(zap.String("stream", s.name), zap.Uint64("next_seq", meta.State.NextSeq),
+			zap.Stringer("upto", meta.Upto), zap.Int("runs", n))
+	}
 	s.mu.Lock()
 	s.runs = s.runs[n:]
 	s.meta = &meta
@@ -693,6 +697,9 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 	})
 	if err != nil {
 		return fmt.Errorf("advance manifest: %w", err)
+	}
+	if ce := e.log.Check(zap.DebugLevel, "manifest moved"); ce != nil {
+		ce.Write(zap.Stringer("retired_to", end), zap.Int("live_packs", len(live)), zap.Strings("dead_packs", deadPacks))
 	}
 	// The namespaces swept before are out of the list now.
 	e.walSwept = map[uint64]bool{}

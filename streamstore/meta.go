@@ -27,6 +27,9 @@ func (p walPos) after(q walPos) bool {
 // next is the position just after p.
 func (p walPos) next() walPos { return walPos{p.NS, p.Seq + 1} }
 
+// String is p as logs show it: namespace/seq.
+func (p walPos) String() string { return fmt.Sprintf("%d/%d", p.NS, p.Seq) }
+
 // writerState is what appends check and change: the tail, closure, the
 // producers' progress and the last Stream-Seq.
 type writerState struct {

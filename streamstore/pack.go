@@ -341,6 +341,13 @@ func (e *Engine) writePack(ctx context.Context, jobs []*packJob, end walPos) err
 	if _, err := e.store.Put(ctx, ref.Key, data, segment.PutOptions{IfNoneMatch: true}); err != nil {
 		return fmt.Errorf("put pack %s: %w", ref.Key, err)
 	}
+	if ce := e.log.Check(zap.DebugLevel, "pack written"); ce != nil {
+		runs := make([]string, len(jobs))
+		for i, j := range jobs {
+			runs[i] = fmt.Sprintf("%s [%d, %d) at %s repack=%v", j.s.name, j.ent.FirstSeq, j.ent.EndSeq(), j.pos, j.repack)
+		}
+		ce.Write(zap.String("key", ref.Key), zap.Strings("runs", runs))
+	}
 	// Listed from now on, in memory: the manifest update that retires the
 	// WAL lists it too, this compaction's or a later one's.
 	e.packs = append(e.packs, ref)
@@ -455,7 +462,9 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 			if ent.First != tail || ent.End != ent.State.NextSeq {
 				e.log.Error("pack entry does not continue its stream; ignored",
 					zap.String("key", ref.Key), zap.String("stream", ent.Name),
-					zap.Uint64("first", ent.First), zap.Uint64("tail", s.durable.NextSeq))
+					zap.Uint64("first", ent.First), zap.Uint64("end", ent.End), zap.Uint64("tail", s.durable.NextSeq),
+					zap.Bool("repack", ent.Repack), zap.Stringer("at", ent.Pos),
+					zap.Uint64("checkpoint_tail", s.meta.State.NextSeq), zap.Stringer("checkpoint_upto", s.meta.Upto))
 				continue
 			}
 			st := ent.State
