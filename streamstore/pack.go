@@ -444,8 +444,30 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 	if err != nil {
 		return err
 	}
+	// A repack entry holds every record of its stream since the checkpoint,
+	// and replaces the stream's entries in older packs. Those packs stay
+	// listed while other streams need them, but some of the stream's older
+	// entries are gone with the packs that died: the ones left would not
+	// continue its tail. They are passed over, from the start, up to the
+	// stream's last repack entry.
+	type at struct{ pack, ent int }
+	lastRepack := map[string]at{}
+	for i := range refs {
+		for j, ent := range idxs[i] {
+			if !ent.Repack {
+				continue
+			}
+			s, err := e.replayStream(metas, ent.Name)
+			if err != nil {
+				return err
+			}
+			if s != nil && s.meta.ID == ent.ID && !s.meta.Upto.after(ent.Pos) && ent.First == s.meta.State.NextSeq {
+				lastRepack[ent.Name] = at{i, j}
+			}
+		}
+	}
 	for i, ref := range refs {
-		for _, ent := range idxs[i] {
+		for j, ent := range idxs[i] {
 			s, err := e.replayStream(metas, ent.Name)
 			if err != nil {
 				return err
@@ -453,8 +475,11 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 			if s == nil || s.meta.ID != ent.ID || s.meta.Upto.after(ent.Pos) {
 				continue // deleted, or folded since
 			}
+			if r, ok := lastRepack[ent.Name]; ok && (i < r.pack || i == r.pack && j < r.ent) {
+				continue // repacked later
+			}
 			tail := s.durable.NextSeq
-			if ent.Repack && ent.First == s.meta.State.NextSeq && ent.End >= tail {
+			if ent.Repack && ent.First == s.meta.State.NextSeq {
 				// Everything since the checkpoint, written again: it
 				// replaces the runs older packs still listed hold.
 				s.runs, tail = s.runs[:0], ent.First

@@ -13,6 +13,9 @@ import (
 	"time"
 	"unsafe"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/picomq/caddy-picomq/internal/memstore"
 	"github.com/picomq/caddy-picomq/segment"
 )
@@ -460,6 +463,65 @@ func TestRepackKeepsStreamInOneRun(t *testing.T) {
 			t.Fatalf("%s after both repacks and a restart: %s, want %s", name, got, want)
 		}
 	}
+}
+
+// A stream's entries in packs that outlive its repack (another stream
+// still reads them) no longer continue its tail once an older pack of it
+// died. A replay passes over them for the repack entry without a word: it
+// used to log an error for each, on every start, for a bucket that was
+// whole, hiding the ones that mean something.
+func TestReplayPassesOverRepackedEntries(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{CacheBytes: 1})
+	x := nameWithRunCap(t, "/rq/x", packMaxRuns-6)
+	const y = "/rq/y"
+	for _, name := range []string{x, y} {
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var want []string
+	for r := 0; e.Stats().Repacked == 0; r++ {
+		if r > packMaxRuns {
+			t.Fatalf("%s not repacked after %d compactions", x, r)
+		}
+		want = append(want, fmt.Sprint(r))
+		mustAppend(t, e, x, AppendRequest{Records: recs(want[r])})
+		if r == 1 {
+			// y shares the second pack only, which so outlives x's repack
+			// while the first pack dies.
+			mustAppend(t, e, y, AppendRequest{Records: recs("y")})
+		}
+		mustCompact(t, e)
+	}
+
+	core, logs := observer.New(zap.WarnLevel)
+	e2 := New(copyStore(st), testConfig(Config{CacheBytes: 1}), zap.New(core))
+	if err := e2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e2.Close(context.Background()) })
+	if got := readAll(t, e2, x); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("%s after a restart: %v, want %v", x, got, want)
+	}
+	if got := readAll(t, e2, y); fmt.Sprint(got) != "[y]" {
+		t.Fatalf("%s after a restart: %v, want [y]", y, got)
+	}
+	for _, l := range logs.All() {
+		t.Errorf("the replay of a whole bucket logged %q %v", l.Message, l.ContextMap())
+	}
+}
+
+// copyStore returns a copy of st's objects, for a crash whose replay must
+// leave st as it was.
+func copyStore(st *memstore.Store) *memstore.Store {
+	out := memstore.New()
+	for _, k := range st.Keys("") {
+		d, _, _ := st.Get(context.Background(), k, 0, -1)
+		_, _ = out.Put(context.Background(), k, d, segment.PutOptions{})
+	}
+	return out
 }
 
 // A stream whose oldest pack run passed its stay is repacked even without
