@@ -155,6 +155,83 @@ func TestCheckpointOfReplacedProcessLandsLate(t *testing.T) {
 	}
 }
 
+// TestLateCheckpointThenPacks: the replaced process's checkpoint of a
+// stream lands late, as above, and the new owner packs the stream's small
+// backlog (the records it replayed from the WAL and one appended since)
+// instead of folding it. That pack entry began below the late checkpoint's
+// tail, so the next start ignored it, and with it every later entry of
+// the stream: the append the new owner acknowledged was lost, and its seq
+// handed out again. The new owner now checkpoints a stream it replayed
+// before it packs it.
+func TestLateCheckpointThenPacks(t *testing.T) {
+	const (
+		name = "/takeover/packed"
+		text = "text/plain"
+	)
+	// The first process folds every backlog: its compaction checkpoints.
+	a := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s", "pack_below off"}})
+	a.create(name, text)
+	var metaKey string
+	if err := fhWaitFor(10*time.Second, 50*time.Millisecond, func() error {
+		objs := a.mustList("streams/")
+		if len(objs) == 0 {
+			return errors.New("no metadata object yet")
+		}
+		metaKey = objs[0].Key
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	releaseMeta := a.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/streams/", Times: 1})
+	defer releaseMeta()
+	first := []byte("first\n")
+	a.append(name, text, first)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.proxy.WaitHeld(ctx, 1); err != nil {
+		t.Fatalf("the first process's checkpoint never reached the store: %v", err)
+	}
+
+	// The new owner packs small backlogs (the default).
+	b := launchSameNode(t, a, "compact_interval 1s")
+	releaseMeta()
+	if err := a.proxy.WaitLanded(ctx); err != nil {
+		t.Fatalf("held checkpoint: %v", err)
+	}
+	body, err := b.get(metaKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var late struct {
+		State struct {
+			NextSeq uint64 `json:"next_seq"`
+		} `json:"state"`
+	}
+	if err := encjson.Unmarshal(body, &late); err != nil || late.State.NextSeq != 1 {
+		t.Fatalf("the late checkpoint: tail %d (%v) in %s; want 1: the test provokes nothing", late.State.NextSeq, err, body)
+	}
+
+	more := []byte("more\n")
+	b.append(name, text, more)
+	// The new owner compacts both namespaces' entries away.
+	if err := b.waitGone("wal/"); err != nil {
+		t.Fatalf("the new owner does not compact: %v\n%s", err, compactionLine(b.caddy.Logs()))
+	}
+	want := append(append([]byte(nil), first...), more...)
+	if got, _, err := b.readBytes(name); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("the new owner reads %q (%v), want %q", got, err, want)
+	}
+
+	// A restart replays what the new owner left.
+	if err := b.caddy.Stop(); err != nil {
+		t.Fatalf("stopping the new owner: %v", err)
+	}
+	c := launchSameNode(t, b)
+	if got, _, err := c.readBytes(name); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("after a restart: %q (%v), want %q\n%s", got, err, want, truncateTail(c.caddy.Logs(), 3000))
+	}
+}
+
 // compactionLine picks the last log line of s about a failed compaction.
 func compactionLine(s string) string {
 	lines := strings.Split(s, "\n")

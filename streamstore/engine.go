@@ -727,6 +727,7 @@ type stream struct {
 	// metaUnsure is len(unsure) > 0, for decide, which holds mu only: a
 	// stream whose checkpoint may have landed unseen is folded, whose
 	// writeMeta settles that, not packed against the checkpoint it knows.
+	// A replay sets it too (markReplayed), for the replaced process's.
 	metaUnsure atomic.Bool
 	name       string
 	meta       *metaObject // last written metadata object (config + checkpoint)
@@ -1463,10 +1464,24 @@ func (e *Engine) replayStream(metas *metaLoader, name string) (*stream, error) {
 	}
 	s, err := metas.stream(name)
 	if s != nil {
+		s.markReplayed()
 		e.streams[name] = s
 	}
 	return s, err
 }
+
+// markReplayed marks a stream the replay brings back as one whose
+// checkpoint may be overtaken: the process this one replaced may still
+// have a checkpoint of it on its way, conditional on the version loaded
+// here, that lands later and moves the stream's tail in the bucket past
+// records this process replayed from the WAL. A pack entry of those
+// records would then start below the tail, and the next start would
+// ignore it and every later entry of the stream, losing what was
+// acknowledged since. So the stream is folded before it is packed (decide
+// treats it as metaUnsure): the fold's checkpoint writes over a late one
+// that landed (writeMeta, replacedWrote) and shuts out one still on its
+// way, whose condition no longer holds. Called before s is shared.
+func (s *stream) markReplayed() { s.metaUnsure.Store(true) }
 
 // seeded reports whether s is a create the replay found only in the WAL.
 func (m *metaLoader) seeded(s *stream) bool {
@@ -1503,6 +1518,7 @@ func (e *Engine) replaySeed(metas *metaLoader, key string, ent *segment.Entry) *
 		return e.streams[ent.Name]
 	}
 	s := newStream(ent.Name, m, "")
+	s.markReplayed() // settleSeeds writes the body the replaced process's own write had
 	metas.seeds[ent.Name] = seed{s: s, body: ent.Create}
 	e.streams[ent.Name] = s
 	return s

@@ -67,6 +67,55 @@ func TestLateCheckpointOfReplacedProcess(t *testing.T) {
 	sameBodies(t, "after a restart", readBodies(t, again, name, 0), want)
 }
 
+// The replaced process's late checkpoint can pass records the new owner
+// replayed from the WAL and then packs. Its pack entry starts below the
+// checkpoint's tail, so the next start ignored it (and every later entry
+// of the stream, and its WAL entries): the records acknowledged after the
+// takeover were lost, and their seqs given out again. The new owner now
+// checkpoints a stream it replayed before it packs it, which writes over a
+// late checkpoint that landed and shuts out one still on its way.
+func TestLateCheckpointThenPacks(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	old := startEngine(t, st, Config{PackBelow: -1}) // folds: a checkpoint
+	const name = "/late-packed"
+	if _, _, err := old.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	want := [][]byte{[]byte("a"), []byte("b")}
+	for _, b := range want {
+		if _, err := old.Append(ctx, name, AppendRequest{Records: []NewRecord{{Body: b}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	cur := startEngine(t, st, Config{}) // the same node id: at once; packs small streams
+	sameBodies(t, "new owner before the late checkpoint", readBodies(t, cur, name, 0), want)
+	if err := old.Compact(ctx); !errors.Is(err, segment.ErrFenced) {
+		t.Fatalf("the replaced process's compaction: %v, want ErrFenced", err)
+	}
+	if m := storedMeta(t, st, name); m.State.NextSeq != 2 {
+		t.Fatalf("the replaced process's late checkpoint has tail %d, want 2: the test provokes nothing", m.State.NextSeq)
+	}
+
+	want = append(want, []byte("c"))
+	if _, err := cur.Append(ctx, name, AppendRequest{Records: []NewRecord{{Body: want[2]}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cur.Compact(ctx); err != nil {
+		t.Fatalf("the new owner's compaction: %v", err)
+	}
+	sameBodies(t, "new owner after its compaction", readBodies(t, cur, name, 0), want)
+	if err := cur.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again := startEngine(t, st, Config{})
+	sameBodies(t, "after a restart", readBodies(t, again, name, 0), want)
+	if info, err := again.Head(ctx, name); err != nil || info.NextSeq != 3 {
+		t.Fatalf("after a restart: tail %d (%v), want 3", info.NextSeq, err)
+	}
+}
+
 // A node that learned another took the storage over (its renewal found
 // the lease another process's) must stop compacting: each compaction
 // wrote data objects and checkpoints into the bucket the other owns
