@@ -9,6 +9,10 @@ package integration
 // which every run logs. PICOMQ_TORTURE is the length of the load phase, a Go
 // duration. The seed also picks whether streams are closed and deleted often
 // or live long and grow; PICOMQ_TORTURE_CHURN=1 or 0 picks it instead.
+// PICOMQ_TORTURE_ENGINE pins engine settings the seed would pick, written
+// as a run logs them: "pack_below 32KiB; compact_interval 300ms".
+// PICOMQ_KEEP=DIR keeps a failed run's whole Caddy logs there, with the
+// engine's debug log (and the two-node run's bucket too).
 //
 // Caddy serves one storage through both protocols (/ds and /pico) on
 // versitygw behind the fault-injecting proxy (latency, a few 503s), with
@@ -64,6 +68,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1352,6 +1357,22 @@ func tortureEngine(rng *rand.Rand) []string {
 	if rng.IntN(3) == 0 {
 		engine = append(engine, "flush_quiet 1ms")
 	}
+	return overrideEngine(engine, os.Getenv("PICOMQ_TORTURE_ENGINE"))
+}
+
+// overrideEngine replaces the settings of engine named in spec (directives
+// separated by ";", as a run logs them) by spec's, and adds the others, so
+// that a corner a failure came from can be run again and again.
+func overrideEngine(engine []string, spec string) []string {
+	for _, d := range strings.Split(spec, ";") {
+		d = strings.TrimSpace(d)
+		if d == "" {
+			continue
+		}
+		name, _, _ := strings.Cut(d, " ")
+		engine = slices.DeleteFunc(engine, func(e string) bool { return strings.HasPrefix(e, name+" ") || e == name })
+		engine = append(engine, d)
+	}
 	return engine
 }
 
@@ -1382,7 +1403,12 @@ func tortureCaddyfile(storage string, engine []string) string {
 		b.WriteString("\t\t}\n")
 		return b.String()
 	}
-	return "{\n\tpersist_config off\n}\n\nhttp://:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
+	global := "\tpersist_config off\n"
+	if os.Getenv(caddytest.KeepEnv) != "" {
+		// Kept for a failure's post-mortem: the engine's debug log too.
+		global += "\tlog default {\n\t\texclude picomq\n\t}\n\tlog picomq {\n\t\tlevel DEBUG\n\t\tinclude picomq\n\t}\n"
+	}
+	return "{\n" + global + "}\n\nhttp://:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
 		"\thandle_path /ds/* {\n" + block("sse_reconnect_interval 3s") + "\t}\n" +
 		"\thandle_path /pico/* {\n" + block("protocol pico") + "\t}\n}\n"
 }
@@ -1588,6 +1614,9 @@ func TestCrashTorture(t *testing.T) {
 	r, o, n := tt.check(true)
 	totalRecs += r
 	totalObs += o
+	for _, v := range replayAnomalies(c.Logs()) {
+		tt.m.violation("%s", v)
+	}
 	for _, v := range tt.m.vlist {
 		t.Error(v)
 	}

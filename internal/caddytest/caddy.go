@@ -106,6 +106,7 @@ func Launch(t testing.TB, opts Options) (*Caddy, error) {
 		c.kill()
 		if t.Failed() {
 			t.Logf("caddytest: log of caddy on port %d (%s):\n%s", c.port, c.logPath(), tail(c.Logs(), 256<<10))
+			c.keepLog()
 		}
 	})
 
@@ -313,6 +314,28 @@ func (c *Caddy) Reload(caddyfile string) error {
 
 func (c *Caddy) configPath() string { return filepath.Join(c.dir, "Caddyfile") }
 func (c *Caddy) logPath() string    { return filepath.Join(c.dir, "caddy.log") }
+
+// KeepEnv names a directory that a failed test's whole Caddy logs are
+// copied into (the test prints only their tail), for failures of long
+// randomized runs whose cause lies far back.
+const KeepEnv = "PICOMQ_KEEP"
+
+func (c *Caddy) keepLog() {
+	dir := os.Getenv(KeepEnv)
+	if dir == "" {
+		return
+	}
+	dst := filepath.Join(dir, fmt.Sprintf("caddy-%d.log", c.port))
+	err := os.MkdirAll(dir, 0o755)
+	if err == nil {
+		err = os.WriteFile(dst, []byte(c.Logs()), 0o644)
+	}
+	if err != nil {
+		c.t.Logf("caddytest: keeping the log: %v", err)
+		return
+	}
+	c.t.Logf("caddytest: whole log kept in %s", dst)
+}
 
 // env is the child's environment: the test's, without AWS settings, with
 // the node's own home and data directories, the admin address and Options.Env.
