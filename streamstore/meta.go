@@ -131,6 +131,15 @@ type metaObject struct {
 	// the create (segment.Entry.Drop).
 	Seeded bool        `json:"seeded,omitempty"`
 	State  writerState `json:"state"`
+	// Rev counts the writes of the object since its create (writeMeta), so
+	// that no version of it ever has the bytes, and so the ETag, of an
+	// earlier one. A write held up on its way is conditional on the
+	// version it replaces; had a later write brought those bytes back (a
+	// fork made and deleted restores the count and the list), it would
+	// land then, long after the writer stopped counting it as possible,
+	// and move the stream's checkpoint past records the writer went on to
+	// pack.
+	Rev uint64 `json:"rev,omitempty"`
 }
 
 // forkRef is a fork's inherited range: the source's records from Start
@@ -415,8 +424,9 @@ func (e *Engine) metaOf(ctx context.Context, name, id string) ([]byte, string, e
 	return data, etag, nil
 }
 
-// writeMeta writes m as s's metadata object over the version etag names,
-// and returns the new version. The caller holds s.metaMu.
+// writeMeta writes m, its Rev advanced, as s's metadata object over the
+// version etag names, and returns the new version. The caller holds
+// s.metaMu.
 //
 // A conditional write can mislead in two ways: it can fail after it landed
 // (a lost answer, a cancelled request), and from then on every
@@ -432,6 +442,7 @@ func (e *Engine) writeMeta(ctx context.Context, s *stream, m *metaObject, etag s
 	if err := e.checkLease(); err != nil {
 		return "", err
 	}
+	m.Rev++
 	body := encodeMeta(m)
 	tag, err := e.store.Put(ctx, metaKey(s.name), body, segment.PutOptions{IfMatch: etag})
 	if err == nil {
