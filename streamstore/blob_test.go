@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
 )
 
 // body returns n pseudo-random bytes, different for every tag.
@@ -177,6 +178,54 @@ func TestTrimIntoABlob(t *testing.T) {
 	}
 	e2 := startEngine(t, st, Config{CacheBytes: 1})
 	sameBodies(t, "after trim", readBodies(t, e2, "/t", 3), want[2:])
+}
+
+// A blob's marker PUT held up on its way (its client gave up and a retry
+// wrote it, or a replaced process folded the stream too) can land after a
+// trim cut into the blob: the trim rewrote the blob's kept records as a
+// data object and deleted the marker and the blob. The late marker sorts
+// before the rewritten object (same end, lower first), and reads of every
+// seq it covers went to it and found its blob gone: a 5xx until a trim
+// passed the blob's end. Among the objects that hold a seq, reads now take
+// the one that starts last.
+func TestLateMarkerAfterATrimIntoItsBlob(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/t", CreateRequest{ContentType: "application/octet-stream", Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	var want [][]byte
+	var batch []NewRecord
+	for i := range 4 {
+		b := body(uint64(20+i), blobMinBytes/3)
+		want = append(want, b)
+		batch = append(batch, NewRecord{Body: b})
+	}
+	if _, err := e.Append(ctx, "/t", AppendRequest{Records: batch}); err != nil {
+		t.Fatal(err)
+	}
+	mustCompact(t, e)
+	var marker string
+	for _, k := range st.Keys("data/") {
+		if _, _, blob, _ := parseDataKey(k); blob != "" {
+			marker = k
+		}
+	}
+	if marker == "" {
+		t.Fatalf("no blob marker among %v", st.Keys("data/"))
+	}
+	// Seqs 1-4 are the blob; keep 3 on.
+	if _, err := e.Trim(ctx, "/t", 3); err != nil {
+		t.Fatal(err)
+	}
+	mustCompact(t, e)
+	if _, err := st.Put(ctx, marker, nil, segment.PutOptions{}); err != nil { // lands late
+		t.Fatal(err)
+	}
+	e2 := startEngine(t, st, Config{CacheBytes: 1})
+	sameBodies(t, "after the late marker", readBodies(t, e2, "/t", 3), want[2:])
+	sameBodies(t, "from seq 4", readBodies(t, e2, "/t", 4), want[3:])
 }
 
 func TestFailedBlobUploadAcknowledgesNothing(t *testing.T) {

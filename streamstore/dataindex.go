@@ -41,10 +41,22 @@ type dataIndex struct {
 // find returns the index of the span holding seq, or -1.
 func (x *dataIndex) find(seq uint64) int {
 	i := sort.Search(len(x.spans), func(i int) bool { return x.spans[i].end > seq })
-	if i < len(x.spans) && x.spans[i].first <= seq {
-		return i
+	return holding(x.spans, i, seq)
+}
+
+// holding returns the index of the span from spans[i] on that holds seq,
+// spans[i] being the first that ends after it, or -1. Of the spans with
+// that end, it takes the one that starts last: a trim into a data object
+// or a blob rewrites its kept records as an object with the same end,
+// and the object it replaced, deleted, can come back when a PUT of it held
+// up on its way lands late (a blob's marker then names a deleted blob).
+// The rewritten one holds the same records from its first on.
+func holding(spans []dataSpan, i int, seq uint64) int {
+	found := -1
+	for j := i; j < len(spans) && spans[j].end == spans[i].end && spans[j].first <= seq; j++ {
+		found = j
 	}
-	return -1
+	return found
 }
 
 // A cold read fetches ahead of itself the next data objects up to
@@ -122,18 +134,19 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 		}
 		spans = append(spans, sp)
 	}
-	if len(spans) == 0 || spans[0].first > seq {
+	i := holding(spans, 0, seq)
+	if i < 0 {
 		return dataSpan{}, nil, fmt.Errorf("%w: no data object holds seq %d of %s", segment.ErrCorrupt, seq, id)
 	}
 	s.mu.Lock()
 	s.dataIdx = &dataIndex{id: id, spans: spans}
-	window, behind := s.readAhead().windowAt(spans[0], e.cache.has(spans[0].key))
-	next := ahead(spans, 0, window)
+	window, behind := s.readAhead().windowAt(spans[i], e.cache.has(spans[i].key))
+	next := ahead(spans, i, window)
 	s.mu.Unlock()
 	if behind != "" {
 		e.cache.dropCold(behind)
 	}
-	return spans[0], next, nil
+	return spans[i], next, nil
 }
 
 // readAheadState is a stream's read-ahead, made at its first cold read
