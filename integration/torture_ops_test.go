@@ -328,6 +328,20 @@ func (tt *tTorture) readRecords(s *tStream, from, need, trimAcked uint64, metas 
 		if len(recs) == 0 {
 			return got, from, fmt.Errorf("Pico read at %d: no records, Pico-Next-Seq %s, below %d", seq, r.header.Get("Pico-Next-Seq"), need)
 		}
+		if seq == 0 && recs[0].Seq > 0 {
+			// seq=0 reads from the first retained record, not a 410: a
+			// trim landed since the start was checked. The start now
+			// must be where the read began, or past it (another trim).
+			start, err := tt.checkStart(s, trimAcked)
+			if err != nil {
+				return got, from, err
+			}
+			if start < recs[0].Seq {
+				return got, from, fmt.Errorf("Pico read from the start: first record %d, but the stream starts at %d", recs[0].Seq, start)
+			}
+			from, seq = start, start
+			continue
+		}
 		for _, rec := range recs {
 			if rec.Seq != seq {
 				return got, from, fmt.Errorf("Pico read: record seq %d where %d was next", rec.Seq, seq)
