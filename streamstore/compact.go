@@ -661,7 +661,7 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 	if err := e.checkLease(); err != nil {
 		return err
 	}
-	if err := e.lease.Confirm(ctx); err != nil {
+	if err := e.lease.Load().Confirm(ctx); err != nil {
 		return fmt.Errorf("confirm the lease before retiring the WAL: %w", err)
 	}
 	var drop []uint64 // whole namespaces

@@ -116,7 +116,8 @@ type Engine struct {
 	// Eviction, under e.mu, writes renewals through it too (nil before
 	// Start has made the writer).
 	statsW atomic.Pointer[segment.Writer]
-	lease  *segment.Lease
+	// lease is set by Start, while requests may already ask holding.
+	lease atomic.Pointer[segment.Lease]
 	// stopRenewal ends the lease renewal, which runs from before the
 	// replay (bgCtx ending ends it too).
 	stopRenewal context.CancelFunc
@@ -307,7 +308,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	// Renewal starts now, not after the replay: replaying a long WAL
 	// through a slow store can outlast the lease, and the node would then
 	// come up unable to write.
-	e.lease = lease
+	e.lease.Store(lease)
 	renewCtx, stopRenewal := context.WithCancel(e.bgCtx)
 	renewed := make(chan struct{})
 	// startMu is held and closing was open: Close, which marks bg shut
@@ -447,7 +448,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	}
 	err := e.w.Close(ctx)
 	e.bg.Wait()
-	rerr := e.lease.Release(ctx)
+	rerr := e.lease.Load().Release(ctx)
 	switch {
 	case errors.Is(rerr, segment.ErrFenced):
 		// Another process holds the lease: this one was replaced (its
@@ -502,7 +503,7 @@ func (e *Engine) writer() (*segment.Writer, error) {
 var ErrLeaseLapsed = errors.New("the storage lease could not be renewed in time")
 
 func (e *Engine) checkLease() error {
-	if !e.lease.Valid() {
+	if !e.lease.Load().Valid() {
 		return ErrLeaseLapsed
 	}
 	return nil
@@ -520,7 +521,7 @@ func (e *Engine) confirmOwner(ctx context.Context) error {
 	if err := e.checkLease(); err != nil {
 		return err
 	}
-	if err := e.lease.Confirm(ctx); err != nil {
+	if err := e.lease.Load().Confirm(ctx); err != nil {
 		if errors.Is(err, segment.ErrFenced) {
 			e.fence(err)
 		}
@@ -648,7 +649,7 @@ func (e *Engine) holding() error {
 	if err := e.takenOver(); err != nil {
 		return err
 	}
-	if e.lease != nil && !e.lease.Valid() {
+	if l := e.lease.Load(); l != nil && !l.Valid() {
 		select {
 		case <-e.closing:
 			// Close gave the lease back: the request's own path

@@ -995,3 +995,27 @@ func TestRefusedWritesFailFast(t *testing.T) {
 		t.Fatalf("records: %s", got)
 	}
 }
+
+// Requests can reach an engine whose Start is still under way, and each
+// asks holding about the lease Start sets: run with -race, this found the
+// lease written and read unguarded.
+func TestHoldingDuringStart(t *testing.T) {
+	e := New(memstore.New(), testConfig(Config{}), nil)
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	started := make(chan error, 1)
+	go func() { started <- e.Start(context.Background()) }()
+	for {
+		_ = e.holding()
+		select {
+		case err := <-started:
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.holding(); err != nil {
+				t.Fatalf("holding after the start: %v", err)
+			}
+			return
+		default:
+		}
+	}
+}
