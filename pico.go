@@ -187,19 +187,14 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 	if !ok {
 		return
 	}
+	// The body was to be the first records: a repeated create is confirmed
+	// only when they are (a retry whose answer was lost), as 200 alone
+	// would tell the client its records are there. Until they are found to
+	// be, the create is no access (Exclusive), so a refused one renews no
+	// TTL; once they are, it is made again as the access it is.
+	req.Exclusive = len(req.Records) > 0
 	info, created, err := eng.Create(writeContext(r), name, req)
-	if err != nil {
-		if errors.Is(err, streamstore.ErrConflict) && info.ID != "" {
-			picoFail(w, http.StatusConflict, picoErrConflict, picoCreateConflictMessage(info, req), &info.NextSeq)
-			return
-		}
-		p.engineError(w, r, err)
-		return
-	}
-	if !created && len(req.Records) > 0 {
-		// The body was to be the first records: a repeated create is
-		// confirmed only when they are (a retry whose answer was lost),
-		// as 200 alone would tell the client its records are there.
+	if errors.Is(err, streamstore.ErrExists) {
 		if msg, err := p.firstRecordsDiffer(r.Context(), eng, name, req.Records); err != nil {
 			p.engineError(w, r, err)
 			return
@@ -207,6 +202,16 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 			picoFail(w, http.StatusConflict, picoErrConflict, msg, &info.NextSeq)
 			return
 		}
+		req.Exclusive = false
+		info, created, err = eng.Create(writeContext(r), name, req)
+	}
+	if err != nil {
+		if errors.Is(err, streamstore.ErrConflict) && info.ID != "" {
+			picoFail(w, http.StatusConflict, picoErrConflict, picoCreateConflictMessage(info, req), &info.NextSeq)
+			return
+		}
+		p.engineError(w, r, err)
+		return
 	}
 	h := w.Header()
 	h.Set("Content-Type", info.ContentType)
@@ -233,8 +238,26 @@ func (p *picoProtocol) firstRecordsDiffer(ctx context.Context, eng *streamstore.
 	for _, rec := range want {
 		size += streamstore.ReadWeight(rec.Headers, len(rec.Body))
 	}
-	res, err := eng.Read(ctx, name, streamstore.ReadRequest{Seq: 0, MaxRecords: len(want), MaxBytes: max(size, 1)})
+	// A read that finds other records is refused by its Judge, so that it
+	// is no access to the stream either.
+	errDiffer := errors.New("the first records differ")
+	same := func(_ streamstore.Info, got []streamstore.Record) error {
+		// The read stops at the body's size: fewer records than the
+		// body's means the stream has fewer, or larger ones.
+		if len(got) != len(want) {
+			return errDiffer
+		}
+		for i := range want {
+			if !bytes.Equal(got[i].Body, want[i].Body) || !slices.Equal(got[i].Headers, want[i].Headers) {
+				return errDiffer
+			}
+		}
+		return nil
+	}
+	res, err := eng.Read(ctx, name, streamstore.ReadRequest{Seq: 0, MaxRecords: len(want), MaxBytes: max(size, 1), Judge: same})
 	switch {
+	case errors.Is(err, errDiffer):
+		return "stream exists, and its first records are not this create's body" + refused, nil
 	case errors.Is(err, streamstore.ErrGone):
 		if info, herr := eng.Head(ctx, name); herr == nil && info.StartSeq > 0 {
 			return "stream exists, and its first records were trimmed, so this create's body cannot be confirmed as them" + refused, nil
@@ -243,17 +266,7 @@ func (p *picoProtocol) firstRecordsDiffer(ctx context.Context, eng *streamstore.
 	case err != nil:
 		return "", err
 	}
-	defer res.Release()
-	// The read stops at the body's size: fewer records than the body's
-	// means the stream has fewer, or larger ones.
-	same := len(res.Records) == len(want)
-	for i := 0; same && i < len(want); i++ {
-		got := res.Records[i]
-		same = bytes.Equal(got.Body, want[i].Body) && slices.Equal(got.Headers, want[i].Headers)
-	}
-	if !same {
-		return "stream exists, and its first records are not this create's body" + refused, nil
-	}
+	res.Release()
 	return "", nil
 }
 

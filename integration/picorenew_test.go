@@ -115,6 +115,7 @@ func TestRefusedWritesRenewNothing(t *testing.T) {
 		{"a trim beyond the tail", "POST", path, []string{"Pico-Trim-Seq", "9"}, 400},
 		{"a Durable Streams append of another content type", "POST", "/ds/renew/w", []string{"Content-Type", "image/png"}, 409},
 		{"a Durable Streams create with If-None-Match: *", "PUT", "/ds/renew/w", append(text, "If-None-Match", "*", "Stream-TTL", "4"), 412},
+		{"a Pico create whose body is not the first records", "PUT", path, append(text, "Pico-TTL", "4"), 409},
 	} {
 		if r := picoDo(e, c.method, c.path, []byte("x"), c.header...); r.Status != c.status {
 			t.Errorf("%s: %s, want %d", c.name, r, c.status)
