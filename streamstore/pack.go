@@ -137,13 +137,8 @@ const (
 func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *packJob) packDecision {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gone || s.meta.State.StartSeq > s.meta.Cleaned || s.used.Load() < idleBefore || s.metaUnsure.Load() {
-		// Gone: compactStream does nothing. Unsure: a checkpoint that may
-		// have landed unseen moved the stream's tail in the bucket past
-		// the one known here, and a pack entry must continue the bucket's
-		// (replay ignores one that does not); the fold's writeMeta finds
-		// out and writes over it.
-		return decideFold
+	if s.gone || s.meta.State.StartSeq > s.meta.Cleaned || s.used.Load() < idleBefore {
+		return decideFold // gone: compactStream does nothing
 	}
 	from := 0
 	for from < len(s.runs) && s.runs[from].snap != nil {
@@ -179,6 +174,16 @@ func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *
 		// runs are later in the WAL than this window, whose job is not
 		// to take them apart.
 		return decideLeave
+	}
+	if s.metaUnsure.Load() {
+		// A checkpoint that may land unseen (this process's, or the
+		// replaced one's: markReplayed) moves the stream's tail in the
+		// bucket past the one known here, and a pack entry must continue
+		// the bucket's (replay ignores one that does not); the fold's
+		// writeMeta finds out and writes over it. Left in the packs, the
+		// stream writes nothing a late checkpoint could contradict: a
+		// replay passes over the pack runs it covers.
+		return decideFold
 	}
 	est := mem - packedMem
 	if due {

@@ -513,6 +513,53 @@ func TestReplayPassesOverRepackedEntries(t *testing.T) {
 	}
 }
 
+// A replay's streams are folded before they are packed again (see
+// markReplayed), but only once they have something new to pack: a stream
+// that stays in the packs writes nothing a late checkpoint could
+// contradict. Folding them all at the first compaction after every start
+// read every live pack back and wrote two objects per packed stream, the
+// burst packs exist to avoid.
+func TestReplayedStreamsStayPackedUntilTheyChange(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	names := []string{"/rs/a", "/rs/b"}
+	for _, name := range names {
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+		mustAppend(t, e, name, AppendRequest{Records: recs("1")})
+	}
+	mustCompact(t, e)
+	if n := packRuns(e, names[0]); n != 1 {
+		t.Fatalf("%s has %d pack runs, want 1", names[0], n)
+	}
+
+	st2 := copyStore(st) // a crash
+	ops2 := watch(st2)
+	e2 := startEngine(t, st2, Config{})
+	if got := ops2.during(func() { mustCompact(t, e2) }); got["PUT data"] != 0 || got["PUT streams"] != 0 || got["GET pack"] != 0 {
+		t.Fatalf("the first compaction after a restart, with nothing new: %v; want no folds", got)
+	}
+	mustAppend(t, e2, names[0], AppendRequest{Records: recs("2")})
+	if got := ops2.during(func() { mustCompact(t, e2) }); got["PUT data"] != 1 || got["PUT streams"] != 1 {
+		t.Fatalf("the compaction after %s changed: %v; want it folded (one data object and checkpoint)", names[0], got)
+	}
+	if a, b := packRuns(e2, names[0]), packRuns(e2, names[1]); a != 0 || b != 1 {
+		t.Fatalf("pack runs: %s %d, %s %d; want 0 (folded) and 1 (still packed)", names[0], a, names[1], b)
+	}
+	mustAppend(t, e2, names[0], AppendRequest{Records: recs("3")})
+	if got := ops2.during(func() { mustCompact(t, e2) }); got["PUT data"] != 0 || got["PUT streams"] != 0 || got["PUT pack"] != 1 {
+		t.Fatalf("the next compaction: %v; want %s packed again", got, names[0])
+	}
+	e3 := startEngine(t, st2, Config{})
+	for i, want := range []string{"[1 2 3]", "[1]"} {
+		if got := fmt.Sprint(readAll(t, e3, names[i])); got != want {
+			t.Fatalf("%s after a restart: %s, want %s", names[i], got, want)
+		}
+	}
+}
+
 // copyStore returns a copy of st's objects, for a crash whose replay must
 // leave st as it was.
 func copyStore(st *memstore.Store) *memstore.Store {
