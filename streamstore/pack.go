@@ -466,7 +466,8 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 			if err != nil {
 				return err
 			}
-			if s != nil && s.meta.ID == ent.ID && !s.meta.Upto.after(ent.Pos) && ent.First == s.meta.State.NextSeq {
+			if s != nil && s.meta.ID == ent.ID && !s.meta.Upto.after(ent.Pos) && ent.First == s.meta.State.NextSeq &&
+				ent.End == ent.State.NextSeq {
 				lastRepack[ent.Name] = at{i, j}
 			}
 		}
