@@ -484,6 +484,13 @@ func (e *Engine) writeMeta(ctx context.Context, s *stream, m *metaObject, etag s
 	if err := e.checkLease(); err != nil {
 		return "", err
 	}
+	if cm, derr := decodeMeta(cur); derr == nil && cm.Rev >= m.Rev {
+		// The version written over counted its writes from another
+		// start, or is this one's own unconfirmed write: stay above it,
+		// so that no version repeats one before it.
+		m.Rev = cm.Rev + 1
+		body = encodeMeta(m)
+	}
 	tag, err = e.store.Put(ctx, metaKey(s.name), body, segment.PutOptions{IfMatch: curTag})
 	if err != nil {
 		s.rememberUnsure(body, err)
