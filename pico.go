@@ -194,16 +194,29 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 	// TTL; once they are, it is made again as the access it is.
 	req.Exclusive = len(req.Records) > 0
 	info, created, err := eng.Create(writeContext(r), name, req)
-	if errors.Is(err, streamstore.ErrExists) {
-		if msg, err := p.firstRecordsDiffer(r.Context(), eng, name, req.Records); err != nil {
-			p.engineError(w, r, err)
+	for tries := 1; errors.Is(err, streamstore.ErrExists); tries++ {
+		msg, id, cerr := p.firstRecordsDiffer(r.Context(), eng, name, req.Records)
+		switch {
+		case errors.Is(cerr, streamstore.ErrNotFound): // gone since: the create below makes it
+		case cerr != nil:
+			p.engineError(w, r, cerr)
 			return
-		} else if msg != "" {
+		case msg != "":
 			picoFail(w, http.StatusConflict, picoErrConflict, msg, &info.NextSeq)
 			return
 		}
 		req.Exclusive = false
 		info, created, err = eng.Create(writeContext(r), name, req)
+		if err == nil && !created && (cerr != nil || info.ID != id) {
+			// Deleted and created again since the records were compared:
+			// the stream that holds the name now is compared in its turn.
+			if tries == 3 {
+				picoFail(w, http.StatusConflict, picoErrConflict,
+					"stream was deleted and created again while this create was checked against it; try again", &info.NextSeq)
+				return
+			}
+			err = streamstore.ErrExists
+		}
 	}
 	if err != nil {
 		if errors.Is(err, streamstore.ErrConflict) && info.ID != "" {
@@ -231,8 +244,8 @@ func (p *picoProtocol) create(w http.ResponseWriter, r *http.Request, name strin
 // firstRecordsDiffer compares want, the records of a create's body, with
 // the first records of the existing stream name. It returns "" when they
 // are the same records (bodies and headers), else why the create is
-// refused.
-func (p *picoProtocol) firstRecordsDiffer(ctx context.Context, eng *streamstore.Engine, name string, want []streamstore.NewRecord) (string, error) {
+// refused, and the internal id of the stream it compared with.
+func (p *picoProtocol) firstRecordsDiffer(ctx context.Context, eng *streamstore.Engine, name string, want []streamstore.NewRecord) (string, string, error) {
 	const refused = "; a create's body becomes the first records of a new stream only: append with POST"
 	size := 0
 	for _, rec := range want {
@@ -241,7 +254,9 @@ func (p *picoProtocol) firstRecordsDiffer(ctx context.Context, eng *streamstore.
 	// A read that finds other records is refused by its Judge, so that it
 	// is no access to the stream either.
 	errDiffer := errors.New("the first records differ")
-	same := func(_ streamstore.Info, got []streamstore.Record) error {
+	var id string
+	same := func(info streamstore.Info, got []streamstore.Record) error {
+		id = info.ID
 		// The read stops at the body's size: fewer records than the
 		// body's means the stream has fewer, or larger ones.
 		if len(got) != len(want) {
@@ -257,17 +272,17 @@ func (p *picoProtocol) firstRecordsDiffer(ctx context.Context, eng *streamstore.
 	res, err := eng.Read(ctx, name, streamstore.ReadRequest{Seq: 0, MaxRecords: len(want), MaxBytes: max(size, 1), Judge: same})
 	switch {
 	case errors.Is(err, errDiffer):
-		return "stream exists, and its first records are not this create's body" + refused, nil
+		return "stream exists, and its first records are not this create's body" + refused, id, nil
 	case errors.Is(err, streamstore.ErrGone):
 		if info, herr := eng.Head(ctx, name); herr == nil && info.StartSeq > 0 {
-			return "stream exists, and its first records were trimmed, so this create's body cannot be confirmed as them" + refused, nil
+			return "stream exists, and its first records were trimmed, so this create's body cannot be confirmed as them" + refused, info.ID, nil
 		}
-		return "", err
+		return "", "", err
 	case err != nil:
-		return "", err
+		return "", "", err
 	}
 	res.Release()
-	return "", nil
+	return "", id, nil
 }
 
 // picoCreateConflictMessage tells a client whose create found the stream
