@@ -133,23 +133,33 @@ func TestLargeAppendGoesToTheBucketOnce(t *testing.T) {
 	}
 }
 
-func TestTrimIntoABlob(t *testing.T) {
+// blobBatch creates name with the record "a" and appends one batch of four
+// records big enough together for a blob (seqs 1 to 4), whose bodies it
+// returns; tag picks them.
+func blobBatch(t *testing.T, e *Engine, name string, tag uint64) [][]byte {
+	t.Helper()
 	ctx := context.Background()
-	st := memstore.New()
-	e := startEngine(t, st, Config{})
-	if _, _, err := e.Create(ctx, "/t", CreateRequest{ContentType: "application/octet-stream", Records: recs("a")}); err != nil {
+	if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "application/octet-stream", Records: recs("a")}); err != nil {
 		t.Fatal(err)
 	}
 	var want [][]byte
 	var batch []NewRecord
-	for i := range 4 {
-		b := body(uint64(10+i), blobMinBytes/3)
+	for i := range uint64(4) {
+		b := body(tag+i, blobMinBytes/3)
 		want = append(want, b)
 		batch = append(batch, NewRecord{Body: b})
 	}
-	if _, err := e.Append(ctx, "/t", AppendRequest{Records: batch}); err != nil {
+	if _, err := e.Append(ctx, name, AppendRequest{Records: batch}); err != nil {
 		t.Fatal(err)
 	}
+	return want
+}
+
+func TestTrimIntoABlob(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	want := blobBatch(t, e, "/t", 10)
 	if n := len(st.Keys("blob/")); n != 1 {
 		t.Fatalf("%d blobs", n)
 	}
@@ -192,19 +202,7 @@ func TestLateMarkerAfterATrimIntoItsBlob(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
 	e := startEngine(t, st, Config{})
-	if _, _, err := e.Create(ctx, "/t", CreateRequest{ContentType: "application/octet-stream", Records: recs("a")}); err != nil {
-		t.Fatal(err)
-	}
-	var want [][]byte
-	var batch []NewRecord
-	for i := range 4 {
-		b := body(uint64(20+i), blobMinBytes/3)
-		want = append(want, b)
-		batch = append(batch, NewRecord{Body: b})
-	}
-	if _, err := e.Append(ctx, "/t", AppendRequest{Records: batch}); err != nil {
-		t.Fatal(err)
-	}
+	want := blobBatch(t, e, "/t", 20)
 	mustCompact(t, e)
 	var marker string
 	for _, k := range st.Keys("data/") {
