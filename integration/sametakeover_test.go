@@ -105,34 +105,11 @@ func TestCheckpointOfReplacedProcessLandsLate(t *testing.T) {
 		text = "text/plain"
 	)
 	a := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s"}})
-	a.create(name, text)
-	if err := fhWaitFor(10*time.Second, 50*time.Millisecond, func() error {
-		if len(a.mustList("streams/")) == 0 {
-			return errors.New("no metadata object yet")
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	releaseMeta := a.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/streams/", Times: 1})
-	defer releaseMeta()
 	// A large append is folded by the next compaction (a small one may
 	// be packed, which writes no checkpoint).
 	want := bytes.Repeat([]byte("B"), 300<<10)
-	a.append(name, text, want)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := a.proxy.WaitHeld(ctx, 1); err != nil {
-		t.Fatalf("the first process's checkpoint never reached the store: %v", err)
-	}
-
-	bEnv := launchSameNode(t, a, "compact_interval 1s")
-
 	// The stale checkpoint lands over the version the new owner loaded.
-	releaseMeta()
-	if err := a.proxy.WaitLanded(ctx); err != nil {
-		t.Fatalf("held checkpoint: %v", err)
-	}
+	bEnv, _ := lateCheckpoint(t, a, name, text, want)
 	more := []byte("after\n")
 	bEnv.append(name, text, more)
 
@@ -170,34 +147,9 @@ func TestLateCheckpointThenPacks(t *testing.T) {
 	)
 	// The first process folds every backlog: its compaction checkpoints.
 	a := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s", "pack_below off"}})
-	a.create(name, text)
-	var metaKey string
-	if err := fhWaitFor(10*time.Second, 50*time.Millisecond, func() error {
-		objs := a.mustList("streams/")
-		if len(objs) == 0 {
-			return errors.New("no metadata object yet")
-		}
-		metaKey = objs[0].Key
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	releaseMeta := a.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/streams/", Times: 1})
-	defer releaseMeta()
 	first := []byte("first\n")
-	a.append(name, text, first)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := a.proxy.WaitHeld(ctx, 1); err != nil {
-		t.Fatalf("the first process's checkpoint never reached the store: %v", err)
-	}
-
 	// The new owner packs small backlogs (the default).
-	b := launchSameNode(t, a, "compact_interval 1s")
-	releaseMeta()
-	if err := a.proxy.WaitLanded(ctx); err != nil {
-		t.Fatalf("held checkpoint: %v", err)
-	}
+	b, metaKey := lateCheckpoint(t, a, name, text, first)
 	body, err := b.get(metaKey)
 	if err != nil {
 		t.Fatal(err)
@@ -230,6 +182,41 @@ func TestLateCheckpointThenPacks(t *testing.T) {
 	if got, _, err := c.readBytes(name); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("after a restart: %q (%v), want %q\n%s", got, err, want, truncateTail(c.caddy.Logs(), 3000))
 	}
+}
+
+// lateCheckpoint creates name on a, holds a's next metadata PUT at the
+// proxy, appends body (whose compaction checkpoints the stream), starts a
+// second process of a's node with compact_interval 1s, and lets the held
+// checkpoint land once that one has loaded the stream. It returns the
+// second process and the stream's metadata key.
+func lateCheckpoint(t *testing.T, a *fhEnv, name, contentType string, body []byte) (*fhEnv, string) {
+	t.Helper()
+	a.create(name, contentType)
+	var metaKey string
+	if err := fhWaitFor(10*time.Second, 50*time.Millisecond, func() error {
+		objs := a.mustList("streams/")
+		if len(objs) == 0 {
+			return errors.New("no metadata object yet")
+		}
+		metaKey = objs[0].Key
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	releaseMeta := a.proxy.Hold(testenv.Fault{Op: testenv.OpPut, KeyContains: "/streams/", Times: 1})
+	defer releaseMeta()
+	a.append(name, contentType, body)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := a.proxy.WaitHeld(ctx, 1); err != nil {
+		t.Fatalf("the first process's checkpoint never reached the store: %v", err)
+	}
+	b := launchSameNode(t, a, "compact_interval 1s")
+	releaseMeta()
+	if err := a.proxy.WaitLanded(ctx); err != nil {
+		t.Fatalf("held checkpoint: %v", err)
+	}
+	return b, metaKey
 }
 
 // compactionLine picks the last log line of s about a failed compaction.
