@@ -125,8 +125,11 @@ func parsePicoExpiry(h http.Header, now time.Time) (streamstore.Expiry, error) {
 		// silently creating a stream that never expires. One message for
 		// every bad value says the whole allowed range at once.
 		n, ok := parseDigits(ttl)
-		if !ok || n == 0 || n > uint64(maxTTLSeconds) {
-			return x, fmt.Errorf("Pico-TTL must be a whole number of seconds from 1 to %d, got %q", maxTTLSeconds, ttl)
+		// Leading zeros are refused as Stream-TTL refuses them: the two
+		// headers set the one TTL, and a value one protocol takes the
+		// other would refuse is a trap for code that speaks both.
+		if !ok || ttl[0] == '0' || n > uint64(maxTTLSeconds) {
+			return x, fmt.Errorf("Pico-TTL must be a whole number of seconds from 1 to %d, without sign or leading zeros, got %q", maxTTLSeconds, ttl)
 		}
 		x.TTL = time.Duration(n) * time.Second
 	}
@@ -189,15 +192,29 @@ func parsePicoProducer(h http.Header) (*streamstore.Producer, error) {
 	if len(id) > streamstore.MaxProducerIDLength {
 		return nil, fmt.Errorf("Pico-Producer-Id is %d bytes; the limit is %d", len(id), streamstore.MaxProducerIDLength)
 	}
-	epoch, _, err := parsePicoUint(h, hdrPicoProducerEpoch)
+	// Producer state is one per stream whichever protocol writes it, and
+	// Durable Streams clients read it back as JavaScript numbers: the same
+	// limit as Producer-Epoch and Producer-Seq, or a Pico producer could
+	// set an epoch no Durable Streams producer can fence.
+	epoch, err := picoSafeUint(h, hdrPicoProducerEpoch)
 	if err != nil {
 		return nil, err
 	}
-	seq, _, err := parsePicoUint(h, hdrPicoProducerSeq)
+	seq, err := picoSafeUint(h, hdrPicoProducerSeq)
 	if err != nil {
 		return nil, err
 	}
 	return &streamstore.Producer{ID: id, Epoch: epoch, Seq: seq}, nil
+}
+
+// picoSafeUint reads a present header holding an integer from 0 to 2^53-1.
+func picoSafeUint(h http.Header, name string) (uint64, error) {
+	v, _ := headerValue(h, name)
+	n, ok := parseDigits(v)
+	if !ok || n > maxSafeInteger {
+		return 0, fmt.Errorf("%s must be an integer from 0 to 2^53-1, got %q", displayHeader(name), v)
+	}
+	return n, nil
 }
 
 // picoErrorBody is the JSON body of every Pico error response.

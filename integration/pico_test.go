@@ -415,6 +415,10 @@ func TestPicoProtocol(t *testing.T) {
 			{"empty body", "text/plain", nil, 400, nil},
 			{"too large", "text/plain", bytes.Repeat([]byte("x"), 65*1024), 413, nil},
 			{"bad producer", "text/plain", []byte("x"), 400, []string{"Pico-Producer-Id", "p"}},
+			// Durable Streams clients read producer state as JavaScript
+			// numbers: 2^53 is past what they can hold.
+			{"producer epoch past 2^53-1", "text/plain", []byte("x"), 400,
+				[]string{"Pico-Producer-Id", "p", "Pico-Producer-Epoch", "9007199254740992", "Pico-Producer-Seq", "0"}},
 			{"bad match", "text/plain", []byte("x"), 400, []string{"Pico-Match-Seq", "-1"}},
 			{"trim with body", "text/plain", []byte("x"), 400, []string{"Pico-Trim-Seq", "0"}},
 			{"trim beyond the tail", "", nil, 400, []string{"Pico-Trim-Seq", "5"}},
@@ -489,6 +493,7 @@ func TestPicoProtocol(t *testing.T) {
 		}{
 			{"TTL and Expires-At", []string{"Pico-TTL", "1", "Pico-Expires-At", "1"}},
 			{"bad TTL", []string{"Pico-TTL", "soon"}},
+			{"TTL with a leading zero", []string{"Pico-TTL", "060"}},
 			{"bad Expires-At", []string{"Pico-Expires-At", "next week"}},
 			// Not in the future; 0 would otherwise read as "never expires".
 			{"Expires-At 0", []string{"Pico-Expires-At", "0"}},
