@@ -484,27 +484,40 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 			if r, ok := lastRepack[ent.Name]; ok && (i < r.pack || i == r.pack && j < r.ent) {
 				continue // repacked later
 			}
-			tail := s.durable.NextSeq
-			if ent.Repack && ent.First == s.meta.State.NextSeq {
-				// Everything since the checkpoint, written again: it
-				// replaces the runs older packs still listed hold.
-				s.runs, tail = s.runs[:0], ent.First
-			}
-			if ent.First != tail || ent.End != ent.State.NextSeq {
+			if !s.replayPackEntry(ref.Key, ent) {
 				e.log.Error("pack entry does not continue its stream; ignored",
 					zap.String("key", ref.Key), zap.String("stream", ent.Name),
 					zap.Uint64("first", ent.First), zap.Uint64("end", ent.End), zap.Uint64("tail", s.durable.NextSeq),
 					zap.Bool("repack", ent.Repack), zap.Stringer("at", ent.Pos),
 					zap.Uint64("checkpoint_tail", s.meta.State.NextSeq), zap.Stringer("checkpoint_upto", s.meta.Upto))
-				continue
 			}
-			st := ent.State
-			s.durable, s.pend = st, st
-			s.runs = append(s.runs, walRun{pos: ent.Pos, key: ref.Key, span: segment.Span{Off: ent.Off, Len: ent.Len},
-				snap: &st, packed: ent.Packed, ch: change{First: ent.First, End: ent.End, LastTS: st.LastTS}})
 		}
 	}
 	return nil
+}
+
+// replayPackEntry adds pack entry ent, found in pack key, to the runs of s
+// as the replay rebuilds them, and reports whether it did: an entry that
+// does not continue the stream (or whose state does not end where its
+// records do) changes nothing. A repack entry holds everything since the
+// checkpoint and replaces the runs older packs still listed hold, but only
+// once it is known sound: a damaged one dropped them and added nothing.
+func (s *stream) replayPackEntry(key string, ent packIndexEntry) bool {
+	if ent.End != ent.State.NextSeq {
+		return false
+	}
+	repack := ent.Repack && ent.First == s.meta.State.NextSeq
+	if !repack && ent.First != s.durable.NextSeq {
+		return false
+	}
+	if repack {
+		s.runs = s.runs[:0]
+	}
+	st := ent.State
+	s.durable, s.pend = st, st
+	s.runs = append(s.runs, walRun{pos: ent.Pos, key: key, span: segment.Span{Off: ent.Off, Len: ent.Len},
+		snap: &st, packed: ent.Packed, ch: change{First: ent.First, End: ent.End, LastTS: st.LastTS}})
+	return true
 }
 
 // sweepPacks deletes packs the manifest does not list: written by a

@@ -757,3 +757,51 @@ func overlaps(a, b []byte) bool {
 	a0, b0 := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
 }
+
+// TestReplayPackEntry: the replay adds a pack entry to a stream's runs only
+// when it continues the stream, a repack entry (everything since the
+// checkpoint) replacing the runs before it. A repack entry whose state does
+// not end where its records do is damaged: it must leave the runs as they
+// were, not drop them and add nothing.
+func TestReplayPackEntry(t *testing.T) {
+	entry := func(first, end, stateEnd uint64, repack bool) packIndexEntry {
+		return packIndexEntry{Name: "/r", ID: "id", First: first, End: end, State: writerState{NextSeq: stateEnd}, Repack: repack}
+	}
+	for _, tc := range []struct {
+		name      string
+		ents      []packIndexEntry
+		applied   []bool
+		wantRuns  [][2]uint64 // each run's [first, end)
+		wantTail  uint64
+		checkTail uint64 // the checkpoint's tail
+	}{
+		{"entries that follow", []packIndexEntry{entry(2, 4, 4, false), entry(4, 5, 5, false)},
+			[]bool{true, true}, [][2]uint64{{2, 4}, {4, 5}}, 5, 2},
+		{"a gap", []packIndexEntry{entry(2, 4, 4, false), entry(5, 6, 6, false)},
+			[]bool{true, false}, [][2]uint64{{2, 4}}, 4, 2},
+		{"a repack replaces the runs before it", []packIndexEntry{entry(2, 4, 4, false), entry(2, 6, 6, true)},
+			[]bool{true, true}, [][2]uint64{{2, 6}}, 6, 2},
+		{"a repack from below the checkpoint", []packIndexEntry{entry(2, 4, 4, false), entry(1, 6, 6, true)},
+			[]bool{true, false}, [][2]uint64{{2, 4}}, 4, 2},
+		{"a damaged repack keeps the runs", []packIndexEntry{entry(2, 4, 4, false), entry(2, 6, 9, true)},
+			[]bool{true, false}, [][2]uint64{{2, 4}}, 4, 2},
+		{"a damaged entry", []packIndexEntry{entry(2, 4, 3, false)},
+			[]bool{false}, nil, 2, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStream("/r", &metaObject{ID: "id", State: writerState{NextSeq: tc.checkTail}}, "")
+			for i, ent := range tc.ents {
+				if got := s.replayPackEntry("pack", ent); got != tc.applied[i] {
+					t.Errorf("entry %d [%d, %d): applied %v, want %v", i, ent.First, ent.End, got, tc.applied[i])
+				}
+			}
+			var runs [][2]uint64
+			for _, r := range s.runs {
+				runs = append(runs, [2]uint64{r.ch.First, r.ch.End})
+			}
+			if fmt.Sprint(runs) != fmt.Sprint(tc.wantRuns) || s.durable.NextSeq != tc.wantTail {
+				t.Errorf("runs %v, tail %d; want %v, %d", runs, s.durable.NextSeq, tc.wantRuns, tc.wantTail)
+			}
+		})
+	}
+}
