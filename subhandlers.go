@@ -790,7 +790,9 @@ func (m *subManager) handleAck(w http.ResponseWriter, r *http.Request, root, id 
 		m.storeFailed(w, r, ackWrite(webhook, body.Done), err)
 		return
 	}
-	writeJSONStatus(w, http.StatusOK, "application/json", map[string]bool{"ok": true, "next_wake": s.WakeID != ""})
+	// next_wake tells whether another wake follows this one: only a done
+	// can start one. A heartbeat keeps the wake it names.
+	writeJSONStatus(w, http.StatusOK, "application/json", map[string]bool{"ok": true, "next_wake": body.Done && s.WakeID != ""})
 }
 
 // ackProblem judges an ack of stream at offset: it returns the link the ack

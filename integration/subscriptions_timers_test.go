@@ -89,8 +89,10 @@ func TestSubscriptionTimersThroughCaddy(t *testing.T) {
 	gen := int(claim["generation"].(float64))
 	heartbeat := `{"wake_id":"` + claim["wake_id"].(string) + `","generation":` + strconv.Itoa(gen) + `}`
 	bearer := "Bearer " + claim["token"].(string)
-	if st, v := e.subCall("POST", pull+"/ack", heartbeat, "Authorization", bearer); st != http.StatusOK {
-		t.Fatalf("heartbeat: %d %v", st, v)
+	// A heartbeat keeps the wake it names: no other wake follows it
+	// (section 7.1's callback answer), so next_wake is false.
+	if st, v := e.subCall("POST", pull+"/ack", heartbeat, "Authorization", bearer); st != http.StatusOK || v["next_wake"] != false {
+		t.Fatalf("heartbeat: %d %v, want 200 with next_wake false", st, v)
 	}
 	if err := e.waitWakes(wake, "pull", 2); err != nil {
 		_, v := e.subCall("GET", pull, "")
