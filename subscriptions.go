@@ -58,6 +58,8 @@ const (
 	subMaxIDLen        = 120
 	subMaxBody         = 1 << 20
 	webhookTimeout     = 10 * time.Second
+	webhookIdleConns   = 64 // idle webhook connections kept, over all hosts
+	webhookIdleTimeout = 90 * time.Second
 	webhookMinBackoff  = time.Second
 	webhookMaxBackoff  = 60 * time.Second
 	subTickInterval    = 100 * time.Millisecond
@@ -562,7 +564,11 @@ func (sm *subManagers) managerFor(eng *streamstore.Engine, log *zap.Logger) *sub
 		// No proxy: the address check must see the real target. Connections
 		// are not shared between loopback and public targets, since a pooled
 		// connection is keyed by host and a loopback host is never public.
-		Transport: &http.Transport{DialContext: webhookDial, MaxIdleConnsPerHost: 2},
+		// Idle connections are bounded and time out: a receiver that never
+		// closes its own would otherwise keep a socket and two goroutines
+		// of this process per webhook host ever called.
+		Transport: &http.Transport{DialContext: webhookDial, MaxIdleConnsPerHost: 2,
+			MaxIdleConns: webhookIdleConns, IdleConnTimeout: webhookIdleTimeout},
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse // a redirect could lead anywhere
 		},
@@ -578,6 +584,7 @@ func (sm *subManagers) managerFor(eng *streamstore.Engine, log *zap.Logger) *sub
 		<-eng.Done()
 		cancel()
 		sm.cur.CompareAndSwap(m, nil)
+		m.client.CloseIdleConnections() // the next engine has a client of its own
 	}()
 	return m
 }
