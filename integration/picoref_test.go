@@ -93,6 +93,18 @@ func TestPicoReference(t *testing.T) {
 			want: []string{"Pico-Next-Seq", "1", "Location", ""}},
 		{name: "a create with another body", method: "PUT", path: "/pico/ref/s", body: []byte("other"), hdr: []string{"Content-Type", "text/plain"},
 			status: 409, code: "conflict", says: "its first records are not this create's body", want: []string{"Pico-Next-Seq", "1"}, writeNothing: true},
+		// A record's headers are a map: the create repeated with them in
+		// another order (rebuilt from a hash map, say) is the same create.
+		{name: "create with headers", method: "PUT", path: "/pico/ref/hdrs", body: []byte(`{"records":[{"body":"h","headers":{"x":"1","y":"2"}}]}`),
+			hdr: []string{"Content-Type", picoJSONBatch}, status: 201},
+		{name: "the create with its headers in another order", method: "PUT", path: "/pico/ref/hdrs", body: []byte(`{"records":[{"body":"h","headers":{"y":"2","x":"1"}}]}`),
+			hdr: []string{"Content-Type", picoJSONBatch}, status: 200, want: []string{"Pico-Next-Seq", "1"}},
+		{name: "the create with another header value", method: "PUT", path: "/pico/ref/hdrs", body: []byte(`{"records":[{"body":"h","headers":{"y":"2","x":"3"}}]}`),
+			hdr: []string{"Content-Type", picoJSONBatch}, status: 409, code: "conflict", says: "its first records are not this create's body", writeNothing: true},
+		{name: "the create with a header more", method: "PUT", path: "/pico/ref/hdrs", body: []byte(`{"records":[{"body":"h","headers":{"y":"2","x":"1","z":"3"}}]}`),
+			hdr: []string{"Content-Type", picoJSONBatch}, status: 409, code: "conflict", says: "its first records are not this create's body", writeNothing: true},
+		{name: "delete the stream with headers", method: "DELETE", path: "/pico/ref/hdrs", status: 204},
+
 		// Headers the API page gives appends only are refused on a
 		// create, which would neither check nor record them.
 		{name: "create with producer headers", method: "PUT", path: "/pico/ref/prodcreate", body: []byte("p0"),
