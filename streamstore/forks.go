@@ -82,13 +82,14 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	// here on, so that is where the fork's inherited records begin.
 	src.mu.Lock()
 	start := src.startSeq(&src.durable)
+	lastTS := src.durable.LastTS
 	src.mu.Unlock()
 	var info Info
 	var created bool
 	if seq < start {
 		err = &TrimmedError{Seq: seq, StartSeq: start}
 	} else {
-		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start, Tail: req.Fork.Tail, Listed: listed, SourceExpiry: srcExpiry}
+		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start, Tail: req.Fork.Tail, Listed: listed, SourceExpiry: srcExpiry, lastTS: lastTS}
 		info, created, err = e.create(ctx, name, req, ref, forkID, true)
 		if errors.Is(err, errNameTaken) {
 			err = ErrConflict

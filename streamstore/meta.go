@@ -165,6 +165,12 @@ type forkRef struct {
 	// its expiry is this one. Nil on forks made before it was kept, which
 	// such a create matches whatever their expiry.
 	SourceExpiry *expiryRef `json:"source_expiry,omitempty"`
+	// lastTS is the source's last append's timestamp when the fork was
+	// made, for the create to start the fork's own from: appends are
+	// stamped max(now, previous + 1), and a source that took more than an
+	// append a millisecond stamped its last ones ahead of the clock, so a
+	// fork's first own record stamped now would go back in time.
+	lastTS int64
 }
 
 // expiryRef is an expiry as the metadata object keeps it.

@@ -221,6 +221,7 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 	if fork != nil {
 		m.State.NextSeq = fork.base()
 		m.State.StartSeq = 0
+		m.State.LastTS = fork.lastTS
 	}
 	if !req.Expiry.ExpiresAt.IsZero() {
 		m.ExpiresAt = req.Expiry.ExpiresAt.UnixMilli()
