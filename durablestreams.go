@@ -538,11 +538,18 @@ func (d *durableStreams) append(w http.ResponseWriter, r *http.Request, name str
 // ct. Section 5.2 puts a closed stream's 409 and a content-type mismatch's
 // 409 before that 400, and only the stream knows either, so its state is
 // looked up, on this error path only (from memory, unless the stream was
-// evicted). A stream that cannot be looked up gets the 400: the body is
-// wrong whatever the stream.
+// evicted). A stream that is not there is told so (404, or 410 when
+// soft-deleted, the answer section 4.2 gives every operation on its URL);
+// one that cannot be looked up gets the 400: the body is wrong whatever
+// the stream.
 func (d *durableStreams) refuseBody(w http.ResponseWriter, r *http.Request, name, ct string, bodyErr error) {
 	if eng, err := d.engine(r.Context()); err == nil {
-		if info, err := eng.Head(writeContext(r), name); err == nil {
+		info, err := eng.Head(writeContext(r), name)
+		if errors.Is(err, streamstore.ErrNotFound) || errors.Is(err, streamstore.ErrGone) {
+			d.engineError(w, r, err)
+			return
+		}
+		if err == nil {
 			switch {
 			case info.Closed:
 				d.engineError(w, r, &streamstore.ClosedError{NextSeq: info.NextSeq})

@@ -276,9 +276,9 @@ func TestAppendErrors(t *testing.T) {
 	}
 }
 
-// TestAppendConflictsComeBeforeBodyValidation: a closed stream's 409 and a
-// content-type mismatch's 409 come before a JSON body's 400 (section 5.2's
-// precedence), and none of them writes.
+// TestAppendConflictsComeBeforeBodyValidation: a closed stream's 409, a
+// content-type mismatch's 409 and a missing stream's 404 come before a
+// JSON body's 400 (section 5.2's precedence), and none of them writes.
 func TestAppendConflictsComeBeforeBodyValidation(t *testing.T) {
 	s := newDSServer(t)
 	s.do(t, "PUT", "/text", "", ct, "text/plain").want(t, 201)
@@ -296,7 +296,9 @@ func TestAppendConflictsComeBeforeBodyValidation(t *testing.T) {
 		{"closed JSON stream, not UTF-8", "/sealed", "\"\xff\"", 409, "true"},
 		{"open JSON stream, not JSON", "/json", "nope", 400, ""},
 		{"open JSON stream, empty array", "/json", "[]", 400, ""},
-		{"no stream, not JSON", "/missing", "nope", 400, ""},
+		// The stream's state comes first there too: none is 404 (and a
+		// soft-deleted one 410, as for every operation on its URL).
+		{"no stream, not JSON", "/missing", "nope", 404, ""},
 	}
 	for _, tc := range tests {
 		r := s.do(t, "POST", tc.path, tc.body, ct, "application/json")

@@ -48,6 +48,47 @@ func TestContentTypeMismatchNamesBothTypes(t *testing.T) {
 			}
 		})
 	}
+	// The type is judged before the producer's seq and epoch (section 5.2's
+	// order): a retry in another type is no retry of what was stored, and
+	// a stale epoch is told the type first.
+	e.create("/ds/ct/prod", "text/plain")
+	producer := func(epoch, seq, ct, body string) fhResp {
+		return e.must(fhReq{Method: http.MethodPost, Path: "/ds/ct/prod", Body: []byte(body), Header: map[string]string{
+			"Content-Type": ct, "Producer-Id": "p", "Producer-Epoch": epoch, "Producer-Seq": seq}})
+	}
+	for _, step := range []struct {
+		name, epoch, seq, ct string
+		status               int
+	}{
+		{"first append", "0", "0", "text/plain", http.StatusOK},
+		{"its retry in another type", "0", "0", "application/x-www-form-urlencoded", http.StatusConflict},
+		{"its retry", "0", "0", "text/plain", http.StatusNoContent},
+		{"a new epoch", "1", "0", "text/plain", http.StatusOK},
+		{"the stale epoch in another type", "0", "1", "application/x-www-form-urlencoded", http.StatusConflict},
+		{"the stale epoch", "0", "1", "text/plain", http.StatusForbidden},
+	} {
+		if r := producer(step.epoch, step.seq, step.ct, "x"); r.Status != step.status {
+			t.Errorf("%s (epoch %s, seq %s, %s): %s, want %d", step.name, step.epoch, step.seq, step.ct, r, step.status)
+		}
+	}
+
+	// A body refused for itself on a stream that is not there: the
+	// stream's answer, 404, or 410 once soft-deleted (section 4.2 gives it
+	// every operation on its URL), not the body's 400.
+	e.create("/ds/ct/src", "application/json")
+	if r := e.must(fhReq{Method: http.MethodPut, Path: "/ds/ct/fork", Header: map[string]string{"Stream-Forked-From": "/ds/ct/src"}}); r.Status != http.StatusCreated {
+		t.Fatalf("fork: %s", r)
+	}
+	if r := e.must(fhReq{Method: http.MethodDelete, Path: "/ds/ct/src"}); r.Status != http.StatusNoContent {
+		t.Fatalf("delete the source: %s", r)
+	}
+	for path, want := range map[string]int{"/ds/ct/src": http.StatusGone, "/ds/ct/none": http.StatusNotFound} {
+		r := e.must(fhReq{Method: http.MethodPost, Path: path, Body: []byte(`{"k":`), Header: map[string]string{"Content-Type": "application/json"}})
+		if r.Status != want {
+			t.Errorf("invalid JSON to %s: %s, want %d", path, r, want)
+		}
+	}
+
 	// Nothing was appended.
 	for _, p := range []string{"/ds/ct/text", "/ds/ct/json"} {
 		if _, next, err := e.readBytes(p); err != nil || next != "0000000000000000_0000000000000000" {

@@ -944,6 +944,15 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		}
 		return AppendResult{}, appendWait{}, &ClosedError{NextSeq: next}
 	}
+	// A content-type mismatch comes before the producer's checks (section
+	// 5.2's order: closed, content type, sequence): a retry in another type
+	// is no retry of what was stored, and a stale epoch sending the wrong
+	// type is told the type first, as at the reference server.
+	if req.ContentType != "" && len(req.Records) > 0 && !sameMediaType(req.ContentType, s.meta.ContentType) {
+		err := &ContentTypeError{Sent: req.ContentType, Stream: s.meta.ContentType}
+		s.mu.Unlock()
+		return AppendResult{}, appendWait{}, err
+	}
 	if p := req.Producer; p != nil {
 		cur, known := st.Producers.get(p.ID)
 		if known && p.Epoch < cur.Epoch {
@@ -961,11 +970,6 @@ func (e *Engine) appendTo(ctx context.Context, s *stream, req AppendRequest) (Ap
 		if known && p.Epoch == cur.Epoch && p.Seq <= cur.Seq {
 			return e.duplicateLocked(s, p)
 		}
-	}
-	if req.ContentType != "" && len(req.Records) > 0 && !sameMediaType(req.ContentType, s.meta.ContentType) {
-		err := &ContentTypeError{Sent: req.ContentType, Stream: s.meta.ContentType}
-		s.mu.Unlock()
-		return AppendResult{}, appendWait{}, err
 	}
 	if p := req.Producer; p != nil {
 		cur, known := st.Producers.get(p.ID)
