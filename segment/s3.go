@@ -549,7 +549,10 @@ func (s *S3Store) List(ctx context.Context, prefix, startAfter string, max int) 
 			in.ContinuationToken = aws.String(tok)
 			in.StartAfter = nil
 		} else if len(out.Contents) > 0 {
+			// Paged on by key alone: a token kept from an earlier page
+			// would take the store back there.
 			in.StartAfter = out.Contents[len(out.Contents)-1].Key
+			in.ContinuationToken = nil
 		} else {
 			return nil, false, fmt.Errorf("segment: list %s: truncated listing without a continuation token", prefix)
 		}
