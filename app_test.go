@@ -44,6 +44,24 @@ func TestStorageKey(t *testing.T) {
 	if a == b {
 		t.Error("different endpoints share a key")
 	}
+	// A path with a %, ? or # (escaped in the URL) keeps them in its key
+	// and its label, and two such storages are two.
+	for _, tc := range []struct{ url, label string }{
+		{"file:///srv/a%25x", "file:///srv/a%25x"},
+		{"file:///srv/b%25y", "file:///srv/b%25y"},
+		{"file:///srv/q%3Fk=v", "file:///srv/q%3Fk=v"},
+		{"file:///srv/h%23x", "file:///srv/h%23x"},
+		{"s3://b/a%25x?region=r", "s3://b/a%25x?region=r"},
+	} {
+		k, err := storageKey(tc.url)
+		if err != nil {
+			t.Errorf("storageKey(%q): %v", tc.url, err)
+			continue
+		}
+		if got := storageLabel(k); got != tc.label {
+			t.Errorf("storageKey(%q) = %q, labelled %q; want %q", tc.url, k, got, tc.label)
+		}
+	}
 	for _, bad := range []string{"", "b/p", "ftp://x/y", "s3:///p", "file://host/dir", "file:relative", "%zz", "s3://b/p#x", "file:///d#x"} {
 		if k, err := storageKey(bad); err == nil {
 			t.Errorf("storageKey(%q) = %q, want an error", bad, k)

@@ -58,12 +58,15 @@ func storageKey(raw string) (string, error) {
 		if u.Path == "" || !path.IsAbs(u.Path) {
 			return "", fmt.Errorf("storage URL %q: a file URL needs an absolute path (file:///dir)", raw)
 		}
-		return "file://" + path.Clean(u.Path), nil
+		// The key is a URL again (storageLabel parses it): the path goes
+		// back in escaped, or a directory named with a %, ? or # would
+		// make a key that parses as something else, or not at all.
+		return "file://" + (&url.URL{Path: path.Clean(u.Path)}).EscapedPath(), nil
 	case "s3":
 		if u.Host == "" {
 			return "", fmt.Errorf("storage URL %q: missing bucket (s3://BUCKET/PREFIX)", raw)
 		}
-		key := "s3://" + u.Host + "/" + strings.Trim(u.Path, "/")
+		key := "s3://" + u.Host + "/" + (&url.URL{Path: strings.Trim(u.Path, "/")}).EscapedPath()
 		if q := u.Query().Encode(); q != "" { // Encode sorts by key
 			key += "?" + q
 		}
