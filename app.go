@@ -246,12 +246,13 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 	}
 	val, loaded, err := engines.LoadOrNew(key, func() (caddy.Destructor, error) {
 		m := new(engineMetrics)
+		logs := newLogFollower(a.log)
 		store, err := openStore(rawURL, s.S3Timeout, &m.requests,
-			a.log.Named(sdkLoggerName).With(zap.String("storage", label)))
+			logs.logger().Named(sdkLoggerName).With(zap.String("storage", label)))
 		if err != nil {
 			return nil, err
 		}
-		ref := newEngineRef(key, store, s, a.log)
+		ref := newEngineRef(key, store, s, logs)
 		ref.metrics = m
 		ref.subs.metrics = m
 		return ref, nil
@@ -316,7 +317,10 @@ func diffSettings(a, b engineSettings, format string) string {
 type engineRef struct {
 	key   string
 	store segment.Store
-	log   *zap.Logger
+	// log writes through the logger of the config started last (logs),
+	// so that a reload's log settings apply to the engine it shares.
+	logs *logFollower
+	log  *zap.Logger
 
 	startOnce sync.Once
 	ready     chan struct{} // closed when the engine started, or its start failed for good
@@ -351,12 +355,16 @@ type holder struct {
 	started  bool
 }
 
-func newEngineRef(key string, store segment.Store, s engineSettings, log *zap.Logger) *engineRef {
+// newEngineRef makes the engine reference of storage key. Its logs (the
+// engine's and the SDK's among them) go through logs, which each config's
+// start points at its own logger.
+func newEngineRef(key string, store segment.Store, s engineSettings, logs *logFollower) *engineRef {
 	openCtx, openCancel := context.WithCancel(context.Background())
 	r := &engineRef{
 		key:        key,
 		store:      store,
-		log:        log.With(zap.String("storage", storageLabel(key))),
+		logs:       logs,
+		log:        logs.logger().With(zap.String("storage", storageLabel(key))),
 		ready:      make(chan struct{}),
 		openCtx:    openCtx,
 		openCancel: openCancel,
@@ -634,6 +642,7 @@ func (r *engineRef) activate(a *App) {
 		if h.app == a {
 			h.started = true
 			r.holders = append(append(r.holders[:i:i], r.holders[i+1:]...), h)
+			r.logs.follow(a.log) // first, so that the reload's own line goes there
 			r.reconfigureLocked(h.settings, true)
 			return
 		}
@@ -652,6 +661,7 @@ func (r *engineRef) release(a *App) {
 			// Its activation warned of an s3_timeout it could not
 			// apply; the old config's cleanup after every reload
 			// comes here and would warn a second time.
+			r.logs.follow(r.holders[i].app.log)
 			r.reconfigureLocked(r.holders[i].settings, false)
 			return
 		}

@@ -929,3 +929,50 @@ func TestTakenOverMessageFor(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineLogsFollowTheLatestConfig: the engine a reload shares writes
+// through the logger of the config started last, so that the reload's log
+// settings (outputs, levels, a log block's filters) apply to it, and it
+// stops writing to the old config's outputs, which Caddy closes; when a
+// failed reload gives the engine back to the config before, its logs go
+// back too.
+func TestEngineLogsFollowTheLatestConfig(t *testing.T) {
+	storage := testStorage(t)
+	s1 := testSettings()
+	s2 := s1
+	s2.GraveTime = s1.GraveTime + 10*time.Minute
+	core1, logs1 := observer.New(zapcore.InfoLevel)
+	core2, logs2 := observer.New(zapcore.InfoLevel)
+	app1 := &App{refs: make(map[string]*appEngine), log: zap.New(core1)}
+	t.Cleanup(func() { app1.Cleanup() })
+	if _, err := app1.acquire(storage, s1); err != nil {
+		t.Fatal(err)
+	}
+	if err := app1.Start(); err != nil {
+		t.Fatal(err)
+	}
+	app2 := &App{refs: make(map[string]*appEngine), log: zap.New(core2)}
+	ref, err := app2.acquire(storage, s2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := app2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	const changed = "engine settings changed by a config reload"
+	if n1, n2 := logs1.FilterMessage(changed).Len(), logs2.FilterMessage(changed).Len(); n1 != 0 || n2 != 1 {
+		t.Fatalf("%q logged %d times through the first config's logger, %d through the reload's; want 0 and 1", changed, n1, n2)
+	}
+	ref.log.Info("after the reload")
+	if n1, n2 := logs1.FilterMessage("after the reload").Len(), logs2.FilterMessage("after the reload").Len(); n1 != 0 || n2 != 1 {
+		t.Fatalf("the engine's line went %d times to the first config's logger, %d to the reload's; want 0 and 1", n1, n2)
+	}
+	// The reload's config goes (its provisioning failed after its start):
+	// the engine is the first config's again, and so are its logs.
+	app2.Stop()
+	app2.Cleanup()
+	ref.log.Info("back")
+	if n1, n2 := logs1.FilterMessage("back").Len(), logs2.FilterMessage("back").Len(); n1 != 1 || n2 != 0 {
+		t.Fatalf("after the reload's config left, the engine's line went %d times to the first config's logger, %d to the reload's; want 1 and 0", n1, n2)
+	}
+}

@@ -23,7 +23,7 @@ func (noLinksStore) CheckLinks() error {
 // with every request answered 503 meanwhile.
 func TestStartRefusesStoreWithoutHardLinks(t *testing.T) {
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
-	ref := newEngineRef("file:///mnt/usb", noLinksStore{memstore.New()}, testSettings(), zaptest.NewLogger(t))
+	ref := newEngineRef("file:///mnt/usb", noLinksStore{memstore.New()}, testSettings(), newLogFollower(zaptest.NewLogger(t)))
 	t.Cleanup(func() { _ = ref.Destruct() })
 	err := ref.start(true)
 	if err == nil || !strings.Contains(err.Error(), "does not support hard links") {
