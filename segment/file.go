@@ -52,8 +52,12 @@ const fileLockStripes = 64
 // ETags are quoted hex MD5 digests of the content, like S3's for single
 // part uploads.
 type FileStore struct {
-	root  string
-	locks [fileLockStripes]sync.Mutex
+	root string
+	// locks[i] is stripe i's lock in this process, a channel of one slot
+	// so that a wait for it ends with the caller's context: while another
+	// process holds the stripe's file lock (stopped, say), the writer in
+	// this process waiting for it holds this one.
+	locks [fileLockStripes]chan struct{}
 	// lockFiles[i] is the open lock file of stripe i, opened on first
 	// use; guarded by locks[i].
 	lockFiles [fileLockStripes]*os.File
@@ -108,7 +112,7 @@ func NewFileStore(dir string) (*FileStore, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("segment: file store directory %q is not absolute", dir)
 	}
-	return &FileStore{
+	s := &FileStore{
 		root:       filepath.Clean(dir),
 		syncDir:    syncDir,
 		link:       os.Link,
@@ -118,7 +122,11 @@ func NewFileStore(dir string) (*FileStore, error) {
 		sweepEvery: fileSweepEvery,
 		tidyAge:    fileTidyAge,
 		lists:      listCache{keep: fileListKeep, settle: fileListSettle, window: fileListWindow},
-	}, nil
+	}
+	for i := range s.locks {
+		s.locks[i] = make(chan struct{}, 1)
+	}
+	return s, nil
 }
 
 // CheckLinks makes sure that the directory's file system has hard links,
@@ -161,12 +169,12 @@ func (s *FileStore) Close() error {
 	s.lists.clear()
 	var errs []error
 	for i := range s.lockFiles {
-		s.locks[i].Lock()
+		s.locks[i] <- struct{}{}
 		if f := s.lockFiles[i]; f != nil {
 			errs = append(errs, f.Close())
 			s.lockFiles[i] = nil
 		}
-		s.locks[i].Unlock()
+		<-s.locks[i]
 	}
 	return errors.Join(errs...)
 }
@@ -177,24 +185,28 @@ func (s *FileStore) Close() error {
 // alone, so that every process picks the same lock file for it.
 func (s *FileStore) lock(ctx context.Context, key string) (unlock func(), err error) {
 	i := crc32.ChecksumIEEE([]byte(key)) % fileLockStripes
-	m := &s.locks[i]
-	m.Lock()
+	m := s.locks[i]
+	select {
+	case m <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("lock stripe %d of %s: %w", i, key, ctx.Err())
+	}
 	f := s.lockFiles[i]
 	if f == nil {
 		f, err = s.openLockFile(int(i))
 		if err != nil {
-			m.Unlock()
+			<-m
 			return nil, err
 		}
 		s.lockFiles[i] = f
 	}
 	if err := lockFile(ctx, f); err != nil {
-		m.Unlock()
+		<-m
 		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
 	}
 	return func() {
 		unlockFile(f)
-		m.Unlock()
+		<-m
 	}, nil
 }
 
