@@ -580,25 +580,40 @@ func (s *S3Store) Delete(ctx context.Context, keys []string) error {
 			Bucket: aws.String(s.bucket),
 			Delete: &s3types.Delete{Objects: ids, Quiet: aws.Bool(true)},
 		}
-		var out *s3.DeleteObjectsOutput
+		// A 200 answer can still refuse some keys, each with its own
+		// code: those refused for now (InternalError, SlowDown) go again
+		// with the backoff of a failed request, alone; the others are
+		// refused for good, and reported.
 		err := s.do(ctx, OpDelete, "", func(ctx context.Context) (bool, error) {
-			var err error
-			out, err = s.client.DeleteObjects(ctx, in)
+			out, err := s.client.DeleteObjects(ctx, in)
 			if err != nil {
 				retry, _ := classify(err)
 				return retry, err
 			}
-			return false, nil
+			var again []s3types.ObjectIdentifier
+			var failed []error
+			for _, e := range out.Errors {
+				code := aws.ToString(e.Code)
+				if code == "NoSuchKey" {
+					continue
+				}
+				keyErr := fmt.Errorf("segment: delete %s: %s: %s",
+					strings.TrimPrefix(aws.ToString(e.Key), s.prefix), code, aws.ToString(e.Message))
+				if retry, _, _ := classifyCode(code); retry {
+					again = append(again, s3types.ObjectIdentifier{Key: e.Key})
+					failed = append(failed, keyErr)
+				} else {
+					errs = append(errs, keyErr)
+				}
+			}
+			if len(again) == 0 {
+				return false, nil
+			}
+			in.Delete.Objects = again
+			return true, errors.Join(failed...)
 		})
 		if err != nil {
 			return errors.Join(append(errs, err)...)
-		}
-		for _, e := range out.Errors {
-			if aws.ToString(e.Code) == "NoSuchKey" {
-				continue
-			}
-			k := strings.TrimPrefix(aws.ToString(e.Key), s.prefix)
-			errs = append(errs, fmt.Errorf("segment: delete %s: %s: %s", k, aws.ToString(e.Code), aws.ToString(e.Message)))
 		}
 	}
 	return errors.Join(errs...)
@@ -772,6 +787,25 @@ func Transient(err error) bool {
 	return retry
 }
 
+// classifyCode is classify for the S3 error codes that say the failure
+// passes by itself; known is false for every other code.
+func classifyCode(code string) (retry, maybeApplied, known bool) {
+	switch code {
+	case "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
+		"RequestThrottled", "RequestThrottledException", "TooManyRequests",
+		"TooManyRequestsException", "ProvisionedThroughputExceededException",
+		"RequestLimitExceeded", "BandwidthLimitExceeded", "ServiceUnavailable",
+		"RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete",
+		// A concurrent conditional write to the same key was in
+		// flight; nothing was written.
+		"ConditionalRequestConflict", "OperationAborted":
+		return true, false, true
+	case "InternalError", "InternalFailure":
+		return true, true, true
+	}
+	return false, false, false
+}
+
 // classify says whether a failed request is worth retrying, and whether it
 // may have been applied although it failed (so a retry of a conditional
 // write can find its own earlier write).
@@ -797,18 +831,8 @@ func classify(err error) (retry, maybeApplied bool) {
 	if errors.As(err, &skewed) && skewed.RetryableError() && httpStatus(err)/100 == 4 {
 		return true, false
 	}
-	switch errorCode(err) {
-	case "SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
-		"RequestThrottled", "RequestThrottledException", "TooManyRequests",
-		"TooManyRequestsException", "ProvisionedThroughputExceededException",
-		"RequestLimitExceeded", "BandwidthLimitExceeded", "ServiceUnavailable",
-		"RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete",
-		// A concurrent conditional write to the same key was in
-		// flight; nothing was written.
-		"ConditionalRequestConflict", "OperationAborted":
-		return true, false
-	case "InternalError", "InternalFailure":
-		return true, true
+	if retry, maybeApplied, known := classifyCode(errorCode(err)); known {
+		return retry, maybeApplied
 	}
 	if status := httpStatus(err); status != 0 {
 		switch {
