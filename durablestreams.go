@@ -846,7 +846,7 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 			case nil: // the hub is at another position: wait alone
 			case errFeedLeft: // time is up, the client left or the server shuts down
 				if d.shutdown.Err() != nil {
-					control(d.finalControl(next, cursor, true))
+					control(d.finalControl(next, cursor, atTail(r.Context(), eng, name, id, next)))
 					es.flush()
 				}
 				return

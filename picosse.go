@@ -185,7 +185,7 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 			case nil: // the hub is at another position: wait alone
 			case errFeedLeft: // time is up, the client left or the server shuts down
 				if p.shutdown.Err() != nil {
-					p.finalControl(bw, picoPage{next: next.seq, upToDate: true}, flush)
+					p.finalControl(bw, picoPage{next: next.seq, upToDate: atTail(r.Context(), eng, name, id, next)}, flush)
 				}
 				return
 			case errHubStopped:

@@ -279,6 +279,16 @@ func (lw *liveWait) wait(eng *streamstore.Engine, name, id string, seq uint64) (
 	return info, err
 }
 
+// atTail reports whether pos is the tail of stream name (internal id id)
+// now. A feed leaves its stream's hub at shutdown where the hub's writes
+// left it, which can be short of records that landed during the hub's last
+// pass: its final control event says it is up to date only when no record
+// is past that position.
+func atTail(ctx context.Context, eng *streamstore.Engine, name, id string, pos position) bool {
+	info, err := eng.Head(ctx, name)
+	return err == nil && info.ID == id && pos.off == 0 && pos.seq >= info.NextSeq
+}
+
 // streamDeleted reports whether a live read's wait ended because the stream
 // was deleted (or soft-deleted): the feed ends, which is no failure to log.
 func streamDeleted(err error) bool {
