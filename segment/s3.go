@@ -327,6 +327,15 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte, opts PutOpti
 		etag = aws.ToString(out.ETag)
 		return false, nil
 	})
+	if err == nil && etag == "" {
+		// Every compare-and-swap is conditional on the ETag a write
+		// returned, and an empty one would make the next If-Match
+		// unconditional (the lease's renewal would overwrite a new
+		// holder's). The write landed, but is refused as not confirmed:
+		// a store without ETags cannot hold PicoMQ's state.
+		return "", &unknownOutcomeError{err: fmt.Errorf("segment: put %s: the store answered without an ETag, "+
+			"which PicoMQ's compare-and-swap writes need: use a store that returns one", key)}
+	}
 	if err == nil {
 		return etag, nil
 	}
