@@ -446,6 +446,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	if !started {
 		return nil
 	}
+	e.saveRenewals()
 	err := e.w.Close(ctx)
 	e.bg.Wait()
 	rerr := e.lease.Load().Release(ctx)
@@ -461,6 +462,29 @@ func (e *Engine) Close(ctx context.Context) error {
 		err = fmt.Errorf("release lease: %w", rerr)
 	}
 	return err
+}
+
+// saveRenewals writes to the WAL, with the last batches Close flushes, the
+// renewals of sliding TTLs that only memory holds: reads save theirs at
+// most every quarter of the TTL, and a create confirmed with 200 or a
+// producer's duplicate renew in memory alone, until the stream leaves
+// memory. After a graceful stop the next start would otherwise expire
+// such a stream up to that much early. A crash still loses them.
+func (e *Engine) saveRenewals() {
+	w := e.statsW.Load()
+	if w == nil {
+		return
+	}
+	now := time.Now().UnixMilli()
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	for _, s := range e.streams {
+		s.mu.Lock()
+		if !s.evicted && s.renewalUnsavedLocked(now) {
+			e.addRenewalLocked(w, s) // refused: lost, as a crash loses it
+		}
+		s.mu.Unlock()
+	}
 }
 
 // givenUpReleaseTimeout bounds giving back the lease of a start whose

@@ -790,3 +790,53 @@ func TestReadAcrossAnEvictionRenews(t *testing.T) {
 		t.Fatalf("the stream's last access is %d, before the read at %d: the read renewed nothing", last, readAt)
 	}
 }
+
+// TestCloseSavesRenewalsOnlyMemoryHeld: a read within a quarter of the TTL
+// of the last saved renewal (and a create confirmed with 200, a producer's
+// duplicate) renews the TTL in memory only; a graceful stop must write it,
+// or the next start expires the stream up to a quarter of its TTL early,
+// the whole renewal early for a confirmed create.
+func TestCloseSavesRenewalsOnlyMemoryHeld(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	setPackBelow(e, -1) // folded, so that the checkpoint holds the append's access
+	const name, ttl = "/renewed-then-stopped", 24 * time.Hour
+	if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: ttl}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, name, AppendRequest{Records: recs("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	saved := storedMeta(t, st, name).State.AccessedAt
+	if saved == 0 {
+		t.Fatal("the append saved no access time")
+	}
+	read := saved + (10 * time.Minute).Milliseconds()
+	s, err := e.stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	s.touched = read // a read 10 minutes on, held in memory only
+	s.mu.Unlock()
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	e2 := startEngine(t, st, Config{})
+	n, err := e2.SweepExpired(ctx, time.UnixMilli(saved).Add(ttl).Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("after a graceful stop, the sweep a TTL after the saved access deleted %d streams; "+
+			"the stream was read %v later, and expires a TTL after that read", n, time.Duration(read-saved)*time.Millisecond)
+	}
+	if n, err := e2.SweepExpired(ctx, time.UnixMilli(read).Add(ttl).Add(time.Minute)); err != nil || n != 1 {
+		t.Errorf("the sweep a TTL after the read deleted %d streams (%v); want the stream gone", n, err)
+	}
+}
