@@ -660,26 +660,7 @@ func TestIdleEvictionKeepsAnUnsavedRenewal(t *testing.T) {
 			if _, _, err := e.Create(ctx, "/other", CreateRequest{ContentType: "text/plain"}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.Append(ctx, name, AppendRequest{Records: recs("x")}); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.Compact(ctx); err != nil {
-				t.Fatal(err)
-			}
-			saved := storedMeta(t, st, name).State.AccessedAt
-			if saved == 0 {
-				t.Fatal("the append saved no access time")
-			}
-			// A read 10 minutes after the append: within a quarter of the
-			// TTL of the saved access, so Read keeps it in memory only.
-			read := saved + (10 * time.Minute).Milliseconds()
-			s, err := e.stream(ctx, name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s.mu.Lock()
-			s.touched = read
-			s.mu.Unlock()
+			s, saved, read := readInMemoryOnly(t, e, st, name)
 
 			// The handle goes once its renewal is in the WAL and folded (a
 			// compaction in between, as its interval would run).
@@ -716,6 +697,36 @@ func TestIdleEvictionKeepsAnUnsavedRenewal(t *testing.T) {
 			}
 		})
 	}
+}
+
+// readInMemoryOnly appends to stream name (made with a sliding TTL of an
+// hour or more, on an engine that folds it: setPackBelow(e, -1)) and
+// compacts, so that its checkpoint saves the append's access (saved, Unix
+// ms); then it reads it, as Read would, 10 minutes later (read): within a
+// quarter of the TTL of the saved access, so only memory holds that
+// renewal. It returns the stream's handle.
+func readInMemoryOnly(t *testing.T, e *Engine, st *memstore.Store, name string) (s *stream, saved, read int64) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := e.Append(ctx, name, AppendRequest{Records: recs("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	saved = storedMeta(t, st, name).State.AccessedAt
+	if saved == 0 {
+		t.Fatal("the append saved no access time")
+	}
+	read = saved + (10 * time.Minute).Milliseconds()
+	s, err := e.stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	s.touched = read
+	s.mu.Unlock()
+	return s, saved, read
 }
 
 // waitSettled waits until no entry of s is in flight.
@@ -805,24 +816,7 @@ func TestCloseSavesRenewalsOnlyMemoryHeld(t *testing.T) {
 	if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: ttl}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Append(ctx, name, AppendRequest{Records: recs("x")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Compact(ctx); err != nil {
-		t.Fatal(err)
-	}
-	saved := storedMeta(t, st, name).State.AccessedAt
-	if saved == 0 {
-		t.Fatal("the append saved no access time")
-	}
-	read := saved + (10 * time.Minute).Milliseconds()
-	s, err := e.stream(ctx, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.mu.Lock()
-	s.touched = read // a read 10 minutes on, held in memory only
-	s.mu.Unlock()
+	_, saved, read := readInMemoryOnly(t, e, st, name)
 	if err := e.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
