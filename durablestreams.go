@@ -729,7 +729,14 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 			return
 		}
 		c.release()
-		if c, err = d.read(r.Context(), eng, name, readOffset{kind: offsetAt, pos: c.next}); err != nil {
+		// A read from the start reads from the start again: a trim that
+		// landed with the records it waited for moved the start past
+		// where it waited, and what it asked for is what is retained.
+		again := readOffset{kind: offsetAt, pos: c.next}
+		if off.kind == offsetStart {
+			again = off
+		}
+		if c, err = d.read(r.Context(), eng, name, again); err != nil {
 			d.readError(w, r, err)
 			return
 		}

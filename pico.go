@@ -1040,8 +1040,9 @@ func (p *picoProtocol) longPoll(w http.ResponseWriter, r *http.Request, eng *str
 			picoFail(w, http.StatusNotFound, picoErrNotFound, "stream was deleted", nil)
 			return
 		}
+		// A read from the start stays one (see durableStreams.longPoll).
 		next := q
-		next.seq, next.now, next.fromStart = pg.next, false, false
+		next.seq, next.now = pg.next, false
 		pg.release()
 		if pg, err = p.read(r.Context(), eng, name, next); err != nil {
 			p.engineError(w, r, err)

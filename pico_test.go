@@ -33,16 +33,23 @@ type picoServer struct {
 	*httptest.Server
 	eng      *streamstore.Engine
 	pico     *picoProtocol
+	ds       *durableStreams // the handler under /ds
 	shutdown context.CancelFunc
 }
 
 func newPicoServer(t *testing.T, tweak ...func(*picoProtocol)) *picoServer {
 	t.Helper()
+	return newPicoServerConfig(t, streamstore.Config{NodeID: "test-node", FlushInterval: time.Millisecond}, tweak...)
+}
+
+// newPicoServerConfig is newPicoServer with an engine configured by cfg.
+func newPicoServerConfig(t *testing.T, cfg streamstore.Config, tweak ...func(*picoProtocol)) *picoServer {
+	t.Helper()
 	store, err := segment.Open("file://"+t.TempDir(), segment.OpenOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng := streamstore.New(store, streamstore.Config{NodeID: "test-node", FlushInterval: time.Millisecond}, zaptest.NewLogger(t))
+	eng := streamstore.New(store, cfg, zaptest.NewLogger(t))
 	if err := eng.Start(context.Background()); err != nil {
 		t.Fatalf("starting engine: %v", err)
 	}
@@ -92,7 +99,7 @@ func newPicoServer(t *testing.T, tweak ...func(*picoProtocol)) *picoServer {
 		}
 		http.NotFound(w, r)
 	}))
-	s := &picoServer{Server: srv, eng: eng, pico: p, shutdown: cancel}
+	s := &picoServer{Server: srv, eng: eng, pico: p, ds: d, shutdown: cancel}
 	t.Cleanup(func() {
 		cancel()
 		srv.Close()
@@ -805,6 +812,48 @@ func TestPicoLongPoll(t *testing.T) {
 		r.want(t, 204).header(t, hdrPicoUpToDate, "true")
 	case <-time.After(2 * time.Second):
 		t.Fatal("long-poll still open after shutdown")
+	}
+}
+
+// TestLongPollFromTheStartAfterATrim: long-polls from the start (Durable
+// Streams offset=-1, Pico without seq) wait on an empty stream; three
+// records and a trim past the first two land in one WAL upload. Both
+// answer 200 with the record the trim kept: they asked for what is
+// retained. They answered 410, having read again at the position they
+// waited at, which the trim had dropped.
+func TestLongPollFromTheStartAfterATrim(t *testing.T) {
+	// One upload per second at most: the records and the trim, sent just
+	// after an upload started, wait for the next one together.
+	s := newPicoServerConfig(t, streamstore.Config{NodeID: "test-node", FlushInterval: time.Second},
+		func(p *picoProtocol) { p.longPollTimeout = 20 * time.Second })
+	s.ds.longPollTimeout = 20 * time.Second
+	s.do(t, "PUT", "/ds/s", nil, hCT, "application/json").want(t, 201)
+	s.do(t, "PUT", "/ds/other", nil, hCT, "text/plain").want(t, 201)
+	done := make(chan picoResp, 2)
+	for _, u := range []string{"/ds/s?offset=-1&live=long-poll", "/pico/s?live=long-poll"} {
+		go func() { done <- s.do(t, "GET", u, nil) }()
+	}
+	waitEngineWaits(t, 2)
+	s.do(t, "POST", "/ds/other", []byte("x"), hCT, "text/plain").want(t, 204)
+	appended := make(chan picoResp, 1)
+	go func() { appended <- s.do(t, "POST", "/ds/s", []byte(`["a","b","c"]`), hCT, "application/json") }()
+	// The trim is refused until the append is pending.
+	for s.do(t, "POST", "/pico/s", nil, hdrPicoTrimSeq, "2").status == 400 {
+		time.Sleep(time.Millisecond)
+	}
+	(<-appended).want(t, 204)
+	for range 2 {
+		r := <-done
+		switch r.want(t, 200); {
+		case r.h.Get(hdrPicoNextSeq) != "":
+			if recs := r.records(t); len(recs) != 1 || recs[0].Seq != 2 || string(recs[0].bytes()) != `"c"` {
+				t.Errorf("Pico long-poll from the start: %+v, want the record the trim kept (seq 2)", recs)
+			}
+		default:
+			if string(r.body) != `["c"]` {
+				t.Errorf("Durable Streams long-poll from -1: %q, want %q", r.body, `["c"]`)
+			}
+		}
 	}
 }
 
