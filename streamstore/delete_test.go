@@ -517,6 +517,47 @@ func TestDeleteOfUnknownOutcome(t *testing.T) {
 	}
 }
 
+// TestCreateAfterADeleteOfUnknownOutcome: after a delete whose grave
+// landed unconfirmed, a create of the name was judged against the stream
+// still in memory: told it exists (200, with the deleted stream's id) or
+// that it conflicts (409) while the bucket held the grave, and every
+// repeat the same, as a create never asked the bucket. A create now
+// settles the delete first: 503 while the bucket cannot say, then a new
+// stream.
+func TestCreateAfterADeleteOfUnknownOutcome(t *testing.T) {
+	for _, ct := range []string{"text/plain", "application/json"} {
+		t.Run(ct, func(t *testing.T) {
+			ctx := context.Background()
+			st := &graveAnswerLost{Store: memstore.New(), key: metaKey("/s")}
+			e := startEngine(t, st, Config{})
+			old, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.Append(ctx, "/s", AppendRequest{Records: recs("a")}); err != nil {
+				t.Fatal(err)
+			}
+			st.lose.Store(true)
+			if err := e.Delete(ctx, "/s"); !errors.Is(err, ErrUnconfirmed) {
+				t.Fatalf("delete whose grave landed unconfirmed: %v, want ErrUnconfirmed", err)
+			}
+			if info, created, err := e.Create(ctx, "/s", CreateRequest{ContentType: ct}); !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("create while the delete's fate is unknown: %+v created=%v %v, want ErrUnavailable", info, created, err)
+			}
+			st.lose.Store(false)
+			info, created, err := e.Create(ctx, "/s", CreateRequest{ContentType: ct})
+			if err != nil || !created || info.ID == old.ID {
+				t.Fatalf("create once the bucket shows the grave: %+v created=%v %v, want a new stream", info, created, err)
+			}
+			res, err := e.Read(ctx, "/s", ReadRequest{})
+			if err != nil || len(res.Records) != 0 || res.Info.ContentType != ct {
+				t.Fatalf("read of the new stream: %d records, %+v, %v; want none, %s", len(res.Records), res.Info, err, ct)
+			}
+			res.Release()
+		})
+	}
+}
+
 // TestCompactionFindingAGraveDropsTheStream: a checkpoint that finds the
 // stream's metadata replaced by a grave (a delete whose answer this
 // process never had, or another writer's) left the handle live: appends

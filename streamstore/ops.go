@@ -111,6 +111,11 @@ func (e *Engine) settledStream(ctx context.Context, name string) (*stream, error
 		if err != nil {
 			return nil, err
 		}
+		// Judged against a stream whose delete may have landed, a
+		// create was told the deleted stream exists.
+		if err := e.confirmDelete(ctx, s); err != nil {
+			return nil, err
+		}
 		s.mu.Lock()
 		if !s.pend.Closed || s.durable.Closed {
 			s.mu.Unlock()
@@ -739,25 +744,37 @@ func (e *Engine) settleDelete(ctx context.Context, name string, haveLock bool) (
 	if err != nil {
 		return nil, err
 	}
+	if err := e.confirmDelete(ctx, s); err != nil {
+		return nil, err
+	}
+	return e.liveLocked(ctx, name, true)
+}
+
+// confirmDelete reads from the bucket whether a delete of s whose grave
+// may have landed unconfirmed did land: ErrNotFound, with s dropped from
+// memory, when it did; nil when it did not or none is in doubt. The
+// caller holds the name lock.
+func (e *Engine) confirmDelete(ctx context.Context, s *stream) error {
 	s.mu.Lock()
 	unsure, id := s.deleteUnsure && !s.gone, s.meta.ID
 	s.mu.Unlock()
-	if unsure {
-		rctx, cancel := checkContext(ctx)
-		_, _, err = e.metaOf(rctx, name, id)
-		cancel()
-		switch {
-		case errors.Is(err, errMetaGone):
-			e.forget(s)
-			return nil, ErrNotFound
-		case err != nil:
-			return nil, fmt.Errorf("%w: whether a delete of %s landed is not known yet: %v", ErrUnavailable, name, err)
-		}
-		s.mu.Lock()
-		s.deleteUnsure = false
-		s.mu.Unlock()
+	if !unsure {
+		return nil
 	}
-	return e.liveLocked(ctx, name, true)
+	rctx, cancel := checkContext(ctx)
+	_, _, err := e.metaOf(rctx, s.name, id)
+	cancel()
+	switch {
+	case errors.Is(err, errMetaGone):
+		e.forget(s)
+		return ErrNotFound
+	case err != nil:
+		return fmt.Errorf("%w: whether a delete of %s landed is not known yet: %v", ErrUnavailable, s.name, err)
+	}
+	s.mu.Lock()
+	s.deleteUnsure = false
+	s.mu.Unlock()
+	return nil
 }
 
 // Append appends to the stream and returns once the append is durable.
