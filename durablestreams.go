@@ -54,6 +54,7 @@ type durableStreams struct {
 	live            *liveReaders  // open SSE and long-poll reads, for metrics (metrics.go)
 	fanout          fanout        // live feeds writing at once (sse.go)
 	frames          frameCache    // data events shared by feeds at one position (sseframes.go)
+	woken           func()        // tests: runs between a long-poll's wake-up and its next read
 	hubs            *sseHubs      // feeds parked at their stream's tail (ssehub.go); nil: none
 	writeTimeout    time.Duration // a feed write others wait for (sse.go); 0: the default
 	subs            *subManagers  // the engine's subscriptions (subscriptions.go)
@@ -728,6 +729,9 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 			fail(w, http.StatusNotFound, "stream was deleted")
 			return
 		}
+		if d.woken != nil {
+			d.woken()
+		}
 		c.release()
 		// A read from the start reads from the start again: a trim that
 		// landed with the records it waited for moved the start past
@@ -736,8 +740,15 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 		if off.kind == offsetStart {
 			again = off
 		}
+		id := c.info.ID
 		if c, err = d.read(r.Context(), eng, name, again); err != nil {
 			d.readError(w, r, err)
+			return
+		}
+		if c.info.ID != id {
+			// Deleted and created again since the wake-up: the new
+			// stream's records are no continuation of what was asked.
+			fail(w, http.StatusNotFound, "stream was deleted")
 			return
 		}
 	}

@@ -52,6 +52,7 @@ type picoProtocol struct {
 	live            *liveReaders // open SSE and long-poll reads, for metrics (metrics.go)
 	hubs            *sseHubs     // SSE feeds parked at their stream's tail (ssehub.go); nil: none
 	privateReads    bool         // every cacheable read says "private" (cache_reads private)
+	woken           func()       // tests: runs between a long-poll's wake-up and its next read
 }
 
 // ServeHTTP dispatches on the method. The handler's root lists streams; any
@@ -1040,12 +1041,21 @@ func (p *picoProtocol) longPoll(w http.ResponseWriter, r *http.Request, eng *str
 			picoFail(w, http.StatusNotFound, picoErrNotFound, "stream was deleted", nil)
 			return
 		}
+		if p.woken != nil {
+			p.woken()
+		}
 		// A read from the start stays one (see durableStreams.longPoll).
 		next := q
 		next.seq, next.now = pg.next, false
+		id := pg.info.ID
 		pg.release()
 		if pg, err = p.read(r.Context(), eng, name, next); err != nil {
 			p.engineError(w, r, err)
+			return
+		}
+		if pg.info.ID != id {
+			// Deleted and created again since the wake-up.
+			picoFail(w, http.StatusNotFound, picoErrNotFound, "stream was deleted", nil)
 			return
 		}
 	}

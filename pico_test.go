@@ -857,6 +857,40 @@ func TestLongPollFromTheStartAfterATrim(t *testing.T) {
 	}
 }
 
+// TestLongPollWokenOnAStreamCreatedAgain: a long-poll woken by an append
+// whose stream is deleted and created again, with more records, before it
+// reads them answers 404, as one woken by the delete does. It read the new
+// stream from the position it waited at in the old one: 200 with records
+// that are no continuation of what the client had.
+func TestLongPollWokenOnAStreamCreatedAgain(t *testing.T) {
+	s := newPicoServer(t, func(p *picoProtocol) { p.longPollTimeout = 20 * time.Second })
+	s.ds.longPollTimeout = 20 * time.Second
+	ctx := context.Background()
+	recreate := func() {
+		if err := s.eng.Delete(ctx, "/s"); err != nil {
+			t.Errorf("delete in the hook: %v", err)
+		}
+		req := streamstore.CreateRequest{ContentType: "text/plain", Records: []streamstore.NewRecord{{Body: []byte("x")}, {Body: []byte("y")}, {Body: []byte("z")}}}
+		if _, _, err := s.eng.Create(ctx, "/s", req); err != nil {
+			t.Errorf("create in the hook: %v", err)
+		}
+	}
+	s.ds.woken, s.pico.woken = recreate, recreate
+	for _, u := range []string{"/ds/s?offset=" + position{seq: 1}.String() + "&live=long-poll", "/pico/s?seq=1&live=long-poll"} {
+		t.Run(u, func(t *testing.T) {
+			s.do(t, "DELETE", "/ds/s", nil)
+			s.do(t, "PUT", "/ds/s", []byte("a"), hCT, "text/plain").want(t, 201)
+			done := make(chan picoResp, 1)
+			go func() { done <- s.do(t, "GET", u, nil) }()
+			waitEngineWaits(t, 1)
+			s.do(t, "POST", "/ds/s", []byte("b"), hCT, "text/plain").want(t, 204)
+			if r := <-done; r.status != 404 {
+				t.Errorf("long-poll woken on a stream created again: %d %q, want 404", r.status, r.body)
+			}
+		})
+	}
+}
+
 // picoEvent is one SSE event.
 type picoEvent struct{ typ, id, data string }
 
