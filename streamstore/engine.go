@@ -110,7 +110,10 @@ type Engine struct {
 
 	startMu sync.Mutex
 	started bool
-	w       *segment.Writer
+	// startFailed: a start failed after taking the lease, with the
+	// replay's state half loaded; the engine takes no other start.
+	startFailed bool
+	w           *segment.Writer
 	// statsW is w for Stats, which must not wait on startMu: Start holds
 	// it through the lease and the replay, and a metrics scrape would hang.
 	// Eviction, under e.mu, writes renewals through it too (nil before
@@ -282,13 +285,21 @@ func (e *Engine) Reconfigure(cfg Config) {
 }
 
 // Start takes the storage lease, checks the format version and replays the
-// write-ahead log. Calling it again after success does nothing; after a
-// failure it tries again.
+// write-ahead log. Calling it again after success does nothing. A start
+// that failed before it took the lease may be tried again; one that failed
+// later (its replay half done) leaves the engine unusable: try again with
+// a new one.
 func (e *Engine) Start(ctx context.Context) error {
 	e.startMu.Lock()
 	defer e.startMu.Unlock()
 	if e.started {
 		return nil
+	}
+	if e.startFailed {
+		// What the failed replay loaded would pass for the bucket's
+		// state: a create only the WAL holds would be taken for one
+		// with metadata, which then nobody writes.
+		return errors.New("start engine: an earlier start of this engine failed after taking the lease; start a new engine")
 	}
 	select {
 	case <-e.closing:
@@ -318,6 +329,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.renewLease(renewCtx, lease)
 	})
 	fail := func(err error) error {
+		e.startFailed = true
 		// A retry takes the lease again; this attempt's renewal must not
 		// race it (a renewal that lost that race would fence the node),
 		// nor a release below.

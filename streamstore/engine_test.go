@@ -1019,3 +1019,49 @@ func TestHoldingDuringStart(t *testing.T) {
 		}
 	}
 }
+
+// formatGetFails fails the first read of the format object, which a start
+// makes after taking the lease.
+type formatGetFails struct {
+	segment.Store
+	failed atomic.Bool
+}
+
+func (s *formatGetFails) Get(ctx context.Context, key string, offset, length int64) ([]byte, string, error) {
+	if key == "format" && s.failed.CompareAndSwap(false, true) {
+		return nil, "", errors.New("injected: the bucket does not answer")
+	}
+	return s.Store.Get(ctx, key, offset, length)
+}
+
+// TestFailedStartIsNotTriedAgain: a start that failed after taking the
+// lease leaves what its replay loaded in the engine, which a second start
+// took for the bucket's state (a create only the WAL held was then taken
+// for one with metadata, which nobody wrote). The engine now refuses a
+// second start; a new engine on the same store starts and reads the
+// stream.
+func TestFailedStartIsNotTriedAgain(t *testing.T) {
+	ctx := context.Background()
+	mem := memstore.New()
+	first := startEngine(t, mem, Config{})
+	if _, _, err := first.Create(ctx, "/s", CreateRequest{ContentType: "text/plain", Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := New(&formatGetFails{Store: mem}, testConfig(Config{}), nil)
+	t.Cleanup(func() { _ = e.Close(ctx) })
+	if err := e.Start(ctx); err == nil {
+		t.Fatal("start with the format read failing succeeded")
+	}
+	if err := e.Start(ctx); err == nil || !strings.Contains(err.Error(), "new engine") {
+		t.Fatalf("second start of the engine whose start failed: %v, want a refusal", err)
+	}
+	again := startEngine(t, mem, Config{})
+	res, err := again.Read(ctx, "/s", ReadRequest{})
+	if err != nil || len(res.Records) != 1 || string(res.Records[0].Body) != "a" {
+		t.Fatalf("read on a new engine: %+v %v", res.Records, err)
+	}
+	res.Release()
+}
