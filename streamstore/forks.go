@@ -183,21 +183,33 @@ func (e *Engine) resolveForkPointFrom(ctx context.Context, src *stream, seq, byt
 // the source was trimmed since (or soft-deleted): a create repeated is
 // judged as the first was. Refused below the source's retained start, a
 // repeat whose sub-offset reached the end of its anchor's record (or past
-// it) was 409 once the source was trimmed past the fork point.
-func (e *Engine) sameForkPoint(ctx context.Context, f *forkRef, want *ForkFrom) bool {
+// it) was 409 once the source was trimmed past the fork point. A read
+// that failed is an error, not a different point: the repeat is then
+// neither the same create nor a conflicting one.
+func (e *Engine) sameForkPoint(ctx context.Context, f *forkRef, want *ForkFrom) (bool, error) {
 	src, err := e.stream(ctx, f.SourceName)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
 	if err != nil {
-		return false
+		return false, err
 	}
 	src.mu.Lock()
 	same := !src.gone && src.meta.ID == f.SourceID
 	src.mu.Unlock()
 	if !same {
-		return false
+		return false, nil
 	}
 	floor := f.Start
 	seq, bytes, err := e.resolveForkPointFrom(ctx, src, want.Seq, want.Bytes, &floor)
-	return err == nil && seq == f.Seq && bytes == f.Bytes
+	var trimmed *TrimmedError
+	switch {
+	case errors.As(err, &trimmed), errors.Is(err, ErrBadRequest), errors.Is(err, ErrNotFound), errors.Is(err, ErrGone):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("resolve a fork point in %s: %w", f.SourceName, err)
+	}
+	return seq == f.Seq && bytes == f.Bytes, nil
 }
 
 // updateMeta rewrites the stream's metadata object with fn applied, by

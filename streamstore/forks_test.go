@@ -1043,6 +1043,47 @@ func TestForkRepeatWalksTheRecordsTheForkHolds(t *testing.T) {
 	}
 }
 
+// TestForkRepeatWhoseSourceReadFails: a fork create repeated with its
+// sub-offset spelt otherwise than the point it resolved to reads the
+// source's records to judge it. When that read failed, the repeat was
+// ErrConflict, telling the client its own fork conflicts with it; it is
+// now ErrUnavailable, and confirmed once the read goes through.
+func TestForkRepeatWhoseSourceReadFails(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("abcd", "efgh")}); err != nil {
+		t.Fatal(err)
+	}
+	asked := ForkFrom{Source: "/src", Seq: 0, Bytes: 6} // resolves to (1, 2)
+	if _, created, err := e.Create(ctx, "/f", CreateRequest{Fork: &asked}); err != nil || !created {
+		t.Fatalf("fork: created %t, %v", created, err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A new engine with no cache to speak of: the records come from the
+	// bucket.
+	again := startEngine(t, st, Config{CacheBytes: 1})
+	st.setHook(func(op, key string) error {
+		if op == "GET" && !strings.HasPrefix(key, metaPrefix) {
+			return errors.New("injected: the bucket does not answer")
+		}
+		return nil
+	})
+	repeat := asked
+	if _, _, err := again.Create(ctx, "/f", CreateRequest{Fork: &repeat}); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("repeat while the source's records cannot be read: %v, want ErrUnavailable", err)
+	}
+	st.setHook(nil)
+	if _, created, err := again.Create(ctx, "/f", CreateRequest{Fork: &repeat}); err != nil || created {
+		t.Errorf("repeat once the bucket answers: created %t, %v; want confirmed", created, err)
+	}
+}
+
 // TestFailedForkReleaseUsesTheCurrentHandle: a fork create that fails
 // before writing anything gives its source's count back, in the background
 // when its caller must be answered by a time. That release ran after the

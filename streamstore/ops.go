@@ -59,8 +59,21 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 		s.mu.Lock()
 		deleted, expired := s.meta.Deleted, s.expiredLocked(time.Now())
 		if !deleted && !expired {
+			fork := s.meta.Fork
+			s.mu.Unlock()
+			// A fork create repeated with its point spelt another way
+			// resolves it in the source: reads, done without s.mu, which
+			// commits of the fork's entries wait for. The name lock keeps
+			// the fork as it is meanwhile.
+			samePoint := false
+			if f := req.Fork; f != nil && fork != nil && f.Source == fork.SourceName && (f.Seq != fork.Seq || f.Bytes != fork.Bytes) {
+				if samePoint, err = e.sameForkPoint(ctx, fork, f); err != nil {
+					return Info{}, false, fmt.Errorf("%w: %w", ErrUnavailable, err)
+				}
+			}
+			s.mu.Lock()
 			defer s.mu.Unlock()
-			if !e.sameConfig(ctx, s, req) {
+			if !sameConfig(s, req, samePoint) {
 				return s.info(), false, ErrConflict
 			}
 			if req.Exclusive {
@@ -168,17 +181,17 @@ func (e *Engine) resident(name string) bool {
 }
 
 // sameConfig reports whether an existing stream matches a create request:
-// content type, expiry, closure, and for a fork its source and point. The
-// caller holds s.mu.
-func (e *Engine) sameConfig(ctx context.Context, s *stream, req CreateRequest) bool {
+// content type, expiry, closure, and for a fork its source and point.
+// samePoint says the request's fork point, spelt otherwise than the fork's
+// own, resolves to it (sameForkPoint). The caller holds s.mu.
+func sameConfig(s *stream, req CreateRequest, samePoint bool) bool {
 	m := s.meta
 	if (req.Fork != nil) != (m.Fork != nil) || s.durable.Closed != req.Closed {
 		return false
 	}
 	if req.Fork != nil {
 		f := m.Fork
-		if req.Fork.Source != f.SourceName || (req.Fork.Seq != f.Seq || req.Fork.Bytes != f.Bytes) &&
-			!e.sameForkPoint(ctx, f, req.Fork) {
+		if req.Fork.Source != f.SourceName || (req.Fork.Seq != f.Seq || req.Fork.Bytes != f.Bytes) && !samePoint {
 			return false
 		}
 		// An omitted content type or expiry on a fork means "inherited":
