@@ -435,6 +435,11 @@ func TestJudgeRoundsTakesTheMedian(t *testing.T) {
 	if !strings.Contains(r.Reference, "round 3 of 3") || !strings.Contains(strings.Join(r.Details, "\n"), "4,500/13,000 = 34.6%") {
 		t.Fatalf("reference %q, details %q", r.Reference, r.Details)
 	}
+	// Round 3's own figures, said to be one round's: neither is the
+	// median of its kind (5,000 and 19,000 are).
+	if strings.Contains(r.Measured, "median") || !strings.Contains(r.Measured, "5,900") || !strings.Contains(r.Reference, "whose ratio is the median") {
+		t.Errorf("measured %q, reference %q: want round 3's figures, labelled as one round's", r.Measured, r.Reference)
+	}
 }
 
 func TestVersityDir(t *testing.T) {

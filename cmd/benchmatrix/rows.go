@@ -473,8 +473,8 @@ func judgeRounds(r *rowResult, ceils []*benchResult, runs []*picoRun, minRatio, 
 			parts = append(parts, fmt.Sprintf("%s/%s = %.1f%% (p99 %s ms)", fmtInt(float64(runs[k].res.OpsPerS)),
 				fmtInt(float64(ceils[k].OpsPerS)), 100*ratios[k], fmtNum(p99s[k])))
 		}
-		r.Reference += fmt.Sprintf(" (round %d of %d, the median)", mid+1, len(runs))
-		r.Measured += fmt.Sprintf("; median of %d rounds", len(runs))
+		r.Reference += fmt.Sprintf(" (round %d of %d, whose ratio is the median)", mid+1, len(runs))
+		r.Measured += fmt.Sprintf("; that round's figures, of %d rounds", len(runs))
 		r.Details = append(r.Details, "rounds (PicoMQ/ceiling appends/s): "+strings.Join(parts, "; "))
 	}
 	r.Checks = append(r.Checks, ratioCheck(r.Ratio, minRatio))
@@ -525,7 +525,7 @@ func (m *matrix) row1(ctx context.Context) {
 		r.Measured += fmt.Sprintf(", %s errors", fmtInt(float64(res.Errors)))
 	}
 	if c := m.row1Ceiling; c != nil && c.OpsPerS > 0 {
-		r.Reference = ceilingRef(c) + " (row 1's)"
+		r.Reference = ceilingRef(c) + " (row 1's ceiling with the median throughput)"
 		r.Ratio = float64(res.OpsPerS) / float64(c.OpsPerS)
 	}
 }
