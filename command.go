@@ -239,6 +239,9 @@ func runBench(cmd *cobra.Command) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	res, runErr := loadgen.Run(ctx, cfg)
+	if res != nil && runErr != nil {
+		res.Failure = runErr.Error() // with the figures, so a reader of the JSON alone sees them partial
+	}
 	if res != nil {
 		if jsonPath != "-" {
 			res.WriteSummary(cmd.OutOrStdout())

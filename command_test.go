@@ -159,6 +159,41 @@ func TestBenchCommandFailsWhenNothingSucceeds(t *testing.T) {
 	}
 }
 
+// A run whose end mark is refused still writes its figures (here of
+// appends the server refuses), with the error in "failure": the window's S3 counts behind the mark are missing,
+// and a reader of the JSON alone (the matrix) took the figures as whole.
+func TestBenchCommandWritesARunsFailure(t *testing.T) {
+	srv, _ := benchServer(t)
+	mark := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("phase") == "end" {
+			http.Error(w, "no end", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(mark.Close)
+	path := filepath.Join(t.TempDir(), "result.json")
+	_, err := execBench(t, "--url", srv.URL+"/", "--json", path, "--mark", mark.URL+"/mark",
+		"--streams", "1", "--writers", "1", "--create=false", "--duration", "200ms")
+	if err == nil || !strings.Contains(err.Error(), "mark end") {
+		t.Fatalf("error %v, want the refused end mark", err)
+	}
+	b, rerr := os.ReadFile(path)
+	if rerr != nil {
+		t.Fatalf("no JSON result: %v", rerr)
+	}
+	var res struct {
+		Ops     int64  `json:"ops"`
+		Failure string `json:"failure"`
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(res.Failure, "mark end") {
+		t.Errorf("JSON failure %q, want the refused end mark", res.Failure)
+	}
+}
+
 // The --json file is opened before the run; a run that ends with no
 // result to write (its streams could not be created) leaves no empty file
 // behind that a script would take for one.

@@ -32,7 +32,10 @@ type Result struct {
 	ErrorSamples []string `json:"error_samples"`
 	// Warnings say why the figures may not be what they seem.
 	Warnings []string `json:"warnings"`
-	Latency  Latency  `json:"latency_ms"`
+	// Failure is the error that ended the run before it finished (its end
+	// mark refused, a --pid process gone): the figures are then partial.
+	Failure string  `json:"failure,omitempty"`
+	Latency Latency `json:"latency_ms"`
 
 	Processes []Process `json:"processes"`
 

@@ -183,6 +183,9 @@ type benchResult struct {
 	Lost        num `json:"lost"`
 	OK          num `json:"ok"`
 	Mismatched  num `json:"mismatched"`
+	// Failure is the error that ended the run early: its figures are
+	// partial, and the matrix reports the error instead.
+	Failure string `json:"failure"`
 }
 
 // mibPerS is the bandwidth of the run in MiB/s, from bytes and duration (so
@@ -208,6 +211,9 @@ func parseBenchResult(b []byte) (*benchResult, error) {
 	var r benchResult
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, err
+	}
+	if r.Failure != "" {
+		return nil, fmt.Errorf("the run failed: %s", r.Failure)
 	}
 	return &r, nil
 }

@@ -346,6 +346,11 @@ func TestParseBenchResult(t *testing.T) {
 	if _, err := parseBenchResult([]byte(`{"ops":"many"}`)); err == nil {
 		t.Error("a non-number must be an error")
 	}
+	// A run that ended early writes its partial figures with the error
+	// (and exits non-zero, as a refused verify does too): not figures.
+	if _, err := parseBenchResult([]byte(`{"mode":"append","ops":10,"failure":"mark end: 500"}`)); err == nil || !strings.Contains(err.Error(), "mark end: 500") {
+		t.Errorf("a failed run's result: %v, want its failure", err)
+	}
 }
 
 func TestParseRows(t *testing.T) {
