@@ -113,7 +113,10 @@ func (r *runner) appendLoop(ctx context.Context, w int, tally *appendWorker, url
 		var start time.Time
 		if interval > 0 {
 			start = t0.Add(offset + time.Duration(k)*interval)
-			if !start.Before(winEnd) {
+			// A writer behind its schedule stops at the window's end
+			// too: what it still owes would only be load nobody
+			// measures, for as long again as it is behind.
+			if !start.Before(winEnd) || !time.Now().Before(winEnd) {
 				return
 			}
 			if d := time.Until(start); d > 0 {

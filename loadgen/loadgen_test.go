@@ -18,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/iotest"
@@ -595,6 +596,32 @@ func TestRunAppendRate(t *testing.T) {
 	res := run(t, Config{URL: srv.URL + "/", Writers: 4, Streams: 4, Size: 10, Create: true, Duration: time.Second, Rate: 200})
 	if res.Ops < 140 || res.Ops > 205 {
 		t.Errorf("200/s for 1s made %d appends", res.Ops)
+	}
+}
+
+// An open-loop writer that falls behind its rate stops at the window's
+// end: it went on sending every append scheduled before then, so a run at
+// ten times what the server does lasted ten times its duration, all of it
+// load that nothing measured.
+func TestRunAppendRateStopsAtTheWindowsEnd(t *testing.T) {
+	var posts atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodPut:
+			w.WriteHeader(http.StatusCreated)
+		case http.MethodPost:
+			posts.Add(1)
+			time.Sleep(10 * time.Millisecond) // at most 100 appends a second
+			w.Header().Set("Stream-Next-Offset", "1")
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	res := run(t, Config{URL: srv.URL + "/", Writers: 1, Streams: 1, Size: 10, Create: true, Duration: time.Second, Rate: 1000})
+	// One writer, one append at a time: about 100 in the second, never
+	// the 1,000 the rate scheduled.
+	if n := posts.Load(); n > 300 {
+		t.Errorf("the server saw %d appends (the run counted %d); want the window's, about 100", n, res.Ops)
 	}
 }
 
