@@ -432,6 +432,28 @@ func TestProgressLineP99IsOfTheLastInterval(t *testing.T) {
 	}
 }
 
+// A line that comes late (a busy machine put the ticker off) gives the
+// rate over its own interval: 1,400 answers in 1.4 s are 1,000/s, not
+// 1,400/s.
+func TestProgressLineRateOfALateTick(t *testing.T) {
+	r := &runner{}
+	var p progressState
+	for _, tt := range []struct {
+		at   time.Duration
+		ops  int
+		want string
+	}{
+		{time.Second, 1000, "  1000/s  "},
+		{2400 * time.Millisecond, 1400, "  1000/s  "},
+		{2900 * time.Millisecond, 250, "  500/s  "},
+	} {
+		r.ops.Add(int64(tt.ops))
+		if line := r.progressLine(&p, tt.at); !strings.Contains(line, tt.want) {
+			t.Errorf("at %v: line %q, want %q", tt.at, line, tt.want)
+		}
+	}
+}
+
 func TestBodiesAndTags(t *testing.T) {
 	tests := []struct {
 		name string

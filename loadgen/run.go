@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -386,10 +387,11 @@ func (r *runner) progressLine(p *progressState, elapsed time.Duration) string {
 	if d, ok := r.hist.quantileSince(&p.hist, 0.99); ok {
 		p99 = fmt.Sprintf("%.2fms", float64(d)/1e6)
 	}
-	// Lines come a second apart, except one cut short by the run's end.
+	// Lines come about a second apart: one cut short by the run's end, or
+	// put off on a busy machine, is a rate over its own interval.
 	rate := ops - p.ops
-	if iv := elapsed - p.at; iv > 0 && iv < 900*time.Millisecond {
-		rate = int64(float64(rate) / iv.Seconds())
+	if iv := elapsed - p.at; iv > 0 {
+		rate = int64(math.Round(float64(rate) / iv.Seconds()))
 	}
 	line := fmt.Sprintf("%6.1fs  ops %d  %d/s  errors %d  p99 (last 1s) %s",
 		elapsed.Seconds(), ops, rate, r.errs.Load(), p99)
