@@ -783,6 +783,10 @@ func (e *Engine) gcLoop() {
 		case <-e.gcKick:
 		case <-time.After(wait):
 		}
+		if e.checkLease() != nil {
+			// Replaced, or unable to renew: the owner collects.
+			continue
+		}
 		// Close cancels a compaction under way: it is safe to stop at any
 		// point (what it wrote is found again or overwritten next time).
 		ctx, cancel := context.WithTimeout(e.bgCtx, 5*time.Minute)
@@ -865,7 +869,12 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 			}
 			if live {
 				// A delete that failed after its tombstone: the stream
-				// is still there, and so is its data.
+				// is still there, and so is its data. Or a delete under
+				// way in the process that replaced this one, between its
+				// tombstone and its grave: only the owner may tell.
+				if err := e.confirmOwner(ctx); err != nil {
+					return fmt.Errorf("judge tombstone %s: %w", o.Key, err)
+				}
 				if err := e.store.Delete(ctx, []string{o.Key}); err != nil {
 					return fmt.Errorf("delete stale tombstone %s: %w", o.Key, err)
 				}

@@ -375,3 +375,59 @@ func TestForeignSealFencesTheEngine(t *testing.T) {
 		t.Fatalf("read after the seal was found: %v, want ErrTakenOver", err)
 	}
 }
+
+// TestReplacedProcessKeepsOffTombstones: a process replaced by another of
+// the same node id kept its collector running. A pass of it between the
+// new owner's tombstone and grave of a delete found the stream's metadata
+// still live, took the tombstone for a failed delete's and removed it: the
+// deleted stream's data stayed in the bucket for good. The collector now
+// confirms it owns the storage before it removes a tombstone.
+func TestReplacedProcessKeepsOffTombstones(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	old := startEngine(t, st, Config{})
+	cur := startEngine(t, st, Config{PackBelow: -1}) // the same node id: at once; folds into data objects
+	if _, _, err := cur.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cur.Append(ctx, "/s", AppendRequest{Records: recs("a", "b")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cur.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	id := storedMeta(t, st, "/s").ID
+	data := func() int {
+		objs, _, err := st.List(ctx, "data/"+id+"/", "", 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(objs)
+	}
+	if data() == 0 {
+		t.Fatal("no data object after the compaction: the test provokes nothing")
+	}
+	var oldPass atomic.Bool
+	st.SetFail(func(op, key string) error {
+		// The delete's grave is on its way, its tombstone written.
+		if op == "PUT" && key == metaKey("/s") && oldPass.CompareAndSwap(false, true) {
+			if err := old.collectGarbage(ctx); err == nil {
+				t.Log("the replaced process's collector ran a pass")
+			}
+		}
+		return nil
+	})
+	if err := cur.Delete(ctx, "/s"); err != nil {
+		t.Fatal(err)
+	}
+	st.SetFail(nil)
+	if !oldPass.Load() {
+		t.Fatal("the replaced process's collector never ran: the test provokes nothing")
+	}
+	if err := cur.collectGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := data(); n != 0 {
+		t.Errorf("%d data objects of the deleted stream left after the owner's collection", n)
+	}
+}
