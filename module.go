@@ -116,7 +116,8 @@ var loopDurations = map[string]bool{
 //
 // Sizes take units (64KiB, 1MiB, 16MB); a bare number is bytes and, under
 // 1024, refused as a likely slip (512B is taken). Durations but flush_interval and
-// flush_quiet are at least 100ms (minLoopDuration). The directive is
+// flush_quiet are at least 100ms (minLoopDuration), and lease_ttl at least
+// 3s (minLeaseTTL). The directive is
 // ordered before respond; inside handle_path the stream name is the path
 // after the stripped prefix, and URLs written back to clients keep the
 // prefix.

@@ -135,7 +135,16 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 		return true
 	}
 	id, sub, found := strings.Cut(strings.TrimPrefix(rest, "subscriptions/"), "/")
-	if !strings.HasPrefix(rest, "subscriptions/") || id == "" || len(id) > subMaxIDLen || len(root) > subMaxIDLen {
+	if !strings.HasPrefix(rest, "subscriptions/") || id == "" {
+		subError(w, http.StatusNotFound, "NOT_FOUND", "no such control resource")
+		return true
+	}
+	if len(id) > subMaxIDLen || len(root) > subMaxIDLen {
+		if r.Method == http.MethodPut && !found {
+			subError(w, http.StatusBadRequest, "INVALID_REQUEST",
+				fmt.Sprintf("a subscription's id and its stream root are at most %d bytes each", subMaxIDLen))
+			return true
+		}
 		subError(w, http.StatusNotFound, "NOT_FOUND", "no such control resource")
 		return true
 	}

@@ -8,9 +8,9 @@ import (
 )
 
 // TestWorkerAndWebhookURLLimitsThroughCaddy: through Caddy on versitygw, a
-// claim's worker name is at most 256 bytes, a webhook URL at most 2 KiB
-// and a description at most 4 KiB; longer ones are 400 INVALID_REQUEST
-// and change nothing. All went into the subscription's document as they
+// claim's worker name is at most 256 bytes, a webhook URL at most 2 KiB,
+// a description at most 4 KiB and a subscription's id 120 bytes; longer
+// ones are 400 INVALID_REQUEST and change nothing. All went into the subscription's document as they
 // came (up to the 1 MiB body), the worker name written again at every
 // heartbeat and ack of its lease and echoed in every ALREADY_CLAIMED
 // answer, the description with every claim, ack and wake.
@@ -35,6 +35,10 @@ func TestWorkerAndWebhookURLLimitsThroughCaddy(t *testing.T) {
 		{"description at the limit", "d1", described(4096), http.StatusCreated},
 		{"description over it", "d2", described(4097), http.StatusBadRequest},
 		{"description of a megabyte", "d3", described(1000 << 10), http.StatusBadRequest},
+		// A create with an id over 120 bytes was 404 "no such control
+		// resource", as if the URL were wrong.
+		{"id at the limit", strings.Repeat("i", 120), described(10), http.StatusCreated},
+		{"id over it", strings.Repeat("i", 121), described(10), http.StatusBadRequest},
 	} {
 		st, v := e.subCall("PUT", root+"__ds/subscriptions/"+tc.id, tc.body)
 		if st != tc.status || (st == http.StatusBadRequest && errCodeOf(v) != "INVALID_REQUEST") {
