@@ -276,12 +276,19 @@ func (s *subState) startOver(p string, l *subLink, id string, acked uint64) {
 	delete(s.Snapshot, p)
 }
 
-// streamGone applies the delete of the stream link p counts in.
+// streamGone applies the delete of the stream link p counts in. A glob
+// link stays, Gone, only while a worker may ack it: one holds the wake, or
+// the wake in flight was sent with it (a webhook's). Kept whenever a wake
+// was in flight, the links of a wake nobody claims (a pull-wake with no
+// worker up, a webhook failing for days) piled up without end, one per
+// matching stream made and deleted, in a document rewritten whole at
+// every change.
 func (s *subState) streamGone(p string, l *subLink) {
+	_, offered := s.Snapshot[p]
 	s.startOver(p, l, "", 0)
 	switch {
 	case l.Explicit:
-	case s.WakeID == "" && s.Holder == "":
+	case s.Holder == "" && (s.WakeID == "" || !offered):
 		delete(s.Links, p)
 	default:
 		l.Gone = true
