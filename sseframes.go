@@ -109,10 +109,11 @@ type frameKey struct {
 // frameCache holds the frames feeds made lately, oldest first out. The zero
 // value is ready to use.
 type frameCache struct {
-	mu    sync.Mutex
-	m     map[frameKey]*sseFrame
-	order []frameKey // insertion order, for eviction
-	bytes int
+	mu       sync.Mutex
+	m        map[frameKey]*sseFrame
+	order    []frameKey // insertion order, for eviction
+	bytes    int
+	sweeping bool // a sweep is due: frames are kept
 }
 
 // get returns a frame for a feed at start that knows the stream's tail to
@@ -147,9 +148,26 @@ func (fc *frameCache) put(k frameKey, f *sseFrame) {
 	}
 	fc.m[k] = f
 	fc.bytes += len(f.data)
+	fc.evictLocked(f.made)
+	if cap(fc.order) > 4*frameMaxCount {
+		// The slice only ever moves forward; copy it back now and then.
+		fc.order = append([]frameKey(nil), fc.order...)
+	}
+	if !fc.sweeping {
+		// Eviction also runs with no frame coming after: a burst's last
+		// frames would otherwise stay until the next feed, a handler's
+		// worth of megabytes in an idle process.
+		fc.sweeping = true
+		time.AfterFunc(2*frameMaxAge, fc.sweep)
+	}
+}
+
+// evictLocked drops the oldest frames beyond the limits, and those made
+// more than frameMaxAge before now.
+func (fc *frameCache) evictLocked(now time.Time) {
 	for len(fc.order) > 0 {
 		oldest := fc.m[fc.order[0]]
-		if fc.bytes <= frameMaxBytes && len(fc.order) <= frameMaxCount && f.made.Sub(oldest.made) <= frameMaxAge {
+		if fc.bytes <= frameMaxBytes && len(fc.order) <= frameMaxCount && now.Sub(oldest.made) <= frameMaxAge {
 			break
 		}
 		fc.bytes -= len(oldest.data)
@@ -157,10 +175,19 @@ func (fc *frameCache) put(k frameKey, f *sseFrame) {
 		fc.order[0] = frameKey{}
 		fc.order = fc.order[1:]
 	}
-	if cap(fc.order) > 4*frameMaxCount {
-		// The slice only ever moves forward; copy it back now and then.
-		fc.order = append([]frameKey(nil), fc.order...)
+}
+
+// sweep evicts the frames too old to share, and comes back while any are
+// left; the last one gone, the cache holds no memory.
+func (fc *frameCache) sweep() {
+	fc.mu.Lock()
+	defer fc.mu.Unlock()
+	fc.evictLocked(time.Now())
+	if len(fc.order) > 0 {
+		time.AfterFunc(2*frameMaxAge, fc.sweep)
+		return
 	}
+	fc.sweeping, fc.m, fc.order = false, nil, nil
 }
 
 // frameAt returns the frame of a feed of stream id at pos that knows the

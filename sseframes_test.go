@@ -169,3 +169,25 @@ func TestFrameFromChunk(t *testing.T) {
 		})
 	}
 }
+
+// Frames leave once they are too old to share even when no frame comes
+// after them: eviction ran only when a frame was added, so after a burst
+// of fan-out the cache held up to its 8 MiB of frames, of streams perhaps
+// deleted since, for as long as the handler saw no other SSE feed.
+func TestFrameCacheEmptiesWhenIdle(t *testing.T) {
+	var fc frameCache
+	fc.put(frameKey{id: "s"}, &sseFrame{data: bytes.Repeat([]byte("x"), 1<<20), made: time.Now()})
+	deadline := time.Now().Add(10 * frameMaxAge)
+	for {
+		fc.mu.Lock()
+		n, b, order := len(fc.m), fc.bytes, fc.order
+		fc.mu.Unlock()
+		if n == 0 && b == 0 && order == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d frames (%d bytes) still cached %v after the last was made", n, b, 10*frameMaxAge)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
