@@ -507,7 +507,7 @@ func AppendJSONRecord(b []byte, r *segment.Record) []byte {
 	}
 	if utf8.Valid(r.Body) {
 		b = append(b, `,"body":`...)
-		b = appendJSONString(b, string(r.Body))
+		b = appendJSONString(b, r.Body)
 	} else {
 		b = append(b, `,"body_b64":"`...)
 		b = base64.StdEncoding.AppendEncode(b, r.Body)
@@ -516,7 +516,57 @@ func AppendJSONRecord(b []byte, r *segment.Record) []byte {
 	return append(b, '}')
 }
 
-func appendJSONString(b []byte, s string) []byte {
-	q, _ := json.Marshal(s) // a string always marshals
-	return append(b, q...)
+// appendJSONString appends s as a JSON string, escaping only what JSON
+// requires (and U+2028, U+2029, which JavaScript source does not take in
+// a string); invalid UTF-8 becomes U+FFFD, as encoding/json writes it.
+// encoding/json also escapes <, > and & for HTML, six bytes for one: a
+// body of them made a response six times the record, built in three
+// copies.
+func appendJSONString[T ~string | ~[]byte](b []byte, s T) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRune([]byte(s[i:min(i+utf8.UTFMax, len(s))]))
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }

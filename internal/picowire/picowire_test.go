@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -246,5 +248,43 @@ func TestDecodeRecordLimit(t *testing.T) {
 				t.Fatalf("a batch of %d records: %v, want ErrTooManyRecords", MaxRecords+1, err)
 			}
 		})
+	}
+}
+
+// appendJSONString writes what encoding/json decodes back to the same
+// string as json.Marshal's, without escaping <, > and & for HTML: a body
+// of those made a read six times the record's size.
+func TestAppendJSONString(t *testing.T) {
+	cases := []string{
+		"", "plain", `quote " and \ backslash`, "new\nline\r\ttab", "\x00\x01\x1f\x7f",
+		"<script>&amp;</script>", "héllo wörld ✓ 𝄞", "line\u2028sep\u2029", "bad \xff utf8 \xc3", "\xed\xa0\x80 surrogate",
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 500 {
+		b := make([]byte, rng.IntN(40))
+		for i := range b {
+			b[i] = byte(rng.IntN(256))
+		}
+		cases = append(cases, string(b))
+	}
+	for _, s := range cases {
+		var got, want string
+		out := appendJSONString(nil, s)
+		if err := json.Unmarshal(out, &got); err != nil {
+			t.Fatalf("%q: wrote %q, not JSON: %v", s, out, err)
+		}
+		ref, _ := json.Marshal(s)
+		if err := json.Unmarshal(ref, &want); err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%q: decodes to %q, encoding/json's to %q", s, got, want)
+		}
+		if fromBytes := appendJSONString(nil, []byte(s)); !bytes.Equal(fromBytes, out) {
+			t.Errorf("%q: %q from bytes, %q from a string", s, fromBytes, out)
+		}
+	}
+	if out := appendJSONString(nil, strings.Repeat("<&>", 1000)); len(out) != 3002 {
+		t.Errorf("3,000 bytes of <&> wrote %d bytes, want 3,002", len(out))
 	}
 }
