@@ -181,7 +181,11 @@ func (m *subManager) newSub(ctx context.Context, root, id, base, key, hash strin
 		prefix := root + globLiteralPrefix(cfg.Pattern)
 		after := ""
 		for {
-			infos, more, err := m.eng.List(ctx, prefix, after, 1000)
+			// Judged by name before any stream is looked up: a pattern
+			// whose literal prefix is short (**/x at the root) lists
+			// every stream, and each it does not match cost a GET.
+			matches := func(name string) bool { return globMatch(cfg.Pattern, strings.TrimPrefix(name, root)) }
+			infos, more, err := m.eng.ListMatching(ctx, prefix, after, 1000, matches)
 			if err != nil {
 				return nil, fmt.Errorf("listing the streams the pattern matches: %w", err)
 			}

@@ -437,6 +437,39 @@ func TestListStreams(t *testing.T) {
 	}
 }
 
+// TestListMatchingLooksUpOnlyMatches: a listing filtered by name looks up
+// (a metadata GET each, for streams not in memory) only the names that
+// match, not every stream under the prefix.
+func TestListMatchingLooksUpOnlyMatches(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	first := startEngine(t, st, Config{})
+	for i := range 30 {
+		if _, _, err := first.Create(ctx, fmt.Sprintf("/a/s%02d", i), CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := startEngine(t, st, Config{})
+	var gets atomic.Int64
+	st.SetFail(func(op, key string) error {
+		if op == "GET" && strings.HasPrefix(key, metaPrefix) {
+			gets.Add(1)
+		}
+		return nil
+	})
+	defer st.SetFail(nil)
+	page, more, err := e.ListMatching(ctx, "/a/", "", 1000, func(name string) bool { return strings.HasSuffix(name, "7") })
+	if err != nil || more || len(page) != 3 || page[0].Name != "/a/s07" || page[2].Name != "/a/s27" {
+		t.Fatalf("page %+v %v %v, want /a/s07, /a/s17, /a/s27", page, more, err)
+	}
+	if n := gets.Load(); n != 3 {
+		t.Errorf("%d metadata GETs for 3 matches among 30 streams, want 3", n)
+	}
+}
+
 // TestListPrefixLongerThanAnyName: a prefix longer than MaxNameLength
 // matches no stream and is answered an empty page, on the local-directory
 // store too, which refused its key (over 1,024 bytes) as an error.

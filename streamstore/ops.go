@@ -1615,6 +1615,14 @@ func (e *Engine) Trim(ctx context.Context, name string, seq uint64) (Info, error
 // client continues after the last name it got, and an empty page gives it
 // none).
 func (e *Engine) List(ctx context.Context, prefix, startAfter string, limit int) ([]Info, bool, error) {
+	return e.ListMatching(ctx, prefix, startAfter, limit, nil)
+}
+
+// ListMatching is List of the streams whose names match also reports
+// true for (all, when match is nil). The names are judged before any
+// stream is looked up, so a listing that few names match costs the
+// metadata listings and the GETs of those few, not one per stream.
+func (e *Engine) ListMatching(ctx context.Context, prefix, startAfter string, limit int, match func(name string) bool) ([]Info, bool, error) {
 	if _, err := e.writer(); err != nil {
 		return nil, false, err
 	}
@@ -1636,7 +1644,7 @@ func (e *Engine) List(ctx context.Context, prefix, startAfter string, limit int)
 	}
 	var out []Info
 	for round := 1; ; round++ {
-		infos, last, more, err := e.listOnce(ctx, prefix, after, limit-len(out))
+		infos, last, more, err := e.listOnce(ctx, prefix, after, limit-len(out), match)
 		if err != nil {
 			return nil, false, err
 		}
@@ -1656,9 +1664,9 @@ func (e *Engine) List(ctx context.Context, prefix, startAfter string, limit int)
 const listRounds = 4
 
 // listOnce is one listing of up to limit metadata keys after the key
-// after: the live streams among them, the last key listed (to continue
-// from), and whether the store has more.
-func (e *Engine) listOnce(ctx context.Context, prefix, after string, limit int) ([]Info, string, bool, error) {
+// after: the live streams among them that match (nil: all), the last key
+// listed (to continue from), and whether the store has more.
+func (e *Engine) listOnce(ctx context.Context, prefix, after string, limit int, match func(string) bool) ([]Info, string, bool, error) {
 	objs, more, err := e.store.List(ctx, metaListPrefix(prefix), after, limit)
 	if err != nil {
 		return nil, "", false, fmt.Errorf("%w: list streams: %v", ErrUnavailable, err)
@@ -1675,7 +1683,7 @@ func (e *Engine) listOnce(ctx context.Context, prefix, after string, limit int) 
 	var firstErr error
 	for i, o := range objs {
 		name, err := nameFromMetaKey(o.Key)
-		if err != nil || !strings.HasPrefix(name, prefix) {
+		if err != nil || !strings.HasPrefix(name, prefix) || match != nil && !match(name) {
 			continue
 		}
 		wg.Add(1)
