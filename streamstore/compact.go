@@ -771,19 +771,15 @@ func (e *Engine) kickGC() {
 
 // gcLoop removes the data of deleted streams, as their tombstones say.
 func (e *Engine) gcLoop() {
+	skipped := false // the last pass did not run: the lease was not ours
 	for {
-		// Every few minutes, and when the next grave is due.
-		wait := 5 * time.Minute
-		if next := e.nextGrave.Load(); next != 0 {
-			wait = min(wait, max(time.Until(time.UnixMilli(next)), 0))
-		}
 		select {
 		case <-e.closing:
 			return
 		case <-e.gcKick:
-		case <-time.After(wait):
+		case <-time.After(gcWait(e.nextGrave.Load(), skipped, time.Now())):
 		}
-		if e.checkLease() != nil {
+		if skipped = e.checkLease() != nil; skipped {
 			// Replaced, or unable to renew: the owner collects.
 			continue
 		}
@@ -796,6 +792,22 @@ func (e *Engine) gcLoop() {
 		cancel()
 		e.sweepOrphansIfDue()
 	}
+}
+
+// gcWait is how long the collector waits for its next pass: a few
+// minutes, less when the next grave (nextGrave, Unix ms; 0: none) is due
+// sooner, but a minute after a pass skipped for want of the lease. Only a
+// pass removes a due grave, so one skipped would find it due again at once
+// and the loop would spin for as long as the lease stayed lost.
+func gcWait(nextGrave int64, skipped bool, now time.Time) time.Duration {
+	if skipped {
+		return time.Minute
+	}
+	wait := 5 * time.Minute
+	if nextGrave != 0 {
+		wait = min(wait, max(time.UnixMilli(nextGrave).Sub(now), 0))
+	}
+	return wait
 }
 
 // errTombstoneGone says a tombstone listed a moment ago is gone: another

@@ -168,3 +168,28 @@ func TestIdleCompactionMakesNoRequests(t *testing.T) {
 		t.Errorf("the compaction after an append made %v; want a manifest PUT among them", got)
 	}
 }
+
+// The collector waits a few minutes, less for a grave due sooner, but a
+// minute after a pass it skipped for want of the lease: only a pass removes
+// a due grave, so with the lease lost the wait for one already due was 0,
+// again and again, and the loop spun a core until the process ended.
+func TestGCWait(t *testing.T) {
+	now := time.UnixMilli(1_000_000)
+	for _, tc := range []struct {
+		name      string
+		nextGrave int64
+		skipped   bool
+		want      time.Duration
+	}{
+		{"no grave", 0, false, 5 * time.Minute},
+		{"a grave due in 30s", now.Add(30 * time.Second).UnixMilli(), false, 30 * time.Second},
+		{"a grave due in an hour", now.Add(time.Hour).UnixMilli(), false, 5 * time.Minute},
+		{"a grave overdue", now.Add(-time.Hour).UnixMilli(), false, 0},
+		{"a grave overdue, the last pass skipped", now.Add(-time.Hour).UnixMilli(), true, time.Minute},
+		{"no grave, the last pass skipped", 0, true, time.Minute},
+	} {
+		if got := gcWait(tc.nextGrave, tc.skipped, now); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
