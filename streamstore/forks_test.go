@@ -1047,7 +1047,8 @@ func TestForkRepeatWalksTheRecordsTheForkHolds(t *testing.T) {
 // sub-offset spelt otherwise than the point it resolved to reads the
 // source's records to judge it. When that read failed, the repeat was
 // ErrConflict, telling the client its own fork conflicts with it; it is
-// now ErrUnavailable, and confirmed once the read goes through.
+// now ErrUnavailable, and confirmed once the read goes through; one that
+// differs otherwise is ErrConflict without a read.
 func TestForkRepeatWhoseSourceReadFails(t *testing.T) {
 	ctx := context.Background()
 	st := newHookedStore()
@@ -1077,6 +1078,10 @@ func TestForkRepeatWhoseSourceReadFails(t *testing.T) {
 	repeat := asked
 	if _, _, err := again.Create(ctx, "/f", CreateRequest{Fork: &repeat}); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("repeat while the source's records cannot be read: %v, want ErrUnavailable", err)
+	}
+	// One that differs otherwise conflicts whatever its point: no read.
+	if _, _, err := again.Create(ctx, "/f", CreateRequest{Fork: &repeat, ContentType: "application/json"}); !errors.Is(err, ErrConflict) {
+		t.Errorf("repeat with another content type while the source's records cannot be read: %v, want ErrConflict", err)
 	}
 	st.setHook(nil)
 	if _, created, err := again.Create(ctx, "/f", CreateRequest{Fork: &repeat}); err != nil || created {

@@ -59,8 +59,15 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 		s.mu.Lock()
 		deleted, expired := s.meta.Deleted, s.expiredLocked(time.Now())
 		if !deleted && !expired {
-			fork := s.meta.Fork
+			// Judged on all but the point first: a conflict that any
+			// point makes is one without reading the source.
+			fork, otherwise := s.meta.Fork, !sameConfig(s, req, true)
 			s.mu.Unlock()
+			if otherwise {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				return s.info(), false, ErrConflict
+			}
 			// A fork create repeated with its point spelt another way
 			// resolves it in the source: reads, done without s.mu, which
 			// commits of the fork's entries wait for. The name lock keeps
