@@ -290,6 +290,12 @@ func (s *subState) streamGone(p string, l *subLink) {
 	case l.Explicit:
 	case s.Holder == "" && (s.WakeID == "" || !offered):
 		delete(s.Links, p)
+		if s.WakeID != "" {
+			// A webhook's worker may have seen the link in a GET of the
+			// subscription: its ack of it moves nothing, and is no
+			// reason to refuse the rest of the ack (or its done).
+			s.noteRemoved(p)
+		}
 	default:
 		l.Gone = true
 	}

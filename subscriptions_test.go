@@ -1135,3 +1135,42 @@ func TestWakeStreamProblem(t *testing.T) {
 		}
 	}
 }
+
+// A glob link whose stream is deleted during a wake that was not sent with
+// it goes (no worker was offered it), but a worker's ack of it still
+// passes as one that moves nothing: a webhook's worker may have seen the
+// link in a GET of the subscription, and a refused ack refuses its done
+// too. One the wake was sent with stays, gone, until the wake ends.
+func TestStreamGoneDuringAWake(t *testing.T) {
+	newSub := func() *subState {
+		return &subState{ID: "h", Config: subConfig{Type: "webhook", Pattern: "tmp/*"}, WakeID: "w1", Generation: 3,
+			Snapshot: map[string]uint64{"tmp/sent": 1},
+			Links: map[string]*subLink{
+				"tmp/sent":  {Glob: true, Acked: 0, Tail: 1, Stream: "s1"},
+				"tmp/later": {Glob: true, Acked: 0, Tail: 2, Stream: "s2"},
+			}}
+	}
+	off := position{seq: 1}.String()
+	for _, tc := range []struct {
+		path     string
+		kept     bool
+		ackMoves bool
+	}{
+		{"tmp/sent", true, false},
+		{"tmp/later", false, false},
+	} {
+		s := newSub()
+		s.streamGone(tc.path, s.Links[tc.path])
+		l, kept := s.Links[tc.path]
+		if kept != tc.kept || kept && !l.Gone {
+			t.Errorf("%s: link %+v kept %v, want kept (gone) %v", tc.path, l, kept, tc.kept)
+		}
+		got, _, msg := s.ackProblem(tc.path, off)
+		if msg != "" {
+			t.Errorf("%s: an ack of the deleted stream's link is refused: %s", tc.path, msg)
+		}
+		if got != nil && got.ResetGen != s.Generation {
+			t.Errorf("%s: the ack would move link %+v", tc.path, got)
+		}
+	}
+}
