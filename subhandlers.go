@@ -189,11 +189,9 @@ func (m *subManager) newSub(ctx context.Context, root, id, base, key, hash strin
 			if err != nil {
 				return nil, fmt.Errorf("listing the streams the pattern matches: %w", err)
 			}
-			for _, in := range infos {
+			for _, in := range infos { // each matches: the listing judged it
 				rel := strings.TrimPrefix(in.Name, root)
-				if globMatch(cfg.Pattern, rel) {
-					links[rel] = &subLink{Glob: true, Acked: in.NextSeq, Tail: in.NextSeq, Stream: in.ID}
-				}
+				links[rel] = &subLink{Glob: true, Acked: in.NextSeq, Tail: in.NextSeq, Stream: in.ID}
 				after = in.Name
 				if len(links) > limit {
 					return nil, fmt.Errorf("%w: the pattern matches more than %d streams, and a subscription links at most %d (explicit and matched by its pattern together)", errTooManyLinks, limit, limit)
