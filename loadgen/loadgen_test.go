@@ -879,6 +879,21 @@ func TestRunSSEAppendErrorsInWindow(t *testing.T) {
 	}
 }
 
+// The subscribers' failures count inside the window only, as the writer's
+// do: a feed refused all run long shows the window's share of failures, not
+// the warm-up's and the grace period's too.
+func TestRunSSESubscriberErrorsInWindow(t *testing.T) {
+	f, srv := newFake(t)
+	f.failSSE = true
+	res := run(t, Config{URL: srv.URL + "/", Mode: ModeSSE, Writers: 1, Streams: 1, Size: 64, ContentType: "text/plain",
+		Create: true, Subscribers: 1, Rate: 20, Warmup: time.Second, Duration: time.Second, Timeout: time.Second})
+	// One subscriber pausing 200ms after each failure: about 5 in the
+	// window, about 15 over warm-up, window and grace period.
+	if res.Errors == 0 || res.Errors > 8 {
+		t.Errorf("errors %d; want about 5 (the window's failed feeds), none of the warm-up's or the grace period's", res.Errors)
+	}
+}
+
 func TestRunRead(t *testing.T) {
 	f, srv := newFake(t)
 	f.maxChunk = 1000

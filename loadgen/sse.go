@@ -38,7 +38,8 @@ type subscriber struct {
 	ready  func()       // called once, after the first connection attempt
 	raw    bool         // read the feed by hand (plain http://)
 	poller *poller      // reads the feed when raw; nil: its own goroutine does
-	errs   atomic.Int64
+	win    *sseWindow   // the measured window, for counting errors in it
+	errs   atomic.Int64 // errors inside the window
 
 	// The event being parsed.
 	b64       bool // data arrives base64-encoded
@@ -47,6 +48,16 @@ type subscriber struct {
 	lines     int
 	line      []byte // a line split across reads
 	errMsg    errorSamples
+}
+
+// sseWindow is the run's measured window, in Unix nanoseconds, set once the
+// subscribers have connected (0 until then).
+type sseWindow struct{ start, end atomic.Int64 }
+
+// holds says whether t falls inside the window.
+func (w *sseWindow) holds(t time.Time) bool {
+	start := w.start.Load()
+	return start != 0 && t.UnixNano() >= start && t.UnixNano() <= w.end.Load()
 }
 
 // runSSE: --subscribers SSE readers follow stream prefix+"0" from its tail
@@ -77,6 +88,7 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 	subCtx, stopSubs := context.WithCancel(ctx)
 	defer stopSubs()
 	subs := make([]*subscriber, cfg.Subscribers)
+	win := new(sseWindow)
 	var ready, running sync.WaitGroup
 	ready.Add(len(subs))
 	connecting := make(chan struct{}, 200) // bounds the connection storm
@@ -98,7 +110,7 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 		}
 	}
 	for i := range subs {
-		s := &subscriber{r: r, url: streamURL, base: base, next: tail, maxSeq: maxSeq, raw: raw, pico: cfg.Protocol == ProtocolPico}
+		s := &subscriber{r: r, url: streamURL, base: base, next: tail, maxSeq: maxSeq, raw: raw, pico: cfg.Protocol == ProtocolPico, win: win}
 		if len(pollers) > 0 {
 			s.poller = pollers[i%len(pollers)]
 		}
@@ -120,6 +132,8 @@ func (r *runner) runSSE(ctx context.Context) (*Result, error) {
 	t0 := time.Now()
 	winStart := t0.Add(cfg.Warmup)
 	winEnd := winStart.Add(cfg.Duration)
+	win.end.Store(winEnd.UnixNano())
+	win.start.Store(winStart.UnixNano())
 	var acks []uint32
 	var inWindow []bool
 	var acked atomic.Int64
@@ -309,9 +323,14 @@ func (s *subscriber) run(ctx context.Context) {
 			return
 		}
 		if err != nil {
-			s.errs.Add(1)
-			s.r.errs.Add(1) // the progress line's count, as the summary's includes it
-			s.errMsg.add("subscriber: " + err.Error())
+			s.r.errs.Add(1) // the progress line's count, which runs from the start
+			// Counted as the writer's failures are, inside the window
+			// only: the connection storm and the warm-up are not the
+			// measured run.
+			if s.win == nil || s.win.holds(time.Now()) {
+				s.errs.Add(1)
+				s.errMsg.add("subscriber: " + err.Error())
+			}
 			select {
 			case <-ctx.Done():
 			case <-time.After(200 * time.Millisecond):
