@@ -139,7 +139,7 @@ type storageCollector struct {
 	folds, packed, repacked                   *prometheus.Desc
 	packsWritten, packsLive                   *prometheus.Desc
 	streamsInMemory, orphanBlobs              *prometheus.Desc
-	damagedWAL, open                          *prometheus.Desc
+	damagedWAL, damagedObjects, open          *prometheus.Desc
 	subLinksRefused                           *prometheus.Desc
 }
 
@@ -195,6 +195,8 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 			"Blobs of large appends that never committed (their node died between the blob and its WAL entry) that the sweep after a start deleted."),
 		damagedWAL: desc("wal_damaged_entries_total",
 			"Committed WAL entries found failing their checksum or framing when read back (each counted once): their streams are not compacted past them, the WAL is not retired past them, and reads of their records answer 500 until the object is restored."),
+		damagedObjects: desc("damaged_objects_total",
+			"Data objects, blobs and metadata objects found failing to decode, or data objects missing where a stream's records must be (each counted once): reads that need them answer 500 until the object is restored."),
 		packsLive: desc("packs_live",
 			"Packs that some stream still reads: listed in the manifest, read by a replay."),
 		streamsInMemory: desc("streams_in_memory",
@@ -215,7 +217,7 @@ func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.appends, c.records, c.bytes, c.flushes, c.aborted,
 		c.cacheHits, c.cacheMisses, c.buffersReused, c.expired, c.requests, c.uploads, c.subscribers, c.busy, c.pending,
 		c.folds, c.packed, c.repacked, c.packsWritten, c.packsLive, c.streamsInMemory, c.orphanBlobs,
-		c.damagedWAL, c.open, c.subLinksRefused,
+		c.damagedWAL, c.damagedObjects, c.open, c.subLinksRefused,
 	} {
 		ch <- d
 	}
@@ -250,6 +252,7 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.packsWritten, es.PacksWritten)
 	counter(c.orphanBlobs, es.OrphanBlobsDeleted)
 	counter(c.damagedWAL, es.DamagedWALEntries)
+	counter(c.damagedObjects, es.DamagedObjects)
 	counter(c.subLinksRefused, c.metrics.subLinksRefused.Load())
 	ch <- prometheus.MustNewConstMetric(c.packsLive, prometheus.GaugeValue, float64(es.LivePacks))
 	ch <- prometheus.MustNewConstMetric(c.streamsInMemory, prometheus.GaugeValue, float64(es.StreamsInMemory))

@@ -248,10 +248,12 @@ var (
 	ErrBusy = errors.New("too many appends are waiting for storage")
 	// ErrShuttingDown is returned by waits when the engine or the server is stopping.
 	ErrShuttingDown = errors.New("shutting down")
-	// ErrDamaged means records this node acknowledged are in an object of
-	// the bucket that fails its checksum or framing (bit rot, a truncated
-	// file): a retry does not help, and the records are not served until
-	// the object is restored. It always comes with segment.ErrCorrupt.
+	// ErrDamaged means records this node acknowledged, or a stream's
+	// metadata, are in an object of the bucket that fails its checksum or
+	// framing (bit rot, a truncated file), or a data object the stream's
+	// records need is missing: a retry does not help, and they are not
+	// served until the object is restored. It always comes with
+	// segment.ErrCorrupt.
 	ErrDamaged = errors.New("stored records are damaged")
 )
 

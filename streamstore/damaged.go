@@ -44,17 +44,7 @@ func isDamage(err error) bool { return errors.Is(err, segment.ErrCorrupt) }
 // damaged reports that run r of the stream called name failed to decode
 // (cause), logging it the first time, and returns the error its readers get.
 func (e *Engine) damaged(name string, r walRun, cause error) error {
-	key := runCacheKey(r.key, r.span)
-	e.damage.mu.Lock()
-	first := !e.damage.seen[key]
-	if first {
-		if e.damage.seen == nil {
-			e.damage.seen = map[string]bool{}
-		}
-		e.damage.seen[key] = true
-	}
-	e.damage.mu.Unlock()
-	if first {
+	if e.damage.first(runCacheKey(r.key, r.span)) {
 		e.stats.damagedWAL.Add(1)
 		e.log.Error("WAL entry damaged: the stream is not compacted past it and its records there cannot be read; "+
 			"restore the object from a copy; do not delete it (a replay stops at a missing WAL object, dropping everything after it)",
@@ -63,6 +53,36 @@ func (e *Engine) damaged(name string, r walRun, cause error) error {
 			zap.Uint64("first_seq", r.ch.First), zap.Uint64("end_seq", r.ch.End), zap.Error(cause))
 	}
 	return fmt.Errorf("%w: records [%d, %d) of %s in WAL object %s: %w", ErrDamaged, r.ch.First, r.ch.End, name, r.key, cause)
+}
+
+// damagedObject reports that object key, which stream name's reads need,
+// failed to decode or is missing (cause wraps segment.ErrCorrupt), logging
+// it the first time, and returns the error its readers get. Unlike a
+// damaged WAL entry, nothing else holds back for it: a data object, blob or
+// metadata object is read only by the requests that need it, which get a
+// 500 naming it (and no log line each) until it is restored.
+func (e *Engine) damagedObject(name, key string, cause error) error {
+	if e.damage.first("object " + key) {
+		e.stats.damagedObjs.Add(1)
+		e.log.Error("stored object damaged: reads of the stream that need it fail until it is restored from a copy",
+			zap.String("stream", name), zap.String("object", key), zap.Error(cause))
+	}
+	return fmt.Errorf("%w: object %s of %s: %w", ErrDamaged, key, name, cause)
+}
+
+// first records damage found at key (a run cache key, or an object's), and
+// says whether it is the first time.
+func (l *damageLog) first(key string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen[key] {
+		return false
+	}
+	if l.seen == nil {
+		l.seen = map[string]bool{}
+	}
+	l.seen[key] = true
+	return true
 }
 
 // forget drops the entry of run key from those logged, once it reads back

@@ -448,3 +448,97 @@ func TestRestoredWALObjectIsPickedUpAgain(t *testing.T) {
 		t.Errorf("%d logs of the restore; want 1", n)
 	}
 }
+
+// A damaged data object, a data object gone from where the stream's
+// records must be, or damaged metadata is ErrDamaged naming the object,
+// logged and counted once however many reads meet it, and a read from
+// before the damage still gets the records there. Before, each was a plain
+// segment.ErrCorrupt, which the handlers answered with a bare 500 and an
+// error log line per request.
+func TestDamagedObjectsAreErrDamaged(t *testing.T) {
+	tests := []struct {
+		name   string
+		damage func(t *testing.T, st *memstore.Store) string // returns the key named
+	}{
+		{"data object bit flip", func(t *testing.T, st *memstore.Store) string {
+			key := st.Keys("data/")[1]
+			data, _, err := st.Get(context.Background(), key, 0, -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data = slices.Clone(data)
+			data[len(data)-2] ^= 0x40
+			if _, err := st.Put(context.Background(), key, data, segment.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			return key
+		}},
+		{"data object gone", func(t *testing.T, st *memstore.Store) string {
+			key := st.Keys("data/")[1]
+			if err := st.Delete(context.Background(), []string{key}); err != nil {
+				t.Fatal(err)
+			}
+			return "data/"
+		}},
+		{"metadata", func(t *testing.T, st *memstore.Store) string {
+			if _, err := st.Put(context.Background(), metaKey("/s"), []byte(`{"version":1,`), segment.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			return metaKey("/s")
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			e := New(st, testConfig(Config{}), zap.NewNop())
+			if err := e.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			setPackBelow(e, 0) // every compaction folds into data objects
+			if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+				t.Fatal(err)
+			}
+			for _, body := range []string{"r0", "r1"} {
+				mustAppend(t, e, "/s", AppendRequest{Records: recs(body)})
+				if err := e.Compact(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if keys := st.Keys("data/"); len(keys) != 2 {
+				t.Fatalf("data objects %v; want one per compacted append", keys)
+			}
+			if err := e.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			key := tt.damage(t, st)
+
+			core, logs := observer.New(zap.ErrorLevel)
+			e = New(st, testConfig(Config{}), zap.New(core))
+			if err := e.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = e.Close(context.Background()) })
+			for range 3 {
+				_, err := e.Read(ctx, "/s", ReadRequest{Seq: 1})
+				if !errors.Is(err, ErrDamaged) || !errors.Is(err, segment.ErrCorrupt) || !strings.Contains(err.Error(), key) {
+					t.Fatalf("a read of the damage answered %v; want ErrDamaged naming %s", err, key)
+				}
+			}
+			if key != metaKey("/s") {
+				if got := readAll(t, e, "/s"); !slices.Equal(got, []string{"r0"}) {
+					t.Errorf("a read from the start returned %q; want the record before the damage", got)
+				}
+			}
+			if n := logs.FilterMessageSnippet("damaged").Len(); n != 1 {
+				t.Errorf("%d error logs of the damage; want 1: %v", n, logs.All())
+			}
+			if n := logs.Len(); n != 1 {
+				t.Errorf("%d error logs; want 1: %v", n, logs.All())
+			}
+			if got := e.Stats().DamagedObjects; got != 1 {
+				t.Errorf("DamagedObjects = %d; want 1", got)
+			}
+		})
+	}
+}

@@ -1128,7 +1128,7 @@ func (e *Engine) loadMeta(ctx context.Context, name string) (*stream, error) {
 	}
 	m, err := decodeMeta(data)
 	if err != nil {
-		return nil, err
+		return nil, e.damagedObject(name, metaKey(name), err)
 	}
 	return newStream(name, m, etag), nil
 }

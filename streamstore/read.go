@@ -317,6 +317,9 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 				// the data index finds them.
 				return e.dataRecords(ctx, s, id, seq)
 			}
+			if isDamage(err) {
+				return nil, nil, e.damagedObject(s.name, blobKey(id, r.blob), err)
+			}
 			if err != nil {
 				return nil, nil, err
 			}
@@ -432,6 +435,9 @@ func sameObjectRuns(runs []walRun, seq uint64) []walRun {
 func (e *Engine) dataRecords(ctx context.Context, s *stream, id string, seq uint64) ([]Record, *objBuf, error) {
 	for attempt := 0; ; attempt++ {
 		sp, next, err := e.dataSpanAt(ctx, s, id, seq)
+		if isDamage(err) {
+			return nil, nil, e.damagedObject(s.name, dataPrefix(id), err)
+		}
 		if err != nil {
 			return nil, nil, err
 		}
@@ -451,7 +457,10 @@ func (e *Engine) dataRecords(ctx context.Context, s *stream, id string, seq uint
 			continue
 		}
 		if errors.Is(err, segment.ErrNotFound) {
-			return nil, nil, fmt.Errorf("%w: data object %s is gone", segment.ErrCorrupt, sp.key)
+			err = fmt.Errorf("%w: data object %s is gone", segment.ErrCorrupt, sp.key)
+		}
+		if isDamage(err) {
+			return nil, nil, e.damagedObject(s.name, sp.key, err)
 		}
 		return recs, buf, err
 	}

@@ -25,6 +25,7 @@ type Stats struct {
 	packsLive    atomic.Int64  // packs listed, or about to be, in the manifest
 	orphanBlobs  atomic.Int64  // blobs deleted for no entry naming them (orphans.go)
 	damagedWAL   atomic.Uint64 // distinct WAL entries found damaged (damaged.go)
+	damagedObjs  atomic.Uint64 // distinct data objects, blobs, metadata found damaged
 }
 
 // StatsSnapshot is Stats read at one moment.
@@ -76,6 +77,11 @@ type StatsSnapshot struct {
 	// once): their streams are not compacted past them, and reads of their
 	// records fail with ErrDamaged.
 	DamagedWALEntries uint64
+	// DamagedObjects is how many data objects, blobs and metadata objects
+	// this process found failing to decode (or missing where a stream's
+	// records must be), each once: reads that need them fail with
+	// ErrDamaged.
+	DamagedObjects uint64
 	// StreamsInMemory is a gauge: the stream handles held now, which are
 	// the streams used within Config.IdleAfter and those whose records
 	// wait for a compaction; an idle node holds none.
@@ -107,6 +113,7 @@ func (e *Engine) Stats() StatsSnapshot {
 
 		OrphanBlobsDeleted: uint64(s.orphanBlobs.Load()),
 		DamagedWALEntries:  s.damagedWAL.Load(),
+		DamagedObjects:     s.damagedObjs.Load(),
 	}
 	if w := e.statsW.Load(); w != nil {
 		snap.PendingBytes = uint64(w.Pending())

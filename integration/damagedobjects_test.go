@@ -1,0 +1,115 @@
+package integration
+
+import (
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDamagedObjectsAnswer500NamingThem: a compacted data object whose
+// bytes rot in the bucket, and a stream's metadata object cut short, are
+// answered as a damaged WAL entry is: a 500 whose reason names the object,
+// one error log line and one count in
+// picomq_damaged_objects_total however many reads meet it, and the
+// records before the damage still read. Before, each was a bare
+// "internal error" 500 with an error log line per request.
+func TestDamagedObjectsAnswer500NamingThem(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"pack_below off", "compact_interval 200ms"}})
+	const ct = "text/plain"
+	const data, meta = "/dmgobj/data", "/dmgobj/meta"
+	e.create(data, ct)
+	e.create(meta, ct)
+	e.append(meta, ct, []byte("m0;"))
+	// Two compactions: a data object for each record.
+	for _, body := range []string{"d0;", "d1;"} {
+		e.append(data, ct, []byte(body))
+		if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+			if wal := e.mustList("wal/"); len(wal) > 0 {
+				return fmt.Errorf("WAL objects %v", wal)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("the WAL was not retired: %v", err)
+		}
+	}
+	// The WAL is retired: a restart replays nothing, and the records are
+	// in the data objects only.
+	if err := e.caddy.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	// The data object of d1;: the second of the stream with two (a
+	// stream's keys sort by their records' seqs).
+	byStream := map[string][]string{}
+	for _, o := range e.mustList("data/") {
+		id := strings.Split(o.Key, "/")[1]
+		byStream[id] = append(byStream[id], o.Key)
+	}
+	dataKey := ""
+	for _, keys := range byStream {
+		if len(keys) == 2 {
+			dataKey = keys[1]
+		}
+	}
+	if dataKey == "" {
+		t.Fatalf("data objects %v; want two of %s, one per compacted append", byStream, data)
+	}
+	obj, err := e.get(dataKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj[len(obj)-2] ^= 0x40
+	fhPutRaw(t, e, dataKey, obj)
+	metaKey := "streams/" + hex.EncodeToString([]byte(meta)) + ".m"
+	m, err := e.get(metaKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fhPutRaw(t, e, metaKey, m[:len(m)/2])
+	// A restart: nothing of either is in memory any more.
+	if err := e.caddy.TryRestart(); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+
+	resp := e.must(fhReq{Method: http.MethodGet, Path: data + "?offset=-1"})
+	next := resp.Header.Get("Stream-Next-Offset")
+	if resp.Status != http.StatusOK || string(resp.Body) != "d0;" || resp.Header.Get("Stream-Up-To-Date") == "true" {
+		t.Fatalf("a read of %s from the start: %s; want the record before the damage", data, resp)
+	}
+	for _, tt := range []struct {
+		name, path, key string
+	}{
+		{"data object, Durable Streams", data + "?offset=" + url.QueryEscape(next), dataKey},
+		{"data object, again", data + "?offset=" + url.QueryEscape(next), dataKey},
+		{"metadata, Durable Streams", meta + "?offset=-1", metaKey},
+		{"metadata, again", meta + "?offset=-1", metaKey},
+	} {
+		resp := e.must(fhReq{Method: http.MethodGet, Path: tt.path})
+		if resp.Status != http.StatusInternalServerError || !strings.Contains(string(resp.Body), "damaged") ||
+			!strings.Contains(string(resp.Body), tt.key) {
+			t.Errorf("%s: %s; want 500 naming the damage and %s", tt.name, resp, tt.key)
+		}
+	}
+	t.Logf("a read of the damaged data object: %s", e.must(fhReq{Method: http.MethodGet, Path: data + "?offset=" + url.QueryEscape(next)}))
+
+	logs := e.caddy.Logs()
+	if n := strings.Count(logs, "stored object damaged"); n != 2 {
+		t.Errorf("%d log lines of damaged objects; want 2 (one per object)", n)
+	}
+	if n := strings.Count(logs, "request failed"); n != 0 {
+		t.Errorf("%d \"request failed\" log lines; want none", n)
+	}
+	metrics, err := mGet(e.caddy.AdminAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := metrics.sum("picomq_damaged_objects_total"); got != 2 {
+		t.Errorf("picomq_damaged_objects_total = %v, want 2", got)
+	}
+}
