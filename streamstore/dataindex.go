@@ -260,7 +260,18 @@ func (e *Engine) fetchData(ctx context.Context, key string) ([]Record, *objBuf, 
 		e.fetchMu.Unlock()
 		return recs, buf, nil
 	}
+	// The GET is no one reader's: it runs on the engine's context, and
+	// this caller waits for it as a reader joining it would, so that one
+	// leaving (its client went away) does not fail the others that joined.
 	c := e.newFetchLocked(key)
+	c.waiters++
+	e.fetchMu.Unlock()
+	if e.goBG(func() { _ = e.fetchDetached(key, c, 0) }) {
+		return e.joinFetch(ctx, key, c)
+	}
+	// Closing: no new background work; the caller runs it as before.
+	e.fetchMu.Lock()
+	c.waiters--
 	e.fetchMu.Unlock()
 	return e.runFetch(ctx, key, c)
 }
@@ -442,7 +453,7 @@ func (e *Engine) readAheadWorker(s *stream, ra *readAheadState) {
 		s.mu.Unlock()
 		var err error
 		if c != nil {
-			err = e.fetchAhead(sp.key, c)
+			err = e.fetchDetached(sp.key, c, readAheadTimeout)
 		}
 		e.fetchMu.Lock()
 		e.aheadBytes -= sp.size
@@ -501,11 +512,21 @@ func (r *readAheadState) passed(sp dataSpan) bool {
 	return readers
 }
 
-// fetchAhead runs c, a read-ahead's fetch of key into the cache. It is
-// bounded and ended by Close, but not cut short when the queue is dropped:
-// a reader may be waiting on it and must get its outcome.
-func (e *Engine) fetchAhead(key string, c *fetchCall) error {
-	ctx, cancel := context.WithTimeout(e.bgCtx, 30*time.Second)
+// readAheadTimeout bounds a read-ahead's GET, which no reader asked for
+// yet: a reader's own GET is bounded by the store's attempts alone, as a
+// large object on a slow link may need longer.
+const readAheadTimeout = 30 * time.Second
+
+// fetchDetached runs c, a fetch of key into the cache that no caller owns
+// (a read-ahead's, or one a reader's miss started), within limit (0: the
+// store's own timeouts only). It is ended by Close, but not cut short when
+// the read-ahead queue is dropped or the reader that started it leaves:
+// others may be waiting on it and must get its outcome.
+func (e *Engine) fetchDetached(key string, c *fetchCall, limit time.Duration) error {
+	ctx, cancel := e.bgCtx, context.CancelFunc(func() {})
+	if limit > 0 {
+		ctx, cancel = context.WithTimeout(ctx, limit)
+	}
 	defer cancel()
 	_, buf, err := e.runFetch(ctx, key, c)
 	buf.release()

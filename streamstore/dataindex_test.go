@@ -2,7 +2,9 @@ package streamstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -645,5 +647,92 @@ func TestReadAheadSkipsObjectsTheCacheCannotHold(t *testing.T) {
 	t.Logf("%d reads of %d objects the cache cannot hold: %d GETs, at most %d of one object", reads, objects, gets, most)
 	if gets > reads {
 		t.Errorf("%d GETs for %d reads: objects were read ahead for nothing", gets, reads)
+	}
+}
+
+// gatedGets holds every GET of a key under prefix until open is closed or
+// the GET's context ends, as a slow bucket would; started gets one value
+// per GET held.
+type gatedGets struct {
+	*memstore.Store
+	prefix  string
+	open    chan struct{}
+	started chan string
+}
+
+func (g *gatedGets) Get(ctx context.Context, key string, off, n int64) ([]byte, string, error) {
+	if strings.HasPrefix(key, g.prefix) {
+		g.started <- key
+		select {
+		case <-g.open:
+		case <-ctx.Done():
+			return nil, "", ctx.Err()
+		}
+	}
+	return g.Store.Get(ctx, key, off, n)
+}
+
+// Readers that join a cold object's GET get the object when the reader
+// whose miss started the GET leaves (its client went away) before it
+// lands: the GET is no one reader's. It ran on the first reader's context,
+// so every reader joined to it failed with that reader's cancellation.
+func TestFetchOutlivesTheReaderThatStartedIt(t *testing.T) {
+	st := memstore.New()
+	writeObjects(t, startEngine(t, st, Config{}), "/shared", 1)
+	g := &gatedGets{Store: st, prefix: "data/", open: make(chan struct{}), started: make(chan string, 4)}
+	e := startEngine(t, g, Config{})
+	info, err := e.Head(context.Background(), "/shared")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := dataKey(info.ID, 0, 2)
+
+	first, leave := context.WithCancel(context.Background())
+	firstDone := make(chan error, 1)
+	go func() {
+		_, buf, err := e.fetchData(first, key)
+		buf.release()
+		firstDone <- err
+	}()
+	<-g.started
+	type result struct {
+		recs []Record
+		err  error
+	}
+	second := make(chan result, 1)
+	go func() {
+		recs, buf, err := e.fetchData(context.Background(), key)
+		if err == nil {
+			recs = slices.Clone(recs)
+		}
+		buf.release()
+		second <- result{recs, err}
+	}()
+	// The second reader has joined the GET in flight.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		e.fetchMu.Lock()
+		c := e.fetching[key]
+		joined := c != nil && c.waiters > 0
+		e.fetchMu.Unlock()
+		if joined {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second reader did not join the GET in flight")
+		}
+	}
+	leave()
+	if err := <-firstDone; !errors.Is(err, context.Canceled) {
+		t.Errorf("the reader that left got %v; want its own cancellation", err)
+	}
+	close(g.open)
+	got := <-second
+	if got.err != nil || len(got.recs) != 2 {
+		t.Fatalf("the reader still waiting got %d records, %v; want the object", len(got.recs), got.err)
+	}
+	select {
+	case k := <-g.started:
+		t.Errorf("a second GET of %s; want the one GET shared", k)
+	default:
 	}
 }
