@@ -36,10 +36,12 @@ func (s *readOnlyStore) Put(ctx context.Context, key string, data []byte, opts s
 	return s.Store.Put(ctx, key, data, opts)
 }
 
-// An append to a file:// storage that turned read-only is answered 503 at
-// once, not after the append timeout, and the warning logged for it names
-// the cause; once the storage takes writes again, appends succeed.
-func TestAppendToReadOnlyStorageFailsFast(t *testing.T) {
+// readOnlyServer serves the Durable Streams protocol on an engine over a
+// file:// store that refuses writes while its refuse is set, and returns
+// the store, a request to /s (Content-Type text/plain), the warnings logged
+// and the store's folder.
+func readOnlyServer(t *testing.T) (*readOnlyStore, func(method, body string) (int, string), *observer.ObservedLogs, string) {
+	t.Helper()
 	dir := t.TempDir()
 	inner, err := segment.Open("file://"+dir, segment.OpenOptions{})
 	if err != nil {
@@ -70,6 +72,14 @@ func TestAppendToReadOnlyStorageFailsFast(t *testing.T) {
 		b, _ := io.ReadAll(res.Body)
 		return res.StatusCode, string(b)
 	}
+	return store, do, logs, dir
+}
+
+// An append to a file:// storage that turned read-only is answered 503 at
+// once, not after the append timeout, and the warning logged for it names
+// the cause; once the storage takes writes again, appends succeed.
+func TestAppendToReadOnlyStorageFailsFast(t *testing.T) {
+	store, do, logs, dir := readOnlyServer(t)
 	if code, body := do(http.MethodPut, "a"); code != http.StatusCreated {
 		t.Fatalf("create: %d %s", code, body)
 	}
@@ -109,5 +119,23 @@ func TestAppendToReadOnlyStorageFailsFast(t *testing.T) {
 	}
 	if code != http.StatusNoContent && code != http.StatusOK {
 		t.Fatalf("append once writable again: %d %s", code, body)
+	}
+}
+
+// An append large enough to go to a blob of its own (256 KiB and more) is
+// refused as any other by storage that turned read-only: the 503 names the
+// refusal, as a small append's does, rather than saying the storage is
+// unavailable.
+func TestBlobAppendToReadOnlyStorageNamesTheRefusal(t *testing.T) {
+	store, do, _, dir := readOnlyServer(t)
+	if code, body := do(http.MethodPut, ""); code != http.StatusCreated {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	store.refuse.Store(true)
+	t.Cleanup(func() { store.refuse.Store(false) }) // before the engine closes
+	code, body := do(http.MethodPost, strings.Repeat("x", 300<<10))
+	const want = "storage refuses writes: read-only file system"
+	if code != http.StatusServiceUnavailable || !strings.HasPrefix(body, want) || strings.Contains(body, dir) {
+		t.Fatalf("a 300 KiB append on read-only storage: %d %q, want 503 beginning %q and naming no path", code, body, want)
 	}
 }

@@ -142,3 +142,32 @@ func TestRefusedAppendNamesTheCause(t *testing.T) {
 		t.Errorf(`%d "write not confirmed in time" warnings for appends the bucket refused`, n)
 	}
 }
+
+// TestRefusedBlobAppendNamesTheCause: an append large enough for a blob of
+// its own (256 KiB and more) that the bucket refuses for good is answered
+// as a small one is, with a 503 naming the refusal and saying nothing was
+// written, and nothing of it is read back. It said "storage unavailable",
+// as if the bucket had only been slow.
+func TestRefusedBlobAppendNamesTheCause(t *testing.T) {
+	const text = "text/plain"
+	e := picoStart(t, []string{"s3_timeout 30s", "compact_interval 1h"}, nil)
+	const path = "/ds/why/blob"
+	picoWant(t, "create", picoDo(e, http.MethodPut, path, nil, "Content-Type", text), http.StatusCreated)
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/blob/", Status: http.StatusForbidden})
+	r := picoDo(e, http.MethodPost, path, bytes.Repeat([]byte("x"), 300<<10), "Content-Type", text)
+	remove()
+	picoWant(t, "refused blob append", r, http.StatusServiceUnavailable, "Retry-After", "1")
+	t.Logf("refused blob append: %q", r.Body)
+	for _, want := range []string{"storage refuses writes: ", "403", "nothing was written"} {
+		if !strings.Contains(string(r.Body), want) {
+			t.Errorf("message %q does not say %q", r.Body, want)
+		}
+	}
+	if r := picoDo(e, http.MethodPost, path, []byte("after;"), "Content-Type", text); r.Status/100 != 2 {
+		t.Fatalf("append once the bucket takes writes again: %s", r)
+	}
+	r = picoDo(e, http.MethodGet, path+"?offset=-1", nil)
+	if r.Status != http.StatusOK || string(r.Body) != "after;" {
+		t.Errorf("the stream reads %s; want only \"after;\"", r)
+	}
+}

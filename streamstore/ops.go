@@ -1178,7 +1178,7 @@ func (e *Engine) appendBlob(ctx context.Context, w *segment.Writer, s *stream, r
 	s.pending--
 	switch {
 	case err != nil:
-		err = fmt.Errorf("%w: put blob %s: %v", ErrUnavailable, key, err)
+		err = fmt.Errorf("%w: put blob %s: %w", ErrUnavailable, key, storeCause(err))
 	case s.gone:
 		err = ErrNotFound
 	case st.NextSeq != ent.FirstSeq:
