@@ -859,10 +859,13 @@ const takenOverMessage = "another server took this storage over, and this one wr
 const takenOverReadMessage = "another server took this storage over, and this one serves it no more: " +
 	"read from the server that holds the storage now"
 
+// isRead says whether method only reads: GET or HEAD.
+func isRead(method string) bool { return method == http.MethodGet || method == http.MethodHead }
+
 // takenOverMessageFor is the answer to a request of method that failed
 // with streamstore.ErrTakenOver.
 func takenOverMessageFor(method string) string {
-	if method == http.MethodGet || method == http.MethodHead {
+	if isRead(method) {
 		return takenOverReadMessage
 	}
 	return takenOverMessage

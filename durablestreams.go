@@ -1409,6 +1409,9 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		// The engine logged it once; a reader polling it must not
 		// make a log line per request.
 		fail(w, http.StatusInternalServerError, damagedMessage(err))
+	case r.Context().Err() != nil && isRead(r.Method):
+		// A reader that left: its read was cut short with it, which is
+		// no storage failure, and nobody reads the answer.
 	case errors.Is(err, streamstore.ErrUnavailable):
 		d.failLog.warn(d.log, failWarning("storage unavailable", err), zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
@@ -1472,7 +1475,7 @@ func unavailableMessage(method string, err error) string {
 		// Refused before it was handed to storage: nothing of it can land.
 		return "storage refuses writes: " + reason + "; nothing was written, retry once storage takes writes again"
 	}
-	if method == http.MethodGet || method == http.MethodHead {
+	if isRead(method) {
 		return "storage unavailable; retry"
 	}
 	return "storage unavailable; nothing was acknowledged, retry"

@@ -315,6 +315,9 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, busyMessage, nil)
 	case errors.Is(err, streamstore.ErrDamaged):
 		picoFail(w, http.StatusInternalServerError, picoErrInternal, damagedMessage(err), nil)
+	case r.Context().Err() != nil && isRead(r.Method):
+		// A reader that left: its read was cut short with it, which is
+		// no storage failure, and nobody reads the answer.
 	case errors.Is(err, streamstore.ErrUnavailable):
 		p.failLog.warn(p.log, failWarning("storage unavailable", err), zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
