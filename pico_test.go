@@ -1676,3 +1676,26 @@ func TestSameHeaders(t *testing.T) {
 		}
 	}
 }
+
+// A Pico 410 says "deleted" only for a stream that was: a read below the
+// retained records, whether the handler found it (belowStartError) or the
+// engine did (a TrimmedError, as when a trim overtakes a read from the
+// start between its reads), names the seqs instead.
+func TestGoneMessage(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"below the start", &belowStartError{seq: 2, start: 7}, "seq 2 was trimmed; the stream's first retained seq is 7"},
+		{"trimmed, from the engine", fmt.Errorf("read /s: %w", &streamstore.TrimmedError{Seq: 3, StartSeq: 9}), "seq 3 was trimmed; the stream's first retained seq is 9"},
+		{"soft-deleted", fmt.Errorf("read /s: %w", streamstore.ErrGone), "stream was deleted; its forks still use it"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := goneMessage(tt.err); got != tt.want {
+				t.Errorf("goneMessage(%v) = %q, want %q", tt.err, got, tt.want)
+			}
+		})
+	}
+}

@@ -331,11 +331,17 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 }
 
 // goneMessage tells a soft-deleted stream from a read below the retained
-// records, both of which the engine reports as ErrGone.
+// records, both of which the engine reports as ErrGone. A read from the
+// start that a trim overtook between its reads gets the engine's
+// TrimmedError itself: the stream is live, only trimmed.
 func goneMessage(err error) string {
 	var below *belowStartError
 	if errors.As(err, &below) {
 		return below.Error()
+	}
+	var trimmed *streamstore.TrimmedError
+	if errors.As(err, &trimmed) {
+		return (&belowStartError{seq: trimmed.Seq, start: trimmed.StartSeq}).Error()
 	}
 	return "stream was deleted; its forks still use it"
 }
