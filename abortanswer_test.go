@@ -160,3 +160,50 @@ func TestUnconfirmedCloseAnswers(t *testing.T) {
 		}
 	}
 }
+
+// A DELETE, and a Pico trim, whose outcome storage did not confirm say
+// to repeat them as they were: neither takes producer headers (a trim with
+// them is refused), and a repeat of either that took effect changes
+// nothing. Both told the client to "retry with producer headers".
+func TestUnconfirmedDeleteAndTrimAnswers(t *testing.T) {
+	err := fmt.Errorf("%w: %w: write metadata: timeout", streamstore.ErrUnavailable, streamstore.ErrUnconfirmed)
+	tests := []struct {
+		name, proto, method string
+		err                 error
+		want                []string
+	}{
+		{"DS delete", "ds", http.MethodDelete, err, []string{"the delete", "may or may not take effect", "answers 404"}},
+		{"Pico delete", "pico", http.MethodDelete, err, []string{"the delete", "may or may not take effect", "answers 404"}},
+		{"Pico trim", "pico", http.MethodPost, &trimWrite{err}, []string{"the trim", "may or may not take effect", "changes nothing"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := httptest.NewRecorder()
+			r := httptest.NewRequest(tt.method, "/s", nil)
+			msg := ""
+			if tt.proto == "ds" {
+				(&durableStreams{log: zap.NewNop()}).engineError(w, r, tt.err)
+				msg = w.Body.String()
+			} else {
+				(&picoProtocol{log: zap.NewNop()}).engineError(w, r, tt.err)
+				var body struct{ Message string }
+				if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+					t.Fatalf("Pico error body %q: %v", w.Body, err)
+				}
+				msg = body.Message
+			}
+			t.Logf("%d %q", w.Code, msg)
+			if w.Code != http.StatusServiceUnavailable {
+				t.Errorf("answered %d; want 503", w.Code)
+			}
+			for _, want := range tt.want {
+				if !strings.Contains(msg, want) {
+					t.Errorf("answer %q does not say %q", msg, want)
+				}
+			}
+			if strings.Contains(msg, "producer headers") {
+				t.Errorf("answer %q asks for producer headers, which this request cannot carry", msg)
+			}
+		})
+	}
+}

@@ -791,10 +791,10 @@ const busyMessage = "too many appends are waiting for storage; nothing was appli
 // acknowledged (streamstore.ErrUnconfirmed), in either protocol: it may
 // still be stored. It says why: the storage refused the write, the
 // server stopped before storage answered, or storage was slow. Then what
-// makes a repeat safe: a create (PUT) and a close (closingWrite) are
-// confirmed by repeating them, an append that closes its stream cannot
-// be stored twice, and only producer headers make any other append's
-// retry safe.
+// makes a repeat safe: a create (PUT), a delete, a trim (trimWrite) and a
+// close (closingWrite) are confirmed by repeating them, an append that
+// closes its stream cannot be stored twice, and only producer headers make
+// any other append's retry safe.
 func unconfirmedMessage(method string, err error) string {
 	reason, refused := streamstore.StorageRefusal(err)
 	stopped := errors.Is(err, streamstore.ErrClosedUnconfirmed)
@@ -815,9 +815,14 @@ func unconfirmedMessage(method string, err error) string {
 		stored = " but may still be stored"
 	)
 	var closing *closingWrite
+	var trim *trimWrite
 	switch {
 	case method == http.MethodPut:
 		return happened("create", maybe) + "repeat it: an identical create confirms the stream if it was made"
+	case method == http.MethodDelete:
+		return happened("delete", maybe) + "repeat it: a repeat of a delete that took effect answers 404"
+	case errors.As(err, &trim):
+		return happened("trim", maybe) + "repeat it: a trim to a seq already trimmed to changes nothing"
 	case errors.As(err, &closing) && !closing.records:
 		return happened("close", maybe) + "repeat it as it was: a repeat of a close that took effect succeeds"
 	case closing != nil:
@@ -826,6 +831,14 @@ func unconfirmedMessage(method string, err error) string {
 	}
 	return happened("write", stored) + "retry with producer headers to avoid a duplicate"
 }
+
+// trimWrite is the error of a Pico trim, for unconfirmedMessage: a trim
+// repeated changes nothing more, so it needs no producer headers (and
+// takes none).
+type trimWrite struct{ err error }
+
+func (t *trimWrite) Error() string { return t.err.Error() }
+func (t *trimWrite) Unwrap() error { return t.err }
 
 // closingWrite is the error of an append that closes its stream, a close
 // alone or records with the close, for unconfirmedMessage: closing a

@@ -454,7 +454,7 @@ func (p *picoProtocol) trim(w http.ResponseWriter, r *http.Request, name string,
 	}
 	info, err := eng.Trim(writeContext(r), name, seq)
 	if err != nil {
-		p.engineError(w, r, err)
+		p.engineError(w, r, &trimWrite{err})
 		return
 	}
 	h := w.Header()
