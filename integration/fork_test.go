@@ -666,3 +666,44 @@ func TestUntouchedLostForkCountLeavesBucket(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateOverASourceStorageCannotRemove: through Caddy on versitygw, a
+// source deleted while its fork read it, then left by that fork, is
+// removed with the fork's delete; while the bucket fails that removal
+// (its gc record's PUT), a create of the source's name is a 503, not a
+// 409 saying forks still read it, and once the bucket is back the create
+// goes ahead without waiting out the minute between fork look-ups.
+func TestCreateOverASourceStorageCannotRemove(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{})
+	const src, fork = "/unremoved/src", "/unremoved/fork"
+	fhSourceWithFork(e, src, fork)
+	if r := e.must(fhReq{Method: http.MethodDelete, Path: src}); r.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s", src, r)
+	}
+	meta, err := e.get("streams/" + hex.EncodeToString([]byte(src)) + ".m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct{ ID string }
+	if err := json.Unmarshal(meta, &m); err != nil || m.ID == "" {
+		t.Fatalf("the source's metadata %s: %v", meta, err)
+	}
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/gc/" + m.ID, Status: http.StatusInternalServerError})
+	defer remove()
+	if r := e.must(fhReq{Method: http.MethodDelete, Path: fork}); r.Status != http.StatusNoContent {
+		t.Fatalf("DELETE %s: %s", fork, r)
+	}
+	create := fhReq{Method: http.MethodPut, Path: src, Header: map[string]string{"Content-Type": "text/plain"}}
+	r := e.must(create)
+	t.Logf("create while the source's removal fails: %s", r)
+	if r.Status != http.StatusServiceUnavailable {
+		t.Errorf("create while the source's removal fails: %s; want 503", r)
+	}
+	remove()
+	if r := e.must(create); r.Status != http.StatusCreated {
+		t.Fatalf("create once the bucket takes the removal: %s; want 201", r)
+	}
+}

@@ -158,7 +158,12 @@ func (e *Engine) sweepMarker(ctx context.Context, key string, now time.Time) (bo
 			// count is settled as a touch would, should no release come,
 			// and while forks still read it, it is marked again for later
 			// (forks.go), before this marker goes.
-			if e.settleForks(ctx, s) {
+			removed, err := e.settleForks(ctx, s)
+			if err != nil {
+				// The marker stays for the next sweep to settle again.
+				return false, fmt.Errorf("expiry sweep: %w", err)
+			}
+			if removed {
 				break
 			}
 			s.mu.Lock()

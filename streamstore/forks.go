@@ -452,17 +452,26 @@ const forkCheckEvery = time.Minute
 // no fork left, s is removed as its last release would have, and so is
 // its own source in turn, and it reports true. It runs when s is
 // touched or its expiry marker swept, never on a timer of its own, and
-// is best effort: a fork it cannot look up keeps its count.
+// is best effort: a fork it cannot look up keeps its count. A storage
+// failure on the way is its error (ErrUnavailable), and lets the next
+// touch look again at once: a create of the name must not be told for a
+// minute that forks still read a stream it could not settle.
 // Only listed forks are dropped, and only when gone, so a fork that
 // exists never loses its source's records. The caller holds s's name
 // lock.
-func (e *Engine) settleForks(ctx context.Context, s *stream) bool {
+func (e *Engine) settleForks(ctx context.Context, s *stream) (removed bool, err error) {
 	now := time.Now()
 	list, due, ok := e.forksToCheck(s, now)
 	if !ok {
-		return false
+		return false, nil
 	}
-	s.forksChecked.Store(now.UnixMilli())
+	prev := s.forksChecked.Swap(now.UnixMilli())
+	defer func() {
+		if err != nil {
+			s.forksChecked.CompareAndSwap(now.UnixMilli(), prev)
+			err = fmt.Errorf("%w: settle the forks of deleted stream %s: %w", ErrUnavailable, s.name, err)
+		}
+	}()
 	var gone []string
 	for _, f := range list {
 		s.mu.Lock()
@@ -475,7 +484,7 @@ func (e *Engine) settleForks(ctx context.Context, s *stream) bool {
 		if err != nil {
 			e.log.Warn("looking up a fork of a deleted stream failed; its count is kept",
 				zap.String("stream", s.name), zap.String("fork", f.Name), zap.Error(err))
-			return false
+			return false, err
 		}
 		if !exists {
 			gone = append(gone, f.ID)
@@ -496,7 +505,7 @@ func (e *Engine) settleForks(ctx context.Context, s *stream) bool {
 		}); err != nil {
 			e.log.Warn("dropping the gone forks of a deleted stream from its count failed",
 				zap.String("stream", s.name), zap.Error(err))
-			return false
+			return false, err
 		}
 		e.log.Info("a deleted stream counts no more the forks that are gone",
 			zap.String("stream", s.name), zap.Int("gone", len(gone)))
@@ -509,17 +518,17 @@ func (e *Engine) settleForks(ctx context.Context, s *stream) bool {
 	next, id := s.meta.Fork, s.meta.ID
 	s.mu.Unlock()
 	if !last {
-		return false
+		return false, nil
 	}
 	if err := e.remove(ctx, s); err != nil && !errors.Is(err, ErrNotFound) {
 		e.log.Warn("removing a deleted stream no fork reads failed",
 			zap.String("stream", s.name), zap.Error(err))
-		return false
+		return false, err
 	}
 	if next != nil {
 		e.releaseSource(ctx, next, id)
 	}
-	return true
+	return true, nil
 }
 
 // forksToCheck returns the forks soft-deleted s lists, and the listing

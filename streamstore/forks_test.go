@@ -1208,3 +1208,37 @@ func TestForkTimestampsGoOnFromItsSource(t *testing.T) {
 			own, last, time.Now().UnixMilli())
 	}
 }
+
+// A create of the name of a soft-deleted stream that no fork reads any
+// more, whose removal fails on a storage fault, is ErrUnavailable (a 503),
+// and the next create, once storage is back, goes ahead at once. It was a
+// conflict saying forks still read the stream, and stayed one for the
+// minute settleForks waits between looks.
+func TestCreateOverAnUnsettledSourceOnAFault(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{})
+	forkedSource(t, e, Expiry{})
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	m := storedMeta(t, st, "/src")
+	refuseGC := func(key string) bool { return key == gcKey(m.ID) }
+	loseForkRelease(t, st, e, refuseGC)
+
+	e = startEngine(t, st, Config{ExpirySweep: time.Hour})
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && refuseGC(key) {
+			return fmt.Errorf("injected: PUT of %s refused", key)
+		}
+		return nil
+	})
+	_, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain"})
+	if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrConflict) {
+		t.Fatalf("create over the source whose removal failed: %v; want ErrUnavailable", err)
+	}
+	st.setHook(nil)
+	if _, created, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain"}); err != nil || !created {
+		t.Fatalf("create once storage is back: created %v, %v; want a new stream", created, err)
+	}
+}

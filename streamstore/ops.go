@@ -92,7 +92,11 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 		s.mu.Unlock()
 		if deleted {
 			// Removed when its count, settled, says no fork reads it.
-			if !e.settleForks(ctx, s) {
+			removed, err := e.settleForks(ctx, s)
+			if err != nil {
+				return Info{}, false, err
+			}
+			if !removed {
 				return Info{}, false, conflictf("a deleted stream that forks still read holds this name")
 			}
 			break
@@ -727,7 +731,8 @@ func (e *Engine) liveLocked(ctx context.Context, name string, haveLock bool) (*s
 		if !haveLock {
 			unlock = e.lockName(name)
 		}
-		removed := e.settleForks(ctx, s)
+		// A failure to settle leaves it as it is: soft-deleted, 410.
+		removed, _ := e.settleForks(ctx, s)
 		unlock()
 		if removed {
 			return nil, ErrNotFound
