@@ -40,6 +40,8 @@ func TestStorageCredentialsNeverShown(t *testing.T) {
 		{"unsupported scheme", []string{"s4://AKIA:" + credSecret + "@bkt/p"}, "unsupported scheme"},
 		{"file URL with a host", []string{"file://AKIA:" + credSecret + "@host/dir"}, "absolute path"},
 		{"endpoint not http", []string{"s3://bkt/p?endpoint=ftp://AKIA:" + credSecret + "@host"}, "must be an http(s) URL"},
+		{"endpoint without //", []string{"s3://bkt/p?endpoint=AKIA:" + credSecret + "@host:9000"}, "must be an http(s) URL"},
+		{"http endpoint without //", []string{"s3://bkt/p?endpoint=http:AKIA:" + credSecret + "@host:9000"}, "must be an http(s) URL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("XDG_DATA_HOME", t.TempDir())

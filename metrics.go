@@ -114,11 +114,9 @@ func storageLabel(key string) string {
 	parts := make([]string, 0, len(names))
 	for _, k := range names {
 		for _, v := range q[k] {
-			if e, err := url.Parse(v); err == nil && e.User != nil {
-				e.User = nil
-				v = e.String()
-			}
-			parts = append(parts, k+"="+v)
+			// Only endpoint takes a URL, but a mistyped parameter
+			// may hold one too.
+			parts = append(parts, k+"="+segment.RedactEndpoint(v))
 		}
 	}
 	return label + "?" + strings.Join(parts, "&")

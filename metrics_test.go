@@ -28,6 +28,9 @@ func TestStorageLabel(t *testing.T) {
 		// Credentials never reach a label, wherever they hide.
 		{"s3://AKIA:secret@bkt/p", "s3://bkt/p"},
 		{"s3://bkt/p?endpoint=https%3A%2F%2Fuser%3Apass%40minio.example%3A9000", "s3://bkt/p?endpoint=https://minio.example:9000"},
+		// Without "//", credentials are no user information to drop.
+		{"s3://bkt/p?endpoint=AKIAEXAMPLE%3AwJalrSECRET%40minio%3A9000", "s3://bkt/p?endpoint=(hidden: it holds an '@' outside user information)"},
+		{"s3://bkt/p?endpoint=http%3AAKIA%3AwJalrSECRET%40minio%3A9000", "s3://bkt/p?endpoint=(hidden: it holds an '@' outside user information)"},
 	} {
 		if got := storageLabel(tc.key); got != tc.want {
 			t.Errorf("storageLabel(%q) = %q, want %q", tc.key, got, tc.want)

@@ -92,3 +92,27 @@ func noSecret(t *testing.T, secret string, texts map[string]string) {
 		}
 	}
 }
+
+// TestSchemelessEndpointCredentialsStayOutOfTheLog: an endpoint with
+// credentials but without "//" (the scheme forgotten, or its slashes) is
+// no URL with a host; Caddy refuses to start, and neither the error nor its
+// log shows the secret, which url.Parse takes for the URL's opaque part,
+// not for user information to drop.
+func TestSchemelessEndpointCredentialsStayOutOfTheLog(t *testing.T) {
+	const secret = "s3cr3tKEYinURL"
+	v := testenv.NewVersity(t)
+	host := strings.TrimPrefix(v.Endpoint, "http://")
+	for _, endpoint := range []string{"AKIAEXAMPLE:" + secret + "@" + host, "http:AKIAEXAMPLE:" + secret + "@" + host} {
+		t.Run(endpoint[:4], func(t *testing.T) {
+			storage := testenv.StoreURL(endpoint, "picomq-bucket", caddytest.S3Prefix)
+			c, err := caddytest.Launch(t, caddyOptions(v, storage))
+			if err == nil {
+				t.Fatal("Caddy started on an endpoint that is no URL with a host")
+			}
+			if !strings.Contains(err.Error()+c.Logs(), "must be an http(s) URL") {
+				t.Errorf("the start error does not say what the endpoint must be: %v", err)
+			}
+			noSecret(t, secret, map[string]string{"the start error": err.Error(), "Caddy's log": c.Logs()})
+		})
+	}
+}

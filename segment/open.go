@@ -160,11 +160,11 @@ func parseS3Location(u *url.URL) (Location, error) {
 			e, err := url.Parse(v)
 			if err != nil {
 				// A host:port without a scheme (127.0.0.1:9000) lands
-				// here; the value is not shown (redactEndpoint).
+				// here; the value is not shown (RedactEndpoint).
 				return Location{}, fmt.Errorf("storage URL: endpoint does not parse as a URL; %s", endpointWant)
 			}
 			if (e.Scheme != "http" && e.Scheme != "https") || e.Host == "" {
-				return Location{}, fmt.Errorf("storage URL: endpoint %q: %s", redactEndpoint(v), endpointWant)
+				return Location{}, fmt.Errorf("storage URL: endpoint %q: %s", RedactEndpoint(v), endpointWant)
 			}
 			if e.User != nil {
 				// The SDK drops an endpoint's user information from its
@@ -172,7 +172,7 @@ func parseS3Location(u *url.URL) (Location, error) {
 				// keys), so it never authenticated anything; and Caddy
 				// shows a loaded config as written (admin API /config/,
 				// autosave.json), where no redaction of ours reaches.
-				return Location{}, fmt.Errorf("storage URL: endpoint %q: credentials do not belong in the endpoint; use the AWS credential chain (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)", redactEndpoint(v))
+				return Location{}, fmt.Errorf("storage URL: endpoint %q: credentials do not belong in the endpoint; use the AWS credential chain (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)", RedactEndpoint(v))
 			}
 			l.Endpoint = strings.TrimRight(v, "/")
 		case "path_style":
@@ -214,19 +214,25 @@ func redactURL(u *url.URL) string {
 	c.User = nil
 	if q := c.Query(); q.Has("endpoint") {
 		for i, v := range q["endpoint"] {
-			q["endpoint"][i] = redactEndpoint(v)
+			q["endpoint"][i] = RedactEndpoint(v)
 		}
 		c.RawQuery = q.Encode()
 	}
 	return c.String()
 }
 
-// redactEndpoint is an endpoint parameter without user information; one
-// that does not parse is hidden whole, as it may be a mistyped secret.
-func redactEndpoint(v string) string {
+// RedactEndpoint is an endpoint parameter as errors and labels may show
+// it: without user information. One that does not parse is hidden whole,
+// as it may be a mistyped secret, and so is one with an '@' that did not
+// parse as user information: written without "//" (KEY:SECRET@host:9000,
+// http:KEY:SECRET@host), its credentials are the URL's opaque part.
+func RedactEndpoint(v string) string {
 	e, err := url.Parse(v)
 	if err != nil {
 		return "(unparsable)"
+	}
+	if e.User == nil && strings.Contains(v, "@") {
+		return "(hidden: it holds an '@' outside user information)"
 	}
 	e.User = nil
 	return e.String()
