@@ -271,6 +271,11 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.log = ctx.Logger()
 	h.shutdown, h.cancelShutdown = context.WithCancel(context.Background())
+	// Before the defaults, which set max_subscriptions whatever the
+	// protocol.
+	if err := h.checkDSOnly(); err != nil {
+		return err
+	}
 	h.applyDefaults()
 
 	storage := h.Storage
@@ -360,6 +365,21 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			fanout:          h.ref.fanout,
 			hubs:            &sseHubs{},
 		}
+	}
+	return nil
+}
+
+// checkDSOnly refuses, on a Pico handler, the options only the Durable
+// Streams protocol uses, as the Caddyfile does at their line.
+func (h *Handler) checkDSOnly() error {
+	if h.Protocol != protocolPico {
+		return nil
+	}
+	switch {
+	case h.MaxSubscriptions != 0:
+		return fmt.Errorf("max_subscriptions: %s", dsOnlyReason)
+	case h.AllowLoopbackWebhooks:
+		return fmt.Errorf("allow_loopback_webhooks: %s", dsOnlyReason)
 	}
 	return nil
 }

@@ -13,21 +13,28 @@ import (
 // TestCaddyfileErrorsReachTheOperator starts Caddy with a bad picomq line:
 // it must refuse to start, saying which line and what is wrong with it.
 func TestCaddyfileErrorsReachTheOperator(t *testing.T) {
-	for _, tc := range []struct{ line, want string }{
-		{"flush_size lots", `flush_size: invalid size "lots"`},
-		{"protocol mqtt", `protocol: unknown protocol "mqtt"`},
-		{"flush_quite 1ms", `unrecognized picomq option "flush_quite"`},
-		{"pack_below 32MiB", "pack_below: must be at most 16MiB, got 32MiB"},
-		{"compact_interval 10ms", "compact_interval: must be at least 100ms, got 10ms"},
-		{"storage s3://my-bucket/p?regoin=eu-west-1", `storage: storage URL: unknown parameter "regoin"`},
-		{"storage s3://my-bucket/p region=eu-west-1", "storage: wrong argument count: it takes one value, got 2 (s3://my-bucket/p region=eu-west-1)"},
-		{"storage s3://my-bucket/team#1", `storage: storage URL "s3://my-bucket/team": a '#' ends the URL there`},
-		{"cache_size 64", "cache_size: 64 has no unit, and 64 bytes is too small to be meant; write the unit: 64MiB, 64KiB, or 64B"},
-		{"max_pending 64", "max_pending: 64 has no unit"},
-		{"max_append_size 100", "max_append_size: 100 has no unit"},
+	for _, tc := range []struct{ line, want, before string }{
+		{"flush_size lots", `flush_size: invalid size "lots"`, ""},
+		{"protocol mqtt", `protocol: unknown protocol "mqtt"`, ""},
+		{"flush_quite 1ms", `unrecognized picomq option "flush_quite"`, ""},
+		{"pack_below 32MiB", "pack_below: must be at most 16MiB, got 32MiB", ""},
+		{"compact_interval 10ms", "compact_interval: must be at least 100ms, got 10ms", ""},
+		{"storage s3://my-bucket/p?regoin=eu-west-1", `storage: storage URL: unknown parameter "regoin"`, ""},
+		{"storage s3://my-bucket/p region=eu-west-1", "storage: wrong argument count: it takes one value, got 2 (s3://my-bucket/p region=eu-west-1)", ""},
+		{"storage s3://my-bucket/team#1", `storage: storage URL "s3://my-bucket/team": a '#' ends the URL there`, ""},
+		{"cache_size 64", "cache_size: 64 has no unit, and 64 bytes is too small to be meant; write the unit: 64MiB, 64KiB, or 64B", ""},
+		{"max_pending 64", "max_pending: 64 has no unit", ""},
+		{"max_append_size 100", "max_append_size: 100 has no unit", ""},
+		// A Pico handler has no subscriptions: their options would do
+		// nothing.
+		{"max_subscriptions 10", "max_subscriptions: subscriptions are part of the Durable Streams protocol", "protocol pico"},
 	} {
 		t.Run(tc.line, func(t *testing.T) {
-			c, err := caddytest.Launch(t, caddytest.Options{Directives: []string{"long_poll_timeout 5s", tc.line}})
+			directives := []string{"long_poll_timeout 5s"}
+			if tc.before != "" {
+				directives = append(directives, tc.before)
+			}
+			c, err := caddytest.Launch(t, caddytest.Options{Directives: append(directives, tc.line)})
 			if err == nil {
 				c.Kill()
 				t.Fatalf("Caddy started with %q", tc.line)
