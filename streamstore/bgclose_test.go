@@ -165,3 +165,42 @@ func TestNoReadAheadAfterClose(t *testing.T) {
 		t.Errorf("a read after Close left %d goroutines on the engine's pool (%d GETs begun)", n, late.Load())
 	}
 }
+
+// TestCloseKeepsTheLeaseWhileItFlushes: the lease is renewed until the
+// last batch is flushed, then released. Close stopped renewing first, so
+// a WAL upload that failed and was retried after the lease's validity ran
+// out could not go out, nor could the writer confirm it still owned the
+// storage: Close spun until its context ended, and then could not release
+// the lease, which a standby had to wait out.
+func TestCloseKeepsTheLeaseWhileItFlushes(t *testing.T) {
+	const ttl = 600 * time.Millisecond // valid for 480 ms after each renewal
+	st := newHookedStore()
+	e := startEngine(t, st, Config{LeaseTTL: ttl})
+	if _, _, err := e.Create(context.Background(), "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	var failed atomic.Bool
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && strings.HasPrefix(key, "wal/") && failed.CompareAndSwap(false, true) {
+			close(started)
+			time.Sleep(2 * ttl) // past the validity of the last renewal
+			return errors.New("injected: WAL PUT failed")
+		}
+		return nil
+	})
+	go func() { _, _ = e.Append(context.Background(), "/s", AppendRequest{Records: recs("a")}) }()
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	begun := time.Now()
+	err := e.Close(ctx)
+	took := time.Since(begun)
+	if err != nil || took > 5*time.Second {
+		t.Errorf("Close took %v and returned %v; want it to flush and release the lease", took.Round(time.Millisecond), err)
+	}
+	data, _, gerr := st.Get(context.Background(), "lease", 0, -1)
+	if gerr != nil || !strings.Contains(string(data), `"expires_at_ms":0`) {
+		t.Errorf("the lease after Close: %s (%v); want it released", data, gerr)
+	}
+}

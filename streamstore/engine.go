@@ -122,7 +122,7 @@ type Engine struct {
 	// lease is set by Start, while requests may already ask holding.
 	lease atomic.Pointer[segment.Lease]
 	// stopRenewal ends the lease renewal, which runs from before the
-	// replay (bgCtx ending ends it too).
+	// replay until Close has flushed the last batch.
 	stopRenewal context.CancelFunc
 
 	// ownNS is one more than the WAL namespace this process registered at
@@ -320,7 +320,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	// through a slow store can outlast the lease, and the node would then
 	// come up unable to write.
 	e.lease.Store(lease)
-	renewCtx, stopRenewal := context.WithCancel(e.bgCtx)
+	// Not under bgCtx, which Close cancels first: the lease is renewed
+	// until Close has flushed the last batch (stopRenewal).
+	renewCtx, stopRenewal := context.WithCancel(context.WithoutCancel(e.bgCtx))
 	renewed := make(chan struct{})
 	// startMu is held and closing was open: Close, which marks bg shut
 	// under startMu, has not begun, so goBG cannot refuse here.
@@ -445,10 +447,7 @@ func (e *Engine) Close(ctx context.Context) error {
 	e.bgShut = true
 	e.bgMu.Unlock()
 	e.bgCancel()
-	if e.stopRenewal != nil {
-		e.stopRenewal()
-	}
-	started := e.started
+	started, stopRenewal := e.started, e.stopRenewal
 	// Not held while background work winds down: a compaction that was
 	// starting asks for the writer (under startMu) before it sees closing.
 	e.startMu.Unlock()
@@ -459,7 +458,11 @@ func (e *Engine) Close(ctx context.Context) error {
 		return nil
 	}
 	e.saveRenewals()
+	// The lease is renewed while the last batches go out: an upload
+	// retried past its validity would fail, and the writer could not
+	// confirm it still owns the storage.
 	err := e.w.Close(ctx)
+	stopRenewal()
 	e.bg.Wait()
 	rerr := e.lease.Load().Release(ctx)
 	switch {
@@ -586,7 +589,7 @@ func (e *Engine) registerNamespace(ctx context.Context) (uint64, error) {
 
 // renewLease renews l at a third of its lifetime, and retries every second
 // (or every third of the lifetime, when that is shorter) while the store
-// does not answer, until ctx ends or the engine closes. Past the lease's
+// does not answer, until ctx ends (after Close's last flush). Past the lease's
 // certain validity the writer refuses work; if another node took the
 // lease, the writer is fenced for good.
 func (e *Engine) renewLease(ctx context.Context, l *segment.Lease) {
@@ -598,9 +601,6 @@ func (e *Engine) renewLease(ctx context.Context, l *segment.Lease) {
 	for {
 		t := time.NewTimer(wait)
 		select {
-		case <-e.closing:
-			t.Stop()
-			return
 		case <-ctx.Done():
 			t.Stop()
 			return
