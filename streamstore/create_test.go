@@ -3,9 +3,11 @@ package streamstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -374,5 +376,45 @@ func TestCreateWaitsForAPendingClose(t *testing.T) {
 				t.Fatalf("the stream's closure is %v after the close %s", info.Closed, map[bool]string{true: "failed", false: "landed"}[tc.closeFail])
 			}
 		})
+	}
+}
+
+// A lookup of a stream whose create storage has not confirmed, and keeps
+// failing, gives up after settlingWait with ErrUnavailable, rather than
+// wait for as long as storage is down (holding its request, and a graceful
+// stop, that long); once storage is back, the create settles and the
+// stream reads.
+func TestLookupOfAnUnsettledCreateGivesUp(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{})
+	meta := metaKey("/c")
+	// The metadata PUT fails, and so does every request for it after
+	// that: the create cannot tell whether it landed.
+	var down atomic.Bool
+	st.setHook(func(op, key string) error {
+		if key == meta && (op == "PUT" || down.Load()) {
+			down.Store(true)
+			return fmt.Errorf("injected: %s %s failed", op, key)
+		}
+		return nil
+	})
+	if _, _, err := e.Create(ctx, "/c", CreateRequest{ContentType: "text/plain", Records: recs("x")}); !errors.Is(err, ErrUnconfirmed) {
+		t.Fatalf("create: %v; want it unconfirmed", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	begun := time.Now()
+	_, err := e.Read(rctx, "/c", ReadRequest{})
+	took := time.Since(begun)
+	if !errors.Is(err, ErrUnavailable) || rctx.Err() != nil || took > 3*time.Second {
+		t.Fatalf("a read while storage fails the create: %v after %v; want ErrUnavailable after about 2s", err, took.Round(time.Millisecond))
+	}
+	st.setHook(nil)
+	if err := waitUntil(10*time.Second, func() bool {
+		res, err := e.Read(ctx, "/c", ReadRequest{})
+		return err == nil && len(res.Records) == 1
+	}); err != nil {
+		t.Fatalf("the stream once storage is back: %v", err)
 	}
 }

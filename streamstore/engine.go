@@ -977,8 +977,52 @@ func newStream(name string, m *metaObject, etag string) *stream {
 
 type loadCall struct {
 	done chan struct{}
-	s    *stream
-	err  error
+	// settling, for a create's claim, is closed when the create hands its
+	// metadata write to settleCreate, which retries it for as long as
+	// storage fails it: lookups stop waiting then (nil for a load).
+	settling chan struct{}
+	s        *stream
+	err      error
+}
+
+// settlingWait is how long a lookup waits for a create being settled:
+// long enough for settleCreate's first retries, which end a blip of the
+// store, and short enough that a store down for longer answers 503 rather
+// than holding the request (and a graceful stop) for as long as it is.
+const settlingWait = 2 * time.Second
+
+// awaitClaim waits for c, a load or a claim of name, until wctx ends, and
+// for a create's claim being settled at most settlingWait more. It returns
+// nil once c is done, wctx's error when that ends first, or the
+// ErrUnavailable saying the create is not yet confirmed.
+func awaitClaim(wctx context.Context, c *loadCall, name string) error {
+	settling := c.settling
+	var giveUp <-chan time.Time
+	for {
+		select {
+		case <-c.done:
+			return nil
+		case <-settling:
+			settling = nil
+			t := time.NewTimer(settlingWait)
+			defer t.Stop()
+			giveUp = t.C
+		case <-giveUp:
+			return fmt.Errorf("%w: storage has not yet confirmed the create of %s; retry", ErrUnavailable, name)
+		case <-wctx.Done():
+			return wctx.Err()
+		}
+	}
+}
+
+// markSettling wakes the lookups waiting on the claim of name, which the
+// caller's create holds, to answer that its create is not yet confirmed.
+func (e *Engine) markSettling(name string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c := e.loading[name]; c != nil && c.settling != nil {
+		close(c.settling) // once: one create holds the claim, and hands it over once
+	}
 }
 
 // stream returns the live handle of name, loading its metadata object when
@@ -1023,11 +1067,12 @@ func (e *Engine) stream(ctx context.Context, name string) (*stream, error) {
 	// storage, so it is told nothing was stored.
 	wctx, cancel := withAnswerByDeadline(ctx)
 	defer cancel()
-	select {
-	case <-c.done:
-	case <-wctx.Done():
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	if err := awaitClaim(wctx, c, name); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if wctx.Err() == nil {
+			return nil, err // a create being settled
 		}
 		return nil, fmt.Errorf("%w: the metadata of %s was not read in time: %w", ErrUnavailable, name, ErrTooLate)
 	}
@@ -1078,17 +1123,18 @@ func (e *Engine) claimName(ctx context.Context, name string) (done func(*stream,
 			break
 		}
 		e.mu.Unlock()
-		select {
-		case <-c.done:
-		case <-wctx.Done():
-			if err := ctx.Err(); err != nil {
-				return nil, err
+		if err := awaitClaim(wctx, c, name); err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if wctx.Err() == nil {
+				return nil, err // a create being settled
 			}
 			return nil, fmt.Errorf("%w: %s was being loaded or changed until the answer was due: %w", ErrUnavailable, name, ErrTooLate)
 		}
 		e.mu.Lock()
 	}
-	c := &loadCall{done: make(chan struct{})}
+	c := &loadCall{done: make(chan struct{}), settling: make(chan struct{})}
 	e.loading[name] = c
 	e.mu.Unlock()
 	return func(s *stream, err error) {

@@ -364,6 +364,9 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 			// metadata is written (by the late PUT or by settleCreate,
 			// the same bytes either way) or another create's is found.
 			handedOver = true
+			// Lookups of the name stop waiting: storage may fail the
+			// write for as long as it is down, and they answer so.
+			e.markSettling(name)
 			if !e.goBG(func() { e.settleCreate(s, body, publish) }) {
 				// What settleCreate does when the engine closes.
 				e.endCreate(s, publish, nil, errLookAgain)
