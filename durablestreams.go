@@ -161,6 +161,13 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 		ct := ct
 		if confirm {
 			cur, err := eng.Head(writeContext(r), name)
+			if err != nil && !errors.Is(err, streamstore.ErrNotFound) && !errors.Is(err, streamstore.ErrGone) {
+				// Not knowing what holds the name, the source cannot
+				// judge a repeat: a fork made already would be refused
+				// for what became of its source since.
+				d.engineError(w, r, err)
+				return
+			}
 			if err != nil || cur.Fork.Source != fork.from.Source {
 				confirm = false
 				continue
