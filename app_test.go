@@ -778,8 +778,9 @@ func TestLoopbackOptionTakesEffectAtStart(t *testing.T) {
 	t.Cleanup(func() { running.Cleanup() })
 
 	// load provisions a config with one Durable Streams handler that has
-	// the option (and one Pico handler, which has no subscriptions), as
-	// Caddy does, and returns its app and its handlers' cleanup.
+	// the option (and one Pico handler, which has no subscriptions and
+	// refuses the option), as Caddy does, and returns its app and its
+	// handlers' cleanup.
 	load := func() (*App, func()) {
 		t.Helper()
 		ctx, err := caddy.ProvisionContext(&caddy.Config{})
@@ -788,7 +789,7 @@ func TestLoopbackOptionTakesEffectAtStart(t *testing.T) {
 		}
 		var hs []*Handler
 		for _, proto := range []string{protocolDurableStreams, protocolPico} {
-			h := &Handler{Protocol: proto, Storage: storage, AllowLoopbackWebhooks: true}
+			h := &Handler{Protocol: proto, Storage: storage, AllowLoopbackWebhooks: proto == protocolDurableStreams}
 			if err := h.Provision(ctx); err != nil {
 				t.Fatal(err)
 			}
