@@ -85,8 +85,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 func (a *App) Start() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// At boot a store that cannot be reached must not keep Caddy down, so
-	// its start goes on in the background. A reload has the running config
+	// At boot (or at the first config with PicoMQ, loaded through the
+	// admin API) a store that cannot be reached must not keep Caddy down,
+	// so its start goes on in the background. A reload has the running config
 	// to fall back on: it fails instead, as for any other reason, rather
 	// than swap a working storage for one that answers 503.
 	background := !configRunning()
@@ -119,10 +120,17 @@ func (a *App) Start() error {
 	return nil
 }
 
-// configRunning reports whether Caddy runs a config while this one starts:
-// a reload. Caddy swaps its active context only once the new config has
-// started. A variable, so that tests can play a reload.
-var configRunning = func() bool { return caddy.ActiveContext().Context != nil }
+// configRunning reports whether Caddy runs a config with PicoMQ in it while
+// this one starts: a reload of PicoMQ. Caddy swaps its active context only
+// once the new config has started. A running config without the app (the
+// empty one of a Caddy started without a config, whose first real config
+// comes through the admin API) is no reload of it: a start there is a
+// boot, as a standby's or on a store not yet reachable. A variable, so
+// that tests can play a reload.
+var configRunning = func() bool {
+	_, err := caddy.ActiveContext().AppIfConfigured("picomq")
+	return err == nil
+}
 
 // Stop ends the live responses (SSE, long-poll) of this config's handlers.
 // The HTTP server's shutdown hook does that too, but only for HTTP/1 and

@@ -385,3 +385,41 @@ func TestStopDuringRetriedStartFreesTheLease(t *testing.T) {
 	o := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: other, client: &http.Client{Timeout: time.Minute}}
 	o.create("/ds/freed/a", textPlain)
 }
+
+// TestFirstPicomqConfigThroughTheAdminAPIStartsInTheBackground: Caddy
+// started with a config without PicoMQ (as with no config at all, whose
+// first real one a controller pushes through the admin API) is then given
+// one whose storage cannot be reached. That is PicoMQ's boot, not a reload
+// of it: the load succeeds, the storage answers 503 while its start is
+// retried, and serves once the bucket can be reached. The load failed, as
+// a reload of a running storage does, so a node could not be brought up
+// that way while its store was down (nor as a standby).
+func TestFirstPicomqConfigThroughTheAdminAPIStartsInTheBackground(t *testing.T) {
+	v := testenv.NewVersity(t)
+	p := newProxy(t, v)
+	bucket := v.NewBucket(t)
+	bare := fmt.Sprintf("{\n\tpersist_config off\n}\n\nhttp://:{$%s} {\n\tbind 127.0.0.1\n\trespond /other 200\n}\n", caddytest.PortEnv)
+	c, err := caddytest.Launch(t, caddytest.Options{Caddyfile: bare, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &fhEnv{t: t, v: v, proxy: p, bucket: bucket, caddy: c, client: &http.Client{Timeout: time.Minute}}
+	p.Down()
+	if err := c.Reload(retryCaddyfile(testenv.StoreURL(p.URL(), bucket, caddytest.S3Prefix))); err != nil {
+		t.Fatalf("the first config with PicoMQ, its storage unreachable: %v", err)
+	}
+	create := fhReq{Method: http.MethodPut, Path: "/ds/first/a", Header: map[string]string{"Content-Type": textPlain}}
+	if r := e.must(create); r.Status != http.StatusServiceUnavailable {
+		t.Errorf("a create while the storage cannot be reached: %s; want 503", r)
+	}
+	if err := p.Up(); err != nil {
+		t.Fatal(err)
+	}
+	r, took := waitOpen(t, e, create)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("a create once the bucket can be reached: %s after %v; want 201", r, took.Round(time.Millisecond))
+	}
+	if err := c.Stop(); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+}
