@@ -542,3 +542,84 @@ func TestDamagedObjectsAreErrDamaged(t *testing.T) {
 		})
 	}
 }
+
+// oneHeldGet holds the first GET of a key under prefix until open is
+// closed, telling started when it does.
+type oneHeldGet struct {
+	*memstore.Store
+	prefix  string
+	held    atomic.Bool
+	started chan struct{}
+	open    chan struct{}
+}
+
+func (o *oneHeldGet) Get(ctx context.Context, key string, off, n int64) ([]byte, string, error) {
+	if strings.HasPrefix(key, o.prefix) && o.held.CompareAndSwap(false, true) {
+		close(o.started)
+		<-o.open
+	}
+	return o.Store.Get(ctx, key, off, n)
+}
+
+// A data object that a trim removed while a read of it was under way is
+// no damage: the read is answered as trimmed, and nothing is logged or
+// counted as damaged.
+func TestObjectTrimmedDuringAReadIsNotDamage(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := New(st, testConfig(Config{}), zap.NewNop())
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	setPackBelow(e, 0)
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{"r0", "r1", "r2"} {
+		mustAppend(t, e, "/s", AppendRequest{Records: recs(body)})
+		if err := e.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	held := &oneHeldGet{Store: st, prefix: "data/", started: make(chan struct{}), open: make(chan struct{})}
+	core, logs := observer.New(zap.ErrorLevel)
+	e = New(held, testConfig(Config{}), zap.New(core))
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	setPackBelow(e, 0)
+	read := make(chan error, 1)
+	go func() {
+		res, err := e.Read(ctx, "/s", ReadRequest{Seq: 0})
+		res.Release()
+		read <- err
+	}()
+	<-held.started
+	if _, err := e.Trim(ctx, "/s", 2); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := e.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if keys := st.Keys("data/"); len(keys) != 1 {
+		t.Fatalf("data objects after the trim: %v; want the last one only", keys)
+	}
+	close(held.open)
+	var trimmed *TrimmedError
+	if err := <-read; !errors.As(err, &trimmed) {
+		t.Errorf("the read the trim overtook: %v; want a TrimmedError", err)
+	}
+	if n := logs.FilterMessageSnippet("damaged").Len(); n != 0 {
+		t.Errorf("%d damage logs for an object a trim removed: %v", n, logs.All())
+	}
+	if got := e.Stats().DamagedObjects; got != 0 {
+		t.Errorf("DamagedObjects = %d; want 0", got)
+	}
+}

@@ -436,7 +436,7 @@ func (e *Engine) dataRecords(ctx context.Context, s *stream, id string, seq uint
 	for attempt := 0; ; attempt++ {
 		sp, next, err := e.dataSpanAt(ctx, s, id, seq)
 		if isDamage(err) {
-			return nil, nil, e.damagedObject(s.name, dataPrefix(id), err)
+			return nil, nil, e.missingObject(s, seq, dataPrefix(id), err)
 		}
 		if err != nil {
 			return nil, nil, err
@@ -457,11 +457,29 @@ func (e *Engine) dataRecords(ctx context.Context, s *stream, id string, seq uint
 			continue
 		}
 		if errors.Is(err, segment.ErrNotFound) {
-			err = fmt.Errorf("%w: data object %s is gone", segment.ErrCorrupt, sp.key)
+			return nil, nil, e.missingObject(s, seq, sp.key, fmt.Errorf("%w: data object %s is gone", segment.ErrCorrupt, sp.key))
 		}
 		if isDamage(err) {
+			// A checksum or framing failure: objects never change, so
+			// no trim or delete explains it.
 			return nil, nil, e.damagedObject(s.name, sp.key, err)
 		}
 		return recs, buf, err
 	}
+}
+
+// missingObject is the error of a read of s at seq that found no object
+// key where the stream's records should be (cause wraps segment.ErrCorrupt).
+// A trim that a compaction applied, or a delete that landed, while the read
+// was under way explains it: the cause alone is returned, which Read
+// answers as the trim's TrimmedError (or the caller as the stream gone).
+// Otherwise the object was lost: damage, reported as such.
+func (e *Engine) missingObject(s *stream, seq uint64, key string, cause error) error {
+	s.mu.Lock()
+	overtaken := s.gone || seq < s.startSeq(&s.durable)
+	s.mu.Unlock()
+	if overtaken {
+		return cause
+	}
+	return e.damagedObject(s.name, key, cause)
 }
