@@ -788,6 +788,10 @@ type stream struct {
 	// soft-deleted stream up (Unix ms), to do so at most every
 	// forkCheckEvery while its 410s are read.
 	forksChecked atomic.Int64
+	// settleFailed says settleForks last failed on a storage fault: a
+	// create of the name then looks again at once, rather than be told
+	// for up to a minute that forks still read the stream.
+	settleFailed atomic.Bool
 	// forksSeen holds, under mu, the internal ids of forks settleForks
 	// found to exist: it need not look them up again, as a fork deleted
 	// later is released by this process (retried until it closes).

@@ -158,12 +158,9 @@ func (e *Engine) sweepMarker(ctx context.Context, key string, now time.Time) (bo
 			// count is settled as a touch would, should no release come,
 			// and while forks still read it, it is marked again for later
 			// (forks.go), before this marker goes.
-			removed, err := e.settleForks(ctx, s)
-			if err != nil {
-				// The marker stays for the next sweep to settle again.
-				return false, fmt.Errorf("expiry sweep: %w", err)
-			}
-			if removed {
+			// A failure to settle (logged there) is marked again for
+			// later, on the schedule, as forks still reading it are.
+			if removed, _ := e.settleForks(ctx, s); removed {
 				break
 			}
 			s.mu.Lock()

@@ -453,9 +453,8 @@ const forkCheckEvery = time.Minute
 // its own source in turn, and it reports true. It runs when s is
 // touched or its expiry marker swept, never on a timer of its own, and
 // is best effort: a fork it cannot look up keeps its count. A storage
-// failure on the way is its error (ErrUnavailable), and lets the next
-// touch look again at once: a create of the name must not be told for a
-// minute that forks still read a stream it could not settle.
+// failure on the way is its error (ErrUnavailable), which a create of the
+// name answers as such rather than as forks still reading the stream.
 // Only listed forks are dropped, and only when gone, so a fork that
 // exists never loses its source's records. The caller holds s's name
 // lock.
@@ -465,10 +464,10 @@ func (e *Engine) settleForks(ctx context.Context, s *stream) (removed bool, err 
 	if !ok {
 		return false, nil
 	}
-	prev := s.forksChecked.Swap(now.UnixMilli())
+	s.forksChecked.Store(now.UnixMilli())
 	defer func() {
+		s.settleFailed.Store(err != nil)
 		if err != nil {
-			s.forksChecked.CompareAndSwap(now.UnixMilli(), prev)
 			err = fmt.Errorf("%w: settle the forks of deleted stream %s: %w", ErrUnavailable, s.name, err)
 		}
 	}()

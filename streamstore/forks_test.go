@@ -1242,3 +1242,45 @@ func TestCreateOverAnUnsettledSourceOnAFault(t *testing.T) {
 		t.Fatalf("create once storage is back: created %v, %v; want a new stream", created, err)
 	}
 }
+
+// Reads of a soft-deleted stream whose settling fails (its removal, here)
+// keep the minute between looks: a second read right after the first is a
+// 410 (ErrGone) without trying the store again. Only a create of the name
+// looks again at once.
+func TestReadsOfAnUnsettledSourceKeepTheirPace(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := startEngine(t, st, Config{})
+	forkedSource(t, e, Expiry{})
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	m := storedMeta(t, st, "/src")
+	refuseGC := func(key string) bool { return key == gcKey(m.ID) }
+	loseForkRelease(t, st, e, refuseGC)
+
+	e = startEngine(t, st, Config{ExpirySweep: time.Hour})
+	var tries atomic.Int64
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && refuseGC(key) {
+			tries.Add(1)
+			return fmt.Errorf("injected: PUT of %s refused", key)
+		}
+		return nil
+	})
+	for i := range 3 {
+		if _, err := e.Read(ctx, "/src", ReadRequest{}); !errors.Is(err, ErrGone) {
+			t.Fatalf("read %d of the source whose removal fails: %v; want ErrGone", i, err)
+		}
+	}
+	if n := tries.Load(); n != 1 {
+		t.Errorf("three reads tried the removal %d times; want once a minute", n)
+	}
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain"}); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("create over it: %v; want ErrUnavailable", err)
+	}
+	st.setHook(nil)
+	if _, created, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain"}); err != nil || !created {
+		t.Fatalf("create once storage is back: created %v, %v", created, err)
+	}
+}

@@ -92,6 +92,13 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 		s.mu.Unlock()
 		if deleted {
 			// Removed when its count, settled, says no fork reads it.
+			// After a look that failed on storage, a create looks again
+			// at once, not a minute later: it must not be told meanwhile
+			// that forks still read a stream that could not be settled.
+			// (Reads keep the minute between looks: their 410 is true.)
+			if s.settleFailed.Load() {
+				s.forksChecked.Store(0)
+			}
 			removed, err := e.settleForks(ctx, s)
 			if err != nil {
 				return Info{}, false, err
