@@ -28,6 +28,8 @@ func TestStorageKey(t *testing.T) {
 	for _, group := range [][]string{
 		{"file:///var/lib/x", "file:///var/lib/x/", "file://localhost/var/lib/x", "file:///var/lib/./x", "FILE:///var/lib/x"},
 		{"s3://b/p?region=r&path_style=true", "s3://b/p/?path_style=true&region=r", "S3://b//p/?region=r&path_style=true"},
+		// As the store's parser reads the parameters.
+		{"s3://b/p?endpoint=http://h:9000&path_style=true", "s3://b/p?endpoint=http://h:9000/&path_style=1", "s3://b/p?path_style=TRUE&endpoint=http://h:9000//"},
 	} {
 		want, err := storageKey(group[0])
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,8 +68,21 @@ func storageKey(raw string) (string, error) {
 			return "", fmt.Errorf("storage URL %q: missing bucket (s3://BUCKET/PREFIX)", raw)
 		}
 		key := "s3://" + u.Host + "/" + (&url.URL{Path: strings.Trim(u.Path, "/")}).EscapedPath()
-		if q := u.Query().Encode(); q != "" { // Encode sorts by key
-			key += "?" + q
+		// Spelled as the store's parser reads them, so that two spellings
+		// of one storage are one key here too (and caddy validate says
+		// what caddy run would): an endpoint with or without its trailing
+		// slash, path_style=1 or true.
+		q := u.Query()
+		if v := q["endpoint"]; len(v) == 1 {
+			q.Set("endpoint", strings.TrimRight(v[0], "/"))
+		}
+		if v := q["path_style"]; len(v) == 1 {
+			if b, err := strconv.ParseBool(v[0]); err == nil {
+				q.Set("path_style", strconv.FormatBool(b))
+			}
+		}
+		if enc := q.Encode(); enc != "" { // Encode sorts by key
+			key += "?" + enc
 		}
 		return key, nil
 	default:
