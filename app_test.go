@@ -979,3 +979,24 @@ func TestEngineLogsFollowTheLatestConfig(t *testing.T) {
 		t.Fatalf("after the reload's config left, the engine's line went %d times to the first config's logger, %d to the reload's; want 1 and 0", n1, n2)
 	}
 }
+
+// With neither HOME nor XDG_DATA_HOME set, Caddy's data directory is
+// "./caddy": the default storage and the node id are under it, made
+// absolute, not the file URL file://caddy/picomq/data, which names a host
+// and was refused.
+func TestDefaultStorageWithARelativeDataDir(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	t.Setenv("HOME", "")
+	t.Setenv("XDG_DATA_HOME", "")
+	want := "file://" + filepath.ToSlash(filepath.Join(dir, "caddy", "picomq", "data"))
+	if got := defaultStorageURL(); got != want {
+		t.Errorf("defaultStorageURL() = %q, want %q", got, want)
+	}
+	if err := checkStorageURL(defaultStorageURL()); err != nil {
+		t.Errorf("the default storage URL is refused: %v", err)
+	}
+	if got, want := nodeIDPath(), filepath.Join(dir, "caddy", "picomq", "node-id"); got != want {
+		t.Errorf("nodeIDPath() = %q, want %q", got, want)
+	}
+}

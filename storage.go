@@ -26,7 +26,19 @@ import (
 // rather than "picomq" itself so that the node-id file beside it is never
 // seen by the file backend as a stray object.
 func defaultStorageURL() string {
-	return (&url.URL{Scheme: "file", Path: filepath.ToSlash(filepath.Join(caddy.AppDataDir(), "picomq", "data"))}).String()
+	return (&url.URL{Scheme: "file", Path: filepath.ToSlash(filepath.Join(appDataDir(), "picomq", "data"))}).String()
+}
+
+// appDataDir is Caddy's data directory, made absolute: with neither HOME
+// nor XDG_DATA_HOME set (a service run as root without User=) Caddy's is
+// "./caddy", relative to the working directory, which a file URL cannot
+// say (file://caddy/... names a host).
+func appDataDir() string {
+	dir := caddy.AppDataDir()
+	if abs, err := filepath.Abs(dir); err == nil {
+		return abs
+	}
+	return dir
 }
 
 // storageKey normalises a storage URL into the key engines are shared under,
@@ -120,7 +132,7 @@ func openStore(rawURL string, requestTimeout time.Duration, stats *segment.Reque
 }
 
 // nodeIDPath is where this node's identity for the storage lease is kept.
-func nodeIDPath() string { return filepath.Join(caddy.AppDataDir(), "picomq", "node-id") }
+func nodeIDPath() string { return filepath.Join(appDataDir(), "picomq", "node-id") }
 
 // loadNodeID returns the node id stored at p, creating a random one on first
 // use. The id must survive restarts: a restarted node takes its own lease
