@@ -1209,6 +1209,24 @@ func TestForkTimestampsGoOnFromItsSource(t *testing.T) {
 	}
 }
 
+// unsettledSource leaves /src soft-deleted and read by no fork, its
+// removal lost with the process that deleted its last fork (the bucket
+// refused the source's gc record, which refuseGC picks), and returns a new
+// engine on the bucket, which settles /src when it is touched.
+func unsettledSource(t *testing.T) (st *hookedStore, e *Engine, refuseGC func(key string) bool) {
+	t.Helper()
+	st = newHookedStore()
+	e = startEngine(t, st, Config{})
+	forkedSource(t, e, Expiry{})
+	if err := e.Delete(context.Background(), "/src"); err != nil {
+		t.Fatal(err)
+	}
+	m := storedMeta(t, st, "/src")
+	refuseGC = func(key string) bool { return key == gcKey(m.ID) }
+	loseForkRelease(t, st, e, refuseGC)
+	return st, startEngine(t, st, Config{ExpirySweep: time.Hour}), refuseGC
+}
+
 // A create of the name of a soft-deleted stream that no fork reads any
 // more, whose removal fails on a storage fault, is ErrUnavailable (a 503),
 // and the next create, once storage is back, goes ahead at once. It was a
@@ -1216,17 +1234,7 @@ func TestForkTimestampsGoOnFromItsSource(t *testing.T) {
 // minute settleForks waits between looks.
 func TestCreateOverAnUnsettledSourceOnAFault(t *testing.T) {
 	ctx := context.Background()
-	st := newHookedStore()
-	e := startEngine(t, st, Config{})
-	forkedSource(t, e, Expiry{})
-	if err := e.Delete(ctx, "/src"); err != nil {
-		t.Fatal(err)
-	}
-	m := storedMeta(t, st, "/src")
-	refuseGC := func(key string) bool { return key == gcKey(m.ID) }
-	loseForkRelease(t, st, e, refuseGC)
-
-	e = startEngine(t, st, Config{ExpirySweep: time.Hour})
+	st, e, refuseGC := unsettledSource(t)
 	st.setHook(func(op, key string) error {
 		if op == "PUT" && refuseGC(key) {
 			return fmt.Errorf("injected: PUT of %s refused", key)
@@ -1249,17 +1257,7 @@ func TestCreateOverAnUnsettledSourceOnAFault(t *testing.T) {
 // looks again at once.
 func TestReadsOfAnUnsettledSourceKeepTheirPace(t *testing.T) {
 	ctx := context.Background()
-	st := newHookedStore()
-	e := startEngine(t, st, Config{})
-	forkedSource(t, e, Expiry{})
-	if err := e.Delete(ctx, "/src"); err != nil {
-		t.Fatal(err)
-	}
-	m := storedMeta(t, st, "/src")
-	refuseGC := func(key string) bool { return key == gcKey(m.ID) }
-	loseForkRelease(t, st, e, refuseGC)
-
-	e = startEngine(t, st, Config{ExpirySweep: time.Hour})
+	st, e, refuseGC := unsettledSource(t)
 	var tries atomic.Int64
 	st.setHook(func(op, key string) error {
 		if op == "PUT" && refuseGC(key) {
