@@ -31,7 +31,8 @@ func TestAssembleWholeRecords(t *testing.T) {
 	if string(c.bytes()) != "abcdef" || c.next != (position{3, 0}) || !c.upToDate || c.closed || !c.hasData() {
 		t.Errorf("%+v", c)
 	}
-	want := `"id1:` + position{}.String() + ":" + position{3, 0}.String() + `"`
+	// Up to date: "u" (a revalidation must be able to replace the flag).
+	want := `"id1:` + position{}.String() + ":" + position{3, 0}.String() + `:u"`
 	if c.etag() != want {
 		t.Errorf("etag %s", c.etag())
 	}

@@ -674,6 +674,13 @@ func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *st
 	case off.kind == offsetNow:
 		// The tail moves, so an offset=now answer must not be cached.
 		d.writeChunk(w, r, c, "", cacheControlNoStore, false)
+	case r.URL.RawQuery == "":
+		// The bare URL is HEAD's too, and caches (nginx's proxy_cache,
+		// Varnish) fetch a HEAD as a GET and answer later HEADs from the
+		// GET they kept: HEAD would then give this chunk's end for the
+		// tail and lack the stream's TTL and closure, for as long as it
+		// is kept. Clients that page through a stream name the offset.
+		d.writeChunk(w, r, c, "", cacheControlNoStore, true)
 	case !c.hasData() && !c.closed:
 		// "Nothing here yet" is true only until the next append (or the
 		// close, whose EOF answer a cached copy would hide); data and EOF
@@ -790,7 +797,14 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 	enc := sseEncodingOf(c.info.ContentType)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", eventFeedCacheControl(r, d.privateReads))
+	if off.kind == offsetNow {
+		// A cache collapsing readers onto one feed sends it from its
+		// start: a reader joining later would get records from before
+		// it asked, as a long-poll at now would (which is no-store too).
+		h.Set("Cache-Control", cacheControlNoStore)
+	} else {
+		h.Set("Cache-Control", eventFeedCacheControl(r, d.privateReads))
+	}
 	if enc == sseBase64 {
 		h.Set(hdrSSEDataEncoding, "base64")
 	}
@@ -1042,12 +1056,19 @@ func (c *chunk) payload() []byte {
 	return append(out, ']')
 }
 
-// etag identifies the chunk's content: stream id, range and, once the chunk
-// carries the EOF signal, the closure (so a 304 can never hide it).
+// etag identifies the chunk's answer: stream id, range and, once the chunk
+// carries the EOF signal, the closure (so a 304 can never hide it). A
+// chunk that ends exactly at a byte limit may reach the tail now and not
+// once more is appended, the range unchanged: "u" marks the first, so that
+// a revalidation replaces a kept Stream-Up-To-Date (a 304 can add or
+// replace a kept header, never drop one).
 func (c *chunk) etag() string {
 	tag := c.info.ID + ":" + c.start.String() + ":" + c.next.String()
-	if c.closed {
+	switch {
+	case c.closed:
 		tag += ":c"
+	case c.upToDate:
+		tag += ":u"
 	}
 	return `"` + tag + `"`
 }

@@ -150,12 +150,18 @@ func TestCreateAppendRead(t *testing.T) {
 		t.Errorf("Location %q", loc)
 	}
 	s.do(t, "POST", "/s", " world", ct, "TEXT/PLAIN").want(t, 204).header(t, hdrStreamNextOffset, position{2, 0}.String())
-	r = s.do(t, "GET", "/s", "").want(t, 200)
+	r = s.do(t, "GET", "/s?offset=-1", "").want(t, 200)
 	if r.body != "hello world" {
 		t.Errorf("body %q", r.body)
 	}
 	r.header(t, hdrStreamUpToDate, "true").header(t, hdrStreamNextOffset, position{2, 0}.String()).
 		header(t, "Cache-Control", cacheControlCatchUp).header(t, ct, "text/plain")
+	// The bare URL reads the same, but is HEAD's URL too: caches that
+	// fetch a HEAD as a GET would answer HEADs with this chunk's headers.
+	r = s.do(t, "GET", "/s", "").want(t, 200).header(t, "Cache-Control", cacheControlNoStore)
+	if r.body != "hello world" {
+		t.Errorf("bare URL body %q", r.body)
+	}
 	if r.h.Get(hdrStreamClosed) != "" || r.h.Get("ETag") == "" {
 		t.Errorf("headers %v", r.h)
 	}
@@ -1451,6 +1457,12 @@ func TestReadsWithCredentialsArePrivate(t *testing.T) {
 		{"catch-up now", "/s?offset=now", 200, cacheControlNoStore, cacheControlNoStore},
 		{"long-poll timeout", "/s?offset=" + tail + "&live=long-poll", 204, cacheControlNoStore, cacheControlNoStore},
 		{"SSE", "/c?offset=-1&live=sse", 200, cacheControlEventFeed, cacheControlPrivateFeed},
+		// A feed at now would give a reader that a cache collapsed onto it
+		// later records from before it asked.
+		{"SSE at now", "/c?offset=now&live=sse", 200, cacheControlNoStore, cacheControlNoStore},
+		// HEAD's URL: caches that fetch a HEAD as a GET would answer HEADs
+		// with this chunk's headers.
+		{"catch-up, bare URL", "/s", 200, cacheControlNoStore, cacheControlNoStore},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s.do(t, "GET", tc.path, "").want(t, tc.status).header(t, "Cache-Control", tc.anonymous).header(t, "Vary", "")
@@ -1487,6 +1499,8 @@ func TestCacheReadsPrivate(t *testing.T) {
 		{"catch-up now", "/s?offset=now", 200, cacheControlNoStore},
 		{"long-poll timeout", "/s?offset=" + tail + "&live=long-poll", 204, cacheControlNoStore},
 		{"SSE", "/c?offset=-1&live=sse", 200, cacheControlPrivateFeed},
+		{"SSE at now", "/c?offset=now&live=sse", 200, cacheControlNoStore},
+		{"catch-up, bare URL", "/s", 200, cacheControlNoStore},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s.do(t, "GET", tc.path, "").want(t, tc.status).header(t, "Cache-Control", tc.cacheControl)
@@ -1503,4 +1517,23 @@ func TestNewNameWithControlCharacter(t *testing.T) {
 	s.do(t, "PUT", "/a%0Ab", "", ct, "text/plain").want(t, 400)
 	s.do(t, "HEAD", "/a%0Ab", "").want(t, 404)
 	s.do(t, "PUT", "/a%20b", "", ct, "text/plain").want(t, 201)
+}
+
+// TestRevalidationReplacesUpToDate: a chunk that ends exactly at the byte
+// limit reaches the tail until the next append, its range unchanged after
+// it. Its ETag says whether it is up to date, so a cache revalidating it
+// after the append gets a 200 without Stream-Up-To-Date rather than a 304,
+// which can add or replace a kept header but never drop one: the kept
+// "up to date" would have stayed for good.
+func TestRevalidationReplacesUpToDate(t *testing.T) {
+	s := newDSServer(t, func(d *durableStreams) { d.chunkBytes = 4 })
+	s.do(t, "PUT", "/s", "abcd", ct, "text/plain").want(t, 201)
+	first := s.do(t, "GET", "/s?offset=-1", "").want(t, 200).header(t, hdrStreamUpToDate, "true")
+	tag := first.h.Get("ETag")
+	s.do(t, "GET", "/s?offset=-1", "", "If-None-Match", tag).want(t, 304)
+	s.do(t, "POST", "/s", "efgh", ct, "text/plain").want(t, 204)
+	r := s.do(t, "GET", "/s?offset=-1", "", "If-None-Match", tag).want(t, 200).header(t, hdrStreamUpToDate, "")
+	if r.body != "abcd" || r.h.Get(hdrStreamNextOffset) != first.h.Get(hdrStreamNextOffset) {
+		t.Errorf("after the append: %q to %s; want the same chunk", r.body, r.h.Get(hdrStreamNextOffset))
+	}
 }

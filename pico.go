@@ -904,12 +904,18 @@ func (p *picoProtocol) read(ctx context.Context, eng *streamstore.Engine, name s
 	return pg, nil
 }
 
-// etag identifies a page's content: stream id, format, range and, once the
-// page carries the end of a closed stream, the closure.
+// etag identifies a page's answer: stream id, format, range and, once the
+// page carries the end of a closed stream, the closure. A page of count
+// records reaches the tail now and not once more is appended, the range
+// unchanged: "u" marks the first, so that a revalidation replaces a kept
+// Pico-Up-To-Date (a 304 can add or replace a kept header, never drop one).
 func (pg *picoPage) etag(format string) string {
 	tag := fmt.Sprintf("%s:%s:%d:%d", pg.info.ID, format, pg.start, pg.next)
-	if pg.closed {
+	switch {
+	case pg.closed:
 		tag += ":c"
+	case pg.upToDate:
+		tag += ":u"
 	}
 	return `"` + tag + `"`
 }
@@ -977,6 +983,11 @@ func (p *picoProtocol) catchUp(w http.ResponseWriter, r *http.Request, eng *stre
 		// ignores Vary (many CDNs do) would hand it to readers of the
 		// same URL from the first record, who would miss the records
 		// before it.
+		cc = cacheControlNoStore
+	case r.URL.RawQuery == "":
+		// The bare URL is HEAD's too: caches that fetch a HEAD as a GET
+		// would answer later HEADs with this page's headers (its end for
+		// the tail, no Pico-Start-Seq, TTL or closure).
 		cc = cacheControlNoStore
 	}
 	if !q.seqInURL {

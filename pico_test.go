@@ -1563,7 +1563,10 @@ func TestPicoLastEventIDReadsAreNotShared(t *testing.T) {
 		first                   uint64
 		cacheControl, vary      string
 	}{
-		{"from the start, no header", "/pico/r", "", 0, cacheControlCatchUp, "Last-Event-ID"},
+		{"from the start, no header", "/pico/r?count=3", "", 0, cacheControlCatchUp, "Last-Event-ID"},
+		// HEAD's URL: caches that fetch a HEAD as a GET would answer HEADs
+		// with the page's headers.
+		{"the bare URL", "/pico/r", "", 0, cacheControlNoStore, "Last-Event-ID"},
 		{"from Last-Event-ID", "/pico/r", "1", 1, cacheControlNoStore, "Last-Event-ID"},
 		{"seq= wins over Last-Event-ID", "/pico/r?seq=2", "1", 2, cacheControlCatchUp, ""},
 		{"seq= alone", "/pico/r?seq=0", "", 0, cacheControlCatchUp, ""},
@@ -1698,4 +1701,21 @@ func TestGoneMessage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPicoRevalidationReplacesUpToDate: a page of count records that
+// reaches the tail is not up to date once a record is appended, its range
+// unchanged. Its ETag says whether it is, so a cache revalidating it gets a
+// 200 without Pico-Up-To-Date rather than a 304, which could not drop the
+// kept header.
+func TestPicoRevalidationReplacesUpToDate(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/u", nil, hCT, "text/plain").want(t, 201)
+	s.do(t, "POST", "/pico/u", []byte("a")).want(t, 200)
+	first := s.do(t, "GET", "/pico/u?seq=0&count=1", nil).want(t, 200).header(t, hdrPicoUpToDate, "true")
+	tag := first.h.Get("ETag")
+	s.do(t, "GET", "/pico/u?seq=0&count=1", nil, "If-None-Match", tag).want(t, 304)
+	s.do(t, "POST", "/pico/u", []byte("b")).want(t, 200)
+	s.do(t, "GET", "/pico/u?seq=0&count=1", nil, "If-None-Match", tag).want(t, 200).
+		header(t, hdrPicoUpToDate, "").header(t, hdrPicoNextSeq, "1")
 }

@@ -107,6 +107,13 @@ func TestProtocolRulesTheSuiteLeavesOpen(t *testing.T) {
 		{"SSE of a soft-deleted stream", fhReq{Method: "GET", Path: "/rules/src?offset=-1&live=sse"}, 410, nil, nil},
 		// 5.5, 10.1: what a cache may keep.
 		{"HEAD is not cached", fhReq{Method: "HEAD", Path: "/rules/open"}, 200, hdr("Cache-Control", "no-store", "ETag", ""), &empty},
+		// Nor is a GET of HEAD's URL: caches that fetch a HEAD as a GET
+		// (nginx, Varnish) would answer HEADs with the chunk's headers.
+		{"a GET of the bare URL is not cached", fhReq{Method: "GET", Path: "/rules/open"}, 200, hdr("Cache-Control", "no-store", "ETag", "*"), nil},
+		// A feed at now collapsed by a cache would give later readers
+		// records from before they asked.
+		{"SSE at now is not cached", fhReq{Method: "GET", Path: "/rules/closed?offset=now&live=sse"}, 200,
+			hdr("Cache-Control", "no-store"), &closedControl},
 		{"catch-up data is cacheable", fhReq{Method: "GET", Path: "/rules/open?offset=-1"}, 200, hdr("Cache-Control", cacheable, "ETag", "*"), nil},
 		{"the EOF of a closed stream is cacheable", fhReq{Method: "GET", Path: "/rules/closed?offset=" + closedTail}, 200,
 			hdr("Cache-Control", cacheable, "Stream-Closed", "true", "Stream-Up-To-Date", "true"), &empty},
