@@ -51,9 +51,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.Errf("picomq takes no argument but a matcher, got %q; options go in a block, as in: picomq { storage <url> }", d.Val())
 	}
 	seen := make(map[string]bool)
-	// An option only the Durable Streams protocol uses, refused at its
-	// line once the block has said which protocol this handler speaks.
-	var dsOnly error
 	for d.NextBlock(0) {
 		opt := d.Val()
 		if seen[opt] {
@@ -67,9 +64,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			// Before the argument count: a misspelt flag is reported as
 			// unknown, not as a wrong number of arguments.
 			return d.Errf("unrecognized picomq option %q", opt)
-		}
-		if dsOnlyOptions[opt] && dsOnly == nil {
-			dsOnly = d.Errf("%s: %s", opt, dsOnlyReason)
 		}
 		args := d.RemainingArgs()
 		if opt == "allow_loopback_webhooks" { // a flag: no argument
@@ -167,18 +161,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		}
 	}
-	if h.Protocol == protocolPico && dsOnly != nil {
-		return dsOnly
-	}
 	return nil
 }
-
-// dsOnlyOptions are the options of subscriptions, which only the Durable
-// Streams protocol has: on a Pico handler they would do nothing.
-var dsOnlyOptions = map[string]bool{"max_subscriptions": true, "allow_loopback_webhooks": true}
-
-// dsOnlyReason is why a Pico handler refuses a dsOnlyOptions option.
-const dsOnlyReason = "subscriptions are part of the Durable Streams protocol; a handler with protocol pico has none, so the option would do nothing"
 
 // sizeLimits are the size options with a bound below parseSize's own 1TiB,
 // as Validate checks them.

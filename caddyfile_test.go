@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -247,10 +248,6 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	for _, c := range []tc{
 		{"picomq extra", `picomq takes no argument but a matcher, got "extra"; options go in a block, as in: picomq { storage <url> }, at Testfile:1`},
 		{"picomq {\n\tstorage file:///a\n\tstorage file:///b\n}", "storage given more than once, at Testfile:3"},
-		// Subscription options on a Pico handler, which has none, did
-		// nothing without a word; the protocol may come before or after.
-		{"picomq {\n\tprotocol pico\n\tmax_subscriptions 10\n}", "max_subscriptions: subscriptions are part of the Durable Streams protocol; a handler with protocol pico has none, so the option would do nothing, at Testfile:3"},
-		{"picomq {\n\tallow_loopback_webhooks\n\tprotocol pico\n}", "allow_loopback_webhooks: subscriptions are part of the Durable Streams protocol; a handler with protocol pico has none, so the option would do nothing, at Testfile:2"},
 	} {
 		var h Handler
 		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(c.line)); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -570,25 +567,25 @@ func TestCaddyfileGlobalOptionRefused(t *testing.T) {
 	}
 }
 
-// A JSON config is held to what the Caddyfile refuses at the line: a
-// Pico handler takes no subscription options (checked before the defaults,
-// which set max_subscriptions whatever the protocol).
-func TestCheckDSOnly(t *testing.T) {
+// A Pico handler given the subscription options, which only Durable
+// Streams handlers use, names them to be warned about (checked before the
+// defaults, which set max_subscriptions whatever the protocol).
+func TestIgnoredDSOnly(t *testing.T) {
 	tests := []struct {
 		name string
 		h    Handler
-		want string
+		want []string
 	}{
-		{"pico", Handler{Protocol: protocolPico}, ""},
-		{"durable streams with both", Handler{MaxSubscriptions: 10, AllowLoopbackWebhooks: true}, ""},
-		{"pico with max_subscriptions", Handler{Protocol: protocolPico, MaxSubscriptions: 10}, "max_subscriptions: subscriptions are part of"},
-		{"pico with allow_loopback_webhooks", Handler{Protocol: protocolPico, AllowLoopbackWebhooks: true}, "allow_loopback_webhooks: subscriptions are part of"},
+		{"pico", Handler{Protocol: protocolPico}, nil},
+		{"durable streams with both", Handler{MaxSubscriptions: 10, AllowLoopbackWebhooks: true}, nil},
+		{"pico with max_subscriptions", Handler{Protocol: protocolPico, MaxSubscriptions: 10}, []string{"max_subscriptions"}},
+		{"pico with both", Handler{Protocol: protocolPico, MaxSubscriptions: 10, AllowLoopbackWebhooks: true},
+			[]string{"max_subscriptions", "allow_loopback_webhooks"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := tt.h.checkDSOnly()
-			if (err == nil) != (tt.want == "") || err != nil && !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("checkDSOnly() = %v, want %q", err, tt.want)
+			if got := tt.h.ignoredDSOnly(); !slices.Equal(got, tt.want) {
+				t.Errorf("ignoredDSOnly() = %q, want %q", got, tt.want)
 			}
 		})
 	}

@@ -272,9 +272,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.log = ctx.Logger()
 	h.shutdown, h.cancelShutdown = context.WithCancel(context.Background())
 	// Before the defaults, which set max_subscriptions whatever the
-	// protocol.
-	if err := h.checkDSOnly(); err != nil {
-		return err
+	// protocol. A warning, not a refusal: a snippet shared by the
+	// handlers of both protocols is a fair way to write a config.
+	if ignored := h.ignoredDSOnly(); len(ignored) > 0 {
+		h.log.Warn("options that only Durable Streams handlers use are ignored: Pico has no subscriptions",
+			zap.Strings("options", ignored))
 	}
 	h.applyDefaults()
 
@@ -369,19 +371,20 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-// checkDSOnly refuses, on a Pico handler, the options only the Durable
-// Streams protocol uses, as the Caddyfile does at their line.
-func (h *Handler) checkDSOnly() error {
+// ignoredDSOnly names the options a Pico handler was given that only the
+// Durable Streams protocol uses (subscriptions): on it they do nothing.
+func (h *Handler) ignoredDSOnly() []string {
 	if h.Protocol != protocolPico {
 		return nil
 	}
-	switch {
-	case h.MaxSubscriptions != 0:
-		return fmt.Errorf("max_subscriptions: %s", dsOnlyReason)
-	case h.AllowLoopbackWebhooks:
-		return fmt.Errorf("allow_loopback_webhooks: %s", dsOnlyReason)
+	var ignored []string
+	if h.MaxSubscriptions != 0 {
+		ignored = append(ignored, "max_subscriptions")
 	}
-	return nil
+	if h.AllowLoopbackWebhooks {
+		ignored = append(ignored, "allow_loopback_webhooks")
+	}
+	return ignored
 }
 
 func (h *Handler) applyDefaults() {

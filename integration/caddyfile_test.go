@@ -25,9 +25,6 @@ func TestCaddyfileErrorsReachTheOperator(t *testing.T) {
 		{"cache_size 64", "cache_size: 64 has no unit, and 64 bytes is too small to be meant; write the unit: 64MiB, 64KiB, or 64B", ""},
 		{"max_pending 64", "max_pending: 64 has no unit", ""},
 		{"max_append_size 100", "max_append_size: 100 has no unit", ""},
-		// A Pico handler has no subscriptions: their options would do
-		// nothing.
-		{"max_subscriptions 10", "max_subscriptions: subscriptions are part of the Durable Streams protocol", "protocol pico"},
 	} {
 		t.Run(tc.line, func(t *testing.T) {
 			directives := []string{"long_poll_timeout 5s"}
@@ -91,5 +88,21 @@ func TestGlobalPicomqOptionRefused(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the start error does not say %q:\n%s", want, truncateTail(err.Error(), 2000))
 		}
+	}
+}
+
+// TestPicoHandlerWarnsOfSubscriptionOptions: a Pico handler given the
+// options of subscriptions, which only Durable Streams handlers use (a
+// snippet shared by both, say), starts and serves, and Caddy's log names
+// the options it ignores. They were taken without a word.
+func TestPicoHandlerWarnsOfSubscriptionOptions(t *testing.T) {
+	c, err := caddytest.Launch(t, caddytest.Options{Directives: []string{"protocol pico", "max_subscriptions 10", "allow_loopback_webhooks"}})
+	if err != nil {
+		t.Fatalf("Caddy with subscription options on a Pico handler: %v", err)
+	}
+	logs := c.Logs()
+	if !strings.Contains(logs, "only Durable Streams handlers use are ignored") ||
+		!strings.Contains(logs, `"options":["max_subscriptions","allow_loopback_webhooks"]`) {
+		t.Errorf("no warning naming the ignored options:\n%s", truncateTail(logs, 3000))
 	}
 }
