@@ -222,7 +222,8 @@ type Handler struct {
 	// Accept webhook subscriptions whose URL is on this machine
 	// (http://localhost, http://127.0.0.x): the development exception of
 	// protocol section 6.2. Off by default: webhook URLs must be https to a
-	// public address (section 12.8).
+	// public address (section 12.8). Durable Streams handlers only: a Pico
+	// handler ignores it, with a warning.
 	AllowLoopbackWebhooks bool `json:"allow_loopback_webhooks,omitempty"`
 
 	// Most subscriptions (Durable Streams section 6) under one stream
@@ -232,6 +233,8 @@ type Handler struct {
 	// with something due). Subscriptions already there are kept when it is
 	// lowered. Handlers of one storage share
 	// its subscriptions, each applying its own limit. Default 1000.
+	// Durable Streams handlers only: a Pico handler ignores it, with a
+	// warning.
 	MaxSubscriptions int `json:"max_subscriptions,omitempty"`
 
 	// Whether read answers that may be cached (catch-up reads, long-polls
