@@ -623,3 +623,35 @@ func TestObjectTrimmedDuringAReadIsNotDamage(t *testing.T) {
 		t.Errorf("DamagedObjects = %d; want 0", got)
 	}
 }
+
+// A replay that meets damaged metadata of a stream with WAL entries
+// fails the start naming the object, and says it is damaged once: the
+// error said "stored records are damaged" twice, the replay's wrapping
+// and the metadata's own.
+func TestReplayOfDamagedMetadataSaysItOnce(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := New(st, testConfig(Config{}), zap.NewNop())
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, e, "/s", AppendRequest{Records: recs("a")})
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Put(ctx, metaKey("/s"), []byte(`{"version":1,`), segment.PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e = New(st, testConfig(Config{}), zap.NewNop())
+	err := e.Start(ctx)
+	t.Cleanup(func() { _ = e.Close(context.Background()) })
+	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), metaKey("/s")) {
+		t.Fatalf("start over damaged metadata: %v; want ErrDamaged naming %s", err, metaKey("/s"))
+	}
+	if n := strings.Count(err.Error(), ErrDamaged.Error()); n != 1 {
+		t.Errorf("the error says %q %d times: %v", ErrDamaged.Error(), n, err)
+	}
+}

@@ -374,6 +374,10 @@ func (e *Engine) Start(ctx context.Context) error {
 		// unseen: the start fails, naming the object, until it is
 		// restored. Deleting it would be worse: a replay stops at the
 		// first missing WAL object and drops everything after it.
+		if errors.Is(err, ErrDamaged) {
+			// A stream's metadata, which says so already.
+			return fail(fmt.Errorf("replay (restore the object from a copy; do not delete it): %w", err))
+		}
 		return fail(fmt.Errorf("replay: %w (restore the object from a copy; do not delete it): %w", ErrDamaged, err))
 	}
 	if err != nil {
