@@ -42,6 +42,7 @@ func TestColdReadSurvivesTheFirstReaderLeaving(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	getsBefore := e.proxy.Counts().Containing("GET", "/data/")
 	release := e.proxy.Hold(testenv.Fault{Op: testenv.OpGet, KeyContains: "/data/"})
 	defer release()
 	get := func(ctx context.Context) (int, string, error) {
@@ -76,13 +77,26 @@ func TestColdReadSurvivesTheFirstReaderLeaving(t *testing.T) {
 		status, body, err := get(ctx)
 		second <- answer{status, body, err}
 	}()
-	// Time for the second reader to join the GET held at the proxy.
-	time.Sleep(300 * time.Millisecond)
+	// The second reader counts its cache miss just before it joins the GET
+	// held at the proxy. Were it to leave before the join, the fix would
+	// go untested: the second reader would start a GET of its own.
+	if err := fhWaitFor(10*time.Second, 10*time.Millisecond, func() error {
+		if n := mMust(t, e.caddy.AdminAddr()).sum("picomq_cache_misses_total"); n < 2 {
+			return fmt.Errorf("%v cache misses, want both readers'", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the second reader never missed the cache: %v", err)
+	}
+	time.Sleep(50 * time.Millisecond) // from its counted miss to the join: microseconds
 	leave()
 	<-firstDone
 	time.Sleep(100 * time.Millisecond) // a cancellation would reach the held GET now
 	release()
 	a := <-second
+	if n := e.proxy.Counts().Containing("GET", "/data/") - getsBefore; n != 1 {
+		t.Fatalf("%d GETs of the data object, want the one both readers shared", n)
+	}
 	if a.err != nil || a.status != http.StatusOK || a.body != "cold record" {
 		t.Fatalf("the reader that stayed got %d %q (%v); want 200 with the record", a.status, a.body, a.err)
 	}
