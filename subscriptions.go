@@ -537,6 +537,16 @@ type subManagers struct {
 	metrics  *engineMetrics // where refused links are counted; nil in some tests
 	maxLinks int            // the most streams a subscription links; 0: subMaxLinks
 	failLog  *sampledLog    // the storage's warnings of failed requests, shared with its streams'; nil logs each
+	tick     time.Duration  // how often leases and retries are looked at; 0: subTickInterval (tests set it)
+}
+
+// tickInterval returns how often the engine's manager looks at leases and
+// retries without being kicked.
+func (sm *subManagers) tickInterval() time.Duration {
+	if sm == nil || sm.tick <= 0 {
+		return subTickInterval
+	}
+	return sm.tick
 }
 
 // storeFailLog returns the sampled log of the storage's failed requests.
@@ -669,7 +679,7 @@ func (m *subManager) run() {
 		}
 	}
 	close(m.loaded)
-	t := time.NewTicker(subTickInterval)
+	t := time.NewTicker(m.owner.tickInterval())
 	defer t.Stop()
 	for {
 		select {
