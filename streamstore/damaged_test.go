@@ -473,6 +473,19 @@ func TestDamagedObjectsAreErrDamaged(t *testing.T) {
 			}
 			return key
 		}},
+		{"another data object's bytes under the key", func(t *testing.T, st *memstore.Store) string {
+			// A sound object restored to the wrong name: its checksum
+			// holds, its records are not the ones the name says.
+			keys := st.Keys("data/")
+			data, _, err := st.Get(context.Background(), keys[0], 0, -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.Put(context.Background(), keys[1], data, segment.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			return keys[1]
+		}},
 		{"data object gone", func(t *testing.T, st *memstore.Store) string {
 			key := st.Keys("data/")[1]
 			if err := st.Delete(context.Background(), []string{key}); err != nil {

@@ -279,6 +279,7 @@ func (e *Engine) collectInto(ctx context.Context, a *readAcc, s *stream, id stri
 		default:
 			buf.escape()
 		}
+		from := seq
 		for _, r := range recs {
 			if r.Seq < seq {
 				continue
@@ -287,6 +288,14 @@ func (e *Engine) collectInto(ctx context.Context, a *readAcc, s *stream, id stri
 				return nil
 			}
 			seq = r.Seq + 1
+		}
+		if seq == from && len(a.out) > 0 {
+			return nil // the records up to here are served
+		}
+		if seq == from {
+			// Nothing at seq where it was looked for: reading again would
+			// find the same, for ever.
+			return fmt.Errorf("%w: no record %d of %s where the stream's index puts it", ErrDamaged, seq, s.name)
 		}
 	}
 	return nil
@@ -445,7 +454,7 @@ func (e *Engine) dataRecords(ctx context.Context, s *stream, id string, seq uint
 		// read ahead on a miss would wait for every third object.
 		e.prefetch(s, next)
 		if recs, buf, ok := e.cache.getHeld(sp.key); ok {
-			return recs, buf, nil
+			return e.spanRecords(s, sp, recs, buf)
 		}
 		recs, buf, err := e.fetchData(ctx, sp.key)
 		if errors.Is(err, segment.ErrNotFound) && attempt == 0 {
@@ -464,8 +473,29 @@ func (e *Engine) dataRecords(ctx context.Context, s *stream, id string, seq uint
 			// no trim or delete explains it.
 			return nil, nil, e.damagedObject(s.name, sp.key, err)
 		}
-		return recs, buf, err
+		if err != nil {
+			return nil, nil, err
+		}
+		return e.spanRecords(s, sp, recs, buf)
 	}
+}
+
+// spanRecords checks that recs, read from sp's object, are the records
+// its key names. A sound object under another key (a copy restored to the
+// wrong name) would otherwise be served as if it held them: records
+// skipped, or none past the reader's position, which it would read again
+// for ever.
+func (e *Engine) spanRecords(s *stream, sp dataSpan, recs []Record, buf *objBuf) ([]Record, *objBuf, error) {
+	if uint64(len(recs)) == sp.end-sp.first && (len(recs) == 0 || recs[0].Seq == sp.first) {
+		return recs, buf, nil
+	}
+	buf.release()
+	held := "none"
+	if len(recs) > 0 {
+		held = fmt.Sprintf("[%d, %d)", recs[0].Seq, recs[len(recs)-1].Seq+1)
+	}
+	return nil, nil, e.damagedObject(s.name, sp.key,
+		fmt.Errorf("%w: holds records %s, its name says [%d, %d)", segment.ErrCorrupt, held, sp.first, sp.end))
 }
 
 // missingObject is the error of a read of s at seq that found no object
