@@ -441,6 +441,9 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 		if err := json.Unmarshal(data, &idxs[i]); err != nil {
 			return fmt.Errorf("index of %s: %w: %v", refs[i].Key, segment.ErrCorrupt, err)
 		}
+		if err := checkPackIndex(refs[i], idxs[i]); err != nil {
+			return err
+		}
 		for _, ent := range idxs[i] {
 			metas.load(ent.Name)
 		}
@@ -491,6 +494,21 @@ func (e *Engine) replayPacks(ctx context.Context, metas *metaLoader, refs []segm
 					zap.Bool("repack", ent.Repack), zap.Stringer("at", ent.Pos),
 					zap.Uint64("checkpoint_tail", s.meta.State.NextSeq), zap.Stringer("checkpoint_upto", s.meta.Upto))
 			}
+		}
+	}
+	return nil
+}
+
+// checkPackIndex refuses an index whose entries the pack cannot hold: a
+// span outside the entries' part of the object, or records that end before
+// they start. The index matched its checksum, so only a faulty writer
+// makes one; its spans would otherwise be sliced as they come, and a
+// stream's tail could move back.
+func checkPackIndex(ref segment.PackRef, idx []packIndexEntry) error {
+	for i, ent := range idx {
+		if !spanWithin(ent.Off, ent.Len, ref.IndexOff) || ent.First > ent.End {
+			return fmt.Errorf("index of %s: %w: entry %d (%s) spans [%d, +%d) of %d bytes, seqs [%d, %d)",
+				ref.Key, segment.ErrCorrupt, i, ent.Name, ent.Off, ent.Len, ref.IndexOff, ent.First, ent.End)
 		}
 	}
 	return nil
@@ -692,7 +710,7 @@ func (e *Engine) readRange(ctx context.Context, rg packedRange, damaged func(wal
 		// taken from the object), so a damaged entry costs only its own
 		// run, not its neighbours in the range.
 		off := r.span.Off - rg.off
-		if off < 0 || off+r.span.Len > int64(len(data)) {
+		if !spanWithin(off, r.span.Len, int64(len(data))) {
 			err := fmt.Errorf("read %s: %w: short range", r.key, segment.ErrCorrupt)
 			if damaged == nil {
 				return nil, err

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -803,5 +806,104 @@ func TestReplayPackEntry(t *testing.T) {
 				t.Errorf("runs %v, tail %d; want %v, %d", runs, s.durable.NextSeq, tc.wantRuns, tc.wantTail)
 			}
 		})
+	}
+}
+
+// A pack index that matches its checksum but names spans the pack cannot
+// hold (only a faulty writer makes one) fails the start as a damaged
+// index does, naming the pack. Its spans were sliced as they came: a
+// negative length passed the bounds check and a read of the stream
+// panicked, taking the process down.
+func TestReplayRefusesAPackIndexOutOfRange(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bend func(ent *packIndexEntry, indexOff int64)
+	}{
+		{"negative length", func(ent *packIndexEntry, _ int64) { ent.Len = -3 }},
+		{"past the entries", func(ent *packIndexEntry, indexOff int64) { ent.Off = indexOff - 2 }},
+		{"huge offset", func(ent *packIndexEntry, _ int64) { ent.Off = math.MaxInt64 - 1 }},
+		{"records end before they start", func(ent *packIndexEntry, _ int64) { ent.First = ent.End + 1 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			e := startEngine(t, st, Config{})
+			for _, name := range []string{"/p/a", "/p/b"} {
+				if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+					t.Fatal(err)
+				}
+				mustAppend(t, e, name, AppendRequest{Records: recs("x", "y")})
+			}
+			mustCompact(t, e)
+			if err := e.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			mans := segment.NewManifests(st)
+			m, _, err := mans.Load(ctx)
+			if err != nil || len(m.Packs) != 1 {
+				t.Fatalf("manifest packs %v (%v); want one", m.Packs, err)
+			}
+			ref := m.Packs[0]
+			obj, _, err := st.Get(ctx, ref.Key, 0, -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var idx []packIndexEntry
+			if err := json.Unmarshal(obj[ref.IndexOff:ref.IndexOff+ref.IndexLen], &idx); err != nil {
+				t.Fatal(err)
+			}
+			tc.bend(&idx[len(idx)-1], ref.IndexOff)
+			bent, err := json.Marshal(idx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			obj = append(slices.Clone(obj[:ref.IndexOff]), bent...)
+			if _, err := st.Put(ctx, ref.Key, obj, segment.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := mans.Update(ctx, func(m *segment.Manifest) error {
+				m.Packs[0].IndexLen = int64(len(bent))
+				m.Packs[0].IndexCRC = crc32.Checksum(bent, crc32.MakeTable(crc32.Castagnoli))
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+
+			e2 := New(st, testConfig(Config{}), zap.NewNop())
+			err = e2.Start(ctx)
+			if err == nil {
+				defer e2.Close(ctx)
+				var got []string
+				for _, name := range []string{"/p/a", "/p/b"} {
+					_, err := e2.Read(ctx, name, ReadRequest{})
+					got = append(got, fmt.Sprintf("%s: %v", name, err))
+				}
+				t.Fatalf("an engine started on a pack index whose spans the pack cannot hold; reads: %v", got)
+			}
+			if !errors.Is(err, segment.ErrCorrupt) || !strings.Contains(err.Error(), ref.Key) {
+				t.Fatalf("start: %v; want the index corrupt, naming %s", err, ref.Key)
+			}
+		})
+	}
+}
+
+func TestSpanWithin(t *testing.T) {
+	for _, tc := range []struct {
+		off, n, size int64
+		want         bool
+	}{
+		{0, 10, 10, true},
+		{5, 5, 10, true},
+		{5, 6, 10, false},
+		{-1, 2, 10, false},
+		{3, 0, 10, false},
+		{3, -2, 10, false},
+		{11, 1, 10, false},
+		{math.MaxInt64, math.MaxInt64, 10, false},
+		{2, math.MaxInt64, 10, false},
+	} {
+		if got := spanWithin(tc.off, tc.n, tc.size); got != tc.want {
+			t.Errorf("spanWithin(%d, %d, %d) = %v, want %v", tc.off, tc.n, tc.size, got, tc.want)
+		}
 	}
 }

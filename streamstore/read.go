@@ -386,7 +386,7 @@ func (e *Engine) recordsKept(ctx context.Context, s *stream, id string, seq uint
 // object that starts at offset base, and checks it holds r's records.
 func decodeRun(data []byte, base int64, r walRun) (*segment.Entry, error) {
 	off := r.span.Off - base
-	if off < 0 || off+r.span.Len > int64(len(data)) {
+	if !spanWithin(off, r.span.Len, int64(len(data))) {
 		return nil, fmt.Errorf("read %s: %w: short range", r.key, segment.ErrCorrupt)
 	}
 	ent, _, err := segment.DecodeEntry(data[off : off+r.span.Len])
@@ -397,6 +397,13 @@ func decodeRun(data []byte, base int64, r walRun) (*segment.Entry, error) {
 		return nil, fmt.Errorf("read %s: %w: entry is not the expected one", r.key, segment.ErrCorrupt)
 	}
 	return ent, nil
+}
+
+// spanWithin reports whether the n bytes at off lie within size bytes,
+// without overflow for any off and n (a pack index is read from the
+// bucket).
+func spanWithin(off, n, size int64) bool {
+	return off >= 0 && n > 0 && off <= size && n <= size-off
 }
 
 // blobRecords reads the records of a committed blob entry of stream id.
