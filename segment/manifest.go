@@ -611,6 +611,13 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, token string
 			return *n.SealedAt, nil
 		}
 		key := WALKey(n.ID, seq)
+		if !present[seq] && n.SealedAt != nil {
+			// An earlier replay found every object up to the seal, and
+			// compaction moves ReplayFrom before it deletes any: this one
+			// was lost (an operator, a lifecycle rule). Sealing the gap
+			// would drop the acknowledged objects after it unseen.
+			return 0, fmt.Errorf("replay %s: %w: missing, below its namespace's seal at %d; restore it from a copy", key, ErrCorrupt, *n.SealedAt)
+		}
 		if !present[seq] {
 			outcome, err := seal(ctx, store, n.ID, seq, token, 6, false)
 			if err != nil {

@@ -3,6 +3,7 @@ package segment_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
@@ -142,5 +143,49 @@ func TestReplayRefusesDamagedHeaders(t *testing.T) {
 	obj, err := segment.DecodeWAL(segment.EncodeSeal(3, 4, "0123456789abcdef01234567"))
 	if err != nil || !obj.Sealed || obj.Namespace != 3 || obj.Seq != 4 || obj.SealToken != "0123456789abcdef01234567" {
 		t.Fatalf("a seal decodes as %+v, %v", obj, err)
+	}
+}
+
+// A WAL object missing below its namespace's seal was lost: an earlier
+// replay applied every object up to the seal, and compaction moves the
+// namespace's start before it deletes any. Replay refuses to start over
+// it, naming the key, where it used to seal the gap without a word and
+// drop the acknowledged objects after it. A gap in a namespace no replay
+// has sealed yet is where its writer stopped, and is sealed as before.
+func TestReplayRefusesAGapBelowTheSeal(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	apply := segment.ReplayFuncs{Apply: func(string, *segment.WALObject) error { return nil }}
+	ns, err := segment.Replay(ctx, st, segment.NewManifests(st), "first", apply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := range uint64(3) {
+		entry := &segment.Entry{StreamID: "id", Name: "/s", FirstSeq: seq, Records: []segment.Record{{Seq: seq, Body: []byte("acknowledged")}}}
+		data, _ := segment.EncodeWAL(ns, seq, []*segment.Entry{entry})
+		if _, err := st.Put(ctx, segment.WALKey(ns, seq), data, segment.PutOptions{IfNoneMatch: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The second process seals the first's namespace at 3.
+	var applied []string
+	count := segment.ReplayFuncs{Apply: func(key string, _ *segment.WALObject) error { applied = append(applied, key); return nil }}
+	if _, err := segment.Replay(ctx, st, segment.NewManifests(st), "second", count); err != nil {
+		t.Fatal(err)
+	}
+	if len(applied) != 3 {
+		t.Fatalf("the first replay applied %v; want the 3 objects", applied)
+	}
+	lost := segment.WALKey(ns, 1)
+	if err := st.Delete(ctx, []string{lost}); err != nil {
+		t.Fatal(err)
+	}
+	applied = nil
+	_, err = segment.Replay(ctx, st, segment.NewManifests(st), "third", count)
+	if !errors.Is(err, segment.ErrCorrupt) || !strings.Contains(err.Error(), lost) {
+		t.Fatalf("replay over %s missing below the seal: %v (applied %v); want ErrCorrupt naming it", lost, err, applied)
+	}
+	if seal, _, err := st.Get(ctx, lost, 0, -1); err == nil {
+		t.Fatalf("the replay wrote %d bytes at the lost object's key; want it left for a restore", len(seal))
 	}
 }
