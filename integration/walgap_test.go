@@ -71,3 +71,45 @@ func TestLostWALObjectBelowASealStopsTheStart(t *testing.T) {
 	}
 	t.Logf("the refused start: %v", fmt.Sprint(err))
 }
+
+// TestRestoredOldManifestStopsTheStart: through Caddy on versitygw, the
+// manifest is put back to a copy from before the last start (an operator
+// restoring a backup), so its next namespace number is the one the last
+// process wrote its WAL under. The start refuses, naming the object found
+// there, rather than writing a new WAL over the old one's keys, where an
+// upload meeting an old object could be taken for landed.
+func TestRestoredOldManifestStopsTheStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1h"}})
+	const path, ct = "/walgap/restored", "text/plain"
+	e.create(path, ct)
+	e.append(path, ct, []byte("a;"))
+	if err := e.caddy.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	old, err := e.get("manifest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.caddy.TryRestart(); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	e.append(path, ct, []byte("b;"))
+	if err := e.caddy.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	fhPutRaw(t, e, "manifest", old)
+
+	err = e.caddy.TryRestart()
+	if err == nil {
+		resp := e.must(fhReq{Method: "POST", Path: path, Header: map[string]string{"Content-Type": ct}, Body: []byte("c;")})
+		got, _, rerr := e.readBytes(path)
+		t.Fatalf("Caddy started on the restored manifest; an append answered %s, and %s reads %q (%v)", resp, path, got, rerr)
+	}
+	logs := e.caddy.Logs()
+	if !strings.Contains(logs, "older copy") || !strings.Contains(logs, "wal/") {
+		t.Fatalf("the refused start (%v) does not say why: %s", err, logs)
+	}
+}

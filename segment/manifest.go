@@ -189,12 +189,41 @@ func (m *Manifests) Load(ctx context.Context) (Manifest, string, error) {
 	return man, etag, nil
 }
 
+// takeNamespace takes cur's next namespace number. One the manifest
+// still lists, or whose WAL is in the bucket, is refused: a manifest that
+// went back (restored from an older copy, edited) would have the writer's
+// uploads meet the old objects at their keys, and an old batch could be
+// taken for the new one. The listing costs one LIST per start.
+func (m *Manifests) takeNamespace(ctx context.Context, cur *Manifest) (uint64, error) {
+	id := cur.NextNamespace
+	used := make([]uint64, 0, len(cur.Namespaces)+len(cur.RetiredWAL))
+	for _, n := range cur.Namespaces {
+		used = append(used, n.ID)
+	}
+	for _, u := range append(used, cur.RetiredWAL...) {
+		if u >= id {
+			return 0, fmt.Errorf("%w: manifest: next namespace %d, but namespace %d is listed; was the manifest restored from an older copy?", ErrCorrupt, id, u)
+		}
+	}
+	objs, _, err := m.store.List(ctx, WALPrefix(id), "", 1)
+	if err != nil {
+		return 0, fmt.Errorf("list %s: %w", WALPrefix(id), err)
+	}
+	if len(objs) > 0 {
+		return 0, fmt.Errorf("%w: manifest: next namespace %d, but %s is in the bucket; was the manifest restored from an older copy?", ErrCorrupt, id, objs[0].Key)
+	}
+	cur.NextNamespace++
+	return id, nil
+}
+
 // RegisterNamespace adds a fresh namespace to the manifest and returns it.
 func (m *Manifests) RegisterNamespace(ctx context.Context) (uint64, error) {
 	var id uint64
 	_, err := m.Update(ctx, func(man *Manifest) error {
-		id = man.NextNamespace
-		man.NextNamespace++
+		var err error
+		if id, err = m.takeNamespace(ctx, man); err != nil {
+			return err
+		}
 		// A namespace being replaced is sealed by whoever replaces it; the
 		// live one of this process is the only unsealed entry it adds.
 		man.Namespaces = append(man.Namespaces, Namespace{ID: id, Owner: m.token()})
@@ -494,8 +523,10 @@ func Replay(ctx context.Context, store Store, m *Manifests, token string, fn Rep
 	m.owner = ""
 	m.mu.Unlock()
 	man, err := m.Update(ctx, func(cur *Manifest) error {
-		ns = cur.NextNamespace
-		cur.NextNamespace++
+		var err error
+		if ns, err = m.takeNamespace(ctx, cur); err != nil {
+			return err
+		}
 		cur.Namespaces = append(cur.Namespaces, Namespace{ID: ns, Owner: token})
 		return nil
 	})

@@ -189,3 +189,57 @@ func TestReplayRefusesAGapBelowTheSeal(t *testing.T) {
 		t.Fatalf("the replay wrote %d bytes at the lost object's key; want it left for a restore", len(seal))
 	}
 }
+
+// A manifest whose next namespace number went back (restored from an
+// older copy, edited) is refused when a process registers its namespace:
+// its writer's uploads would meet the old objects at their keys, and an
+// old batch could be taken for its own. It used to take the number.
+func TestRegisteringANamespaceRefusesOneInUse(t *testing.T) {
+	apply := segment.ReplayFuncs{Apply: func(string, *segment.WALObject) error { return nil }}
+	for _, tc := range []struct {
+		name string
+		bend func(m *segment.Manifest)
+	}{
+		{"a listed namespace", func(m *segment.Manifest) { m.NextNamespace = m.Namespaces[len(m.Namespaces)-1].ID }},
+		{"a retired namespace", func(m *segment.Manifest) {
+			m.RetiredWAL = append(m.RetiredWAL, m.NextNamespace+2)
+		}},
+		{"an unlisted namespace with objects in the bucket", func(m *segment.Manifest) {
+			// The copy from before the first process registered.
+			m.NextNamespace, m.Namespaces = m.Namespaces[0].ID, nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			mans := segment.NewManifests(st)
+			first, err := segment.Replay(ctx, st, mans, "first", apply)
+			if err != nil {
+				t.Fatal(err)
+			}
+			entry := &segment.Entry{StreamID: "id", Name: "/s", Records: []segment.Record{{Body: []byte("acknowledged")}}}
+			data, _ := segment.EncodeWAL(first, 0, []*segment.Entry{entry})
+			if _, err := st.Put(ctx, segment.WALKey(first, 0), data, segment.PutOptions{IfNoneMatch: true}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := mans.Update(ctx, func(m *segment.Manifest) error { tc.bend(m); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			before, _, err := segment.NewManifests(st).Load(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ns, err := segment.Replay(ctx, st, segment.NewManifests(st), "second", apply)
+			if !errors.Is(err, segment.ErrCorrupt) || !strings.Contains(err.Error(), "namespace") {
+				t.Fatalf("replay registered namespace %d (%v) over a manifest whose next number is in use; want ErrCorrupt", ns, err)
+			}
+			if _, err := segment.NewManifests(st).RegisterNamespace(ctx); !errors.Is(err, segment.ErrCorrupt) {
+				t.Fatalf("RegisterNamespace over it: %v; want ErrCorrupt", err)
+			}
+			after, _, err := segment.NewManifests(st).Load(ctx)
+			if err != nil || after.NextNamespace != before.NextNamespace || len(after.Namespaces) != len(before.Namespaces) {
+				t.Fatalf("the refused registrations changed the manifest: %+v, was %+v (%v)", after, before, err)
+			}
+		})
+	}
+}
