@@ -46,7 +46,7 @@ func DecodeData(data []byte) ([]Record, error) {
 	d := decoder{b: body[5:]}
 	first := d.u64()
 	n := d.u32()
-	if d.err == nil && uint64(n)*16 > uint64(len(d.b)) {
+	if d.err == nil && uint64(n)*minRecordBytes > uint64(len(d.b)) {
 		return nil, fmt.Errorf("%w: record count %d too large", ErrCorrupt, n)
 	}
 	recs := make([]Record, n)

@@ -441,7 +441,9 @@ func DecodeEntry(data []byte) (*Entry, int, error) {
 				e.Records[i] = Record{Seq: e.FirstSeq + uint64(i), Timestamp: ts}
 			}
 		}
-	} else if d.err == nil && uint64(n) > uint64(len(payload)) {
+	} else if d.err == nil && uint64(n)*minRecordBytes > uint64(len(d.b)) {
+		// Checked before the records are allocated, each far larger in
+		// memory than its smallest encoding.
 		d.err = errTruncated
 	}
 	if d.err == nil && e.Blob == "" {
@@ -461,6 +463,10 @@ func DecodeEntry(data []byte) (*Entry, int, error) {
 }
 
 var errTruncated = errors.New("truncated")
+
+// minRecordBytes is the smallest encoded record: a timestamp and the
+// header count and body length.
+const minRecordBytes = 16
 
 // maxBlobRecords bounds the record count of a blob entry read from the WAL;
 // every record of a blob costs at least 16 bytes of it, and no append is

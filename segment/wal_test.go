@@ -1,6 +1,12 @@
 package segment
 
-import "testing"
+import (
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"runtime"
+	"testing"
+)
 
 func TestWALEntryRoundTrip(t *testing.T) {
 	tests := []struct {
@@ -90,5 +96,33 @@ func TestRecordsMemSize(t *testing.T) {
 				t.Errorf("RecordsMemSize = %d, want %d", got, tc.want)
 			}
 		})
+	}
+}
+
+// An entry whose record count its bytes cannot hold (every record takes at
+// least 16 of them) is refused before the records are allocated: a count
+// up to the entry's size used to pass, and a 1 MiB entry could make the
+// decoder allocate about 64 MiB of records before it found out.
+func TestDecodeEntryRefusesACountItsBytesCannotHold(t *testing.T) {
+	body := make([]byte, 1<<20)
+	e := &Entry{StreamID: "id", Name: "/s", Records: []Record{{Body: body}}}
+	data := AppendEntry(nil, e)
+	payload := data[8:]
+	at := 1 + 4 + len(e.StreamID) + 4 + len(e.Name) + 16 // the record count
+	if got := binary.BigEndian.Uint32(payload[at:]); got != 1 {
+		t.Fatalf("the record count is not at %d: %d there", at, got)
+	}
+	binary.BigEndian.PutUint32(payload[at:], uint32(len(payload)/2))
+	binary.BigEndian.PutUint32(data[4:], crc32.Checksum(payload, castagnoli))
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, _, err := DecodeEntry(data)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("decode: %v; want ErrCorrupt", err)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
+		t.Fatalf("decoding an entry of %d bytes that claims %d records allocated %d MiB", len(data), len(payload)/2, alloc>>20)
 	}
 }
