@@ -17,6 +17,7 @@ func TestCheckFormat(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		before  string // "" when the bucket has no format object
+		others  bool   // the bucket holds a manifest
 		after   int
 		refused string
 	}{
@@ -27,6 +28,10 @@ func TestCheckFormat(t *testing.T) {
 		{name: "before packs", before: `{"picomq_format":1}`, after: 4},
 		{name: "newer", before: `{"picomq_format":5}`, after: 5, refused: "format version 5"},
 		{name: "not ours", before: `{"other":1}`, refused: "version 0"},
+		// A manifest without a format object: the format object was lost
+		// or left out of a copy. It used to be created as this build's,
+		// over storage a newer build may have laid out.
+		{name: "lost", others: true, refused: "no format object"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -36,10 +41,18 @@ func TestCheckFormat(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			if tc.others {
+				if _, err := st.Put(ctx, "manifest", []byte(`{"version":1,"next_namespace":7}`), segment.PutOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			err := segment.CheckFormat(ctx, st)
 			if tc.refused != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.refused) {
 					t.Fatalf("CheckFormat over %s: %v; want a refusal naming %q", tc.before, err, tc.refused)
+				}
+				if data, _, gerr := st.Get(ctx, "format", 0, -1); string(data) != tc.before && gerr == nil {
+					t.Fatalf("the refusal left format object %s; want %q", data, tc.before)
 				}
 				return
 			}

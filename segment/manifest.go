@@ -40,6 +40,15 @@ func CheckFormat(ctx context.Context, store Store) error {
 	want := []byte(fmt.Sprintf(`{"picomq_format":%d}`, FormatVersion))
 	data, etag, err := store.Get(ctx, formatKey, 0, -1)
 	if errors.Is(err, ErrNotFound) {
+		// Every build since the first writes the format object before
+		// anything else: storage with a manifest and none lost it, and
+		// this build cannot tell which layout the rest is in.
+		switch _, _, merr := store.Get(ctx, manifestKey, 0, 0); {
+		case merr == nil:
+			return errors.New("storage has a manifest but no format object (lost, or left out of a copy); restore it from a copy of the same storage")
+		case !errors.Is(merr, ErrNotFound):
+			return fmt.Errorf("read manifest: %w", merr)
+		}
 		_, err = store.Put(ctx, formatKey, want, PutOptions{IfNoneMatch: true})
 		if err == nil {
 			return nil

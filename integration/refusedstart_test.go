@@ -113,3 +113,36 @@ func TestRestoredOldManifestStopsTheStart(t *testing.T) {
 		t.Fatalf("the refused start (%v) does not say why: %s", err, logs)
 	}
 }
+
+// TestLostFormatObjectStopsTheStart: through Caddy on versitygw, storage
+// whose format object is gone (lost, or left out of a copy) but whose
+// manifest is there is refused with the reason. The format object used to
+// be written afresh as this build's version, over storage a newer build
+// may have laid out differently.
+func TestLostFormatObjectStopsTheStart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{})
+	const path, ct = "/format/s", "text/plain"
+	e.create(path, ct)
+	e.append(path, ct, []byte("a;"))
+	if err := e.caddy.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := e.v.Client().DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(e.bucket), Key: aws.String(fhPrefix + "format")}); err != nil {
+		t.Fatalf("delete the format object: %v", err)
+	}
+	err := e.caddy.TryRestart()
+	if err == nil {
+		t.Fatal("Caddy started on storage that lost its format object")
+	}
+	if logs := e.caddy.Logs(); !strings.Contains(logs, "no format object") {
+		t.Fatalf("the refused start (%v) does not say why: %s", err, logs)
+	}
+	if _, gerr := e.get("format"); gerr == nil {
+		t.Fatal("the refused start wrote a format object")
+	}
+}
