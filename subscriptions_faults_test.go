@@ -39,7 +39,21 @@ func TestPullWakeAnnouncedAgainAfterFailedAppend(t *testing.T) {
 	if st, _ := n.call(t, "PUT", "/v1/stream/events/a", `{"n":1}`); st != 201 {
 		t.Fatalf("create stream: %d", st)
 	}
-	time.Sleep(500 * time.Millisecond) // the wake is issued; its event append fails (no wake stream)
+	// The wake is issued; its event append fails (no wake stream). Wait
+	// for that failure to be recorded (status "failed": Failures > 0 and a
+	// retry time set) before the wake stream exists, or the append may run
+	// after it and succeed, leaving the retry path untested.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, v := n.call(t, "GET", sub, "")
+		if v["status"] == "failed" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the wake event's append never failed (subscription %v): nothing tested", v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if st, _ := n.call(t, "PUT", "/v1/stream/wake/pool", "[]"); st != 201 {
 		t.Fatalf("create wake stream: %d", st)
 	}
@@ -49,7 +63,7 @@ func TestPullWakeAnnouncedAgainAfterFailedAppend(t *testing.T) {
 			t.Fatalf("append: %d", st)
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second) // five lease TTLs
+	deadline = time.Now().Add(5 * time.Second) // five lease TTLs
 	for time.Now().Before(deadline) {
 		if strings.Contains(n.wakeEvents(t, "/v1/stream/wake/pool"), `"subscription_id":"p1"`) {
 			return
