@@ -155,8 +155,14 @@ func TestLookupDuringRefusedCreateSeesTheStream(t *testing.T) {
 		_, err := e.Head(ctx, name)
 		headDone <- err
 	}()
-	// The lookup queues behind the create's claim on the name.
-	time.Sleep(20 * time.Millisecond)
+	// The lookup queues behind the create's claim on the name: wait until
+	// it does, or a Head that ran after the create never waited on it.
+	if err := waitUntil(5*time.Second, func() bool {
+		return goroutineWaits("streamstore.awaitClaim(", "streamstore.(*Engine).Head(")
+	}); err != nil {
+		close(release)
+		t.Fatal("the lookup never queued on the create's claim: nothing tested")
+	}
 	close(release)
 
 	if r := <-createDone; r.err != nil || r.created {

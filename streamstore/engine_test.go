@@ -803,16 +803,23 @@ func TestReconfigureRearmsExpirySweep(t *testing.T) {
 	}
 }
 
-// goroutineWaits reports whether a goroutine whose stack holds fn is
-// blocked in a select.
-func goroutineWaits(fn string) bool {
+// goroutineWaits reports whether a goroutine whose stack holds fn (and
+// every one of more) is blocked in a select.
+func goroutineWaits(fn string, more ...string) bool {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
+next:
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		header, _, _ := strings.Cut(g, "\n")
-		if strings.Contains(g, fn) && strings.Contains(header, "[select") {
-			return true
+		if !strings.Contains(g, fn) || !strings.Contains(header, "[select") {
+			continue
 		}
+		for _, f := range more {
+			if !strings.Contains(g, f) {
+				continue next
+			}
+		}
+		return true
 	}
 	return false
 }
