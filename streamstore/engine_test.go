@@ -824,6 +824,29 @@ next:
 	return false
 }
 
+// goroutineSelectsIn reports whether a goroutine is blocked in a select
+// of fn itself: fn is its innermost frame outside the runtime.
+func goroutineSelectsIn(fn string) bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		lines := strings.Split(g, "\n")
+		if !strings.Contains(lines[0], "[select") {
+			continue
+		}
+		for _, l := range lines[1:] {
+			if strings.HasPrefix(l, "\t") || strings.HasPrefix(l, "runtime.") {
+				continue
+			}
+			if strings.Contains(l, fn) {
+				return true
+			}
+			break
+		}
+	}
+	return false
+}
+
 // stalledStore is a store whose every call waits for release; entered is
 // closed by the first call.
 type stalledStore struct {

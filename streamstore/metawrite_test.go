@@ -535,7 +535,15 @@ func TestProducerRetryAfterAbort(t *testing.T) {
 		t.Fatal("the original append never reached the writer")
 	}
 	go func() { retry <- app() }()
-	time.Sleep(100 * time.Millisecond) // the retry finds the original in flight
+	// The retry finds the original in flight and waits for it to settle
+	// (in Append's own select; the original waits in awaitBatch). Not
+	// parked there before the abort, it never waited on the original.
+	if err := waitUntil(5*time.Second, func() bool {
+		return goroutineSelectsIn("streamstore.(*Engine).Append(")
+	}); err != nil {
+		close(gate)
+		t.Fatal("the retry never waited on the original in flight: nothing tested")
+	}
 	close(gate)
 	if err := <-first; !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("original: %v", err)
