@@ -3,6 +3,8 @@ package segment
 import (
 	"context"
 	"errors"
+	"fmt"
+	"hash/crc32"
 	"testing"
 	"time"
 )
@@ -25,6 +27,13 @@ func TestFileLockWaitEndsWithItsContext(t *testing.T) {
 	t.Cleanup(func() { other.Close() })
 
 	const key = "meta/a"
+	stripe := crc32.ChecksumIEEE([]byte(key)) % fileLockStripes
+	key2 := "" // another key of the same stripe
+	for i := 0; key2 == ""; i++ {
+		if k := fmt.Sprintf("meta/b%d", i); crc32.ChecksumIEEE([]byte(k))%fileLockStripes == stripe {
+			key2 = k
+		}
+	}
 	unlock, err := other.lock(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
@@ -38,13 +47,20 @@ func TestFileLockWaitEndsWithItsContext(t *testing.T) {
 		_, err := mine.Put(first, key, []byte("1"), PutOptions{})
 		firstDone <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // the first write waits on the other's file lock
+	// The first write takes the stripe's lock here and waits on the
+	// other's file lock; until it holds the stripe, the second write would
+	// not wait on it at all.
+	for deadline := time.Now().Add(5 * time.Second); len(mine.locks[stripe]) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first write never took the stripe's lock: nothing tested")
+		}
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		_, err := mine.Put(ctx, key, []byte("2"), PutOptions{})
+		_, err := mine.Put(ctx, key2, []byte("2"), PutOptions{})
 		done <- err
 	}()
 	select {
