@@ -349,12 +349,21 @@ func TestWaitWakesOnDurableAppend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s, err := e.live(ctx, "/w")
+	if err != nil {
+		t.Fatal(err)
+	}
 	got := make(chan Info, 1)
 	go func() {
 		i, _ := e.Wait(ctx, "/w", info.ID, 0)
 		got <- i
 	}()
-	time.Sleep(20 * time.Millisecond)
+	// The waiter parks before the append (it counts itself in s.waiters
+	// once it holds the change channel), or Wait would find the record
+	// durable and return without waiting.
+	if err := waitUntil(5*time.Second, func() bool { return s.waiters.Load() >= 1 }); err != nil {
+		t.Fatal("Wait never parked: nothing tested")
+	}
 	if _, err := e.Append(ctx, "/w", AppendRequest{Records: recs("a")}); err != nil {
 		t.Fatal(err)
 	}
