@@ -126,10 +126,11 @@ func TestFoldAppendsOfOneStream(t *testing.T) {
 func TestFoldLeavesCloseAlone(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
-	release := make(chan struct{})
-	var once sync.Once
+	release, held := make(chan struct{}), make(chan struct{})
+	var once, heldOnce sync.Once
 	st.SetFail(func(op, key string) error {
 		if op == "PUT" && strings.HasPrefix(key, "wal/") {
+			heldOnce.Do(func() { close(held) })
 			<-release
 		}
 		return nil
@@ -143,23 +144,61 @@ func TestFoldLeavesCloseAlone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	c, err := e.live(ctx, "/c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// joinedC waits until /c's pending tail is at next: the append before
+	// it has joined the writer's open batch (folded or not).
+	joinedC := func(next uint64) {
+		t.Helper()
+		if err := waitUntil(5*time.Second, func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.pend.NextSeq == next
+		}); err != nil {
+			once.Do(func() { close(release) })
+			t.Fatalf("/c's append %d never joined the WAL writer", next)
+		}
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { e.Append(ctx, "/other", AppendRequest{Records: recs("x")}) })
-	time.Sleep(20 * time.Millisecond)
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		once.Do(func() { close(release) })
+		t.Fatal("the first WAL upload never started")
+	}
 	wg.Go(func() {
 		e.Append(ctx, "/c", AppendRequest{Records: recs("a"), Producer: &Producer{ID: "pa", Epoch: 1, Seq: 0}})
 	})
-	time.Sleep(20 * time.Millisecond)
+	joinedC(1)
 	var closeRes AppendResult
 	var closeErr error
 	wg.Go(func() {
 		closeRes, closeErr = e.Append(ctx, "/c", AppendRequest{Records: recs("b"), Close: true})
 	})
-	time.Sleep(20 * time.Millisecond)
+	joinedC(2)
 	once.Do(func() { close(release) })
 	wg.Wait()
 	if closeErr != nil || !closeRes.Closed {
 		t.Fatalf("close: %+v, %v", closeRes, closeErr)
+	}
+	// a and the close were in one batch (one WAL object), or the close
+	// could not have folded into a's entry whatever the engine does.
+	coBatched := false
+	for _, k := range st.Keys("wal/") {
+		var a, closing bool
+		for _, ent := range walObjectEntries(t, st, k, "/c") {
+			for _, r := range ent.Records {
+				a = a || string(r.Body) == "a"
+			}
+			closing = closing || ent.Closed
+		}
+		coBatched = coBatched || (a && closing)
+	}
+	if !coBatched {
+		t.Fatal("a and the close were not co-batched: nothing tested")
 	}
 	// The close is an entry of its own, without pa's producer state
 	// (folded, it would carry pa's and record pa as the closer).
@@ -183,18 +222,27 @@ func walEntriesOf(t *testing.T, st *memstore.Store, name string) []*segment.Entr
 	t.Helper()
 	var out []*segment.Entry
 	for _, k := range st.Keys("wal/") {
-		data, _, err := st.Get(context.Background(), k, 0, -1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		obj, err := segment.DecodeWAL(data)
-		if err != nil {
-			t.Fatalf("decode %s: %v", k, err)
-		}
-		for _, ent := range obj.Entries {
-			if ent.Name == name {
-				out = append(out, ent)
-			}
+		out = append(out, walObjectEntries(t, st, k, name)...)
+	}
+	return out
+}
+
+// walObjectEntries decodes the WAL object at key k and returns the entries
+// of stream name.
+func walObjectEntries(t *testing.T, st *memstore.Store, k, name string) []*segment.Entry {
+	t.Helper()
+	data, _, err := st.Get(context.Background(), k, 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := segment.DecodeWAL(data)
+	if err != nil {
+		t.Fatalf("decode %s: %v", k, err)
+	}
+	var out []*segment.Entry
+	for _, ent := range obj.Entries {
+		if ent.Name == name {
+			out = append(out, ent)
 		}
 	}
 	return out
