@@ -597,7 +597,9 @@ func TestPicoProtocol(t *testing.T) {
 			}
 			done <- resp
 		}()
-		time.Sleep(300 * time.Millisecond)
+		// The long-poll is open before the append: one that came after it
+		// would answer b at once, and the wake-up would go untested.
+		fhWaitLongPolls(t, e.caddy.AdminAddr(), 1)
 		picoWant(t, "append", picoDo(e, "POST", "/pico/lp", []byte("b")), 200)
 		select {
 		case r = <-done:

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -53,6 +54,31 @@ type siteClient struct {
 	origin string
 	hc     *http.Client
 	dials  *atomic.Int64 // connections the client opened
+	// admin is the admin address of the Caddy the module runs in, whose
+	// open subscribers gauge shows a long-poll open.
+	admin string
+	// longPolls is held by a check while it has a long-poll open on the
+	// site (the mounts' checks run side by side), so that the gauge
+	// counts its long-poll alone.
+	longPolls *sync.Mutex
+}
+
+// holdLongPolls takes sc.longPolls and waits for every long-poll a check
+// before held it for to have ended (the gauge comes down just after its
+// client has the answer); the function it returns lets go, once however
+// often it is called.
+func (c *siteClient) holdLongPolls(t *testing.T) func() {
+	t.Helper()
+	c.longPolls.Lock()
+	ok := false
+	defer func() {
+		if !ok {
+			c.longPolls.Unlock()
+		}
+	}()
+	fhWaitLongPolls(t, c.admin, 0)
+	ok = true
+	return sync.OnceFunc(c.longPolls.Unlock)
 }
 
 // do sends one request and reads the whole response.
@@ -221,10 +247,6 @@ type siteCase struct {
 // siteGlobal is a Caddyfile's global options, with more of them in %s.
 const siteGlobal = "{\n\tpersist_config off\n%s}\n\n"
 
-// siteLiveGap is how long a live read waits before the append that wakes
-// it, so that the append finds it waiting.
-const siteLiveGap = time.Second
-
 // siteMounts are the blocks of a site that serve mounts on storage: a
 // handle_path each, unless mountBlock writes its own around the picomq
 // block it is given.
@@ -344,7 +366,8 @@ func TestCommonSiteConfigs(t *testing.T) {
 				},
 			}
 			t.Cleanup(tr.CloseIdleConnections)
-			sc := &siteClient{origin: c.URL(), hc: &http.Client{Transport: tr}, dials: &dials}
+			sc := &siteClient{origin: c.URL(), hc: &http.Client{Transport: tr}, dials: &dials,
+				admin: c.AdminAddr(), longPolls: &sync.Mutex{}}
 			if tc.front != nil {
 				f := caddytest.Start(t, caddytest.Options{Caddyfile: tc.front(c.Port()), ReadyTimeout: 90 * time.Second})
 				sc.origin = f.URL()
@@ -422,25 +445,30 @@ func checkSiteMount(t *testing.T, sc *siteClient, m siteMount) {
 		r   *siteResp
 		err error
 	}
-	pc := make(chan polled, 1)
-	go func() {
-		r, err := sc.do(ctx, http.MethodGet, path+"?"+tailQuery+"&live=long-poll", nil, nil)
-		pc <- polled{r, err}
-	}()
-	time.Sleep(siteLiveGap)
-	if r, err := sc.do(ctx, http.MethodPost, path, text, []byte("polled:"+pad)); err != nil || r.status != p.appendStatus {
-		t.Fatalf("append for the long-poll: %v %v", r, err)
-	}
-	select {
-	case got := <-pc:
-		if got.err != nil || got.r.status != http.StatusOK {
-			t.Errorf("long-poll: %v %v", got.r, got.err)
-		} else if b := p.bodies(t, got.r.body); b != "polled:"+pad {
-			t.Errorf("long-poll gave %q, want the append", b)
+	func() {
+		defer sc.holdLongPolls(t)()
+		pc := make(chan polled, 1)
+		go func() {
+			r, err := sc.do(ctx, http.MethodGet, path+"?"+tailQuery+"&live=long-poll", nil, nil)
+			pc <- polled{r, err}
+		}()
+		// Open before the append: one that came after it would answer at
+		// once, and the wake-up would go untested.
+		fhWaitLongPolls(t, sc.admin, 1)
+		if r, err := sc.do(ctx, http.MethodPost, path, text, []byte("polled:"+pad)); err != nil || r.status != p.appendStatus {
+			t.Fatalf("append for the long-poll: %v %v", r, err)
 		}
-	case <-time.After(20 * time.Second):
-		t.Errorf("the long-poll did not return within 20s of the append")
-	}
+		select {
+		case got := <-pc:
+			if got.err != nil || got.r.status != http.StatusOK {
+				t.Errorf("long-poll: %v %v", got.r, got.err)
+			} else if b := p.bodies(t, got.r.body); b != "polled:"+pad {
+				t.Errorf("long-poll gave %q, want the append", b)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("the long-poll did not return within 20s of the append")
+		}
+	}()
 	want += "polled:" + pad
 
 	// SSE from the new tail: the next append arrives as an event while
@@ -450,7 +478,20 @@ func checkSiteMount(t *testing.T, sc *siteClient, m siteMount) {
 		t.Fatalf("read: %v %v", r, err)
 	}
 	events, errs, _ := sc.openEvents(t, path+"?"+p.tail(r)+"&live=sse")
-	time.Sleep(siteLiveGap)
+	// The feed's first event at the tail is its control event, sent once
+	// it has read where the tail is: an append after it is one the feed
+	// must deliver live. Appended before it, the record would come as
+	// the feed's catch-up, and the live delivery would go untested.
+	select {
+	case ev := <-events:
+		if b, ok := p.event(ev); ok {
+			t.Fatalf("SSE at the tail began with data %q, want its control event", b)
+		}
+	case err := <-errs:
+		t.Fatalf("SSE feed ended before its first event: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no control event from the SSE feed at the tail within 20s: nothing tested")
+	}
 	if r, err := sc.do(ctx, http.MethodPost, path, text, []byte("live;")); err != nil || r.status != p.appendStatus {
 		t.Fatalf("append for the feed: %v %v", r, err)
 	}
@@ -731,6 +772,10 @@ func checkWriteTimeout(t *testing.T, sc *siteClient, m siteMount) {
 		r   *siteResp
 		err error
 	}
+	// Held until the long-poll has answered: the other mounts' checks
+	// count their own long-poll on the gauge meanwhile.
+	unhold := sc.holdLongPolls(t)
+	defer unhold()
 	pc := make(chan polled, 1)
 	go func() {
 		r, err := fresh.do(ctx, http.MethodGet, path+"?"+tail+"&live=long-poll", nil, nil)
@@ -743,6 +788,7 @@ func checkWriteTimeout(t *testing.T, sc *siteClient, m siteMount) {
 	}
 
 	got := <-pc
+	unhold()
 	switch {
 	case got.err != nil:
 		t.Errorf("long-poll woken past write %v: %v, want the append or a 204", write, got.err)
