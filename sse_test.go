@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +172,10 @@ func TestStalledFeedGivesUpItsTurn(t *testing.T) {
 	s := newDSServer(t, func(d *durableStreams) {
 		d.fanout = make(fanout, 1)
 		d.writeTimeout = 300 * time.Millisecond
+		d.live = &liveReaders{}
+		// Small chunks: the feed's first write, made before it takes a
+		// turn, goes through; a later one, holding the turn, blocks.
+		d.chunkBytes = 4 << 10
 	})
 	record := strings.Repeat("x", 1<<20)
 	s.do(t, "PUT", "/big", "", ct, "text/plain").want(t, 201)
@@ -186,7 +191,19 @@ func TestStalledFeedGivesUpItsTurn(t *testing.T) {
 	// server's writes block once its send buffer is full, a few chunks in,
 	// each chunk after the first written holding the gate's only turn.
 	openStalledSSE(t, s.URL, "/big?offset=-1&live=sse")
-	time.Sleep(200 * time.Millisecond) // let it fill the buffers and block
+	// The stalled feed, the only one open, is blocked in a write holding
+	// the gate's turn: the next feed must wait for it to give the turn up.
+	// Not yet blocked (or blocked in its first write, made before it takes
+	// a turn), the next feed would go first and wait for nothing.
+	d := s.proto
+	deadline := time.Now().Add(5 * time.Second)
+	for len(d.fanout) < cap(d.fanout) || d.live.sse.Load() != 1 || !sseWriteBlocked() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stalled feed never blocked holding the gate's turn (%d of %d taken, %d SSE responses open, write blocked %v): nothing tested",
+				len(d.fanout), cap(d.fanout), d.live.sse.Load(), sseWriteBlocked())
+		}
+		time.Sleep(time.Millisecond)
+	}
 
 	r := s.sse(t, "/small?offset=-1&live=sse")
 	got := 0
@@ -196,6 +213,36 @@ func TestStalledFeedGivesUpItsTurn(t *testing.T) {
 			got += len(ev.data)
 		}
 	}
+	// The turn came from the stalled feed giving up: its write timed out
+	// and its response ended, leaving /small's the only one open.
+	deadline = time.Now().Add(10 * d.writeTimeout)
+	for d.live.sse.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d SSE responses open %v after /small caught up, want the stalled one ended", d.live.sse.Load(), 10*d.writeTimeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// sseWriteBlocked reports whether a Durable Streams SSE handler is blocked
+// writing to its connection (a goroutine of durableStreams.sse in IO wait).
+func sseWriteBlocked() bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		header, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(header, "[IO wait") && strings.Contains(g, "(*durableStreams).sse(") {
+			return true
+		}
+	}
+	return false
 }
 
 // openStalledSSE opens an SSE request on a connection with a small
