@@ -718,11 +718,17 @@ func TestLeaseLossFencesTheOldWriter(t *testing.T) {
 	if _, err := b.Append(ctx, "/x", AppendRequest{Records: recs("b1")}); err != nil {
 		t.Fatal(err)
 	}
-	// a is reconnected: its renewal finds b's lease and fences it.
-	time.Sleep(1500 * time.Millisecond)
+	// a is reconnected: its renewal finds b's lease and fences it. Until
+	// then a refuses appends all the same (its lease lapsed), so a refusal
+	// alone would not show the fence.
+	select {
+	case <-a.fencedC:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("a was not fenced 10 s after b took the storage over (holding: %v)", a.holding())
+	}
 	for i := 0; i < 3; i++ {
-		if _, err := a.Append(ctx, "/x", AppendRequest{Records: recs("rogue")}); err == nil {
-			t.Fatal("a fenced node acknowledged an append")
+		if _, err := a.Append(ctx, "/x", AppendRequest{Records: recs("rogue")}); !errors.Is(err, ErrTakenOver) {
+			t.Fatalf("append on a fenced node: %v, want %v", err, ErrTakenOver)
 		}
 	}
 	if got := fmt.Sprint(readAll(t, b, "/x")); got != "[a0 b1]" {
