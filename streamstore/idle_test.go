@@ -99,7 +99,16 @@ func TestCompactionStartsWhenBacklogOutgrowsCache(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(100 * time.Millisecond)
+	// The decision is taken as each batch commits, before its appends
+	// are answered: look at it, not for a compaction's absence a while
+	// later (which a late one would pass). A compaction that began resets
+	// the backlog's counts.
+	e.mu.Lock()
+	full, backlog, entries := e.compactFull, e.walBacklog, e.walEntries
+	e.mu.Unlock()
+	if full || backlog >= compactBacklog || entries < 40 {
+		t.Fatalf("a few middling entries started a compaction (backlog full %v, %d batches, %d of 40 entries)", full, backlog, entries)
+	}
 	if keys := append(st.Keys("data/"), st.Keys("pack/")...); len(keys) != 0 {
 		t.Fatalf("a few middling entries started a compaction: %v", keys)
 	}
