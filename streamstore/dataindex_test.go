@@ -452,12 +452,26 @@ func TestOneReadFetchesLittleAhead(t *testing.T) {
 	}
 	gets := func() int { _, n, _ := counter.counts(); return n }
 	want := 1 + readAheadStart
-	deadline := time.Now().Add(5 * time.Second)
-	for gets() < want && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	// The read queued its read-ahead and started its workers before it
+	// returned; once they have all ended, no more GET can begin. Wait for
+	// that, not for a while in which a late GET may not have begun yet.
+	s, err := e.stream(ctx, "/once")
+	if err != nil {
+		t.Fatal(err)
 	}
-	// Give any GET beyond the window time to begin.
-	time.Sleep(200 * time.Millisecond)
+	s.mu.Lock()
+	started := s.ra != nil && (s.ra.workers > 0 || len(s.ra.queue) > 0)
+	s.mu.Unlock()
+	if !started && gets() < want {
+		t.Fatal("the read started no read-ahead: nothing tested")
+	}
+	if err := waitUntil(5*time.Second, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.ra.workers == 0
+	}); err != nil {
+		t.Fatal("the read-ahead workers never ended")
+	}
 	if n := gets(); n != want {
 		t.Fatalf("%d data GETs for one read; want %d (its object and %d ahead)", n, want, readAheadStart)
 	}
@@ -504,8 +518,22 @@ func TestReadAheadBoundsBytesInFlight(t *testing.T) {
 	if !g.waitFor(func() bool { return ahead() >= fit }) {
 		t.Fatalf("%d read-ahead GETs began; want %d", ahead(), fit)
 	}
-	// Give any GET beyond the limit time to begin.
-	time.Sleep(200 * time.Millisecond)
+	// Settled: every worker left is in a GET that began (the gate holds
+	// them), the others gave up for want of room, and the rest of the
+	// window is still queued. No GET can begin after that until one ends,
+	// so the count is final, not a count taken while one was on its way.
+	settled := func() (workers, queued int) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.ra.workers, len(s.ra.queue)
+	}
+	if !g.waitFor(func() bool {
+		w, q := settled()
+		return w == ahead() && q+ahead() == len(window)
+	}) {
+		w, q := settled()
+		t.Fatalf("read-ahead never settled: %d workers, %d queued, %d GETs begun, %d objects in the window", w, q, ahead(), len(window))
+	}
 	if n := ahead(); n != fit {
 		t.Fatalf("%d read-ahead GETs in flight at once; the limit has room for %d", n, fit)
 	}
