@@ -302,15 +302,29 @@ func TestIdleStreamsWaitingForAFoldStartACompaction(t *testing.T) {
 			if tc.seenIdle {
 				e.compactBegan.Store(time.Now().UnixNano())
 			}
-			if n, _ := e.sweepIdle(time.Now()); n != 0 {
-				t.Fatalf("the sweep dropped %d streams whose records are only in the WAL", n)
-			}
 			if !tc.want {
-				time.Sleep(300 * time.Millisecond)
-				if keys := st.Keys("data/"); len(keys) != 0 {
-					t.Fatalf("a compaction ran: %d data objects", len(keys))
+				// The sweep's decision, not a compaction's absence a while
+				// later: with the compaction lock held here, a kick either
+				// stays in compactKick or wakes the loop, which then
+				// blocks on the lock; either way the loop is not back in
+				// its select. Idle in it before, and after, it was not
+				// kicked.
+				idle := func() bool { return goroutineSelectsIn("streamstore.(*Engine).compactLoop(") }
+				if err := waitUntil(5*time.Second, idle); err != nil {
+					t.Fatal("the compaction loop never waited for its next turn")
+				}
+				e.compactMu.Lock()
+				defer e.compactMu.Unlock()
+				if n, _ := e.sweepIdle(time.Now()); n != 0 {
+					t.Fatalf("the sweep dropped %d streams whose records are only in the WAL", n)
+				}
+				if len(e.compactKick) != 0 || !idle() {
+					t.Fatal("the sweep asked for a compaction")
 				}
 				return
+			}
+			if n, _ := e.sweepIdle(time.Now()); n != 0 {
+				t.Fatalf("the sweep dropped %d streams whose records are only in the WAL", n)
 			}
 			deadline := time.Now().Add(10 * time.Second)
 			for len(e.allStreams()) > 0 {
