@@ -234,6 +234,7 @@ func TestForkLargeStream(t *testing.T) {
 	}
 
 	// Deleting the source while the fork exists.
+	beforeDelete := e.proxy.Counts()
 	resp = e.must(fhReq{Method: http.MethodDelete, Path: src})
 	if resp.Status/100 != 2 {
 		t.Fatalf("DELETE %s: %s", src, resp)
@@ -246,9 +247,35 @@ func TestForkLargeStream(t *testing.T) {
 	if r := e.must(fhReq{Method: http.MethodHead, Path: src}); r.Status != http.StatusGone {
 		t.Errorf("HEAD %s after deleting it while a fork exists: %d, want 410", src, r.Status)
 	}
-	// Long enough for compaction passes and the deletion loop to run: the
-	// source's data must stay while the fork references it.
-	time.Sleep(5 * time.Second)
+	// Compaction passes and the collector run after the delete: the
+	// source's data must stay while the fork references it. Waited for,
+	// not slept for: a fixed pause could end before either ran. Each
+	// compaction pass given work ends with a manifest write (an idle one
+	// writes nothing), so each is given an append of its own; the delete
+	// kicks the collector, whose pass lists the tombstones.
+	e.create("/fork-gc-ticks", "text/plain")
+	manifestPuts := func() int {
+		return e.proxy.Counts().Containing(testenv.OpPut, fhManifestKey) - beforeDelete.Containing(testenv.OpPut, fhManifestKey)
+	}
+	for pass := 1; pass <= 2; pass++ {
+		e.append("/fork-gc-ticks", "text/plain", []byte("tick"))
+		if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+			if n := manifestPuts(); n < pass {
+				return fmt.Errorf("%d compaction passes since the delete, want %d", n, pass)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("after deleting the source: %v: nothing tested", err)
+		}
+	}
+	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if n := e.proxy.Counts().Containing(testenv.OpList, "gc/") - beforeDelete.Containing(testenv.OpList, "gc/"); n < 1 {
+			return fmt.Errorf("no collector pass since the delete")
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("after deleting the source: %v: nothing tested", err)
+	}
 	kept := fhKeySet(append(e.mustList("data/"+srcID+"/"), e.mustList("blob/"+srcID+"/")...))
 	for _, o := range srcData {
 		if !kept[o.Key] {
