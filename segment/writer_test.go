@@ -559,11 +559,26 @@ func TestWriterFlushWishDoesNotOutliveItsBatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(20 * time.Millisecond)
+			// Its upload has begun (and is held) before the next entry:
+			// one added while it was still open would join it.
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+				store.mu.Lock()
+				taken := store.taken
+				store.mu.Unlock()
+				if taken {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the first batch's upload never began")
+				}
+			}
 			// Opens a batch whose interval passes while the one slot is taken.
 			waiting, err := w.Add(testEntry(1))
 			if err != nil {
 				t.Fatal(err)
+			}
+			if waiting == held {
+				t.Fatal("the second entry joined the held batch: nothing tested")
 			}
 			time.Sleep(50 * time.Millisecond)
 			close(store.release)
