@@ -59,14 +59,17 @@ func TestAbandonedForkCreateKeepsSourceAppends(t *testing.T) {
 		t.Fatalf("fork create: %v, want it abandoned", err)
 	}
 	// The write is to land after Caddy has given up on it: after its
-	// read-back of the object, or (a build that reads nothing back) a
-	// few seconds.
-	_ = fhWaitFor(5*time.Second, 20*time.Millisecond, func() error {
+	// read-back of the object. Released before that, it would land while
+	// Caddy still waited on it, which is not the case tested.
+	if err := fhWaitFor(5*time.Second, 20*time.Millisecond, func() error {
 		if e.proxy.Counts().Containing(testenv.OpGet, metaKey) == readBacks {
 			return fmt.Errorf("no read-back of %s", metaKey)
 		}
 		return nil
-	})
+	}); err != nil {
+		release()
+		t.Fatalf("Caddy never read %s back after the client gave up, so the write would not land after it had: %v", metaKey, err)
+	}
 	release()
 	if err := fhWaitFor(30*time.Second, 20*time.Millisecond, func() error {
 		m, err := mwMeta(e, metaKey)
