@@ -329,7 +329,7 @@ func TestLeaseExpiryFencesPartitionedNode(t *testing.T) {
 		}
 	}
 	// Acknowledgements by the first node after it was cut off.
-	var ackedLate, ackedAfterReconnect int
+	var ackedLate, ackedAfterReconnect, sentAfterReconnect int
 	wA.mu.Lock()
 	for n := range wA.acked {
 		sp := wA.spans[n]
@@ -340,7 +340,16 @@ func TestLeaseExpiryFencesPartitionedNode(t *testing.T) {
 			ackedAfterReconnect++
 		}
 	}
+	for _, sp := range wA.spans {
+		if sp.sent.After(reconnected) {
+			sentAfterReconnect++
+		}
+	}
 	wA.mu.Unlock()
+	// None acknowledged proves the fence only if the first node was asked.
+	if sentAfterReconnect == 0 {
+		t.Error("the first node's writer sent no append after it came back: nothing tested")
+	}
 	// What the first node wrote once it could reach the storage again.
 	var rogue []string
 	for key, n := range pA.Counts().Keys(testenv.OpPut) {
