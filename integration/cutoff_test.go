@@ -75,7 +75,7 @@ func TestCutOffNodeAnswersNothingFromMemory(t *testing.T) {
 		}
 		parked <- r
 	}()
-	time.Sleep(300 * time.Millisecond) // parked before the cut-off
+	fhWaitLongPolls(t, a.AdminAddr(), 1) // parked before the cut-off
 	pA.Down()
 	cut := time.Now()
 	if !waitFor(30*time.Second, func() bool {
