@@ -779,30 +779,15 @@ func (m *subManager) load() error {
 	if err != nil {
 		return err
 	}
-	subs := map[string]*subState{}
-	for _, k := range keys {
-		if k == signatureKeyDocKey {
-			continue
-		}
-		data, ver, err := m.eng.GetDoc(ctx, k)
-		if errors.Is(err, streamstore.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		var s subState
-		if err := json.Unmarshal(data, &s); err != nil {
-			m.log.Warn("skipping corrupt subscription document", zap.String("key", k), zap.Error(err))
-			continue
-		}
-		if s.Links == nil {
-			s.Links = map[string]*subLink{}
-		}
-		s.key, s.version = k, ver
-		subs[k] = &s
+	subs, err := m.loadDocs(keys)
+	if err != nil {
+		return err
 	}
-	heads := m.headLinks(ctx, subs)
+	// The links' own minute: a lookup it cuts short is checked again
+	// later (recheckLinks), not lost.
+	hctx, hcancel := context.WithTimeout(m.ctx, time.Minute)
+	defer hcancel()
+	heads := m.headLinks(hctx, subs)
 	recheck := failedLinks(subs, heads)
 	// Written before the manager serves, when nothing else can see them.
 	for _, s := range subs {
@@ -838,6 +823,80 @@ func (m *subManager) load() error {
 		go m.recheckLinks(recheck)
 	}
 	return nil
+}
+
+// subLoadWorkers bounds the subscription documents read at once when
+// loading: one at a time, a bucket 25 ms away read some 2,400 of them in
+// the minute the whole load once had, and past that the load failed and
+// started over for ever, no subscription served.
+const subLoadWorkers = 16
+
+// loadDocs reads and decodes the subscription documents keys,
+// subLoadWorkers at a time, each read within subDocTimeout: the load takes
+// as long as there are documents, not a fixed budget for all of them.
+func (m *subManager) loadDocs(keys []string) (map[string]*subState, error) {
+	work := make(chan string)
+	var (
+		mu      sync.Mutex
+		subs    = map[string]*subState{}
+		loadErr error
+		wg      sync.WaitGroup
+	)
+	for range min(subLoadWorkers, len(keys)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range work {
+				s, err := m.loadDoc(k)
+				mu.Lock()
+				switch {
+				case err != nil && loadErr == nil:
+					loadErr = err
+				case s != nil:
+					subs[k] = s
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, k := range keys {
+		mu.Lock()
+		failed := loadErr != nil
+		mu.Unlock()
+		if failed {
+			break
+		}
+		if k != signatureKeyDocKey {
+			work <- k
+		}
+	}
+	close(work)
+	wg.Wait()
+	return subs, loadErr
+}
+
+// loadDoc reads subscription document k: nil when it is gone or cannot be
+// decoded (logged).
+func (m *subManager) loadDoc(k string) (*subState, error) {
+	ctx, cancel := context.WithTimeout(m.ctx, subDocTimeout)
+	defer cancel()
+	data, ver, err := m.eng.GetDoc(ctx, k)
+	if errors.Is(err, streamstore.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read subscription %s: %w", k, err)
+	}
+	var s subState
+	if err := json.Unmarshal(data, &s); err != nil {
+		m.log.Warn("skipping corrupt subscription document", zap.String("key", k), zap.Error(err))
+		return nil, nil
+	}
+	if s.Links == nil {
+		s.Links = map[string]*subLink{}
+	}
+	s.key, s.version = k, ver
+	return &s, nil
 }
 
 // linkHead is what the engine said of a linked stream at load.
