@@ -581,6 +581,12 @@ func Replay(ctx context.Context, store Store, m *Manifests, token string, fn Rep
 const replayFetchAhead = 32
 
 func replayNamespace(ctx context.Context, store Store, n Namespace, token string, fn ReplayFuncs) (uint64, error) {
+	if n.SealedAt != nil && n.ReplayFrom >= *n.SealedAt {
+		// Sealed with nothing left to replay, awaiting the compaction
+		// that retires it: no request. A process that restarts faster
+		// than it compacts (a crash loop) leaves one per start.
+		return *n.SealedAt, nil
+	}
 	prefix := WALPrefix(n.ID)
 	present := map[uint64]bool{}
 	after := ""

@@ -3,7 +3,9 @@ package segment_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
@@ -242,4 +244,52 @@ func TestRegisteringANamespaceRefusesOneInUse(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A namespace an earlier replay sealed with nothing left to replay costs a
+// start no request: a process restarting faster than it compacts (a crash
+// loop) leaves one per start, and each used to be listed at every start.
+func TestReplaySkipsSealedEmptyNamespaces(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	apply := segment.ReplayFuncs{Apply: func(string, *segment.WALObject) error { return nil }}
+	const starts = 5
+	for i := range starts {
+		if _, err := segment.Replay(ctx, st, segment.NewManifests(st), fmt.Sprint("p", i), apply); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, _, err := segment.NewManifests(st).Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed := 0
+	for _, n := range m.Namespaces {
+		if n.SealedAt != nil && n.ReplayFrom >= *n.SealedAt {
+			sealed++
+		}
+	}
+	if sealed != starts-1 {
+		t.Fatalf("%d namespaces sealed with nothing to replay in %+v; want %d", sealed, m.Namespaces, starts-1)
+	}
+	lists := &countingLists{Store: st}
+	if _, err := segment.Replay(ctx, lists, segment.NewManifests(lists), "last", apply); err != nil {
+		t.Fatal(err)
+	}
+	// The namespace of the previous start, not sealed yet, is listed, and
+	// the new one's prefix is checked free.
+	if got := lists.n.Load(); got != 2 {
+		t.Fatalf("a start over %d sealed empty namespaces made %d LISTs; want 2", sealed, got)
+	}
+}
+
+// countingLists counts the LISTs made through it.
+type countingLists struct {
+	*memstore.Store
+	n atomic.Int64
+}
+
+func (c *countingLists) List(ctx context.Context, prefix, after string, limit int) ([]segment.ObjectInfo, bool, error) {
+	c.n.Add(1)
+	return c.Store.List(ctx, prefix, after, limit)
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
 )
 
 // TestLostWALObjectBelowASealStopsTheStart: through Caddy on versitygw, a
@@ -144,5 +146,37 @@ func TestLostFormatObjectStopsTheStart(t *testing.T) {
 	}
 	if _, gerr := e.get("format"); gerr == nil {
 		t.Fatal("the refused start wrote a format object")
+	}
+}
+
+// TestRestartsDoNotListSealedEmptyNamespaces: through Caddy on versitygw,
+// restarts faster than the first compaction (a crash loop) leave a
+// namespace each in the manifest, sealed with nothing to replay. A start
+// lists none of them; each used to be listed at every start, so a start
+// cost a LIST per restart that came before it.
+func TestRestartsDoNotListSealedEmptyNamespaces(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1h"}})
+	const restarts = 5
+	for range restarts {
+		e.caddy.Kill()
+		if err := e.caddy.TryRestart(); err != nil {
+			t.Fatalf("restart: %v", err)
+		}
+	}
+	e.caddy.Kill()
+	before := e.proxy.Counts().Containing(testenv.OpList, "/wal/")
+	if err := e.caddy.TryRestart(); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	e.create("/crashloop/s", "text/plain") // the start is done
+	lists := e.proxy.Counts().Containing(testenv.OpList, "/wal/") - before
+	t.Logf("the start after %d restarts listed wal/ %d times", restarts, lists)
+	// The previous start's namespace, not sealed yet, and the new one's,
+	// checked free.
+	if lists > 2 {
+		t.Fatalf("the start after %d restarts listed wal/ %d times; want at most 2", restarts, lists)
 	}
 }
