@@ -718,13 +718,22 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 		}
 	}
 	for _, ns := range drop {
-		if err := e.deleteUnder(ctx, segment.WALPrefix(ns), ""); err != nil {
+		if err := e.deleteUnder(ctx, segment.WALPrefix(ns), "", ""); err != nil {
 			return err
 		}
 		e.walSwept[ns] = true
 	}
 	if trimTo > 0 {
-		if err := e.deleteUnder(ctx, segment.WALPrefix(trimNS), segment.WALKey(trimNS, trimTo)); err != nil {
+		// The last retirement in the namespace deleted everything before
+		// its point: list from there. On a versioned bucket the deleted
+		// keys stay as delete markers, which a listing from the start of
+		// the namespace would step over at every compaction, more of them
+		// each time.
+		from := ""
+		if e.hasRetired && e.retired.NS == trimNS && e.retired.Seq > 0 {
+			from = segment.WALKey(trimNS, e.retired.Seq-1)
+		}
+		if err := e.deleteUnder(ctx, segment.WALPrefix(trimNS), from, segment.WALKey(trimNS, trimTo)); err != nil {
 			return err
 		}
 	}
@@ -732,10 +741,11 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 	return nil
 }
 
-// deleteUnder deletes every key under prefix that sorts before stop (all
-// of them when stop is empty), a list page and one batched delete at a time.
-func (e *Engine) deleteUnder(ctx context.Context, prefix, stop string) error {
-	after := ""
+// deleteUnder deletes every key under prefix that sorts after from and
+// before stop (all of them when both are empty), a list page and one
+// batched delete at a time.
+func (e *Engine) deleteUnder(ctx context.Context, prefix, from, stop string) error {
+	after := from
 	for {
 		objs, more, err := e.store.List(ctx, prefix, after, 1000)
 		if err != nil {
@@ -923,7 +933,7 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 // blob. Blobs that never made it into the WAL go here too.
 func (e *Engine) sweepStreamData(ctx context.Context, id string) error {
 	for _, p := range []string{dataPrefix(id), blobPrefix(id)} {
-		if err := e.deleteUnder(ctx, p, ""); err != nil {
+		if err := e.deleteUnder(ctx, p, "", ""); err != nil {
 			return err
 		}
 	}

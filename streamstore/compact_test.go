@@ -11,6 +11,7 @@ import (
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
 	"github.com/picomq/caddy-picomq/internal/testenv"
+	"github.com/picomq/caddy-picomq/segment"
 )
 
 // Compaction folds many streams at once: each costs two sequential
@@ -191,5 +192,56 @@ func TestGCWait(t *testing.T) {
 		if got := gcWait(tc.nextGrave, tc.skipped, now); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// walListings records where the listings of the WAL start.
+type walListings struct {
+	*memstore.Store
+	mu    sync.Mutex
+	after []string
+}
+
+func (w *walListings) List(ctx context.Context, prefix, after string, limit int) ([]segment.ObjectInfo, bool, error) {
+	if strings.HasPrefix(prefix, "wal/") {
+		w.mu.Lock()
+		w.after = append(w.after, after)
+		w.mu.Unlock()
+	}
+	return w.Store.List(ctx, prefix, after, limit)
+}
+
+// A compaction deletes the WAL it retired listing from where the previous
+// one in the namespace stopped, not from the namespace's start: on a
+// versioned bucket every key deleted before stays as a delete marker,
+// which each listing from the start stepped over again.
+func TestRetiringTheWALListsFromTheLastRetirement(t *testing.T) {
+	st := &walListings{Store: memstore.New()}
+	e := startEngine(t, st, Config{})
+	ctx := context.Background()
+	if _, _, err := e.Create(ctx, "/r", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	var froms []string
+	for round := range 3 {
+		for range 3 {
+			mustAppend(t, e, "/r", AppendRequest{Records: recs("x")})
+		}
+		st.mu.Lock()
+		st.after = nil
+		st.mu.Unlock()
+		mustCompact(t, e)
+		st.mu.Lock()
+		if len(st.after) != 1 {
+			t.Fatalf("round %d: WAL listings starting after %q; want one", round, st.after)
+		}
+		froms = append(froms, st.after[0])
+		st.mu.Unlock()
+		if wal := st.Keys("wal/"); len(wal) != 0 {
+			t.Fatalf("round %d: WAL objects left after the compaction: %v", round, wal)
+		}
+	}
+	if froms[0] != "" || froms[1] == "" || froms[2] <= froms[1] {
+		t.Fatalf("the retirements' listings started after %q; want the namespace's start, then each after the one before", froms)
 	}
 }
