@@ -57,40 +57,81 @@ func (m *subManager) applyNoteLocked(n appendNote) {
 		if s.Links[rel] == nil && (n.deleted || s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel)) {
 			return // a stream s does not follow: no draft to copy
 		}
-		if m.refusesLinkLocked(s, rel, n) {
+		refused, makeWay := m.refusesLinkLocked(s, rel, n)
+		if refused {
 			return
 		}
-		if s.quietTail(rel, n) {
+		if makeWay == "" && s.quietTail(rel, n) {
 			// s has no writer: it changes in place, as its writer would.
 			l := s.Links[rel]
 			l.Tail = max(l.Tail, n.next)
 			return
 		}
 		c := s.draft()
-		if changed, grew := c.applyNote(rel, n); changed {
+		if makeWay != "" {
+			c.unlinkIdle(makeWay)
+		}
+		if changed, grew := c.applyNote(rel, n); changed || makeWay != "" {
 			m.writeInBackgroundLocked(s, c, grew, nil)
 		}
 	})
 }
 
 // refusesLinkLocked reports whether note n would link stream rel to s by
-// its pattern while s links the most streams it may (subMaxLinks), and if
-// so counts and logs that it is not linked: the subscription does not
-// follow that stream until it has room again.
-func (m *subManager) refusesLinkLocked(s *subState, rel string, n appendNote) bool {
+// its pattern while s links the most streams it may (subMaxLinks). A
+// pattern over streams that are never deleted (a room per chat) fills its
+// links in time, so a glob link with nothing pending makes way (makeWay
+// names it, for the caller to unlink): the next record of its stream
+// links it again from there, as if it had never gone. With none, the note
+// is refused, counted and logged: the subscription does not follow that
+// stream until it has room again.
+func (m *subManager) refusesLinkLocked(s *subState, rel string, n appendNote) (refused bool, makeWay string) {
 	if n.deleted || s.Links[rel] != nil || s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel) {
-		return false
+		return false, ""
 	}
 	limit := m.owner.linkLimit()
 	if s.liveLinks() < limit {
-		return false
+		return false, ""
+	}
+	if p := s.idleGlobLink(); p != "" {
+		return false, p
 	}
 	if m.owner != nil && m.owner.metrics != nil {
 		m.owner.metrics.subLinksRefused.Add(1)
 	}
-	m.refusedLog.warn(m.log, "a stream matches a subscription's pattern but is not linked: the subscription links the most streams it may",
+	m.refusedLog.warn(m.log, "a stream matches a subscription's pattern but is not linked: the subscription links the most streams it may, each with records pending",
 		zap.String("subscription", s.ID), zap.String("root", s.Root), zap.String("stream", rel), zap.Int("max_links", limit))
-	return true
+	return true, ""
+}
+
+// idleGlobLink returns a link of s that its pattern made and that can go
+// with nothing lost: every record acked, and no worker that may still ack
+// it (one holding the lease, or a wake in flight that offered it). The
+// first such by name, so that which one goes does not depend on map
+// order; "" when there is none.
+func (s *subState) idleGlobLink() string {
+	best := ""
+	for p, l := range s.Links {
+		if !l.Glob || l.Explicit || l.Gone || l.Acked < l.Tail || (best != "" && p > best) {
+			continue
+		}
+		if _, offered := s.Snapshot[p]; s.Holder != "" || offered {
+			continue
+		}
+		best = p
+	}
+	return best
+}
+
+// unlinkIdle removes link p, which idleGlobLink chose. A webhook's worker
+// may have seen it in a GET of the subscription: its ack of it moves
+// nothing, and is no reason to refuse the rest of the ack.
+func (s *subState) unlinkIdle(p string) {
+	delete(s.Links, p)
+	delete(s.Snapshot, p)
+	if s.WakeID != "" {
+		s.noteRemoved(p)
+	}
 }
 
 // quietTail reports whether note n, for s's link of rel, can only move the

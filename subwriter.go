@@ -124,8 +124,13 @@ func (m *subManager) drainLocked(s *subState) {
 			if !ok || rel == "" {
 				continue
 			}
-			if m.refusesLinkLocked(c, rel, n) {
+			refused, makeWay := m.refusesLinkLocked(c, rel, n)
+			if refused {
 				continue
+			}
+			if makeWay != "" {
+				c.unlinkIdle(makeWay)
+				changed, quiet = true, false
 			}
 			quiet = quiet && c.quietTail(rel, n)
 			ch, gr := c.applyNote(rel, n)
