@@ -874,58 +874,93 @@ func (e *Engine) collectGarbage(ctx context.Context) error {
 	e.gcMu.Lock()
 	defer e.gcMu.Unlock()
 	after := ""
+	var firstErr error
+	failing := 0
 	for {
 		objs, more, err := e.store.List(ctx, "gc/", after, 1000)
 		if err != nil {
 			return fmt.Errorf("list gc tombstones: %w", err)
 		}
 		for _, o := range objs {
-			id := strings.TrimPrefix(o.Key, "gc/")
-			name, live, err := e.tombstoneStale(ctx, o.Key, id)
-			if errors.Is(err, errTombstoneGone) {
-				after = o.Key
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			if live {
-				// A delete that failed after its tombstone: the stream
-				// is still there, and so is its data. Or a delete under
-				// way in the process that replaced this one, between its
-				// tombstone and its grave: only the owner may tell.
-				if err := e.confirmOwner(ctx); err != nil {
-					return fmt.Errorf("judge tombstone %s: %w", o.Key, err)
-				}
-				if err := e.store.Delete(ctx, []string{o.Key}); err != nil {
-					return fmt.Errorf("delete stale tombstone %s: %w", o.Key, err)
-				}
-				after = o.Key
-				continue
-			}
-			if err := e.sweepStreamData(ctx, id); err != nil {
-				return err
-			}
-			// The grave was written before the tombstone was listed, so
-			// it is due at the latest one grave time from now. Indexed by
-			// that time, it costs no request until then, however many
-			// wait.
-			if name != "" {
-				due := time.Now().Add(e.config().GraveTime)
-				if _, err := e.store.Put(ctx, graveIndexKey(due, id), []byte(name), segment.PutOptions{}); err != nil {
-					return fmt.Errorf("index the grave of %s: %w", name, err)
-				}
-			}
-			if err := e.store.Delete(ctx, []string{o.Key}); err != nil {
-				return fmt.Errorf("delete tombstone %s: %w", o.Key, err)
-			}
 			after = o.Key
+			fatal, err := e.collectTombstone(ctx, o.Key)
+			if err == nil {
+				failing = 0
+				continue
+			}
+			if fatal {
+				return err
+			}
+			// One tombstone the store keeps refusing (an object under a
+			// legal hold, metadata it denies) is passed over until the
+			// next pass, rather than holding up every one after it for
+			// good. A few failing in a row is the store failing: stop.
+			if firstErr == nil {
+				firstErr = err
+			}
+			failing++
+			e.log.Warn("a deleted stream's tombstone is not collected; the next pass tries again",
+				zap.String("key", o.Key), zap.Error(err))
+			if failing >= gcFailuresInARow {
+				return firstErr
+			}
 		}
 		if !more || len(objs) == 0 {
 			break
 		}
 	}
-	return e.removeDueGraves(ctx)
+	if err := e.removeDueGraves(ctx); err != nil {
+		return err
+	}
+	return firstErr
+}
+
+// gcFailuresInARow is how many tombstones failing one after another end a
+// collector pass: the store, not one object, is failing.
+const gcFailuresInARow = 3
+
+// collectTombstone works off tombstone key: the deleted stream's data and
+// blobs go and its grave into the grave index, or a stale tombstone goes
+// alone. fatal reports an error that ends the pass: the storage is no
+// longer this process's.
+func (e *Engine) collectTombstone(ctx context.Context, key string) (fatal bool, err error) {
+	id := strings.TrimPrefix(key, "gc/")
+	name, live, err := e.tombstoneStale(ctx, key, id)
+	if errors.Is(err, errTombstoneGone) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if live {
+		// A delete that failed after its tombstone: the stream is still
+		// there, and so is its data. Or a delete under way in the process
+		// that replaced this one, between its tombstone and its grave:
+		// only the owner may tell.
+		if err := e.confirmOwner(ctx); err != nil {
+			return true, fmt.Errorf("judge tombstone %s: %w", key, err)
+		}
+		if err := e.store.Delete(ctx, []string{key}); err != nil {
+			return false, fmt.Errorf("delete stale tombstone %s: %w", key, err)
+		}
+		return false, nil
+	}
+	if err := e.sweepStreamData(ctx, id); err != nil {
+		return false, err
+	}
+	// The grave was written before the tombstone was listed, so it is due
+	// at the latest one grave time from now. Indexed by that time, it
+	// costs no request until then, however many wait.
+	if name != "" {
+		due := time.Now().Add(e.config().GraveTime)
+		if _, err := e.store.Put(ctx, graveIndexKey(due, id), []byte(name), segment.PutOptions{}); err != nil {
+			return false, fmt.Errorf("index the grave of %s: %w", name, err)
+		}
+	}
+	if err := e.store.Delete(ctx, []string{key}); err != nil {
+		return false, fmt.Errorf("delete tombstone %s: %w", key, err)
+	}
+	return false, nil
 }
 
 // sweepStreamData deletes the data objects and blobs of the deleted

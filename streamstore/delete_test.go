@@ -585,3 +585,65 @@ func TestCompactionFindingAGraveDropsTheStream(t *testing.T) {
 		t.Fatalf("append after compaction found the grave: %v, want ErrNotFound", err)
 	}
 }
+
+// A tombstone the store keeps refusing to collect (a data object under a
+// legal hold, say) is passed over until the next pass: the tombstones
+// after it are collected, the pass still reports the failure, and the
+// next pass collects it once the store lets it. It used to end every pass,
+// so every stream deleted after it kept its data for good.
+func TestCollectorPassesOverATombstoneItCannotCollect(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{PackBelow: -1})
+	ids := map[string]string{}
+	for _, name := range []string{"/one", "/two"} {
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
+			t.Fatal(err)
+		}
+		info, err := e.Head(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[name] = info.ID
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The tombstone listed first is the one the store refuses, from
+	// before the deletes: they kick the background collector too.
+	held, free := ids["/one"], ids["/two"]
+	if gcKey(free) < gcKey(held) {
+		held, free = free, held
+	}
+	st.SetFail(func(op, key string) error {
+		if op == "DELETE" && strings.HasPrefix(key, "data/"+held+"/") {
+			return errors.New("object under a legal hold")
+		}
+		return nil
+	})
+	for _, name := range []string{"/one", "/two"} {
+		if len(st.Keys("data/"+ids[name]+"/")) == 0 {
+			t.Fatalf("no data object of %s: the test checks nothing", name)
+		}
+		if err := e.Delete(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := e.collectGarbage(ctx)
+	if err == nil || !strings.Contains(err.Error(), "legal hold") {
+		t.Fatalf("a pass over a tombstone it could not collect: %v; want its error", err)
+	}
+	if got := st.Keys("data/" + free + "/"); len(got) != 0 {
+		t.Fatalf("data objects %v of the stream deleted after the refused one are left", got)
+	}
+	if got := st.Keys(gcKey(free)); len(got) != 0 {
+		t.Fatalf("its tombstone %v is left", got)
+	}
+	st.SetFail(nil)
+	if err := e.collectGarbage(ctx); err != nil {
+		t.Fatalf("the next pass, the store letting it: %v", err)
+	}
+	if got := st.Keys("data/" + held + "/"); len(got) != 0 {
+		t.Fatalf("data objects %v of the refused stream left after the next pass", got)
+	}
+}

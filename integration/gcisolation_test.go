@@ -1,0 +1,74 @@
+package integration
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/testenv"
+)
+
+// TestCollectorPassesOverADeleteTheStoreRefuses: through Caddy on
+// versitygw, two deleted streams' data wait for the collector, and the
+// store refuses to delete the data of the one whose tombstone is listed
+// first (a legal hold, say: 403 on every try). The other's data is
+// collected all the same. The refused tombstone used to end every pass,
+// so every stream deleted after it kept its data in the bucket for good.
+func TestCollectorPassesOverADeleteTheStoreRefuses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"pack_below off", "compact_interval 200ms"}})
+	const ct = "text/plain"
+	paths := []string{"/gciso/one", "/gciso/two"}
+	ids := map[string]string{}
+	for _, p := range paths {
+		e.create(p, ct)
+		e.append(p, ct, []byte("r;"))
+		m, err := e.get("streams/" + hex.EncodeToString([]byte(p)) + ".m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct{ ID string }
+		if err := json.Unmarshal(m, &doc); err != nil {
+			t.Fatal(err)
+		}
+		ids[p] = doc.ID
+	}
+	if err := e.waitGone("wal/"); err != nil {
+		t.Fatalf("not compacted: %v", err)
+	}
+	for _, p := range paths {
+		if len(e.mustList("data/"+ids[p]+"/")) == 0 {
+			t.Fatalf("no data object of %s: the test checks nothing", p)
+		}
+	}
+	// Tombstones are gc/<id>: the first listed is refused.
+	order := []string{ids[paths[0]], ids[paths[1]]}
+	sort.Strings(order)
+	held, free := order[0], order[1]
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpDelete, KeyContains: "data/" + held + "/", Status: http.StatusForbidden})
+	defer remove()
+	for _, p := range paths {
+		if r := e.must(fhReq{Method: http.MethodDelete, Path: p}); r.Status/100 != 2 {
+			t.Fatalf("DELETE %s: %s", p, r)
+		}
+	}
+	err := fhWaitFor(30*time.Second, 100*time.Millisecond, func() error {
+		if objs := e.mustList("data/" + free + "/"); len(objs) > 0 {
+			return fmt.Errorf("data objects %v left", objs)
+		}
+		return nil
+	})
+	refused := e.proxy.Counts().Faults
+	if err != nil {
+		t.Fatalf("the data of the stream deleted beside the refused one was not collected (%d refusals): %v", refused, err)
+	}
+	if refused == 0 || len(e.mustList("data/"+held+"/")) == 0 {
+		t.Fatalf("the store refused %d deletes and the held data is %v: the test checks nothing", refused, e.mustList("data/"+held+"/"))
+	}
+}
