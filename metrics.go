@@ -76,6 +76,9 @@ type engineMetrics struct {
 	// pattern matches that did not link it: the subscription links the
 	// most streams it may (subscriptions.go).
 	subLinksRefused atomic.Uint64
+	// subDocsDamaged counts the subscription documents a load could not
+	// decode, in picomq_damaged_objects_total with the engine's own.
+	subDocsDamaged atomic.Uint64
 }
 
 // liveFor returns the live read counters of protocol.
@@ -250,7 +253,7 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.packsWritten, es.PacksWritten)
 	counter(c.orphanBlobs, es.OrphanBlobsDeleted)
 	counter(c.damagedWAL, es.DamagedWALEntries)
-	counter(c.damagedObjects, es.DamagedObjects)
+	counter(c.damagedObjects, es.DamagedObjects+c.metrics.subDocsDamaged.Load())
 	counter(c.subLinksRefused, c.metrics.subLinksRefused.Load())
 	ch <- prometheus.MustNewConstMetric(c.packsLive, prometheus.GaugeValue, float64(es.LivePacks))
 	ch <- prometheus.MustNewConstMetric(c.streamsInMemory, prometheus.GaugeValue, float64(es.StreamsInMemory))

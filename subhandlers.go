@@ -353,6 +353,7 @@ func (m *subManager) rootFullLocked(w http.ResponseWriter, root string, maxSubs 
 
 // addSubLocked makes s one of the manager's subscriptions.
 func (m *subManager) addSubLocked(s *subState) {
+	delete(m.damaged, s.key) // replaced by this create's document
 	m.subs[s.key] = s
 	m.index.add(s)
 	m.scheduleLocked(s)
@@ -367,6 +368,10 @@ func (m *subManager) removeSubLocked(s *subState) {
 
 func (m *subManager) lookupLocked(w http.ResponseWriter, root, id string) *subState {
 	s, ok := m.subs[subDocKey(root, id)]
+	if why, damaged := m.damaged[subDocKey(root, id)]; !ok && damaged {
+		subError(w, http.StatusInternalServerError, "SUBSCRIPTION_DAMAGED", why)
+		return nil
+	}
 	if !ok {
 		subError(w, http.StatusNotFound, "SUBSCRIPTION_NOT_FOUND", "no such subscription")
 		return nil

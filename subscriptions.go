@@ -462,6 +462,10 @@ type subManager struct {
 	keyMu sync.Mutex // serialises ensureKey
 	mu    sync.Mutex
 	subs  map[string]*subState // by document key
+	// damaged holds, by key, the documents the load could not decode,
+	// and why: their subscriptions answer 500 naming the object, not 404,
+	// until a create of the same id replaces the document.
+	damaged map[string]string
 	// creating holds the creates whose document is being written, by
 	// key: a PUT of the same id waits for it, and they count against
 	// max_subscriptions.
@@ -779,7 +783,7 @@ func (m *subManager) load() error {
 	if err != nil {
 		return err
 	}
-	subs, err := m.loadDocs(keys)
+	subs, damaged, err := m.loadDocs(keys)
 	if err != nil {
 		return err
 	}
@@ -798,7 +802,7 @@ func (m *subManager) load() error {
 		}
 	}
 	m.mu.Lock()
-	m.subs = subs
+	m.subs, m.damaged = subs, damaged
 	m.index = subIndex{}
 	for _, s := range subs {
 		m.index.add(s)
@@ -834,26 +838,28 @@ const subLoadWorkers = 16
 // loadDocs reads and decodes the subscription documents keys,
 // subLoadWorkers at a time, each read within subDocTimeout: the load takes
 // as long as there are documents, not a fixed budget for all of them.
-func (m *subManager) loadDocs(keys []string) (map[string]*subState, error) {
+func (m *subManager) loadDocs(keys []string) (subs map[string]*subState, damaged map[string]string, err error) {
 	work := make(chan string)
 	var (
 		mu      sync.Mutex
-		subs    = map[string]*subState{}
 		loadErr error
 		wg      sync.WaitGroup
 	)
+	subs, damaged = map[string]*subState{}, map[string]string{}
 	for range min(subLoadWorkers, len(keys)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for k := range work {
-				s, err := m.loadDoc(k)
+				s, why, err := m.loadDoc(k)
 				mu.Lock()
 				switch {
 				case err != nil && loadErr == nil:
 					loadErr = err
 				case s != nil:
 					subs[k] = s
+				case why != "":
+					damaged[k] = why
 				}
 				mu.Unlock()
 			}
@@ -872,31 +878,35 @@ func (m *subManager) loadDocs(keys []string) (map[string]*subState, error) {
 	}
 	close(work)
 	wg.Wait()
-	return subs, loadErr
+	return subs, damaged, loadErr
 }
 
-// loadDoc reads subscription document k: nil when it is gone or cannot be
-// decoded (logged).
-func (m *subManager) loadDoc(k string) (*subState, error) {
+// loadDoc reads subscription document k: nil when it is gone, and with
+// why when it cannot be decoded (logged and counted as damage).
+func (m *subManager) loadDoc(k string) (s *subState, why string, err error) {
 	ctx, cancel := context.WithTimeout(m.ctx, subDocTimeout)
 	defer cancel()
 	data, ver, err := m.eng.GetDoc(ctx, k)
 	if errors.Is(err, streamstore.ErrNotFound) {
-		return nil, nil
+		return nil, "", nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read subscription %s: %w", k, err)
+		return nil, "", fmt.Errorf("read subscription %s: %w", k, err)
 	}
-	var s subState
-	if err := json.Unmarshal(data, &s); err != nil {
-		m.log.Warn("skipping corrupt subscription document", zap.String("key", k), zap.Error(err))
-		return nil, nil
+	s = new(subState)
+	if err := json.Unmarshal(data, s); err != nil {
+		m.log.Error("subscription document damaged: the subscription answers 500 until the object is restored from a copy (and the node restarted) or the subscription is created again",
+			zap.String("object", streamstore.DocObjectKey(k)), zap.Error(err))
+		if m.owner != nil && m.owner.metrics != nil {
+			m.owner.metrics.subDocsDamaged.Add(1)
+		}
+		return nil, fmt.Sprintf("subscription document %s is damaged (%v); restore it from a copy, or create the subscription again", streamstore.DocObjectKey(k), err), nil
 	}
 	if s.Links == nil {
 		s.Links = map[string]*subLink{}
 	}
 	s.key, s.version = k, ver
-	return &s, nil
+	return s, "", nil
 }
 
 // linkHead is what the engine said of a linked stream at load.

@@ -3,10 +3,14 @@ package picomq
 import (
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/picomq/caddy-picomq/streamstore"
 )
 
 // wakeEvents returns the wake stream's body.
@@ -147,3 +151,49 @@ func TestHeartbeatAfterLeaseExpiryIsFenced(t *testing.T) {
 }
 
 // countWakes counts the wake events of subscription id on the wake stream.
+
+// A subscription document that no longer decodes (bit rot on a local
+// disk, a bad restore) is damage, as a stream's damaged metadata is: its
+// subscription answers 500 naming the object instead of 404, the load logs
+// it at error level and counts it in picomq_damaged_objects_total, and a
+// create of the same id replaces it. It used to be skipped with a warning,
+// the subscription silently gone.
+func TestDamagedSubscriptionDocumentAnswers500(t *testing.T) {
+	dir := t.TempDir()
+	n := startSubNode(t, dir)
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	n.pullSubscribe(t, sub)
+	n.stop(t)
+	key := subDocKey("/v1/stream/", "p1")
+	path := filepath.Join(dir, filepath.FromSlash(streamstore.DocObjectKey(key)))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the subscription's document: %v", err)
+	}
+	// Written as the module never writes: a new inode, cut short.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data[:len(data)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	metrics := new(engineMetrics)
+	n = startSubNode(t, dir, func(d *durableStreams) { d.subs.metrics = metrics })
+	for range 2 {
+		st, v := n.call(t, "GET", sub, "")
+		msg, _ := v["error"].(map[string]any)["message"].(string)
+		if st != 500 || errCode(v) != "SUBSCRIPTION_DAMAGED" || !strings.Contains(msg, streamstore.DocObjectKey(key)) {
+			t.Fatalf("GET of the subscription with a damaged document: %d %v; want 500 SUBSCRIPTION_DAMAGED naming %s", st, v, streamstore.DocObjectKey(key))
+		}
+	}
+	if got := metrics.subDocsDamaged.Load(); got != 1 {
+		t.Fatalf("%d damaged subscription documents counted; want 1", got)
+	}
+	if st, v := n.call(t, "PUT", sub, `{"type":"pull-wake","pattern":"events/*","wake_stream":"wake/pool","lease_ttl_ms":600000}`); st != 201 {
+		t.Fatalf("create the subscription again: %d %v", st, v)
+	}
+	if st, v := n.call(t, "GET", sub, ""); st != 200 {
+		t.Fatalf("GET after the subscription was created again: %d %v", st, v)
+	}
+}

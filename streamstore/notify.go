@@ -79,6 +79,10 @@ const docPrefix = "subs/"
 // or is gone) since the version the caller read.
 var ErrDocConflict = segment.ErrPreconditionFailed
 
+// DocObjectKey is the object key document key is stored under, for
+// messages that name it to an operator.
+func DocObjectKey(key string) string { return docPrefix + key }
+
 func docKey(key string) (string, error) {
 	if key == "" || strings.Contains(key, "..") || strings.HasPrefix(key, "/") || len(key) > 600 {
 		return "", fmt.Errorf("%w: bad document key %q", ErrBadRequest, key)
