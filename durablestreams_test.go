@@ -651,7 +651,11 @@ func waitEngineWaits(t *testing.T, n int) {
 }
 
 // engineWaits counts the goroutines blocked in streamstore's Engine.Wait.
-func engineWaits() int {
+func engineWaits() int { return goroutinesIn("[select", "streamstore.(*Engine).Wait(") }
+
+// goroutinesIn counts the goroutines whose header shows state (such as
+// "[select" or "[IO wait") and whose stack holds call.
+func goroutinesIn(state, call string) int {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -664,7 +668,7 @@ func engineWaits() int {
 	count := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		header, _, _ := strings.Cut(g, "\n")
-		if strings.Contains(header, "[select") && strings.Contains(g, "streamstore.(*Engine).Wait(") {
+		if strings.Contains(header, state) && strings.Contains(g, call) {
 			count++
 		}
 	}

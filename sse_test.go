@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http/httptest"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -226,24 +225,7 @@ func TestStalledFeedGivesUpItsTurn(t *testing.T) {
 
 // sseWriteBlocked reports whether a Durable Streams SSE handler is blocked
 // writing to its connection (a goroutine of durableStreams.sse in IO wait).
-func sseWriteBlocked() bool {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		header, _, _ := strings.Cut(g, "\n")
-		if strings.Contains(header, "[IO wait") && strings.Contains(g, "(*durableStreams).sse(") {
-			return true
-		}
-	}
-	return false
-}
+func sseWriteBlocked() bool { return goroutinesIn("[IO wait", "(*durableStreams).sse(") > 0 }
 
 // openStalledSSE opens an SSE request on a connection with a small
 // receive buffer that is never read, so the server's writes to it block
