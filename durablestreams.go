@@ -664,7 +664,7 @@ func (d *durableStreams) get(w http.ResponseWriter, r *http.Request, name string
 // catchUp answers a plain GET with at most one chunk.
 func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, off readOffset) {
 	readAt := time.Now() // no later than the read's renewal of a sliding TTL
-	c, err := d.read(r.Context(), eng, name, off)
+	c, err := d.read(writeContext(r), eng, name, off)
 	if err != nil {
 		d.readError(w, r, err)
 		return
@@ -695,7 +695,7 @@ func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *st
 // long-poll timeout for some.
 func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, off readOffset, clientCursor string) {
 	readAt := time.Now() // no later than any read's renewal of a sliding TTL
-	c, err := d.read(r.Context(), eng, name, off)
+	c, err := d.read(writeContext(r), eng, name, off)
 	if err != nil {
 		d.readError(w, r, err)
 		return
@@ -755,7 +755,7 @@ func (d *durableStreams) longPoll(w http.ResponseWriter, r *http.Request, eng *s
 			again = off
 		}
 		id := c.info.ID
-		if c, err = d.read(r.Context(), eng, name, again); err != nil {
+		if c, err = d.read(writeContext(r), eng, name, again); err != nil {
 			d.readError(w, r, err)
 			return
 		}
@@ -788,7 +788,7 @@ func (d *durableStreams) wait(r *http.Request, eng *streamstore.Engine, name, id
 // sse streams the stream as Server-Sent Events until the reconnect interval
 // passes, the stream is closed, the client leaves or the server shuts down.
 func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, off readOffset, clientCursor string) {
-	c, err := d.read(r.Context(), eng, name, off)
+	c, err := d.read(writeContext(r), eng, name, off)
 	if err != nil {
 		d.readError(w, r, err)
 		return
@@ -1101,7 +1101,7 @@ func (d *durableStreams) read(ctx context.Context, eng *streamstore.Engine, name
 		from = off.pos
 	}
 	req := streamstore.ReadRequest{Seq: from.seq, MaxBytes: d.chunkBytes + int(min(from.off, uint64(d.chunkBytes))),
-		MaxRecords: dsChunkRecords}
+		MaxRecords: dsChunkRecords, Until: time.Now().Add(catchUpBudget)}
 	if from.off > 0 {
 		// Only a position inside a record can be refused with what the
 		// engine reads: judged there, the refusal is no access to the

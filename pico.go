@@ -873,7 +873,7 @@ func (p *picoProtocol) read(ctx context.Context, eng *streamstore.Engine, name s
 		i := res.Info
 		return picoPage{info: i, start: i.NextSeq, next: i.NextSeq, upToDate: true, closed: i.Closed}, nil
 	}
-	req := streamstore.ReadRequest{Seq: q.seq, MaxRecords: q.count, MaxBytes: q.bytes}
+	req := streamstore.ReadRequest{Seq: q.seq, MaxRecords: q.count, MaxBytes: q.bytes, Until: time.Now().Add(catchUpBudget)}
 	res, err := eng.Read(ctx, name, req)
 	if err != nil && errors.Is(err, streamstore.ErrGone) {
 		// Trimmed below seq, or soft-deleted: only a live stream has a
@@ -966,7 +966,7 @@ func (p *picoProtocol) get(w http.ResponseWriter, r *http.Request, name string) 
 // catchUp answers a plain read with one page, with a Pico-Cursor.
 func (p *picoProtocol) catchUp(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, q picoReadQuery) {
 	readAt := time.Now() // no later than the read's renewal of a sliding TTL
-	pg, err := p.read(r.Context(), eng, name, q)
+	pg, err := p.read(writeContext(r), eng, name, q)
 	if err != nil {
 		p.engineError(w, r, err)
 		return
@@ -1036,7 +1036,7 @@ func (p *picoProtocol) writePage(w http.ResponseWriter, r *http.Request, pg *pic
 // and fully read), else waits up to the long-poll timeout for some: 204
 // with Pico-Up-To-Date and Pico-Cursor when none came.
 func (p *picoProtocol) longPoll(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, q picoReadQuery) {
-	pg, err := p.read(r.Context(), eng, name, q)
+	pg, err := p.read(writeContext(r), eng, name, q)
 	if err != nil {
 		p.engineError(w, r, err)
 		return
@@ -1081,7 +1081,7 @@ func (p *picoProtocol) longPoll(w http.ResponseWriter, r *http.Request, eng *str
 		next.seq, next.now = pg.next, false
 		id := pg.info.ID
 		pg.release()
-		if pg, err = p.read(r.Context(), eng, name, next); err != nil {
+		if pg, err = p.read(writeContext(r), eng, name, next); err != nil {
 			p.engineError(w, r, err)
 			return
 		}

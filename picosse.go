@@ -115,7 +115,7 @@ func (picoHubSource) writeTimeout() time.Duration { return feedWriteTimeout(0) }
 // server shuts down. Each data event is followed by a control event; a
 // reader that is caught up gets one control event saying so.
 func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, q picoReadQuery) {
-	pg, err := p.read(r.Context(), eng, name, q)
+	pg, err := p.read(writeContext(r), eng, name, q)
 	if err != nil {
 		p.engineError(w, r, err)
 		return
@@ -223,7 +223,7 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 			return
 		}
 		pg.release()
-		if pg, err = p.read(r.Context(), eng, name, next); err != nil {
+		if pg, err = p.read(writeContext(r), eng, name, next); err != nil {
 			if errors.Is(err, streamstore.ErrDamaged) {
 				es.endDamaged(err)
 				return

@@ -233,8 +233,15 @@ func writeCut(r *http.Request) (cut time.Time, ok bool) {
 	return hard.Add(-margin), true
 }
 
+// catchUpBudget bounds how long a read waits for the objects of one
+// answer once it has a record: a catch-up over many small objects on a
+// slow bucket answers with what it has (not up to date; the client reads
+// on from there) instead of after a client or a CDN in front gave up.
+// Caddy's `write` timeout, when sooner, bounds it too (writeContext).
+const catchUpBudget = 10 * time.Second
+
 // writeContext is the context of a write request r, and of the lookups it
-// makes first: the engine's wait for the write to become durable ends at
+// makes first (a read's too, whose answer is due by the same cut): the engine's wait for the write to become durable ends at
 // writeCut, answering ErrUnconfirmed (a 503 that says the write was not
 // acknowledged), and a wait before the write was handed to storage (the
 // stream's metadata read) ErrTooLate, where Caddy's `write` timeout would

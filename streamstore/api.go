@@ -174,6 +174,13 @@ type ReadRequest struct {
 	// error is Read's, and then the read neither touches the stream nor
 	// renews its TTL.
 	Judge func(Info, []Record) error
+	// Until, if set, is when the read answers with the records it has
+	// rather than wait for more: once it has one, a wait for an object
+	// past Until ends it (the object's GET goes on for the next read), and
+	// the result is not UpToDate. A catch-up over many objects on a slow
+	// store answers within its caller's time instead of past it. An
+	// answer-by time in ctx (WithAnswerBy) before it takes its place.
+	Until time.Time
 }
 
 // ReadResult holds the records read and the stream state at the time of the

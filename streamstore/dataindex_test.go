@@ -764,3 +764,58 @@ func TestFetchOutlivesTheReaderThatStartedIt(t *testing.T) {
 	default:
 	}
 }
+
+// A read with Until answers with the records it has once a wait for the
+// next object runs past it: the object's GET, held at the store, goes on,
+// and the read after it gets those records. A catch-up over many objects
+// on a slow store used to answer only once it had them all, past its
+// caller's time (a server's write timeout, a client's).
+func TestReadAnswersAtItsUntilWithWhatItHas(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{PackBelow: -1})
+	if _, _, err := e.Create(ctx, "/u", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{"r0", "r1"} {
+		mustAppend(t, e, "/u", AppendRequest{Records: recs(body)})
+		mustCompact(t, e)
+	}
+	keys := st.Keys("data/")
+	if len(keys) != 2 {
+		t.Fatalf("data objects %v; want one per compacted append", keys)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e = startEngine(t, st, Config{PackBelow: -1, CacheBytes: 1})
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	st.SetFail(func(op, key string) error {
+		if op == "GET" && key == keys[1] {
+			select {
+			case <-release:
+			case <-time.After(3 * time.Second): // a read that waits gets it then
+			}
+		}
+		return nil
+	})
+	res, err := e.Read(ctx, "/u", ReadRequest{Until: time.Now().Add(300 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range res.Records {
+		got = append(got, string(r.Body))
+	}
+	if !slices.Equal(got, []string{"r0"}) || res.UpToDate || res.NextSeq != 1 {
+		t.Fatalf("a read whose second object is held past its Until: %q, up to date %v, next %d; want [r0], not up to date, next 1",
+			got, res.UpToDate, res.NextSeq)
+	}
+	releaseOnce.Do(func() { close(release) })
+	res, err = e.Read(ctx, "/u", ReadRequest{Seq: 1, Until: time.Now().Add(10 * time.Second)})
+	if err != nil || len(res.Records) != 1 || string(res.Records[0].Body) != "r1" || !res.UpToDate {
+		t.Fatalf("the read after it: %v, %v; want [r1], up to date", res.Records, err)
+	}
+}

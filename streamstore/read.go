@@ -41,6 +41,9 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 	if req.Tail || req.Seq == info.NextSeq {
 		return e.served(ctx, s, req, res)
 	}
+	if by, ok := answerBy(ctx); ok && !req.Until.IsZero() && by.Before(req.Until) {
+		req.Until = by
+	}
 	// Most reads are at the tail, from the cache: no buffer to hold, and
 	// no allocation for holding none.
 	var bufs []*objBuf
@@ -232,6 +235,28 @@ func (a *readAcc) add(r Record) bool {
 	return !a.full()
 }
 
+// errReadOutOfTime ends a read's wait for more records at its Until.
+var errReadOutOfTime = errors.New("the read's time ran out")
+
+// recordsAt is e.recordsAt for a read that gathers into a: once it has a
+// record, a wait that runs past the request's Until is given up.
+func (a *readAcc) recordsAt(ctx context.Context, e *Engine, s *stream, id string, seq uint64) ([]Record, *objBuf, error) {
+	if a.req.Until.IsZero() || len(a.out) == 0 {
+		return e.recordsAt(ctx, s, id, seq)
+	}
+	if !time.Now().Before(a.req.Until) {
+		return nil, nil, errReadOutOfTime
+	}
+	rctx, cancel := context.WithDeadline(ctx, a.req.Until)
+	defer cancel()
+	recs, buf, err := e.recordsAt(rctx, s, id, seq)
+	if err != nil && rctx.Err() != nil && ctx.Err() == nil {
+		buf.release()
+		return nil, nil, errReadOutOfTime
+	}
+	return recs, buf, err
+}
+
 // collectInto is collect's work from seq on, adding to a: records [seq,
 // end) of stream s (internal id), its source's first where s is a fork.
 func (e *Engine) collectInto(ctx context.Context, a *readAcc, s *stream, id string, seq, end uint64, keep *[]*objBuf) error {
@@ -263,10 +288,11 @@ func (e *Engine) collectInto(ctx context.Context, a *readAcc, s *stream, id stri
 		}
 	}
 	for seq < end {
-		recs, buf, err := e.recordsAt(ctx, s, id, seq)
-		if err != nil && len(a.out) > 0 && errors.Is(err, ErrDamaged) {
-			// The records before the damage are served; the read from
-			// it fails.
+		recs, buf, err := a.recordsAt(ctx, e, s, id, seq)
+		if err != nil && len(a.out) > 0 && (errors.Is(err, ErrDamaged) || errors.Is(err, errReadOutOfTime)) {
+			// The records before the damage, or before the wait that
+			// ran past the read's time, are served; the read from there
+			// fails, or comes again.
 			return nil
 		}
 		if err != nil {
