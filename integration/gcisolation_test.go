@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -70,5 +71,76 @@ func TestCollectorPassesOverADeleteTheStoreRefuses(t *testing.T) {
 	}
 	if refused == 0 || len(e.mustList("data/"+held+"/")) == 0 {
 		t.Fatalf("the store refused %d deletes and the held data is %v: the test checks nothing", refused, e.mustList("data/"+held+"/"))
+	}
+}
+
+// TestCollectorWorksOffDeletedStreamsInParallel: through Caddy on
+// versitygw, the data deletes of several deleted streams, held at the
+// proxy, are at the bucket together: the collector works off their
+// tombstones several at a time. One at a time, at some seven requests
+// each, a bucket 25 ms away collected a few deleted streams a second.
+func TestCollectorWorksOffDeletedStreamsInParallel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	// A held delete is not given up (and retried) within the wait below.
+	e := fhStart(t, fhOptions{Directives: []string{"pack_below off", "compact_interval 200ms", "s3_timeout 1m"}})
+	const ct, streams = "text/plain", 4
+	var ids []string
+	for i := range streams {
+		p := fmt.Sprintf("/gcpar/%d", i)
+		e.create(p, ct)
+		e.append(p, ct, []byte("r;"))
+		m, err := e.get("streams/" + hex.EncodeToString([]byte(p)) + ".m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct{ ID string }
+		if err := json.Unmarshal(m, &doc); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, doc.ID)
+	}
+	if err := e.waitGone("wal/"); err != nil {
+		t.Fatalf("not compacted: %v", err)
+	}
+	// The first data delete of each stream is held: a retry of one (the
+	// store's timeout) is not, so two held are two streams at once.
+	var releases []func()
+	for _, id := range ids {
+		releases = append(releases, e.proxy.Hold(testenv.Fault{Op: testenv.OpDelete, KeyContains: "data/" + id + "/", Times: 1}))
+	}
+	release := func() {
+		for _, r := range releases {
+			r()
+		}
+	}
+	defer release()
+	// The collector's listing waits for the last delete, so that one pass
+	// has every tombstone.
+	releaseList := e.proxy.Hold(testenv.Fault{Op: testenv.OpList, KeyContains: "gc/", Times: 1})
+	defer releaseList()
+	for i := range streams {
+		if r := e.must(fhReq{Method: http.MethodDelete, Path: fmt.Sprintf("/gcpar/%d", i)}); r.Status/100 != 2 {
+			t.Fatalf("DELETE: %s", r)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := e.proxy.WaitHeld(ctx, 1); err != nil {
+		t.Fatalf("the collector never listed its tombstones: %v", err)
+	}
+	releaseList()
+	if err := e.proxy.WaitHeld(ctx, 2); err != nil {
+		t.Fatalf("two deleted streams' data deletes were never at the bucket together: %v", err)
+	}
+	release()
+	if err := fhWaitFor(30*time.Second, 100*time.Millisecond, func() error {
+		if objs := e.mustList("data/"); len(objs) > 0 {
+			return fmt.Errorf("data objects %v left", objs)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the deleted streams' data was not collected: %v", err)
 	}
 }

@@ -647,3 +647,45 @@ func TestCollectorPassesOverATombstoneItCannotCollect(t *testing.T) {
 		t.Fatalf("data objects %v of the refused stream left after the next pass", got)
 	}
 }
+
+// A collector pass works off several tombstones at once: one at a time,
+// at some seven requests each, a bucket 25 ms away collected a few deleted
+// streams a second.
+func TestCollectorWorksOffTombstonesInParallel(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{PackBelow: -1})
+	const streams = 6
+	for i := range streams {
+		name := fmt.Sprintf("/par/%d", i)
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain", Records: recs("a")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustCompact(t, e)
+	var inFlight, most atomic.Int64
+	st.SetFail(func(op, key string) error {
+		if op == "DELETE" && strings.HasPrefix(key, "data/") {
+			n := inFlight.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			time.Sleep(50 * time.Millisecond)
+			inFlight.Add(-1)
+		}
+		return nil
+	})
+	for i := range streams {
+		if err := e.Delete(ctx, fmt.Sprintf("/par/%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.collectGarbage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Keys("data/"); len(got) != 0 {
+		t.Fatalf("data objects left after the pass: %v", got)
+	}
+	if m := most.Load(); m < 2 {
+		t.Fatalf("at most %d data deletes at once over %d deleted streams; want several", m, streams)
+	}
+}
