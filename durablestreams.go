@@ -1421,7 +1421,7 @@ func (d *durableStreams) engineError(w http.ResponseWriter, r *http.Request, err
 		fail(w, http.StatusServiceUnavailable, start.reason())
 	case errors.Is(err, streamstore.ErrTooLate):
 		h.Set("Retry-After", "1")
-		fail(w, http.StatusServiceUnavailable, tooLateMessage)
+		fail(w, http.StatusServiceUnavailable, tooLateMessageFor(r.Method))
 	case errors.Is(err, streamstore.ErrTakenOver):
 		d.failLog.warn(d.log, "storage taken over by another server", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")
@@ -1493,6 +1493,19 @@ func damagedMessage(err error) string {
 // either protocol: it could not be handed to storage in time to be
 // answered before Caddy's write timeout.
 const tooLateMessage = "the write could not be handed to storage before the server's write timeout; nothing was stored, retry"
+
+// tooLateReadMessage answers a read whose stream could not be looked up in
+// time to be answered before Caddy's write timeout.
+const tooLateReadMessage = "the stream could not be read before the server's write timeout; retry"
+
+// tooLateMessageFor is the answer to a request of method that failed with
+// streamstore.ErrTooLate.
+func tooLateMessageFor(method string) string {
+	if isRead(method) {
+		return tooLateReadMessage
+	}
+	return tooLateMessage
+}
 
 // unavailableMessage answers a request that failed with
 // streamstore.ErrUnavailable, in either protocol: a write says that none of

@@ -301,7 +301,7 @@ func (p *picoProtocol) engineError(w http.ResponseWriter, r *http.Request, err e
 		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, start.reason(), nil)
 	case errors.Is(err, streamstore.ErrTooLate):
 		h.Set("Retry-After", "1")
-		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, tooLateMessage, nil)
+		picoFail(w, http.StatusServiceUnavailable, picoErrUnavailable, tooLateMessageFor(r.Method), nil)
 	case errors.Is(err, streamstore.ErrTakenOver):
 		p.failLog.warn(p.log, "storage taken over by another server", zap.String("method", r.Method), zap.String("stream", r.URL.Path), zap.Error(err))
 		h.Set("Retry-After", "1")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,6 +105,19 @@ func TestCatchUpAnswersWithinItsTime(t *testing.T) {
 				return nil
 			}); err != nil {
 				t.Fatalf("the read from the answer's offset: %v; want r1;", err)
+			}
+			if tc.write == 0 {
+				return
+			}
+			// A read that cannot even look the stream up (its metadata
+			// held) before the write timeout is told so: 503, a read's
+			// reason. It used to be cut with its connection.
+			c.Restart()
+			removeMeta := p.AddFault(testenv.Fault{Op: testenv.OpGet, KeyContains: "/streams/", Stall: 10 * time.Second})
+			defer removeMeta()
+			r, err = do(http.MethodGet, path+"?offset=-1", nil)
+			if err != nil || r.status != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "could not be read") {
+				t.Fatalf("a read whose metadata is held past the write timeout: %v %v; want 503 saying it could not be read", r, err)
 			}
 		})
 	}
