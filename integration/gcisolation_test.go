@@ -30,15 +30,7 @@ func TestCollectorPassesOverADeleteTheStoreRefuses(t *testing.T) {
 	for _, p := range paths {
 		e.create(p, ct)
 		e.append(p, ct, []byte("r;"))
-		m, err := e.get("streams/" + hex.EncodeToString([]byte(p)) + ".m")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var doc struct{ ID string }
-		if err := json.Unmarshal(m, &doc); err != nil {
-			t.Fatal(err)
-		}
-		ids[p] = doc.ID
+		ids[p] = e.streamID(p)
 	}
 	if err := e.waitGone("wal/"); err != nil {
 		t.Fatalf("not compacted: %v", err)
@@ -54,14 +46,27 @@ func TestCollectorPassesOverADeleteTheStoreRefuses(t *testing.T) {
 	held, free := order[0], order[1]
 	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpDelete, KeyContains: "data/" + held + "/", Status: http.StatusForbidden})
 	defer remove()
+	// The collector's listing waits for the last delete, so that one pass
+	// meets the refused tombstone first and the other after it.
+	releaseList := e.proxy.Hold(testenv.Fault{Op: testenv.OpList, KeyContains: "gc/", Times: 1})
+	defer releaseList()
 	for _, p := range paths {
 		if r := e.must(fhReq{Method: http.MethodDelete, Path: p}); r.Status/100 != 2 {
 			t.Fatalf("DELETE %s: %s", p, r)
 		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := e.proxy.WaitHeld(ctx, 1); err != nil {
+		t.Fatalf("the collector never listed its tombstones: %v", err)
+	}
+	releaseList()
 	err := fhWaitFor(30*time.Second, 100*time.Millisecond, func() error {
 		if objs := e.mustList("data/" + free + "/"); len(objs) > 0 {
 			return fmt.Errorf("data objects %v left", objs)
+		}
+		if e.proxy.Counts().Faults == 0 {
+			return fmt.Errorf("the refused stream's data delete not tried yet")
 		}
 		return nil
 	})
@@ -91,15 +96,7 @@ func TestCollectorWorksOffDeletedStreamsInParallel(t *testing.T) {
 		p := fmt.Sprintf("/gcpar/%d", i)
 		e.create(p, ct)
 		e.append(p, ct, []byte("r;"))
-		m, err := e.get("streams/" + hex.EncodeToString([]byte(p)) + ".m")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var doc struct{ ID string }
-		if err := json.Unmarshal(m, &doc); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, doc.ID)
+		ids = append(ids, e.streamID(p))
 	}
 	if err := e.waitGone("wal/"); err != nil {
 		t.Fatalf("not compacted: %v", err)
@@ -143,4 +140,19 @@ func TestCollectorWorksOffDeletedStreamsInParallel(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("the deleted streams' data was not collected: %v", err)
 	}
+}
+
+// streamID is the internal id of the stream at path, from its metadata
+// object in the bucket.
+func (e *fhEnv) streamID(path string) string {
+	e.t.Helper()
+	m, err := e.get("streams/" + hex.EncodeToString([]byte(path)) + ".m")
+	if err != nil {
+		e.t.Fatalf("metadata of %s: %v", path, err)
+	}
+	var doc struct{ ID string }
+	if err := json.Unmarshal(m, &doc); err != nil || doc.ID == "" {
+		e.t.Fatalf("metadata of %s: %q (%v)", path, m, err)
+	}
+	return doc.ID
 }
