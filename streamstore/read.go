@@ -199,7 +199,8 @@ func ReadWeight(headers []Header, bodyLen int) int {
 // them cut to the fork point. The buffers the records are in, held, go to
 // keep; with keep nil they are never recycled.
 func (e *Engine) collect(ctx context.Context, s *stream, id string, req ReadRequest, end uint64, keep *[]*objBuf) ([]Record, error) {
-	a := &readAcc{req: req}
+	a := &readAcc{req: req, stopTimed: func() {}}
+	defer func() { a.stopTimed() }()
 	if err := e.collectInto(ctx, a, s, id, req.Seq, end, keep); err != nil {
 		return nil, err
 	}
@@ -215,6 +216,10 @@ type readAcc struct {
 	req   ReadRequest
 	out   []Record
 	bytes int
+	// timed is the read's context with a deadline at req.Until, made
+	// once the read has a record (see recordsAt); stopTimed ends it.
+	timed     context.Context
+	stopTimed context.CancelFunc
 }
 
 // full reports whether the read has all the records its limits let it take.
@@ -247,8 +252,12 @@ func (a *readAcc) recordsAt(ctx context.Context, e *Engine, s *stream, id string
 	if !time.Now().Before(a.req.Until) {
 		return nil, nil, errReadOutOfTime
 	}
-	rctx, cancel := context.WithDeadline(ctx, a.req.Until)
-	defer cancel()
+	// One deadline for the rest of the read, not a timer per run: a
+	// catch-up from the cache reads hundreds of runs.
+	if a.timed == nil {
+		a.timed, a.stopTimed = context.WithDeadline(ctx, a.req.Until)
+	}
+	rctx := a.timed
 	recs, buf, err := e.recordsAt(rctx, s, id, seq)
 	if err != nil && rctx.Err() != nil && ctx.Err() == nil {
 		buf.release()
