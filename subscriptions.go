@@ -29,6 +29,7 @@ package picomq
 // subscription at a time (see subwriter.go).
 
 import (
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -38,7 +39,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
+	"maps"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -839,46 +843,57 @@ const subLoadWorkers = 16
 // subLoadWorkers at a time, each read within subDocTimeout: the load takes
 // as long as there are documents, not a fixed budget for all of them.
 func (m *subManager) loadDocs(keys []string) (subs map[string]*subState, damaged map[string]string, err error) {
+	var mu sync.Mutex
+	subs, damaged = map[string]*subState{}, map[string]string{}
+	eachAtOnce(slices.Values(keys), subLoadWorkers, func(k string) bool {
+		if k == signatureKeyDocKey {
+			return true
+		}
+		s, why, lerr := m.loadDoc(k)
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case lerr != nil:
+			err = cmp.Or(err, lerr)
+			return false // the load starts over: read no more
+		case s != nil:
+			subs[k] = s
+		case why != "":
+			damaged[k] = why
+		}
+		return true
+	})
+	return subs, damaged, err
+}
+
+// eachAtOnce calls fn for each item of seq, on up to workers goroutines
+// at once, and returns once every call has: after a call returns false,
+// no more are started.
+func eachAtOnce(seq iter.Seq[string], workers int, fn func(string) bool) {
 	work := make(chan string)
 	var (
-		mu      sync.Mutex
-		loadErr error
 		wg      sync.WaitGroup
+		stopped atomic.Bool
 	)
-	subs, damaged = map[string]*subState{}, map[string]string{}
-	for range min(subLoadWorkers, len(keys)) {
+	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for k := range work {
-				s, why, err := m.loadDoc(k)
-				mu.Lock()
-				switch {
-				case err != nil && loadErr == nil:
-					loadErr = err
-				case s != nil:
-					subs[k] = s
-				case why != "":
-					damaged[k] = why
+			for item := range work {
+				if !fn(item) {
+					stopped.Store(true)
 				}
-				mu.Unlock()
 			}
 		}()
 	}
-	for _, k := range keys {
-		mu.Lock()
-		failed := loadErr != nil
-		mu.Unlock()
-		if failed {
+	for item := range seq {
+		if stopped.Load() {
 			break
 		}
-		if k != signatureKeyDocKey {
-			work <- k
-		}
+		work <- item
 	}
 	close(work)
 	wg.Wait()
-	return subs, damaged, loadErr
 }
 
 // loadDoc reads subscription document k: nil when it is gone, and with
@@ -936,27 +951,15 @@ func (m *subManager) headLinks(ctx context.Context, subs map[string]*subState) m
 
 // headNames looks up the streams names, subHeadWorkers at a time.
 func (m *subManager) headNames(ctx context.Context, names map[string]bool) map[string]linkHead {
-	work := make(chan string)
 	var mu sync.Mutex
 	heads := make(map[string]linkHead, len(names))
-	var wg sync.WaitGroup
-	for i := 0; i < min(subHeadWorkers, len(names)); i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for name := range work {
-				info, err := m.eng.Head(ctx, name)
-				mu.Lock()
-				heads[name] = linkHead{info, err}
-				mu.Unlock()
-			}
-		}()
-	}
-	for name := range names {
-		work <- name
-	}
-	close(work)
-	wg.Wait()
+	eachAtOnce(maps.Keys(names), subHeadWorkers, func(name string) bool {
+		info, err := m.eng.Head(ctx, name)
+		mu.Lock()
+		heads[name] = linkHead{info, err}
+		mu.Unlock()
+		return true
+	})
 	return heads
 }
 
