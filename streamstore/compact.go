@@ -115,7 +115,7 @@ func (e *Engine) Compact(ctx context.Context) error {
 	}
 	e.mu.Unlock()
 	if len(todo) == 0 && e.hasRetired && e.retired == end {
-		if _, dead := e.livePacks(); len(dead) == 0 && len(e.deadPacks) == 0 {
+		if _, dead := e.livePacks(); len(dead) == 0 && len(e.deadPacks) == 0 && !e.mergedPending() {
 			// Idle: the manifest already says all this pass would
 			// write, so it writes nothing and asks nothing (before, an
 			// idle node read the lease and the manifest and wrote the
@@ -444,19 +444,39 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 		return nil
 	}
 
-	var chunk []Record
+	// A small last data object that these runs continue is written again
+	// with them: the first object below starts with its records.
+	chunk, tailKey := e.mergeTail(ctx, s.name, &meta, runs)
 	size := 0
+	for i := range chunk {
+		size += segment.RecordSize(&chunk[i])
+	}
+	merged := ""       // tailKey, once an object holding its records and more is written
+	wrote := false     // a data object or marker was written
+	var last *dataTail // the last plain data object written, while small
 	flush := func() error {
 		if len(chunk) == 0 {
 			return nil
 		}
 		key := dataKey(meta.ID, chunk[0].Seq, chunk[len(chunk)-1].Seq+1)
-		if _, err := e.store.Put(ctx, key, segment.EncodeData(chunk), segment.PutOptions{}); err != nil {
-			return fmt.Errorf("put data %s: %w", key, err)
+		body := segment.EncodeData(chunk)
+		// The tail alone again (the record after it would have passed
+		// maxDataObject) is already there, and must not be deleted.
+		if key != tailKey {
+			if _, err := e.store.Put(ctx, key, body, segment.PutOptions{}); err != nil {
+				return fmt.Errorf("put data %s: %w", key, err)
+			}
+			if tailKey != "" && chunk[0].Seq == meta.Tail.First {
+				merged = tailKey
+			}
 		}
 		// Not cached: the records are in the cache already as WAL entries
 		// until this compaction ends, and caching them twice would push
 		// out the entries the rest of the compaction still has to read.
+		wrote, last = true, nil
+		if int64(len(body)) < e.config().MergeBelow {
+			last = &dataTail{First: chunk[0].Seq, End: chunk[len(chunk)-1].Seq + 1}
+		}
 		chunk, size = nil, 0
 		return nil
 	}
@@ -476,6 +496,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 			if _, err := e.store.Put(ctx, key, nil, segment.PutOptions{}); err != nil {
 				return fmt.Errorf("put marker %s: %w", key, err)
 			}
+			wrote, last = true, nil
 			meta.State.apply(r.ch)
 			meta.Upto = r.pos.next()
 			continue
@@ -512,6 +533,9 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	if err := flush(); err != nil {
 		return err
 	}
+	if wrote {
+		meta.Tail = last
+	}
 	// A trim is in the WAL until the checkpoint below is written, so the
 	// data can go first: a crash in between replays the trim.
 	// Trimmed bytes stay while forks may still read them.
@@ -520,6 +544,9 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 			return fmt.Errorf("trim %s: %w", s.name, err)
 		}
 		meta.Cleaned = meta.State.StartSeq
+		if meta.Tail != nil && meta.Tail.First < meta.Cleaned {
+			meta.Tail = nil // rewritten from the trim on, or deleted
+		}
 	}
 	newTag, err := e.writeMeta(ctx, s, &meta, etag)
 	if errors.Is(err, errMetaGone) {
@@ -541,6 +568,10 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 		return fmt.Errorf("checkpoint %s: %w", s.name, err)
 	}
 	e.stats.folds.Add(1)
+	if merged != "" {
+		// Only now: until the checkpoint landed, the old one named it.
+		e.noteMerged(merged)
+	}
 	if ce := e.log.Check(zap.DebugLevel, "checkpoint written"); ce != nil {
 		ce.Write(zap.String("stream", s.name), zap.Uint64("next_seq", meta.State.NextSeq),
 			zap.Stringer("upto", meta.Upto), zap.Int("runs", n))
@@ -709,12 +740,15 @@ func (e *Engine) retireWAL(ctx context.Context, end walPos) error {
 	e.stats.packsLive.Store(int64(len(live)))
 	// Out of the manifest and of e.packs now: a failed delete is kept to
 	// be tried again, or the pack would stay until the next start's sweep.
+	// The data objects folds merged into larger ones go in the same
+	// request.
 	deadPacks = append(deadPacks, e.deadPacks...)
+	deadPacks = append(deadPacks, e.takeMerged()...)
 	e.deadPacks = nil
 	if len(deadPacks) > 0 {
 		if err := e.store.Delete(ctx, deadPacks); err != nil {
 			e.deadPacks = deadPacks
-			return fmt.Errorf("delete dead packs: %w", err)
+			return fmt.Errorf("delete dead packs and merged data objects: %w", err)
 		}
 	}
 	for _, ns := range drop {

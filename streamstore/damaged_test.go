@@ -508,7 +508,8 @@ func TestDamagedObjectsAreErrDamaged(t *testing.T) {
 			if err := e.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
-			setPackBelow(e, 0) // every compaction folds into data objects
+			setPackBelow(e, 0)   // every compaction folds into data objects
+			setMergeBelow(e, -1) // of their own
 			if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
 				t.Fatal(err)
 			}

@@ -56,7 +56,8 @@ func (c *opCounter) counts() (lists, gets, maxPerKey int) {
 func writeObjects(t *testing.T, e *Engine, name string, n int) {
 	t.Helper()
 	ctx := context.Background()
-	setPackBelow(e, -1) // data objects of their own, not packs
+	setPackBelow(e, -1)  // data objects of their own, not packs
+	setMergeBelow(e, -1) // one per fold, not merged into one
 	if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
 		t.Fatal(err)
 	}
@@ -773,7 +774,7 @@ func TestFetchOutlivesTheReaderThatStartedIt(t *testing.T) {
 func TestReadAnswersAtItsUntilWithWhatItHas(t *testing.T) {
 	ctx := context.Background()
 	st := memstore.New()
-	e := startEngine(t, st, Config{PackBelow: -1})
+	e := startEngine(t, st, Config{PackBelow: -1, MergeBelow: -1})
 	if _, _, err := e.Create(ctx, "/u", CreateRequest{ContentType: "text/plain"}); err != nil {
 		t.Fatal(err)
 	}

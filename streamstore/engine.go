@@ -32,6 +32,7 @@ type Config struct {
 	AppendTimeout   time.Duration // longest an append waits for durability before 503 (default 30s)
 	CompactInterval time.Duration // how often WAL data is compacted (default 30s)
 	PackBelow       int64         // backlog bytes up to which a busy stream's compaction goes into a shared pack (default 256 KiB; negative: never)
+	MergeBelow      int64         // a stream's last data object smaller than this is written again with the next fold's records (default 64 KiB; negative: never)
 	LeaseTTL        time.Duration // storage lease lifetime without renewal (default 30s)
 	// OneEnginePerProcess refuses to start on a storage whose lease another
 	// engine of this process holds (segment.LeaseOptions.NotFromThisProcess):
@@ -87,6 +88,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PackBelow == 0 {
 		c.PackBelow = DefaultPackBelow
+	}
+	if c.MergeBelow == 0 {
+		c.MergeBelow = DefaultMergeBelow
 	}
 	if c.GraveTime <= 0 {
 		c.GraveTime = defaultGraveTime
@@ -150,6 +154,11 @@ type Engine struct {
 	// deadPacks are packs out of the manifest whose delete failed: the
 	// next compaction tries again (compactMu).
 	deadPacks []string
+	// merged are data objects a fold wrote again within a larger one,
+	// deleted with the compaction's dead packs (mergedMu: folds run in
+	// parallel).
+	mergedMu sync.Mutex
+	merged   []string
 	// retired is where the last compaction that finished retired the WAL
 	// to (compactMu); a pass that would retire to the same point with
 	// nothing to fold and no pack to drop has nothing to write.

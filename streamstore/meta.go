@@ -106,6 +106,9 @@ type metaObject struct {
 	Upto        walPos `json:"upto"`
 	// Cleaned: data objects holding only seqs below it are deleted.
 	Cleaned uint64 `json:"cleaned,omitempty"`
+	// Tail is the stream's last data object while it is small and plain
+	// (not a blob's marker): the next fold merges it (see mergeTail).
+	Tail *dataTail `json:"tail,omitempty"`
 	// Fork, on a fork, references the source's data: by internal id (the
 	// name only locates its state), never by object keys, so the source's
 	// compaction stays free.

@@ -1,0 +1,100 @@
+package streamstore
+
+import (
+	"context"
+	"fmt"
+
+	"go.uber.org/zap"
+
+	"github.com/picomq/caddy-picomq/segment"
+)
+
+// A stream that is written a little at a time, with pauses longer than
+// the idle time between, is folded at every pause, and each fold used to
+// write its few records as a data object of their own: one append a
+// minute made half a million objects a year, and a reader catching up
+// from the start paid a GET for each. So a fold that continues a small
+// last data object writes that object's records again with its own, as
+// one object, and the old one is deleted once the checkpoint naming the
+// new tail has landed. It costs a GET of at most MergeBelow bytes per such
+// fold (and a key in the compaction's batched delete); objects of a slow
+// stream grow to MergeBelow before a new one starts. Busy streams fold
+// larger objects and never pay it.
+
+// DefaultMergeBelow is Config.MergeBelow's default. Each fold that merges
+// rewrites up to this many bytes, so it bounds the write amplification of
+// a slow stream; a cold reader reads objects at least this big (its
+// read-ahead keeps sixteen in flight). Exported so that the module spells
+// out the same default.
+const DefaultMergeBelow = 64 << 10
+
+// MaxMergeBelow bounds Config.MergeBelow: a data object is at most this
+// big anyway.
+const MaxMergeBelow = maxDataObject
+
+// dataTail names a stream's last data object, records [First, End).
+type dataTail struct {
+	First uint64 `json:"first"`
+	End   uint64 `json:"end"`
+}
+
+// mergeTail returns the records of meta's tail object and its key when the
+// fold of runs should write them again with its own: its first records
+// continue the tail, and no trim of the fold reaches into it. nil when
+// there is nothing to merge, or the tail could not be read back (the
+// fold's records then get an object of their own, as before merging).
+func (e *Engine) mergeTail(ctx context.Context, name string, meta *metaObject, runs []walRun) ([]Record, string) {
+	t := meta.Tail
+	if t == nil || e.config().MergeBelow < 0 {
+		return nil, ""
+	}
+	st := meta.State
+	first := -1
+	for i := range runs {
+		if first < 0 && runs[i].ch.End > runs[i].ch.First {
+			first = i
+		}
+		runs[i].applyTo(&st)
+	}
+	if first < 0 || runs[first].blob != "" || runs[first].ch.First != t.End || st.StartSeq > t.First {
+		return nil, ""
+	}
+	key := dataKey(meta.ID, t.First, t.End)
+	recs, _, err := e.readData(ctx, key)
+	if err == nil && (uint64(len(recs)) != t.End-t.First || recs[0].Seq != t.First) {
+		err = fmt.Errorf("%w: %s does not hold the records its name says", segment.ErrCorrupt, key)
+	}
+	if err != nil {
+		e.log.Warn("a stream's last data object could not be read back to merge it with the stream's new records; "+
+			"they go into an object of their own", zap.String("stream", name), zap.String("key", key), zap.Error(err))
+		return nil, ""
+	}
+	return recs, key
+}
+
+// noteMerged queues key, a data object whose records a landed checkpoint
+// names in a larger one, for the compaction's delete. Its cached copy goes
+// now: a reader that still lists it finds it gone and lists again.
+func (e *Engine) noteMerged(key string) {
+	e.cache.remove([]string{key})
+	e.mergedMu.Lock()
+	e.merged = append(e.merged, key)
+	e.mergedMu.Unlock()
+}
+
+// takeMerged returns the data objects queued by noteMerged, emptying the
+// queue.
+func (e *Engine) takeMerged() []string {
+	e.mergedMu.Lock()
+	defer e.mergedMu.Unlock()
+	keys := e.merged
+	e.merged = nil
+	return keys
+}
+
+// mergedPending reports whether merged data objects wait for their delete.
+func (e *Engine) mergedPending() bool {
+	e.mergedMu.Lock()
+	defer e.mergedMu.Unlock()
+	return len(e.merged) > 0
+}
