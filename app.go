@@ -212,6 +212,7 @@ type engineSettings struct {
 	CacheBytes      int64
 	CompactInterval time.Duration
 	PackBelow       int64
+	MergeBelow      int64
 	S3Timeout       time.Duration
 	ExpirySweep     time.Duration
 	GraveTime       time.Duration
@@ -247,7 +248,7 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 		if e.settings != s {
 			return nil, fmt.Errorf("handlers using storage %s disagree on %s; "+
 				"engine settings (flush_interval, flush_size, flush_quiet, max_pending, cache_size, compact_interval, "+
-				"pack_below, s3_timeout, expiry_sweep_interval, grave_time, lease_ttl) must be the same in every handler of a storage",
+				"pack_below, merge_below, s3_timeout, expiry_sweep_interval, grave_time, lease_ttl) must be the same in every handler of a storage",
 				label, settingsDiff(e.settings, s))
 		}
 		return e.ref, nil
@@ -314,6 +315,7 @@ func diffSettings(a, b engineSettings, format string) string {
 	add("cache_size", a.CacheBytes, b.CacheBytes)
 	add("compact_interval", a.CompactInterval, b.CompactInterval)
 	add("pack_below", a.PackBelow, b.PackBelow)
+	add("merge_below", a.MergeBelow, b.MergeBelow)
 	add("s3_timeout", a.S3Timeout, b.S3Timeout)
 	add("expiry_sweep_interval", a.ExpirySweep, b.ExpirySweep)
 	add("grave_time", a.GraveTime, b.GraveTime)
@@ -595,6 +597,7 @@ func (r *engineRef) engineConfig() streamstore.Config {
 		CacheBytes:      r.settings.CacheBytes,
 		CompactInterval: r.settings.CompactInterval,
 		PackBelow:       r.settings.PackBelow,
+		MergeBelow:      r.settings.MergeBelow,
 		ExpirySweep:     r.settings.ExpirySweep,
 		GraveTime:       r.settings.GraveTime,
 		AppendTimeout:   appendTimeout(r.settings),
@@ -719,6 +722,7 @@ func (r *engineRef) reconfigureLocked(s engineSettings, warnS3 bool) {
 		zap.Duration("flush_interval", s.FlushInterval), zap.Int64("flush_size", s.FlushSize), zap.Duration("flush_quiet", s.FlushQuiet),
 		zap.Int64("max_pending", s.MaxPending),
 		zap.Int64("cache_size", s.CacheBytes), zap.Duration("compact_interval", s.CompactInterval), zap.Int64("pack_below", s.PackBelow),
+		zap.Int64("merge_below", s.MergeBelow),
 		zap.Duration("expiry_sweep_interval", s.ExpirySweep), zap.Duration("grave_time", s.GraveTime))
 }
 

@@ -122,6 +122,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if arg != "off" {
 				h.PackBelow, err = parseSize(arg)
 			}
+		case "merge_below":
+			h.MergeBelow = -1
+			if arg != "off" {
+				h.MergeBelow, err = parseSize(arg)
+			}
 		case "s3_timeout":
 			h.S3Timeout, err = parseDuration(arg)
 		case "expiry_sweep_interval":
@@ -173,6 +178,7 @@ var sizeLimits = map[string]struct {
 	"flush_size":      {maxFlushSize, "1GiB"},
 	"max_append_size": {maxAppendSizeLimit, "1GiB"},
 	"pack_below":      {maxPackBelow, "16MiB"},
+	"merge_below":     {maxMergeBelow, "4MiB"},
 }
 
 // caddyfileOptions are the subdirectives of picomq.
@@ -180,7 +186,7 @@ var caddyfileOptions = map[string]bool{
 	"protocol": true, "storage": true, "flush_interval": true, "flush_size": true,
 	"flush_quiet": true, "max_pending": true, "long_poll_timeout": true,
 	"sse_reconnect_interval": true, "max_append_size": true, "cache_size": true,
-	"compact_interval": true, "pack_below": true, "s3_timeout": true,
+	"compact_interval": true, "pack_below": true, "merge_below": true, "s3_timeout": true,
 	"expiry_sweep_interval": true, "grave_time": true, "lease_ttl": true, "allow_loopback_webhooks": true,
 	"max_subscriptions": true, "cache_reads": true,
 }

@@ -31,6 +31,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		cache_size 128MiB
 		compact_interval 1m
 		pack_below 64KiB
+		merge_below 128KiB
 		s3_timeout 3s
 		expiry_sweep_interval 10m
 		grave_time 30m
@@ -55,6 +56,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		CacheSize:            128 << 20,
 		CompactInterval:      caddy.Duration(time.Minute),
 		PackBelow:            64 << 10,
+		MergeBelow:           128 << 10,
 		S3Timeout:            caddy.Duration(3 * time.Second),
 		ExpirySweepInterval:  caddy.Duration(10 * time.Minute),
 		GraveTime:            caddy.Duration(30 * time.Minute),
@@ -67,22 +69,32 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 	}
 }
 
-// pack_below off turns packs off: -1 in JSON, as zero means the default.
-func TestUnmarshalCaddyfilePackBelowOff(t *testing.T) {
-	var h Handler
-	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("picomq {\n pack_below off\n}")); err != nil {
-		t.Fatal(err)
-	}
-	if h.PackBelow != -1 {
-		t.Fatalf("pack_below off gave %d, want -1", h.PackBelow)
-	}
-	h.applyDefaults()
-	if err := h.Validate(); err != nil {
-		t.Fatalf("pack_below off: %v", err)
-	}
-	h.PackBelow = 32 << 20
-	if err := h.Validate(); err == nil || !strings.Contains(err.Error(), "pack_below") {
-		t.Fatalf("pack_below 32MiB: %v; want refused", err)
+// pack_below off turns packs off, merge_below off merging: -1 in JSON, as
+// zero means the default. Validate refuses a size past the bound.
+func TestUnmarshalCaddyfileSizesOff(t *testing.T) {
+	for _, tc := range []struct {
+		option string
+		field  func(*Handler) *int64
+		over   int64
+	}{
+		{"pack_below", func(h *Handler) *int64 { return &h.PackBelow }, 32 << 20},
+		{"merge_below", func(h *Handler) *int64 { return &h.MergeBelow }, 8 << 20},
+	} {
+		var h Handler
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("picomq {\n " + tc.option + " off\n}")); err != nil {
+			t.Fatal(err)
+		}
+		if got := *tc.field(&h); got != -1 {
+			t.Fatalf("%s off gave %d, want -1", tc.option, got)
+		}
+		h.applyDefaults()
+		if err := h.Validate(); err != nil {
+			t.Fatalf("%s off: %v", tc.option, err)
+		}
+		*tc.field(&h) = tc.over
+		if err := h.Validate(); err == nil || !strings.Contains(err.Error(), tc.option) {
+			t.Fatalf("%s %d: %v; want refused", tc.option, tc.over, err)
+		}
 	}
 }
 
@@ -93,7 +105,7 @@ func TestOptionsAtTheirBound(t *testing.T) {
 	if len(loopDurations) != 6 {
 		t.Fatalf("loopDurations has %d options; update this test", len(loopDurations))
 	}
-	lines := []string{"pack_below 16MiB", "flush_size 1GiB", "max_append_size 1GiB"}
+	lines := []string{"pack_below 16MiB", "merge_below 4MiB", "flush_size 1GiB", "max_append_size 1GiB"}
 	for o := range loopDurations {
 		lines = append(lines, o+" 100ms")
 	}
@@ -152,7 +164,7 @@ func TestUnmarshalCaddyfileEmpty(t *testing.T) {
 func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	durations := []string{"flush_interval", "flush_quiet", "long_poll_timeout", "sse_reconnect_interval",
 		"compact_interval", "s3_timeout", "expiry_sweep_interval", "grave_time", "lease_ttl"}
-	sizes := []string{"flush_size", "max_pending", "max_append_size", "cache_size", "pack_below"}
+	sizes := []string{"flush_size", "max_pending", "max_append_size", "cache_size", "pack_below", "merge_below"}
 	type tc struct{ line, want string }
 	cases := []tc{
 		{"bogus 1", `unrecognized picomq option "bogus"`},
@@ -194,6 +206,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		// Bounds below 1TiB, named with the line and the value as written.
 		{"pack_below 32MiB", "pack_below: must be at most 16MiB, got 32MiB"},
 		{"pack_below 16777217", "pack_below: must be at most 16MiB, got 16777217"},
+		{"merge_below 5MiB", "merge_below: must be at most 4MiB, got 5MiB"},
 		{"flush_size 2GiB", "flush_size: must be at most 1GiB, got 2GiB"},
 		{"max_append_size 1.5GiB", "max_append_size: must be at most 1GiB, got 1.5GiB"},
 		// A lease renewed every third of 1s leaves a store no room.
@@ -477,6 +490,7 @@ func TestValidateSharedStorageDefaultSpelledOut(t *testing.T) {
 		"cache_size 64MiB",
 		"compact_interval 30s",
 		"pack_below 256KiB",
+		"merge_below 64KiB",
 		"s3_timeout 10s",
 		"expiry_sweep_interval 5m",
 		"grave_time 20m",

@@ -51,7 +51,8 @@ const (
 	// The engine's own default, applied here so that a handler that
 	// leaves pack_below out and one that spells the default out give one
 	// storage the same settings.
-	defaultPackBelow = streamstore.DefaultPackBelow
+	defaultPackBelow  = streamstore.DefaultPackBelow
+	defaultMergeBelow = streamstore.DefaultMergeBelow
 )
 
 // Upper bounds of size options, checked by Validate (and by the Caddyfile
@@ -60,6 +61,7 @@ const (
 	maxFlushSize       = 1 << 30
 	maxAppendSizeLimit = 1 << 30 // the whole body is held in memory until it is durable
 	maxPackBelow       = 16 << 20
+	maxMergeBelow      = streamstore.MaxMergeBelow
 	// maxSubscriptionsLimit bounds max_subscriptions (parseCount's bound).
 	maxSubscriptionsLimit = 1 << 30
 )
@@ -105,6 +107,7 @@ var loopDurations = map[string]bool{
 //	    cache_size             <size>
 //	    compact_interval       <duration>
 //	    pack_below             <size>|off
+//	    merge_below            <size>|off
 //	    s3_timeout             <duration>
 //	    expiry_sweep_interval  <duration>
 //	    grave_time             <duration>
@@ -189,6 +192,16 @@ type Handler struct {
 	// compaction writes a data object and a checkpoint per stream with new
 	// records. Default 256 KiB; at most 16 MiB.
 	PackBelow int64 `json:"pack_below,omitempty"`
+
+	// A compaction that gives a stream a data object of its own writes
+	// the stream's last data object again with the new records, as one
+	// object, while that object is smaller than this: a stream written a
+	// little at a time grows one object to this size instead of making one
+	// per compaction (each a GET for a reader catching up), for a GET of
+	// the old object and up to this many bytes written again per
+	// compaction. -1 (Caddyfile: off) never merges. Default 64 KiB; at
+	// most 4 MiB, the size of a data object.
+	MergeBelow int64 `json:"merge_below,omitempty"`
 
 	// Timeout of each object-store request attempt (a request is tried up
 	// to 5 times). An append that cannot be made durable is answered 503
@@ -308,6 +321,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		CacheBytes:      h.CacheSize,
 		CompactInterval: time.Duration(h.CompactInterval),
 		PackBelow:       h.PackBelow,
+		MergeBelow:      h.MergeBelow,
 		S3Timeout:       time.Duration(h.S3Timeout),
 		ExpirySweep:     time.Duration(h.ExpirySweepInterval),
 		GraveTime:       time.Duration(h.GraveTime),
@@ -433,6 +447,9 @@ func (h *Handler) applyDefaults() {
 	if h.PackBelow == 0 {
 		h.PackBelow = defaultPackBelow
 	}
+	if h.MergeBelow == 0 {
+		h.MergeBelow = defaultMergeBelow
+	}
 	if h.MaxSubscriptions == 0 {
 		h.MaxSubscriptions = defaultMaxSubscriptions
 	}
@@ -508,6 +525,9 @@ func (h *Handler) Validate() error {
 	}
 	if h.PackBelow < -1 || h.PackBelow > maxPackBelow {
 		return fmt.Errorf("pack_below must be -1 (off) or at most 16MiB, got %d", h.PackBelow)
+	}
+	if h.MergeBelow < -1 || h.MergeBelow > maxMergeBelow {
+		return fmt.Errorf("merge_below must be -1 (off) or at most 4MiB, got %d", h.MergeBelow)
 	}
 	if h.FlushQuiet >= h.FlushInterval {
 		return fmt.Errorf("flush_quiet (%s) must be below flush_interval (%s)",

@@ -24,7 +24,7 @@ func TestDamagedObjectsAnswer500NamingThem(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
 	}
-	e := fhStart(t, fhOptions{Directives: []string{"pack_below off", "compact_interval 200ms"}})
+	e := fhStart(t, fhOptions{Directives: []string{"pack_below off", "merge_below off", "compact_interval 200ms"}})
 	const ct = "text/plain"
 	const data, moved, meta = "/dmgobj/data", "/dmgobj/moved", "/dmgobj/meta"
 	e.create(data, ct)

@@ -43,7 +43,7 @@ func TestCatchUpAnswersWithinItsTime(t *testing.T) {
 			}
 			caddyfile := fmt.Sprintf(siteGlobal, global) +
 				"http://127.0.0.1:{$" + caddytest.PortEnv + "} {\n\tbind 127.0.0.1\n" +
-				fmt.Sprintf("\thandle_path /ds/* {\n\t\tpicomq {\n\t\t\tstorage %q\n\t\t\tpack_below off\n\t\t\tcompact_interval 200ms\n\t\t}\n\t}\n", storage) +
+				fmt.Sprintf("\thandle_path /ds/* {\n\t\tpicomq {\n\t\t\tstorage %q\n\t\t\tpack_below off\n\t\t\tmerge_below off\n\t\t\tcompact_interval 200ms\n\t\t}\n\t}\n", storage) +
 				"}\n"
 			c := caddytest.Start(t, caddytest.Options{Caddyfile: caddyfile, Env: caddytest.S3Env(v), ReadyTimeout: 90 * time.Second})
 			tr := &http.Transport{DisableKeepAlives: true, DisableCompression: true}
