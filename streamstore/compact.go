@@ -446,7 +446,10 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 
 	// A small last data object that these runs continue is written again
 	// with them: the first object below starts with its records.
-	chunk, tailKey := e.mergeTail(ctx, s.name, &meta, runs)
+	chunk, tailKey, err := e.mergeTail(ctx, s.name, &meta, runs)
+	if err != nil {
+		return fmt.Errorf("compact %s: %w", s.name, err)
+	}
 	size := 0
 	for i := range chunk {
 		size += segment.RecordSize(&chunk[i])
@@ -544,8 +547,12 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 			return fmt.Errorf("trim %s: %w", s.name, err)
 		}
 		meta.Cleaned = meta.State.StartSeq
-		if meta.Tail != nil && meta.Tail.First < meta.Cleaned {
-			meta.Tail = nil // rewritten from the trim on, or deleted
+		if t := meta.Tail; t != nil && t.First < meta.Cleaned {
+			// Rewritten from the trim on, or deleted.
+			meta.Tail = nil
+			if meta.Cleaned < t.End {
+				meta.Tail = &dataTail{First: meta.Cleaned, End: t.End}
+			}
 		}
 	}
 	newTag, err := e.writeMeta(ctx, s, &meta, etag)

@@ -45,18 +45,29 @@ func (x *dataIndex) find(seq uint64) int {
 }
 
 // holding returns the index of the span from spans[i] on that holds seq,
-// spans[i] being the first that ends after it, or -1. Of the spans with
-// that end, it takes the one that starts last: a trim into a data object
-// or a blob rewrites its kept records as an object with the same end,
-// and the object it replaced, deleted, can come back when a PUT of it held
-// up on its way lands late (a blob's marker then names a deleted blob).
-// The rewritten one holds the same records from its first on.
+// spans[i] being the first that ends after it, or -1. It takes the first
+// end with a span that holds seq and, of the spans with that end, the one
+// that starts last: a trim into a data object or a blob rewrites its kept
+// records as an object with the same end, and the object it replaced,
+// deleted, can come back when a PUT of it held up on its way lands late
+// (a blob's marker then names a deleted blob). The rewritten one holds the
+// same records from its first on. Spans that start past seq are passed
+// over: an object written by a fold whose checkpoint failed, which the
+// object of a later fold that merged the tail before it overlaps (starting
+// before it and ending after it), holds nothing at seq.
 func holding(spans []dataSpan, i int, seq uint64) int {
-	found := -1
-	for j := i; j < len(spans) && spans[j].end == spans[i].end && spans[j].first <= seq; j++ {
-		found = j
+	for i < len(spans) {
+		end, found := spans[i].end, -1
+		for ; i < len(spans) && spans[i].end == end; i++ {
+			if spans[i].first <= seq {
+				found = i
+			}
+		}
+		if found >= 0 {
+			return found
+		}
 	}
-	return found
+	return -1
 }
 
 // A cold read fetches ahead of itself the next data objects up to
@@ -118,25 +129,9 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 	}
 	s.mu.Unlock()
 
-	objs, _, err := e.store.List(ctx, dataPrefix(id), dataKeyAfter(id, seq), dataListPage)
+	spans, i, err := e.listDataAt(ctx, id, seq)
 	if err != nil {
-		return dataSpan{}, nil, fmt.Errorf("%w: find data of %s at %d: %v", ErrUnavailable, id, seq, err)
-	}
-	spans := make([]dataSpan, 0, len(objs))
-	for _, o := range objs {
-		first, end, blob, ok := parseDataKey(o.Key)
-		if !ok {
-			return dataSpan{}, nil, fmt.Errorf("%w: data key %s", segment.ErrCorrupt, o.Key)
-		}
-		sp := dataSpan{first: first, end: end, key: o.Key, size: o.Size}
-		if blob != "" {
-			sp.key, sp.size = blobKey(id, blob), blobSize(blob)
-		}
-		spans = append(spans, sp)
-	}
-	i := holding(spans, 0, seq)
-	if i < 0 {
-		return dataSpan{}, nil, fmt.Errorf("%w: no data object holds seq %d of %s", segment.ErrCorrupt, seq, id)
+		return dataSpan{}, nil, err
 	}
 	s.mu.Lock()
 	s.dataIdx = &dataIndex{id: id, spans: spans}
@@ -147,6 +142,43 @@ func (e *Engine) dataSpanAt(ctx context.Context, s *stream, id string, seq uint6
 		e.cache.dropCold(behind)
 	}
 	return spans[i], next, nil
+}
+
+// dataListPages bounds the listing pages a lookup of one seq reads past
+// objects that start after it (see holding): they are what failed folds
+// left, a few at most.
+const dataListPages = 4
+
+// listDataAt lists the data objects of id from the one holding seq on and
+// returns them and the index of that one.
+func (e *Engine) listDataAt(ctx context.Context, id string, seq uint64) ([]dataSpan, int, error) {
+	after := dataKeyAfter(id, seq)
+	for page := 0; page < dataListPages; page++ {
+		objs, more, err := e.store.List(ctx, dataPrefix(id), after, dataListPage)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%w: find data of %s at %d: %v", ErrUnavailable, id, seq, err)
+		}
+		spans := make([]dataSpan, 0, len(objs))
+		for _, o := range objs {
+			first, end, blob, ok := parseDataKey(o.Key)
+			if !ok {
+				return nil, 0, fmt.Errorf("%w: data key %s", segment.ErrCorrupt, o.Key)
+			}
+			sp := dataSpan{first: first, end: end, key: o.Key, size: o.Size}
+			if blob != "" {
+				sp.key, sp.size = blobKey(id, blob), blobSize(blob)
+			}
+			spans = append(spans, sp)
+		}
+		if i := holding(spans, 0, seq); i >= 0 {
+			return spans, i, nil
+		}
+		if !more || len(objs) == 0 {
+			break
+		}
+		after = objs[len(objs)-1].Key
+	}
+	return nil, 0, fmt.Errorf("%w: no data object holds seq %d of %s", segment.ErrCorrupt, seq, id)
 }
 
 // readAheadState is a stream's read-ahead, made at its first cold read

@@ -92,6 +92,7 @@ func (c Config) withDefaults() Config {
 	if c.MergeBelow == 0 {
 		c.MergeBelow = DefaultMergeBelow
 	}
+	c.MergeBelow = min(c.MergeBelow, MaxMergeBelow)
 	if c.GraveTime <= 0 {
 		c.GraveTime = defaultGraveTime
 	}

@@ -2,6 +2,7 @@ package streamstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"go.uber.org/zap"
@@ -41,12 +42,15 @@ type dataTail struct {
 // mergeTail returns the records of meta's tail object and its key when the
 // fold of runs should write them again with its own: its first records
 // continue the tail, and no trim of the fold reaches into it. nil when
-// there is nothing to merge, or the tail could not be read back (the
-// fold's records then get an object of their own, as before merging).
-func (e *Engine) mergeTail(ctx context.Context, name string, meta *metaObject, runs []walRun) ([]Record, string) {
+// there is nothing to merge, or the tail is missing or damaged (the fold's
+// records then get an object of their own, as before merging). A read that
+// failed otherwise fails the fold, to be tried again: an object of the
+// fold's own whose checkpoint then failed would be overlapped by the
+// merged object of the next fold, neither starting nor ending with it.
+func (e *Engine) mergeTail(ctx context.Context, name string, meta *metaObject, runs []walRun) ([]Record, string, error) {
 	t := meta.Tail
-	if t == nil || e.config().MergeBelow < 0 {
-		return nil, ""
+	if t == nil || t.End <= t.First || e.config().MergeBelow < 0 {
+		return nil, "", nil
 	}
 	st := meta.State
 	first := -1
@@ -57,19 +61,22 @@ func (e *Engine) mergeTail(ctx context.Context, name string, meta *metaObject, r
 		runs[i].applyTo(&st)
 	}
 	if first < 0 || runs[first].blob != "" || runs[first].ch.First != t.End || st.StartSeq > t.First {
-		return nil, ""
+		return nil, "", nil
 	}
 	key := dataKey(meta.ID, t.First, t.End)
 	recs, _, err := e.readData(ctx, key)
 	if err == nil && (uint64(len(recs)) != t.End-t.First || recs[0].Seq != t.First) {
 		err = fmt.Errorf("%w: %s does not hold the records its name says", segment.ErrCorrupt, key)
 	}
-	if err != nil {
-		e.log.Warn("a stream's last data object could not be read back to merge it with the stream's new records; "+
-			"they go into an object of their own", zap.String("stream", name), zap.String("key", key), zap.Error(err))
-		return nil, ""
+	if err != nil && !errors.Is(err, segment.ErrNotFound) && !isDamage(err) {
+		return nil, "", fmt.Errorf("read %s back to merge it: %w", key, err)
 	}
-	return recs, key
+	if err != nil {
+		e.log.Warn("a stream's last data object is missing or damaged; the stream's new records go into an object of their own",
+			zap.String("stream", name), zap.String("key", key), zap.Error(err))
+		return nil, "", nil
+	}
+	return recs, key, nil
 }
 
 // noteMerged queues key, a data object whose records a landed checkpoint

@@ -164,28 +164,109 @@ func TestMergedTailStaysUntilTheCheckpointLands(t *testing.T) {
 	}
 }
 
-// A tail that cannot be read back is not merged: the fold's records get an
-// object of their own and the tail stays.
-func TestUnreadableTailIsNotMerged(t *testing.T) {
+// A tail the store fails to read back fails the fold, which the next
+// compaction does again: an object of the fold's own, its checkpoint then
+// failing, would be overlapped by the next fold's merged object. A tail
+// that is missing or damaged is not merged: the fold's records get an
+// object of their own.
+func TestTailReadBackFailures(t *testing.T) {
+	cases := []struct {
+		name      string
+		breakTail func(st *memstore.Store, tail string)
+		after     string // data objects once the fold of "b" is done
+	}{
+		{"refused", func(st *memstore.Store, tail string) {
+			st.SetFail(func(op, key string) error {
+				if op == "GET" && key == tail {
+					return errors.New("injected: data GET refused")
+				}
+				return nil
+			})
+		}, "[[0,2)]"},
+		{"missing", func(st *memstore.Store, tail string) {
+			if err := st.Delete(context.Background(), []string{tail}); err != nil {
+				t.Fatal(err)
+			}
+		}, "[[1,2)]"},
+		{"damaged", func(st *memstore.Store, tail string) {
+			if _, err := st.Put(context.Background(), tail, []byte("not a data object"), segment.PutOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}, "[[0,1) [1,2)]"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			e := startWithStream(t, st, Config{CacheBytes: 1})
+			foldEach(t, e, "/m", "a")
+			tc.breakTail(st, dataKey(storedMeta(t, st, "/m").ID, 0, 1))
+			if _, err := e.Append(ctx, "/m", AppendRequest{Records: recs("b")}); err != nil {
+				t.Fatal(err)
+			}
+			err := e.Compact(ctx)
+			if tc.name == "refused" {
+				if err == nil {
+					t.Fatal("a fold whose tail could not be read back succeeded")
+				}
+				if got := dataSpans(t, st); fmt.Sprint(got) != "[[0,1)]" {
+					t.Fatalf("the failed fold left data objects %v", got)
+				}
+				st.SetFail(nil)
+				err = e.Compact(ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := dataSpans(t, st); fmt.Sprint(got) != tc.after {
+				t.Fatalf("data objects %v, want %s", got, tc.after)
+			}
+		})
+	}
+}
+
+// Objects a fold wrote before its checkpoint failed, without merging
+// (merge_below was off, or an older build), are overlapped by the next
+// fold's merged object, which starts before them and ends after them: a
+// read still finds every record, the merged object where the old tail was.
+func TestLeftoverInsideAMergedObject(t *testing.T) {
+	ctx := context.Background()
 	st := memstore.New()
-	e := startWithStream(t, st, Config{CacheBytes: 1})
+	e := startWithStream(t, st, Config{})
 	foldEach(t, e, "/m", "a")
+	setMergeBelow(e, -1)
 	st.SetFail(func(op, key string) error {
-		if op == "GET" && strings.HasPrefix(key, "data/") {
-			return errors.New("injected: data GET refused")
+		if op == "PUT" && strings.HasPrefix(key, "streams/") {
+			return errors.New("injected: checkpoint refused")
 		}
 		return nil
 	})
-	foldEach(t, e, "/m", "b")
+	if _, err := e.Append(ctx, "/m", AppendRequest{Records: recs("b")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err == nil {
+		t.Fatal("compaction with its checkpoint refused did not fail")
+	}
 	st.SetFail(nil)
-	if got := dataSpans(t, st); fmt.Sprint(got) != "[[0,1) [1,2)]" {
-		t.Fatalf("data objects %v, want the tail kept and one of the fold's own", got)
-	}
+	setMergeBelow(e, 0)
 	foldEach(t, e, "/m", "c")
-	if got := dataSpans(t, st); fmt.Sprint(got) != "[[0,1) [1,3)]" {
-		t.Fatalf("data objects %v, want the new tail merged", got)
+	if got := dataSpans(t, st); fmt.Sprint(got) != "[[1,2) [0,3)]" {
+		t.Fatalf("data objects %v, want the leftover [1,2) and the merged [0,3)", got)
 	}
-	if got := readAll(t, e, "/m"); fmt.Sprint(got) != "[a b c]" {
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e2 := startEngine(t, st, Config{CacheBytes: 1})
+	for seq := range uint64(3) {
+		res, err := e2.Read(ctx, "/m", ReadRequest{Seq: seq})
+		if err != nil {
+			t.Fatalf("read from %d: %v", seq, err)
+		}
+		if len(res.Records) == 0 || res.Records[0].Seq != seq {
+			t.Fatalf("read from %d: %+v", seq, res.Records)
+		}
+	}
+	if got := readAll(t, e2, "/m"); fmt.Sprint(got) != "[a b c]" {
 		t.Fatalf("read back %q", got)
 	}
 }
@@ -227,5 +308,31 @@ func TestMergeStopsAtBlobsAndTrims(t *testing.T) {
 	}
 	if fmt.Sprint(got) != "[d e]" {
 		t.Fatalf("read from 4: %q", got)
+	}
+}
+
+// A trim into the tail rewrites it from the trim on: that object is the
+// tail the next fold merges.
+func TestMergeContinuesATrimmedTail(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startWithStream(t, st, Config{})
+	foldEach(t, e, "/m", "a", "b")
+	if _, err := e.Trim(ctx, "/m", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := storedMeta(t, st, "/m"); m.Tail == nil || *m.Tail != (dataTail{1, 2}) {
+		t.Fatalf("stored tail %+v after the trim, want [1,2)", m.Tail)
+	}
+	foldEach(t, e, "/m", "c")
+	if got := dataSpans(t, st); fmt.Sprint(got) != "[[1,3)]" {
+		t.Fatalf("data objects %v, want the trimmed tail merged", got)
+	}
+	res, err := e.Read(ctx, "/m", ReadRequest{Seq: 1})
+	if err != nil || len(res.Records) != 2 || string(res.Records[0].Body) != "b" || string(res.Records[1].Body) != "c" {
+		t.Fatalf("read from 1: %+v %v", res.Records, err)
 	}
 }
