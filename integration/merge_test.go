@@ -3,7 +3,16 @@ package integration
 import (
 	"bytes"
 	"fmt"
+	"net/http"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/picomq/caddy-picomq/internal/caddytest"
+	"github.com/picomq/caddy-picomq/internal/testenv"
 )
 
 // TestSlowStreamMergesThroughCaddy: a stream appended to once per
@@ -64,4 +73,100 @@ func TestSlowStreamMergesThroughCaddy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLeftoverInsideAMergedObjectThroughCaddy: a fold with merge_below off
+// whose checkpoint the bucket refuses leaves an object of its own; after a
+// reload back to merging, the next fold writes a merged object that starts
+// before that leftover and ends after it. The whole stream still reads
+// back from a restarted Caddy: before, a read from the start found the
+// leftover, which does not hold the first record, and answered 500.
+func TestLeftoverInsideAMergedObjectThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	directives := []string{"compact_interval 1s", "pack_below off", "s3_timeout 1s"}
+	e := fhStart(t, fhOptions{Directives: directives})
+	reload := func(merge string) {
+		t.Helper()
+		opts := caddytest.Options{
+			Storage:    testenv.StoreURL(e.proxy.URL(), e.bucket, caddytest.S3Prefix),
+			Directives: append(slices.Clone(directives), "merge_below "+merge),
+			Env:        caddytest.S3Env(e.v),
+		}
+		if err := e.reload(e.caddy.Config(opts)); err != nil {
+			t.Fatalf("reload to merge_below %s: %v", merge, err)
+		}
+	}
+	const ct = "text/plain"
+	const name = "/merge/leftover"
+	e.create(name, ct)
+	e.append(name, ct, []byte("a;"))
+	if err := e.waitGone("wal/"); err != nil {
+		t.Fatalf("a; not compacted: %v", err)
+	}
+
+	reload("off")
+	unfault := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/streams/", Status: http.StatusInternalServerError})
+	e.append(name, ct, []byte("b;"))
+	// The object of b; alone written twice: the first fold failed for
+	// good (its checkpoint's retries spent), and this one will too.
+	const leftover = "/00000000000000000002.00000000000000000001"
+	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if n := e.proxy.Counts().Containing(testenv.OpPut, leftover); n < 2 {
+			return fmt.Errorf("%d PUTs of the object of b; alone", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the unmerged fold was not tried again: %v", err)
+	}
+	// Back to merging, the checkpoints still refused: once a fold has
+	// written the merged object of a; and b;, no fold that does not merge
+	// is under way, and the refusals can stop.
+	reload("64KiB")
+	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if n := e.proxy.Counts().Containing(testenv.OpPut, "/00000000000000000002.00000000000000000000"); n == 0 {
+			return fmt.Errorf("no PUT of the merged object")
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("no fold merged after the reload: %v", err)
+	}
+	unfault()
+	e.append(name, ct, []byte("c;"))
+	if err := e.waitGone("wal/"); err != nil {
+		t.Fatalf("not compacted once the checkpoints went through: %v", err)
+	}
+	spans := dataSpansIn(t, e)
+	t.Logf("data objects %v", spans)
+	if !slices.Contains(spans, "[1,2)") || !slices.Contains(spans, "[0,3)") {
+		t.Fatalf("data objects %v; the test needs the leftover [1,2) inside the merged [0,3)", spans)
+	}
+
+	e.caddy.Kill()
+	e.caddy.Restart()
+	got, _, err := e.readBytes(name)
+	if err != nil {
+		t.Fatalf("read after the restart: %v", err)
+	}
+	if string(got) != "a;b;c;" {
+		t.Fatalf("read back %q, want %q", got, "a;b;c;")
+	}
+}
+
+// dataSpansIn returns the record spans [first,end) of the data objects in
+// e's bucket, in key order.
+func dataSpansIn(t *testing.T, e *fhEnv) []string {
+	t.Helper()
+	var spans []string
+	for _, o := range e.mustList("data/") {
+		endS, firstS, ok := strings.Cut(path.Base(o.Key), ".")
+		end, err1 := strconv.ParseUint(endS, 10, 64)
+		first, err2 := strconv.ParseUint(firstS, 10, 64)
+		if !ok || err1 != nil || err2 != nil {
+			t.Fatalf("data key %s does not parse", o.Key)
+		}
+		spans = append(spans, fmt.Sprintf("[%d,%d)", first, end))
+	}
+	return spans
 }
