@@ -137,7 +137,7 @@ type storageCollector struct {
 	buffersReused                             *prometheus.Desc
 	requests, uploads, subscribers            *prometheus.Desc
 	busy, pending                             *prometheus.Desc
-	folds, packed, repacked                   *prometheus.Desc
+	folds, merges, packed, repacked           *prometheus.Desc
 	packsWritten, packsLive                   *prometheus.Desc
 	streamsInMemory, orphanBlobs              *prometheus.Desc
 	damagedWAL, damagedObjects, open          *prometheus.Desc
@@ -186,6 +186,8 @@ func newStorageCollector(label string, engine func() (streamstore.StatsSnapshot,
 			"Memory held by appends waiting for storage now: WAL entries in the open batch, uploading or waiting for an earlier upload's outcome, large appends in their own uploads, and appends queued behind a large append or a close of their stream."),
 		folds: desc("compaction_folds_total",
 			"Streams a compaction gave data objects of their own and a checkpoint."),
+		merges: desc("compaction_merges_total",
+			"Of compaction_folds_total, the folds that wrote the stream's last data object, smaller than merge_below, again with the new records as one object, and deleted the old one."),
 		packed: desc("compaction_packed_total",
 			"Streams whose new records a compaction put into a pack shared with other streams instead (see pack_below)."),
 		repacked: desc("compaction_repacked_total",
@@ -217,7 +219,7 @@ func (c *storageCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.appends, c.records, c.bytes, c.flushes, c.aborted,
 		c.cacheHits, c.cacheMisses, c.buffersReused, c.expired, c.requests, c.uploads, c.subscribers, c.busy, c.pending,
-		c.folds, c.packed, c.repacked, c.packsWritten, c.packsLive, c.streamsInMemory, c.orphanBlobs,
+		c.folds, c.merges, c.packed, c.repacked, c.packsWritten, c.packsLive, c.streamsInMemory, c.orphanBlobs,
 		c.damagedWAL, c.damagedObjects, c.open, c.subLinksRefused,
 	} {
 		ch <- d
@@ -248,6 +250,7 @@ func (c *storageCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.busy, es.Busy)
 	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(es.PendingBytes))
 	counter(c.folds, es.Folds)
+	counter(c.merges, es.Merges)
 	counter(c.packed, es.Packed)
 	counter(c.repacked, es.Repacked)
 	counter(c.packsWritten, es.PacksWritten)

@@ -111,7 +111,7 @@ func TestStorageCollector(t *testing.T) {
 	m.liveFor(protocolDurableStreams).begin(liveLongPoll)
 	m.liveFor(protocolDurableStreams).begin(liveLongPoll)
 	snap := streamstore.StatsSnapshot{Appends: 3, Records: 5, Bytes: 42, WALObjects: 2, CacheHits: 7, CacheMisses: 1, Expired: 4,
-		Folds: 6, Packed: 9, PacksWritten: 2, LivePacks: 1, StreamsInMemory: 11, OrphanBlobsDeleted: 13}
+		Folds: 6, Merges: 5, Packed: 9, PacksWritten: 2, LivePacks: 1, StreamsInMemory: 11, OrphanBlobsDeleted: 13}
 	m.subLinksRefused.Add(3)
 	c := newStorageCollector("file:///x", func() (streamstore.StatsSnapshot, bool) { return snap, true }, m)
 
@@ -136,6 +136,7 @@ func TestStorageCollector(t *testing.T) {
 		{`picomq_cache_misses_total{` + s + `}`, 1},
 		{`picomq_streams_expired_total{` + s + `}`, 4},
 		{`picomq_compaction_folds_total{` + s + `}`, 6},
+		{`picomq_compaction_merges_total{` + s + `}`, 5},
 		{`picomq_compaction_packed_total{` + s + `}`, 9},
 		{`picomq_packs_written_total{` + s + `}`, 2},
 		{`picomq_orphan_blobs_deleted_total{` + s + `}`, 13},

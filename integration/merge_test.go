@@ -52,7 +52,11 @@ func TestSlowStreamMergesThroughCaddy(t *testing.T) {
 			}
 			gets := e.proxy.Counts().Containing("GET", "/data/") - before.Containing("GET", "/data/")
 			objs := e.mustList("data/")
-			t.Logf("%d data objects after %d folds, %d data GETs while folding", len(objs), rounds, gets)
+			merges := mMust(t, e.caddy.AdminAddr()).sum("picomq_compaction_merges_total")
+			t.Logf("%d data objects after %d folds, %d data GETs while folding, %v merges counted", len(objs), rounds, gets, merges)
+			if merges != float64(tc.wantGETs) {
+				t.Errorf("picomq_compaction_merges_total %v, want %d", merges, tc.wantGETs)
+			}
 			if len(objs) != tc.wantObjects || gets != tc.wantGETs {
 				var keys []string
 				for _, o := range objs {

@@ -578,6 +578,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	if merged != "" {
 		// Only now: until the checkpoint landed, the old one named it.
 		e.noteMerged(merged)
+		e.stats.merges.Add(1)
 	}
 	if ce := e.log.Check(zap.DebugLevel, "checkpoint written"); ce != nil {
 		ce.Write(zap.String("stream", s.name), zap.Uint64("next_seq", meta.State.NextSeq),

@@ -19,6 +19,7 @@ type Stats struct {
 	expired      atomic.Uint64 // streams deleted for having expired
 	busy         atomic.Uint64 // writes refused with ErrBusy
 	folds        atomic.Uint64 // streams compacted into data objects of their own
+	merges       atomic.Uint64 // of which folds that wrote the last data object again (merge.go)
 	packed       atomic.Uint64 // stream backlogs compacted into packs
 	repacked     atomic.Uint64 // of which repacks: packed records with the new ones
 	packsWritten atomic.Uint64 // packs written
@@ -68,7 +69,10 @@ type StatsSnapshot struct {
 	// in one pack run. LivePacks is a gauge: the packs some stream still
 	// reads.
 	Folds, Packed, Repacked, PacksWritten uint64
-	LivePacks                             int64
+	// Merges counts the folds that wrote the stream's small last data
+	// object again with their records, as one (see Config.MergeBelow).
+	Merges    uint64
+	LivePacks int64
 	// OrphanBlobsDeleted is how many blobs of large appends that never
 	// committed (their process died first) a start's sweep deleted.
 	OrphanBlobsDeleted uint64
@@ -106,6 +110,7 @@ func (e *Engine) Stats() StatsSnapshot {
 		Expired:        s.expired.Load(),
 		Busy:           s.busy.Load(),
 		Folds:          s.folds.Load(),
+		Merges:         s.merges.Load(),
 		Packed:         s.packed.Load(),
 		Repacked:       s.repacked.Load(),
 		PacksWritten:   s.packsWritten.Load(),
