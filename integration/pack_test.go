@@ -235,3 +235,52 @@ func (p *packRig) readBack(when string, n int) {
 		}
 	}
 }
+
+// TestStreamWithManyProducersIsFoldedThroughCaddy: a stream appended to by
+// more than 16 idempotent producers gets a data object of its own at the
+// compaction, where a stream with one producer goes into a pack: each pack
+// index entry holds its stream's producers, and a stream with thousands of
+// them put them all into every pack it was in. Both read back whole.
+func TestStreamWithManyProducersIsFoldedThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s"}})
+	const ct = "text/plain"
+	const many, one = "/producers/many", "/producers/one"
+	e.create(many, ct)
+	e.create(one, ct)
+	produce := func(path, id string, seq int, body string) {
+		t.Helper()
+		e.must(fhReq{Method: http.MethodPost, Path: path, Body: []byte(body), Header: map[string]string{
+			"Content-Type": ct, "Producer-Id": id, "Producer-Epoch": "0", "Producer-Seq": fmt.Sprint(seq)}})
+	}
+	var wantMany, wantOne string
+	for i := range 17 {
+		body := fmt.Sprintf("m%02d;", i)
+		produce(many, fmt.Sprintf("p%02d", i), 0, body)
+		wantMany += body
+	}
+	for i := range 3 {
+		body := fmt.Sprintf("o%d;", i)
+		produce(one, "p", i, body)
+		wantOne += body
+	}
+	if err := e.waitGone("wal/"); err != nil {
+		t.Fatalf("not compacted: %v", err)
+	}
+	manyData := e.mustList("data/" + e.streamID(many) + "/")
+	oneData := e.mustList("data/" + e.streamID(one) + "/")
+	packs := e.mustList("pack/")
+	t.Logf("data objects: %d of the stream with 17 producers, %d of the one with 1; %d packs", len(manyData), len(oneData), len(packs))
+	if len(manyData) != 1 || len(oneData) != 0 || len(packs) == 0 {
+		t.Fatalf("%d data objects of the stream with 17 producers, %d of the one with 1, %d packs; want 1, 0 and some",
+			len(manyData), len(oneData), len(packs))
+	}
+	for path, want := range map[string]string{many: wantMany, one: wantOne} {
+		got, _, err := e.readBytes(path)
+		if err != nil || string(got) != want {
+			t.Fatalf("read %s: %q (%v), want %q", path, got, err, want)
+		}
+	}
+}

@@ -102,6 +102,14 @@ type packIndexEntry struct {
 // producers): EncodePack's hint.
 const packIndexBytes = 320
 
+// packMaxProducers is the most producers a stream may have and still be
+// packed. Every pack index entry holds the stream's writer state after its
+// run, producers included: a public stream with thousands of producers put
+// them all into the index of every pack it was in (about 80 bytes each),
+// up to 16 runs of it, every one of them read and decoded into a map of
+// its own by a replay. Folded, its producers are in its checkpoint once.
+const packMaxProducers = 16
+
 // packJob is a stream whose runs [from, to) are to be packed: its new WAL
 // runs, and with repack its pack runs before them too (from is 0).
 type packJob struct {
@@ -174,6 +182,9 @@ func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *
 		// runs are later in the WAL than this window, whose job is not
 		// to take them apart.
 		return decideLeave
+	}
+	if s.pend.Producers.count() > packMaxProducers {
+		return decideFold
 	}
 	if s.metaUnsure.Load() {
 		// A checkpoint that may land unseen (this process's, or the

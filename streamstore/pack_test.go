@@ -907,3 +907,41 @@ func TestSpanWithin(t *testing.T) {
 		}
 	}
 }
+
+// A stream with more producers than packMaxProducers is folded, not packed:
+// every pack index entry would hold all of them. One with fewer is packed,
+// however many appends each made.
+func TestStreamWithManyProducersIsFolded(t *testing.T) {
+	for _, tc := range []struct {
+		producers, each int
+		packed          bool
+	}{
+		{packMaxProducers, 1, true},
+		{1, 2 * packMaxProducers, true},
+		{10, 10, true}, // past producerMergeMin changes: base and log both hold them
+		{packMaxProducers + 1, 1, false},
+	} {
+		t.Run(fmt.Sprintf("%dx%d", tc.producers, tc.each), func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			e := startEngine(t, st, Config{})
+			if _, _, err := e.Create(ctx, "/p", CreateRequest{ContentType: "text/plain"}); err != nil {
+				t.Fatal(err)
+			}
+			for i := range tc.producers {
+				for seq := range tc.each {
+					mustAppend(t, e, "/p", AppendRequest{Records: recs(fmt.Sprint(i)),
+						Producer: &Producer{ID: fmt.Sprintf("p%02d", i), Epoch: 0, Seq: uint64(seq)}})
+				}
+			}
+			mustCompact(t, e)
+			packs, data := len(st.Keys("pack/")), len(st.Keys("data/"))
+			if tc.packed != (packs == 1 && data == 0) || !tc.packed != (packs == 0 && data == 1) {
+				t.Fatalf("%d producers: %d packs and %d data objects; packed %v", tc.producers, packs, data, tc.packed)
+			}
+			if got := readAll(t, e, "/p"); len(got) != tc.producers*tc.each {
+				t.Fatalf("read %d records, want %d", len(got), tc.producers*tc.each)
+			}
+		})
+	}
+}

@@ -179,6 +179,23 @@ func (s *producerSet) snapshot() map[string]segment.ProducerState {
 	return m
 }
 
+// count returns how many producers the set has. Producers that only a
+// copy ahead of this one has changed are counted too: it is for a bound,
+// on the copy that is furthest ahead (the pending state).
+func (s *producerSet) count() int {
+	n := len(s.base)
+	if l := s.log; l != nil {
+		l.mu.Lock()
+		for id := range l.last {
+			if _, ok := s.base[id]; !ok {
+				n++
+			}
+		}
+		l.mu.Unlock()
+	}
+	return n
+}
+
 // IsZero reports whether the set has no producer, for omitzero: a set
 // never loses one, so one with any base entry or any change has some.
 func (s producerSet) IsZero() bool {
