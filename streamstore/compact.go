@@ -446,7 +446,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 
 	// A small last data object that these runs continue is written again
 	// with them: the first object below starts with its records.
-	chunk, tailKey, err := e.mergeTail(ctx, s.name, &meta, runs)
+	chunk, tailKey, err := e.mergeTail(ctx, s, &meta, runs)
 	if err != nil {
 		return fmt.Errorf("compact %s: %w", s.name, err)
 	}
@@ -543,15 +543,17 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	// data can go first: a crash in between replays the trim.
 	// Trimmed bytes stay while forks may still read them.
 	if meta.State.StartSeq > meta.Cleaned && meta.Forks == 0 {
-		if err := e.dropBelow(ctx, meta.ID, meta.State.StartSeq); err != nil {
+		rewritten, err := e.dropBelow(ctx, meta.ID, meta.State.StartSeq)
+		if err != nil {
 			return fmt.Errorf("trim %s: %w", s.name, err)
 		}
 		meta.Cleaned = meta.State.StartSeq
 		if t := meta.Tail; t != nil && t.First < meta.Cleaned {
-			// Rewritten from the trim on, or deleted.
+			// Deleted, or rewritten from the trim on: that object is the
+			// tail then.
 			meta.Tail = nil
-			if meta.Cleaned < t.End {
-				meta.Tail = &dataTail{First: meta.Cleaned, End: t.End}
+			if rt := (dataTail{First: meta.Cleaned, End: t.End}); slices.Contains(rewritten, dataKey(meta.ID, rt.First, rt.End)) {
+				meta.Tail = &rt
 			}
 		}
 	}
@@ -600,7 +602,14 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 }
 
 // dropBelow deletes the data objects of id that hold only seqs below start,
-// and rewrites the one that straddles it without the trimmed records.
+// and rewrites the one that straddles it without the trimmed records. It
+// returns the keys of the plain data objects it wrote.
+//
+// Keys sort by end, and so by first as well, but for objects a fold wrote
+// before its checkpoint failed, which the merged object of a later fold
+// overlaps (see holding): past the first object that starts at start or
+// later, the listing goes on for dropOverlapKeys more keys, for a merged
+// object straddling start after it.
 //
 // A blob goes before the marker that names it: a DELETE that fails leaves
 // the marker, so the next pass (Cleaned has not moved) finds the blob
@@ -611,25 +620,38 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 // from start on would still find it and its deleted blob. It is replaced
 // first by a drop marker (markerKey with an empty range at its first seq,
 // which no read finds) that keeps the blob listed until it is gone.
-func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) error {
+func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) ([]string, error) {
 	after := ""
+	past := 0 // keys seen that start at start or later
+	var rewritten []string
 	for {
 		objs, more, err := e.store.List(ctx, dataPrefix(id), after, 1000)
 		if err != nil {
-			return fmt.Errorf("list data of %s: %w", id, err)
+			return rewritten, fmt.Errorf("list data of %s: %w", id, err)
 		}
 		var dead, blobs, cut []string
 		for _, o := range objs {
+			after = o.Key
 			first, end, blob, ok := parseDataKey(o.Key)
-			if !ok || first >= start {
+			if ok && first >= start {
+				if past++; past > dropOverlapKeys {
+					more = false
+					break
+				}
+				continue
+			}
+			if !ok {
 				more = false
 				break
 			}
-			after = o.Key
 			if blob == "" {
 				if end > start {
-					if err := e.rewriteFrom(ctx, id, o.Key, start); err != nil {
-						return err
+					nk, err := e.rewriteFrom(ctx, id, o.Key, start)
+					if err != nil {
+						return rewritten, err
+					}
+					if nk != "" {
+						rewritten = append(rewritten, nk)
 					}
 				}
 				dead = append(dead, o.Key)
@@ -640,12 +662,16 @@ func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) error {
 				dead = append(dead, o.Key)
 				continue
 			}
-			if err := e.rewriteFrom(ctx, id, blobKey(id, blob), start); err != nil {
-				return err
+			nk, err := e.rewriteFrom(ctx, id, blobKey(id, blob), start)
+			if err != nil {
+				return rewritten, err
+			}
+			if nk != "" {
+				rewritten = append(rewritten, nk)
 			}
 			drop := markerKey(id, first, first, blob)
 			if _, err := e.store.Put(ctx, drop, nil, segment.PutOptions{}); err != nil {
-				return fmt.Errorf("mark trimmed blob %s of %s: %w", blob, id, err)
+				return rewritten, fmt.Errorf("mark trimmed blob %s of %s: %w", blob, id, err)
 			}
 			cut = append(cut, o.Key)
 			dead = append(dead, drop)
@@ -655,21 +681,27 @@ func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) error {
 				continue
 			}
 			if err := e.store.Delete(ctx, keys); err != nil {
-				return fmt.Errorf("delete trimmed data of %s: %w", id, err)
+				return rewritten, fmt.Errorf("delete trimmed data of %s: %w", id, err)
 			}
 		}
 		if !more || len(objs) == 0 {
-			return nil
+			return rewritten, nil
 		}
 	}
 }
 
+// dropOverlapKeys is how far dropBelow lists past the first object that
+// starts at the trim: the objects failed folds left inside a merged one are
+// a few at most.
+const dropOverlapKeys = 32
+
 // rewriteFrom writes the records from start on of data object key (a blob
-// or a plain data object of id) as a new data object.
-func (e *Engine) rewriteFrom(ctx context.Context, id, key string, start uint64) error {
+// or a plain data object of id) as a new data object, and returns its key
+// ("" when there are none).
+func (e *Engine) rewriteFrom(ctx context.Context, id, key string, start uint64) (string, error) {
 	recs, _, err := e.readData(ctx, key)
 	if err != nil {
-		return err
+		return "", err
 	}
 	var keep []Record
 	for _, r := range recs {
@@ -678,13 +710,13 @@ func (e *Engine) rewriteFrom(ctx context.Context, id, key string, start uint64) 
 		}
 	}
 	if len(keep) == 0 {
-		return nil
+		return "", nil
 	}
 	nk := dataKey(id, keep[0].Seq, keep[len(keep)-1].Seq+1)
 	if _, err := e.store.Put(ctx, nk, segment.EncodeData(keep), segment.PutOptions{}); err != nil {
-		return fmt.Errorf("put data %s: %w", nk, err)
+		return "", fmt.Errorf("put data %s: %w", nk, err)
 	}
-	return nil
+	return nk, nil
 }
 
 // retireWAL moves the manifest to end, lists the live packs there, and

@@ -795,9 +795,12 @@ type stream struct {
 	// from the bucket first (settleDelete), so that nothing is acknowledged
 	// on a stream the bucket may already say is deleted.
 	deleteUnsure bool
-	waiters      atomic.Int32 // live readers waiting in Wait
-	touched      int64        // last access (ms), for a sliding TTL
-	used         atomic.Int64 // last lookup (Unix ns), for eviction
+	// tailReadFails counts the folds in a row whose read of the tail to
+	// merge failed (mergeTail; under metaMu).
+	tailReadFails int
+	waiters       atomic.Int32 // live readers waiting in Wait
+	touched       int64        // last access (ms), for a sliding TTL
+	used          atomic.Int64 // last lookup (Unix ns), for eviction
 	// forksChecked is when settleForks last looked the forks of this
 	// soft-deleted stream up (Unix ms), to do so at most every
 	// forkCheckEvery while its 410s are read.

@@ -43,24 +43,35 @@ type dataTail struct {
 // fold of runs should write them again with its own: its first records
 // continue the tail, and no trim of the fold reaches into it. nil when
 // there is nothing to merge, or the tail is missing or damaged (the fold's
-// records then get an object of their own, as before merging). A read that
-// failed otherwise fails the fold, to be tried again: an object of the
-// fold's own whose checkpoint then failed would be overlapped by the
-// merged object of the next fold, neither starting nor ending with it.
-func (e *Engine) mergeTail(ctx context.Context, name string, meta *metaObject, runs []walRun) ([]Record, string, error) {
+// records then get an object of their own, as before merging).
+//
+// A read that failed otherwise fails the fold, to be tried at the next
+// compaction, up to tailReadTries folds of s in a row: an object of the
+// fold's own, should its checkpoint fail too, would be overlapped by the
+// merged object of the next fold, neither starting nor ending with it
+// (reads find their records all the same, but the object is left behind).
+// After that the records get an object of their own: a tail the store
+// keeps refusing (archived by a lifecycle rule, denied by a key policy)
+// must not hold up the compaction of every stream for good. Called with
+// s.metaMu held, which guards s.tailReadFails.
+func (e *Engine) mergeTail(ctx context.Context, s *stream, meta *metaObject, runs []walRun) ([]Record, string, error) {
 	t := meta.Tail
 	if t == nil || t.End <= t.First || e.config().MergeBelow < 0 {
 		return nil, "", nil
 	}
-	st := meta.State
+	start := meta.State.StartSeq
 	first := -1
 	for i := range runs {
-		if first < 0 && runs[i].ch.End > runs[i].ch.First {
+		r := &runs[i]
+		if first < 0 && r.ch.End > r.ch.First {
 			first = i
 		}
-		runs[i].applyTo(&st)
+		if r.snap != nil {
+			start = max(start, r.snap.StartSeq)
+		}
+		start = max(start, r.ch.TrimTo)
 	}
-	if first < 0 || runs[first].blob != "" || runs[first].ch.First != t.End || st.StartSeq > t.First {
+	if first < 0 || runs[first].blob != "" || runs[first].ch.First != t.End || start > t.First {
 		return nil, "", nil
 	}
 	key := dataKey(meta.ID, t.First, t.End)
@@ -68,16 +79,24 @@ func (e *Engine) mergeTail(ctx context.Context, name string, meta *metaObject, r
 	if err == nil && (uint64(len(recs)) != t.End-t.First || recs[0].Seq != t.First) {
 		err = fmt.Errorf("%w: %s does not hold the records its name says", segment.ErrCorrupt, key)
 	}
-	if err != nil && !errors.Is(err, segment.ErrNotFound) && !isDamage(err) {
-		return nil, "", fmt.Errorf("read %s back to merge it: %w", key, err)
+	if err == nil {
+		s.tailReadFails = 0
+		return recs, key, nil
 	}
-	if err != nil {
-		e.log.Warn("a stream's last data object is missing or damaged; the stream's new records go into an object of their own",
-			zap.String("stream", name), zap.String("key", key), zap.Error(err))
-		return nil, "", nil
+	if !errors.Is(err, segment.ErrNotFound) && !isDamage(err) {
+		if s.tailReadFails++; s.tailReadFails < tailReadTries {
+			return nil, "", fmt.Errorf("read %s back to merge it: %w", key, err)
+		}
 	}
-	return recs, key, nil
+	s.tailReadFails = 0
+	e.log.Warn("a stream's last data object could not be read back to merge it; the stream's new records go into an object of their own",
+		zap.String("stream", s.name), zap.String("key", key), zap.Error(err))
+	return nil, "", nil
 }
+
+// tailReadTries is how many folds of a stream in a row a failed read of its
+// tail fails (see mergeTail).
+const tailReadTries = 3
 
 // noteMerged queues key, a data object whose records a landed checkpoint
 // names in a larger one, for the compaction's delete. Its cached copy goes
