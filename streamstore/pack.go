@@ -183,7 +183,7 @@ func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *
 		// to take them apart.
 		return decideLeave
 	}
-	if s.pend.Producers.count() > packMaxProducers {
+	if s.pend.Producers.exceeds(packMaxProducers) {
 		return decideFold
 	}
 	if s.metaUnsure.Load() {

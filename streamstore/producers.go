@@ -179,21 +179,34 @@ func (s *producerSet) snapshot() map[string]segment.ProducerState {
 	return m
 }
 
-// count returns how many producers the set has. Producers that only a
-// copy ahead of this one has changed are counted too: it is for a bound,
-// on the copy that is furthest ahead (the pending state).
-func (s *producerSet) count() int {
+// exceeds reports whether the set has more than k producers: those of
+// its base, and those new in the changes it sees (not in the changes of
+// copies ahead of it, such as appends a failed batch rolled back).
+func (s *producerSet) exceeds(k int) bool {
 	n := len(s.base)
-	if l := s.log; l != nil {
-		l.mu.Lock()
-		for id := range l.last {
-			if _, ok := s.base[id]; !ok {
-				n++
+	l := s.log
+	if n > k || l == nil {
+		return n > k
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, i := range l.last {
+		if _, ok := s.base[id]; ok {
+			continue
+		}
+		for i >= s.n {
+			i = l.entries[i].prev
+			if i < 0 {
+				break
 			}
 		}
-		l.mu.Unlock()
+		if i >= 0 {
+			if n++; n > k {
+				return true
+			}
+		}
 	}
-	return n
+	return false
 }
 
 // IsZero reports whether the set has no producer, for omitzero: a set

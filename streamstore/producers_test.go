@@ -349,3 +349,37 @@ func TestMetaProducersFormat(t *testing.T) {
 		})
 	}
 }
+
+// exceeds counts the producers a copy sees: its base and the new ones in
+// its changes, not those of a copy ahead of it on the same log (the
+// pending state that a failed batch rolled back), nor twice a producer of
+// the base that a change moved on.
+func TestProducerSetExceeds(t *testing.T) {
+	state := func(id string, seq uint64) segment.ProducerState {
+		return segment.ProducerState{ID: id, Seq: seq}
+	}
+	var durable producerSet
+	durable.set(state("a", 0))
+	durable.set(state("b", 0))
+	durable.merge() // a and b in the base
+	durable.set(state("a", 1))
+	ahead := durable // shares the log, then runs ahead on it
+	for _, id := range []string{"c", "d", "e"} {
+		ahead.set(state(id, 0))
+	}
+	for _, tc := range []struct {
+		name string
+		set  *producerSet
+		k    int
+		want bool
+	}{
+		{"durable, 2 producers, more than 1", &durable, 1, true},
+		{"durable, 2 producers, more than 2", &durable, 2, false},
+		{"ahead, 5 producers, more than 4", &ahead, 4, true},
+		{"ahead, 5 producers, more than 5", &ahead, 5, false},
+	} {
+		if got := tc.set.exceeds(tc.k); got != tc.want {
+			t.Errorf("%s: exceeds(%d) = %v, want %v", tc.name, tc.k, got, tc.want)
+		}
+	}
+}
