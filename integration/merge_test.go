@@ -84,7 +84,10 @@ func TestSlowStreamMergesThroughCaddy(t *testing.T) {
 // reload back to merging, the next fold writes a merged object that starts
 // before that leftover and ends after it. The whole stream still reads
 // back from a restarted Caddy: before, a read from the start found the
-// leftover, which does not hold the first record, and answered 500.
+// leftover, which does not hold the first record, and answered 500. A
+// Pico trim into the merged object then rewrites it, though the leftover
+// is listed first (the trim used to stop there), and the next fold merges
+// the rewrite.
 func TestLeftoverInsideAMergedObjectThroughCaddy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
@@ -155,6 +158,41 @@ func TestLeftoverInsideAMergedObjectThroughCaddy(t *testing.T) {
 	}
 	if string(got) != "a;b;c;" {
 		t.Fatalf("read back %q, want %q", got, "a;b;c;")
+	}
+
+	// A Pico trim to 1: the merged object straddles it, listed after the
+	// leftover that starts there, and is rewritten from it.
+	opts := caddytest.Options{
+		Storage:    testenv.StoreURL(e.proxy.URL(), e.bucket, caddytest.S3Prefix),
+		Directives: directives,
+		Env:        caddytest.S3Env(e.v),
+	}
+	cf := e.caddy.Config(opts)
+	pico := fmt.Sprintf("\thandle_path /pico/* {\n\t\tpicomq {\n\t\t\tstorage %q\n\t\t\tprotocol pico\n\t\t\t%s\n\t\t}\n\t}\n}\n",
+		opts.Storage, strings.Join(directives, "\n\t\t\t"))
+	if err := e.reload(strings.TrimSuffix(cf, "}\n") + pico); err != nil {
+		t.Fatalf("reload with a Pico route: %v", err)
+	}
+	picoWant(t, "trim", picoDo(e, http.MethodPost, "/pico"+name, nil, "Pico-Trim-Seq", "1"), 200, "Pico-Start-Seq", "1")
+	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if spans := dataSpansIn(t, e); !slices.Equal(spans, []string{"[1,2)", "[1,3)"}) {
+			return fmt.Errorf("data objects %v", spans)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the trim did not rewrite the merged object past the leftover: %v", err)
+	}
+	e.append(name, ct, []byte("d;"))
+	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if spans := dataSpansIn(t, e); !slices.Equal(spans, []string{"[1,2)", "[1,4)"}) {
+			return fmt.Errorf("data objects %v", spans)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the next fold did not merge the rewritten tail: %v", err)
+	}
+	if got, _, err := e.readBytes(name); err != nil || string(got) != "b;c;d;" {
+		t.Fatalf("read after the trim: %q (%v), want %q", got, err, "b;c;d;")
 	}
 }
 
