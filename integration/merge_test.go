@@ -174,21 +174,11 @@ func TestLeftoverInsideAMergedObjectThroughCaddy(t *testing.T) {
 		t.Fatalf("reload with a Pico route: %v", err)
 	}
 	picoWant(t, "trim", picoDo(e, http.MethodPost, "/pico"+name, nil, "Pico-Trim-Seq", "1"), 200, "Pico-Start-Seq", "1")
-	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-		if spans := dataSpansIn(t, e); !slices.Equal(spans, []string{"[1,2)", "[1,3)"}) {
-			return fmt.Errorf("data objects %v", spans)
-		}
-		return nil
-	}); err != nil {
+	if err := waitDataSpans(t, e, "[1,2)", "[1,3)"); err != nil {
 		t.Fatalf("the trim did not rewrite the merged object past the leftover: %v", err)
 	}
 	e.append(name, ct, []byte("d;"))
-	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
-		if spans := dataSpansIn(t, e); !slices.Equal(spans, []string{"[1,2)", "[1,4)"}) {
-			return fmt.Errorf("data objects %v", spans)
-		}
-		return nil
-	}); err != nil {
+	if err := waitDataSpans(t, e, "[1,2)", "[1,4)"); err != nil {
 		t.Fatalf("the next fold did not merge the rewritten tail: %v", err)
 	}
 	if got, _, err := e.readBytes(name); err != nil || string(got) != "b;c;d;" {
@@ -211,4 +201,16 @@ func dataSpansIn(t *testing.T, e *fhEnv) []string {
 		spans = append(spans, fmt.Sprintf("[%d,%d)", first, end))
 	}
 	return spans
+}
+
+// waitDataSpans waits for the data objects in e's bucket to be want, by
+// their spans in key order.
+func waitDataSpans(t *testing.T, e *fhEnv, want ...string) error {
+	t.Helper()
+	return fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if spans := dataSpansIn(t, e); !slices.Equal(spans, want) {
+			return fmt.Errorf("data objects %v", spans)
+		}
+		return nil
+	})
 }
