@@ -214,3 +214,42 @@ func waitDataSpans(t *testing.T, e *fhEnv, want ...string) error {
 		return nil
 	})
 }
+
+// TestMergedTailLeftByACrashThroughCaddy: the bucket refuses the delete of
+// a merged tail and Caddy is killed before trying it again; the restarted
+// Caddy deletes it at the stream's next fold, as the checkpoint names it.
+// Before, it stayed in the bucket for as long as the stream lived.
+func TestMergedTailLeftByACrashThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s", "pack_below off"}})
+	const ct = "text/plain"
+	const name = "/merge/crash"
+	e.create(name, ct)
+	e.append(name, ct, []byte("a;"))
+	if err := waitDataSpans(t, e, "[0,1)"); err != nil {
+		t.Fatalf("a; not folded: %v", err)
+	}
+	faults := e.proxy.Counts().Faults
+	unfault := e.proxy.AddFault(testenv.Fault{Op: testenv.OpDelete, KeyContains: "/data/", Status: http.StatusForbidden})
+	e.append(name, ct, []byte("b;"))
+	// The delete comes after the checkpoint: once it was refused, the
+	// checkpoint names [0,2).
+	if !waitFor(fhCompactWait, func() bool { return e.proxy.Counts().Faults > faults }) {
+		t.Fatal("no delete of the merged tail was tried")
+	}
+	if err := waitDataSpans(t, e, "[0,1)", "[0,2)"); err != nil {
+		t.Fatalf("b; not merged: %v", err)
+	}
+	e.caddy.Kill()
+	unfault()
+	e.caddy.Restart()
+	e.append(name, ct, []byte("c;"))
+	if err := waitDataSpans(t, e, "[0,3)"); err != nil {
+		t.Fatalf("the old tail was not deleted at the next fold after the restart: %v", err)
+	}
+	if got, _, err := e.readBytes(name); err != nil || string(got) != "a;b;c;" {
+		t.Fatalf("read back %q (%v), want %q", got, err, "a;b;c;")
+	}
+}

@@ -539,6 +539,8 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	if wrote {
 		meta.Tail = last
 	}
+	again := meta.Merged
+	meta.Merged = merged
 	// A trim is in the WAL until the checkpoint below is written, so the
 	// data can go first: a crash in between replays the trim.
 	// Trimmed bytes stay while forks may still read them.
@@ -581,6 +583,9 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 		// Only now: until the checkpoint landed, the old one named it.
 		e.noteMerged(merged)
 		e.stats.merges.Add(1)
+	}
+	if again != "" && again != merged {
+		e.noteMerged(again)
 	}
 	if ce := e.log.Check(zap.DebugLevel, "checkpoint written"); ce != nil {
 		ce.Write(zap.String("stream", s.name), zap.Uint64("next_seq", meta.State.NextSeq),

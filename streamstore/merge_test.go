@@ -372,3 +372,38 @@ func TestMergeContinuesATrimmedTail(t *testing.T) {
 		t.Fatalf("read from 1: %+v %v", res.Records, err)
 	}
 }
+
+// A merged tail whose delete a crash kept from happening goes at the
+// stream's next fold: the checkpoint names it.
+func TestMergedTailLeftByACrashGoesAtTheNextFold(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startWithStream(t, st, Config{})
+	foldEach(t, e, "/m", "a")
+	st.SetFail(func(op, key string) error {
+		if op == "DELETE" && strings.HasPrefix(key, "data/") {
+			return errors.New("injected: delete refused")
+		}
+		return nil
+	})
+	if _, err := e.Append(ctx, "/m", AppendRequest{Records: recs("b")}); err != nil {
+		t.Fatal(err)
+	}
+	_ = e.Compact(ctx) // the checkpoint lands, the delete of [0,1) fails
+	if got := dataSpans(t, st); fmt.Sprint(got) != "[[0,1) [0,2)]" {
+		t.Fatalf("data objects %v, want the old tail beside the merged one", got)
+	}
+	// The crash: the engine's list of deletes to try again is gone.
+	st2 := copyStore(st)
+	e2 := startEngine(t, st2, Config{})
+	foldEach(t, e2, "/m", "c")
+	if got := dataSpans(t, st2); fmt.Sprint(got) != "[[0,3)]" {
+		t.Fatalf("data objects %v, want only the merged [0,3)", got)
+	}
+	if m := storedMeta(t, st2, "/m"); m.Merged != dataKey(m.ID, 0, 2) {
+		t.Fatalf("stored checkpoint names %q as merged, want [0,2)'s key", m.Merged)
+	}
+	if got := readAll(t, e2, "/m"); fmt.Sprint(got) != "[a b c]" {
+		t.Fatalf("read back %q", got)
+	}
+}

@@ -109,6 +109,10 @@ type metaObject struct {
 	// Tail is the stream's last data object while it is small and plain
 	// (not a blob's marker): the next fold merges it (see mergeTail).
 	Tail *dataTail `json:"tail,omitempty"`
+	// Merged is the data object the fold that wrote this checkpoint merged
+	// into its tail: deleted after the write, and again by the next fold,
+	// should a crash have come between the write and the delete.
+	Merged string `json:"merged,omitempty"`
 	// Fork, on a fork, references the source's data: by internal id (the
 	// name only locates its state), never by object keys, so the source's
 	// compaction stays free.
