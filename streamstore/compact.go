@@ -539,6 +539,10 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	if wrote {
 		meta.Tail = last
 	}
+	// The tail the previous fold merged: its delete may have been lost to
+	// a crash. Deleting it again is safe: an object from its first seq on
+	// (the merged one, or one merged from that) holds its records, or a
+	// trim took them.
 	again := meta.Merged
 	meta.Merged = merged
 	// A trim is in the WAL until the checkpoint below is written, so the
@@ -584,7 +588,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 		e.noteMerged(merged)
 		e.stats.merges.Add(1)
 	}
-	if again != "" && again != merged {
+	if again != "" {
 		e.noteMerged(again)
 	}
 	if ce := e.log.Check(zap.DebugLevel, "checkpoint written"); ce != nil {

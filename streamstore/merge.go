@@ -18,9 +18,11 @@ import (
 // last data object writes that object's records again with its own, as
 // one object, and the old one is deleted once the checkpoint naming the
 // new tail has landed. It costs a GET of at most MergeBelow bytes per such
-// fold (and a key in the compaction's batched delete); objects of a slow
+// fold, and keys in the compaction's batched delete (the old tail's, and
+// the one before it again, see metaObject.Merged); objects of a slow
 // stream grow to MergeBelow before a new one starts. Busy streams fold
-// larger objects and never pay it.
+// larger objects and pay it only for the remainder of a fold past
+// maxDataObject, when that is small.
 
 // DefaultMergeBelow is Config.MergeBelow's default. Each fold that merges
 // rewrites up to this many bytes, so it bounds the write amplification of
@@ -46,7 +48,7 @@ type dataTail struct {
 // records then get an object of their own, as before merging).
 //
 // A read that failed otherwise fails the fold, to be tried at the next
-// compaction, up to tailReadTries folds of s in a row: an object of the
+// compaction, tailReadTries-1 folds of s in a row: an object of the
 // fold's own, should its checkpoint fail too, would be overlapped by the
 // merged object of the next fold, neither starting nor ending with it
 // (reads find their records all the same, but the object is left behind).
@@ -94,8 +96,9 @@ func (e *Engine) mergeTail(ctx context.Context, s *stream, meta *metaObject, run
 	return nil, "", nil
 }
 
-// tailReadTries is how many folds of a stream in a row a failed read of its
-// tail fails (see mergeTail).
+// tailReadTries is the failed reads of a stream's tail in a row at which its
+// fold gives up merging; the ones before it fail their folds (see
+// mergeTail).
 const tailReadTries = 3
 
 // noteMerged queues key, a data object whose records a landed checkpoint
