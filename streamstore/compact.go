@@ -547,13 +547,26 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	meta.Merged = merged
 	// A trim is in the WAL until the checkpoint below is written, so the
 	// data can go first: a crash in between replays the trim.
-	// Trimmed bytes stay while forks may still read them.
+	// Trimmed bytes stay while forks may still read them: those the forks
+	// say they read, or all of them when some fork does not say.
+	reads, readsKnown := meta.forkReads()
+	if start := meta.State.StartSeq; meta.Forks > 0 && readsKnown && start > max(meta.Thinned, meta.Cleaned) {
+		if err := e.thinBelow(ctx, meta.ID, max(meta.Thinned, meta.Cleaned), start, reads); err != nil {
+			return fmt.Errorf("trim %s around its forks: %w", s.name, err)
+		}
+		meta.Thinned = start
+		// Deleted, or kept whole for a fork: no fold merges a tail the
+		// trim reached into (mergeTail).
+		if t := meta.Tail; t != nil && t.First < start {
+			meta.Tail = nil
+		}
+	}
 	if meta.State.StartSeq > meta.Cleaned && meta.Forks == 0 {
 		rewritten, err := e.dropBelow(ctx, meta.ID, meta.State.StartSeq)
 		if err != nil {
 			return fmt.Errorf("trim %s: %w", s.name, err)
 		}
-		meta.Cleaned = meta.State.StartSeq
+		meta.Cleaned, meta.Thinned = meta.State.StartSeq, 0
 		if t := meta.Tail; t != nil && t.First < meta.Cleaned {
 			// Deleted, or rewritten from the trim on: that object is the
 			// tail then.
@@ -695,6 +708,52 @@ func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) ([]stri
 		}
 		if !more || len(objs) == 0 {
 			return rewritten, nil
+		}
+	}
+}
+
+// thinBelow deletes the data objects of id that hold only seqs below start
+// and none in reads (the records forks read, sorted, as forkReads returns
+// them), listing from the objects that end after from. Objects that reach
+// start or hold a record of reads are kept whole: a fork reading part of
+// an object keeps all of it.
+//
+// A blob goes before its marker, as in dropBelow, so that a failed delete
+// leaves the marker that names it for the next pass.
+func (e *Engine) thinBelow(ctx context.Context, id string, from, start uint64, reads []seqSpan) error {
+	after := dataKeyAfter(id, from)
+	for {
+		objs, more, err := e.store.List(ctx, dataPrefix(id), after, 1000)
+		if err != nil {
+			return fmt.Errorf("list data of %s: %w", id, err)
+		}
+		var dead, blobs []string
+		for _, o := range objs {
+			after = o.Key
+			first, end, blob, ok := parseDataKey(o.Key)
+			if !ok || end > start {
+				// Keys sort by end: none after this one ends below start.
+				more = false
+				break
+			}
+			if readsAny(reads, first, end) {
+				continue
+			}
+			if blob != "" {
+				blobs = append(blobs, blobKey(id, blob))
+			}
+			dead = append(dead, o.Key)
+		}
+		for _, keys := range [][]string{blobs, dead} {
+			if len(keys) == 0 {
+				continue
+			}
+			if err := e.store.Delete(ctx, keys); err != nil {
+				return fmt.Errorf("delete trimmed data of %s: %w", id, err)
+			}
+		}
+		if !more || len(objs) == 0 {
+			return nil
 		}
 	}
 }

@@ -58,6 +58,13 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	// small.
 	forkID, listedAt := newID(), time.Now().UnixMilli()
 	listed := len(srcMeta.ForkList) < maxListedForks
+	// The entry also says which of the source's records the fork reads,
+	// so that a trim of the source deletes the others. Its start is read
+	// before the raise, as trims only move it on, so the span holds the
+	// one the fork gets below.
+	src.mu.Lock()
+	reads := &seqSpan{From: src.startSeq(&src.durable), To: (&forkRef{Seq: seq, Bytes: bytes}).base()}
+	src.mu.Unlock()
 	// Within the caller's answer-by time: nothing of the fork is written
 	// yet, so a raise cut short leaves it unmade, and a raise that lands
 	// all the same only keeps the source's data until its count is
@@ -66,7 +73,7 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	err = e.updateMeta(uctx, src, func(m *metaObject) {
 		m.Forks++
 		if listed {
-			m.ForkList = append(slices.Clone(m.ForkList), forkEntry{Name: name, ID: forkID, At: listedAt})
+			m.ForkList = append(slices.Clone(m.ForkList), forkEntry{Name: name, ID: forkID, At: listedAt, Reads: reads})
 		}
 	})
 	cancelUpdate()
@@ -78,8 +85,9 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	}
 	// A trim does not take the name lock and may have moved the source's
 	// start since resolveForkPoint looked. Now that the count is up,
-	// compaction keeps every record of the source from the start read
-	// here on, so that is where the fork's inherited records begin.
+	// compaction keeps the source's records from the start read before it
+	// (reads.From) to the point, so the fork's inherited records begin at
+	// the start read here, which is not below that one.
 	src.mu.Lock()
 	start := src.startSeq(&src.durable)
 	lastTS := src.durable.LastTS
@@ -143,16 +151,19 @@ func (e *Engine) resolveForkPoint(ctx context.Context, src *stream, seq, bytes u
 	return e.resolveForkPointFrom(ctx, src, seq, bytes, nil)
 }
 
-// resolveForkPointFrom is resolveForkPoint with floor, when set, as the
-// first seq it may read in place of the source's first retained one: the
-// start of an existing fork, whose count keeps the source's records from
-// there on in the bucket, trimmed or not.
-func (e *Engine) resolveForkPointFrom(ctx context.Context, src *stream, seq, bytes uint64, floor *uint64) (uint64, uint64, error) {
+// resolveForkPointFrom is resolveForkPoint with within, when set, as the
+// records it may read in place of the source's retained ones: those an
+// existing fork reads, which its entry in the source's fork list (or, if
+// that does not say, its count) keeps in the bucket, trimmed or not. A
+// walk that would read past them is errPastFork: the point it resolves to
+// is past theirs too, and the records there may be gone.
+func (e *Engine) resolveForkPointFrom(ctx context.Context, src *stream, seq, bytes uint64, within *seqSpan) (uint64, uint64, error) {
+	asked := seq
 	src.mu.Lock()
 	next, id, start := src.durable.NextSeq, src.meta.ID, src.startSeq(&src.durable)
 	src.mu.Unlock()
-	if floor != nil {
-		start = *floor
+	if within != nil {
+		start = within.From
 	}
 	if seq < start {
 		return 0, 0, &TrimmedError{Seq: seq, StartSeq: start}
@@ -164,7 +175,21 @@ func (e *Engine) resolveForkPointFrom(ctx context.Context, src *stream, seq, byt
 		if bytes == 0 {
 			return seq, 0, nil
 		}
+		if within != nil && seq >= within.To {
+			return 0, 0, errPastFork
+		}
 		recs, err := e.collect(ctx, src, id, ReadRequest{Seq: seq, MaxRecords: 1}, next, nil)
+		if err != nil && within == nil {
+			// A trim that a compaction applied meanwhile may have
+			// deleted the records: the point is trimmed, as it would
+			// have been for a create that came after it.
+			src.mu.Lock()
+			start := src.startSeq(&src.durable)
+			src.mu.Unlock()
+			if seq < start {
+				return 0, 0, fmt.Errorf("%w (trimmed during the walk: %v)", &TrimmedError{Seq: asked, StartSeq: start}, err)
+			}
+		}
 		if err != nil {
 			return 0, 0, err
 		}
@@ -177,11 +202,15 @@ func (e *Engine) resolveForkPointFrom(ctx context.Context, src *stream, seq, byt
 	}
 }
 
+// errPastFork ends a walk over a fork's records that would read past its
+// point (resolveForkPointFrom).
+var errPastFork = errors.New("the walk reached past the fork's point")
+
 // sameForkPoint reports whether want, a fork point as a create asks for
 // it, resolves to fork f's point. The walk over a sub-offset reads the
-// source's records from f's start on, which f holds in the bucket however
-// the source was trimmed since (or soft-deleted): a create repeated is
-// judged as the first was. Refused below the source's retained start, a
+// source's records from f's start to its point, which f holds in the
+// bucket however the source was trimmed since (or soft-deleted): a create
+// repeated is judged as the first was. Refused below the source's retained start, a
 // repeat whose sub-offset reached the end of its anchor's record (or past
 // it) was 409 once the source was trimmed past the fork point. A read
 // that failed is an error, not a different point: the repeat is then
@@ -200,11 +229,10 @@ func (e *Engine) sameForkPoint(ctx context.Context, f *forkRef, want *ForkFrom) 
 	if !same {
 		return false, nil
 	}
-	floor := f.Start
-	seq, bytes, err := e.resolveForkPointFrom(ctx, src, want.Seq, want.Bytes, &floor)
+	seq, bytes, err := e.resolveForkPointFrom(ctx, src, want.Seq, want.Bytes, &seqSpan{From: f.Start, To: f.base()})
 	var trimmed *TrimmedError
 	switch {
-	case errors.As(err, &trimmed), errors.Is(err, ErrBadRequest), errors.Is(err, ErrNotFound), errors.Is(err, ErrGone):
+	case errors.As(err, &trimmed), errors.Is(err, ErrBadRequest), errors.Is(err, ErrNotFound), errors.Is(err, ErrGone), errors.Is(err, errPastFork):
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("resolve a fork point in %s: %w", f.SourceName, err)
@@ -398,10 +426,12 @@ func (e *Engine) retryRelease(f *forkRef, child string) {
 	}
 }
 
-// dropKeptTrims has compaction visit a live stream whose last fork just
-// let go of it while it holds trimmed records that were kept for forks:
-// compaction drops trimmed bytes only when it folds a stream, and an idle
-// source would otherwise keep them in the bucket for as long as it lives.
+// dropKeptTrims has compaction visit a live stream a fork just let go of
+// while it holds trimmed records that were kept for forks: compaction
+// drops trimmed bytes only when it folds a stream, and an idle source
+// would otherwise keep them in the bucket for as long as it lives. With
+// forks left, the visit drops those only the released fork read, when
+// every fork left says what it reads (metaObject.forkReads).
 // The visit is asked for with a WAL entry that trims at the stream's own
 // start, which changes nothing else (trims apply as a maximum) and leaves
 // its TTL alone; it returns once the entry is durable, so the next
@@ -414,7 +444,8 @@ func (e *Engine) dropKeptTrims(ctx context.Context, s *stream) {
 	}
 	s.mu.Lock()
 	start := s.pend.StartSeq
-	if s.gone || s.evicted || s.meta.Deleted || s.meta.Forks > 0 || start <= s.meta.Cleaned {
+	_, thin := s.meta.forkReads()
+	if s.gone || s.evicted || s.meta.Deleted || !thin || start <= s.meta.Cleaned {
 		s.mu.Unlock()
 		return
 	}

@@ -2,11 +2,13 @@ package streamstore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"time"
 
 	"go.uber.org/zap"
@@ -106,6 +108,11 @@ type metaObject struct {
 	Upto        walPos `json:"upto"`
 	// Cleaned: data objects holding only seqs below it are deleted.
 	Cleaned uint64 `json:"cleaned,omitempty"`
+	// Thinned: while forks read the stream, the data objects holding only
+	// seqs below it that no fork in ForkList reads are deleted (see
+	// thinBelow). A release sets it back to zero: the forks left read
+	// less.
+	Thinned uint64 `json:"thinned,omitempty"`
 	// Tail is the stream's last data object while it is small and plain
 	// (not a blob's marker): the next fold merges it (see mergeTail).
 	Tail *dataTail `json:"tail,omitempty"`
@@ -199,6 +206,51 @@ type forkEntry struct {
 	// later and, its outcome unknown, may land until Config.GraveTime has
 	// passed: a fork not found before then may still appear.
 	At int64 `json:"at_ms"`
+	// Reads holds every record of this stream the fork can read: a trim
+	// deletes the others while the fork lives. Nil on entries written
+	// before it was kept, whose forks keep every trimmed record.
+	Reads *seqSpan `json:"reads,omitempty"`
+}
+
+// seqSpan is records [From, To).
+type seqSpan struct {
+	From uint64 `json:"from"`
+	To   uint64 `json:"to"`
+}
+
+// forkReads returns the records the forks of the stream read, as sorted
+// spans that neither overlap nor touch, and whether they are known: every
+// fork counted is listed with the records it reads. With no fork, none.
+func (m *metaObject) forkReads() ([]seqSpan, bool) {
+	if m.Forks != len(m.ForkList) {
+		return nil, false
+	}
+	spans := make([]seqSpan, 0, len(m.ForkList))
+	for _, f := range m.ForkList {
+		if f.Reads == nil {
+			return nil, false
+		}
+		if f.Reads.To > f.Reads.From {
+			spans = append(spans, *f.Reads)
+		}
+	}
+	slices.SortFunc(spans, func(a, b seqSpan) int { return cmp.Compare(a.From, b.From) })
+	out := spans[:0]
+	for _, sp := range spans {
+		if n := len(out); n > 0 && sp.From <= out[n-1].To {
+			out[n-1].To = max(out[n-1].To, sp.To)
+			continue
+		}
+		out = append(out, sp)
+	}
+	return out, true
+}
+
+// readsAny reports whether records [first, end) include one in spans
+// (sorted, as forkReads returns them).
+func readsAny(spans []seqSpan, first, end uint64) bool {
+	i := sort.Search(len(spans), func(i int) bool { return spans[i].To > first })
+	return first < end && i < len(spans) && spans[i].From < end
 }
 
 // releaseFork stops counting the fork with internal id; listed says its
@@ -211,10 +263,12 @@ func (m *metaObject) releaseFork(id string, listed bool) {
 		// A copy: m shares the slice with the stream's current metadata.
 		m.ForkList = slices.Delete(slices.Clone(m.ForkList), i, i+1)
 		m.Forks = max(m.Forks-1, 0)
+		m.Thinned = 0
 		return
 	}
 	if !listed && m.Forks > len(m.ForkList) {
 		m.Forks--
+		m.Thinned = 0
 	}
 }
 

@@ -1,0 +1,98 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestTrimDropsWhatNoForkReadsThroughCaddy: a trim of a source that forks
+// read deletes, at the next compaction, the trimmed records no fork reads,
+// and keeps the ones each fork reads until that fork is deleted. Before,
+// one fork kept every record trimmed while it lived: a stream trimmed for
+// retention grew in the bucket without bound once it had a fork.
+func TestTrimDropsWhatNoForkReadsThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, []string{"compact_interval 1s", "pack_below off", "merge_below off"}, nil)
+	const src = "/forkthin/src"
+	records := fhRandomRecords(93, 14, 1024)
+	picoWant(t, "create", picoDo(e, "PUT", "/pico"+src, nil, "Content-Type", "application/octet-stream"), 201)
+	appendTo := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			picoWant(t, "append", picoDo(e, "POST", "/pico"+src, records[i], "Content-Type", "application/octet-stream"), 200,
+				"Pico-Start-Seq", strconv.Itoa(i))
+		}
+	}
+	trim := func(seq int) {
+		t.Helper()
+		picoWant(t, "trim", picoDo(e, "POST", "/pico"+src, nil, "Pico-Trim-Seq", strconv.Itoa(seq)), 200,
+			"Pico-Start-Seq", strconv.Itoa(seq))
+	}
+	fork := func(name string) {
+		t.Helper()
+		e.must(fhReq{Method: http.MethodPut, Path: "/ds" + name, Header: map[string]string{"Stream-Forked-From": "/ds" + src}})
+	}
+	// waitHeld waits for the data objects in the bucket to hold exactly
+	// the records in want (indexes into records), written so far up to n.
+	waitHeld := func(step string, n int, want ...int) {
+		t.Helper()
+		err := fhWaitFor(fhCompactWait, 250*time.Millisecond, func() error {
+			objs, bodies := fhReadAll(t, e, "data/")
+			var held []int
+			for i, r := range records[:n] {
+				for j, b := range bodies {
+					if strings.HasPrefix(objs[j].Key, "data/") && bytes.Contains(b, r) {
+						held = append(held, i)
+						break
+					}
+				}
+			}
+			if fmt.Sprint(held) != fmt.Sprint(want) {
+				return fmt.Errorf("data objects hold records %v, want %v", held, want)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+	}
+	readsWhole := func(name string, from, to int) {
+		t.Helper()
+		got, _, err := e.readBytes("/ds" + name)
+		if want := bytes.Join(records[from:to], nil); err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s reads %d bytes (%v), want records [%d,%d) whole", name, len(got), err, from, to)
+		}
+	}
+
+	appendTo(0, 4)
+	waitHeld("the first fold", 4, 0, 1, 2, 3)
+	fork("/forkthin/f") // reads [0,4)
+	appendTo(4, 8)
+	waitHeld("the second fold", 8, 0, 1, 2, 3, 4, 5, 6, 7)
+	appendTo(8, 10)
+	trim(8)
+	waitHeld("after a trim to 8, /f reading [0,4)", 10, 0, 1, 2, 3, 8, 9)
+
+	fork("/forkthin/g") // reads [8,10)
+	appendTo(10, 12)
+	waitHeld("the fold after /g", 12, 0, 1, 2, 3, 8, 9, 10, 11)
+	appendTo(12, 14)
+	trim(12)
+	waitHeld("after a trim to 12, /g reading [8,10)", 14, 0, 1, 2, 3, 8, 9, 12, 13)
+	readsWhole("/forkthin/f", 0, 4)
+	readsWhole("/forkthin/g", 8, 10)
+
+	e.must(fhReq{Method: http.MethodDelete, Path: "/ds/forkthin/f"})
+	waitHeld("after /f went", 14, 8, 9, 12, 13)
+	readsWhole("/forkthin/g", 8, 10)
+	e.must(fhReq{Method: http.MethodDelete, Path: "/ds/forkthin/g"})
+	waitHeld("after /g went", 14, 12, 13)
+	readsWhole(src, 12, 14)
+}

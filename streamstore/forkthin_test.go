@@ -1,0 +1,346 @@
+package streamstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/picomq/caddy-picomq/internal/memstore"
+)
+
+// TestTrimDropsWhatNoForkReads: a trim of a stream that forks read deletes
+// the trimmed data objects no fork reads, and keeps those one does until
+// that fork is deleted. Before, one fork kept every record trimmed after
+// it was made, for as long as it lived: a stream trimmed for retention
+// grew without bound while any fork of it existed. An entry that does not
+// say what its fork reads (written by an older build) keeps them all.
+func TestTrimDropsWhatNoForkReads(t *testing.T) {
+	tests := []struct {
+		name   string
+		legacy bool // /f's entry in the source's fork list says nothing of what it reads
+		// the source's data objects, as [first,end), after each step
+		trimmed, second, firstGone, bothGone string
+	}{
+		{
+			name:      "forks say what they read",
+			trimmed:   "[[0,4) [8,10)]",
+			second:    "[[0,4) [8,10) [12,14)]",
+			firstGone: "[[8,10) [12,14)]",
+			bothGone:  "[[12,14)]",
+		},
+		{
+			name:      "a fork from an older build",
+			legacy:    true,
+			trimmed:   "[[0,4) [4,8) [8,10)]",
+			second:    "[[0,4) [4,8) [8,10) [10,12) [12,14)]",
+			firstGone: "[[8,10) [12,14)]",
+			bothGone:  "[[12,14)]",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			e := startEngine(t, st, Config{PackBelow: -1, MergeBelow: -1})
+			if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("a", "b", "c", "d")}); err != nil {
+				t.Fatal(err)
+			}
+			info, err := e.Head(ctx, "/src")
+			if err != nil {
+				t.Fatal(err)
+			}
+			objects := func(step string) string {
+				t.Helper()
+				if err := e.Compact(ctx); err != nil {
+					t.Fatalf("%s: compact: %v", step, err)
+				}
+				var spans []string
+				for _, k := range st.Keys(dataPrefix(info.ID)) {
+					if first, end, _, ok := parseDataKey(k); ok {
+						spans = append(spans, fmt.Sprintf("[%d,%d)", first, end))
+					}
+				}
+				return fmt.Sprint(spans)
+			}
+			appendRecs := func(bodies ...string) {
+				t.Helper()
+				if _, err := e.Append(ctx, "/src", AppendRequest{Records: recs(bodies...)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			trim := func(seq uint64) {
+				t.Helper()
+				if _, err := e.Trim(ctx, "/src", seq); err != nil {
+					t.Fatal(err)
+				}
+			}
+			objects("create")
+			// /f reads [0,4).
+			if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 4}}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.legacy {
+				s, err := e.stream(ctx, "/src")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := e.updateMeta(ctx, s, func(m *metaObject) {
+					m.ForkList = slices.Clone(m.ForkList)
+					for i := range m.ForkList {
+						m.ForkList[i].Reads = nil
+					}
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			appendRecs("e", "f", "g", "h")
+			objects("append")
+			appendRecs("i", "j")
+			trim(8)
+			if got := objects("trim to 8"); got != tc.trimmed {
+				t.Errorf("after the trim to 8, with /f reading [0,4): data objects %s, want %s", got, tc.trimmed)
+			}
+			// /g reads [8,10).
+			if _, _, err := e.Create(ctx, "/g", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 10}}); err != nil {
+				t.Fatal(err)
+			}
+			appendRecs("k", "l")
+			objects("append")
+			appendRecs("m", "n")
+			trim(12)
+			if got := objects("trim to 12"); got != tc.second {
+				t.Errorf("after the trim to 12, with /g reading [8,10): data objects %s, want %s", got, tc.second)
+			}
+			if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a b c d]" {
+				t.Errorf("/f reads %s", got)
+			}
+			if got := fmt.Sprint(bodiesFrom(t, e, "/g", 8)); got != "[i j]" {
+				t.Errorf("/g reads %s from its start", got)
+			}
+			if err := e.Delete(ctx, "/f"); err != nil {
+				t.Fatal(err)
+			}
+			if got := objects("delete /f"); got != tc.firstGone {
+				t.Errorf("after /f went: data objects %s, want %s", got, tc.firstGone)
+			}
+			if got := fmt.Sprint(bodiesFrom(t, e, "/g", 8)); got != "[i j]" {
+				t.Errorf("/g reads %s from its start after /f went", got)
+			}
+			if err := e.Delete(ctx, "/g"); err != nil {
+				t.Fatal(err)
+			}
+			if got := objects("delete /g"); got != tc.bothGone {
+				t.Errorf("after /g went: data objects %s, want %s", got, tc.bothGone)
+			}
+			if got := fmt.Sprint(bodiesFrom(t, e, "/src", 12)); got != "[m n]" {
+				t.Errorf("the source reads %s from its start", got)
+			}
+		})
+	}
+}
+
+// TestTrimDropsABlobNoForkReads: a trimmed blob no fork reads goes with its
+// marker while a fork keeps an earlier object.
+func TestTrimDropsABlobNoForkReads(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{PackBelow: -1, MergeBelow: -1})
+	blobBatch(t, e, "/t", 20) // "a", then a blob of seqs 1 to 4
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/t", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/t", AppendRequest{Records: recs("z")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Trim(ctx, "/t", 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if blobs := st.Keys("blob/"); len(blobs) != 0 {
+		t.Errorf("the trimmed blob no fork reads is still there: %v", blobs)
+	}
+	for _, k := range st.Keys("data/") {
+		if _, _, blob, _ := parseDataKey(k); blob != "" {
+			t.Errorf("its marker %s is still there", k)
+		}
+	}
+	if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a]" {
+		t.Errorf("/f reads %s", got)
+	}
+	if got := fmt.Sprint(bodiesFrom(t, e, "/t", 5)); got != "[z]" {
+		t.Errorf("/t reads %s from its start", got)
+	}
+}
+
+func TestForkReads(t *testing.T) {
+	span := func(from, to uint64) *seqSpan { return &seqSpan{From: from, To: to} }
+	tests := []struct {
+		name  string
+		forks int
+		list  []*seqSpan
+		want  string // the spans, or "unknown"
+	}{
+		{name: "no forks", want: "[]"},
+		{name: "one", forks: 1, list: []*seqSpan{span(2, 5)}, want: "[{2 5}]"},
+		{name: "sorted and joined", forks: 4, list: []*seqSpan{span(8, 9), span(0, 3), span(3, 4), span(1, 2)}, want: "[{0 4} {8 9}]"},
+		{name: "overlapping", forks: 2, list: []*seqSpan{span(0, 6), span(2, 4)}, want: "[{0 6}]"},
+		{name: "empty spans left out", forks: 2, list: []*seqSpan{span(5, 5), span(7, 3)}, want: "[]"},
+		{name: "an entry without its span", forks: 2, list: []*seqSpan{span(0, 3), nil}, want: "unknown"},
+		{name: "forks counted but not listed", forks: 2, list: []*seqSpan{span(0, 3)}, want: "unknown"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &metaObject{Forks: tc.forks}
+			for i, sp := range tc.list {
+				m.ForkList = append(m.ForkList, forkEntry{ID: fmt.Sprint(i), Reads: sp})
+			}
+			spans, known := m.forkReads()
+			got := "unknown"
+			if known {
+				got = fmt.Sprint(spans)
+			}
+			if got != tc.want {
+				t.Errorf("forkReads = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestReadsAny(t *testing.T) {
+	spans := []seqSpan{{From: 2, To: 4}, {From: 8, To: 10}}
+	tests := []struct {
+		first, end uint64
+		want       bool
+	}{
+		{0, 2, false}, {0, 3, true}, {3, 3, false}, {4, 8, false}, {3, 9, true},
+		{9, 12, true}, {10, 20, false}, {5, 6, false},
+	}
+	for _, tc := range tests {
+		if got := readsAny(spans, tc.first, tc.end); got != tc.want {
+			t.Errorf("readsAny(%v, %d, %d) = %t, want %t", spans, tc.first, tc.end, got, tc.want)
+		}
+	}
+}
+
+// TestForkRepeatAfterATrimDroppedWhatItDoesNotRead: a fork create repeated
+// with a sub-offset walks the source's records from the asked seq; the
+// records past the fork's point may be gone now that a trim drops what no
+// fork reads. A walk that reaches past the point is another point
+// (ErrConflict) without reading on; one that lands on it is confirmed.
+func TestForkRepeatAfterATrimDroppedWhatItDoesNotRead(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{PackBelow: -1, MergeBelow: -1})
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("aa")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/src", AppendRequest{Records: recs("bb", "cc", "dd")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Append(ctx, "/src", AppendRequest{Records: recs("ee")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Trim(ctx, "/src", 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.Head(ctx, "/src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range st.Keys(dataPrefix(info.ID)) {
+		if first, end, _, _ := parseDataKey(k); first < 4 && end > 1 {
+			t.Fatalf("records [1,4), which no fork reads, are still in %s", k)
+		}
+	}
+	tests := []struct {
+		name  string
+		asked ForkFrom
+		want  error
+	}{
+		{"the fork's point", ForkFrom{Source: "/src", Seq: 0, Bytes: 2}, nil},
+		{"past it", ForkFrom{Source: "/src", Seq: 0, Bytes: 5}, ErrConflict},
+		{"past it, from its own seq", ForkFrom{Source: "/src", Seq: 1, Bytes: 1}, ErrConflict},
+	}
+	for _, tc := range tests {
+		asked := tc.asked
+		_, created, err := e.Create(ctx, "/f", CreateRequest{Fork: &asked})
+		if created || !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
+			t.Errorf("%s: repeated create: created %t, %v; want %v", tc.name, created, err, tc.want)
+		}
+	}
+}
+
+// TestForkWalkOvertakenByATrimIsTrimmed: a fork create whose sub-offset
+// walks the source's records, overtaken by a trim whose compaction
+// deletes the record it reads (no other fork reads it), is refused as
+// trimmed, as a create that came after the trim is, not as a storage
+// fault.
+func TestForkWalkOvertakenByATrimIsTrimmed(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{PackBelow: -1, MergeBelow: -1})
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{"r0", "r1", "r2"} {
+		mustAppend(t, e, "/s", AppendRequest{Records: recs(body)})
+		if err := e.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/s", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	held := &oneHeldGet{Store: st, prefix: "data/", started: make(chan struct{}), open: make(chan struct{})}
+	e = startEngine(t, held, Config{PackBelow: -1, MergeBelow: -1})
+	created := make(chan error, 1)
+	go func() {
+		// One byte into record 1: the walk reads it.
+		_, _, err := e.Create(ctx, "/g", CreateRequest{Fork: &ForkFrom{Source: "/s", Seq: 1, Bytes: 1}})
+		created <- err
+	}()
+	<-held.started
+	if _, err := e.Trim(ctx, "/s", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.Head(ctx, "/s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range st.Keys(dataPrefix(info.ID)) {
+		if first, _, _, _ := parseDataKey(k); first == 1 {
+			t.Fatalf("record 1, which no fork reads, is still in %s after the trim", k)
+		}
+	}
+	close(held.open)
+	var trimmed *TrimmedError
+	if err := <-created; !errors.As(err, &trimmed) {
+		t.Errorf("the fork create the trim overtook: %v; want a TrimmedError", err)
+	}
+}
