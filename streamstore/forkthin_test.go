@@ -344,3 +344,54 @@ func TestForkWalkOvertakenByATrimIsTrimmed(t *testing.T) {
 		t.Errorf("the fork create the trim overtook: %v; want a TrimmedError", err)
 	}
 }
+
+// TestForkReadsOutliveARestart: what a fork reads is in its source's
+// metadata, so an engine started later drops around it too, and keeps
+// what the fork reads.
+func TestForkReadsOutliveARestart(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	cfg := Config{PackBelow: -1, MergeBelow: -1}
+	e := startEngine(t, st, cfg)
+	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	mustAppend(t, e, "/src", AppendRequest{Records: recs("c", "d")})
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	e = startEngine(t, st, cfg)
+	mustAppend(t, e, "/src", AppendRequest{Records: recs("e")})
+	if _, err := e.Trim(ctx, "/src", 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.Head(ctx, "/src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spans []string
+	for _, k := range st.Keys(dataPrefix(info.ID)) {
+		if first, end, _, ok := parseDataKey(k); ok {
+			spans = append(spans, fmt.Sprintf("[%d,%d)", first, end))
+		}
+	}
+	if got := fmt.Sprint(spans); got != "[[0,2) [4,5)]" {
+		t.Errorf("data objects after the restart's trim: %s, want [[0,2) [4,5)]", got)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a b]" {
+		t.Errorf("/f reads %s", got)
+	}
+}
