@@ -549,16 +549,17 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	// data can go first: a crash in between replays the trim.
 	// Trimmed bytes stay while forks may still read them: those the forks
 	// say they read, or all of them when some fork does not say.
-	reads, readsKnown := meta.forkReads()
-	if start := meta.State.StartSeq; meta.Forks > 0 && readsKnown && start > max(meta.Thinned, meta.Cleaned) {
-		if err := e.thinBelow(ctx, meta.ID, max(meta.Thinned, meta.Cleaned), start, reads); err != nil {
-			return fmt.Errorf("trim %s around its forks: %w", s.name, err)
-		}
-		meta.Thinned = start
-		// Deleted, or kept whole for a fork: no fold merges a tail the
-		// trim reached into (mergeTail).
-		if t := meta.Tail; t != nil && t.First < start {
-			meta.Tail = nil
+	if start := meta.State.StartSeq; meta.Forks > 0 && start > max(meta.Thinned, meta.Cleaned) {
+		if reads, known := meta.forkReads(); known {
+			if err := e.thinBelow(ctx, meta.ID, max(meta.Thinned, meta.Cleaned), start, reads); err != nil {
+				return fmt.Errorf("trim %s around its forks: %w", s.name, err)
+			}
+			meta.Thinned = start
+			// Deleted, or kept whole for a fork: no fold merges a tail
+			// the trim reached into (mergeTail).
+			if t := meta.Tail; t != nil && t.First < start {
+				meta.Tail = nil
+			}
 		}
 	}
 	if meta.State.StartSeq > meta.Cleaned && meta.Forks == 0 {
