@@ -39,29 +39,9 @@ func TestTrimDropsWhatNoForkReadsThroughCaddy(t *testing.T) {
 		t.Helper()
 		e.must(fhReq{Method: http.MethodPut, Path: "/ds" + name, Header: map[string]string{"Stream-Forked-From": "/ds" + src}})
 	}
-	// waitHeld waits for the data objects in the bucket to hold exactly
-	// the records in want (indexes into records), written so far up to n.
 	waitHeld := func(step string, n int, want ...int) {
 		t.Helper()
-		err := fhWaitFor(fhCompactWait, 250*time.Millisecond, func() error {
-			objs, bodies := fhReadAll(t, e, "data/")
-			var held []int
-			for i, r := range records[:n] {
-				for j, b := range bodies {
-					if strings.HasPrefix(objs[j].Key, "data/") && bytes.Contains(b, r) {
-						held = append(held, i)
-						break
-					}
-				}
-			}
-			if fmt.Sprint(held) != fmt.Sprint(want) {
-				return fmt.Errorf("data objects hold records %v, want %v", held, want)
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatalf("%s: %v", step, err)
-		}
+		fhWaitHeld(t, e, step, records[:n], want...)
 	}
 	readsWhole := func(name string, from, to int) {
 		t.Helper()
@@ -95,4 +75,72 @@ func TestTrimDropsWhatNoForkReadsThroughCaddy(t *testing.T) {
 	e.must(fhReq{Method: http.MethodDelete, Path: "/ds/forkthin/g"})
 	waitHeld("after /g went", 14, 12, 13)
 	readsWhole(src, 12, 14)
+}
+
+// TestDeleteKeepsWhatForksReadThroughCaddy: deleting a source that a fork
+// reads keeps, in the bucket, only the data objects with records the fork
+// reads; those appended after the fork's point go, the ones still in the
+// WAL at the delete included. Before, a deleted source kept every record
+// for as long as its last fork lived, though no client could read them.
+func TestDeleteKeepsWhatForksReadThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, []string{"compact_interval 1s", "pack_below off", "merge_below off"}, nil)
+	const src = "/delthin/src"
+	records := fhRandomRecords(94, 10, 1024)
+	picoWant(t, "create", picoDo(e, "PUT", "/pico"+src, nil, "Content-Type", "application/octet-stream"), 201)
+	appendTo := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			picoWant(t, "append", picoDo(e, "POST", "/pico"+src, records[i], "Content-Type", "application/octet-stream"), 200,
+				"Pico-Start-Seq", strconv.Itoa(i))
+		}
+	}
+	waitHeld := func(step string, want ...int) {
+		t.Helper()
+		fhWaitHeld(t, e, step, records, want...)
+	}
+
+	appendTo(0, 4)
+	waitHeld("the first fold", 0, 1, 2, 3)
+	e.must(fhReq{Method: http.MethodPut, Path: "/ds/delthin/f", Header: map[string]string{"Stream-Forked-From": "/ds" + src}}) // reads [0,4)
+	appendTo(4, 8)
+	waitHeld("the second fold", 0, 1, 2, 3, 4, 5, 6, 7)
+	appendTo(8, 10) // in the WAL at the delete, or just folded
+	e.must(fhReq{Method: http.MethodDelete, Path: "/ds" + src})
+	waitHeld("after the source's delete, /f reading [0,4)", 0, 1, 2, 3)
+	got, _, err := e.readBytes("/ds/delthin/f")
+	if want := bytes.Join(records[:4], nil); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("/f reads %d bytes (%v), want records [0,4) whole", len(got), err)
+	}
+	if resp := e.must(fhReq{Method: http.MethodGet, Path: "/ds" + src}); resp.Status != http.StatusGone {
+		t.Errorf("the deleted source answers a read with %s, want 410", resp)
+	}
+}
+
+// fhWaitHeld waits for the data objects in the bucket to hold exactly the
+// records in want (indexes into records), and fails the test at step if
+// they do not within fhCompactWait.
+func fhWaitHeld(t *testing.T, e *fhEnv, step string, records [][]byte, want ...int) {
+	t.Helper()
+	err := fhWaitFor(fhCompactWait, 250*time.Millisecond, func() error {
+		objs, bodies := fhReadAll(t, e, "data/")
+		var held []int
+		for i, r := range records {
+			for j, b := range bodies {
+				if strings.HasPrefix(objs[j].Key, "data/") && bytes.Contains(b, r) {
+					held = append(held, i)
+					break
+				}
+			}
+		}
+		if fmt.Sprint(held) != fmt.Sprint(want) {
+			return fmt.Errorf("data objects hold records %v, want %v", held, want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%s: %v", step, err)
+	}
 }

@@ -549,7 +549,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	// data can go first: a crash in between replays the trim.
 	// Trimmed bytes stay while forks may still read them: those the forks
 	// say they read, or all of them when some fork does not say.
-	if start := meta.State.StartSeq; meta.Forks > 0 && start > max(meta.Thinned, meta.Cleaned) {
+	if start := meta.thinTo(); meta.Forks > 0 && start > max(meta.Thinned, meta.Cleaned) {
 		if reads, known := meta.forkReads(); known {
 			if err := e.thinBelow(ctx, meta.ID, max(meta.Thinned, meta.Cleaned), start, reads); err != nil {
 				return fmt.Errorf("trim %s around its forks: %w", s.name, err)

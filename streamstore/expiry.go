@@ -167,6 +167,7 @@ func (e *Engine) sweepMarker(ctx context.Context, key string, now time.Time) (bo
 			kept, deletedAt, sid := !s.gone && s.meta.Deleted, s.meta.DeletedAt, s.meta.ID
 			s.mu.Unlock()
 			if kept {
+				e.thinDeleted(s)
 				next := nextSettle(deletedAt, now.UnixMilli(), e.config().GraveTime)
 				if err := e.armSettle(ctx, name, sid, time.UnixMilli(next)); err != nil {
 					return false, fmt.Errorf("expiry sweep: %w", err)

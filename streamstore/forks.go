@@ -312,6 +312,7 @@ func (e *Engine) deleteStreamNow(ctx context.Context, s *stream) error {
 			return err
 		}
 		e.deleted(s.name, id)
+		e.thinDeleted(s)
 		return nil
 	}
 	if err := e.remove(ctx, s); err != nil {
@@ -392,6 +393,7 @@ func (e *Engine) releaseChain(ctx context.Context, f *forkRef, child string) (*f
 		src.mu.Unlock()
 		if !last {
 			e.dropKeptTrims(ctx, src)
+			e.thinDeleted(src)
 			unlock()
 			return nil, "", nil
 		}
@@ -463,6 +465,68 @@ func (e *Engine) dropKeptTrims(ctx context.Context, s *stream) {
 		e.log.Warn("asking for the trimmed records of a stream no fork reads to be dropped failed; "+
 			"they go at its next compaction", zap.String("stream", s.name), zap.Error(err))
 	}
+}
+
+// thinDeleted deletes the data objects and blobs of soft-deleted s that
+// no fork left reads, when every fork says what it reads: a deleted
+// stream's records past its forks' points, and those between them, used
+// to stay for as long as its last fork lived, though no client could read
+// them again. What its WAL still holds goes at the fold that writes it
+// (compactStream thins to metaObject.thinTo). Nothing can widen what the
+// forks read meanwhile: a deleted stream takes no new forks, and a
+// release only narrows it, so a thin from an older view keeps more, never
+// less. Best effort and in the background: a failure is logged and the
+// next release, or the settle sweep, tries again.
+func (e *Engine) thinDeleted(s *stream) {
+	s.mu.Lock()
+	due := !s.gone && s.meta.Deleted && s.meta.Forks > 0 && s.meta.thinTo() > max(s.meta.Thinned, s.meta.Cleaned)
+	s.mu.Unlock()
+	if !due {
+		return
+	}
+	e.goBG(func() {
+		if err := e.thinDeletedNow(e.bgCtx, s); err != nil {
+			e.log.Warn("deleting what no fork reads of a deleted stream failed; tried again at its next release or settle sweep",
+				zap.String("stream", s.name), zap.Error(err))
+		}
+	})
+}
+
+// thinDeletedNow is thinDeleted's work.
+func (e *Engine) thinDeletedNow(ctx context.Context, s *stream) error {
+	if err := e.confirmOwner(ctx); err != nil {
+		return err
+	}
+	if err := s.metaMu.LockContext(ctx); err != nil {
+		return err
+	}
+	defer s.metaMu.Unlock()
+	s.mu.Lock()
+	m, etag, gone := *s.meta, s.etag, s.gone
+	s.mu.Unlock()
+	from, to := max(m.Thinned, m.Cleaned), m.thinTo()
+	if gone || !m.Deleted || m.Forks == 0 || to <= from {
+		return nil
+	}
+	reads, known := m.forkReads()
+	if !known {
+		return nil
+	}
+	if err := e.thinBelow(ctx, m.ID, from, to, reads); err != nil {
+		return err
+	}
+	m.Thinned, m.Tail = to, nil
+	tag, err := e.writeMeta(ctx, s, &m, etag)
+	if errors.Is(err, errMetaGone) {
+		return nil // removed meanwhile: its last fork went
+	}
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", s.name, err)
+	}
+	s.mu.Lock()
+	s.meta, s.etag = &m, tag
+	s.mu.Unlock()
+	return nil
 }
 
 // maxListedForks bounds a source's ForkList; forks made past it are

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
 )
@@ -82,18 +83,7 @@ func TestTrimDropsWhatNoForkReads(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.legacy {
-				s, err := e.stream(ctx, "/src")
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := e.updateMeta(ctx, s, func(m *metaObject) {
-					m.ForkList = slices.Clone(m.ForkList)
-					for i := range m.ForkList {
-						m.ForkList[i].Reads = nil
-					}
-				}); err != nil {
-					t.Fatal(err)
-				}
+				forgetForkReads(t, e, "/src")
 			}
 			appendRecs("e", "f", "g", "h")
 			objects("append")
@@ -141,41 +131,53 @@ func TestTrimDropsWhatNoForkReads(t *testing.T) {
 	}
 }
 
-// TestTrimDropsABlobNoForkReads: a trimmed blob no fork reads goes with its
-// marker while a fork keeps an earlier object.
-func TestTrimDropsABlobNoForkReads(t *testing.T) {
-	ctx := context.Background()
-	st := memstore.New()
-	e := startEngine(t, st, Config{PackBelow: -1, MergeBelow: -1})
-	blobBatch(t, e, "/t", 20) // "a", then a blob of seqs 1 to 4
-	if err := e.Compact(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/t", Seq: 1}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Append(ctx, "/t", AppendRequest{Records: recs("z")}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Trim(ctx, "/t", 5); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Compact(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if blobs := st.Keys("blob/"); len(blobs) != 0 {
-		t.Errorf("the trimmed blob no fork reads is still there: %v", blobs)
-	}
-	for _, k := range st.Keys("data/") {
-		if _, _, blob, _ := parseDataKey(k); blob != "" {
-			t.Errorf("its marker %s is still there", k)
-		}
-	}
-	if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a]" {
-		t.Errorf("/f reads %s", got)
-	}
-	if got := fmt.Sprint(bodiesFrom(t, e, "/t", 5)); got != "[z]" {
-		t.Errorf("/t reads %s from its start", got)
+// TestBlobNoForkReadsGoes: a blob no fork reads goes with its marker when
+// a trim passes it, or when its stream is deleted, while a fork reads the
+// records before it.
+func TestBlobNoForkReadsGoes(t *testing.T) {
+	for _, deleted := range []bool{false, true} {
+		t.Run(map[bool]string{false: "trimmed", true: "deleted"}[deleted], func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			e := startEngine(t, st, Config{PackBelow: -1, MergeBelow: -1})
+			blobBatch(t, e, "/t", 20) // "a", then a blob of seqs 1 to 4
+			if err := e.Compact(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/t", Seq: 1}}); err != nil {
+				t.Fatal(err)
+			}
+			if deleted {
+				if err := e.Delete(ctx, "/t"); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				if _, err := e.Append(ctx, "/t", AppendRequest{Records: recs("z")}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.Trim(ctx, "/t", 5); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.Compact(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if got := fmt.Sprint(bodiesFrom(t, e, "/t", 5)); got != "[z]" {
+					t.Errorf("/t reads %s from its start", got)
+				}
+			}
+			// A deleted stream's is deleted in the background.
+			if waitUntil(5*time.Second, func() bool { return len(st.Keys("blob/")) == 0 }) != nil {
+				t.Errorf("the blob no fork reads is still there: %v", st.Keys("blob/"))
+			}
+			for _, k := range st.Keys("data/") {
+				if _, _, blob, _ := parseDataKey(k); blob != "" {
+					t.Errorf("its marker %s is still there", k)
+				}
+			}
+			if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a]" {
+				t.Errorf("/f reads %s", got)
+			}
+		})
 	}
 }
 
@@ -393,5 +395,23 @@ func TestForkReadsOutliveARestart(t *testing.T) {
 	}
 	if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a b]" {
 		t.Errorf("/f reads %s", got)
+	}
+}
+
+// forgetForkReads makes the fork list of the stream called name say
+// nothing of what its forks read, as an older build wrote it.
+func forgetForkReads(t *testing.T, e *Engine, name string) {
+	t.Helper()
+	s, err := e.stream(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.updateMeta(context.Background(), s, func(m *metaObject) {
+		m.ForkList = slices.Clone(m.ForkList)
+		for i := range m.ForkList {
+			m.ForkList[i].Reads = nil
+		}
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -246,6 +246,16 @@ func (m *metaObject) forkReads() ([]seqSpan, bool) {
 	return out, true
 }
 
+// thinTo is the seq below which the stream's records are there only for
+// its forks: its start, or, soft-deleted, its end, as clients read none of
+// it any more.
+func (m *metaObject) thinTo() uint64 {
+	if m.Deleted {
+		return m.State.NextSeq
+	}
+	return m.State.StartSeq
+}
+
 // readsAny reports whether records [first, end) include one in spans
 // (sorted, as forkReads returns them).
 func readsAny(spans []seqSpan, first, end uint64) bool {

@@ -145,7 +145,9 @@ const (
 func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *packJob) packDecision {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gone || s.meta.State.StartSeq > s.meta.Cleaned || s.used.Load() < idleBefore {
+	// Soft-deleted, it is folded, so that the fold deletes what no fork
+	// reads (metaObject.thinTo), where packs would keep it.
+	if s.gone || s.meta.Deleted || s.meta.State.StartSeq > s.meta.Cleaned || s.used.Load() < idleBefore {
 		return decideFold // gone: compactStream does nothing
 	}
 	from := 0
