@@ -551,14 +551,23 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	// say they read, or all of them when some fork does not say.
 	if start := meta.thinTo(); meta.Forks > 0 && start > max(meta.Thinned, meta.Cleaned) {
 		if reads, known := meta.forkReads(); known {
-			if err := e.thinBelow(ctx, meta.ID, max(meta.Thinned, meta.Cleaned), start, reads); err != nil {
+			err := e.thinBelow(ctx, meta.ID, max(meta.Thinned, meta.Cleaned), start, reads)
+			switch {
+			case err == nil:
+				meta.Thinned = start
+				// Deleted, or kept whole for a fork: no fold merges a
+				// tail the trim reached into (mergeTail).
+				if t := meta.Tail; t != nil && t.First < start {
+					meta.Tail = nil
+				}
+			case meta.Deleted:
+				// Not worth failing the compaction of every stream for:
+				// a deleted stream is thinned again at the next release
+				// of a fork, or its settle sweep.
+				e.log.Warn("deleting what no fork reads of a deleted stream failed; tried again at its next release or settle sweep",
+					zap.String("stream", s.name), zap.Error(err))
+			default:
 				return fmt.Errorf("trim %s around its forks: %w", s.name, err)
-			}
-			meta.Thinned = start
-			// Deleted, or kept whole for a fork: no fold merges a tail
-			// the trim reached into (mergeTail).
-			if t := meta.Tail; t != nil && t.First < start {
-				meta.Tail = nil
 			}
 		}
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -126,7 +128,8 @@ func TestSoftDeleteDropsWhatNoForkReads(t *testing.T) {
 }
 
 // TestSoftDeleteThinRetriedBySweep: when the bucket refuses the deletes
-// at a soft delete, the sweep that settles the stream's forks later
+// at a soft delete, the compaction that folds the stream's last records
+// still succeeds, and the sweep that settles the stream's forks later
 // deletes what no fork reads; nothing else would, for an idle stream whose
 // forks live on.
 func TestSoftDeleteThinRetriedBySweep(t *testing.T) {
@@ -141,18 +144,7 @@ func TestSoftDeleteThinRetriedBySweep(t *testing.T) {
 	})
 	const grave = 200 * time.Millisecond
 	e := startEngine(t, st, Config{PackBelow: -1, MergeBelow: -1, GraveTime: grave})
-	if _, _, err := e.Create(ctx, "/src", CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Compact(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.Append(ctx, "/src", AppendRequest{Records: recs("c", "d")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Compact(ctx); err != nil {
-		t.Fatal(err)
-	}
+	createFolded(t, e, "/src", []string{"a", "b"}, []string{"c", "d"})
 	info, err := e.Head(ctx, "/src")
 	if err != nil {
 		t.Fatal(err)
@@ -160,9 +152,17 @@ func TestSoftDeleteThinRetriedBySweep(t *testing.T) {
 	if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
 		t.Fatal(err)
 	}
+	// In the WAL at the delete: the fold that writes it cannot delete it
+	// again, and must not fail the compaction for that.
+	if _, err := e.Append(ctx, "/src", AppendRequest{Records: recs("e")}); err != nil {
+		t.Fatal(err)
+	}
 	refuse.Store(true)
 	if err := e.Delete(ctx, "/src"); err != nil {
 		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Errorf("the compaction failed for a deleted stream it could not thin: %v", err)
 	}
 	past := func() bool { return len(st.Keys(dataPrefix(info.ID))) == 1 }
 	if waitUntil(200*time.Millisecond, past) == nil {
@@ -237,5 +237,165 @@ func TestSoftDeleteFoldsOutOfThePacks(t *testing.T) {
 	}
 	if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a]" {
 		t.Errorf("/f reads %s", got)
+	}
+}
+
+// TestReadOvertakenBySoftDeleteIsGone: a read of a stream that is deleted
+// while it fetches an object no fork reads, which the delete then removes,
+// is answered as the stream gone, not as damage in the bucket.
+func TestReadOvertakenBySoftDeleteIsGone(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{PackBelow: -1, MergeBelow: -1})
+	createFolded(t, e, "/src", []string{"a", "b"}, []string{"c", "d"})
+	if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.Head(ctx, "/src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	past := dataKey(info.ID, 2, 4) // no fork reads it
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	st.SetFail(func(op, key string) error {
+		if op == "GET" && key == past {
+			once.Do(func() {
+				close(held)
+				<-release
+			})
+		}
+		return nil
+	})
+	unblock := sync.OnceFunc(func() { close(release) })
+	defer unblock()
+	type result struct {
+		res ReadResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := e.Read(ctx, "/src", ReadRequest{Seq: 2, MaxRecords: 10})
+		done <- result{res, err}
+	}()
+	<-held
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitUntil(5*time.Second, func() bool { return !slices.Contains(st.Keys(dataPrefix(info.ID)), past) }); err != nil {
+		t.Fatalf("the object no fork reads is still there after the delete: %v", st.Keys(dataPrefix(info.ID)))
+	}
+	unblock()
+	r := <-done
+	r.res.Release()
+	if !errors.Is(r.err, ErrGone) || errors.Is(r.err, ErrDamaged) {
+		t.Errorf("the read overtaken by the delete: %v, want ErrGone", r.err)
+	}
+	if n := e.stats.damagedObjs.Load(); n != 0 {
+		t.Errorf("%d objects reported damaged", n)
+	}
+}
+
+// TestSoftDeleteThinsAForkChain: deleting each stream of a chain of forks
+// keeps what the forks below it read, through a fork point inside a
+// record and through a deleted fork that another fork reads.
+func TestSoftDeleteThinsAForkChain(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{PackBelow: -1, MergeBelow: -1})
+	appendFolded := func(name string, bodies ...string) {
+		t.Helper()
+		if _, err := e.Append(ctx, name, AppendRequest{Records: recs(bodies...)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fork := func(name string, from ForkFrom) {
+		t.Helper()
+		if _, _, err := e.Create(ctx, name, CreateRequest{Fork: &from}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	objects := func(name string) func() string {
+		info, err := e.Head(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return func() string {
+			var out []string
+			for _, k := range st.Keys(dataPrefix(info.ID)) {
+				if first, end, _, ok := parseDataKey(k); ok {
+					out = append(out, fmt.Sprintf("[%d,%d)", first, end))
+				}
+			}
+			return fmt.Sprint(out)
+		}
+	}
+	expect := func(step string, got func() string, want string) {
+		t.Helper()
+		if err := e.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if waitUntil(5*time.Second, func() bool { return got() == want }) != nil {
+			t.Errorf("%s: data objects %s, want %s", step, got(), want)
+		}
+	}
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	appendFolded("/s", "cc", "d")
+	appendFolded("/s", "e", "f")
+	source := objects("/s")
+	fork("/g", ForkFrom{Source: "/s", Seq: 2, Bytes: 1}) // reads [0,3), "c" of the third
+	fork("/f1", ForkFrom{Source: "/s", Seq: 2})          // reads [0,2)
+	appendFolded("/f1", "x", "y")                        // its own [2,4)
+	appendFolded("/f1", "z")                             // and [4,5)
+	fork("/f2", ForkFrom{Source: "/f1", Seq: 3})         // reads /f1's [0,3)
+	middle := objects("/f1")
+
+	if err := e.Delete(ctx, "/s"); err != nil {
+		t.Fatal(err)
+	}
+	expect("the source deleted", source, "[[0,2) [2,4)]")
+	if err := e.Delete(ctx, "/f1"); err != nil {
+		t.Fatal(err)
+	}
+	expect("the middle fork deleted", middle, "[[2,4)]")
+	expect("the middle fork deleted", source, "[[0,2) [2,4)]")
+	for _, tc := range []struct{ name, want string }{{"/g", "[a b c]"}, {"/f2", "[a b x]"}} {
+		if got := fmt.Sprint(readAll(t, e, tc.name)); got != tc.want {
+			t.Errorf("%s reads %s, want %s", tc.name, got, tc.want)
+		}
+	}
+	if err := e.Delete(ctx, "/g"); err != nil {
+		t.Fatal(err)
+	}
+	// /f1, deleted, still reads [0,2) of the source for /f2.
+	expect("the fork inside a record deleted", source, "[[0,2)]")
+	if got := fmt.Sprint(readAll(t, e, "/f2")); got != "[a b x]" {
+		t.Errorf("/f2 reads %s after /g went", got)
+	}
+}
+
+// createFolded creates the stream called name with records of the bodies
+// given, each group folded into a data object of its own.
+func createFolded(t *testing.T, e *Engine, name string, groups ...[]string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range groups {
+		if _, err := e.Append(ctx, name, AppendRequest{Records: recs(g...)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Compact(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -479,7 +479,7 @@ func (e *Engine) dropKeptTrims(ctx context.Context, s *stream) {
 // next release, or the settle sweep, tries again.
 func (e *Engine) thinDeleted(s *stream) {
 	s.mu.Lock()
-	due := !s.gone && s.meta.Deleted && s.meta.Forks > 0 && s.meta.thinTo() > max(s.meta.Thinned, s.meta.Cleaned)
+	due := !s.gone && !s.evicted && s.meta.Deleted && s.meta.Forks > 0 && s.meta.thinTo() > max(s.meta.Thinned, s.meta.Cleaned)
 	s.mu.Unlock()
 	if !due {
 		return
@@ -492,31 +492,47 @@ func (e *Engine) thinDeleted(s *stream) {
 	})
 }
 
-// thinDeletedNow is thinDeleted's work.
+// thinDeletedNow is thinDeleted's work. The deletes run without the
+// stream's locks, as they may take long on a large stream and a fork's
+// release waits on them; only the record of how far they went is written
+// under them, and not when a release came meanwhile (Thinned went back
+// to zero, and the release thins again for the forks left).
 func (e *Engine) thinDeletedNow(ctx context.Context, s *stream) error {
-	if err := e.confirmOwner(ctx); err != nil {
-		return err
-	}
-	if err := s.metaMu.LockContext(ctx); err != nil {
-		return err
-	}
-	defer s.metaMu.Unlock()
 	s.mu.Lock()
-	m, etag, gone := *s.meta, s.etag, s.gone
+	m, stale := *s.meta, s.gone || s.evicted
 	s.mu.Unlock()
 	from, to := max(m.Thinned, m.Cleaned), m.thinTo()
-	if gone || !m.Deleted || m.Forks == 0 || to <= from {
+	if stale || !m.Deleted || m.Forks == 0 || to <= from {
 		return nil
 	}
 	reads, known := m.forkReads()
 	if !known {
 		return nil
 	}
+	if err := e.confirmOwner(ctx); err != nil {
+		return err
+	}
 	if err := e.thinBelow(ctx, m.ID, from, to, reads); err != nil {
 		return err
 	}
-	m.Thinned, m.Tail = to, nil
-	tag, err := e.writeMeta(ctx, s, &m, etag)
+	// The name lock keeps s in memory while its metadata is written: a
+	// handle that had left it would write behind the back of the one
+	// loaded since, whose every later write would then fail.
+	unlock := e.lockName(s.name)
+	defer unlock()
+	if err := s.metaMu.LockContext(ctx); err != nil {
+		return err
+	}
+	defer s.metaMu.Unlock()
+	s.mu.Lock()
+	cur, etag := *s.meta, s.etag
+	stale = s.gone || s.evicted
+	s.mu.Unlock()
+	if stale || cur.Forks != m.Forks || len(cur.ForkList) != len(m.ForkList) || cur.Thinned >= to {
+		return nil
+	}
+	cur.Thinned, cur.Tail = to, nil
+	tag, err := e.writeMeta(ctx, s, &cur, etag)
 	if errors.Is(err, errMetaGone) {
 		return nil // removed meanwhile: its last fork went
 	}
@@ -524,7 +540,7 @@ func (e *Engine) thinDeletedNow(ctx context.Context, s *stream) error {
 		return fmt.Errorf("checkpoint %s: %w", s.name, err)
 	}
 	s.mu.Lock()
-	s.meta, s.etag = &m, tag
+	s.meta, s.etag = &cur, tag
 	s.mu.Unlock()
 	return nil
 }
@@ -603,6 +619,7 @@ func (e *Engine) settleForks(ctx context.Context, s *stream) (removed bool, err 
 		}
 		e.log.Info("a deleted stream counts no more the forks that are gone",
 			zap.String("stream", s.name), zap.Int("gone", len(gone)))
+		e.thinDeleted(s)
 	}
 	// With no fork counted (now, or already: a last release whose
 	// removal of s failed, and the process gone before a retry did it),

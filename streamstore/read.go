@@ -57,8 +57,13 @@ func (e *Engine) Read(ctx context.Context, name string, req ReadRequest) (ReadRe
 		// fetched removed them: they are gone, as for a read that came
 		// after it, not lost by the bucket.
 		s.mu.Lock()
-		start := s.startSeq(&s.durable)
+		start, deleted := s.startSeq(&s.durable), s.meta.Deleted
 		s.mu.Unlock()
+		if deleted {
+			// Deleted while its records were being fetched, which may
+			// have removed those no fork reads.
+			return ReadResult{}, fmt.Errorf("%w (deleted during the read: %v)", ErrGone, err)
+		}
 		if req.Seq < start {
 			return ReadResult{}, fmt.Errorf("%w (trimmed during the read: %v)", &TrimmedError{Seq: req.Seq, StartSeq: start}, err)
 		}
@@ -549,6 +554,12 @@ func (e *Engine) spanRecords(s *stream, sp dataSpan, recs []Record, buf *objBuf)
 func (e *Engine) missingObject(s *stream, seq uint64, key string, cause error) error {
 	s.mu.Lock()
 	overtaken := s.gone || seq < s.startSeq(&s.durable)
+	if !overtaken && s.meta.Deleted {
+		// Deleted while the read was under way: what no fork reads is
+		// deleted since (thinDeleted).
+		reads, known := s.meta.forkReads()
+		overtaken = known && !readsAny(reads, seq, seq+1)
+	}
 	s.mu.Unlock()
 	if overtaken {
 		return cause
