@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/picomq/caddy-picomq/streamstore"
 )
 
 // TestTrimDropsWhatNoForkReadsThroughCaddy: a trim of a source that forks
@@ -142,5 +144,44 @@ func fhWaitHeld(t *testing.T, e *fhEnv, step string, records [][]byte, want ...i
 	})
 	if err != nil {
 		t.Fatalf("%s: %v", step, err)
+	}
+}
+
+// TestForkDepthIsBoundedThroughCaddy: a chain of forks is at most
+// streamstore.MaxForkDepth deep. A fork of its last is 400 naming the
+// limit and writes nothing; a fork higher up is made, and the deepest
+// reads its inherited records. Unbounded, a client could build a chain one
+// create at a time whose every read loads every stream up it.
+func TestForkDepthIsBoundedThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, nil, nil)
+	name := func(d int) string { return "/ds/depth/" + strconv.Itoa(d) }
+	e.create(name(0), textPlain)
+	e.append(name(0), textPlain, []byte("root"))
+	fork := func(path, source string) fhReq {
+		return fhReq{Method: http.MethodPut, Path: path, Header: map[string]string{"Stream-Forked-From": source}}
+	}
+	for d := 1; d <= streamstore.MaxForkDepth; d++ {
+		if r := e.must(fork(name(d), name(d-1))); r.Status != http.StatusCreated {
+			t.Fatalf("fork %d deep: %s", d, r)
+		}
+	}
+	r, writes := fhExpectNoWrites(t, e, fork("/ds/depth/past", name(streamstore.MaxForkDepth)))
+	if r.Status != http.StatusBadRequest || !fhContainsAny(string(r.Body), "at most "+strconv.Itoa(streamstore.MaxForkDepth)) {
+		t.Errorf("a fork %d deep: %s, want 400 naming the limit", streamstore.MaxForkDepth+1, r)
+	}
+	if len(writes) > 0 {
+		t.Errorf("the refused fork wrote to the object store:%s", fhSortedKeys(writes))
+	}
+	if r := e.must(fhReq{Method: http.MethodHead, Path: "/ds/depth/past"}); r.Status != http.StatusNotFound {
+		t.Errorf("HEAD of the refused fork: %s, want 404", r)
+	}
+	if r := e.must(fork("/ds/depth/side", name(streamstore.MaxForkDepth-1))); r.Status != http.StatusCreated {
+		t.Errorf("a fork %d deep: %s", streamstore.MaxForkDepth, r)
+	}
+	if got, _, err := e.readBytes(name(streamstore.MaxForkDepth)); err != nil || string(got) != "root" {
+		t.Errorf("the deepest fork reads %q (%v), want %q", got, err, "root")
 	}
 }

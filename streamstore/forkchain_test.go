@@ -2,6 +2,7 @@ package streamstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"testing"
@@ -78,6 +79,98 @@ func TestForkChainReadCopiesOnce(t *testing.T) {
 		}
 		if r.Seq != uint64(i) || string(r.Body) != want {
 			t.Fatalf("record %d: seq %d, body %q, want %q", i, r.Seq, r.Body, want)
+		}
+	}
+}
+
+// TestForkDepthIsBounded: a fork may be at most MaxForkDepth forks deep. A
+// create past it is a bad request that writes nothing (no fork, no count
+// on its source), while a fork higher up the chain is still made, and a
+// read of the deepest fork gets every record up the chain. Unbounded, a
+// client could build a chain one create at a time whose every read
+// loaded millions of streams.
+func TestForkDepthIsBounded(t *testing.T) {
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	ctx := context.Background()
+	if _, _, err := e.Create(ctx, "/d/0", CreateRequest{ContentType: "text/plain", Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	name := func(d int) string { return fmt.Sprintf("/d/%d", d) }
+	for d := 1; d <= MaxForkDepth; d++ {
+		if _, _, err := e.Create(ctx, name(d), CreateRequest{Fork: &ForkFrom{Source: name(d - 1), Seq: 1}}); err != nil {
+			t.Fatalf("fork %d deep: %v", d, err)
+		}
+	}
+	deepest, err := e.stream(ctx, name(MaxForkDepth))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deepest.mu.Lock()
+	forks := deepest.meta.Forks
+	deepest.mu.Unlock()
+	keys := len(st.Keys(""))
+	_, _, err = e.Create(ctx, "/d/past", CreateRequest{Fork: &ForkFrom{Source: name(MaxForkDepth), Seq: 1}})
+	if !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("a fork %d deep: %v, want ErrBadRequest", MaxForkDepth+1, err)
+	}
+	if n := len(st.Keys("")); n != keys {
+		t.Errorf("the refused fork wrote %d objects", n-keys)
+	}
+	deepest.mu.Lock()
+	after := deepest.meta.Forks
+	deepest.mu.Unlock()
+	if after != forks {
+		t.Errorf("the refused fork left its source counting %d forks, want %d", after, forks)
+	}
+	if _, err := e.Head(ctx, "/d/past"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("head of the refused fork: %v, want ErrNotFound", err)
+	}
+	if _, _, err := e.Create(ctx, "/d/side", CreateRequest{Fork: &ForkFrom{Source: name(MaxForkDepth - 1), Seq: 1}}); err != nil {
+		t.Errorf("a fork %d deep: %v", MaxForkDepth, err)
+	}
+	if got := fmt.Sprint(readAll(t, e, name(MaxForkDepth))); got != "[a]" {
+		t.Errorf("the deepest fork reads %s", got)
+	}
+}
+
+// TestForkDepthOfAnOlderBuildsFork: a fork an older build made, which kept
+// no depth, counts as one deep, so forks of it are made, one deeper.
+func TestForkDepthOfAnOlderBuildsFork(t *testing.T) {
+	e := startEngine(t, memstore.New(), Config{})
+	ctx := context.Background()
+	if _, _, err := e.Create(ctx, "/o/src", CreateRequest{ContentType: "text/plain", Records: recs("a")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"/o/f", "/o/g"} {
+		if _, _, err := e.Create(ctx, n, CreateRequest{Fork: &ForkFrom{Source: "/o/src", Seq: 1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := e.stream(ctx, "/o/f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.updateMeta(ctx, f, func(m *metaObject) {
+		ref := *m.Fork
+		ref.Depth = 0
+		m.Fork = &ref
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ source, fork string }{{"/o/f", "/o/ff"}, {"/o/g", "/o/gg"}} {
+		if _, _, err := e.Create(ctx, tc.fork, CreateRequest{Fork: &ForkFrom{Source: tc.source, Seq: 1}}); err != nil {
+			t.Fatal(err)
+		}
+		s, err := e.stream(ctx, tc.fork)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.mu.Lock()
+		depth := s.meta.forkDepth()
+		s.mu.Unlock()
+		if depth != 2 {
+			t.Errorf("%s, a fork of %s, is %d deep, want 2", tc.fork, tc.source, depth)
 		}
 	}
 }

@@ -12,6 +12,13 @@ import (
 	"github.com/picomq/caddy-picomq/segment"
 )
 
+// MaxForkDepth is the deepest a fork may be in a chain of forks (a fork of
+// a fork of ...): a read of a fork goes through every stream up its chain,
+// loading each, and, unbounded, a chain a client built one create at a
+// time would make every read of its last fork load millions of streams,
+// and its recursion could exhaust the stack.
+const MaxForkDepth = 1000
+
 // createFork creates name as a fork of req.Fork.Source. The source's fork
 // count goes up before the fork's metadata exists, so a crash between the
 // two can only keep the source's data too long, never free it too soon.
@@ -30,6 +37,11 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	src.mu.Lock()
 	srcMeta := *src.meta
 	src.mu.Unlock()
+	depth := srcMeta.forkDepth() + 1
+	if depth > MaxForkDepth {
+		return Info{}, false, fmt.Errorf("%w: the source is a fork %d forks deep, and a fork may be at most %d deep: fork a stream higher up the chain",
+			ErrBadRequest, depth-1, MaxForkDepth)
+	}
 	if req.ContentType == "" {
 		req.ContentType = srcMeta.ContentType
 	} else if !sameMediaType(req.ContentType, srcMeta.ContentType) {
@@ -97,7 +109,7 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	if seq < start {
 		err = &TrimmedError{Seq: seq, StartSeq: start}
 	} else {
-		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start, Tail: req.Fork.Tail, Listed: listed, SourceExpiry: srcExpiry, lastTS: lastTS}
+		ref := &forkRef{SourceName: src.name, SourceID: srcMeta.ID, Seq: seq, Bytes: bytes, Start: start, Tail: req.Fork.Tail, Listed: listed, Depth: depth, SourceExpiry: srcExpiry, lastTS: lastTS}
 		info, created, err = e.create(ctx, name, req, ref, forkID, true)
 		if errors.Is(err, errNameTaken) {
 			err = ErrConflict

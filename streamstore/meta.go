@@ -173,6 +173,10 @@ type forkRef struct {
 	Tail bool `json:"tail,omitempty"`
 	// Listed says the source lists the fork in its ForkList.
 	Listed bool `json:"listed,omitempty"`
+	// Depth is how many forks deep the fork is: 1 for a fork of a stream
+	// that is none, one more than its source's otherwise. Zero on forks
+	// made before it was kept, which count as 1 (see forkDepth).
+	Depth int `json:"depth,omitempty"`
 	// SourceExpiry is the source's expiry when the fork was made: what a
 	// create that sets none asks for (section 4.2), so a create repeated
 	// without Stream-TTL or Stream-Expires-At matches the fork only when
@@ -280,6 +284,16 @@ func (m *metaObject) releaseFork(id string, listed bool) {
 		m.Forks--
 		m.Thinned = 0
 	}
+}
+
+// forkDepth is how many forks deep the stream is: 0 for one that is no
+// fork. A fork made by an older build, which kept no depth, counts as 1
+// whatever its source: its chain is as deep as its creator allowed.
+func (m *metaObject) forkDepth() int {
+	if m.Fork == nil {
+		return 0
+	}
+	return max(m.Fork.Depth, 1)
 }
 
 // base is the first seq of the fork's own records.
