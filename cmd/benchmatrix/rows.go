@@ -45,9 +45,10 @@ var rowOneTuning = []string{"flush_interval 5ms", "flush_quiet 300us"}
 var rowSettings = map[string]settings{
 	"1": {Directives: rowOneTuning,
 		Why: "Tuned for appends/s. What bounds it is the box: versitygw and the S3 proxy run on the 2 cores the ceiling gives to Caddy " +
-			"and the load generator alone, and an append costs about 195 us of CPU across the four processes against 83 us for a ceiling " +
-			"request, so both cores busy would give about 10,000 appends/s; each closed-loop writer also waits a WAL PUT (about 4 ms " +
-			"under this load) for every append",
+			"and the load generator alone, and an append costs about 270 us of CPU across the four processes (Caddy 134, the load " +
+			"generator 68, versitygw 39, the proxy 28, at a6940bf), so both cores busy all the time would give about 7,400 appends/s, " +
+			"under 40% of a ceiling near 19,600 requests/s; each closed-loop writer also waits a WAL PUT (about 4 ms under this load) " +
+			"for every append",
 		Notes: true},
 	"1-defaults": {Why: "flush_interval 20ms: at most 50 WAL PUTs/s; latency is about the interval plus a PUT"},
 	"2": {Directives: []string{"flush_interval 60ms"},
