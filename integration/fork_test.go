@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -60,6 +61,39 @@ func forkDataIDs(objs []fhObject) map[string]int64 {
 	return ids
 }
 
+// forkObjectSpans maps each of objs, data objects, blob markers and blobs
+// of one stream, to the records [first, end) it holds; a blob has its
+// marker's, and one with none yet (its WAL entry not folded) is an error.
+func forkObjectSpans(objs []fhObject) (map[string][2]uint64, error) {
+	spans := make(map[string][2]uint64, len(objs))
+	byBlob := make(map[string][2]uint64)
+	for _, o := range objs {
+		if !strings.HasPrefix(o.Key, "data/") {
+			continue
+		}
+		parts := strings.SplitN(path.Base(o.Key), ".", 3)
+		end, err1 := strconv.ParseUint(parts[0], 10, 64)
+		first, err2 := strconv.ParseUint(parts[min(1, len(parts)-1)], 10, 64)
+		if len(parts) < 2 || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("data key %s does not parse", o.Key)
+		}
+		spans[o.Key] = [2]uint64{first, end}
+		if len(parts) == 3 {
+			byBlob[parts[2]] = spans[o.Key]
+		}
+	}
+	for _, o := range objs {
+		if strings.HasPrefix(o.Key, "blob/") {
+			sp, ok := byBlob[path.Base(o.Key)]
+			if !ok {
+				return nil, fmt.Errorf("blob %s has no marker yet", o.Key)
+			}
+			spans[o.Key] = sp
+		}
+	}
+	return spans, nil
+}
+
 func forkSum(objs []fhObject) int64 {
 	var n int64
 	for _, o := range objs {
@@ -73,8 +107,9 @@ func forkSum(objs []fhObject) int64 {
 // references the source's data instead of copying it. The fork then reads
 // the source's bytes up to the fork point followed by its own appends,
 // also after a crash and restart and after the source was deleted (which
-// answers 410 on the source), and deleting the fork at last removes the
-// source's data from the bucket.
+// answers 410 on the source, and deletes the source's records past the
+// fork's point), and deleting the fork at last removes the source's data
+// from the bucket.
 func TestForkLargeStream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes 100 MiB through Caddy")
@@ -233,7 +268,19 @@ func TestForkLargeStream(t *testing.T) {
 		t.Errorf("fork: read ended at %s, HEAD says %s", tail, forkTail)
 	}
 
-	// Deleting the source while the fork exists.
+	// Deleting the source while the fork exists. Its objects are listed
+	// now that every blob has its marker (srcData was listed once the
+	// bytes were in, blobs before their markers).
+	var srcObjs []fhObject
+	var spans map[string][2]uint64
+	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		var err error
+		srcObjs = append(e.mustList("data/"+srcID+"/"), e.mustList("blob/"+srcID+"/")...)
+		spans, err = forkObjectSpans(srcObjs)
+		return err
+	}); err != nil {
+		t.Fatalf("before deleting the source: %v", err)
+	}
 	beforeDelete := e.proxy.Counts()
 	resp = e.must(fhReq{Method: http.MethodDelete, Path: src})
 	if resp.Status/100 != 2 {
@@ -282,10 +329,23 @@ func TestForkLargeStream(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("after deleting the source: %v: nothing tested", err)
 	}
-	kept := fhKeySet(append(e.mustList("data/"+srcID+"/"), e.mustList("blob/"+srcID+"/")...))
-	for _, o := range srcData {
-		if !kept[o.Key] {
-			t.Errorf("source data object %s removed while the fork still references it", o.Key)
+	// What the fork reads, records [0, forkAtRecord], stays; the records
+	// past its point go, in the background after the delete.
+	var kept map[string]bool
+	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		kept = fhKeySet(append(e.mustList("data/"+srcID+"/"), e.mustList("blob/"+srcID+"/")...))
+		for _, o := range srcObjs {
+			if spans[o.Key][0] > forkAtRecord && kept[o.Key] {
+				return fmt.Errorf("source object %s, records %v past the fork's point, is still there", o.Key, spans[o.Key])
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("after deleting the source: %v", err)
+	}
+	for _, o := range srcObjs {
+		if spans[o.Key][0] <= forkAtRecord && !kept[o.Key] {
+			t.Errorf("source data object %s, records %v, removed while the fork still reads it", o.Key, spans[o.Key])
 		}
 	}
 	checks("after deleting the source")
