@@ -2,6 +2,8 @@ package integration
 
 import (
 	"bytes"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -9,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/picomq/caddy-picomq/internal/caddytest"
 	"github.com/picomq/caddy-picomq/streamstore"
 )
 
@@ -183,5 +186,64 @@ func TestForkDepthIsBoundedThroughCaddy(t *testing.T) {
 	}
 	if got, _, err := e.readBytes(name(streamstore.MaxForkDepth)); err != nil || string(got) != "root" {
 		t.Errorf("the deepest fork reads %q (%v), want %q", got, err, "root")
+	}
+}
+
+// TestTrimmedForkedSourceIsPackedAgainThroughCaddy: after the fold that
+// applies a trim to a source a fork reads, the source's new records go to
+// the packs again, with no data PUT or checkpoint of its own; it used to
+// be folded at every compaction for as long as it had a fork.
+func TestTrimmedForkedSourceIsPackedAgainThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, []string{"compact_interval 1s", "merge_below off"}, nil)
+	const src = "/packagain/src"
+	picoWant(t, "create", picoDo(e, "PUT", "/pico"+src, nil, "Content-Type", "application/octet-stream"), 201)
+	appendOne := func() {
+		t.Helper()
+		picoWant(t, "append", picoDo(e, "POST", "/pico"+src, []byte("record"), "Content-Type", "application/octet-stream"), 200)
+	}
+	for range 4 {
+		appendOne()
+	}
+	if r := e.must(fhReq{Method: http.MethodPut, Path: "/ds/packagain/f", Header: map[string]string{"Stream-Forked-From": "/ds" + src}}); r.Status != http.StatusCreated {
+		t.Fatalf("fork: %s", r)
+	}
+	picoWant(t, "trim", picoDo(e, "POST", "/pico"+src, nil, "Pico-Trim-Seq", "3"), 200)
+	metaKey := "streams/" + hex.EncodeToString([]byte(src)) + ".m"
+	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		m, err := e.get(metaKey)
+		if err != nil {
+			return err
+		}
+		var doc struct{ Thinned uint64 }
+		if err := json.Unmarshal(m, &doc); err != nil || doc.Thinned != 3 {
+			return fmt.Errorf("the source's metadata says it is thinned to %d (%v), want 3", doc.Thinned, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	id := e.streamID(src)
+	before := e.proxy.Counts()
+	for range 8 {
+		appendOne()
+		time.Sleep(750 * time.Millisecond)
+	}
+	time.Sleep(1500 * time.Millisecond) // a compaction after the last append
+	after := e.proxy.Counts()
+	puts := func(under string) int {
+		under = caddytest.S3Prefix + "/" + under
+		return after.PutsUnder(under) - before.PutsUnder(under)
+	}
+	data, meta, packs := puts("data/"+id+"/"), puts(metaKey), puts("pack/")
+	if data != 0 || meta != 0 || packs == 0 {
+		t.Errorf("over 8 appends and as many compactions the source took %d data PUTs and %d checkpoints, the packs %d PUTs; "+
+			"want none of its own, its records in the packs", data, meta, packs)
+	}
+	got, _, err := e.readBytes("/ds/packagain/f")
+	if err != nil || string(got) != "recordrecordrecordrecord" {
+		t.Errorf("the fork reads %q (%v)", got, err)
 	}
 }

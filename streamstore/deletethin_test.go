@@ -399,3 +399,48 @@ func createFolded(t *testing.T, e *Engine, name string, groups ...[]string) {
 		}
 	}
 }
+
+// TestTrimmedForkedSourceIsPackedAgain: a source that forks read goes back
+// to the packs once the fold after its trim has deleted what it could. It
+// used to be folded, a data PUT and a checkpoint, at every compaction for
+// as long as it had forks.
+func TestTrimmedForkedSourceIsPackedAgain(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		t.Run(map[bool]string{false: "forks say what they read", true: "a fork from an older build"}[legacy], func(t *testing.T) {
+			ctx := context.Background()
+			e := startEngine(t, memstore.New(), Config{MergeBelow: -1})
+			setPackBelow(e, -1)
+			createFolded(t, e, "/src", []string{"a", "b"}, []string{"c", "d"})
+			setPackBelow(e, 1<<20)
+			if _, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+				t.Fatal(err)
+			}
+			if legacy {
+				forgetForkReads(t, e, "/src")
+			}
+			if _, err := e.Trim(ctx, "/src", 3); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Compact(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 3 {
+				if _, err := e.Append(ctx, "/src", AppendRequest{Records: recs("x")}); err != nil {
+					t.Fatal(err)
+				}
+				if err := e.Compact(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if n := packRuns(e, "/src"); n != i+1 {
+					t.Fatalf("after append %d the source has %d runs in the packs, want %d: folded, not packed", i+1, n, i+1)
+				}
+			}
+			if got := fmt.Sprint(bodiesFrom(t, e, "/src", 3)); got != "[d x x x]" {
+				t.Errorf("the source reads %s from its start", got)
+			}
+			if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a]" {
+				t.Errorf("/f reads %s", got)
+			}
+		})
+	}
+}

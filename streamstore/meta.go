@@ -260,6 +260,21 @@ func (m *metaObject) thinTo() uint64 {
 	return m.State.StartSeq
 }
 
+// trimPending reports whether a fold would delete trimmed records: those
+// below the start while no fork reads the stream, or, while forks do and
+// every one says what it reads, those below thinTo that no fold has looked
+// at yet. With forks that do not say, a fold deletes nothing.
+func (m *metaObject) trimPending() bool {
+	if m.Forks == 0 {
+		return m.State.StartSeq > m.Cleaned
+	}
+	if m.thinTo() <= max(m.Thinned, m.Cleaned) {
+		return false
+	}
+	_, known := m.forkReads()
+	return known
+}
+
 // readsAny reports whether records [first, end) include one in spans
 // (sorted, as forkReads returns them).
 func readsAny(spans []seqSpan, first, end uint64) bool {

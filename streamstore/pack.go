@@ -146,8 +146,11 @@ func decide(s *stream, end walPos, now time.Time, idleBefore, limit int64, job *
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Soft-deleted, it is folded, so that the fold deletes what no fork
-	// reads (metaObject.thinTo), where packs would keep it.
-	if s.gone || s.meta.Deleted || s.meta.State.StartSeq > s.meta.Cleaned || s.used.Load() < idleBefore {
+	// reads (metaObject.thinTo), where packs would keep it; and so is a
+	// stream with trimmed records a fold would delete. A trimmed source
+	// that forks read used to be folded at every compaction for as long
+	// as it had forks, though the first fold had deleted all it could.
+	if s.gone || s.meta.Deleted || s.meta.trimPending() || s.used.Load() < idleBefore {
 		return decideFold // gone: compactStream does nothing
 	}
 	from := 0
