@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/caddytest"
+	"github.com/picomq/caddy-picomq/internal/testenv"
 	"github.com/picomq/caddy-picomq/streamstore"
 )
 
@@ -246,4 +247,57 @@ func TestTrimmedForkedSourceIsPackedAgainThroughCaddy(t *testing.T) {
 	if err != nil || string(got) != "recordrecordrecordrecord" {
 		t.Errorf("the fork reads %q (%v)", got, err)
 	}
+}
+
+// TestLostForkCreateOfALiveSourceIsSettledThroughCaddy: a fork create
+// whose metadata PUT the bucket keeps failing is 503, and keeps its
+// source's count (the PUT might still land); grave_time later the count
+// is given back with nobody touching the source, so a trim deletes the
+// records only that fork would have read. Before, a live source kept the
+// count, and those records, for as long as it lived.
+func TestLostForkCreateOfALiveSourceIsSettledThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, []string{"compact_interval 1s", "pack_below off", "merge_below off", "grave_time 1s"}, nil)
+	const src = "/lostfork/src"
+	records := fhRandomRecords(95, 2, 1024)
+	picoWant(t, "create", picoDo(e, "PUT", "/pico"+src, nil, "Content-Type", "application/octet-stream"), 201)
+	for i, r := range records {
+		picoWant(t, "append", picoDo(e, "POST", "/pico"+src, r, "Content-Type", "application/octet-stream"), 200,
+			"Pico-Start-Seq", strconv.Itoa(i))
+	}
+	fhWaitHeld(t, e, "the fold", records, 0, 1)
+	lost := hex.EncodeToString([]byte("/lostfork/lost"))
+	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: lost, Status: http.StatusInternalServerError})
+	r := e.must(fhReq{Method: http.MethodPut, Path: "/ds/lostfork/lost", Header: map[string]string{"Stream-Forked-From": "/ds" + src}})
+	remove()
+	if r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("fork create with its metadata PUT failing: %s, want 503", r)
+	}
+	metaKey := "streams/" + hex.EncodeToString([]byte(src)) + ".m"
+	forks := func() int {
+		m, err := e.get(metaKey)
+		if err != nil {
+			t.Fatalf("metadata of the source: %v", err)
+		}
+		var doc struct{ Forks int }
+		if err := json.Unmarshal(m, &doc); err != nil {
+			t.Fatalf("metadata of the source: %v", err)
+		}
+		return doc.Forks
+	}
+	if n := forks(); n != 1 {
+		t.Fatalf("the source counts %d forks after the failed create, want 1", n)
+	}
+	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if n := forks(); n != 0 {
+			return fmt.Errorf("the source counts %d forks", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("grave_time after the failed fork create: %v, want 0", err)
+	}
+	picoWant(t, "trim", picoDo(e, "POST", "/pico"+src, nil, "Pico-Trim-Seq", "2"), 200)
+	fhWaitHeld(t, e, "after the trim", records)
 }

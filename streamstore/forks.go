@@ -149,8 +149,40 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 			// Still under the source's name lock: src is the handle.
 			e.dropKeptTrims(rctx, src)
 		}
+	} else if err != nil && listed {
+		e.settleLostFork(&forkRef{SourceName: src.name, SourceID: srcMeta.ID, Listed: true}, forkEntry{Name: name, ID: forkID})
 	}
 	return info, created, err
+}
+
+// settleLostFork gives back the count a fork create kept on its source
+// (f names the fork) because the fork's metadata might still land, once
+// Config.GraveTime has passed and the fork is not there: it never will
+// be. Only a soft-deleted source's settle sweep did that before, so a live
+// source counted such a fork, and kept the records it would have read
+// against every trim, for as long as it lived. Only listed forks: a
+// release of one already released is then a no-op, where an unlisted one
+// would lower the count for another fork. Should the process end first,
+// the count stays until the source is deleted and settled, as before.
+func (e *Engine) settleLostFork(ref *forkRef, f forkEntry) {
+	wait := e.config().GraveTime
+	e.goBG(func() {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-e.closing:
+			return
+		case <-t.C:
+		}
+		exists, err := e.forkExists(e.bgCtx, f)
+		if err == nil && !exists {
+			_, _, err = e.releaseChain(e.bgCtx, ref, f.ID)
+		}
+		if err != nil && e.bgCtx.Err() == nil {
+			e.log.Warn("giving back the count of a fork whose create failed failed; the source keeps its records until it is deleted",
+				zap.String("source", ref.SourceName), zap.String("fork", f.Name), zap.Error(err))
+		}
+	})
 }
 
 // resolveForkPoint turns (seq, bytes) into a point inside one record: it

@@ -415,3 +415,48 @@ func forgetForkReads(t *testing.T, e *Engine, name string) {
 		t.Fatal(err)
 	}
 }
+
+// TestLostForkCreateOfALiveSourceIsSettled: a fork create whose metadata
+// PUT fails and never lands keeps its source's count, as the PUT might
+// still land; once Config.GraveTime has passed without it, the count is
+// given back, with no touch of the source and the source still live, so a
+// trim then deletes the records only that fork would have read. Only a
+// soft-deleted source used to be settled: a live one counted the fork,
+// and kept those records, for as long as it lived.
+func TestLostForkCreateOfALiveSourceIsSettled(t *testing.T) {
+	ctx := context.Background()
+	const graveTime = 300 * time.Millisecond
+	st := newHookedStore()
+	e := startEngine(t, st, Config{GraveTime: graveTime, PackBelow: -1})
+	createFolded(t, e, "/src", []string{"aa", "bb"})
+	info, err := e.Head(ctx, "/src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && key == metaKey("/lost") {
+			return errors.New("injected: fork metadata PUT lost")
+		}
+		return nil
+	})
+	_, _, err = e.Create(ctx, "/lost", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 2}})
+	st.setHook(nil)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("fork create with its metadata PUT lost: %v, want ErrUnavailable", err)
+	}
+	if n := forkCount(t, e, "/src"); n != 1 {
+		t.Fatalf("the source counts %d forks after the failed create, want 1 (its PUT might still land)", n)
+	}
+	if err := waitUntil(10*time.Second, func() bool { return forkCount(t, e, "/src") == 0 }); err != nil {
+		t.Fatalf("the source still counts %d forks 10s after the failed create, want 0", forkCount(t, e, "/src"))
+	}
+	if _, err := e.Trim(ctx, "/src", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if keys := st.Keys(dataPrefix(info.ID)); len(keys) != 0 {
+		t.Errorf("after the trim the source keeps %v", keys)
+	}
+}
