@@ -28,14 +28,7 @@ func TestTrimDropsWhatNoForkReadsThroughCaddy(t *testing.T) {
 	e := picoStart(t, []string{"compact_interval 1s", "pack_below off", "merge_below off"}, nil)
 	const src = "/forkthin/src"
 	records := fhRandomRecords(93, 14, 1024)
-	picoWant(t, "create", picoDo(e, "PUT", "/pico"+src, nil, "Content-Type", "application/octet-stream"), 201)
-	appendTo := func(from, to int) {
-		t.Helper()
-		for i := from; i < to; i++ {
-			picoWant(t, "append", picoDo(e, "POST", "/pico"+src, records[i], "Content-Type", "application/octet-stream"), 200,
-				"Pico-Start-Seq", strconv.Itoa(i))
-		}
-	}
+	appendTo := fhPicoSource(t, e, src, records)
 	trim := func(seq int) {
 		t.Helper()
 		picoWant(t, "trim", picoDo(e, "POST", "/pico"+src, nil, "Pico-Trim-Seq", strconv.Itoa(seq)), 200,
@@ -95,14 +88,7 @@ func TestDeleteKeepsWhatForksReadThroughCaddy(t *testing.T) {
 	e := picoStart(t, []string{"compact_interval 1s", "pack_below off", "merge_below off"}, nil)
 	const src = "/delthin/src"
 	records := fhRandomRecords(94, 10, 1024)
-	picoWant(t, "create", picoDo(e, "PUT", "/pico"+src, nil, "Content-Type", "application/octet-stream"), 201)
-	appendTo := func(from, to int) {
-		t.Helper()
-		for i := from; i < to; i++ {
-			picoWant(t, "append", picoDo(e, "POST", "/pico"+src, records[i], "Content-Type", "application/octet-stream"), 200,
-				"Pico-Start-Seq", strconv.Itoa(i))
-		}
-	}
+	appendTo := fhPicoSource(t, e, src, records)
 	waitHeld := func(step string, want ...int) {
 		t.Helper()
 		fhWaitHeld(t, e, step, records, want...)
@@ -262,11 +248,7 @@ func TestLostForkCreateOfALiveSourceIsSettledThroughCaddy(t *testing.T) {
 	e := picoStart(t, []string{"compact_interval 1s", "pack_below off", "merge_below off", "grave_time 1s"}, nil)
 	const src = "/lostfork/src"
 	records := fhRandomRecords(95, 2, 1024)
-	picoWant(t, "create", picoDo(e, "PUT", "/pico"+src, nil, "Content-Type", "application/octet-stream"), 201)
-	for i, r := range records {
-		picoWant(t, "append", picoDo(e, "POST", "/pico"+src, r, "Content-Type", "application/octet-stream"), 200,
-			"Pico-Start-Seq", strconv.Itoa(i))
-	}
+	fhPicoSource(t, e, src, records)(0, len(records))
 	fhWaitHeld(t, e, "the fold", records, 0, 1)
 	lost := hex.EncodeToString([]byte("/lostfork/lost"))
 	remove := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: lost, Status: http.StatusInternalServerError})
@@ -300,4 +282,19 @@ func TestLostForkCreateOfALiveSourceIsSettledThroughCaddy(t *testing.T) {
 	}
 	picoWant(t, "trim", picoDo(e, "POST", "/pico"+src, nil, "Pico-Trim-Seq", "2"), 200)
 	fhWaitHeld(t, e, "after the trim", records)
+}
+
+// fhPicoSource creates the stream src through Pico, and returns a function
+// that appends records [from, to) to it, each checked to land at its
+// index.
+func fhPicoSource(t *testing.T, e *fhEnv, src string, records [][]byte) func(from, to int) {
+	t.Helper()
+	picoWant(t, "create", picoDo(e, "PUT", "/pico"+src, nil, "Content-Type", "application/octet-stream"), 201)
+	return func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			picoWant(t, "append", picoDo(e, "POST", "/pico"+src, records[i], "Content-Type", "application/octet-stream"), 200,
+				"Pico-Start-Seq", strconv.Itoa(i))
+		}
+	}
 }

@@ -523,7 +523,7 @@ func (e *Engine) dropKeptTrims(ctx context.Context, s *stream) {
 // next release, or the settle sweep, tries again.
 func (e *Engine) thinDeleted(s *stream) {
 	s.mu.Lock()
-	due := !s.gone && !s.evicted && s.meta.Deleted && s.meta.Forks > 0 && s.meta.thinTo() > max(s.meta.Thinned, s.meta.Cleaned)
+	due := !s.gone && !s.evicted && s.meta.Deleted && s.meta.Forks > 0 && s.meta.trimPending()
 	s.mu.Unlock()
 	if !due {
 		return
@@ -545,14 +545,11 @@ func (e *Engine) thinDeletedNow(ctx context.Context, s *stream) error {
 	s.mu.Lock()
 	m, stale := *s.meta, s.gone || s.evicted
 	s.mu.Unlock()
+	if stale || !m.Deleted || m.Forks == 0 || !m.trimPending() {
+		return nil
+	}
 	from, to := max(m.Thinned, m.Cleaned), m.thinTo()
-	if stale || !m.Deleted || m.Forks == 0 || to <= from {
-		return nil
-	}
-	reads, known := m.forkReads()
-	if !known {
-		return nil
-	}
+	reads, _ := m.forkReads()
 	if err := e.confirmOwner(ctx); err != nil {
 		return err
 	}
