@@ -288,7 +288,8 @@ func (a *App) acquire(rawURL string, s engineSettings) (*engineRef, error) {
 func warnShortGrave(log *zap.Logger, key string, grave time.Duration) {
 	if strings.HasPrefix(key, "s3://") && grave < s3SigningWindow {
 		log.Warn("grave_time is shorter than the time S3 accepts a signed request; "+
-			"a create still on its way when its stream is deleted can land after the grave is gone and bring the stream back",
+			"a create still on its way when its stream is deleted can land after the grave is gone and bring the stream back, "+
+			"and a fork create whose write lands that late can find its source's records gone",
 			zap.Duration("grave_time", grave), zap.Duration("s3_signing_window", s3SigningWindow))
 	}
 }

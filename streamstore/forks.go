@@ -149,7 +149,9 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 			// Still under the source's name lock: src is the handle.
 			e.dropKeptTrims(rctx, src)
 		}
-	} else if err != nil && listed {
+	} else if err != nil && listed && len(req.Records) == 0 {
+		// With records, the create went through the WAL, and a replay
+		// may still complete it from there, past any wait.
 		e.settleLostFork(&forkRef{SourceName: src.name, SourceID: srcMeta.ID, Listed: true}, forkEntry{Name: name, ID: forkID})
 	}
 	return info, created, err
@@ -158,7 +160,9 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 // settleLostFork gives back the count a fork create kept on its source
 // (f names the fork) because the fork's metadata might still land, once
 // Config.GraveTime has passed and the fork is not there: it never will
-// be. Only a soft-deleted source's settle sweep did that before, so a live
+// be. Only for a create without records, which writes the fork's
+// metadata and nothing else. Only a soft-deleted source's settle sweep
+// did that before, so a live
 // source counted such a fork, and kept the records it would have read
 // against every trim, for as long as it lived. Only listed forks: a
 // release of one already released is then a no-op, where an unlisted one
@@ -179,7 +183,7 @@ func (e *Engine) settleLostFork(ref *forkRef, f forkEntry) {
 			_, _, err = e.releaseChain(e.bgCtx, ref, f.ID)
 		}
 		if err != nil && e.bgCtx.Err() == nil {
-			e.log.Warn("giving back the count of a fork whose create failed failed; the source keeps its records until it is deleted",
+			e.log.Warn("a fork create failed, and giving its count on the source back failed too; the source keeps its records until it is deleted",
 				zap.String("source", ref.SourceName), zap.String("fork", f.Name), zap.Error(err))
 		}
 	})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/picomq/caddy-picomq/internal/memstore"
+	"github.com/picomq/caddy-picomq/segment"
 )
 
 // TestTrimDropsWhatNoForkReads: a trim of a stream that forks read deletes
@@ -458,5 +459,37 @@ func TestLostForkCreateOfALiveSourceIsSettled(t *testing.T) {
 	}
 	if keys := st.Keys(dataPrefix(info.ID)); len(keys) != 0 {
 		t.Errorf("after the trim the source keeps %v", keys)
+	}
+}
+
+// TestUnconfirmedForkThatLandedKeepsItsCount: a fork create whose metadata
+// PUT landed but whose answer was lost keeps its source's count past
+// Config.GraveTime: the look for the fork finds it, and its source's
+// records stay for it through the source's delete.
+func TestUnconfirmedForkThatLandedKeepsItsCount(t *testing.T) {
+	ctx := context.Background()
+	const graveTime = 200 * time.Millisecond
+	st := &lostAnswers{Store: memstore.New()}
+	e := startEngine(t, st, Config{GraveTime: graveTime, PackBelow: -1})
+	createFolded(t, e, "/src", []string{"a", "b"})
+	st.loseNext(func(k string, o segment.PutOptions) bool { return k == metaKey("/f") && o.IfNoneMatch })
+	st.blindTo(func(k string) bool { return k == metaKey("/f") })
+	_, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 2}})
+	st.blindTo(nil)
+	if !errors.Is(err, ErrUnconfirmed) {
+		t.Fatalf("fork create: %v; want it unconfirmed", err)
+	}
+	time.Sleep(5 * graveTime)
+	if n := forkCount(t, e, "/src"); n != 1 {
+		t.Fatalf("the source counts %d forks after grave_time, want 1: the fork landed", n)
+	}
+	if err := e.Delete(ctx, "/src"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a b]" {
+		t.Errorf("the fork reads %s after its source's delete", got)
 	}
 }
