@@ -52,15 +52,7 @@ func TestSoftDeleteDropsWhatNoForkReads(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			spans := func() string {
-				var out []string
-				for _, k := range st.Keys(dataPrefix(info.ID)) {
-					if first, end, _, ok := parseDataKey(k); ok {
-						out = append(out, fmt.Sprintf("[%d,%d)", first, end))
-					}
-				}
-				return fmt.Sprint(out)
-			}
+			spans := func() string { return streamSpans(st, info.ID) }
 			compact := func(step string) {
 				t.Helper()
 				if err := e.Compact(ctx); err != nil {
@@ -323,15 +315,7 @@ func TestSoftDeleteThinsAForkChain(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return func() string {
-			var out []string
-			for _, k := range st.Keys(dataPrefix(info.ID)) {
-				if first, end, _, ok := parseDataKey(k); ok {
-					out = append(out, fmt.Sprintf("[%d,%d)", first, end))
-				}
-			}
-			return fmt.Sprint(out)
-		}
+		return func() string { return streamSpans(st, info.ID) }
 	}
 	expect := func(step string, got func() string, want string) {
 		t.Helper()

@@ -58,13 +58,7 @@ func TestTrimDropsWhatNoForkReads(t *testing.T) {
 				if err := e.Compact(ctx); err != nil {
 					t.Fatalf("%s: compact: %v", step, err)
 				}
-				var spans []string
-				for _, k := range st.Keys(dataPrefix(info.ID)) {
-					if first, end, _, ok := parseDataKey(k); ok {
-						spans = append(spans, fmt.Sprintf("[%d,%d)", first, end))
-					}
-				}
-				return fmt.Sprint(spans)
+				return streamSpans(st, info.ID)
 			}
 			appendRecs := func(bodies ...string) {
 				t.Helper()
@@ -385,13 +379,7 @@ func TestForkReadsOutliveARestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var spans []string
-	for _, k := range st.Keys(dataPrefix(info.ID)) {
-		if first, end, _, ok := parseDataKey(k); ok {
-			spans = append(spans, fmt.Sprintf("[%d,%d)", first, end))
-		}
-	}
-	if got := fmt.Sprint(spans); got != "[[0,2) [4,5)]" {
+	if got := streamSpans(st, info.ID); got != "[[0,2) [4,5)]" {
 		t.Errorf("data objects after the restart's trim: %s, want [[0,2) [4,5)]", got)
 	}
 	if got := fmt.Sprint(readAll(t, e, "/f")); got != "[a b]" {

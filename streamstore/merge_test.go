@@ -33,6 +33,18 @@ func dataSpans(t *testing.T, st *memstore.Store) []string {
 	return out
 }
 
+// streamSpans is the spans [first, end) of the data objects (and blob
+// markers) of stream id in st, in key order, as one string.
+func streamSpans(st *memstore.Store, id string) string {
+	var out []string
+	for _, k := range st.Keys(dataPrefix(id)) {
+		if first, end, _, ok := parseDataKey(k); ok {
+			out = append(out, fmt.Sprintf("[%d,%d)", first, end))
+		}
+	}
+	return fmt.Sprint(out)
+}
+
 // foldEach appends each of bodies in turn to name and compacts after each,
 // packing nothing: a stream written a little at a time with pauses.
 func foldEach(t *testing.T, e *Engine, name string, bodies ...string) {
