@@ -81,13 +81,14 @@ func TestSlowStreamMergesThroughCaddy(t *testing.T) {
 
 // TestLeftoverInsideAMergedObjectThroughCaddy: a fold with merge_below off
 // whose checkpoint the bucket refuses leaves an object of its own; after a
-// reload back to merging, the next fold writes a merged object that starts
-// before that leftover and ends after it. The whole stream still reads
-// back from a restarted Caddy: before, a read from the start found the
-// leftover, which does not hold the first record, and answered 500. A
-// Pico trim into the merged object then rewrites it, though the leftover
-// is listed first (the trim used to stop there), and the next fold merges
-// the rewrite.
+// reload back to merging, and a crash (the same process's next fold that
+// lands would delete it, TestFailedFoldsLeaveNothingThroughCaddy), the
+// next fold writes a merged object that starts before that leftover and
+// ends after it. The whole stream still reads back from a restarted Caddy:
+// before, a read from the start found the leftover, which does not hold
+// the first record, and answered 500. A Pico trim into the merged object
+// then rewrites it, though the leftover is listed first (the trim used to
+// stop there), and the next fold merges the rewrite.
 func TestLeftoverInsideAMergedObjectThroughCaddy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs Caddy on versitygw")
@@ -139,7 +140,9 @@ func TestLeftoverInsideAMergedObjectThroughCaddy(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("no fold merged after the reload: %v", err)
 	}
+	e.caddy.Kill()
 	unfault()
+	e.caddy.Restart()
 	e.append(name, ct, []byte("c;"))
 	if err := e.waitGone("wal/"); err != nil {
 		t.Fatalf("not compacted once the checkpoints went through: %v", err)
@@ -183,6 +186,55 @@ func TestLeftoverInsideAMergedObjectThroughCaddy(t *testing.T) {
 	}
 	if got, _, err := e.readBytes(name); err != nil || string(got) != "b;c;d;" {
 		t.Fatalf("read after the trim: %q (%v), want %q", got, err, "b;c;d;")
+	}
+}
+
+// TestFailedFoldsLeaveNothingThroughCaddy: while the bucket refuses a
+// stream's checkpoints, each fold writes a merged data object and fails;
+// the fold whose checkpoint lands deletes them. Before, each stayed in the
+// bucket for as long as the stream lived.
+func TestFailedFoldsLeaveNothingThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := fhStart(t, fhOptions{Directives: []string{"compact_interval 1s", "pack_below off", "s3_timeout 1s"}})
+	const ct = "text/plain"
+	const name = "/merge/failed"
+	e.create(name, ct)
+	e.append(name, ct, []byte("a;"))
+	if err := waitDataSpans(t, e, "[0,1)"); err != nil {
+		t.Fatalf("a; not folded: %v", err)
+	}
+	unfault := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: "/streams/", Status: http.StatusInternalServerError})
+	want := "a;"
+	for i, body := range []string{"b;", "c;"} {
+		e.append(name, ct, []byte(body))
+		want += body
+		// The merged object of the records so far, written by a fold
+		// whose checkpoint then fails.
+		key := fmt.Sprintf("/%020d.%020d", i+2, 0)
+		if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+			if n := e.proxy.Counts().Containing(testenv.OpPut, key); n == 0 {
+				return fmt.Errorf("no PUT of %s", key)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("no fold of %s: %v", body, err)
+		}
+	}
+	if spans := dataSpansIn(t, e); !slices.Contains(spans, "[0,2)") || !slices.Contains(spans, "[0,3)") {
+		t.Fatalf("data objects %v: the failed folds' [0,2) and [0,3) should be there", spans)
+	}
+	unfault()
+	e.append(name, ct, []byte("d;"))
+	want += "d;"
+	if err := waitDataSpans(t, e, "[0,4)"); err != nil {
+		t.Fatalf("the failed folds' objects stayed: %v", err)
+	}
+	e.caddy.Kill()
+	e.caddy.Restart()
+	if got, _, err := e.readBytes(name); err != nil || string(got) != want {
+		t.Fatalf("read back %q (%v), want %q", got, err, want)
 	}
 }
 

@@ -428,9 +428,16 @@ func (e *Engine) inParallel(n, workers int, fn func(i int) error) error {
 // compactStream writes the stream's committed entries before end as data
 // objects and checkpoints its state into its metadata object. pre holds
 // records already read back from the bucket.
-func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *readBack) error {
+func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *readBack) (err error) {
 	s.metaMu.Lock()
 	defer s.metaMu.Unlock()
+	// The keys this fold puts: should it fail, nothing names them.
+	var written []string
+	defer func() {
+		if err != nil {
+			s.noteLeftovers(written)
+		}
+	}()
 	s.mu.Lock()
 	n := 0
 	for n < len(s.runs) && end.after(s.runs[n].pos) {
@@ -466,6 +473,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 		// The tail alone again (the record after it would have passed
 		// maxDataObject) is already there, and must not be deleted.
 		if key != tailKey {
+			written = append(written, key)
 			if _, err := e.store.Put(ctx, key, body, segment.PutOptions{}); err != nil {
 				return fmt.Errorf("put data %s: %w", key, err)
 			}
@@ -496,6 +504,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 				return err
 			}
 			key := markerKey(meta.ID, r.ch.First, r.ch.End, r.blob)
+			written = append(written, key)
 			if _, err := e.store.Put(ctx, key, nil, segment.PutOptions{}); err != nil {
 				return fmt.Errorf("put marker %s: %w", key, err)
 			}
@@ -571,8 +580,11 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 			}
 		}
 	}
+	// Not leftovers, should this fold fail: a rewrite of an object the
+	// checkpoint names is then all that holds its records from the trim on.
+	var rewritten []string
 	if meta.State.StartSeq > meta.Cleaned && meta.Forks == 0 {
-		rewritten, err := e.dropBelow(ctx, meta.ID, meta.State.StartSeq)
+		rewritten, err = e.dropBelow(ctx, meta.ID, meta.State.StartSeq)
 		if err != nil {
 			return fmt.Errorf("trim %s: %w", s.name, err)
 		}
@@ -613,6 +625,11 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	}
 	if again != "" {
 		e.noteMerged(again)
+	}
+	if len(s.leftovers) > 0 {
+		// A rewrite may be of an object this fold wrote, whose records
+		// readers need: it is never taken for a leftover.
+		e.dropLeftovers(ctx, s, slices.Concat(written, rewritten))
 	}
 	if ce := e.log.Check(zap.DebugLevel, "checkpoint written"); ce != nil {
 		ce.Write(zap.String("stream", s.name), zap.Uint64("next_seq", meta.State.NextSeq),

@@ -798,9 +798,13 @@ type stream struct {
 	// tailReadFails counts the folds in a row whose read of the tail to
 	// merge failed (mergeTail; under metaMu).
 	tailReadFails int
-	waiters       atomic.Int32 // live readers waiting in Wait
-	touched       int64        // last access (ms), for a sliding TTL
-	used          atomic.Int64 // last lookup (Unix ns), for eviction
+	// leftovers are the data objects and markers folds wrote before they
+	// failed (under metaMu): nothing names them, and the next fold that
+	// checkpoints deletes those it did not write again (compactStream).
+	leftovers []string
+	waiters   atomic.Int32 // live readers waiting in Wait
+	touched   int64        // last access (ms), for a sliding TTL
+	used      atomic.Int64 // last lookup (Unix ns), for eviction
 	// forksChecked is when settleForks last looked the forks of this
 	// soft-deleted stream up (Unix ms), to do so at most every
 	// forkCheckEvery while its 410s are read.

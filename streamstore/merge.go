@@ -51,7 +51,8 @@ type dataTail struct {
 // compaction, tailReadTries-1 folds of s in a row: an object of the
 // fold's own, should its checkpoint fail too, would be overlapped by the
 // merged object of the next fold, neither starting nor ending with it
-// (reads find their records all the same, but the object is left behind).
+// (reads find their records all the same, and only the next fold of the
+// same process deletes the object, see leftovers.go).
 // After that the records get an object of their own: a tail the store
 // keeps refusing (archived by a lifecycle rule, denied by a key policy)
 // must not hold up the compaction of every stream for good. Called with
