@@ -1174,38 +1174,49 @@ func TestFailedForkReleaseUsesTheCurrentHandle(t *testing.T) {
 // Appends are stamped max(now, previous + 1), so that timestamps never go
 // back within a stream; a source that took more than an append a
 // millisecond stamped its last ones ahead of the clock, and a fork's own
-// records go on from the inherited ones rather than from the clock.
+// records go on from the inherited ones rather than from the clock, those
+// of its first append as well as those its create carried.
 func TestForkTimestampsGoOnFromItsSource(t *testing.T) {
-	ctx := context.Background()
-	e := startEngine(t, memstore.New(), Config{})
-	if _, _, err := e.Create(ctx, "/ts/src", CreateRequest{ContentType: "text/plain"}); err != nil {
-		t.Fatal(err)
-	}
-	const n = 500
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			mustAppend(t, e, "/ts/src", AppendRequest{Records: recs(fmt.Sprint(i))})
-		}()
-	}
-	wg.Wait()
-	if _, _, err := e.Create(ctx, "/ts/fork", CreateRequest{Fork: &ForkFrom{Source: "/ts/src", Seq: n}}); err != nil {
-		t.Fatal(err)
-	}
-	mustAppend(t, e, "/ts/fork", AppendRequest{Records: recs("own")})
-	res, err := e.Read(ctx, "/ts/fork", ReadRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res.Records) != n+1 {
-		t.Fatalf("the fork reads %d records, want %d", len(res.Records), n+1)
-	}
-	last, own := res.Records[n-1].Timestamp, res.Records[n].Timestamp
-	if own <= last {
-		t.Fatalf("the fork's own record is stamped %d, the inherited one before it %d (now %d): back in time",
-			own, last, time.Now().UnixMilli())
+	for _, inCreate := range []bool{false, true} {
+		t.Run(fmt.Sprintf("in create %v", inCreate), func(t *testing.T) {
+			ctx := context.Background()
+			e := startEngine(t, memstore.New(), Config{})
+			if _, _, err := e.Create(ctx, "/ts/src", CreateRequest{ContentType: "text/plain"}); err != nil {
+				t.Fatal(err)
+			}
+			const n = 500
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					mustAppend(t, e, "/ts/src", AppendRequest{Records: recs(fmt.Sprint(i))})
+				}()
+			}
+			wg.Wait()
+			req := CreateRequest{Fork: &ForkFrom{Source: "/ts/src", Seq: n}}
+			if inCreate {
+				req.Records = recs("own")
+			}
+			if _, _, err := e.Create(ctx, "/ts/fork", req); err != nil {
+				t.Fatal(err)
+			}
+			if !inCreate {
+				mustAppend(t, e, "/ts/fork", AppendRequest{Records: recs("own")})
+			}
+			res, err := e.Read(ctx, "/ts/fork", ReadRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Records) != n+1 {
+				t.Fatalf("the fork reads %d records, want %d", len(res.Records), n+1)
+			}
+			last, own := res.Records[n-1].Timestamp, res.Records[n].Timestamp
+			if own <= last {
+				t.Fatalf("the fork's own record is stamped %d, the inherited one before it %d (now %d): back in time",
+					own, last, time.Now().UnixMilli())
+			}
+		})
 	}
 }
 

@@ -307,11 +307,14 @@ func (e *Engine) create(ctx context.Context, name string, req CreateRequest, for
 		if err := answerDue(ctx); err != nil {
 			return Info{}, false, unwrittenError{err}
 		}
+		// A fork's records go on from its source's last timestamp, as
+		// every append's do (appendLocked).
+		ts := max(now.UnixMilli(), m.State.LastTS+1)
 		ent := &segment.Entry{
 			StreamID:   m.ID,
 			Name:       name,
 			FirstSeq:   m.State.NextSeq,
-			Records:    stamp(req.Records, m.State.NextSeq, now.UnixMilli()),
+			Records:    stamp(req.Records, m.State.NextSeq, ts),
 			Closed:     req.Closed,
 			AccessedAt: now.UnixMilli(),
 			Create:     body,
