@@ -317,6 +317,24 @@ func TestPicoProtocol(t *testing.T) {
 		}
 	})
 
+	// A null member is an absent one, as Go's encoding/json writes a nil
+	// map and clients that always write every member write the others.
+	t.Run("JSON batch with null members", func(t *testing.T) {
+		picoWant(t, "create", picoDo(e, "PUT", "/pico/nulls", nil, "Content-Type", "text/plain"), 201)
+		batch := []byte(`{"records":[{"body":"a","headers":null},{"body":null,"body_b64":"AAEC"},{"key":null,"body":"c"}]}`)
+		picoWant(t, "batch", picoDo(e, "POST", "/pico/nulls", batch, "Content-Type", picoJSONBatch), 200, "Pico-Next-Seq", "3")
+		recs := picoRecords(t, picoDo(e, "GET", "/pico/nulls?seq=0", nil))
+		want := [][]byte{[]byte("a"), {0, 1, 2}, []byte("c")}
+		if len(recs) != len(want) {
+			t.Fatalf("%d records, want %d", len(recs), len(want))
+		}
+		for i, rec := range recs {
+			if !bytes.Equal(rec.data(t), want[i]) || len(rec.Headers) != 0 {
+				t.Errorf("record %d: body %q headers %v, want %q and none", i, rec.data(t), rec.Headers, want[i])
+			}
+		}
+	})
+
 	t.Run("append and read back", func(t *testing.T) {
 		picoWant(t, "create", picoDo(e, "PUT", "/pico/rt", nil, "Content-Type", "application/octet-stream"), 201)
 		r := picoDo(e, "POST", "/pico/rt", []byte("single"), "Content-Type", "application/octet-stream")

@@ -308,14 +308,18 @@ func jsonRecord(dec *json.Decoder) (Record, error) {
 		if (key == "body" && hasBody) || (key == "body_b64" && hasB64) || (key == "headers" && hasHeaders) {
 			return malformed("a record has %s twice", key)
 		}
+		// A member that is null is left out, as encoders write absent
+		// optional fields (Go's for a nil map, PicoMQ's own codec).
 		switch key {
 		case "body":
-			s, err := stringValue(dec, "body")
-			rec.Body, hasBody = []byte(s), true
+			s, present, err := optionalString(dec, "body")
+			if present {
+				rec.Body, hasBody = []byte(s), true
+			}
 			return err
 		case "body_b64":
-			s, err := stringValue(dec, "body_b64")
-			if err != nil {
+			s, present, err := optionalString(dec, "body_b64")
+			if err != nil || !present {
 				return err
 			}
 			b, err := decodeBase64(s)
@@ -326,7 +330,14 @@ func jsonRecord(dec *json.Decoder) (Record, error) {
 			return nil
 		case "headers":
 			hasHeaders = true
-			err := object(dec, func(name string) error {
+			tok, err := dec.Token()
+			if err != nil || tok == nil {
+				return err
+			}
+			if d, ok := tok.(json.Delim); !ok || d != '{' {
+				return malformed("headers must be an object")
+			}
+			err = members(dec, func(name string) error {
 				v, err := stringValue(dec, "header "+strconv.Quote(name))
 				rec.Headers = append(rec.Headers, segment.Header{Name: name, Value: v})
 				return err
@@ -428,6 +439,11 @@ func object(dec *json.Decoder, fn func(key string) error) error {
 	if err := expectDelim(dec, '{'); err != nil {
 		return err
 	}
+	return members(dec, fn)
+}
+
+// members is object past its opening brace.
+func members(dec *json.Decoder, fn func(key string) error) error {
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
@@ -466,6 +482,20 @@ func stringValue(dec *json.Decoder, what string) (string, error) {
 		return "", malformed("%s must be a string", what)
 	}
 	return s, nil
+}
+
+// optionalString is stringValue for a member that may be null, which
+// reports it not present.
+func optionalString(dec *json.Decoder, what string) (s string, present bool, _ error) {
+	tok, err := dec.Token()
+	if err != nil || tok == nil {
+		return "", false, err
+	}
+	s, ok := tok.(string)
+	if !ok {
+		return "", false, malformed("%s must be a string", what)
+	}
+	return s, true, nil
 }
 
 func skipValue(dec *json.Decoder) error {

@@ -93,15 +93,29 @@ func TestDecodeJSON(t *testing.T) {
 	}
 }
 
-// TestDecodeJSONNullKey: a null key is no key, as a client that always
-// writes the member says of a record without one.
-func TestDecodeJSONNullKey(t *testing.T) {
-	recs, err := DecodeJSON([]byte(`{"records":[{"key":null,"body":"a"}]}`))
-	if err != nil {
-		t.Fatal(err)
+// TestDecodeJSONNullMembers: a member that is null is left out, as a
+// client that always writes it says of a record without one (a key, Go's
+// nil map of headers, the body form not used).
+func TestDecodeJSONNullMembers(t *testing.T) {
+	cases := []struct {
+		name, record string
+		want         Record
+	}{
+		{"key", `{"key":null,"body":"a"}`, Record{Body: []byte("a")}},
+		{"headers", `{"body":"a","headers":null}`, Record{Body: []byte("a")}},
+		{"body", `{"body":null,"body_b64":"AAEC"}`, Record{Body: []byte{0, 1, 2}}},
+		{"body_b64", `{"body_b64":null,"body":"a"}`, Record{Body: []byte("a")}},
 	}
-	if want := []Record{{Body: []byte("a")}}; !reflect.DeepEqual(recs, want) {
-		t.Fatalf("got %+v, want %+v", recs, want)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			recs, err := DecodeJSON([]byte(`{"records":[` + tc.record + `]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := []Record{tc.want}; !reflect.DeepEqual(recs, want) {
+				t.Fatalf("got %+v, want %+v", recs, want)
+			}
+		})
 	}
 }
 
@@ -134,6 +148,10 @@ func TestDecodeJSONMalformed(t *testing.T) {
 		"body not string":      `{"records":[{"body":1}]}`,
 		"header number":        `{"records":[{"body":"x","headers":{"k":1}}]}`,
 		"no body":              `{"records":[{"headers":{}}]}`,
+		"null bodies":          `{"records":[{"body":null,"body_b64":null}]}`,
+		"headers array":        `{"records":[{"body":"a","headers":[]}]}`,
+		"headers string":       `{"records":[{"body":"a","headers":"k"}]}`,
+		"headers null twice":   `{"records":[{"body":"a","headers":null,"headers":{}}]}`,
 		"both bodies":          `{"records":[{"body":"a","body_b64":"AA=="}]}`,
 		"invalid utf8":         "{\"records\":[{\"body\":\"\xff\"}]}",
 		"trailing":             `{"records":[{"body":"a"}]} {}`,
