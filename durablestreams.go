@@ -657,12 +657,13 @@ func (d *durableStreams) get(w http.ResponseWriter, r *http.Request, name string
 	case "sse":
 		d.sse(w, r, eng, name, off, q.Get("cursor"))
 	default:
-		d.catchUp(w, r, eng, name, off)
+		d.catchUp(w, r, eng, name, off, hasOffset)
 	}
 }
 
-// catchUp answers a plain GET with at most one chunk.
-func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, off readOffset) {
+// catchUp answers a plain GET with at most one chunk; hasOffset says the
+// URL named where.
+func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *streamstore.Engine, name string, off readOffset, hasOffset bool) {
 	readAt := time.Now() // no later than the read's renewal of a sliding TTL
 	c, err := d.read(writeContext(r), eng, name, off)
 	if err != nil {
@@ -674,12 +675,14 @@ func (d *durableStreams) catchUp(w http.ResponseWriter, r *http.Request, eng *st
 	case off.kind == offsetNow:
 		// The tail moves, so an offset=now answer must not be cached.
 		d.writeChunk(w, r, c, "", cacheControlNoStore, false)
-	case r.URL.RawQuery == "":
-		// The bare URL is HEAD's too, and caches (nginx's proxy_cache,
-		// Varnish) fetch a HEAD as a GET and answer later HEADs from the
-		// GET they kept: HEAD would then give this chunk's end for the
-		// tail and lack the stream's TTL and closure, for as long as it
-		// is kept. Clients that page through a stream name the offset.
+	case !hasOffset:
+		// The URL without an offset is HEAD's too (with whatever else
+		// the site's clients put in the query, a token say), and caches
+		// (nginx's proxy_cache, Varnish) fetch a HEAD as a GET and answer
+		// later HEADs from the GET they kept: HEAD would then give this
+		// chunk's end for the tail and lack the stream's TTL and closure,
+		// for as long as it is kept. Clients that page through a stream
+		// name the offset.
 		d.writeChunk(w, r, c, "", cacheControlNoStore, true)
 	case !c.hasData() && !c.closed:
 		// "Nothing here yet" is true only until the next append (or the

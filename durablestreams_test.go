@@ -165,6 +165,12 @@ func TestCreateAppendRead(t *testing.T) {
 	if r.h.Get(hdrStreamClosed) != "" || r.h.Get("ETag") == "" {
 		t.Errorf("headers %v", r.h)
 	}
+	// So is the URL with a query of the site's own but no offset, which
+	// clients send with their HEADs too.
+	r = s.do(t, "GET", "/s?tenant=acme", "").want(t, 200).header(t, "Cache-Control", cacheControlNoStore)
+	if r.body != "hello world" {
+		t.Errorf("body without an offset %q", r.body)
+	}
 	// Resume from an offset handed out earlier.
 	r = s.do(t, "GET", "/s?offset="+position{1, 0}.String(), "").want(t, 200)
 	if r.body != " world" {

@@ -110,6 +110,7 @@ func TestProtocolRulesTheSuiteLeavesOpen(t *testing.T) {
 		// Nor is a GET of HEAD's URL: caches that fetch a HEAD as a GET
 		// (nginx, Varnish) would answer HEADs with the chunk's headers.
 		{"a GET of the bare URL is not cached", fhReq{Method: "GET", Path: "/rules/open"}, 200, hdr("Cache-Control", "no-store", "ETag", "*"), nil},
+		{"nor one without an offset", fhReq{Method: "GET", Path: "/rules/open?tenant=acme"}, 200, hdr("Cache-Control", "no-store", "ETag", "*"), nil},
 		// A feed at now collapsed by a cache would give later readers
 		// records from before they asked.
 		{"SSE at now is not cached", fhReq{Method: "GET", Path: "/rules/closed?offset=now&live=sse"}, 200,
