@@ -284,6 +284,60 @@ func TestLostForkCreateOfALiveSourceIsSettledThroughCaddy(t *testing.T) {
 	fhWaitHeld(t, e, "after the trim", records)
 }
 
+// TestLostForkCountRaiseIsSettledThroughCaddy: the write that raises the
+// source's fork count lands, but the bucket's answer is lost and Caddy
+// cannot read the object back, so the fork create answers 503 and makes
+// no fork. The bucket's source then counted that fork for as long as it
+// lived, once its handle left memory; grave_time after the create, the
+// count goes back.
+func TestLostForkCountRaiseIsSettledThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, []string{"compact_interval 1s", "pack_below off", "grave_time 1s"}, nil)
+	const src = "/lostraise/src"
+	records := fhRandomRecords(96, 2, 1024)
+	fhPicoSource(t, e, src, records)(0, len(records))
+	fhWaitHeld(t, e, "the fold", records, 0, 1)
+	metaKey := "streams/" + hex.EncodeToString([]byte(src)) + ".m"
+	removePut := e.proxy.AddFault(testenv.Fault{Op: testenv.OpPut, KeyContains: metaKey, Status: http.StatusInternalServerError, AfterForward: true, Times: 1})
+	removeGet := e.proxy.AddFault(testenv.Fault{Op: testenv.OpGet, KeyContains: metaKey, Status: http.StatusInternalServerError})
+	r := e.must(fhReq{Method: http.MethodPut, Path: "/ds/lostraise/fork", Header: map[string]string{"Stream-Forked-From": "/ds" + src}})
+	removeGet()
+	removePut()
+	if r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("fork create with the raise's answer lost: %s, want 503", r)
+	}
+	forks := func() (int, int) {
+		m, err := e.get(metaKey)
+		if err != nil {
+			t.Fatalf("metadata of the source: %v", err)
+		}
+		var doc struct {
+			Forks    int
+			ForkList []json.RawMessage `json:"fork_list"`
+		}
+		if err := json.Unmarshal(m, &doc); err != nil {
+			t.Fatalf("metadata of the source: %v", err)
+		}
+		return doc.Forks, len(doc.ForkList)
+	}
+	if n, listed := forks(); n != 1 || listed != 1 {
+		t.Fatalf("the bucket's source counts %d forks and lists %d after the failed create: the test needs the raise landed", n, listed)
+	}
+	if err := fhWaitFor(fhCompactWait, 100*time.Millisecond, func() error {
+		if n, listed := forks(); n != 0 || listed != 0 {
+			return fmt.Errorf("the source counts %d forks and lists %d", n, listed)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("grave_time after the failed fork create: %v, want none", err)
+	}
+	if r := e.must(fhReq{Method: http.MethodHead, Path: "/ds/lostraise/fork"}); r.Status != http.StatusNotFound {
+		t.Fatalf("HEAD of the fork that was never made: %s, want 404", r)
+	}
+}
+
 // fhPicoSource creates the stream src through Pico, and returns a function
 // that appends records [from, to) to it, each checked to land at its
 // index.

@@ -90,6 +90,13 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 	})
 	cancelUpdate()
 	if err != nil {
+		if listed && src.metaUnsure.Load() {
+			// The raise may have landed unseen: the handle's next write
+			// would write over it, but should the handle leave memory
+			// first, its next load would count a fork that is never made,
+			// for as long as the source lives. Settled as a lost create.
+			e.settleLostFork(&forkRef{SourceName: src.name, SourceID: srcMeta.ID, Listed: true}, forkEntry{Name: name, ID: forkID})
+		}
 		if due := answerDue(ctx); due != nil {
 			return Info{}, false, fmt.Errorf("%w: raise the fork count of %s: %v", due, src.name, err)
 		}

@@ -450,6 +450,37 @@ func TestLostForkCreateOfALiveSourceIsSettled(t *testing.T) {
 	}
 }
 
+// TestLostForkCountRaiseIsSettled: the raise of a source's fork count
+// lands, but its answer is lost and the read-back fails, so the create
+// fails and no fork is made. The source's handle then leaves memory, and
+// its next load finds the raise in the bucket: Config.GraveTime after the
+// create, the count goes back, as the fork is not there. It used to stay
+// for as long as the source lived.
+func TestLostForkCountRaiseIsSettled(t *testing.T) {
+	ctx := context.Background()
+	const graveTime = 200 * time.Millisecond
+	st := &lostAnswers{Store: memstore.New()}
+	e := startEngine(t, st, Config{GraveTime: graveTime, PackBelow: -1})
+	createFolded(t, e, "/src", []string{"a", "b"})
+	st.loseNext(func(k string, o segment.PutOptions) bool { return k == metaKey("/src") && o.IfMatch != "" })
+	st.blindTo(func(k string) bool { return k == metaKey("/src") })
+	_, _, err := e.Create(ctx, "/f", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 2}})
+	st.blindTo(nil)
+	if err == nil {
+		t.Fatal("a fork create whose raise went unconfirmed succeeded")
+	}
+	if m := storedMeta(t, st, "/src"); m.Forks != 1 || len(m.ForkList) != 1 {
+		t.Fatalf("the bucket's source counts %d forks, lists %d: the test needs the raise landed", m.Forks, len(m.ForkList))
+	}
+	e.sweepIdle(time.Now().Add(time.Hour))
+	if err := waitUntil(10*time.Second, func() bool { return forkCount(t, e, "/src") == 0 }); err != nil {
+		t.Fatalf("the source still counts %d forks 10s after the failed create, want 0", forkCount(t, e, "/src"))
+	}
+	if m := storedMeta(t, st, "/src"); m.Forks != 0 || len(m.ForkList) != 0 {
+		t.Fatalf("the bucket's source counts %d forks, lists %d, want none", m.Forks, len(m.ForkList))
+	}
+}
+
 // TestUnconfirmedForkThatLandedKeepsItsCount: a fork create whose metadata
 // PUT landed but whose answer was lost keeps its source's count past
 // Config.GraveTime: the look for the fork finds it, and its source's
