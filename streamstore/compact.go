@@ -629,7 +629,7 @@ func (e *Engine) compactStream(ctx context.Context, s *stream, end walPos, pre *
 	if len(s.leftovers) > 0 {
 		// A rewrite may be of an object this fold wrote, whose records
 		// readers need: it is never taken for a leftover.
-		e.dropLeftovers(ctx, s, slices.Concat(written, rewritten))
+		e.dropLeftovers(ctx, s, slices.Concat(written, rewritten), meta.State.NextSeq)
 	}
 	if ce := e.log.Check(zap.DebugLevel, "checkpoint written"); ce != nil {
 		ce.Write(zap.String("stream", s.name), zap.Uint64("next_seq", meta.State.NextSeq),

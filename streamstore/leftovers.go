@@ -42,14 +42,33 @@ func (s *stream) noteLeftovers(keys []string) {
 	}
 }
 
-// dropLeftovers deletes s.leftovers but those in wrote, the keys the fold
-// whose checkpoint just landed put, and empties the list. A delete that
-// fails is not tried again: the objects stay, which costs storage only.
-// Called with s.metaMu held.
-func (e *Engine) dropLeftovers(ctx context.Context, s *stream, wrote []string) {
-	dead := slices.DeleteFunc(s.leftovers, func(key string) bool { return slices.Contains(wrote, key) })
+// dropLeftovers deletes those of s.leftovers that the fold whose
+// checkpoint just landed made dead, and empties the list; wrote is the
+// keys that fold put or rewrote, next its checkpoint's NextSeq. A leftover
+// is dead when that fold did not write it again (it would be the fold's
+// own object then), and holds no record past next (a fold can stop short
+// of the failed one, when the cache lost WAL entries, say, and the
+// records past it must stay where the failed checkpoint, landed unseen,
+// may have put them for a process that took the storage over). A plain
+// leftover is kept, too, when an object the fold wrote ends where it does
+// and starts before it: a trim into that object would rewrite it under the
+// leftover's key, and a DELETE of that key still on its way would then
+// delete the rewrite. What is kept stays in the bucket, as before; so do
+// the leftovers when the lease cannot be confirmed or the delete fails (it
+// is not tried again). Called with s.metaMu held.
+func (e *Engine) dropLeftovers(ctx context.Context, s *stream, wrote []string, next uint64) {
+	dead := slices.DeleteFunc(s.leftovers, func(key string) bool {
+		return slices.Contains(wrote, key) || !deadLeftover(key, wrote, next)
+	})
 	s.leftovers = nil
 	if len(dead) == 0 {
+		return
+	}
+	// Not on a node that lost the storage: what it folded is not what the
+	// new owner goes on from.
+	if err := e.lease.Load().Confirm(ctx); err != nil {
+		e.log.Warn("the data objects of a stream's failed folds stay in the bucket: the lease could not be confirmed",
+			zap.String("stream", s.name), zap.Strings("keys", dead), zap.Error(err))
 		return
 	}
 	// A reader that listed one of them finds it gone and lists again; the
@@ -64,4 +83,21 @@ func (e *Engine) dropLeftovers(ctx context.Context, s *stream, wrote []string) {
 		return
 	}
 	e.log.Debug("deleted the data objects of a stream's failed folds", zap.String("stream", s.name), zap.Strings("keys", dead))
+}
+
+// deadLeftover reports whether leftover key, not among wrote, may go: it
+// ends at or before next, and, a plain object, shares its end with no
+// object of wrote that starts before it (see dropLeftovers).
+func deadLeftover(key string, wrote []string, next uint64) bool {
+	first, end, blob, ok := parseDataKey(key)
+	if !ok || end > next {
+		return false
+	}
+	if blob != "" {
+		return true // no rewrite makes a marker
+	}
+	return !slices.ContainsFunc(wrote, func(w string) bool {
+		f, e, _, ok := parseDataKey(w)
+		return ok && e == end && f < first
+	})
 }

@@ -17,17 +17,20 @@ import (
 func TestFailedFoldsLeaveNothing(t *testing.T) {
 	big := strings.Repeat("B", blobMinBytes)
 	cases := []struct {
-		name     string
-		merge    bool
-		failed   []string // appended while checkpoints are refused, a compaction after each
-		after    []string // appended once they are not, a compaction after each ("" for none)
-		first    []string // folded one by one before the refusals start
-		pending  []string // appended while refused, with no compaction between
-		failTrim uint64   // trimmed to, then a compaction more, while refused, if not zero
-		trim     uint64   // trimmed to before the compaction that lands, if not zero
-		want     string   // data objects at the end
-		read     string   // the records read back from the start
-		delErr   bool     // the store refuses the leftovers' delete
+		name  string
+		merge bool
+		// mergeAfter turns merging off for the compactions refused,
+		// and on again after them.
+		mergeAfter bool
+		failed     []string // appended while checkpoints are refused, a compaction after each
+		after      []string // appended once they are not, a compaction after each ("" for none)
+		first      []string // folded one by one before the refusals start
+		pending    []string // appended while refused, with no compaction between
+		failTrim   uint64   // trimmed to, then a compaction more, while refused, if not zero
+		trim       uint64   // trimmed to before the compaction that lands, if not zero
+		want       string   // data objects at the end
+		read       string   // the records read back from the start
+		delErr     bool     // the store refuses the leftovers' delete
 	}{
 		{name: "merged, twice", merge: true, failed: []string{"b", "c"}, after: []string{"d"},
 			want: "[[0,4)]", read: "[a b c d]"},
@@ -39,6 +42,12 @@ func TestFailedFoldsLeaveNothing(t *testing.T) {
 			want: "[[0,2)]", read: "[a b]"},
 		{name: "the same object again, unmerged", failed: []string{"b"}, after: []string{""},
 			want: "[[0,1) [1,2)]", read: "[a b]"},
+		// The fold that lands merges the tail into [0,3), which ends
+		// where the failed fold's [1,3) does: a trim to 1 would rewrite
+		// it under that key, which a late DELETE would then take, so
+		// [1,3) stays; [1,2) goes.
+		{name: "unmerged, then merged", merge: true, failed: []string{"b", "c"}, mergeAfter: true, after: []string{""},
+			want: "[[0,3) [1,3)]", read: "[a b c]"},
 		// A blob's marker is written again under the same key: it stays,
 		// or the blob would be lost.
 		{name: "a blob's marker", merge: true, failed: []string{big}, after: []string{""},
@@ -69,6 +78,9 @@ func TestFailedFoldsLeaveNothing(t *testing.T) {
 				setMergeBelow(e, -1)
 			}
 			foldEach(t, e, "/m", append([]string{"a"}, tc.first...)...)
+			if tc.mergeAfter {
+				setMergeBelow(e, -1)
+			}
 			var refuse atomic.Bool
 			refuse.Store(true)
 			st.SetFail(func(op, key string) error {
@@ -102,6 +114,9 @@ func TestFailedFoldsLeaveNothing(t *testing.T) {
 				}
 			}
 			refuse.Store(false)
+			if tc.mergeAfter {
+				setMergeBelow(e, DefaultMergeBelow)
+			}
 			if tc.trim > 0 {
 				if _, err := e.Trim(ctx, "/m", tc.trim); err != nil {
 					t.Fatal(err)
