@@ -479,6 +479,57 @@ func TestListMatchingLooksUpOnlyMatches(t *testing.T) {
 	}
 }
 
+// TestListPassesOverGravesInFewListings: a page behind many deleted
+// streams, whose graves hold their keys for Config.GraveTime, lists them
+// in listings that double, not one key a listing: a page of one after
+// 500 graves took 500 LISTs.
+func TestListPassesOverGravesInFewListings(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	for _, n := range []string{"/g/a", "/g/z"} {
+		if _, _, err := e.Create(ctx, n, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const graves = 500
+	for i := range graves {
+		name := fmt.Sprintf("/g/m%03d", i)
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Delete(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lists, gets atomic.Int64
+	st.SetFail(func(op, key string) error {
+		switch {
+		case op == "LIST" && strings.HasPrefix(key, metaPrefix):
+			lists.Add(1)
+		case op == "GET" && strings.HasPrefix(key, metaPrefix):
+			gets.Add(1)
+		}
+		return nil
+	})
+	defer st.SetFail(nil)
+	for _, limit := range []int{1, 3} {
+		lists.Store(0)
+		gets.Store(0)
+		page, more, err := e.List(ctx, "/g/", "/g/a", limit)
+		if err != nil || more || len(page) != 1 || page[0].Name != "/g/z" {
+			t.Fatalf("page of %d after /g/a: %+v %v %v, want /g/z alone", limit, page, more, err)
+		}
+		t.Logf("page of %d: %d LISTs, %d metadata GETs", limit, lists.Load(), gets.Load())
+		if n := lists.Load(); n > 10 {
+			t.Errorf("page of %d behind %d graves: %d LISTs, want at most 10", limit, graves, n)
+		}
+		if n := gets.Load(); n > 2*graves {
+			t.Errorf("page of %d behind %d graves: %d metadata GETs, want at most %d", limit, graves, n, 2*graves)
+		}
+	}
+}
+
 // TestListPrefixLongerThanAnyName: a prefix longer than MaxNameLength
 // matches no stream and is answered an empty page, on the local-directory
 // store too, which refused its key (over 1,024 bytes) as an error.

@@ -1668,10 +1668,15 @@ func (e *Engine) ListMatching(ctx context.Context, prefix, startAfter string, li
 		after = metaKey(startAfter)
 	}
 	var out []Info
+	batch := limit
 	for round := 1; ; round++ {
-		infos, last, more, err := e.listOnce(ctx, prefix, after, limit-len(out), match)
+		infos, last, more, err := e.listOnce(ctx, prefix, after, batch, match)
 		if err != nil {
 			return nil, false, err
+		}
+		if n := limit - len(out); len(infos) > n {
+			// A listing grown past what was asked for found more.
+			return append(out, infos[:n]...), true, nil
 		}
 		out = append(out, infos...)
 		if last == "" {
@@ -1681,6 +1686,17 @@ func (e *Engine) ListMatching(ctx context.Context, prefix, startAfter string, li
 			return out, more, nil
 		}
 		after = last
+		if len(out) == 0 {
+			// Nothing yet, where deleted streams' graves (kept for
+			// grave_time) or names match passes over lie: each listing
+			// twice the last, so that a page behind many of them (a
+			// page of one, say, or the probe behind a full page) costs
+			// a few LISTs, not one per key, and at most about twice the
+			// GETs of the keys it had to pass over.
+			batch = min(2*batch, 1000)
+		} else {
+			batch = limit - len(out)
+		}
 	}
 }
 
