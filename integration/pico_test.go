@@ -1400,3 +1400,62 @@ func TestPicoLiveEndsAtShutdown(t *testing.T) {
 	}
 	t.Logf("Caddy exited %v after SIGTERM", time.Since(stopped).Round(time.Millisecond))
 }
+
+// TestPicoListBehindDeletedStreams: deleted streams keep their keys for
+// grave_time, and a page behind 300 of them passes over them in a few
+// LISTs that double, not one LIST and GET per key: a page of one after
+// them, and the probe behind a full page, each cost 300 LISTs before. A
+// page that has found a stream stops after a few listings, short, with
+// has_more: the next one goes on from there.
+func TestPicoListBehindDeletedStreams(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, []string{"compact_interval 1h"}, nil)
+	for _, name := range []string{"/graves/a", "/graves/z"} {
+		picoWant(t, "create", picoDo(e, "PUT", "/pico"+name, nil, "Content-Type", "text/plain"), 201)
+	}
+	const deleted = 300
+	for i := range deleted {
+		name := fmt.Sprintf("/pico/graves/m%03d", i)
+		picoWant(t, "create", picoDo(e, "PUT", name, nil, "Content-Type", "text/plain"), 201)
+		picoWant(t, "delete", picoDo(e, "DELETE", name, nil), 204)
+	}
+	cases := []struct {
+		query string
+		want  string // the names listed, then has_more
+	}{
+		{"limit=1&start_after=/graves/a", "[/graves/z] false"},
+		{"limit=1", "[/graves/a] true"},
+		{"limit=2", "[/graves/a] true"},
+		{"limit=2&start_after=/graves/a", "[/graves/z] false"},
+	}
+	for _, tc := range cases {
+		before := e.proxy.Counts()
+		resp := e.must(fhReq{Method: "GET", Path: "/pico/?prefix=/graves/&" + tc.query})
+		lists := e.proxy.Counts().Under(testenv.OpList, fhPrefix+"streams/") - before.Under(testenv.OpList, fhPrefix+"streams/")
+		if resp.Status != 200 {
+			t.Fatalf("list %s: %s", tc.query, resp)
+		}
+		var p struct {
+			Streams []struct {
+				Name string `json:"name"`
+			} `json:"streams"`
+			HasMore bool `json:"has_more"`
+		}
+		if err := json.Unmarshal(resp.Body, &p); err != nil {
+			t.Fatalf("list body %q: %v", fhClip(string(resp.Body), 200), err)
+		}
+		var names []string
+		for _, s := range p.Streams {
+			names = append(names, s.Name)
+		}
+		t.Logf("%s: %v, %d LISTs", tc.query, names, lists)
+		if got := fmt.Sprint(names, " ", p.HasMore); got != tc.want {
+			t.Errorf("list %s: %s, want %s", tc.query, got, tc.want)
+		}
+		if lists > 16 {
+			t.Errorf("list %s behind %d deleted streams: %d LIST requests, want at most 16", tc.query, deleted, lists)
+		}
+	}
+}

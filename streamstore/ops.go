@@ -1686,13 +1686,13 @@ func (e *Engine) ListMatching(ctx context.Context, prefix, startAfter string, li
 			return out, more, nil
 		}
 		after = last
-		if len(out) == 0 {
-			// Nothing yet, where deleted streams' graves (kept for
-			// grave_time) or names match passes over lie: each listing
-			// twice the last, so that a page behind many of them (a
-			// page of one, say, or the probe behind a full page) costs
-			// a few LISTs, not one per key, and at most about twice the
-			// GETs of the keys it had to pass over.
+		if len(infos) == 0 {
+			// Nothing in this listing, where deleted streams' graves
+			// (kept for grave_time) or names match passes over lie:
+			// the next lists twice as many, so that a page behind many
+			// of them (a page of one, say, or the probe behind a full
+			// page) costs a few LISTs, not one per key, and at most
+			// about twice the GETs of the keys it passes over.
 			batch = min(2*batch, 1000)
 		} else {
 			batch = limit - len(out)
