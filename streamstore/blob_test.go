@@ -190,6 +190,49 @@ func TestTrimIntoABlob(t *testing.T) {
 	sameBodies(t, "after trim", readBodies(t, e2, "/t", 3), want[2:])
 }
 
+// A fold that applies a trim into a blob, whose checkpoint then fails,
+// has rewritten the blob from the trim on and deleted it and its marker;
+// the next fold writes the marker again with the stream's runs, and its
+// trim found the blob gone: every compaction failed from then on, every
+// stream's WAL kept. It now finds the rewrite and goes on.
+func TestTrimIntoABlobWhoseCheckpointFailed(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{PackBelow: -1})
+	want := blobBatch(t, e, "/t", 4) // seqs 1-4, one blob
+	if _, err := e.Trim(ctx, "/t", 3); err != nil {
+		t.Fatal(err)
+	}
+	var refuse atomic.Bool
+	refuse.Store(true)
+	st.SetFail(func(op, key string) error {
+		if op == "PUT" && strings.HasPrefix(key, metaPrefix) && refuse.Load() {
+			return errors.New("injected: checkpoint refused")
+		}
+		return nil
+	})
+	if err := e.Compact(ctx); err == nil {
+		t.Fatal("a compaction with its checkpoint refused succeeded")
+	}
+	refuse.Store(false)
+	for i := range 2 {
+		if err := e.Compact(ctx); err != nil {
+			t.Fatalf("compaction %d after the refusal: %v", i+1, err)
+		}
+	}
+	if blobs := st.Keys("blob/"); len(blobs) != 0 {
+		t.Errorf("the cut blob is still there: %v", blobs)
+	}
+	if got := fmt.Sprint(dataSpans(t, st)); got != "[[3,5)]" {
+		t.Errorf("data objects %s, want the blob's rewrite [3,5) alone", got)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e2 := startEngine(t, st, Config{CacheBytes: 1})
+	sameBodies(t, "after the trim", readBodies(t, e2, "/t", 3), want[2:])
+}
+
 // A blob's marker PUT held up on its way (its client gave up and a retry
 // wrote it, or a replaced process folded the stream too) can land after a
 // trim cut into the blob: the trim rewrote the blob's kept records as a

@@ -712,6 +712,9 @@ func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) ([]stri
 				continue
 			}
 			nk, err := e.rewriteFrom(ctx, id, blobKey(id, blob), start)
+			if errors.Is(err, segment.ErrNotFound) {
+				nk, err = e.blobRewritten(ctx, id, blob, start, end, err)
+			}
 			if err != nil {
 				return rewritten, err
 			}
@@ -789,6 +792,25 @@ func (e *Engine) thinBelow(ctx context.Context, id string, from, start uint64, r
 // starts at the trim: the objects failed folds left inside a merged one are
 // a few at most.
 const dropOverlapKeys = 32
+
+// blobRewritten is dropBelow's answer to a marker of blob, whose seqs end
+// at end and straddle start, whose blob is gone (notFound): an earlier
+// pass of the same trim rewrote the blob from start on and deleted it with
+// its marker, and the marker came back since, written again by the fold
+// after that pass's checkpoint failed, or a PUT of it landing late. The
+// rewrite then holds the records, and its key is returned. Without it the
+// records are lost, and notFound is returned: the trim fails, as it did
+// for the marker every time, which kept every compaction failing.
+func (e *Engine) blobRewritten(ctx context.Context, id, blob string, start, end uint64, notFound error) (string, error) {
+	nk := dataKey(id, start, end)
+	if _, _, err := e.store.Get(ctx, nk, 0, 1); err != nil {
+		if errors.Is(err, segment.ErrNotFound) {
+			return "", notFound
+		}
+		return "", fmt.Errorf("look for the rewrite of blob %s: %w", blob, err)
+	}
+	return nk, nil
+}
 
 // rewriteFrom writes the records from start on of data object key (a blob
 // or a plain data object of id) as a new data object, and returns its key
