@@ -194,8 +194,24 @@ func TestTrimIntoABlob(t *testing.T) {
 // has rewritten the blob from the trim on and deleted it and its marker;
 // the next fold writes the marker again with the stream's runs, and its
 // trim found the blob gone: every compaction failed from then on, every
-// stream's WAL kept. It now finds the rewrite and goes on.
+// stream's WAL kept. It now finds the rewrite and goes on, also when a
+// later trim cuts into that rewrite.
 func TestTrimIntoABlobWhoseCheckpointFailed(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		again uint64 // a second trim, after the failed fold, if not zero
+		want  string // data objects at the end
+	}{
+		{"the same trim", 0, "[[3,5)]"},
+		{"a later trim", 4, "[[4,5)]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testTrimIntoABlobWhoseCheckpointFailed(t, tc.again, tc.want)
+		})
+	}
+}
+
+func testTrimIntoABlobWhoseCheckpointFailed(t *testing.T, again uint64, wantSpans string) {
 	ctx := context.Background()
 	st := memstore.New()
 	e := startEngine(t, st, Config{PackBelow: -1})
@@ -215,6 +231,13 @@ func TestTrimIntoABlobWhoseCheckpointFailed(t *testing.T) {
 		t.Fatal("a compaction with its checkpoint refused succeeded")
 	}
 	refuse.Store(false)
+	from := uint64(3)
+	if again > 0 {
+		if _, err := e.Trim(ctx, "/t", again); err != nil {
+			t.Fatal(err)
+		}
+		from = again
+	}
 	for i := range 2 {
 		if err := e.Compact(ctx); err != nil {
 			t.Fatalf("compaction %d after the refusal: %v", i+1, err)
@@ -223,14 +246,14 @@ func TestTrimIntoABlobWhoseCheckpointFailed(t *testing.T) {
 	if blobs := st.Keys("blob/"); len(blobs) != 0 {
 		t.Errorf("the cut blob is still there: %v", blobs)
 	}
-	if got := fmt.Sprint(dataSpans(t, st)); got != "[[3,5)]" {
-		t.Errorf("data objects %s, want the blob's rewrite [3,5) alone", got)
+	if got := fmt.Sprint(dataSpans(t, st)); got != wantSpans {
+		t.Errorf("data objects %s, want %s", got, wantSpans)
 	}
 	if err := e.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 	e2 := startEngine(t, st, Config{CacheBytes: 1})
-	sameBodies(t, "after the trim", readBodies(t, e2, "/t", 3), want[2:])
+	sameBodies(t, "after the trim", readBodies(t, e2, "/t", from), want[from-1:])
 }
 
 // A blob's marker PUT held up on its way (its client gave up and a retry

@@ -713,7 +713,7 @@ func (e *Engine) dropBelow(ctx context.Context, id string, start uint64) ([]stri
 			}
 			nk, err := e.rewriteFrom(ctx, id, blobKey(id, blob), start)
 			if errors.Is(err, segment.ErrNotFound) {
-				nk, err = e.blobRewritten(ctx, id, blob, start, end, err)
+				nk, err = e.blobRewritten(ctx, id, first, start, end, err)
 			}
 			if err != nil {
 				return rewritten, err
@@ -793,23 +793,43 @@ func (e *Engine) thinBelow(ctx context.Context, id string, from, start uint64, r
 // a few at most.
 const dropOverlapKeys = 32
 
-// blobRewritten is dropBelow's answer to a marker of blob, whose seqs end
-// at end and straddle start, whose blob is gone (notFound): an earlier
-// pass of the same trim rewrote the blob from start on and deleted it with
+// blobRewritten is dropBelow's answer to a marker of blob, holding seqs
+// [first, end) around start, whose blob is gone (notFound): an earlier
+// pass of a trim rewrote the blob from its start on and deleted it with
 // its marker, and the marker came back since, written again by the fold
-// after that pass's checkpoint failed, or a PUT of it landing late. The
-// rewrite then holds the records, and its key is returned. Without it the
+// after that pass's checkpoint failed, or a PUT of it landing late. That
+// rewrite, a plain object ending at end and starting after first, at or
+// before start, holds the records. Its key is returned when it starts at
+// start, "" when it starts before: dropBelow's listing comes to it after
+// the marker (keys of one end sort by first) and rewrites it in turn, as
+// this trim cuts into it. Without one the
 // records are lost, and notFound is returned: the trim fails, as it did
 // for the marker every time, which kept every compaction failing.
-func (e *Engine) blobRewritten(ctx context.Context, id, blob string, start, end uint64, notFound error) (string, error) {
-	nk := dataKey(id, start, end)
-	if _, _, err := e.store.Get(ctx, nk, 0, 1); err != nil {
-		if errors.Is(err, segment.ErrNotFound) {
+func (e *Engine) blobRewritten(ctx context.Context, id string, first, start, end uint64, notFound error) (string, error) {
+	after := dataKeyAfter(id, end-1)
+	for {
+		objs, more, err := e.store.List(ctx, dataPrefix(id), after, 100)
+		if err != nil {
+			return "", fmt.Errorf("look for the rewrite of a trimmed blob of %s: %w", id, err)
+		}
+		for _, o := range objs {
+			after = o.Key
+			f, en, blob, ok := parseDataKey(o.Key)
+			if !ok || en != end {
+				return "", notFound // past the objects that end at end
+			}
+			switch {
+			case blob != "" || f <= first || f > start:
+			case f == start:
+				return o.Key, nil
+			default:
+				return "", nil
+			}
+		}
+		if !more || len(objs) == 0 {
 			return "", notFound
 		}
-		return "", fmt.Errorf("look for the rewrite of blob %s: %w", blob, err)
 	}
-	return nk, nil
 }
 
 // rewriteFrom writes the records from start on of data object key (a blob
