@@ -111,6 +111,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.LongPollTimeout, err = parseDuration(arg)
 		case "sse_reconnect_interval":
 			h.SSEReconnectInterval, err = parseDuration(arg)
+		case "sse_keepalive":
+			h.SSEKeepAlive, err = parseDuration(arg)
 		case "max_append_size":
 			h.MaxAppendSize, err = parseSize(arg)
 		case "cache_size":
@@ -185,7 +187,7 @@ var sizeLimits = map[string]struct {
 var caddyfileOptions = map[string]bool{
 	"protocol": true, "storage": true, "flush_interval": true, "flush_size": true,
 	"flush_quiet": true, "max_pending": true, "long_poll_timeout": true,
-	"sse_reconnect_interval": true, "max_append_size": true, "cache_size": true,
+	"sse_reconnect_interval": true, "sse_keepalive": true, "max_append_size": true, "cache_size": true,
 	"compact_interval": true, "pack_below": true, "merge_below": true, "s3_timeout": true,
 	"expiry_sweep_interval": true, "grave_time": true, "lease_ttl": true, "allow_loopback_webhooks": true,
 	"max_subscriptions": true, "cache_reads": true,

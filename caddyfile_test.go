@@ -27,6 +27,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		max_pending 32MiB
 		long_poll_timeout 20s
 		sse_reconnect_interval 1m
+		sse_keepalive 15s
 		max_append_size 8MB
 		cache_size 128MiB
 		compact_interval 1m
@@ -52,6 +53,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		MaxPending:           32 << 20,
 		LongPollTimeout:      caddy.Duration(20 * time.Second),
 		SSEReconnectInterval: caddy.Duration(time.Minute),
+		SSEKeepAlive:         caddy.Duration(15 * time.Second),
 		MaxAppendSize:        8_000_000,
 		CacheSize:            128 << 20,
 		CompactInterval:      caddy.Duration(time.Minute),
@@ -102,7 +104,7 @@ func TestUnmarshalCaddyfileSizesOff(t *testing.T) {
 // and through Validate: each duration with a floor at the floor, each size
 // at its ceiling (the bounds are inclusive, as Validate's).
 func TestOptionsAtTheirBound(t *testing.T) {
-	if len(loopDurations) != 6 {
+	if len(loopDurations) != 7 {
 		t.Fatalf("loopDurations has %d options; update this test", len(loopDurations))
 	}
 	lines := []string{"pack_below 16MiB", "merge_below 4MiB", "flush_size 1GiB", "max_append_size 1GiB"}
@@ -162,7 +164,7 @@ func TestUnmarshalCaddyfileEmpty(t *testing.T) {
 // with an error that names the problem and the line it is on. Each bad
 // line comes third, after a good one, so the line number is checked.
 func TestUnmarshalCaddyfileErrors(t *testing.T) {
-	durations := []string{"flush_interval", "flush_quiet", "long_poll_timeout", "sse_reconnect_interval",
+	durations := []string{"flush_interval", "flush_quiet", "long_poll_timeout", "sse_reconnect_interval", "sse_keepalive",
 		"compact_interval", "s3_timeout", "expiry_sweep_interval", "grave_time", "lease_ttl"}
 	sizes := []string{"flush_size", "max_pending", "max_append_size", "cache_size", "pack_below", "merge_below"}
 	type tc struct{ line, want string }

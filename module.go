@@ -84,7 +84,7 @@ const minLeaseTTL = 3 * time.Second
 
 // loopDurations are the options minLoopDuration applies to.
 var loopDurations = map[string]bool{
-	"long_poll_timeout": true, "sse_reconnect_interval": true, "compact_interval": true,
+	"long_poll_timeout": true, "sse_reconnect_interval": true, "sse_keepalive": true, "compact_interval": true,
 	"s3_timeout": true, "expiry_sweep_interval": true, "grave_time": true,
 }
 
@@ -103,6 +103,7 @@ var loopDurations = map[string]bool{
 //	    max_pending            <size>
 //	    long_poll_timeout      <duration>
 //	    sse_reconnect_interval <duration>
+//	    sse_keepalive          <duration>
 //	    max_append_size        <size>
 //	    cache_size             <size>
 //	    compact_interval       <duration>
@@ -169,6 +170,11 @@ type Handler struct {
 	// How long an SSE response lasts before the server closes it so the
 	// client reconnects (which lets CDNs collapse readers). Default 60s.
 	SSEReconnectInterval caddy.Duration `json:"sse_reconnect_interval,omitempty"`
+
+	// How long an SSE response at a quiet stream's tail goes without a
+	// write before the server writes it the tail's control event again,
+	// so that proxies that close idle connections keep it. Default 20s.
+	SSEKeepAlive caddy.Duration `json:"sse_keepalive,omitempty"`
 
 	// Largest append body in bytes; larger bodies get 413. Default 16 MiB.
 	MaxAppendSize int64 `json:"max_append_size,omitempty"`
@@ -365,7 +371,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			privateReads:    h.CacheReads == cacheReadsPrivate,
 			live:            h.ref.metrics.liveFor(h.Protocol),
 			fanout:          h.ref.fanout,
-			hubs:            &sseHubs{},
+			hubs:            &sseHubs{keepAlive: time.Duration(h.SSEKeepAlive)},
 			subs:            &h.ref.subs,
 		}
 	case protocolPico:
@@ -382,7 +388,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			privateReads:    h.CacheReads == cacheReadsPrivate,
 			live:            h.ref.metrics.liveFor(h.Protocol),
 			fanout:          h.ref.fanout,
-			hubs:            &sseHubs{},
+			hubs:            &sseHubs{keepAlive: time.Duration(h.SSEKeepAlive)},
 		}
 	}
 	return nil
@@ -422,6 +428,9 @@ func (h *Handler) applyDefaults() {
 	}
 	if h.SSEReconnectInterval == 0 {
 		h.SSEReconnectInterval = caddy.Duration(defaultSSEReconnectInterval)
+	}
+	if h.SSEKeepAlive == 0 {
+		h.SSEKeepAlive = caddy.Duration(hubKeepAlive)
 	}
 	if h.MaxAppendSize == 0 {
 		h.MaxAppendSize = defaultMaxAppendSize
@@ -483,6 +492,7 @@ func (h *Handler) Validate() error {
 		{"flush_quiet", h.FlushQuiet},
 		{"long_poll_timeout", h.LongPollTimeout},
 		{"sse_reconnect_interval", h.SSEReconnectInterval},
+		{"sse_keepalive", h.SSEKeepAlive},
 		{"s3_timeout", h.S3Timeout},
 		{"compact_interval", h.CompactInterval},
 		{"expiry_sweep_interval", h.ExpirySweepInterval},

@@ -33,7 +33,19 @@ type sseHubs struct {
 	// (see sendAll); 0: hubStallTick. Tests whose writes block on purpose
 	// set it long.
 	stallTick time.Duration
+	// keepAlive is how long parked feeds go without a write before the hub
+	// writes them a control event; 0: hubKeepAlive.
+	keepAlive time.Duration
 }
+
+// hubKeepAlive is Handler.SSEKeepAlive's default: how long a feed parked
+// at a quiet stream's tail goes without a write before the hub writes
+// every feed a control event, as if it had just caught up. Proxies and
+// load balancers close connections idle for their own timeout (60 s at
+// AWS's and nginx's defaults, 30 s at some), which would otherwise cut a
+// feed before its sse_reconnect_interval, and the client would see a
+// network error instead of the response's end.
+const hubKeepAlive = 20 * time.Second
 
 // hubKey tells hubs apart: feeds share a hub when they read the same
 // stream the same way, so that one read serves them all. A Durable Streams
@@ -197,11 +209,18 @@ func (h *sseHub) run(ctx context.Context, gen uint64) {
 		h.mu.Lock()
 		pos := h.next
 		h.mu.Unlock()
-		info, err := h.eng.Wait(ctx, h.key.name, h.key.id, pos.seq)
-		if err == nil && info.ID != h.key.id {
-			err = errHubStopped
+		every := h.hubs.keepAlive
+		if every <= 0 {
+			every = hubKeepAlive
 		}
-		if err == nil {
+		wctx, cancel := context.WithTimeout(ctx, every)
+		info, err := h.eng.Wait(wctx, h.key.name, h.key.id, pos.seq)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			err = h.keepFeedsAlive(ctx, gen, pos, &scratch)
+		} else if err == nil && info.ID != h.key.id {
+			err = errHubStopped
+		} else if err == nil {
 			err = h.catchUp(ctx, gen, info.NextSeq, &scratch)
 		}
 		switch {
@@ -221,6 +240,46 @@ func (h *sseHub) run(ctx context.Context, gen uint64) {
 		}
 	}
 	h.stopIfIdle()
+}
+
+// keepFeedsAlive writes the feeds parked at pos, where the stream has
+// stayed for the keep-alive interval, the control event of its tail again.
+// A record that came meanwhile is left to the next wait, which returns at
+// once.
+func (h *sseHub) keepFeedsAlive(ctx context.Context, gen uint64, pos position, scratch *passScratch) error {
+	defer scratch.release()
+	h.mu.Lock()
+	if h.gen != gen {
+		h.mu.Unlock()
+		return errSuperseded
+	}
+	feeds := scratch.feeds[:0]
+	for hf := range h.feeds {
+		feeds = append(feeds, hf)
+	}
+	h.mu.Unlock()
+	scratch.feeds = feeds
+	from, group, _ := furthestBehind(feeds, scratch.group[:0])
+	scratch.group = group
+	if len(group) == 0 || from != pos {
+		return nil
+	}
+	f, err := h.src.frameAt(ctx, pos, pos.seq)
+	if err != nil || f.id != h.key.id {
+		return errHubStopped
+	}
+	if f.hasData() || f.closed || f.start != pos {
+		return nil
+	}
+	if scratch.tick == nil {
+		scratch.tick = time.NewTimer(time.Hour)
+		scratch.tick.Stop()
+	}
+	for i := 0; i < len(group); i += hubSlice {
+		slice := group[i:min(i+hubSlice, len(group))]
+		h.sendAll(slice, f, h.encodeForFeeds(f, slice), scratch.tick)
+	}
+	return nil
 }
 
 // errSuperseded: a later run serves the hub's feeds now.

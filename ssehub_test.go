@@ -53,6 +53,45 @@ func (s *dsServer) waitParked(t *testing.T, feeds, hubs int) {
 	waitParked(t, s.proto.hubs, feeds, hubs)
 }
 
+// A feed parked at a quiet stream's tail gets its control event again at
+// every keep-alive interval, so that a proxy that closes idle connections
+// does not cut it; an append after that reaches it as before.
+func TestSSEHubKeepsQuietFeedsAlive(t *testing.T) {
+	s := newDSServer(t)
+	s.proto.hubs.keepAlive = 200 * time.Millisecond
+	s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+	r := s.sse(t, "/s?offset=now&live=sse")
+	first := r.control(t)
+	if !first.UpToDate {
+		t.Fatalf("first control %+v", first)
+	}
+	s.waitParked(t, 1, 1)
+	began := time.Now()
+	for i := range 3 {
+		c := r.control(t)
+		if !c.UpToDate || c.StreamNextOffset != first.StreamNextOffset || c.StreamCursor == "" {
+			t.Fatalf("keep-alive %d: control %+v, want the tail's, up to date", i, c)
+		}
+	}
+	if took := time.Since(began); took < 400*time.Millisecond {
+		t.Errorf("three keep-alives in %s: sooner than the interval", took)
+	}
+	s.do(t, "POST", "/s", "one", ct, "text/plain").want(t, 204)
+	for {
+		ev := r.next(t)
+		if ev.typ == "control" {
+			continue // a keep-alive written before the append
+		}
+		if ev.typ != "data" || ev.data != "one" {
+			t.Fatalf("after the keep-alives: event %+v, want the record", ev)
+		}
+		break
+	}
+	if c := r.control(t); c.StreamNextOffset != (position{1, 0}).String() {
+		t.Fatalf("control after the record %+v", c)
+	}
+}
+
 // Feeds at the tail park in the stream's hub, which writes each append to
 // all of them; one that leaves does not disturb the others; the close
 // reaches every feed and ends it, and the hub with them.
