@@ -193,6 +193,9 @@ type Engine struct {
 	bgShut   bool
 	bgCtx    context.Context // ends at Close: for work nobody waits on
 	bgCancel context.CancelFunc
+	// lostForks counts the waits of settleLostFork under way, which
+	// maxLostForkWaits bounds.
+	lostForks atomic.Int32
 
 	// expiryReset re-arms the expiry sweep's timer, as compactReset does
 	// the compaction's: a reload from expiry_sweep_interval 1h to 1m

@@ -177,7 +177,17 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 // the count stays until the source is deleted and settled, as before.
 func (e *Engine) settleLostFork(ref *forkRef, f forkEntry) {
 	wait := e.config().GraveTime
-	e.goBG(func() {
+	if e.lostForks.Add(1) > maxLostForkWaits {
+		// Fork creates failing by the thousand (a store down while
+		// clients retry them) must not pile up a goroutine each for
+		// grave_time.
+		e.lostForks.Add(-1)
+		e.log.Warn("too many failed fork creates wait to give their counts back; this one's stays until its source is deleted",
+			zap.String("source", ref.SourceName), zap.String("fork", f.Name))
+		return
+	}
+	if !e.goBG(func() {
+		defer e.lostForks.Add(-1)
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		select {
@@ -193,8 +203,14 @@ func (e *Engine) settleLostFork(ref *forkRef, f forkEntry) {
 			e.log.Warn("a fork create failed, and giving its count on the source back failed too; the source keeps its records until it is deleted",
 				zap.String("source", ref.SourceName), zap.String("fork", f.Name), zap.Error(err))
 		}
-	})
+	}) {
+		e.lostForks.Add(-1)
+	}
 }
+
+// maxLostForkWaits bounds the failed fork creates waiting in
+// settleLostFork at once.
+const maxLostForkWaits = 1024
 
 // resolveForkPoint turns (seq, bytes) into a point inside one record: it
 // skips whole records while bytes reach past them. seq must not be below

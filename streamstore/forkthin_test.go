@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -447,6 +448,50 @@ func TestLostForkCreateOfALiveSourceIsSettled(t *testing.T) {
 	}
 	if keys := st.Keys(dataPrefix(info.ID)); len(keys) != 0 {
 		t.Errorf("after the trim the source keeps %v", keys)
+	}
+}
+
+// TestLostForkWaitsAreBounded: fork creates failing by the thousand (a
+// store refusing their metadata while clients retry) each wait grave_time
+// to give their counts back; at most maxLostForkWaits of them at once,
+// not a goroutine each without bound. They end with the engine.
+func TestLostForkWaitsAreBounded(t *testing.T) {
+	ctx := context.Background()
+	st := newHookedStore()
+	e := New(st, testConfig(Config{GraveTime: time.Hour, PackBelow: -1}), nil)
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close(ctx)
+	sources := []string{"/src/a", "/src/b"}
+	for _, src := range sources {
+		if _, _, err := e.Create(ctx, src, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.setHook(func(op, key string) error {
+		if op == "PUT" && strings.HasPrefix(key, metaKey("/lost/")[:len(metaKey("/lost/"))-len(metaSuffix)]) {
+			return errors.New("injected: fork metadata PUT lost")
+		}
+		return nil
+	})
+	const perSource = 600 // listed: under maxListedForks each
+	for i := range perSource {
+		for _, src := range sources {
+			_, _, err := e.Create(ctx, fmt.Sprintf("/lost%s/%d", src, i), CreateRequest{Fork: &ForkFrom{Source: src}})
+			if !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("fork create %d of %s with its metadata PUT lost: %v, want ErrUnavailable", i, src, err)
+			}
+		}
+	}
+	if n := e.lostForks.Load(); n != maxLostForkWaits {
+		t.Fatalf("%d lost forks wait after %d failed creates, want the bound %d", n, 2*perSource, maxLostForkWaits)
+	}
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.lostForks.Load(); n != 0 {
+		t.Fatalf("%d lost forks still wait after Close", n)
 	}
 }
 
