@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -350,5 +351,77 @@ func fhPicoSource(t *testing.T, e *fhEnv, src string, records [][]byte) func(fro
 			picoWant(t, "append", picoDo(e, "POST", "/pico"+src, records[i], "Content-Type", "application/octet-stream"), 200,
 				"Pico-Start-Seq", strconv.Itoa(i))
 		}
+	}
+}
+
+// TestForksPastTheListAreThinnedAroundThroughCaddy: a source lists at most
+// 1,000 forks; a fork made past that is counted, and what it reads kept
+// as one span with the others past the list, so a trim of the source
+// still deletes the records no fork reads. It used to delete nothing
+// while any fork past the list lived.
+func TestForksPastTheListAreThinnedAroundThroughCaddy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs Caddy on versitygw")
+	}
+	e := picoStart(t, []string{"compact_interval 1s", "pack_below off", "merge_below off"}, nil)
+	const src = "/pastlist/src"
+	records := fhRandomRecords(97, 8, 1024)
+	appendTo := fhPicoSource(t, e, src, records)
+	appendTo(0, 2)
+	fhWaitHeld(t, e, "the first fold", records, 0, 1)
+
+	// 1,000 forks at 2, listed, each reading [0,2).
+	work := make(chan int)
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				r, err := fhSend(e.client, e.caddy.URL(), fhReq{Method: http.MethodPut, Path: fmt.Sprintf("/ds/pastlist/f%04d", i),
+					Header: map[string]string{"Stream-Forked-From": "/ds" + src}})
+				if err == nil && r.Status != http.StatusCreated {
+					err = fmt.Errorf("fork %d: %s", i, r)
+				}
+				if err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+			}
+		}()
+	}
+	for i := range 1000 {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+
+	appendTo(2, 4)
+	fhWaitHeld(t, e, "the second fold", records, 0, 1, 2, 3)
+	// Past the list: it reads [0,4).
+	if r := e.must(fhReq{Method: http.MethodPut, Path: "/ds/pastlist/past", Header: map[string]string{"Stream-Forked-From": "/ds" + src}}); r.Status != http.StatusCreated {
+		t.Fatalf("the fork past the list: %s", r)
+	}
+	appendTo(4, 6)
+	fhWaitHeld(t, e, "the third fold", records, 0, 1, 2, 3, 4, 5)
+	appendTo(6, 8)
+	picoWant(t, "trim", picoDo(e, "POST", "/pico"+src, nil, "Pico-Trim-Seq", "6"), 200, "Pico-Start-Seq", "6")
+	fhWaitHeld(t, e, "after a trim to 6, the fork past the list reading [0,4)", records, 0, 1, 2, 3, 6, 7)
+	if got, _, err := e.readBytes("/ds/pastlist/past"); err != nil || !bytes.Equal(got, bytes.Join(records[:4], nil)) {
+		t.Fatalf("the fork past the list reads %d bytes (%v), want records [0,4)", len(got), err)
+	}
+	e.must(fhReq{Method: http.MethodDelete, Path: "/ds/pastlist/past"})
+	fhWaitHeld(t, e, "after the fork past the list went", records, 0, 1, 6, 7)
+	if got, _, err := e.readBytes("/ds/pastlist/f0500"); err != nil || !bytes.Equal(got, bytes.Join(records[:2], nil)) {
+		t.Fatalf("a listed fork reads %d bytes (%v), want records [0,2)", len(got), err)
 	}
 }

@@ -86,6 +86,8 @@ func (e *Engine) createFork(ctx context.Context, name string, req CreateRequest)
 		m.Forks++
 		if listed {
 			m.ForkList = append(slices.Clone(m.ForkList), forkEntry{Name: name, ID: forkID, At: listedAt, Reads: reads})
+		} else {
+			m.noteUnlisted(*reads)
 		}
 	})
 	cancelUpdate()

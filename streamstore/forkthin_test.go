@@ -557,3 +557,70 @@ func TestUnconfirmedForkThatLandedKeepsItsCount(t *testing.T) {
 		t.Errorf("the fork reads %s after its source's delete", got)
 	}
 }
+
+// TestForksPastTheListAreThinnedAround: a source lists at most
+// maxListedForks forks; what the forks past the list read is kept as one
+// span, so a trim of the source still deletes what no fork reads. It used
+// to delete nothing while any fork past the list lived. Forks past the
+// list counted without that span (an earlier version's) still keep every
+// trimmed record; once the last of them goes, the listed ones' reads
+// decide again.
+func TestForksPastTheListAreThinnedAround(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		legacy bool // the forks past the list were counted without their span
+		want   string
+	}{
+		{"past the list", false, "[[0,1) [1,2) [2,3)]"},
+		{"an earlier version's", true, "[[0,1) [1,2) [2,3) [3,4) [4,5) [5,6)]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			e := startEngine(t, st, Config{MergeBelow: -1})
+			setPackBelow(e, -1)
+			createFolded(t, e, "/src", []string{"a"}, []string{"b"}, []string{"c"}, []string{"d"}, []string{"e"}, []string{"f"})
+			info, err := e.Head(ctx, "/src")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range maxListedForks {
+				if _, _, err := e.Create(ctx, fmt.Sprintf("/fork/%d", i), CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 1}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, _, err := e.Create(ctx, "/past", CreateRequest{Fork: &ForkFrom{Source: "/src", Seq: 3}}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.legacy {
+				s, err := e.stream(ctx, "/src")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := e.updateMeta(ctx, s, func(m *metaObject) { m.Unlisted = nil }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := e.Trim(ctx, "/src", 6); err != nil {
+				t.Fatal(err)
+			}
+			mustCompact(t, e)
+			if got := streamSpans(st, info.ID); got != tc.want {
+				t.Fatalf("after the trim the source keeps %s, want %s", got, tc.want)
+			}
+			if got := fmt.Sprint(readAll(t, e, "/past")); got != "[a b c]" {
+				t.Fatalf("the fork past the list reads %s", got)
+			}
+			if err := e.Delete(ctx, "/past"); err != nil {
+				t.Fatal(err)
+			}
+			mustCompact(t, e)
+			if got := streamSpans(st, info.ID); got != "[[0,1)]" {
+				t.Fatalf("with the fork past the list gone the source keeps %s, want [[0,1)]", got)
+			}
+			if got := fmt.Sprint(readAll(t, e, "/fork/7")); got != "[a]" {
+				t.Fatalf("a listed fork reads %s", got)
+			}
+		})
+	}
+}

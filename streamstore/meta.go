@@ -132,6 +132,13 @@ type metaObject struct {
 	// A listed fork can be looked up, and one that is gone no longer
 	// counted, should its release never come (see settleForks).
 	ForkList []forkEntry `json:"fork_list,omitempty"`
+	// Unlisted, while forks past ForkList's bound are counted, spans the
+	// records every one of them reads: set by the create of the first
+	// fork past the list while every fork counted was listed, widened by
+	// each later one, dropped when the count is back to the list's length.
+	// Without it (forks counted by an earlier version, or before the
+	// field), what those forks read is not known, and nothing is thinned.
+	Unlisted *seqSpan `json:"unlisted_reads,omitempty"`
 	// Deleted marks a soft-deleted stream: gone for clients, kept for its
 	// forks until the last one goes.
 	Deleted bool `json:"deleted,omitempty"`
@@ -226,10 +233,11 @@ type seqSpan struct {
 // spans that neither overlap nor touch, and whether they are known: every
 // fork counted is listed with the records it reads. With no fork, none.
 func (m *metaObject) forkReads() ([]seqSpan, bool) {
-	if m.Forks != len(m.ForkList) {
+	unlisted := m.Forks - len(m.ForkList)
+	if unlisted < 0 || (unlisted > 0 && m.Unlisted == nil) {
 		return nil, false
 	}
-	spans := make([]seqSpan, 0, len(m.ForkList))
+	spans := make([]seqSpan, 0, len(m.ForkList)+1)
 	for _, f := range m.ForkList {
 		if f.Reads == nil {
 			return nil, false
@@ -237,6 +245,9 @@ func (m *metaObject) forkReads() ([]seqSpan, bool) {
 		if f.Reads.To > f.Reads.From {
 			spans = append(spans, *f.Reads)
 		}
+	}
+	if unlisted > 0 && m.Unlisted.To > m.Unlisted.From {
+		spans = append(spans, *m.Unlisted)
 	}
 	slices.SortFunc(spans, func(a, b seqSpan) int { return cmp.Compare(a.From, b.From) })
 	out := spans[:0]
@@ -298,6 +309,22 @@ func (m *metaObject) releaseFork(id string, listed bool) {
 	if !listed && m.Forks > len(m.ForkList) {
 		m.Forks--
 		m.Thinned = 0
+		if m.Forks == len(m.ForkList) {
+			m.Unlisted = nil // no fork past the list is left
+		}
+	}
+}
+
+// noteUnlisted counts in Unlisted the records r that a fork made past
+// ForkList's bound reads; m.Forks counts that fork already.
+func (m *metaObject) noteUnlisted(r seqSpan) {
+	switch {
+	case m.Forks-1 == len(m.ForkList):
+		// The first past the list, every other fork listed: what the
+		// forks past the list read is known from here on.
+		m.Unlisted = &r
+	case m.Unlisted != nil:
+		m.Unlisted = &seqSpan{From: min(m.Unlisted.From, r.From), To: max(m.Unlisted.To, r.To)}
 	}
 }
 
