@@ -46,6 +46,7 @@ type durableStreams struct {
 	failLog         *sampledLog // store failures' warnings, the storage's (logsample.go)
 	longPollTimeout time.Duration
 	sseInterval     time.Duration
+	sseKeepAlive    time.Duration // quiet this long, a feed gets its control event again; 0: hubKeepAlive
 	maxAppend       int64
 	chunkBytes      int
 	jitter          func() int    // cursor jitter in seconds
@@ -785,7 +786,7 @@ var errWaitOver = errors.New("wait over")
 func (d *durableStreams) wait(r *http.Request, eng *streamstore.Engine, name, id string, pos position, limit time.Duration) (streamstore.Info, error) {
 	lw := newLiveWait(r, d.shutdown, liveDeadline(r, limit))
 	defer lw.close()
-	return lw.wait(eng, name, id, pos.seq)
+	return lw.wait(eng, name, id, pos.seq, 0)
 }
 
 // sse streams the stream as Server-Sent Events until the reconnect interval
@@ -905,8 +906,13 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 		alone = false
 		tail := f.tail
 		if f.upToDate {
-			info, err := lw.wait(eng, name, id, f.next.seq)
+			info, err := lw.wait(eng, name, id, f.next.seq, keepAliveOr(d.sseKeepAlive))
 			switch {
+			case errors.Is(err, errKeepAlive):
+				// Quiet all along: the control event again, as a
+				// parked feed gets it, and then a try at the hub.
+				announced = false
+				continue
 			case errors.Is(err, errWaitOver):
 				if d.shutdown.Err() != nil {
 					control(d.finalControl(f.next, cursor, true))

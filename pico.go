@@ -45,6 +45,7 @@ type picoProtocol struct {
 	failLog         *sampledLog // store failures' warnings, the storage's (logsample.go)
 	longPollTimeout time.Duration
 	sseInterval     time.Duration
+	sseKeepAlive    time.Duration // quiet this long, a feed gets its control event again; 0: hubKeepAlive
 	maxAppend       int64
 	chunkBytes      int          // default cap on the body bytes of one read or SSE event
 	jitter          func() int   // cursor jitter in seconds
@@ -1112,7 +1113,7 @@ func (p *picoProtocol) writeNoContent(w http.ResponseWriter, next uint64, closed
 func (p *picoProtocol) wait(r *http.Request, eng *streamstore.Engine, name, id string, seq uint64, limit time.Duration) (streamstore.Info, error) {
 	lw := newLiveWait(r, p.shutdown, liveDeadline(r, limit))
 	defer lw.close()
-	return lw.wait(eng, name, id, seq)
+	return lw.wait(eng, name, id, seq, 0)
 }
 
 // failBatch answers a batch body its decoder refused: 413 for more records

@@ -202,8 +202,13 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 		}
 		alone = false
 		if pg.upToDate {
-			info, err := lw.wait(eng, name, id, pg.next)
+			info, err := lw.wait(eng, name, id, pg.next, keepAliveOr(p.sseKeepAlive))
 			switch {
+			case errors.Is(err, errKeepAlive):
+				// Quiet all along: the control event again, as a
+				// parked feed gets it, and then a try at the hub.
+				announced = false
+				continue
 			case errors.Is(err, errWaitOver):
 				if p.shutdown.Err() != nil {
 					p.finalControl(bw, pg, flush)

@@ -264,13 +264,23 @@ func (lw *liveWait) close() {
 	lw.cancel()
 }
 
-// wait waits for the stream to move past seq. It returns errWaitOver when
-// the deadline passes or the server shuts down, the client's context error
-// when the client left, or the engine's error.
-func (lw *liveWait) wait(eng *streamstore.Engine, name, id string, seq uint64) (streamstore.Info, error) {
-	info, err := eng.Wait(lw.ctx, name, id, seq)
+// wait waits for the stream to move past seq, for keepAlive at most when
+// it is not zero. It returns errKeepAlive when the stream stayed put that
+// long, errWaitOver when the deadline passes or the server shuts down, the
+// client's context error when the client left, or the engine's error.
+func (lw *liveWait) wait(eng *streamstore.Engine, name, id string, seq uint64, keepAlive time.Duration) (streamstore.Info, error) {
+	ctx := lw.ctx
+	if keepAlive > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(lw.ctx, keepAlive)
+		defer cancel()
+	}
+	info, err := eng.Wait(ctx, name, id, seq)
 	if err == nil {
 		return info, nil
+	}
+	if errors.Is(err, context.DeadlineExceeded) && lw.ctx.Err() == nil {
+		return info, errKeepAlive
 	}
 	if cerr := lw.client.Err(); cerr != nil {
 		return info, cerr
@@ -284,6 +294,18 @@ func (lw *liveWait) wait(eng *streamstore.Engine, name, id string, seq uint64) (
 		return info, errWaitOver
 	}
 	return info, err
+}
+
+// errKeepAlive: a feed's wait lasted its keep-alive interval, and the feed
+// writes its control event again before it waits on.
+var errKeepAlive = errors.New("keep-alive due")
+
+// keepAliveOr is the keep-alive interval d, or hubKeepAlive for zero.
+func keepAliveOr(d time.Duration) time.Duration {
+	if d <= 0 {
+		return hubKeepAlive
+	}
+	return d
 }
 
 // atTail reports whether pos is the tail of stream name (internal id id)

@@ -209,11 +209,7 @@ func (h *sseHub) run(ctx context.Context, gen uint64) {
 		h.mu.Lock()
 		pos := h.next
 		h.mu.Unlock()
-		every := h.hubs.keepAlive
-		if every <= 0 {
-			every = hubKeepAlive
-		}
-		wctx, cancel := context.WithTimeout(ctx, every)
+		wctx, cancel := context.WithTimeout(ctx, keepAliveOr(h.hubs.keepAlive))
 		info, err := h.eng.Wait(wctx, h.key.name, h.key.id, pos.seq)
 		cancel()
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
@@ -276,6 +272,13 @@ func (h *sseHub) keepFeedsAlive(ctx context.Context, gen uint64, pos position, s
 		scratch.tick.Stop()
 	}
 	for i := 0; i < len(group); i += hubSlice {
+		if i > 0 {
+			// A record that landed meanwhile goes first: the next
+			// wait returns at once, and catchUp writes it to every feed.
+			if info, err := h.eng.Head(ctx, h.key.name); err == nil && info.NextSeq > pos.seq {
+				return nil
+			}
+		}
 		slice := group[i:min(i+hubSlice, len(group))]
 		h.sendAll(slice, f, h.encodeForFeeds(f, slice), scratch.tick)
 	}

@@ -670,3 +670,48 @@ func TestHubDropsStalledFeedUnderIdleTimeout(t *testing.T) {
 	s.waitParked(t, 1, 1) // the stalled feed was let go
 	t.Logf("8 MiB reached the reading feed in %v beside a stalled one", time.Since(start).Round(time.Millisecond))
 }
+
+// A feed that waits alone (no hub: it could not park, or the hub's watchdog
+// let it go) gets its control event again at every keep-alive interval
+// too, in both protocols.
+func TestSSELoneFeedsAreKeptAlive(t *testing.T) {
+	const every = 200 * time.Millisecond
+	t.Run("durable streams", func(t *testing.T) {
+		s := newDSServer(t, func(d *durableStreams) { d.hubs, d.sseKeepAlive = nil, every })
+		s.do(t, "PUT", "/s", "", ct, "text/plain").want(t, 201)
+		r := s.sse(t, "/s?offset=now&live=sse")
+		first := r.control(t)
+		began := time.Now()
+		for i := range 3 {
+			if c := r.control(t); !c.UpToDate || c.StreamNextOffset != first.StreamNextOffset {
+				t.Fatalf("keep-alive %d: control %+v", i, c)
+			}
+		}
+		if took := time.Since(began); took < 2*every {
+			t.Errorf("three keep-alives in %s: sooner than the interval", took)
+		}
+		s.do(t, "POST", "/s", "one", ct, "text/plain").want(t, 204)
+		for {
+			if ev := r.next(t); ev.typ != "control" {
+				if ev.typ != "data" || ev.data != "one" {
+					t.Fatalf("after the keep-alives: event %+v", ev)
+				}
+				break
+			}
+		}
+	})
+	t.Run("pico", func(t *testing.T) {
+		s := newPicoServer(t, func(p *picoProtocol) { p.hubs, p.sseKeepAlive = nil, every })
+		s.do(t, "PUT", "/pico/s", nil, "Content-Type", "text/plain").want(t, 201)
+		r := s.sse(t, "/pico/s?live=sse")
+		began := time.Now()
+		for i := range 4 {
+			if ev := r.next(t); ev.typ != "control" || !strings.Contains(ev.data, `"next_seq":0`) {
+				t.Fatalf("event %d at a quiet tail: %+v", i, ev)
+			}
+		}
+		if took := time.Since(began); took < 2*every {
+			t.Errorf("four control events in %s: sooner than the interval", took)
+		}
+	})
+}
