@@ -244,21 +244,9 @@ func (h *sseHub) run(ctx context.Context, gen uint64) {
 // once.
 func (h *sseHub) keepFeedsAlive(ctx context.Context, gen uint64, pos position, scratch *passScratch) error {
 	defer scratch.release()
-	h.mu.Lock()
-	if h.gen != gen {
-		h.mu.Unlock()
-		return errSuperseded
-	}
-	feeds := scratch.feeds[:0]
-	for hf := range h.feeds {
-		feeds = append(feeds, hf)
-	}
-	h.mu.Unlock()
-	scratch.feeds = feeds
-	from, group, _ := furthestBehind(feeds, scratch.group[:0])
-	scratch.group = group
-	if len(group) == 0 || from != pos {
-		return nil
+	from, group, _, err := h.behind(gen, scratch)
+	if err != nil || len(group) == 0 || from != pos {
+		return err
 	}
 	f, err := h.src.frameAt(ctx, pos, pos.seq)
 	if err != nil || f.id != h.key.id {
@@ -266,10 +254,6 @@ func (h *sseHub) keepFeedsAlive(ctx context.Context, gen uint64, pos position, s
 	}
 	if f.hasData() || f.closed || f.start != pos {
 		return nil
-	}
-	if scratch.tick == nil {
-		scratch.tick = time.NewTimer(time.Hour)
-		scratch.tick.Stop()
 	}
 	for i := 0; i < len(group); i += hubSlice {
 		if i > 0 {
@@ -280,9 +264,30 @@ func (h *sseHub) keepFeedsAlive(ctx context.Context, gen uint64, pos position, s
 			}
 		}
 		slice := group[i:min(i+hubSlice, len(group))]
-		h.sendAll(slice, f, h.encodeForFeeds(f, slice), scratch.tick)
+		h.sendAll(slice, f, h.encodeForFeeds(f, slice), scratch.timer())
 	}
 	return nil
+}
+
+// behind lists the hub's parked feeds into scratch and returns the ones
+// furthest behind, where they are, and whether that is all of them; or
+// errSuperseded when the last feed left and a new one parked while this
+// run was on its way out: two runs must not both write.
+func (h *sseHub) behind(gen uint64, scratch *passScratch) (position, []*hubFeed, bool, error) {
+	h.mu.Lock()
+	if h.gen != gen {
+		h.mu.Unlock()
+		return position{}, nil, false, errSuperseded
+	}
+	feeds := scratch.feeds[:0]
+	for hf := range h.feeds {
+		feeds = append(feeds, hf)
+	}
+	h.mu.Unlock()
+	scratch.feeds = feeds
+	from, group, all := furthestBehind(feeds, scratch.group[:0])
+	scratch.group = group
+	return from, group, all, nil
 }
 
 // errSuperseded: a later run serves the hub's feeds now.
@@ -304,23 +309,9 @@ func (h *sseHub) catchUp(ctx context.Context, gen uint64, tail uint64, scratch *
 	defer scratch.release()
 	var last *sseFrame // the newest frame written
 	for {
-		h.mu.Lock()
-		if h.gen != gen {
-			// The last feed left and a new one parked while this run was
-			// on its way out: two runs must not both write.
-			h.mu.Unlock()
-			return errSuperseded
-		}
-		feeds := scratch.feeds[:0]
-		for hf := range h.feeds {
-			feeds = append(feeds, hf)
-		}
-		h.mu.Unlock()
-		scratch.feeds = feeds
-		from, group, all := furthestBehind(feeds, scratch.group[:0])
-		scratch.group = group
-		if len(group) == 0 {
-			return nil
+		from, group, all, err := h.behind(gen, scratch)
+		if err != nil || len(group) == 0 {
+			return err
 		}
 		if all && last != nil && from == last.next {
 			if last.closed {
@@ -358,11 +349,7 @@ func (h *sseHub) catchUp(ctx context.Context, gen uint64, tail uint64, scratch *
 			}
 			h.mu.Unlock()
 			slice := group[i:min(i+hubSlice, len(group))]
-			if scratch.tick == nil {
-				scratch.tick = time.NewTimer(time.Hour)
-				scratch.tick.Stop()
-			}
-			h.sendAll(slice, f, h.encodeForFeeds(f, slice), scratch.tick)
+			h.sendAll(slice, f, h.encodeForFeeds(f, slice), scratch.timer())
 			last = f
 			tail = max(tail, f.tail)
 		}
@@ -375,6 +362,15 @@ func (h *sseHub) catchUp(ctx context.Context, gen uint64, tail uint64, scratch *
 type passScratch struct {
 	feeds, group []*hubFeed
 	tick         *time.Timer // the passes' watchdog timer (sendAll), stopped between passes
+}
+
+// timer is the passes' watchdog timer, made stopped at its first use.
+func (s *passScratch) timer() *time.Timer {
+	if s.tick == nil {
+		s.tick = time.NewTimer(time.Hour)
+		s.tick.Stop()
+	}
+	return s.tick
 }
 
 // release drops the lists' references, so that feeds that left are not
