@@ -198,9 +198,19 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 		}
 		if len(body) > 0 {
 			if isJSON(ct) {
-				msgs, err := jsonMessages(body)
-				if err != nil {
-					fail(w, bodyErrorStatus(err), err.Error())
+				msgs, jerr := jsonMessages(body)
+				if jerr != nil {
+					if fork == nil {
+						// A create of a stream that exists is judged on
+						// its settings, whatever its body (section 5.1):
+						// with this body, only confirmed, never made.
+						req.ConfirmOnly = true
+						info, created, err = eng.Create(writeContext(r), name, req)
+						if !errors.Is(err, streamstore.ErrNotFound) {
+							break
+						}
+					}
+					fail(w, bodyErrorStatus(jerr), jerr.Error())
 					return
 				}
 				req.Records = toRecords(msgs) // "[]" creates an empty stream

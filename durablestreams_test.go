@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/picomq/caddy-picomq/internal/picowire"
 	"github.com/picomq/caddy-picomq/segment"
 	"github.com/picomq/caddy-picomq/streamstore"
 )
@@ -192,6 +193,39 @@ func TestLocationKeepsTheStrippedPrefix(t *testing.T) {
 	// The stream's name is the stripped path.
 	if _, err := s.eng.Head(context.Background(), "/v1/a b"); err != nil {
 		t.Errorf("head: %v", err)
+	}
+}
+
+// A create of a JSON stream that exists is judged on its settings,
+// whatever its body (section 5.1): a body that is not JSON, or that holds
+// too many messages, is 200 with the same settings and 409 with others.
+// Where no stream exists it is the body's 400 or 413, and makes nothing.
+func TestCreateRepeatedWithABadBody(t *testing.T) {
+	s := newDSServer(t)
+	const js = "application/json"
+	s.do(t, "PUT", "/j", `[1]`, ct, js).want(t, 201)
+	tooMany := "[" + strings.Repeat("1,", picowire.MaxRecords) + "1]"
+	for _, tc := range []struct {
+		name, path, body string
+		hdr              []string
+		want             int
+	}{
+		{"not JSON, same settings", "/j", `{`, nil, 200},
+		{"too many messages, same settings", "/j", tooMany, nil, 200},
+		{"not JSON, other settings", "/j", `{`, []string{"Stream-TTL", "60"}, 409},
+		{"not JSON, no stream", "/none", `{`, nil, 400},
+		{"too many messages, no stream", "/none", tooMany, nil, 413},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := s.do(t, "PUT", tc.path, tc.body, append([]string{ct, js}, tc.hdr...)...).want(t, tc.want)
+			if tc.want == 200 {
+				r.header(t, hdrStreamNextOffset, position{1, 0}.String())
+			}
+		})
+	}
+	s.do(t, "HEAD", "/none", "").want(t, 404)
+	if r := s.do(t, "GET", "/j?offset=-1", "").want(t, 200); r.body != "[1]" {
+		t.Errorf("the stream reads %q after the creates", r.body)
 	}
 }
 

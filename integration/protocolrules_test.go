@@ -79,6 +79,10 @@ func TestProtocolRulesTheSuiteLeavesOpen(t *testing.T) {
 	if r := e.must(fhReq{Method: http.MethodDelete, Path: "/rules/src"}); r.Status != http.StatusNoContent {
 		t.Fatalf("delete the forked source: %s", r)
 	}
+	if r := e.must(fhReq{Method: http.MethodPut, Path: "/rules/jsonbody", Header: hdr("Content-Type", "application/json"), Body: []byte(`[1]`)}); r.Status != http.StatusCreated {
+		t.Fatalf("create a JSON stream: %s", r)
+	}
+	jsonTail := e.must(fhReq{Method: http.MethodHead, Path: "/rules/jsonbody"}).Header.Get("Stream-Next-Offset")
 	empty := ""
 	closedControl := `event: control` + "\n" + `data:{"streamNextOffset":"` + closedTail + `","upToDate":true,"streamClosed":true}` + "\n\n"
 
@@ -89,6 +93,14 @@ func TestProtocolRulesTheSuiteLeavesOpen(t *testing.T) {
 		// 5.1: a repeated closed create is 200 with the create headers.
 		{"repeated closed create", fhReq{Method: "PUT", Path: "/rules/closed", Header: hdr("Content-Type", tp, "Stream-Closed", "TRUE")}, 200,
 			hdr("Stream-Closed", "true", "Stream-Next-Offset", closedTail, "Content-Type", tp), nil},
+		// 5.1: a create of a stream that exists is judged on its
+		// settings, whatever its body; where none exists, a bad body is
+		// 400 and makes nothing.
+		{"repeated create with a body that is not JSON", fhReq{Method: "PUT", Path: "/rules/jsonbody", Header: hdr("Content-Type", "application/json"), Body: []byte(`{`)}, 200,
+			hdr("Stream-Next-Offset", jsonTail), nil},
+		{"repeated create with other settings and a body that is not JSON", fhReq{Method: "PUT", Path: "/rules/jsonbody", Header: hdr("Content-Type", "application/json", "Stream-TTL", "60"), Body: []byte(`{`)}, 409, nil, nil},
+		{"create with a body that is not JSON", fhReq{Method: "PUT", Path: "/rules/jsonbody-none", Header: hdr("Content-Type", "application/json"), Body: []byte(`{`)}, 400, nil, nil},
+		{"which made nothing", fhReq{Method: "HEAD", Path: "/rules/jsonbody-none"}, 404, nil, nil},
 		// 5.2: closure comes before a content-type mismatch and a Stream-Seq.
 		{"closed before content-type mismatch", fhReq{Method: "POST", Path: "/rules/closed", Header: hdr("Content-Type", "application/json"), Body: []byte("1")}, 409,
 			hdr("Stream-Closed", "true", "Stream-Next-Offset", closedTail), nil},

@@ -66,6 +66,11 @@ type CreateRequest struct {
 	// configuration fails with ErrExists instead of being confirmed, and
 	// that refusal is no access to it (a sliding TTL is not renewed).
 	Exclusive bool
+	// ConfirmOnly only confirms a stream already under the name (not a
+	// fork): finding none, or one deleted or expired, Create answers
+	// ErrNotFound and writes nothing. For a create whose initial body is
+	// bad: it is judged on its settings alone when the stream exists.
+	ConfirmOnly bool
 }
 
 // ForkFrom names a fork's source and divergence point. The fork inherits

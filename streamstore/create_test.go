@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -422,5 +423,55 @@ func TestLookupOfAnUnsettledCreateGivesUp(t *testing.T) {
 		return err == nil && len(res.Records) == 1
 	}); err != nil {
 		t.Fatalf("the stream once storage is back: %v", err)
+	}
+}
+
+// TestCreateConfirmOnly: a create that may only confirm is judged against a
+// stream under the name and writes nothing where there is none, nor where
+// the one there has expired (which it leaves to the next access to delete).
+func TestCreateConfirmOnly(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	e := startEngine(t, st, Config{})
+	if _, _, err := e.Create(ctx, "/s", CreateRequest{ContentType: "text/plain"}); err != nil {
+		t.Fatal(err)
+	}
+	soon := Expiry{ExpiresAt: time.Now().Add(50 * time.Millisecond)}
+	if _, _, err := e.Create(ctx, "/x", CreateRequest{ContentType: "text/plain", Expiry: soon}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	bucket := func() map[string]string {
+		m := map[string]string{}
+		for _, k := range st.Keys("") {
+			b, _, err := st.Get(ctx, k, 0, -1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m[k] = string(b)
+		}
+		return m
+	}
+	before := bucket()
+	for _, tc := range []struct {
+		name string
+		req  CreateRequest
+		want error
+	}{
+		{"/s", CreateRequest{ContentType: "text/plain", ConfirmOnly: true}, nil},
+		{"/s", CreateRequest{ContentType: "application/json", ConfirmOnly: true}, ErrConflict},
+		{"/none", CreateRequest{ContentType: "text/plain", ConfirmOnly: true}, ErrNotFound},
+		{"/x", CreateRequest{ContentType: "text/plain", Expiry: soon, ConfirmOnly: true}, ErrNotFound},
+	} {
+		_, created, err := e.Create(ctx, tc.name, tc.req)
+		if created || (tc.want == nil && err != nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
+			t.Errorf("confirm-only create of %s (%s): created %v, %v; want %v", tc.name, tc.req.ContentType, created, err, tc.want)
+		}
+	}
+	if after := bucket(); !maps.Equal(after, before) {
+		t.Errorf("the confirm-only creates changed the bucket: %d objects, %d before", len(after), len(before))
+	}
+	if _, err := e.Head(ctx, "/none"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("head of /none: %v", err)
 	}
 }

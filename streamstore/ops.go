@@ -44,7 +44,7 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 	// or soft-deleted stream) is it read and judged as below. A create
 	// with records or a fork keeps the read first: it writes before its
 	// metadata, and that must not happen for a name that is taken.
-	if req.Fork == nil && len(req.Records) == 0 && !e.resident(name) {
+	if req.Fork == nil && len(req.Records) == 0 && !req.ConfirmOnly && !e.resident(name) {
 		info, created, err := e.create(ctx, name, req, nil, "", false)
 		if !errors.Is(err, errNameTaken) {
 			return info, created, err
@@ -90,6 +90,9 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 			return s.info(), false, nil
 		}
 		s.mu.Unlock()
+		if req.ConfirmOnly {
+			break // nothing to confirm, and nothing to settle for it
+		}
 		if deleted {
 			// Removed when its count, settled, says no fork reads it.
 			// After a look that failed on storage, a create looks again
@@ -120,6 +123,9 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 			return Info{}, false, fmt.Errorf("%w: no fork to confirm", ErrNotFound)
 		}
 		return e.createFork(ctx, name, req)
+	}
+	if req.ConfirmOnly {
+		return Info{}, false, fmt.Errorf("%w: no stream to confirm", ErrNotFound)
 	}
 	info, created, err := e.create(ctx, name, req, nil, "", true)
 	if errors.Is(err, errNameTaken) {
