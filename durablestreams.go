@@ -200,12 +200,19 @@ func (d *durableStreams) create(w http.ResponseWriter, r *http.Request, name str
 			if isJSON(ct) {
 				msgs, jerr := jsonMessages(body)
 				if jerr != nil {
-					if fork == nil {
+					if fork == nil || confirm {
 						// A create of a stream that exists is judged on
 						// its settings, whatever its body (section 5.1):
 						// with this body, only confirmed, never made.
 						req.ConfirmOnly = true
 						info, created, err = eng.Create(writeContext(r), name, req)
+						req.ConfirmOnly = false
+						if confirm && errors.Is(err, streamstore.ErrNotFound) {
+							// Deleted since the look: a new fork, whose
+							// source is judged before its body.
+							confirm = false
+							continue
+						}
 						if !errors.Is(err, streamstore.ErrNotFound) {
 							break
 						}

@@ -204,6 +204,8 @@ func TestCreateRepeatedWithABadBody(t *testing.T) {
 	s := newDSServer(t)
 	const js = "application/json"
 	s.do(t, "PUT", "/j", `[1]`, ct, js).want(t, 201)
+	fork := []string{"Stream-Forked-From", "/j", "Stream-Fork-Offset", position{1, 0}.String()}
+	s.do(t, "PUT", "/jf", "", fork...).want(t, 201)
 	tooMany := "[" + strings.Repeat("1,", picowire.MaxRecords) + "1]"
 	for _, tc := range []struct {
 		name, path, body string
@@ -215,6 +217,10 @@ func TestCreateRepeatedWithABadBody(t *testing.T) {
 		{"not JSON, other settings", "/j", `{`, []string{"Stream-TTL", "60"}, 409},
 		{"not JSON, no stream", "/none", `{`, nil, 400},
 		{"too many messages, no stream", "/none", tooMany, nil, 413},
+		{"fork, not JSON, same settings", "/jf", `{`, fork, 200},
+		{"fork, too many messages, same settings", "/jf", tooMany, fork, 200},
+		{"fork, not JSON, other settings", "/jf", `{`, append([]string{"Stream-TTL", "60"}, fork...), 409},
+		{"fork, not JSON, no stream", "/none", `{`, fork, 400},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := s.do(t, "PUT", tc.path, tc.body, append([]string{ct, js}, tc.hdr...)...).want(t, tc.want)

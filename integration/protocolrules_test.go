@@ -83,6 +83,10 @@ func TestProtocolRulesTheSuiteLeavesOpen(t *testing.T) {
 		t.Fatalf("create a JSON stream: %s", r)
 	}
 	jsonTail := e.must(fhReq{Method: http.MethodHead, Path: "/rules/jsonbody"}).Header.Get("Stream-Next-Offset")
+	jsonFork := hdr("Stream-Forked-From", "/rules/jsonbody", "Stream-Fork-Offset", jsonTail)
+	if r := e.must(fhReq{Method: http.MethodPut, Path: "/rules/jsonfork", Header: jsonFork}); r.Status != http.StatusCreated {
+		t.Fatalf("fork the JSON stream: %s", r)
+	}
 	empty := ""
 	closedControl := `event: control` + "\n" + `data:{"streamNextOffset":"` + closedTail + `","upToDate":true,"streamClosed":true}` + "\n\n"
 
@@ -101,6 +105,10 @@ func TestProtocolRulesTheSuiteLeavesOpen(t *testing.T) {
 		{"repeated create with other settings and a body that is not JSON", fhReq{Method: "PUT", Path: "/rules/jsonbody", Header: hdr("Content-Type", "application/json", "Stream-TTL", "60"), Body: []byte(`{`)}, 409, nil, nil},
 		{"create with a body that is not JSON", fhReq{Method: "PUT", Path: "/rules/jsonbody-none", Header: hdr("Content-Type", "application/json"), Body: []byte(`{`)}, 400, nil, nil},
 		{"which made nothing", fhReq{Method: "HEAD", Path: "/rules/jsonbody-none"}, 404, nil, nil},
+		{"repeated fork create with a body that is not JSON", fhReq{Method: "PUT", Path: "/rules/jsonfork", Header: jsonFork, Body: []byte(`{`)}, 200,
+			hdr("Stream-Next-Offset", jsonTail), nil},
+		{"fork create with a body that is not JSON", fhReq{Method: "PUT", Path: "/rules/jsonfork-none", Header: jsonFork, Body: []byte(`{`)}, 400, nil, nil},
+		{"which made no fork", fhReq{Method: "HEAD", Path: "/rules/jsonfork-none"}, 404, nil, nil},
 		// 5.2: closure comes before a content-type mismatch and a Stream-Seq.
 		{"closed before content-type mismatch", fhReq{Method: "POST", Path: "/rules/closed", Header: hdr("Content-Type", "application/json"), Body: []byte("1")}, 409,
 			hdr("Stream-Closed", "true", "Stream-Next-Offset", closedTail), nil},
