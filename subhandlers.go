@@ -91,6 +91,9 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 			return
 		}
 		cfg.WebhookURL = body.Webhook.URL
+		// A pull-wake setting: not kept, nor hashed, where nothing reads
+		// it (its checks and limit are pull-wake's).
+		cfg.WakeStream = ""
 	case "pull-wake":
 		cfg.WakeStream = strings.Trim(cfg.WakeStream, "/")
 		if msg := wakeStreamProblem(root, cfg.WakeStream); msg != "" {

@@ -351,6 +351,11 @@ type subConfig struct {
 // normalized is re-confirmed by the PUT that created it.
 func (c subConfig) hash() string {
 	c.Pattern = strings.Trim(c.Pattern, "/")
+	if c.Type == "webhook" {
+		// Stored by versions that kept it: the webhook's delivery
+		// configuration is its URL (section 6.2).
+		c.WakeStream = ""
+	}
 	b, _ := json.Marshal(c)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])

@@ -10,8 +10,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -1171,6 +1173,44 @@ func TestStreamGoneDuringAWake(t *testing.T) {
 		}
 		if got != nil && got.ResetGen != s.Generation {
 			t.Errorf("%s: the ack would move link %+v", tc.path, got)
+		}
+	}
+}
+
+// TestWebhookKeepsNoWakeStream: wake_stream is pull-wake's; a webhook
+// subscription neither stores it (a body's megabyte of it would make the
+// document, rewritten at every wake, that large) nor hashes it, so the
+// configuration its GET shows re-confirms it.
+func TestWebhookKeepsNoWakeStream(t *testing.T) {
+	dir := t.TempDir()
+	n := startSubNode(t, dir)
+	const sub = "/v1/stream/__ds/subscriptions/hook"
+	hook := `"type":"webhook","pattern":"orders/*","webhook":{"url":"http://127.0.0.1:9/h"}`
+	big := strings.Repeat("w", 900<<10)
+	if st, v := n.call(t, "PUT", sub, `{`+hook+`,"wake_stream":"`+big+`"}`); st != 201 {
+		t.Fatalf("create: %d %v", st, v)
+	}
+	var size int64
+	err := filepath.WalkDir(filepath.Join(dir, "subs"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if fi, ferr := d.Info(); ferr == nil && fi.Size() > size {
+				size = fi.Size()
+			}
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size > 64<<10 {
+		t.Errorf("the largest subscription document is %d bytes", size)
+	}
+	if st, v := n.call(t, "GET", sub, ""); st != 200 || v["wake_stream"] != nil {
+		t.Errorf("GET: %d, wake_stream %v", st, v["wake_stream"])
+	}
+	for _, body := range []string{`{` + hook + `}`, `{` + hook + `,"wake_stream":"other"}`} {
+		if st, v := n.call(t, "PUT", sub, body); st != 200 {
+			t.Errorf("re-confirm %.60s: %d %v", body, st, v)
 		}
 	}
 }

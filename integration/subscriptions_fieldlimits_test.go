@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"strings"
@@ -63,5 +64,19 @@ func TestWorkerAndWebhookURLLimitsThroughCaddy(t *testing.T) {
 	}
 	if st, v := e.subCall("POST", sub+"/claim", `{"worker":"`+strings.Repeat("w", 256)+`"}`); st != http.StatusOK {
 		t.Errorf("claim by a worker named with 256 bytes: %d %v, want 200", st, v)
+	}
+
+	// wake_stream is pull-wake's: a webhook's megabyte of it was kept,
+	// and hashed, so the configuration its GET shows was 409.
+	withWake := strings.TrimSuffix(hook(100), "}") + `,"wake_stream":"` + strings.Repeat("w", 900<<10) + `"}`
+	if st, v := e.subCall("PUT", root+"__ds/subscriptions/h4", withWake); st != http.StatusCreated {
+		t.Fatalf("webhook with a wake_stream: %d %s", st, fhClip(fmt.Sprint(v), 200))
+	}
+	key := "subs/" + hex.EncodeToString([]byte(root)) + "/" + hex.EncodeToString([]byte("h4"))
+	if doc, err := e.get(key); err != nil || len(doc) > 64<<10 {
+		t.Errorf("the webhook's document: %d bytes, %v", len(doc), err)
+	}
+	if st, v := e.subCall("PUT", root+"__ds/subscriptions/h4", hook(100)); st != http.StatusOK {
+		t.Errorf("re-confirm without the wake_stream: %d %s, want 200", st, fhClip(fmt.Sprint(v), 200))
 	}
 }
