@@ -371,8 +371,8 @@ func (m *subManager) removeSubLocked(s *subState) {
 
 func (m *subManager) lookupLocked(w http.ResponseWriter, root, id string) *subState {
 	s, ok := m.subs[subDocKey(root, id)]
-	if why, damaged := m.damaged[subDocKey(root, id)]; !ok && damaged {
-		subError(w, http.StatusInternalServerError, "SUBSCRIPTION_DAMAGED", why)
+	if bad, damaged := m.damaged[subDocKey(root, id)]; !ok && damaged {
+		subError(w, http.StatusInternalServerError, "SUBSCRIPTION_DAMAGED", bad.why)
 		return nil
 	}
 	if !ok {
@@ -413,6 +413,9 @@ func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, 
 		}
 		s, ok := m.subs[key]
 		if !ok {
+			if bad, damaged := m.damaged[key]; damaged && !m.deleteDamagedLocked(w, r, root, key, bad) {
+				return
+			}
 			break
 		}
 		// As its writer: no write of s is under way, and none starts,
@@ -449,6 +452,35 @@ func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, 
 	}
 	w.Header().Set("Cache-Control", cacheControlNoStore)
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// deleteDamagedLocked deletes the damaged document key (section 6.3: the
+// subscription is there, though it cannot be read), with m.mu released
+// meanwhile, and reports whether it did; if not, it has answered. A create
+// or delete of key meanwhile waits for it, as for a delete being finished.
+// A delete storage did not confirm is finished as a subscription's is.
+func (m *subManager) deleteDamagedLocked(w http.ResponseWriter, r *http.Request, root, key string, bad damagedDoc) bool {
+	if m.deleting == nil {
+		m.deleting = map[string]*subDelete{}
+	}
+	d := &subDelete{root: root, done: make(chan struct{}), kick: make(chan struct{}, 1)}
+	m.deleting[key] = d
+	m.mu.Unlock()
+	err := m.deleteDoc(key, bad.version)
+	m.mu.Lock()
+	delete(m.deleting, key)
+	close(d.done)
+	if err != nil && !errors.Is(err, streamstore.ErrUnconfirmed) {
+		m.storeFailed(w, r, subWriteDelete, err)
+		return false
+	}
+	delete(m.damaged, key)
+	if err != nil {
+		m.finishDeleteLocked(root, key, bad.version)
+		m.storeFailed(w, r, subWriteDelete, err)
+		return false
+	}
+	return true
 }
 
 // subDeleteWait is how long a request for a subscription whose delete is

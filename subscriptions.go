@@ -471,10 +471,10 @@ type subManager struct {
 	keyMu sync.Mutex // serialises ensureKey
 	mu    sync.Mutex
 	subs  map[string]*subState // by document key
-	// damaged holds, by key, the documents the load could not decode,
-	// and why: their subscriptions answer 500 naming the object, not 404,
-	// until a create of the same id replaces the document.
-	damaged map[string]string
+	// damaged holds, by key, the documents the load could not decode:
+	// their subscriptions answer 500 naming the object, not 404, until a
+	// create of the same id replaces the document or a delete removes it.
+	damaged map[string]damagedDoc
 	// creating holds the creates whose document is being written, by
 	// key: a PUT of the same id waits for it, and they count against
 	// max_subscriptions.
@@ -847,14 +847,14 @@ const subLoadWorkers = 16
 // loadDocs reads and decodes the subscription documents keys,
 // subLoadWorkers at a time, each read within subDocTimeout: the load takes
 // as long as there are documents, not a fixed budget for all of them.
-func (m *subManager) loadDocs(keys []string) (subs map[string]*subState, damaged map[string]string, err error) {
+func (m *subManager) loadDocs(keys []string) (subs map[string]*subState, damaged map[string]damagedDoc, err error) {
 	var mu sync.Mutex
-	subs, damaged = map[string]*subState{}, map[string]string{}
+	subs, damaged = map[string]*subState{}, map[string]damagedDoc{}
 	eachAtOnce(slices.Values(keys), subLoadWorkers, func(k string) bool {
 		if k == signatureKeyDocKey {
 			return true
 		}
-		s, why, lerr := m.loadDoc(k)
+		s, bad, lerr := m.loadDoc(k)
 		mu.Lock()
 		defer mu.Unlock()
 		switch {
@@ -863,8 +863,8 @@ func (m *subManager) loadDocs(keys []string) (subs map[string]*subState, damaged
 			return false // the load starts over: read no more
 		case s != nil:
 			subs[k] = s
-		case why != "":
-			damaged[k] = why
+		case bad.why != "":
+			damaged[k] = bad
 		}
 		return true
 	})
@@ -901,32 +901,37 @@ func eachAtOnce(seq iter.Seq[string], workers int, fn func(string) bool) {
 	wg.Wait()
 }
 
-// loadDoc reads subscription document k: nil when it is gone, and with
-// why when it cannot be decoded (logged and counted as damage).
-func (m *subManager) loadDoc(k string) (s *subState, why string, err error) {
+// damagedDoc is a subscription document that does not decode: why, and
+// the version a delete of it replaces.
+type damagedDoc struct{ why, version string }
+
+// loadDoc reads subscription document k: nil when it is gone, and bad
+// when it cannot be decoded (logged and counted as damage).
+func (m *subManager) loadDoc(k string) (s *subState, bad damagedDoc, err error) {
 	ctx, cancel := context.WithTimeout(m.ctx, subDocTimeout)
 	defer cancel()
 	data, ver, err := m.eng.GetDoc(ctx, k)
 	if errors.Is(err, streamstore.ErrNotFound) {
-		return nil, "", nil
+		return nil, damagedDoc{}, nil
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("read subscription %s: %w", k, err)
+		return nil, damagedDoc{}, fmt.Errorf("read subscription %s: %w", k, err)
 	}
 	s = new(subState)
 	if err := json.Unmarshal(data, s); err != nil {
-		m.log.Error("subscription document damaged: the subscription answers 500 until the object is restored from a copy (and the node restarted) or the subscription is created again",
+		m.log.Error("subscription document damaged: the subscription answers 500 until the object is restored from a copy (and the node restarted), the subscription is created again, or it is deleted",
 			zap.String("object", streamstore.DocObjectKey(k)), zap.Error(err))
 		if m.owner != nil && m.owner.metrics != nil {
 			m.owner.metrics.subDocsDamaged.Add(1)
 		}
-		return nil, fmt.Sprintf("subscription document %s is damaged (%v); restore it from a copy, or create the subscription again", streamstore.DocObjectKey(k), err), nil
+		why := fmt.Sprintf("subscription document %s is damaged (%v); restore it from a copy, create the subscription again, or delete it", streamstore.DocObjectKey(k), err)
+		return nil, damagedDoc{why, ver}, nil
 	}
 	if s.Links == nil {
 		s.Links = map[string]*subLink{}
 	}
 	s.key, s.version = k, ver
-	return s, "", nil
+	return s, damagedDoc{}, nil
 }
 
 // linkHead is what the engine said of a linked stream at load.

@@ -1,6 +1,8 @@
 package picomq
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -165,18 +167,7 @@ func TestDamagedSubscriptionDocumentAnswers500(t *testing.T) {
 	n.pullSubscribe(t, sub)
 	n.stop(t)
 	key := subDocKey("/v1/stream/", "p1")
-	path := filepath.Join(dir, filepath.FromSlash(streamstore.DocObjectKey(key)))
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("the subscription's document: %v", err)
-	}
-	// Written as the module never writes: a new inode, cut short.
-	if err := os.Remove(path); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, data[:len(data)/2], 0o644); err != nil {
-		t.Fatal(err)
-	}
+	damageSubDoc(t, dir, key)
 
 	metrics := new(engineMetrics)
 	n = startSubNode(t, dir, func(d *durableStreams) { d.subs.metrics = metrics })
@@ -195,5 +186,57 @@ func TestDamagedSubscriptionDocumentAnswers500(t *testing.T) {
 	}
 	if st, v := n.call(t, "GET", sub, ""); st != 200 {
 		t.Fatalf("GET after the subscription was created again: %d %v", st, v)
+	}
+}
+
+// damageSubDoc cuts the document key in the file store at dir short, as
+// the module never writes it: a new inode.
+func damageSubDoc(t *testing.T, dir, key string) {
+	t.Helper()
+	path := filepath.Join(dir, filepath.FromSlash(streamstore.DocObjectKey(key)))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the subscription's document: %v", err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data[:len(data)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDamagedSubscriptionDocumentIsDeleted: a DELETE of a subscription
+// whose document is damaged deletes the document (section 6.3). It
+// answered 204 and deleted nothing: the next GET, and every start after,
+// still found it damaged.
+func TestDamagedSubscriptionDocumentIsDeleted(t *testing.T) {
+	dir := t.TempDir()
+	n := startSubNode(t, dir)
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	n.pullSubscribe(t, sub)
+	n.stop(t)
+	key := subDocKey("/v1/stream/", "p1")
+	damageSubDoc(t, dir, key)
+
+	n = startSubNode(t, dir)
+	if st, v := n.call(t, "GET", sub, ""); st != 500 {
+		t.Fatalf("GET of the damaged subscription: %d %v", st, v)
+	}
+	if st, v := n.call(t, "DELETE", sub, ""); st != 204 {
+		t.Fatalf("DELETE: %d %v", st, v)
+	}
+	for _, when := range []string{"after the delete", "after a restart"} {
+		if st, v := n.call(t, "GET", sub, ""); st != 404 {
+			t.Errorf("GET %s: %d %v, want 404", when, st, v)
+		}
+		if _, _, err := n.eng.GetDoc(context.Background(), key); !errors.Is(err, streamstore.ErrNotFound) {
+			t.Errorf("the document %s: %v, want none", when, err)
+		}
+		n.stop(t)
+		n = startSubNode(t, dir)
+	}
+	if st, v := n.call(t, "DELETE", sub, ""); st != 204 {
+		t.Errorf("DELETE repeated: %d %v", st, v)
 	}
 }

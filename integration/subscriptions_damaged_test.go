@@ -61,4 +61,31 @@ func TestDamagedSubscriptionDocumentThroughCaddy(t *testing.T) {
 	if st, v := e.subCall("GET", sub, ""); st != http.StatusOK {
 		t.Fatalf("GET after the create: %d %v", st, v)
 	}
+
+	// A DELETE of a damaged subscription deletes its document: it was 204
+	// and deleted nothing, the subscription damaged at every start after.
+	if err := e.caddy.Stop(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if doc, err = e.get(key); err != nil {
+		t.Fatalf("the subscription's document %s: %v", key, err)
+	}
+	fhPutRaw(t, e, key, doc[:len(doc)/2])
+	if err := e.caddy.TryRestart(); err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	if st, v := e.subCall("DELETE", sub, ""); st != http.StatusNoContent {
+		t.Fatalf("DELETE of the damaged subscription: %d %v", st, v)
+	}
+	for _, when := range []string{"after the delete", "after a restart"} {
+		if st, v := e.subCall("GET", sub, ""); st != http.StatusNotFound {
+			t.Errorf("GET %s: %d %v, want 404", when, st, v)
+		}
+		if err := e.caddy.Stop(); err != nil {
+			t.Fatalf("stop: %v", err)
+		}
+		if err := e.caddy.TryRestart(); err != nil {
+			t.Fatalf("restart: %v", err)
+		}
+	}
 }
