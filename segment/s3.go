@@ -354,17 +354,18 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte, opts PutOpti
 // attempt of ours landed. That holds even when no failure left the
 // outcome open (ambiguous false): a gateway in front of the store can
 // answer 503, 429 or 409 after forwarding a request the store applied,
-// and the condition then fails on our own object. Otherwise, unless an
-// attempt may have been applied, the failed condition stands.
+// and the condition then fails on our own object. So an object that
+// cannot be read back leaves the outcome open in any case. Otherwise,
+// unless an attempt may have been applied, the failed condition stands.
 func (s *S3Store) resolveRetriedPut(ctx context.Context, key string, data []byte, opts PutOptions, ambiguous bool) (string, error) {
 	cur, etag, err := s.Get(ctx, key, 0, -1)
 	switch {
 	case err == nil && bytes.Equal(cur, data):
 		return etag, nil
-	case !ambiguous:
-		return "", ErrPreconditionFailed
 	case err != nil && !errors.Is(err, ErrNotFound):
 		return "", fmt.Errorf("segment: put %s: %w (checking it: %v)", key, ErrUnknownOutcome, err)
+	case !ambiguous:
+		return "", ErrPreconditionFailed
 	case opts.IfNoneMatch:
 		// The key holds other data (or is gone again): someone else's
 		// create won; ours, landed or not, is not what is there now.

@@ -59,6 +59,22 @@ func TestS3StoreConditionalPutLandedBeforeARefusal(t *testing.T) {
 			})
 		}
 	}
+	// The retry's refusal cannot be told from a conflict when the object
+	// cannot be read back: the first attempt may have landed.
+	t.Run("landed, and not read back", func(t *testing.T) {
+		p.Reset()
+		removePut := p.AddFault(testenv.Fault{Op: testenv.OpPut, Status: http.StatusServiceUnavailable, AfterForward: true, Times: 1})
+		removeGet := p.AddFault(testenv.Fault{Op: testenv.OpGet, Status: http.StatusInternalServerError, Times: 100})
+		_, err := s.Put(ctx, "unread", []byte("mine"), segment.PutOptions{IfNoneMatch: true})
+		removePut()
+		removeGet()
+		if !errors.Is(err, segment.ErrUnknownOutcome) {
+			t.Fatalf("Put: %v, want ErrUnknownOutcome", err)
+		}
+		if got, _, err := s.Get(ctx, "unread", 0, -1); err != nil || string(got) != "mine" {
+			t.Fatalf("Get = %q, %v; want the first attempt's object", got, err)
+		}
+	})
 	t.Run("a real conflict after a refusal", func(t *testing.T) {
 		etag, err := s.Put(ctx, "taken", []byte("theirs"), segment.PutOptions{})
 		if err != nil {
