@@ -396,11 +396,13 @@ func DecodeEntry(data []byte) (*Entry, int, error) {
 	if len(data) < 8 {
 		return nil, 0, fmt.Errorf("%w: truncated entry header", ErrCorrupt)
 	}
-	size := int(binary.BigEndian.Uint32(data))
+	size32 := binary.BigEndian.Uint32(data)
 	sum := binary.BigEndian.Uint32(data[4:])
-	if size > len(data)-8 {
+	// Compared unsigned: on 32-bit platforms int(size32) can be negative.
+	if uint64(size32) > uint64(len(data)-8) {
 		return nil, 0, fmt.Errorf("%w: truncated entry", ErrCorrupt)
 	}
+	size := int(size32)
 	payload := data[8 : 8+size]
 	if crc32.Checksum(payload, castagnoli) != sum {
 		return nil, 0, fmt.Errorf("%w: entry checksum mismatch", ErrCorrupt)

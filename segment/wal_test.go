@@ -5,6 +5,7 @@ import (
 	"errors"
 	"hash/crc32"
 	"runtime"
+	"slices"
 	"testing"
 )
 
@@ -124,5 +125,19 @@ func TestDecodeEntryRefusesACountItsBytesCannotHold(t *testing.T) {
 	}
 	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 1<<20 {
 		t.Fatalf("decoding an entry of %d bytes that claims %d records allocated %d MiB", len(data), len(payload)/2, alloc>>20)
+	}
+}
+
+// A damaged entry length (the frame header is outside the checksum) is
+// ErrCorrupt whatever its value: on 32-bit platforms, a length of 2^31 or
+// more turned negative, passed the bounds check and panicked in the slice.
+func TestDecodeEntryRefusesAnyLengthPastItsBytes(t *testing.T) {
+	data := AppendEntry(nil, &Entry{StreamID: "id", Name: "/s", Records: []Record{{Body: []byte("x")}}})
+	for _, size := range []uint32{uint32(len(data) - 7), 1 << 31, 0xFFFFFFF8, 0xFFFFFFFF} {
+		bad := slices.Clone(data)
+		binary.BigEndian.PutUint32(bad, size)
+		if _, _, err := DecodeEntry(bad); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("length %#x: %v, want ErrCorrupt", size, err)
+		}
 	}
 }
