@@ -105,6 +105,10 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 		return
 	}
 	hash := cfg.hash()
+	if err := m.ensureKey(r.Context()); err != nil {
+		m.storeFailed(w, r, subWrite{}, err)
+		return
+	}
 
 	key := subDocKey(root, id)
 	m.mu.Lock()

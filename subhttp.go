@@ -15,30 +15,40 @@ import (
 )
 
 func readJSONBody(w http.ResponseWriter, r *http.Request, v any) bool {
-	data, err := readBody(r, subMaxBody, limitSubscription)
-	switch {
-	case errors.Is(err, errBodyTooLarge):
-		subError(w, http.StatusRequestEntityTooLarge, "PAYLOAD_TOO_LARGE", err.Error())
+	data, ok := readControlBody(w, r)
+	if !ok {
 		return false
-	case errors.Is(err, errBodyEncoded):
-		w.Header().Set("Accept-Encoding", "identity")
-		subError(w, http.StatusUnsupportedMediaType, "INVALID_REQUEST", err.Error())
-		return false
-	case errors.Is(err, errBodyTimeout):
-		subError(w, http.StatusRequestTimeout, "INVALID_REQUEST", err.Error())
-		return false
-	case err != nil:
-		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "unreadable body: "+err.Error())
-		return false
-	}
-	if len(bytes.TrimSpace(data)) == 0 {
-		data = []byte("{}")
 	}
 	if err := json.Unmarshal(data, v); err != nil {
 		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "invalid JSON: "+err.Error())
 		return false
 	}
 	return true
+}
+
+// readControlBody reads a control request's body ("{}" when empty),
+// answering and reporting false when it cannot be read.
+func readControlBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	data, err := readBody(r, subMaxBody, limitSubscription)
+	switch {
+	case errors.Is(err, errBodyTooLarge):
+		subError(w, http.StatusRequestEntityTooLarge, "PAYLOAD_TOO_LARGE", err.Error())
+		return nil, false
+	case errors.Is(err, errBodyEncoded):
+		w.Header().Set("Accept-Encoding", "identity")
+		subError(w, http.StatusUnsupportedMediaType, "INVALID_REQUEST", err.Error())
+		return nil, false
+	case errors.Is(err, errBodyTimeout):
+		subError(w, http.StatusRequestTimeout, "INVALID_REQUEST", err.Error())
+		return nil, false
+	case err != nil:
+		subError(w, http.StatusBadRequest, "INVALID_REQUEST", "unreadable body: "+err.Error())
+		return nil, false
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		data = []byte("{}")
+	}
+	return data, true
 }
 
 // heldResponse keeps a handler's status and body in memory until send;

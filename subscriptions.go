@@ -29,6 +29,7 @@ package picomq
 // subscription at a time (see subwriter.go).
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/ed25519"
@@ -39,6 +40,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"iter"
 	"maps"
 	"net/http"
@@ -122,16 +124,24 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 		return true
 	}
 	m := d.subs.managerFor(eng, d.log)
-	err := m.ready(r.Context())
-	if err == nil {
-		err = m.ensureKey(r.Context())
-	}
-	if err != nil {
-		m.storeFailed(w, r, subWrite{}, err)
+	// A request that is refused on its own (no such resource, a method it
+	// does not take, a body that is not JSON) is answered before the
+	// manager is waited for or the signing key written: a rejected
+	// request writes nothing, and is its 4xx whatever storage does.
+	// A create makes the key itself, once its body is judged (handlePut).
+	prepare := func(withKey bool) bool {
+		err := m.ready(r.Context())
+		if err == nil && withKey {
+			err = m.ensureKey(r.Context())
+		}
+		if err != nil {
+			m.storeFailed(w, r, subWrite{}, err)
+			return false
+		}
 		return true
 	}
 	if rest == "jwks.json" {
-		if !methodAllowed(w, r, jwksMethods) {
+		if !methodAllowed(w, r, jwksMethods) || !prepare(true) {
 			return true
 		}
 		w.Header().Set("Cache-Control", "public, max-age=300")
@@ -158,6 +168,24 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 		return true
 	}
 	if !methodAllowed(w, r, allow) {
+		return true
+	}
+	if r.Method == http.MethodPut || r.Method == http.MethodPost {
+		// Read whole here, so that JSON syntax is judged before any
+		// storage work; the handler reads it again from memory.
+		data, ok := readControlBody(w, r)
+		if !ok {
+			return true
+		}
+		if !json.Valid(data) {
+			var v any
+			err := json.Unmarshal(data, &v)
+			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "invalid JSON: "+err.Error())
+			return true
+		}
+		r.Body = io.NopCloser(bytes.NewReader(data))
+	}
+	if !prepare(found || r.Method != http.MethodPut) {
 		return true
 	}
 	base := publicURL(r, root)

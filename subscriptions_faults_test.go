@@ -240,3 +240,30 @@ func TestDamagedSubscriptionDocumentIsDeleted(t *testing.T) {
 		t.Errorf("DELETE repeated: %d %v", st, v)
 	}
 }
+
+// TestRefusedControlRequestsWriteNothing: a control request refused on
+// its own (not JSON, no such resource, a method it does not take) is
+// answered before the signing key is made: on a bucket without one, each
+// used to write it first.
+func TestRefusedControlRequestsWriteNothing(t *testing.T) {
+	dir := t.TempDir()
+	n := startSubNode(t, dir)
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+	}{
+		{"PUT", "/v1/stream/__ds/subscriptions/x", `{`, 400},
+		{"POST", "/v1/stream/__ds/subscriptions/x/streams", `{"streams":`, 400},
+		{"GET", "/v1/stream/__ds/bogus", "", 404},
+		{"PATCH", "/v1/stream/__ds/subscriptions/x", `{}`, 405},
+		{"PUT", "/v1/stream/__ds/subscriptions/x", `{"type":"pull-wake"}`, 400},
+	} {
+		if st, v := n.call(t, tc.method, tc.path, tc.body); st != tc.status {
+			t.Errorf("%s %s %s: %d %v, want %d", tc.method, tc.path, tc.body, st, v, tc.status)
+		}
+	}
+	key := filepath.Join(dir, filepath.FromSlash(streamstore.DocObjectKey(signatureKeyDocKey)))
+	if _, err := os.Stat(key); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the signing key after refused requests only: %v, want none", err)
+	}
+}
