@@ -183,6 +183,7 @@ func (m *subManager) handlePut(w http.ResponseWriter, r *http.Request, root, id,
 // names. More than limit of them is errTooManyLinks, found before the
 // listing goes further or any named stream is looked up.
 func (m *subManager) newSub(ctx context.Context, root, id, base, key, hash string, cfg subConfig, limit int) (*subState, error) {
+	listedFrom := time.Now().UnixMilli()
 	links := map[string]*subLink{}
 	if cfg.Pattern != "" {
 		prefix := root + globLiteralPrefix(cfg.Pattern)
@@ -230,7 +231,7 @@ func (m *subManager) newSub(ctx context.Context, root, id, base, key, hash strin
 		}
 		l.Explicit = true
 	}
-	s := &subState{ID: id, Root: root, BaseURL: base, Config: cfg, Hash: hash, CreatedAt: time.Now().UTC(), Links: links, key: key}
+	s := &subState{ID: id, Root: root, BaseURL: base, Config: cfg, Hash: hash, CreatedAt: time.Now().UTC(), ListedFrom: listedFrom, Links: links, key: key}
 	if cfg.WebhookURL != "" {
 		u, _ := url.Parse(cfg.WebhookURL)
 		s.Loopback = isLoopbackDevHost(u.Hostname())

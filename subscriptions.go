@@ -391,12 +391,16 @@ func (c subConfig) hash() string {
 
 // subState is the durable document of one subscription.
 type subState struct {
-	ID         string              `json:"id"`
-	Root       string              `json:"root"`
-	BaseURL    string              `json:"base_url"` // public URL of the stream root
-	Config     subConfig           `json:"config"`
-	Hash       string              `json:"hash"`
-	CreatedAt  time.Time           `json:"created_at"`
+	ID        string    `json:"id"`
+	Root      string    `json:"root"`
+	BaseURL   string    `json:"base_url"` // public URL of the stream root
+	Config    subConfig `json:"config"`
+	Hash      string    `json:"hash"`
+	CreatedAt time.Time `json:"created_at"`
+	// ListedFrom is when the create began to list the streams its pattern
+	// matched (Unix ms): an append from then on to a stream it does not
+	// link is one it was to hear of (relinkReplayed).
+	ListedFrom int64               `json:"listed_from,omitempty"`
 	Links      map[string]*subLink `json:"links"`
 	Generation uint64              `json:"generation"`
 	WakeID     string              `json:"wake_id,omitempty"`     // the wake in flight, if any
@@ -524,11 +528,14 @@ type subManager struct {
 	kid      string
 	mac      []byte
 
-	qmu    sync.Mutex
-	queue  map[string]appendNote // by stream name, coalesced: bounded by the streams appended to
-	kick   chan struct{}
-	client *http.Client
-	ctx    context.Context // ends when the engine closes
+	// replayed is what the engine's start replayed from the WAL, until a
+	// load has used it (relinkReplayed).
+	replayed []streamstore.ReplayedStream
+	qmu      sync.Mutex
+	queue    map[string]appendNote // by stream name, coalesced: bounded by the streams appended to
+	kick     chan struct{}
+	client   *http.Client
+	ctx      context.Context // ends when the engine closes
 
 	refusedLog *sampledLog // links refused at the limit, logged sparsely
 }
@@ -647,6 +654,7 @@ func (sm *subManagers) managerFor(eng *streamstore.Engine, log *zap.Logger) *sub
 		},
 	}
 	sm.cur.Store(m)
+	m.replayed = eng.TakeReplayed()
 	eng.OnAppend(m.noteAppend)
 	eng.OnDelete(m.noteDelete)
 	go func() {
@@ -824,6 +832,7 @@ func (m *subManager) load() error {
 	if err != nil {
 		return err
 	}
+	relinked := m.relinkReplayed(subs)
 	// The links' own minute: a lookup it cuts short is checked again
 	// later (recheckLinks), not lost.
 	hctx, hcancel := context.WithTimeout(m.ctx, time.Minute)
@@ -832,13 +841,14 @@ func (m *subManager) load() error {
 	recheck := failedLinks(subs, heads)
 	// Written before the manager serves, when nothing else can see them.
 	for _, s := range subs {
-		if s.reconcile(heads) {
+		if s.reconcile(heads) || relinked[s] {
 			if err := m.putSub(s); err != nil {
 				m.log.Error("saving subscription", zap.String("id", s.ID), zap.Error(err))
 			}
 		}
 	}
 	m.mu.Lock()
+	m.replayed = nil // in the documents now, or in memory to be written with the next change
 	m.subs, m.damaged = subs, damaged
 	m.index = subIndex{}
 	for _, s := range subs {

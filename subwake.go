@@ -14,6 +14,7 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -459,4 +460,63 @@ func (m *subManager) writeWakeEventLocked(s *subState) {
 		m.log.Warn("writing wake event failed", zap.String("id", s.ID), zap.String("stream", name),
 			zap.Int("failures", s.Failures), zap.Error(err))
 	}()
+}
+
+// replaySlack widens the time from which a replayed append is one a
+// subscription was to hear of: the appends were stamped by the clock of
+// the process that took them, which may be another node's.
+const replaySlack = 5 * time.Second
+
+// relinkReplayed links, in subs as the load read them, the streams the
+// engine's start replayed appends of that a subscription's pattern
+// matches but that it does not link, from the first of those appends made
+// since the subscription began to list its streams. An append links its
+// stream before it is acknowledged only in memory: the document that
+// keeps the link is written after, and a process that ended before that
+// write landed lost the link, and its next append would have linked the
+// stream only from there, the records before never offered. The WAL
+// still holds them, unless compaction retired it. A stream unlinked since
+// (to make way, or by a request) may be linked again from an append
+// already offered: offered twice, as at-least-once allows. It reports the
+// subscriptions it changed.
+func (m *subManager) relinkReplayed(subs map[string]*subState) map[*subState]bool {
+	if len(m.replayed) == 0 || len(subs) == 0 {
+		return nil
+	}
+	var x subIndex
+	for _, s := range subs {
+		x.add(s)
+	}
+	limit := m.owner.linkLimit()
+	changed := map[*subState]bool{}
+	for _, r := range m.replayed {
+		x.candidates(r.Name, func(s *subState) {
+			rel, ok := strings.CutPrefix(r.Name, s.Root)
+			if !ok || rel == "" || s.Links[rel] != nil || s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel) {
+				return
+			}
+			from := s.ListedFrom
+			if from == 0 {
+				// Stored before the field: the create listed before it
+				// took its time, for as long as its listing took.
+				from = s.CreatedAt.Add(-time.Minute).UnixMilli()
+			}
+			from -= replaySlack.Milliseconds()
+			i := slices.IndexFunc(r.Points, func(p streamstore.ReplayPoint) bool { return p.Time >= from })
+			if i < 0 {
+				return
+			}
+			if len(s.Links) >= limit {
+				m.log.Warn("a stream the subscription's pattern matches, appended to before a restart, is not linked again: the subscription links the most streams it may",
+					zap.String("subscription", s.ID), zap.String("stream", r.Name), zap.Int("limit", limit))
+				return
+			}
+			seq := r.Points[i].Seq
+			s.Links[rel] = &subLink{Glob: true, Acked: seq, Tail: seq, Stream: r.ID}
+			changed[s] = true
+			m.log.Info("linked a stream again that the subscription's document had lost with the process that linked it",
+				zap.String("subscription", s.ID), zap.String("stream", r.Name), zap.Uint64("from_seq", seq))
+		})
+	}
+	return changed
 }

@@ -105,6 +105,7 @@ type Engine struct {
 	log   *zap.Logger
 
 	appendHook atomic.Pointer[AppendHook] // told of durable appends (notify.go)
+	replayed   map[string]*ReplayedStream // what the start's replay found, by name (replayed.go)
 	deleteHook atomic.Pointer[DeleteHook] // told of deleted streams (notify.go)
 	deadlines  deadlines                  // appends' waits for their batches
 	man        *segment.Manifests
@@ -379,6 +380,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err == nil {
 		e.ownNS.Store(ns + 1)
 		err = e.settleSeeds(ctx, metas)
+	}
+	if err == nil {
+		e.keepReplayed()
 	}
 	if err != nil && isDamage(err) {
 		// An object to replay fails its checksum or framing. Which
@@ -1702,8 +1706,12 @@ func (e *Engine) replayObject(metas *metaLoader, key string, obj *segment.WALObj
 		if (ent.Create != nil || ent.Drop) && (s == nil || metas.seeded(s)) {
 			s = e.replaySeed(metas, key, ent)
 		}
-		if s == nil || s.meta.ID != ent.StreamID || s.meta.Upto.after(pos) {
-			continue // orphaned by a crashed create, deleted, or already checkpointed
+		if s == nil || s.meta.ID != ent.StreamID {
+			continue // orphaned by a crashed create, or deleted
+		}
+		if s.meta.Upto.after(pos) {
+			e.noteReplayed(ent) // checkpointed already, but still the hook's to hear of
+			continue
 		}
 		ch := changeOf(ent)
 		if ch.First != s.durable.NextSeq {
@@ -1719,6 +1727,7 @@ func (e *Engine) replayObject(metas *metaLoader, key string, obj *segment.WALObj
 		s.pend = s.durable
 		s.runs = append(s.runs, walRun{pos: pos, key: key, span: obj.Spans[i], ch: ch, blob: ent.Blob})
 		e.commitEnd = pos.next()
+		e.noteReplayed(ent)
 	}
 	return nil
 }
