@@ -416,6 +416,20 @@ func (m *subManager) handleDelete(w http.ResponseWriter, r *http.Request, root, 
 			}
 			continue
 		}
+		if cr := m.creating[key]; cr != nil {
+			// Judged once the create is done: a damaged document it
+			// replaces is its own then, not for this delete to take.
+			m.mu.Unlock()
+			select {
+			case <-cr.done:
+				m.mu.Lock()
+				continue
+			case <-r.Context().Done():
+				m.mu.Lock()
+				subError(w, http.StatusServiceUnavailable, "UNAVAILABLE", "waiting for a concurrent create: "+r.Context().Err().Error())
+				return
+			}
+		}
 		s, ok := m.subs[key]
 		if !ok {
 			if bad, damaged := m.damaged[key]; damaged && !m.deleteDamagedLocked(w, r, root, key, bad) {

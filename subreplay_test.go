@@ -78,3 +78,54 @@ func TestPatternLinkLostWithItsProcess(t *testing.T) {
 		t.Fatalf("the document after the restart: %v, link to events/new %v", err, strings.Contains(string(after), `"events/new"`))
 	}
 }
+
+// TestPatternLinkLostAtTheLinkLimit: a subscription at its link limit
+// links a new stream's first append by unlinking an idle glob link to make
+// way; when that write is lost with the process, the start makes way the
+// same, and links the new stream from record 0. It was skipped as if the
+// subscription had no room.
+func TestPatternLinkLostAtTheLinkLimit(t *testing.T) {
+	dir := t.TempDir()
+	oneLink := func(d *durableStreams) { d.subs.maxLinks = 1 }
+	n := startSubNode(t, dir, oneLink)
+	if st, v := n.call(t, "PUT", "/v1/stream/events/a", `[{"n":1}]`); st != 201 {
+		t.Fatalf("create events/a: %d %v", st, v)
+	}
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	n.pullSubscribe(t, sub) // links events/a at its tail: idle
+	doc := filepath.Join(dir, filepath.FromSlash(streamstore.DocObjectKey(subDocKey("/v1/stream/", "p1"))))
+	before, err := os.ReadFile(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, v := n.call(t, "PUT", "/v1/stream/events/b", `[{"n":1}]`); st != 201 {
+		t.Fatalf("create events/b: %d %v", st, v)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, v := n.call(t, "GET", sub, "")
+		if _, ok := linkedAt(v, "events/b"); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events/b not linked: %v", v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	n.stop(t)
+	if err := os.Remove(doc); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(doc, before, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	n = startSubNode(t, dir, oneLink)
+	_, v := n.call(t, "GET", sub, "")
+	if acked, ok := linkedAt(v, "events/b"); !ok || acked != (position{}).String() {
+		t.Fatalf("events/b after the restart: linked %v at %q, want at %q (%v)", ok, acked, position{}.String(), v)
+	}
+	if _, ok := linkedAt(v, "events/a"); ok {
+		t.Errorf("events/a still linked past the limit of 1: %v", v)
+	}
+}

@@ -183,7 +183,7 @@ func (d *durableStreams) serveReserved(w http.ResponseWriter, r *http.Request) b
 			subError(w, http.StatusBadRequest, "INVALID_REQUEST", "invalid JSON: "+err.Error())
 			return true
 		}
-		r.Body = io.NopCloser(bytes.NewReader(data))
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(data)), int64(len(data))
 	}
 	if !prepare(found || r.Method != http.MethodPut) {
 		return true
@@ -832,7 +832,7 @@ func (m *subManager) load() error {
 	if err != nil {
 		return err
 	}
-	relinked := m.relinkReplayed(subs)
+	replayed := m.replayedLinks(subs)
 	// The links' own minute: a lookup it cuts short is checked again
 	// later (recheckLinks), not lost.
 	hctx, hcancel := context.WithTimeout(m.ctx, time.Minute)
@@ -841,7 +841,13 @@ func (m *subManager) load() error {
 	recheck := failedLinks(subs, heads)
 	// Written before the manager serves, when nothing else can see them.
 	for _, s := range subs {
-		if s.reconcile(heads) || relinked[s] {
+		// Relinked once the links know their tails: which glob link is
+		// idle, to make way, depends on them.
+		changed := s.reconcile(heads)
+		if m.relinkReplayed(s, replayed[s]) {
+			changed = true
+		}
+		if changed {
 			if err := m.putSub(s); err != nil {
 				m.log.Error("saving subscription", zap.String("id", s.ID), zap.Error(err))
 			}

@@ -3,6 +3,7 @@ package picomq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -265,5 +266,71 @@ func TestRefusedControlRequestsWriteNothing(t *testing.T) {
 	key := filepath.Join(dir, filepath.FromSlash(streamstore.DocObjectKey(signatureKeyDocKey)))
 	if _, err := os.Stat(key); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the signing key after refused requests only: %v, want none", err)
+	}
+}
+
+// TestControlBodyOfWhitespace: a control request's body of whitespace
+// only is an empty one ({}), as before its body was read ahead of the
+// storage work: read again with the first length, it was 400.
+func TestControlBodyOfWhitespace(t *testing.T) {
+	n := startSubNode(t, t.TempDir())
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	n.pullSubscribe(t, sub)
+	// A claim without a worker: 400, for the worker it lacks.
+	want, wantV := n.call(t, "POST", sub+"/claim", "{}")
+	for _, body := range []string{" ", "\n", "   \n"} {
+		if st, v := n.call(t, "POST", sub+"/claim", body); st != want || fmt.Sprint(v) != fmt.Sprint(wantV) {
+			t.Errorf("claim with body %q: %d %v, want %d %v as with {}", body, st, v, want, wantV)
+		}
+	}
+}
+
+// TestDeleteOfADamagedSubscriptionWaitsForItsCreate: a DELETE of an id
+// whose document is damaged, while a create of the id is being written
+// (which replaces the damaged document), waits for the create and deletes
+// what it made. It took the damaged path at once, and its delete could
+// remove the create's document while the created subscription stayed in
+// memory.
+func TestDeleteOfADamagedSubscriptionWaitsForItsCreate(t *testing.T) {
+	dir := t.TempDir()
+	n := startSubNode(t, dir)
+	const sub = "/v1/stream/__ds/subscriptions/p1"
+	n.pullSubscribe(t, sub)
+	n.stop(t)
+	key := subDocKey("/v1/stream/", "p1")
+	damageSubDoc(t, dir, key)
+	n = startSubNode(t, dir)
+	if st, _ := n.call(t, "GET", sub, ""); st != 500 {
+		t.Fatalf("GET of the damaged subscription: %d", st)
+	}
+	m := n.Config.Handler.(*durableStreams).subs.cur.Load()
+	cr := &subCreate{root: "/v1/stream/", done: make(chan struct{})}
+	m.mu.Lock()
+	m.creating = map[string]*subCreate{key: cr} // a create being written
+	m.mu.Unlock()
+	answered := make(chan int, 1)
+	go func() {
+		st, _ := n.call(t, "DELETE", sub, "")
+		answered <- st
+	}()
+	select {
+	case st := <-answered:
+		t.Fatalf("DELETE answered %d while a create of the id was being written", st)
+	case <-time.After(300 * time.Millisecond):
+	}
+	m.mu.Lock()
+	delete(m.creating, key)
+	close(cr.done) // the create failed and wrote nothing: the document stays damaged
+	m.mu.Unlock()
+	select {
+	case st := <-answered:
+		if st != 204 {
+			t.Fatalf("DELETE after the create: %d", st)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("DELETE did not answer after the create ended")
+	}
+	if st, _ := n.call(t, "GET", sub, ""); st != 404 {
+		t.Errorf("GET after the delete: %d, want 404", st)
 	}
 }

@@ -467,19 +467,17 @@ func (m *subManager) writeWakeEventLocked(s *subState) {
 // the process that took them, which may be another node's.
 const replaySlack = 5 * time.Second
 
-// relinkReplayed links, in subs as the load read them, the streams the
-// engine's start replayed appends of that a subscription's pattern
-// matches but that it does not link, from the first of those appends made
-// since the subscription began to list its streams. An append links its
-// stream before it is acknowledged only in memory: the document that
-// keeps the link is written after, and a process that ended before that
-// write landed lost the link, and its next append would have linked the
-// stream only from there, the records before never offered. The WAL
-// still holds them, unless compaction retired it. A stream unlinked since
-// (to make way, or by a request) may be linked again from an append
-// already offered: offered twice, as at-least-once allows. It reports the
-// subscriptions it changed.
-func (m *subManager) relinkReplayed(subs map[string]*subState) map[*subState]bool {
+// replayedLink is a stream the engine's start replayed appends of that a
+// subscription's pattern matches but no link of it names.
+type replayedLink struct {
+	rel string
+	r   *streamstore.ReplayedStream
+}
+
+// replayedLinks finds, for each subscription in subs as the load read
+// them, the streams the engine's start replayed appends of that its
+// pattern matches but that it does not link (see relinkReplayed).
+func (m *subManager) replayedLinks(subs map[string]*subState) map[*subState][]replayedLink {
 	if len(m.replayed) == 0 || len(subs) == 0 {
 		return nil
 	}
@@ -487,36 +485,61 @@ func (m *subManager) relinkReplayed(subs map[string]*subState) map[*subState]boo
 	for _, s := range subs {
 		x.add(s)
 	}
-	limit := m.owner.linkLimit()
-	changed := map[*subState]bool{}
-	for _, r := range m.replayed {
+	found := map[*subState][]replayedLink{}
+	for i := range m.replayed {
+		r := &m.replayed[i]
 		x.candidates(r.Name, func(s *subState) {
 			rel, ok := strings.CutPrefix(r.Name, s.Root)
-			if !ok || rel == "" || s.Links[rel] != nil || s.Config.Pattern == "" || !globMatch(s.Config.Pattern, rel) {
-				return
+			if ok && rel != "" && s.Links[rel] == nil && s.Config.Pattern != "" && globMatch(s.Config.Pattern, rel) {
+				found[s] = append(found[s], replayedLink{rel, r})
 			}
-			from := s.ListedFrom
-			if from == 0 {
-				// Stored before the field: the create listed before it
-				// took its time, for as long as its listing took.
-				from = s.CreatedAt.Add(-time.Minute).UnixMilli()
-			}
-			from -= replaySlack.Milliseconds()
-			i := slices.IndexFunc(r.Points, func(p streamstore.ReplayPoint) bool { return p.Time >= from })
-			if i < 0 {
-				return
-			}
-			if len(s.Links) >= limit {
-				m.log.Warn("a stream the subscription's pattern matches, appended to before a restart, is not linked again: the subscription links the most streams it may",
-					zap.String("subscription", s.ID), zap.String("stream", r.Name), zap.Int("limit", limit))
-				return
-			}
-			seq := r.Points[i].Seq
-			s.Links[rel] = &subLink{Glob: true, Acked: seq, Tail: seq, Stream: r.ID}
-			changed[s] = true
-			m.log.Info("linked a stream again that the subscription's document had lost with the process that linked it",
-				zap.String("subscription", s.ID), zap.String("stream", r.Name), zap.Uint64("from_seq", seq))
 		})
+	}
+	return found
+}
+
+// relinkReplayed links to s, whose links the load has reconciled with
+// their streams, the streams of found that no link names yet, from the
+// first of their replayed appends made since s began to list its streams.
+// It reports whether it changed s.
+//
+// An append links its stream before it is acknowledged only in memory:
+// the document that keeps the link is written after, and a process that
+// ended before that write landed lost the link, and its next append would
+// have linked the stream only from there, the records before never
+// offered. The WAL still holds them, unless compaction retired it. A
+// stream unlinked since (to make way) may be linked again from an append
+// already offered: offered twice, as at-least-once allows. At the link
+// limit, an idle glob link makes way as for an append (refusesLinkLocked).
+func (m *subManager) relinkReplayed(s *subState, found []replayedLink) bool {
+	from := s.ListedFrom
+	if from == 0 {
+		// Stored before the field: the create listed before it took its
+		// time, for as long as its listing took.
+		from = s.CreatedAt.Add(-time.Minute).UnixMilli()
+	}
+	from -= replaySlack.Milliseconds()
+	changed := false
+	for _, f := range found {
+		if s.Links[f.rel] != nil {
+			continue
+		}
+		i := slices.IndexFunc(f.r.Points, func(p streamstore.ReplayPoint) bool { return p.Time >= from })
+		if i < 0 {
+			continue
+		}
+		refused, makeWay := m.refusesLinkLocked(s, f.rel, appendNote{name: f.r.Name, id: f.r.ID, first: f.r.Points[i].Seq, next: f.r.Next})
+		if refused {
+			continue
+		}
+		if makeWay != "" {
+			s.unlinkIdle(makeWay)
+		}
+		seq := f.r.Points[i].Seq
+		s.Links[f.rel] = &subLink{Glob: true, Acked: seq, Tail: max(seq, f.r.Next), Stream: f.r.ID}
+		changed = true
+		m.log.Info("linked a stream again that the subscription's document had lost with the process that linked it",
+			zap.String("subscription", s.ID), zap.String("stream", f.r.Name), zap.Uint64("from_seq", seq))
 	}
 	return changed
 }
