@@ -389,9 +389,13 @@ func newEngineRef(key string, store segment.Store, s engineSettings, logs *logFo
 	return r
 }
 
-// engineStartTimeout bounds taking the lease and replaying the log, so a
-// wedged store fails the config load instead of hanging it.
-const engineStartTimeout = 5 * time.Minute
+// engineStartStall bounds how long a start (taking the lease, replaying
+// the log) may go without progress, so a wedged store fails the config
+// load instead of hanging it. A long replay that keeps going is not cut
+// short: its length is the WAL compaction left, which a stalled compaction
+// can let grow past any fixed bound.
+// A variable, for tests.
+var engineStartStall = 5 * time.Minute
 
 // start starts the engine once; later calls return the first result. With
 // background (at boot), a start that fails because the store cannot be
@@ -570,7 +574,7 @@ func (r *engineRef) doStart(ctx context.Context) error {
 	r.mu.Unlock()
 	// Start's context bounds the start only; the engine's background work
 	// lives until Close.
-	ctx, cancel := context.WithTimeout(ctx, engineStartTimeout)
+	ctx, cancel := newStallContext(ctx, engineStartStall, eng.StartProgress)
 	defer cancel()
 	if err := eng.Start(ctx); err != nil {
 		// Never started, it holds no lease and writes nothing: Close

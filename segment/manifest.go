@@ -508,6 +508,9 @@ type ReplayFuncs struct {
 	Packs func(packs []PackRef) error
 	// Apply is handed every committed object, in WAL order.
 	Apply func(key string, obj *WALObject) error
+	// Listed, when set, is told of each page of WAL keys listed: a long
+	// WAL takes a while to list before anything is applied.
+	Listed func()
 }
 
 // Replay reads the WAL after a restart. It first registers a fresh
@@ -603,6 +606,9 @@ func replayNamespace(ctx context.Context, store Store, n Namespace, token string
 				present[seq] = true
 			}
 			after = o.Key
+		}
+		if fn.Listed != nil {
+			fn.Listed()
 		}
 		if !more || len(objs) == 0 {
 			break

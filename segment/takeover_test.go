@@ -293,3 +293,35 @@ func (c *countingLists) List(ctx context.Context, prefix, after string, limit in
 	c.n.Add(1)
 	return c.Store.List(ctx, prefix, after, limit)
 }
+
+// A replay tells of each page of WAL keys it lists (ReplayFuncs.Listed):
+// a WAL long enough takes minutes to list before anything is applied, and
+// a start bounded by its progress must see it moving.
+func TestReplayTellsOfEachListedPage(t *testing.T) {
+	ctx := context.Background()
+	st := memstore.New()
+	apply := segment.ReplayFuncs{Apply: func(string, *segment.WALObject) error { return nil }}
+	ns, err := segment.Replay(ctx, st, segment.NewManifests(st), "first", apply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const objects = 2100 // three pages of 1,000 keys
+	for seq := range uint64(objects) {
+		entry := &segment.Entry{StreamID: "id", Name: "/s", FirstSeq: seq, Records: []segment.Record{{Seq: seq, Body: []byte("x")}}}
+		data, _ := segment.EncodeWAL(ns, seq, []*segment.Entry{entry})
+		if _, err := st.Put(ctx, segment.WALKey(ns, seq), data, segment.PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pages, applied := 0, 0
+	fn := segment.ReplayFuncs{
+		Listed: func() { pages++ },
+		Apply:  func(string, *segment.WALObject) error { applied++; return nil },
+	}
+	if _, err := segment.Replay(ctx, st, segment.NewManifests(st), "second", fn); err != nil {
+		t.Fatal(err)
+	}
+	if pages < 3 || applied != objects {
+		t.Fatalf("told of %d listed pages and %d objects, want 3 or more and %d", pages, applied, objects)
+	}
+}

@@ -106,10 +106,14 @@ type Engine struct {
 
 	appendHook atomic.Pointer[AppendHook] // told of durable appends (notify.go)
 	replayed   map[string]*ReplayedStream // what the start's replay found, by name (replayed.go)
-	deleteHook atomic.Pointer[DeleteHook] // told of deleted streams (notify.go)
-	deadlines  deadlines                  // appends' waits for their batches
-	man        *segment.Manifests
-	cache      *blockCache
+	// startProgress counts what the start has done (WAL pages listed,
+	// objects applied, metadata objects read): a start that is slow but moving is told
+	// from a stuck one (StartProgress).
+	startProgress atomic.Int64
+	deleteHook    atomic.Pointer[DeleteHook] // told of deleted streams (notify.go)
+	deadlines     deadlines                  // appends' waits for their batches
+	man           *segment.Manifests
+	cache         *blockCache
 
 	cfgMu sync.RWMutex
 	cfg   Config
@@ -370,7 +374,9 @@ func (e *Engine) Start(ctx context.Context) error {
 		Packs: func(refs []segment.PackRef) error {
 			return e.replayPacks(ctx, metas, refs)
 		},
+		Listed: func() { e.startProgress.Add(1) },
 		Apply: func(key string, obj *segment.WALObject) error {
+			e.startProgress.Add(1)
 			objects++
 			entries += len(obj.Entries)
 			return e.replayObject(metas, key, obj)
@@ -429,6 +435,11 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.kickGC()
 	return nil
 }
+
+// StartProgress counts the steps a start has taken so far: pages of WAL
+// keys listed, WAL objects replayed and metadata objects read. It moves while a long replay goes
+// on, so a caller bounding the start can tell it from a stuck one.
+func (e *Engine) StartProgress() int64 { return e.startProgress.Load() }
 
 // goBG runs f on a goroutine that Close waits for. Once Close has begun
 // it starts nothing and reports false: a goroutine counted after Close's
@@ -1523,6 +1534,7 @@ func (m *metaLoader) work() {
 		m.queue = m.queue[1:]
 		m.mu.Unlock()
 		l.s, l.err = m.e.loadMeta(m.ctx, l.name)
+		m.e.startProgress.Add(1)
 		if errors.Is(l.err, ErrNotFound) {
 			l.s, l.err = nil, nil
 		}

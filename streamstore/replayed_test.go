@@ -55,6 +55,9 @@ func TestTakeReplayed(t *testing.T) {
 	}
 
 	e2 := startEngine(t, st, Config{})
+	if p := e2.StartProgress(); p < 2 {
+		t.Errorf("start progress %d after replaying the WAL, want 2 or more", p)
+	}
 	got := e2.TakeReplayed()
 	slices.SortFunc(got, func(a, b ReplayedStream) int { return strings.Compare(a.Name, b.Name) })
 	var names []string
