@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -92,6 +93,29 @@ func TestNodeID(t *testing.T) {
 	}
 	if id, err := loadNodeID(p); err != nil || id != "operator-chosen-id" {
 		t.Errorf("operator id: %q %v", id, err)
+	}
+	left, _ := filepath.Glob(filepath.Join(filepath.Dir(p), ".node-id-*"))
+	if len(left) != 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+}
+
+// TestNodeIDWithoutHardLinks: on a file system without hard links (the
+// data directory on some network or FUSE mounts, which Caddy's own
+// storage works on), the node id is created in place, once: the first
+// start, even on s3:// storage, failed with "installing node id".
+func TestNodeIDWithoutHardLinks(t *testing.T) {
+	defer func(was func(string, string) error) { linkFile = was }(linkFile)
+	linkFile = func(oldname, newname string) error {
+		return &os.LinkError{Op: "link", Old: oldname, New: newname, Err: syscall.EPERM}
+	}
+	p := filepath.Join(t.TempDir(), "node-id")
+	id, err := loadNodeID(p)
+	if err != nil || len(id) != 32 {
+		t.Fatalf("first load: %q %v", id, err)
+	}
+	if again, err := loadNodeID(p); err != nil || again != id {
+		t.Errorf("second load: %q %v, want %q", again, err, id)
 	}
 	left, _ := filepath.Glob(filepath.Join(filepath.Dir(p), ".node-id-*"))
 	if len(left) != 0 {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -175,13 +176,55 @@ func loadNodeID(p string) (string, error) {
 	if err := tmp.Close(); err != nil {
 		return "", fmt.Errorf("writing node id: %w", err)
 	}
-	if err := os.Link(tmp.Name(), p); err != nil {
-		if errors.Is(err, fs.ErrExist) {
-			return loadNodeID(p) // another process won the race; use its id
+	err = linkFile(tmp.Name(), p)
+	if errors.Is(err, syscall.EPERM) || errors.Is(err, errors.ErrUnsupported) {
+		// A file system without hard links (some network and FUSE
+		// mounts, which Caddy's own storage works on): the file is
+		// created in place instead, exclusively, so that two first
+		// starts still agree on one id.
+		err = createExclusive(p, id+"\n")
+	}
+	if errors.Is(err, fs.ErrExist) {
+		// Another process won the race; use its id, once written (an
+		// exclusive create is empty for a moment).
+		for range 20 {
+			if b, rerr := os.ReadFile(p); rerr != nil || len(b) > 0 {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
+		return loadNodeID(p)
+	}
+	if err != nil {
 		return "", fmt.Errorf("installing node id: %w", err)
 	}
 	return id, nil
+}
+
+// linkFile is os.Link; a variable, so that tests can play a file system
+// without hard links.
+var linkFile = os.Link
+
+// createExclusive writes content to a new file p, failing with
+// fs.ErrExist when p exists; a write that fails removes it. Unlike a link
+// into place, a crash can leave p short; loadNodeID then refuses it as
+// corrupt, naming it.
+func createExclusive(p, content string) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(content)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(p)
+	}
+	return err
 }
 
 // validNodeID accepts what loadNodeID writes, and other short printable ids
