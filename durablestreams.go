@@ -926,8 +926,10 @@ func (d *durableStreams) sse(w http.ResponseWriter, r *http.Request, eng *stream
 			info, err := lw.wait(eng, name, id, f.next.seq, keepAliveOr(d.sseKeepAlive))
 			switch {
 			case errors.Is(err, errKeepAlive):
-				// Quiet all along: the control event again, as a
-				// parked feed gets it, and then a try at the hub.
+				// Quiet all along: the control event again (not the
+				// data already sent), as a parked feed gets it, and
+				// then a try at the hub.
+				f = &sseFrame{id: id, start: f.next, next: f.next, tail: f.next.seq, upToDate: true}
 				announced = false
 				continue
 			case errors.Is(err, errWaitOver):

@@ -205,8 +205,11 @@ func (p *picoProtocol) sse(w http.ResponseWriter, r *http.Request, eng *streamst
 			info, err := lw.wait(eng, name, id, pg.next, keepAliveOr(p.sseKeepAlive))
 			switch {
 			case errors.Is(err, errKeepAlive):
-				// Quiet all along: the control event again, as a
-				// parked feed gets it, and then a try at the hub.
+				// Quiet all along: the control event again (not the
+				// page already sent), as a parked feed gets it, and
+				// then a try at the hub.
+				pg.release()
+				pg = picoPage{info: pg.info, start: pg.next, next: pg.next, upToDate: true}
 				announced = false
 				continue
 			case errors.Is(err, errWaitOver):

@@ -715,3 +715,37 @@ func TestSSELoneFeedsAreKeptAlive(t *testing.T) {
 		}
 	})
 }
+
+// TestSSEKeepAliveAfterDataRepeatsNoData: a lone feed that read records
+// up to the tail and then waits out the keep-alive gets the control event
+// again, not the records: the page it had sent was written once more at
+// every keep-alive, the same records (a page up to 1 MiB) delivered again.
+func TestSSEKeepAliveAfterDataRepeatsNoData(t *testing.T) {
+	const every = 150 * time.Millisecond
+	t.Run("durable streams", func(t *testing.T) {
+		s := newDSServer(t, func(d *durableStreams) { d.hubs, d.sseKeepAlive = nil, every })
+		s.do(t, "PUT", "/s", "x", ct, "text/plain").want(t, 201)
+		r := s.sse(t, "/s?offset=-1&live=sse")
+		if ev := r.next(t); ev.typ != "data" || ev.data != "x" {
+			t.Fatalf("first event %+v", ev)
+		}
+		for i := range 4 {
+			if ev := r.next(t); ev.typ != "control" {
+				t.Fatalf("event %d after the data, the stream quiet: %+v", i, ev)
+			}
+		}
+	})
+	t.Run("pico", func(t *testing.T) {
+		s := newPicoServer(t, func(p *picoProtocol) { p.hubs, p.sseKeepAlive = nil, every })
+		s.do(t, "PUT", "/pico/s", []byte("x"), "Content-Type", "text/plain").want(t, 201)
+		r := s.sse(t, "/pico/s?live=sse")
+		if ev := r.next(t); ev.typ != "data" {
+			t.Fatalf("first event %+v", ev)
+		}
+		for i := range 4 {
+			if ev := r.next(t); ev.typ != "control" {
+				t.Fatalf("event %d after the data, the stream quiet: %+v", i, ev)
+			}
+		}
+	})
+}
