@@ -308,7 +308,7 @@ func (p *picoProtocol) firstRecordsDiffer(ctx context.Context, eng *streamstore.
 		}
 		return nil
 	}
-	res, err := eng.Read(ctx, name, streamstore.ReadRequest{Seq: 0, MaxRecords: len(want), MaxBytes: max(size, 1), Judge: same})
+	res, err := eng.Read(ctx, name, streamstore.ReadRequest{Seq: 0, MaxRecords: len(want), MaxBytes: size + 1, Judge: same})
 	switch {
 	case errors.Is(err, errDiffer):
 		return "stream exists, and its first records are not this create's body" + refused, id, nil

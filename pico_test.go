@@ -260,6 +260,20 @@ func TestPicoCreate(t *testing.T) {
 	s.do(t, "PUT", "/pico/firsts", batch, hCT, picowire.BinaryBatch).want(t, 201).header(t, hdrPicoNextSeq, "2").
 		header(t, hCT, "application/octet-stream")
 	s.do(t, "PUT", "/pico/firsts", batch, hCT, picowire.BinaryBatch).want(t, 200).header(t, hdrPicoNextSeq, "2")
+	// A batch that ends in records weighing nothing (no body, no
+	// headers) is confirmed as well: the comparison's read stopped at the
+	// batch's weight before them, and the repeat was 409.
+	for i, recs := range [][]picowire.Record{{{Body: []byte("a")}, {}}, {{}, {Body: []byte("a")}, {}}, {{}, {}}} {
+		name := fmt.Sprintf("/pico/weightless%d", i)
+		b := picowire.EncodeBinary(recs)
+		next := strconv.Itoa(len(recs))
+		s.do(t, "PUT", name, b, hCT, picowire.BinaryBatch).want(t, 201).header(t, hdrPicoNextSeq, next)
+		s.do(t, "PUT", name, b, hCT, picowire.BinaryBatch).want(t, 200).header(t, hdrPicoNextSeq, next)
+		// The first records are the body; the stream's others follow.
+		s.do(t, "PUT", name, picowire.EncodeBinary(recs[:len(recs)-1]), hCT, picowire.BinaryBatch).want(t, 200)
+		s.do(t, "PUT", name, picowire.EncodeBinary([]picowire.Record{{Body: []byte("z")}}), hCT, picowire.BinaryBatch).
+			wantError(t, 409, picoErrConflict, int64(len(recs)))
+	}
 	s.do(t, "PUT", "/pico/badfirst", []byte{2, 0, 0, 0, 1}, hCT, picowire.BinaryBatch).wantError(t, 400, picoErrBadRequest, -1)
 	s.do(t, "HEAD", "/pico/badfirst", nil).want(t, 404)
 	// A batch type without a body is a create without initial records,

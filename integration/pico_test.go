@@ -315,6 +315,11 @@ func TestPicoProtocol(t *testing.T) {
 		if len(recs) != 2 || string(recs[0].data(t)) != "a" || !bytes.Equal(recs[1].data(t), []byte{0xff}) || recs[1].Headers["k"] != "v" {
 			t.Errorf("records of the batch create: %+v", recs)
 		}
+		picoWant(t, "batch create repeated", picoDo(e, "PUT", "/pico/withbatch", batch, "Content-Type", picoBinaryBatch), 200, "Pico-Next-Seq", "2")
+		// Ending in a record that weighs nothing: the repeat was 409.
+		weightless := picoEncodeBinary([]picoNewRecord{{body: []byte("a")}, {}})
+		picoWant(t, "create ending in an empty record", picoDo(e, "PUT", "/pico/weightless", weightless, "Content-Type", picoBinaryBatch), 201, "Pico-Next-Seq", "2")
+		picoWant(t, "the same create repeated", picoDo(e, "PUT", "/pico/weightless", weightless, "Content-Type", picoBinaryBatch), 200, "Pico-Next-Seq", "2")
 	})
 
 	// A null member is an absent one, as Go's encoding/json writes a nil
