@@ -883,9 +883,18 @@ func (p *picoProtocol) read(ctx context.Context, eng *streamstore.Engine, name s
 		switch {
 		case herr != nil:
 		case q.fromStart:
-			// "From the beginning" means the first retained record.
-			req.Seq = info.StartSeq
-			res, err = eng.Read(ctx, name, req)
+			// "From the beginning" means the first retained record,
+			// wherever trims landing meanwhile moved it (each try
+			// follows one that moved it, so a few reach it).
+			for range 8 {
+				req.Seq = info.StartSeq
+				if res, err = eng.Read(ctx, name, req); !errors.Is(err, streamstore.ErrGone) {
+					break
+				}
+				if info, herr = eng.Head(ctx, name); herr != nil || info.StartSeq <= req.Seq {
+					break
+				}
+			}
 		default:
 			err = &belowStartError{seq: q.seq, start: info.StartSeq}
 		}

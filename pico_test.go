@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1732,4 +1733,59 @@ func TestPicoRevalidationReplacesUpToDate(t *testing.T) {
 	s.do(t, "POST", "/pico/u", []byte("b")).want(t, 200)
 	s.do(t, "GET", "/pico/u?seq=0&count=1", nil, "If-None-Match", tag).want(t, 200).
 		header(t, hdrPicoUpToDate, "").header(t, hdrPicoNextSeq, "1")
+}
+
+// TestPicoReadFromStartRacesTrims: a read without seq starts at the first
+// record a trim left, wherever trims landing meanwhile moved it: one that
+// landed between the read's look at the start and its read from there was
+// 410 for a seq the client never asked for.
+func TestPicoReadFromStartRacesTrims(t *testing.T) {
+	s := newPicoServer(t)
+	s.do(t, "PUT", "/pico/t", nil, hCT, "text/plain").want(t, 201)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		recs := make([]streamstore.NewRecord, 100)
+		for i := range recs {
+			recs[i].Body = []byte("x")
+		}
+		for ctx.Err() == nil {
+			res, err := s.eng.Append(ctx, "/t", streamstore.AppendRequest{Records: recs})
+			if err != nil {
+				return
+			}
+			// A record at a time: the start moves as often as it can.
+			for seq := res.NextSeq - uint64(len(recs)) + 1; seq <= res.NextSeq; seq++ {
+				if _, err := s.eng.Trim(ctx, "/t", seq); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	var gone, reads atomic.Int64
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				req, _ := http.NewRequest("GET", s.URL+"/pico/t?count=1", nil)
+				res, err := http.DefaultClient.Do(req)
+				if err != nil {
+					continue
+				}
+				io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				if res.StatusCode == 410 {
+					gone.Add(1)
+				}
+				reads.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	<-done
+	if n := gone.Load(); n > 0 {
+		t.Errorf("%d of %d reads from the start were 410 while trims landed", n, reads.Load())
+	}
 }
