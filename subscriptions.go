@@ -430,6 +430,8 @@ type subState struct {
 	indexed subIndexed // where the manager's index has it
 	dueAt   int64      // unix ms of its next tick case (nextTick), while dueIdx > 0
 	dueIdx  int        // its place in the manager's due heap plus one; 0 when not in it
+	// posting is the wake whose webhook POST is under way, "" when none.
+	posting string
 }
 
 func (s *subState) lease() time.Duration {

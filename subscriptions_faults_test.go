@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -332,5 +334,48 @@ func TestDeleteOfADamagedSubscriptionWaitsForItsCreate(t *testing.T) {
 	}
 	if st, _ := n.call(t, "GET", sub, ""); st != 404 {
 		t.Errorf("GET after the delete: %d, want 404", st)
+	}
+}
+
+// TestWebhookSlowerThanItsLeaseBacksOff: a receiver that answers no
+// sooner than the subscription's lease runs out is a failed delivery: the
+// next wake waits out the webhook's backoff and the status says failed.
+// Its wake was issued again at once at every lease, with no backoff and
+// status active, for as long as the receiver was slow.
+func TestWebhookSlowerThanItsLeaseBacksOff(t *testing.T) {
+	var posts atomic.Int64
+	stop := make(chan struct{})
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		select {
+		case <-time.After(1500 * time.Millisecond):
+		case <-stop:
+		}
+		http.Error(w, "too slow", http.StatusInternalServerError)
+	}))
+	defer recv.Close()
+	defer close(stop)
+
+	n := startSubNode(t, t.TempDir())
+	const sub = "/s/__ds/subscriptions/hook"
+	if st, v := n.call(t, "PUT", sub, `{"type":"webhook","streams":["orders"],"lease_ttl_ms":1000,"webhook":{"url":"`+recv.URL+`/h"}}`); st != 201 {
+		t.Fatalf("create: %d %v", st, v)
+	}
+	if st, _ := n.call(t, "PUT", "/s/orders", `{"n":1}`); st != 201 {
+		t.Fatalf("create stream: %d", st)
+	}
+	sawFailed := false
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if _, v := n.call(t, "GET", sub, ""); v["status"] == "failed" {
+			sawFailed = true
+		}
+	}
+	// With backoff: at about 0, 2 and 5 s (the backoff 1 s, then 2 s,
+	// after each lease); without, one a second.
+	if got := posts.Load(); got > 4 {
+		t.Errorf("%d deliveries in 6 s to a receiver slower than the 1 s lease, want 4 at most", got)
+	}
+	if !sawFailed {
+		t.Error("status never showed the failed deliveries")
 	}
 }

@@ -257,6 +257,21 @@ func (m *subManager) tickSubLocked(s *subState, now time.Time) {
 	case tickLeaseExpiry:
 		// The lease ran out: clear holder and wake; wake again if needed.
 		c.WakeID, c.Holder, c.LeaseUntil, c.Snapshot = "", "", 0, nil
+		if s.Config.Type == "webhook" && s.posting != "" && s.posting == s.WakeID && c.pending() {
+			// The wake's POST has had no answer for the whole lease: a
+			// failed delivery. The next wake waits out its backoff, as a
+			// retry does: issued at once, it went out at every lease,
+			// with no backoff, for as long as the receiver was slow.
+			c.dropGone()
+			c.Generation++
+			c.WakeID = newWakeID()
+			c.Failures++
+			c.NextTry = now.Add(webhookBackoff(c.Failures)).UnixMilli()
+			m.log.Warn("webhook delivery had no answer within the lease; the next wake waits its backoff",
+				zap.String("id", s.ID), zap.Int("failures", c.Failures))
+			m.writeInBackgroundLocked(s, c, false, nil)
+			break
+		}
 		m.writeInBackgroundLocked(s, c, true, nil)
 	case tickWake:
 		// Pending work and nothing in flight (a restart, or a wake
@@ -293,6 +308,7 @@ func (m *subManager) deliverLocked(s *subState) {
 	// A loopback target is reached only while the option still allows it.
 	// Checked here, not at connect: a pooled connection to it needs none.
 	refused := loopback && !m.owner.loopbackAllowed()
+	s.posting = wake
 	go func() {
 		var done bool
 		var err error
@@ -303,6 +319,9 @@ func (m *subManager) deliverLocked(s *subState) {
 		}
 		m.mu.Lock()
 		defer m.mu.Unlock()
+		if cur := m.subs[key]; cur != nil && cur.posting == wake {
+			cur.posting = ""
+		}
 		s := m.ownWakeLocked(key, gen, wake)
 		if s == nil {
 			return // deleted, or acked or fenced meanwhile

@@ -207,7 +207,7 @@ func (m *subManager) commitLocked(s, c *subState) error {
 // too. What the manager keeps of s for itself (its place in the index and
 // the heap, its writer and the notes kept for it) is s's, not the draft's.
 func (m *subManager) installLocked(s, c *subState) {
-	c.key, c.indexed, c.dueAt, c.dueIdx, c.busy, c.kept = s.key, s.indexed, s.dueAt, s.dueIdx, s.busy, s.kept
+	c.key, c.indexed, c.dueAt, c.dueIdx, c.busy, c.kept, c.posting = s.key, s.indexed, s.dueAt, s.dueIdx, s.busy, s.kept, s.posting
 	reindex := !sameExplicit(s, c)
 	*s = *c
 	if reindex {
