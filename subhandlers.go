@@ -1042,8 +1042,10 @@ func pullWakeOnly(w http.ResponseWriter, s *subState) bool {
 // otherwise.
 func (m *subManager) checkWakeLocked(w http.ResponseWriter, r *http.Request, root, id, wakeID string, gen uint64, pullOnly bool) *subState {
 	key := subDocKey(root, id)
-	auth := r.Header.Get("Authorization")
-	tok, ok := strings.CutPrefix(auth, "Bearer ")
+	// The scheme is case-insensitive (RFC 9110 section 11.1), and
+	// whitespace may be more than one space.
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	ok = ok && strings.EqualFold(scheme, "Bearer")
 	// The codes are the reference server's (TOKEN_INVALID, TOKEN_EXPIRED),
 	// which its client's error type lists; the protocol names none.
 	if !ok {

@@ -326,6 +326,14 @@ func TestSubscriptionSurvivesRestart(t *testing.T) {
 	if st, _ := n.call(t, "POST", sub+"/ack", `{}`, "Authorization", "Bearer forged.token"); st != 401 {
 		t.Fatalf("forged token: %d", st)
 	}
+	// A heartbeat: the scheme in any case, more than one space after it
+	// (RFC 9110 section 11.1); it was 401 unless spelt "Bearer ".
+	beat := `{"wake_id":"` + wake + `","generation":` + strconv.Itoa(int(gen)) + `}`
+	for _, auth := range []string{"bearer " + token, "BEARER  " + token} {
+		if st, v := n.call(t, "POST", sub+"/ack", beat, "Authorization", auth); st != 200 {
+			t.Fatalf("heartbeat with Authorization %.10q...: %d %v", auth, st, v)
+		}
+	}
 	ack := `{"wake_id":"` + wake + `","generation":` + strconv.Itoa(int(gen)) + `,"acks":[{"stream":"events/a","offset":"` + tail + `"}],"done":true}`
 	if st, v := n.call(t, "POST", sub+"/ack", ack, "Authorization", "Bearer "+token); st != 200 || v["ok"] != true || v["next_wake"] != false {
 		t.Fatalf("ack after restart: %d %v", st, v)
