@@ -71,6 +71,8 @@ func TestCreateCostsOneRequestForANewName(t *testing.T) {
 		{name: "new name", req: plain, wantCreated: true, gets: 0, puts: 1},
 		{name: "new name with records reads first", req: CreateRequest{ContentType: "text/plain", Records: recs("a")},
 			wantCreated: true, gets: 1, puts: 1},
+		{name: "new name with a TTL reads first", req: CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Hour}},
+			wantCreated: true, gets: 1, puts: 1},
 		{name: "same config again", existing: &plain, req: plain, gets: 1, puts: 1},
 		{name: "other config", existing: &plain, req: CreateRequest{ContentType: "application/json"},
 			wantErr: ErrConflict, gets: 1, puts: 1},
@@ -107,6 +109,64 @@ func TestCreateCostsOneRequestForANewName(t *testing.T) {
 			}
 			if _, err := e.Head(ctx, name); err != nil {
 				t.Errorf("head after create: %v", err)
+			}
+		})
+	}
+}
+
+// TestCreateWithAnExpiryOfAnEvictedStreamWritesNothing: a create with a
+// TTL or an expiry time of a stream not in memory reads the stream first,
+// so that one refused (other settings, If-None-Match) or confirmed writes
+// nothing, and one confirmed is so while storage refuses writes. It wrote
+// its expiry marker first, as for a new stream, and deleted it again once
+// the name was found taken; with writes refused it was 503.
+func TestCreateWithAnExpiryOfAnEvictedStreamWritesNothing(t *testing.T) {
+	const name = "/c"
+	ttl := CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Hour}}
+	for _, tc := range []struct {
+		name        string
+		req         CreateRequest
+		refuseWrite bool
+		wantErr     error
+	}{
+		{"other settings", CreateRequest{ContentType: "application/json", Expiry: Expiry{TTL: time.Hour}}, false, ErrConflict},
+		{"other TTL", CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: 2 * time.Hour}}, false, ErrConflict},
+		{"new stream asked for", CreateRequest{ContentType: "text/plain", Expiry: Expiry{TTL: time.Hour}, Exclusive: true}, false, ErrExists},
+		{"same settings", ttl, false, nil},
+		{"same settings, writes refused", ttl, true, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			st := memstore.New()
+			first := startEngine(t, st, Config{})
+			if _, _, err := first.Create(ctx, name, ttl); err != nil {
+				t.Fatal(err)
+			}
+			if err := first.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var writes atomic.Int64
+			var refuse atomic.Bool
+			st.SetFail(func(op, key string) error {
+				if strings.HasPrefix(key, "expiry/") && (op == "PUT" || op == "DELETE") {
+					writes.Add(1)
+					if refuse.Load() {
+						return errors.New("writes refused")
+					}
+				}
+				return nil
+			})
+			e := startEngine(t, st, Config{})
+			refuse.Store(tc.refuseWrite)
+			_, created, err := e.Create(ctx, name, tc.req)
+			if !errors.Is(err, tc.wantErr) || created {
+				t.Fatalf("create: created %v, %v; want %v", created, err, tc.wantErr)
+			}
+			if err := e.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := writes.Load(); n != 0 {
+				t.Errorf("%d writes under expiry/ for a create that made nothing", n)
 			}
 		})
 	}

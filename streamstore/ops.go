@@ -43,8 +43,11 @@ func (e *Engine) Create(ctx context.Context, name string, req CreateRequest) (In
 	// nothing. Only when the bucket has one (a create repeated, an expired
 	// or soft-deleted stream) is it read and judged as below. A create
 	// with records or a fork keeps the read first: it writes before its
-	// metadata, and that must not happen for a name that is taken.
-	if req.Fork == nil && len(req.Records) == 0 && !req.ConfirmOnly && !e.resident(name) {
+	// metadata, and that must not happen for a name that is taken. So
+	// does a create with an expiry, whose marker goes before its metadata
+	// object: refused (or confirmed) over an evicted stream, it wrote a
+	// marker and deleted it again.
+	if req.Fork == nil && len(req.Records) == 0 && req.Expiry.IsZero() && !req.ConfirmOnly && !e.resident(name) {
 		info, created, err := e.create(ctx, name, req, nil, "", false)
 		if !errors.Is(err, errNameTaken) {
 			return info, created, err
