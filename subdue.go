@@ -1,6 +1,9 @@
 package picomq
 
-import "container/heap"
+import (
+	"container/heap"
+	"time"
+)
 
 // The manager's tick acts on a subscription in one of four cases
 // (subTick), each from a time the subscription's state says (nextTick).
@@ -44,9 +47,19 @@ func (s *subState) nextTick() (subTick, int64) {
 	case s.WakeID != "" && s.NextTry == 0 && s.LeaseUntil > 0 && (s.Config.Type == "webhook" || s.Holder != ""):
 		return tickLeaseExpiry, s.LeaseUntil
 	case s.WakeID == "" && s.Holder == "" && s.pending():
+		if s.Config.Type == "webhook" {
+			return tickWake, s.NextTry // 0 unless a delivery's backoff runs
+		}
 		return tickWake, 0
 	}
 	return tickNone, 0
+}
+
+// backingOff reports whether s, a webhook subscription with no wake in
+// flight, waits out the backoff of a delivery that had no answer within
+// its lease before its next wake.
+func (s *subState) backingOff(now time.Time) bool {
+	return s.Config.Type == "webhook" && s.WakeID == "" && s.NextTry > now.UnixMilli()
 }
 
 // subDueHeap holds the subscriptions that have a case for the tick, the

@@ -658,3 +658,39 @@ func TestSubLoadAnnouncesUnclaimedWake(t *testing.T) {
 		t.Fatalf("wake events after the load %v, want [2]: the wake in flight announced again", gens)
 	}
 }
+
+// TestSlowWebhookWakeIsNotIssuedUnsaved: when a webhook's lease runs out
+// on a POST still under way, the next wake waits out the backoff, and, as
+// every wake, goes out only once the document holding it is saved: with
+// the save refused, the wake is cleared and no new one issued. A first
+// version of the backoff built the next wake in the tick and kept it in
+// memory when its save failed, and the retry then delivered a generation
+// the bucket never held.
+func TestSlowWebhookWakeIsNotIssuedUnsaved(t *testing.T) {
+	g := newDueRig(t)
+	t0 := time.Now().UnixMilli()
+	s := g.add(t, &subState{ID: "h", Config: subConfig{Type: "webhook"}, Links: pendingLink(),
+		Generation: 3, WakeID: "w_old", LeaseUntil: t0 + 1000})
+	g.m.mu.Lock()
+	s.posting = "w_old" // its POST still under way
+	g.m.mu.Unlock()
+	g.failSaves.Store(true)
+	g.tick(t, t0+1000)
+	got := g.snap(s)
+	if got.Generation != 3 || got.WakeID != "" || got.Failures != 1 || got.NextTry <= t0+1000 {
+		t.Fatalf("after the lease ran out, saves refused: generation %d wake %q failures %d next try %d; want 3, none, 1, after %d",
+			got.Generation, got.WakeID, got.Failures, got.NextTry, t0+1000)
+	}
+	select {
+	case gen := <-g.hooks:
+		t.Fatalf("delivered generation %v while its save was refused", gen)
+	case <-time.After(100 * time.Millisecond):
+	}
+	// Saves work again; the backoff runs out: the next wake, saved, goes.
+	g.failSaves.Store(false)
+	time.Sleep(time.Until(time.UnixMilli(got.NextTry)))
+	g.tick(t, time.Now().UnixMilli())
+	if gen := g.hook(t); gen != 4 {
+		t.Fatalf("delivered generation %v, want 4", gen)
+	}
+}

@@ -194,13 +194,18 @@ func (s *subState) applyNote(rel string, n appendNote) (changed, grew bool) {
 // returned, so that a request whose change it saves can answer 503.
 func (m *subManager) wakeOrSaveLocked(s, c *subState) error {
 	c.dropGone()
-	if c.WakeID != "" || c.Holder != "" || !c.pending() {
+	if c.WakeID != "" || c.Holder != "" || !c.pending() || c.backingOff(time.Now()) {
 		return m.commitLocked(s, c)
 	}
 	wc := c.draft()
 	wc.Generation++
 	wc.WakeID = newWakeID()
-	wc.Failures, wc.NextTry = 0, 0
+	wc.NextTry = 0
+	if wc.Config.Type != "webhook" {
+		// A webhook's failures count on until a delivery is answered,
+		// so that its backoff grows across wakes (tickLeaseExpiry).
+		wc.Failures = 0
+	}
 	if wc.Config.Type == "webhook" {
 		wc.LeaseUntil = time.Now().Add(wc.lease()).UnixMilli()
 	}
@@ -257,20 +262,16 @@ func (m *subManager) tickSubLocked(s *subState, now time.Time) {
 	case tickLeaseExpiry:
 		// The lease ran out: clear holder and wake; wake again if needed.
 		c.WakeID, c.Holder, c.LeaseUntil, c.Snapshot = "", "", 0, nil
-		if s.Config.Type == "webhook" && s.posting != "" && s.posting == s.WakeID && c.pending() {
+		if s.Config.Type == "webhook" && s.posting != "" && s.posting == s.WakeID {
 			// The wake's POST has had no answer for the whole lease: a
-			// failed delivery. The next wake waits out its backoff, as a
-			// retry does: issued at once, it went out at every lease,
-			// with no backoff, for as long as the receiver was slow.
-			c.dropGone()
-			c.Generation++
-			c.WakeID = newWakeID()
+			// failed delivery. The next wake waits out the backoff, as a
+			// retry does (wakeOrSaveLocked): issued at once, it went out
+			// at every lease, with no backoff, for as long as the
+			// receiver was slow.
 			c.Failures++
 			c.NextTry = now.Add(webhookBackoff(c.Failures)).UnixMilli()
 			m.log.Warn("webhook delivery had no answer within the lease; the next wake waits its backoff",
 				zap.String("id", s.ID), zap.Int("failures", c.Failures))
-			m.writeInBackgroundLocked(s, c, false, nil)
-			break
 		}
 		m.writeInBackgroundLocked(s, c, true, nil)
 	case tickWake:
