@@ -3,7 +3,7 @@ package integration
 // TestCrashTorture is a randomized crash torture run, skipped unless asked
 // for. Run it with
 //
-//	PICOMQ_TORTURE=10m go test -count=1 -run TestCrashTorture -v ./integration
+//	PICOMQ_TORTURE=10m go test -count=1 -timeout 60m -run '^TestCrashTorture$' -v ./integration
 //
 // and replay a run's choices (timing still varies) with PICOMQ_TORTURE_SEED,
 // which every run logs. PICOMQ_TORTURE is the length of the load phase, a Go
