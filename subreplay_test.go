@@ -24,6 +24,43 @@ func linkedAt(v map[string]any, path string) (string, bool) {
 	return "", false
 }
 
+// linkLostWithTheProcess creates stream events/<name> with a record on n,
+// whose subscription p1 under /v1/stream/ (sub) has a pattern matching
+// it, waits until sub links it, stops n and puts p1's document back as it
+// was before the create: the link's write lost with the process. It
+// returns the document's path.
+func linkLostWithTheProcess(t *testing.T, n *subNode, dir, sub, stream string) string {
+	t.Helper()
+	doc := filepath.Join(dir, filepath.FromSlash(streamstore.DocObjectKey(subDocKey("/v1/stream/", "p1"))))
+	before, err := os.ReadFile(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, v := n.call(t, "PUT", "/v1/stream/"+stream, `[{"n":1}]`); st != 201 {
+		t.Fatalf("create %s: %d %v", stream, st, v)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, v := n.call(t, "GET", sub, "")
+		if _, ok := linkedAt(v, stream); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not linked: %v", stream, v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	n.stop(t)
+	// A new inode, as the module never writes it.
+	if err := os.Remove(doc); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(doc, before, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return doc
+}
+
 // TestPatternLinkLostWithItsProcess: an append to a new stream links it to
 // the subscriptions whose pattern matches before it is acknowledged, but in
 // memory: the document that keeps the link is written after. When that
@@ -36,34 +73,7 @@ func TestPatternLinkLostWithItsProcess(t *testing.T) {
 	n := startSubNode(t, dir)
 	const sub = "/v1/stream/__ds/subscriptions/p1"
 	n.pullSubscribe(t, sub)
-	doc := filepath.Join(dir, filepath.FromSlash(streamstore.DocObjectKey(subDocKey("/v1/stream/", "p1"))))
-	before, err := os.ReadFile(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st, v := n.call(t, "PUT", "/v1/stream/events/new", `[{"n":1}]`); st != 201 {
-		t.Fatalf("create events/new: %d %v", st, v)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, v := n.call(t, "GET", sub, "")
-		if _, ok := linkedAt(v, "events/new"); ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("events/new not linked: %v", v)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	n.stop(t)
-	// The link's write lost: the document as it was, a new inode as the
-	// module never writes it.
-	if err := os.Remove(doc); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(doc, before, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	doc := linkLostWithTheProcess(t, n, dir, sub, "events/new")
 
 	n = startSubNode(t, dir)
 	st, v := n.call(t, "GET", sub, "")
@@ -93,32 +103,7 @@ func TestPatternLinkLostAtTheLinkLimit(t *testing.T) {
 	}
 	const sub = "/v1/stream/__ds/subscriptions/p1"
 	n.pullSubscribe(t, sub) // links events/a at its tail: idle
-	doc := filepath.Join(dir, filepath.FromSlash(streamstore.DocObjectKey(subDocKey("/v1/stream/", "p1"))))
-	before, err := os.ReadFile(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st, v := n.call(t, "PUT", "/v1/stream/events/b", `[{"n":1}]`); st != 201 {
-		t.Fatalf("create events/b: %d %v", st, v)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, v := n.call(t, "GET", sub, "")
-		if _, ok := linkedAt(v, "events/b"); ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("events/b not linked: %v", v)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	n.stop(t)
-	if err := os.Remove(doc); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(doc, before, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	linkLostWithTheProcess(t, n, dir, sub, "events/b")
 
 	n = startSubNode(t, dir, oneLink)
 	_, v := n.call(t, "GET", sub, "")

@@ -209,11 +209,11 @@ func damageSubDoc(t *testing.T, dir, key string) {
 	}
 }
 
-// TestDamagedSubscriptionDocumentIsDeleted: a DELETE of a subscription
-// whose document is damaged deletes the document (section 6.3). It
-// answered 204 and deleted nothing: the next GET, and every start after,
-// still found it damaged.
-func TestDamagedSubscriptionDocumentIsDeleted(t *testing.T) {
+// startWithDamagedSub starts a node whose pull-wake subscription p1 under
+// /v1/stream/ has a damaged document (a GET of it is 500), and returns it
+// with its directory and the document's key.
+func startWithDamagedSub(t *testing.T) (*subNode, string, string) {
+	t.Helper()
 	dir := t.TempDir()
 	n := startSubNode(t, dir)
 	const sub = "/v1/stream/__ds/subscriptions/p1"
@@ -221,11 +221,20 @@ func TestDamagedSubscriptionDocumentIsDeleted(t *testing.T) {
 	n.stop(t)
 	key := subDocKey("/v1/stream/", "p1")
 	damageSubDoc(t, dir, key)
-
 	n = startSubNode(t, dir)
 	if st, v := n.call(t, "GET", sub, ""); st != 500 {
 		t.Fatalf("GET of the damaged subscription: %d %v", st, v)
 	}
+	return n, dir, key
+}
+
+// TestDamagedSubscriptionDocumentIsDeleted: a DELETE of a subscription
+// whose document is damaged deletes the document (section 6.3). It
+// answered 204 and deleted nothing: the next GET, and every start after,
+// still found it damaged.
+func TestDamagedSubscriptionDocumentIsDeleted(t *testing.T) {
+	n, dir, key := startWithDamagedSub(t)
+	const sub = "/v1/stream/__ds/subscriptions/p1"
 	if st, v := n.call(t, "DELETE", sub, ""); st != 204 {
 		t.Fatalf("DELETE: %d %v", st, v)
 	}
@@ -294,17 +303,8 @@ func TestControlBodyOfWhitespace(t *testing.T) {
 // remove the create's document while the created subscription stayed in
 // memory.
 func TestDeleteOfADamagedSubscriptionWaitsForItsCreate(t *testing.T) {
-	dir := t.TempDir()
-	n := startSubNode(t, dir)
+	n, _, key := startWithDamagedSub(t)
 	const sub = "/v1/stream/__ds/subscriptions/p1"
-	n.pullSubscribe(t, sub)
-	n.stop(t)
-	key := subDocKey("/v1/stream/", "p1")
-	damageSubDoc(t, dir, key)
-	n = startSubNode(t, dir)
-	if st, _ := n.call(t, "GET", sub, ""); st != 500 {
-		t.Fatalf("GET of the damaged subscription: %d", st)
-	}
 	m := n.Config.Handler.(*durableStreams).subs.cur.Load()
 	cr := &subCreate{root: "/v1/stream/", done: make(chan struct{})}
 	m.mu.Lock()
