@@ -1457,6 +1457,15 @@ func (h hooks) Aborted(b *segment.Batch, err error) {
 // start with "wal/"), which tells them from data objects in the cache.
 const walCachePrefix = "wal/"
 
+// runCacheKeys is the cache keys of runs.
+func runCacheKeys(runs []walRun) []string {
+	keys := make([]string, len(runs))
+	for i, r := range runs {
+		keys[i] = runCacheKey(r.key, r.span)
+	}
+	return keys
+}
+
 // runCacheKey names the run of key at sp in the cache: key@offset. Built
 // for every entry an append commits and again when compaction takes it,
 // so with one allocation, not Sprintf's three.

@@ -3,7 +3,9 @@ package streamstore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -419,4 +421,107 @@ func TestNameLockPinsHandle(t *testing.T) {
 			}
 		})
 	}
+}
+
+// walCacheItems counts the WAL entries e's cache holds.
+func walCacheItems(e *Engine) int {
+	e.cache.mu.Lock()
+	defer e.cache.mu.Unlock()
+	n := 0
+	for k := range e.cache.items {
+		if strings.HasPrefix(k, walCachePrefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// The WAL entries of a deleted stream leave the cache with it: no
+// compaction folds a deleted stream's entries, which is what takes them
+// out otherwise, and idle sweeps keep WAL entries for compaction, so they
+// stayed until pushed out (a node gone idle after a churn of short-lived
+// streams kept them for good).
+func TestDeletedStreamsLeaveTheCache(t *testing.T) {
+	ctx := context.Background()
+	e := startEngine(t, memstore.New(), Config{IdleAfter: time.Hour})
+	const n = 20
+	for i := range n {
+		name := fmt.Sprintf("/gone/%d", i)
+		if _, _, err := e.Create(ctx, name, CreateRequest{ContentType: "text/plain"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Append(ctx, name, AppendRequest{Records: recs("a", "b")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := walCacheItems(e); got != n {
+		t.Fatalf("%d WAL entries cached after the appends, want %d", got, n)
+	}
+	for i := range n {
+		if err := e.Delete(ctx, fmt.Sprintf("/gone/%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.sweepIdle(time.Now().Add(2 * time.Hour))
+	if got := walCacheItems(e); got != 0 || e.cache.used != 0 {
+		t.Fatalf("the cache holds %d WAL entries (%d bytes) of deleted streams", got, e.cache.used)
+	}
+}
+
+// A read that fetched WAL entries while a compaction folded them does not
+// cache them: the compaction took their keys out of the cache, and
+// nothing would take them out again.
+func TestReadRacingAFoldCachesNothing(t *testing.T) {
+	ctx := context.Background()
+	st := &heldGets{Store: memstore.New(), held: make(chan struct{}), release: make(chan struct{})}
+	e := startEngine(t, st, Config{IdleAfter: time.Hour})
+	if _, _, err := e.Create(ctx, "/r", CreateRequest{ContentType: "text/plain", Records: recs("a", "b")}); err != nil {
+		t.Fatal(err)
+	}
+	e.mu.Lock()
+	s := e.streams["/r"]
+	e.mu.Unlock()
+	s.mu.Lock()
+	keys := runCacheKeys(s.runs)
+	s.mu.Unlock()
+	e.cache.remove(keys) // cold: the read GETs the WAL object
+	st.arm.Store(true)
+	held, release := st.held, st.release
+	read := make(chan error, 1)
+	go func() {
+		_, err := e.Read(ctx, "/r", ReadRequest{})
+		read <- err
+	}()
+	<-held
+	if err := e.Compact(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if err := <-read; err != nil {
+		t.Fatal(err)
+	}
+	if got := walCacheItems(e); got != 0 {
+		t.Fatalf("%d WAL entries cached by a read that raced their fold", got)
+	}
+}
+
+// heldGets is a store whose first GET of a WAL object, once armed, reads
+// the object and then waits for release before it answers: a GET in
+// flight while the object is deleted.
+type heldGets struct {
+	*memstore.Store
+	arm           atomic.Bool
+	held, release chan struct{}
+}
+
+func (h *heldGets) Get(ctx context.Context, key string, off, n int64) ([]byte, string, error) {
+	data, etag, err := h.Store.Get(ctx, key, off, n)
+	if strings.HasPrefix(key, "wal/") && h.arm.CompareAndSwap(true, false) {
+		close(h.held)
+		<-h.release
+	}
+	return data, etag, err
 }

@@ -770,7 +770,12 @@ func (e *Engine) forget(s *stream) {
 	s.mu.Lock()
 	s.gone = true
 	s.notifyLocked()
+	// No compaction folds a gone stream's WAL entries, which is what
+	// takes them out of the cache otherwise (dropIdle keeps them for it):
+	// they would hold it until pushed out.
+	keys := runCacheKeys(s.runs)
 	s.mu.Unlock()
+	e.cache.remove(keys)
 	e.mu.Lock()
 	if e.streams[s.name] == s {
 		delete(e.streams, s.name)

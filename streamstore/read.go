@@ -1,9 +1,11 @@
 package streamstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -372,7 +374,7 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 			if err != nil {
 				return nil, nil, err
 			}
-			e.cache.put(runCacheKey(r.key, r.span), recs, held)
+			e.cacheRun(s, r, recs, held)
 			return recs, nil, nil
 		}
 		first, last := runs[0].span, runs[len(runs)-1].span
@@ -407,11 +409,37 @@ func (e *Engine) recordsAt(ctx context.Context, s *stream, id string, seq uint64
 			if i == 0 {
 				held += max(gaps, 0)
 			}
-			e.cache.put(runCacheKey(r.key, r.span), ent.Records, held)
+			e.cacheRun(s, r, ent.Records, held)
 			out = append(out, ent.Records...)
 		}
 		return out, nil, nil
 	}
+}
+
+// cacheRun caches the records of run r of s that a read fetched, while s
+// still has the run: a compaction that folded it meanwhile (or a delete)
+// took its key out of the cache, and nothing would take it out again.
+func (e *Engine) cacheRun(s *stream, r walRun, recs []Record, held int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone || !hasRun(s.runs, r) {
+		return
+	}
+	e.cache.put(runCacheKey(r.key, r.span), recs, held)
+}
+
+// hasRun reports whether runs, in WAL order, hold r. (Were they ever out
+// of order, a run missed is only a read not cached.)
+func hasRun(runs []walRun, r walRun) bool {
+	i, _ := slices.BinarySearchFunc(runs, r.pos, func(x walRun, p walPos) int {
+		return cmp.Or(cmp.Compare(x.pos.NS, p.NS), cmp.Compare(x.pos.Seq, p.Seq))
+	})
+	for ; i < len(runs) && runs[i].pos == r.pos; i++ {
+		if runs[i].key == r.key && runs[i].span == r.span {
+			return true
+		}
+	}
+	return false
 }
 
 // recordsKept is recordsAt for a caller that keeps the records for as
